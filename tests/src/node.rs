@@ -1,0 +1,130 @@
+//! The virtual node: one node namespace holding a bridge, and N pod namespaces
+//! joined to it by veth pairs, each pod with an IPv4 and an IPv6 address.
+//!
+//! Addressing for node `k` (1-based) and pod `i` (0-based):
+//! - bridge `br0` in the node netns: `10.244.k.1/24`, `fd00:244:k::1/64`
+//! - pod `eth0`: `10.244.k.(i+2)/24`, `fd00:244:k::(i+2)/64`, default routes via the bridge
+//!
+//! Pods on one node talk over the bridge (layer 2); the node netns holds no
+//! capture rules. Everything lives inside the test's own namespaces.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::ns::Netns;
+use crate::Error;
+
+/// One pod of a virtual node.
+#[derive(Debug, Clone)]
+pub struct Pod {
+    /// Pod name (also its netns name).
+    pub name: String,
+    /// The pod's network namespace.
+    pub netns: Netns,
+    /// The pod's IPv4 address.
+    pub ipv4: Ipv4Addr,
+    /// The pod's IPv6 address.
+    pub ipv6: Ipv6Addr,
+    /// Host-side veth name in the node netns.
+    pub host_veth: String,
+}
+
+impl Pod {
+    /// The pod's address in the given family.
+    pub fn ip(&self, v6: bool) -> IpAddr {
+        if v6 {
+            IpAddr::V6(self.ipv6)
+        } else {
+            IpAddr::V4(self.ipv4)
+        }
+    }
+}
+
+/// A virtual node: node netns + bridge + pods.
+#[derive(Debug)]
+pub struct VirtualNode {
+    /// Node index `k` (1..=250), used in addresses.
+    pub index: u8,
+    /// The node's network namespace (holds the bridge).
+    pub node: Netns,
+    /// Pods created so far.
+    pub pods: Vec<Pod>,
+    next_pod: u16,
+}
+
+impl VirtualNode {
+    /// Builds node `index` with `pods` pods.
+    pub fn build(index: u8, pods: usize) -> Result<VirtualNode, Error> {
+        assert!((1..=250).contains(&index), "node index out of range");
+        let node = Netns::create(&format!("node{index}"))?;
+        node.ip_batch(&[
+            "link add br0 type bridge".to_string(),
+            format!("addr add 10.244.{index}.1/24 dev br0"),
+            format!("addr add fd00:244:{index}::1/64 dev br0 nodad"),
+            "link set br0 up".to_string(),
+        ])?;
+        let mut vn = VirtualNode {
+            index,
+            node,
+            pods: Vec::new(),
+            next_pod: 0,
+        };
+        for _ in 0..pods {
+            vn.add_pod()?;
+        }
+        Ok(vn)
+    }
+
+    /// Adds one pod and returns it.
+    pub fn add_pod(&mut self) -> Result<Pod, Error> {
+        let i = self.next_pod;
+        if i >= 250 {
+            return Err(Error::Capacity("a virtual node holds at most 250 pods"));
+        }
+        self.next_pod += 1;
+        let k = self.index;
+        let name = format!("n{k}-pod{i}");
+        let netns = Netns::create(&name)?;
+        let host = i + 2;
+        let host_veth = format!("veth{i}");
+        self.node.ip_batch(&[
+            format!(
+                "link add {host_veth} type veth peer name eth0 netns {}",
+                netns.name()
+            ),
+            format!("link set {host_veth} master br0 up"),
+        ])?;
+        netns.ip_batch(&[
+            format!("addr add 10.244.{k}.{host}/24 dev eth0"),
+            format!("addr add fd00:244:{k}::{host:x}/64 dev eth0 nodad"),
+            "link set eth0 up".to_string(),
+            format!("route add default via 10.244.{k}.1 dev eth0"),
+            format!("route add default via fd00:244:{k}::1 dev eth0"),
+        ])?;
+        let pod = Pod {
+            name,
+            netns,
+            ipv4: Ipv4Addr::new(10, 244, k, host as u8),
+            ipv6: format!("fd00:244:{k}::{host:x}").parse().expect("valid v6"),
+            host_veth,
+        };
+        self.pods.push(pod.clone());
+        Ok(pod)
+    }
+
+    /// Removes pod `name`: deletes its veth (the pod netns goes when the last fd closes).
+    pub fn remove_pod(&mut self, name: &str) -> Result<(), Error> {
+        let pos = self
+            .pods
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or(Error::Capacity("no such pod"))?;
+        let pod = self.pods.remove(pos);
+        self.node.ip(&["link", "del", &pod.host_veth])?;
+        Ok(())
+    }
+
+    /// Pod by index.
+    pub fn pod(&self, i: usize) -> &Pod {
+        &self.pods[i]
+    }
+}

@@ -1,0 +1,228 @@
+//! Network namespaces for tests: the isolated world a test runs in, and the
+//! named namespaces (node, pods) created inside it.
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+
+use crate::Error;
+
+/// Where named namespaces are bind-mounted. Inside the test's private mount
+/// namespace this directory is a fresh tmpfs, so nothing leaks to the host.
+pub const NETNS_RUN_DIR: &str = "/run/netns";
+
+/// A network namespace created by the test bed, pinned by an open fd and
+/// bind-mounted at `/run/netns/<name>` (inside the private mount namespace)
+/// so that `ip -n <name>` and CNI-style paths work.
+#[derive(Debug, Clone)]
+pub struct Netns {
+    inner: Arc<NetnsInner>,
+}
+
+#[derive(Debug)]
+struct NetnsInner {
+    name: String,
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Netns {
+    /// Creates a fresh network namespace named `name` with `lo` up.
+    pub fn create(name: &str) -> Result<Netns, Error> {
+        let path = Path::new(NETNS_RUN_DIR).join(name);
+        let path2 = path.clone();
+        let fd = std::thread::scope(|s| {
+            s.spawn(move || -> Result<OwnedFd, Error> {
+                unshare(CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| Error::Sys("unshare(CLONE_NEWNET)", e))?;
+                let f = File::open("/proc/thread-self/ns/net")
+                    .map_err(|e| Error::Io("open /proc/thread-self/ns/net", e))?;
+                File::create(&path2).map_err(|e| Error::Io("create netns mount point", e))?;
+                mount(
+                    Some("/proc/thread-self/ns/net"),
+                    &path2,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .map_err(|e| Error::Sys("bind-mount netns", e))?;
+                Ok(OwnedFd::from(f))
+            })
+            .join()
+            .expect("netns creation thread panicked")
+        })?;
+        let ns = Netns {
+            inner: Arc::new(NetnsInner {
+                name: name.to_string(),
+                fd,
+                path,
+            }),
+        };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name (as used with `ip -n`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The bind-mount path, `/run/netns/<name>` (what a runtime passes as CNI_NETNS).
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Borrows the namespace fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+
+    /// A new owned fd referring to this namespace (e.g. to hand to the proxy).
+    pub fn dup_fd(&self) -> Result<OwnedFd, Error> {
+        self.inner
+            .fd
+            .try_clone()
+            .map_err(|e| Error::Io("dup netns fd", e))
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace and waits for it.
+    pub fn run<T: Send, F: FnOnce() -> T + Send>(&self, f: F) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns(self.fd(), CloneFlags::CLONE_NEWNET).expect("setns into test netns");
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// Spawns `f` on a new thread inside this namespace.
+    pub fn spawn<T: Send + 'static, F: FnOnce() -> T + Send + 'static>(
+        &self,
+        f: F,
+    ) -> std::thread::JoinHandle<T> {
+        let ns = self.clone();
+        std::thread::spawn(move || {
+            setns(ns.fd(), CloneFlags::CLONE_NEWNET).expect("setns into test netns");
+            f()
+        })
+    }
+
+    /// Runs `ip -n <name> <args>`.
+    pub fn ip(&self, args: &[&str]) -> Result<String, Error> {
+        let mut full = vec!["-n", self.name()];
+        full.extend_from_slice(args);
+        run_cmd("ip", &full)
+    }
+
+    /// Runs a batch of `ip` commands (one per line) inside this namespace.
+    pub fn ip_batch(&self, lines: &[String]) -> Result<(), Error> {
+        let input = lines.join("\n") + "\n";
+        run_cmd_stdin("ip", &["-n", self.name(), "-batch", "-"], &input).map(|_| ())
+    }
+
+    /// Writes a sysctl (path relative to /proc/sys, dotted or slashed) inside this namespace.
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<(), Error> {
+        let path = format!("/proc/sys/{}", key.replace('.', "/"));
+        self.run(|| std::fs::write(&path, value))
+            .map_err(|e| Error::Io("write sysctl", e))
+    }
+
+    /// Reads a sysctl inside this namespace.
+    pub fn read_sysctl(&self, key: &str) -> Result<String, Error> {
+        let path = format!("/proc/sys/{}", key.replace('.', "/"));
+        self.run(|| std::fs::read_to_string(&path))
+            .map(|s| s.trim().to_string())
+            .map_err(|e| Error::Io("read sysctl", e))
+    }
+
+    /// Runs an arbitrary program inside this namespace and returns its stdout.
+    pub fn exec(&self, program: &str, args: &[&str]) -> Result<String, Error> {
+        let mut full = vec!["netns", "exec", self.name(), program];
+        full.extend_from_slice(args);
+        run_cmd("ip", &full)
+    }
+
+    /// The namespace inode, for identity comparisons.
+    pub fn inode(&self) -> u64 {
+        nix::sys::stat::fstat(self.inner.fd.as_raw_fd())
+            .map(|s| s.st_ino)
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for NetnsInner {
+    fn drop(&mut self) {
+        let _ = umount2(&self.path, MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+pub(crate) fn run_cmd(program: &str, args: &[&str]) -> Result<String, Error> {
+    run_cmd_stdin(program, args, "")
+}
+
+pub(crate) fn run_cmd_stdin(program: &str, args: &[&str], stdin: &str) -> Result<String, Error> {
+    use std::io::Write;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Io("spawn helper program", e))?;
+    if let Some(mut si) = child.stdin.take() {
+        si.write_all(stdin.as_bytes())
+            .map_err(|e| Error::Io("write helper stdin", e))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::Io("wait helper program", e))?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            cmd: format!("{program} {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Moves the *calling thread* into fresh network and mount namespaces, makes
+/// every mount private (so nothing propagates back to the host), and mounts a
+/// tmpfs on /run/netns. Threads it spawns afterwards inherit both namespaces.
+pub(crate) fn isolate_current_thread() -> Result<(), Error> {
+    unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)
+        .map_err(|e| Error::Sys("unshare(CLONE_NEWNET|CLONE_NEWNS)", e))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| Error::Sys("make mounts private", e))?;
+    std::fs::create_dir_all(NETNS_RUN_DIR).map_err(|e| Error::Io("mkdir /run/netns", e))?;
+    mount(
+        Some("tmpfs"),
+        NETNS_RUN_DIR,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )
+    .map_err(|e| Error::Sys("mount tmpfs on /run/netns", e))?;
+    run_cmd("ip", &["link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+/// The inode of the calling thread's current network namespace.
+pub fn current_netns_inode() -> u64 {
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .unwrap_or(0)
+}

@@ -1,0 +1,235 @@
+//! Traffic helpers: deterministic payloads verified byte for byte, and a
+//! "payload server" that both receives and sends at the same time.
+//!
+//! Wire protocol of the payload exchange (client -> server first):
+//! a 16-byte header `[u64 LE: bytes the client sends][u64 LE: bytes the server
+//! sends back]`, then both sides stream their bytes concurrently, each side
+//! shuts down its write half when done and reads to EOF. Client bytes follow
+//! [`CLIENT_SEED`], server bytes [`SERVER_SEED`].
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Seed of the client -> server byte stream.
+pub const CLIENT_SEED: u64 = 0x5eed_c11e_47;
+/// Seed of the server -> client byte stream.
+pub const SERVER_SEED: u64 = 0x5eed_5e77_e4;
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Fills `buf` with the pattern bytes at stream offset `offset`.
+pub fn pattern_fill(seed: u64, offset: u64, buf: &mut [u8]) {
+    let mut pos = offset;
+    let mut i = 0;
+    while i < buf.len() {
+        let block = pos / 8;
+        let within = (pos % 8) as usize;
+        let word = splitmix(seed ^ block.wrapping_mul(0xA076_1D64_78BD_642F)).to_le_bytes();
+        let take = (8 - within).min(buf.len() - i);
+        buf[i..i + take].copy_from_slice(&word[within..within + take]);
+        i += take;
+        pos += take as u64;
+    }
+}
+
+/// Writes `len` pattern bytes of `seed`.
+pub fn write_pattern(w: &mut impl Write, seed: u64, len: u64) -> io::Result<()> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut off = 0u64;
+    while off < len {
+        let n = ((len - off) as usize).min(buf.len());
+        pattern_fill(seed, off, &mut buf[..n]);
+        w.write_all(&buf[..n])?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+/// Reads to EOF and checks every byte against the pattern of `seed`.
+/// Returns the number of bytes read, or an error naming the first bad offset.
+pub fn read_verify(r: &mut impl Read, seed: u64) -> io::Result<u64> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut want = vec![0u8; 256 * 1024];
+    let mut off = 0u64;
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => return Ok(off),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        pattern_fill(seed, off, &mut want[..n]);
+        if buf[..n] != want[..n] {
+            let bad = buf[..n]
+                .iter()
+                .zip(&want[..n])
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("payload corrupted at byte {}", off + bad as u64),
+            ));
+        }
+        off += n as u64;
+    }
+}
+
+/// What the server saw of one exchange.
+#[derive(Debug, Clone)]
+pub struct ServerReport {
+    /// The peer address the server's socket saw (the "real client IP" check).
+    pub peer: SocketAddr,
+    /// The server socket's local address.
+    pub local: SocketAddr,
+    /// Bytes the client announced.
+    pub expected: u64,
+    /// Bytes received and verified, or the error.
+    pub received: Result<u64, String>,
+}
+
+/// Runs the client side of an exchange on an already connected stream:
+/// sends `send` bytes while receiving `recv` bytes. Returns the verified
+/// number of bytes received.
+pub fn client_exchange(stream: TcpStream, send: u64, recv: u64) -> io::Result<u64> {
+    let mut header = [0u8; 16];
+    header[..8].copy_from_slice(&send.to_le_bytes());
+    header[8..].copy_from_slice(&recv.to_le_bytes());
+    let mut w = stream.try_clone()?;
+    w.write_all(&header)?;
+    let writer = std::thread::spawn(move || -> io::Result<()> {
+        write_pattern(&mut w, CLIENT_SEED, send)?;
+        w.shutdown(Shutdown::Write)
+    });
+    let mut r = stream;
+    let got = read_verify(&mut r, SERVER_SEED);
+    let wres = writer.join().expect("writer thread panicked");
+    let got = got?;
+    wres?;
+    if got != recv {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("received {got} of {recv} bytes"),
+        ));
+    }
+    Ok(got)
+}
+
+/// Handles one server-side exchange.
+pub fn server_exchange(stream: TcpStream) -> ServerReport {
+    let peer = stream
+        .peer_addr()
+        .unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
+    let local = stream
+        .local_addr()
+        .unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
+    let mut r = stream;
+    let mut header = [0u8; 16];
+    if let Err(e) = r.read_exact(&mut header) {
+        return ServerReport {
+            peer,
+            local,
+            expected: 0,
+            received: Err(format!("reading header: {e}")),
+        };
+    }
+    let expected = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
+    let send = u64::from_le_bytes(header[8..].try_into().expect("8 bytes"));
+    let mut w = match r.try_clone() {
+        Ok(w) => w,
+        Err(e) => {
+            return ServerReport {
+                peer,
+                local,
+                expected,
+                received: Err(e.to_string()),
+            }
+        }
+    };
+    let writer = std::thread::spawn(move || -> io::Result<()> {
+        write_pattern(&mut w, SERVER_SEED, send)?;
+        w.shutdown(Shutdown::Write)
+    });
+    let got = read_verify(&mut r, CLIENT_SEED);
+    let wres = writer.join().expect("writer thread panicked");
+    let received = match (got, wres) {
+        (Ok(n), Ok(())) if n == expected => Ok(n),
+        (Ok(n), Ok(())) => Err(format!("received {n} of {expected} bytes")),
+        (Err(e), _) => Err(format!("receiving: {e}")),
+        (_, Err(e)) => Err(format!("sending: {e}")),
+    };
+    ServerReport {
+        peer,
+        local,
+        expected,
+        received,
+    }
+}
+
+/// A payload server running on its own threads; reports each exchange.
+#[derive(Debug)]
+pub struct PayloadServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// One report per finished exchange.
+    pub reports: mpsc::Receiver<ServerReport>,
+    _accept: JoinHandle<()>,
+}
+
+impl PayloadServer {
+    /// Serves exchanges on `listener` (already bound, in whatever netns it was
+    /// created) on a thread per connection, until `max_conns` were accepted.
+    pub fn start(listener: TcpListener, max_conns: usize) -> PayloadServer {
+        let addr = listener.local_addr().expect("listener address");
+        let (tx, rx) = mpsc::channel();
+        let accept = std::thread::spawn(move || {
+            for _ in 0..max_conns {
+                let Ok((s, _)) = listener.accept() else { break };
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let _ = tx.send(server_exchange(s));
+                });
+            }
+        });
+        PayloadServer {
+            addr,
+            reports: rx,
+            _accept: accept,
+        }
+    }
+
+    /// Waits for the next report.
+    pub fn next_report(&self, timeout: Duration) -> Option<ServerReport> {
+        self.reports.recv_timeout(timeout).ok()
+    }
+}
+
+/// Binds a TCP listener on `addr` (use port 0 for any).
+pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    sock.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    sock.bind(&addr.into())?;
+    sock.listen(1024)?;
+    Ok(sock.into())
+}
+
+/// Connects with a timeout.
+pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
