@@ -1,1 +1,2 @@
+//! The `ringway` binary.
 fn main() {}

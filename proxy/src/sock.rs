@@ -1,0 +1,220 @@
+//! Sockets of the datapath: the readiness abstraction over the two event
+//! loops (io_uring polls or epoll), and how listeners and upstream sockets
+//! are made inside a pod's network namespace.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::rc::Rc;
+
+use socket2::{Domain, SockAddr, Socket, Type};
+use tokio::io::unix::AsyncFd;
+
+use crate::uring::op::{self, Interest};
+
+/// Which event loop a worker runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// tokio-uring: readiness, accept and connect through the ring.
+    Uring,
+    /// tokio's epoll reactor (fallback when io_uring is unavailable).
+    Epoll,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Uring => "io_uring",
+            Backend::Epoll => "epoll",
+        })
+    }
+}
+
+/// A non-blocking socket owned by one worker, with its readiness source.
+#[derive(Debug)]
+pub struct Sock {
+    fd: Rc<OwnedFd>,
+    epoll: Option<AsyncFd<Rc<OwnedFd>>>,
+}
+
+impl Sock {
+    /// Wraps a non-blocking socket for `backend` (registers it with epoll
+    /// when that is the backend).
+    pub fn new(fd: OwnedFd, backend: Backend) -> io::Result<Sock> {
+        let fd = Rc::new(fd);
+        let epoll = match backend {
+            Backend::Uring => None,
+            Backend::Epoll => Some(crate::sys::register_epoll(fd.clone())?),
+        };
+        Ok(Sock { fd, epoll })
+    }
+
+    /// The raw socket.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A shared handle to the fd (for force-closing from the pod registry).
+    pub fn shared(&self) -> Rc<OwnedFd> {
+        self.fd.clone()
+    }
+
+    /// Waits until the socket is ready for `interest` (or has an error).
+    pub async fn wait(&self, interest: Interest) -> io::Result<()> {
+        match &self.epoll {
+            None => op::poll(&self.fd, interest).await.map(|_| ()),
+            Some(afd) => {
+                let mut guard = match interest {
+                    Interest::Readable => afd.readable().await?,
+                    Interest::Writable => afd.writable().await?,
+                };
+                guard.clear_ready();
+                Ok(())
+            }
+        }
+    }
+
+    /// Accepts one connection (listener sockets only).
+    pub async fn accept(&self) -> io::Result<(OwnedFd, SockAddr)> {
+        if self.epoll.is_none() {
+            return op::accept(&self.fd).await;
+        }
+        loop {
+            match socket2::SockRef::from(&*self.fd).accept() {
+                Ok((s, addr)) => {
+                    s.set_nonblocking(true)?;
+                    return Ok((s.into(), addr));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.wait(Interest::Readable).await?
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Connects to `addr`.
+    pub async fn connect(&self, addr: SockAddr) -> io::Result<()> {
+        if self.epoll.is_none() {
+            return op::connect(&self.fd, addr).await;
+        }
+        let sock = socket2::SockRef::from(&*self.fd);
+        match sock.connect(&addr) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e),
+        }
+        loop {
+            self.wait(Interest::Writable).await?;
+            if let Some(e) = sock.take_error()? {
+                return Err(e);
+            }
+            match sock.peer_addr() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// What a listener is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ListenerKind {
+    /// App -> anywhere (15001).
+    Outbound,
+    /// Peer -> app, plaintext (15006).
+    Inbound,
+    /// Peer proxy -> app through the tunnel (15008); reserved.
+    Tunnel,
+}
+
+impl std::fmt::Display for ListenerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ListenerKind::Outbound => "outbound",
+            ListenerKind::Inbound => "inbound",
+            ListenerKind::Tunnel => "tunnel",
+        })
+    }
+}
+
+/// Creates one listener. Must run with the thread inside the pod's netns.
+pub fn make_listener(
+    addr: SocketAddr,
+    transparent: bool,
+    mark: u32,
+    backlog: u32,
+) -> io::Result<OwnedFd> {
+    let sock = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking().cloexec(),
+        None,
+    )?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    // SO_REUSEADDR: accepted children inherit it, so an app that itself uses
+    // SO_REUSEADDR can (re)bind ports that proxied connections occupy.
+    sock.set_reuse_address(true)?;
+    // One listener per worker and port (and the next proxy during an upgrade).
+    sock.set_reuse_port(true)?;
+    sock.set_mark(mark)?;
+    if transparent {
+        sock.set_ip_transparent(true)?;
+    }
+    sock.set_nodelay(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(backlog.min(i32::MAX as u32) as i32)?;
+    Ok(sock.into())
+}
+
+/// Creates the upstream socket of a proxied connection. Must run with the
+/// thread inside the pod's netns. With `spoof_source`, the socket is bound
+/// transparently to that client IP (the kernel picks the port at connect),
+/// so the app sees who called.
+pub fn make_upstream(
+    dst: SocketAddr,
+    mark: u32,
+    spoof_source: Option<IpAddr>,
+) -> io::Result<OwnedFd> {
+    let sock = Socket::new(
+        Domain::for_address(dst),
+        Type::STREAM.nonblocking().cloexec(),
+        None,
+    )?;
+    sock.set_mark(mark)?;
+    sock.set_nodelay(true)?;
+    if let Some(src) = spoof_source {
+        let src = match (src, dst) {
+            (IpAddr::V4(v4), SocketAddr::V6(_)) => IpAddr::V6(v4.to_ipv6_mapped()),
+            (s, _) => s,
+        };
+        sock.set_ip_transparent(true)?;
+        sock.set_reuse_address(true)?;
+        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::IpBindAddressNoPort, &true)
+            .map_err(io::Error::from)?;
+        sock.bind(&SocketAddr::new(src, 0).into())?;
+    }
+    Ok(sock.into())
+}
+
+/// The destination the client originally asked for.
+pub fn original_dst(fd: BorrowedFd<'_>, nat: bool, v6: bool) -> io::Result<SocketAddr> {
+    let sock = socket2::SockRef::from(&fd);
+    let addr = if nat {
+        if v6 {
+            sock.original_dst_ipv6()?
+        } else {
+            sock.original_dst()?
+        }
+    } else {
+        sock.local_addr()?
+    };
+    addr.as_socket().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "original destination is not an IP address",
+        )
+    })
+}

@@ -1,0 +1,146 @@
+//! Thin syscall layer: entering a pod's network namespace, splice between
+//! sockets and pipes, aborting a TCP connection with a reset, and raising
+//! the fd limit. The one `unsafe` block (the reset) is explained in place.
+
+use std::cell::OnceCell;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use nix::fcntl::{fcntl, splice, FcntlArg, OFlag, SpliceFFlags};
+use nix::sched::{setns, CloneFlags};
+
+thread_local! {
+    /// The network namespace this thread started in, opened once.
+    static HOME_NETNS: OnceCell<OwnedFd> = const { OnceCell::new() };
+}
+
+fn home_netns() -> io::Result<OwnedFd> {
+    HOME_NETNS.with(|cell| {
+        if let Some(fd) = cell.get() {
+            return fd.try_clone();
+        }
+        let f = File::open("/proc/thread-self/ns/net")?;
+        let fd = OwnedFd::from(f);
+        let dup = fd.try_clone()?;
+        let _ = cell.set(fd);
+        Ok(dup)
+    })
+}
+
+/// Runs `f` with the calling thread inside the network namespace `netns`,
+/// then switches back. Sockets created by `f` stay in `netns` for good.
+/// Costs two `setns` calls (a few microseconds).
+pub fn in_netns<T>(netns: BorrowedFd<'_>, f: impl FnOnce() -> T) -> io::Result<T> {
+    let home = home_netns()?;
+    setns(netns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+    let out = f();
+    if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
+        // A thread stuck in a pod's namespace would create the next pod's
+        // sockets in the wrong place: never continue.
+        panic!("cannot return to the home network namespace: {e}");
+    }
+    Ok(out)
+}
+
+/// Moves up to `len` bytes from `from` to `to` without copying through user
+/// space. Non-blocking on the pipe side; sockets are non-blocking themselves.
+pub fn splice_nb(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    splice(
+        from,
+        None,
+        to,
+        None,
+        len,
+        SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK,
+    )
+    .map_err(io::Error::from)
+}
+
+/// A pipe used as the in-kernel buffer of one copy direction.
+#[derive(Debug)]
+pub struct Pipe {
+    /// Read end.
+    pub r: OwnedFd,
+    /// Write end.
+    pub w: OwnedFd,
+    /// Capacity the kernel granted.
+    pub capacity: usize,
+}
+
+impl Pipe {
+    /// Creates a pipe and asks for `size` bytes of capacity (the kernel may
+    /// grant less, e.g. beyond `fs.pipe-max-size` or the per-user limit).
+    pub fn new(size: usize) -> io::Result<Pipe> {
+        let (r, w) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+        let capacity = match fcntl(w.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(size as i32)) {
+            Ok(n) => n as usize,
+            Err(_) => fcntl(w.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)? as usize,
+        };
+        Ok(Pipe { r, w, capacity })
+    }
+}
+
+/// Resets a TCP connection now: RST to the peer, socket closed, and every
+/// pending poll or I/O on it completes. Safe to call on any socket state.
+pub fn tcp_abort(fd: BorrowedFd<'_>) {
+    let sock = socket2::SockRef::from(&fd);
+    let _ = sock.set_linger(Some(std::time::Duration::ZERO));
+    let addr = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: `fd` is a valid borrowed socket fd for the duration of the call,
+    // and `addr` is a properly initialised sockaddr whose size we pass.
+    // connect(AF_UNSPEC) on a TCP socket is tcp_disconnect(): it sends a RST
+    // for a synchronised connection and wakes all waiters.
+    unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &addr,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Shuts down the read side: a pending accept or read returns at once.
+pub fn shutdown_read(fd: BorrowedFd<'_>) {
+    let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Read);
+}
+
+/// Shuts down the write side (sends FIN once queued data is out).
+pub fn shutdown_write(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Write)
+        .map_err(io::Error::from)
+}
+
+/// Raises RLIMIT_NOFILE's soft limit to the hard limit. Returns (old, new).
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok((soft, hard))
+}
+
+/// The inode of the network namespace behind `fd` (or of the calling thread
+/// with `None`): used to refuse the host namespace where a pod's is expected.
+pub fn netns_inode(fd: Option<BorrowedFd<'_>>) -> io::Result<u64> {
+    match fd {
+        Some(fd) => Ok(nix::sys::stat::fstat(fd.as_raw_fd())?.st_ino),
+        None => Ok(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(
+            "/proc/thread-self/ns/net",
+        )?)),
+    }
+}
+
+/// Registers a socket with the current tokio (epoll) reactor.
+pub fn register_epoll(
+    fd: std::rc::Rc<OwnedFd>,
+) -> io::Result<tokio::io::unix::AsyncFd<std::rc::Rc<OwnedFd>>> {
+    // SAFETY: the AsyncFd owns an `Rc<OwnedFd>` clone, so the descriptor
+    // stays open and refers to the same socket for the AsyncFd's whole
+    // lifetime, and `as_raw_fd` of an `Rc<OwnedFd>` always returns it.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(io::Error::from)
+}

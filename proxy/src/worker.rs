@@ -1,0 +1,405 @@
+//! Datapath workers: one thread per core, each with its own event loop
+//! (tokio-uring, or a current-thread tokio runtime on epoll), its own
+//! SO_REUSEPORT listeners for every pod, and no work stealing. Workers take
+//! commands from the control thread over a channel and never block on it.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringway_config::{CaptureMode, ProxySettings};
+use socket2::SockAddr;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::copy::{copy_one_way, DirEnd, PipePool};
+use crate::sock::{self, Backend, ListenerKind, Sock};
+use crate::stats::Stats;
+use crate::sys;
+
+/// A pod as every worker sees it (immutable, shared).
+#[derive(Debug)]
+pub struct PodShared {
+    /// Pod UID.
+    pub uid: Arc<str>,
+    /// The pod's network namespace.
+    pub netns: OwnedFd,
+}
+
+/// Commands from the control thread.
+#[derive(Debug)]
+pub enum Cmd {
+    /// Start serving a pod on these listeners (this worker's share).
+    AddPod {
+        /// The pod.
+        pod: Arc<PodShared>,
+        /// This worker's listeners.
+        listeners: Vec<(ListenerKind, OwnedFd)>,
+    },
+    /// Stop serving a pod: close its listeners and reset its connections now.
+    /// Replies with the number of connections reset.
+    RemovePod {
+        /// Pod UID.
+        uid: Arc<str>,
+        /// Reply channel.
+        done: std::sync::mpsc::Sender<usize>,
+    },
+    /// Close every listener at once; keep serving established connections.
+    CloseListeners {
+        /// Reply channel.
+        done: std::sync::mpsc::Sender<()>,
+    },
+    /// Reset every connection and exit.
+    Stop,
+}
+
+struct PodLocal {
+    shared: Arc<PodShared>,
+    listeners: RefCell<Vec<Rc<OwnedFd>>>,
+    conns: RefCell<HashMap<u64, [Option<Rc<OwnedFd>>; 2]>>,
+    next_id: Cell<u64>,
+    removed: Cell<bool>,
+}
+
+impl PodLocal {
+    fn close_listeners(&self) {
+        for l in self.listeners.borrow_mut().drain(..) {
+            sys::shutdown_read(l.as_fd());
+        }
+    }
+
+    fn abort_all(&self) -> usize {
+        let conns: Vec<_> = self.conns.borrow_mut().drain().collect();
+        for (_, fds) in &conns {
+            for fd in fds.iter().flatten() {
+                sys::tcp_abort(fd.as_fd());
+            }
+        }
+        conns.len()
+    }
+}
+
+struct WorkerCtx {
+    id: usize,
+    backend: Backend,
+    settings: ProxySettings,
+    stats: Arc<Stats>,
+    pool: PipePool,
+    pods: RefCell<HashMap<Arc<str>, Rc<PodLocal>>>,
+    last_fd_warning: Cell<Option<Instant>>,
+}
+
+fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
+    match backend {
+        Backend::Uring => {
+            tokio_uring::spawn(f);
+        }
+        Backend::Epoll => {
+            tokio::task::spawn_local(f);
+        }
+    }
+}
+
+/// Runs worker `id` on the current thread until it is told to stop.
+pub fn run(
+    id: usize,
+    backend: Backend,
+    settings: ProxySettings,
+    stats: Arc<Stats>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+) -> io::Result<()> {
+    let ctx = Rc::new(WorkerCtx {
+        id,
+        backend,
+        pool: PipePool::new(settings.pipe_size, settings.pipe_pool),
+        settings,
+        stats,
+        pods: RefCell::new(HashMap::new()),
+        last_fd_warning: Cell::new(None),
+    });
+    match backend {
+        Backend::Uring => {
+            tokio_uring::builder()
+                .entries(4096)
+                .start(worker_main(ctx, rx));
+            Ok(())
+        }
+        Backend::Epoll => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, worker_main(ctx, rx));
+            Ok(())
+        }
+    }
+}
+
+async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+    tracing::debug!(worker = ctx.id, backend = %ctx.backend, "worker started");
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            Cmd::AddPod { pod, listeners } => add_pod(&ctx, pod, listeners),
+            Cmd::RemovePod { uid, done } => {
+                let n = remove_pod(&ctx, &uid);
+                let _ = done.send(n);
+            }
+            Cmd::CloseListeners { done } => {
+                for pod in ctx.pods.borrow().values() {
+                    pod.close_listeners();
+                }
+                let _ = done.send(());
+            }
+            Cmd::Stop => break,
+        }
+    }
+    let uids: Vec<_> = ctx.pods.borrow().keys().cloned().collect();
+    for uid in uids {
+        remove_pod(&ctx, &uid);
+    }
+    // Let the aborted connections' tasks observe their resets and finish.
+    tokio::task::yield_now().await;
+    tracing::debug!(worker = ctx.id, "worker stopped");
+}
+
+fn remove_pod(ctx: &WorkerCtx, uid: &str) -> usize {
+    let Some(pod) = ctx.pods.borrow_mut().remove(uid) else {
+        return 0;
+    };
+    pod.removed.set(true);
+    pod.close_listeners();
+    pod.abort_all()
+}
+
+fn add_pod(ctx: &Rc<WorkerCtx>, pod: Arc<PodShared>, listeners: Vec<(ListenerKind, OwnedFd)>) {
+    if ctx.pods.borrow().contains_key(&pod.uid) {
+        remove_pod(ctx, &pod.uid);
+    }
+    let local = Rc::new(PodLocal {
+        shared: pod.clone(),
+        listeners: RefCell::new(Vec::new()),
+        conns: RefCell::new(HashMap::new()),
+        next_id: Cell::new(0),
+        removed: Cell::new(false),
+    });
+    for (kind, fd) in listeners {
+        let lsock = match Sock::new(fd, ctx.backend) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(pod = %pod.uid, %kind, error = %e, "cannot register listener");
+                continue;
+            }
+        };
+        local.listeners.borrow_mut().push(lsock.shared());
+        spawn_local(
+            ctx.backend,
+            accept_loop(ctx.clone(), local.clone(), kind, lsock),
+        );
+    }
+    ctx.pods.borrow_mut().insert(pod.uid.clone(), local);
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+    )
+}
+
+async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, lsock: Sock) {
+    loop {
+        match lsock.accept().await {
+            Ok((fd, peer)) => {
+                ctx.stats.accepted.inc();
+                let span = tracing::debug_span!(
+                    "conn",
+                    pod.uid = %pod.shared.uid,
+                    direction = %kind,
+                    src.addr = %peer.as_socket().map(|a| a.to_string()).unwrap_or_default(),
+                    dst.addr = tracing::field::Empty,
+                );
+                spawn_local(
+                    ctx.backend,
+                    handle_conn(ctx.clone(), pod.clone(), kind, fd, peer).instrument(span),
+                );
+            }
+            Err(_) if pod.removed.get() => break,
+            Err(e) if is_resource_exhaustion(&e) => {
+                // Out of fds/memory: the connection stays queued in the
+                // kernel; refuse to spin, warn (at most once a second), retry.
+                ctx.stats.accept_resource_errors.inc();
+                let now = Instant::now();
+                if ctx
+                    .last_fd_warning
+                    .get()
+                    .is_none_or(|t| now.duration_since(t) > Duration::from_secs(1))
+                {
+                    ctx.last_fd_warning.set(Some(now));
+                    tracing::warn!(pod = %pod.shared.uid, %kind, error = %e, "accept failed for lack of resources; retrying");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ECONNABORTED) | Some(libc::EINTR) | Some(libc::EPROTO)
+                ) => {}
+            Err(e) => {
+                if !pod.removed.get() && pod.listeners.borrow().is_empty() {
+                    // Listeners closed for a drain: not an error.
+                    break;
+                }
+                tracing::error!(pod = %pod.shared.uid, %kind, error = %e, "listener failed");
+                break;
+            }
+        }
+    }
+}
+
+struct ConnGuard {
+    pod: Rc<PodLocal>,
+    id: u64,
+    stats: Arc<Stats>,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.pod.conns.borrow_mut().remove(&self.id);
+        self.stats.active.dec();
+    }
+}
+
+async fn handle_conn(
+    ctx: Rc<WorkerCtx>,
+    pod: Rc<PodLocal>,
+    kind: ListenerKind,
+    fd: OwnedFd,
+    peer: SockAddr,
+) {
+    let started = Instant::now();
+    let client = match Sock::new(fd, ctx.backend) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register accepted socket");
+            return;
+        }
+    };
+    let id = pod.next_id.get();
+    pod.next_id.set(id + 1);
+    if pod.removed.get() {
+        sys::tcp_abort(client.fd());
+        return;
+    }
+    pod.conns
+        .borrow_mut()
+        .insert(id, [Some(client.shared()), None]);
+    ctx.stats.active.inc();
+    let _guard = ConnGuard {
+        pod: pod.clone(),
+        id,
+        stats: ctx.stats.clone(),
+    };
+    let Some(peer) = peer.as_socket() else {
+        sys::tcp_abort(client.fd());
+        return;
+    };
+    let s = &ctx.settings;
+    let (dst, spoof) = match kind {
+        ListenerKind::Tunnel => {
+            // 15008 is reserved for the HBONE tunnel, which this build does
+            // not terminate yet: refuse clearly rather than forward blindly.
+            tracing::debug!("tunnel port is reserved; resetting");
+            ctx.stats.refused.inc();
+            sys::tcp_abort(client.fd());
+            return;
+        }
+        ListenerKind::Outbound => (sock::original_dst(client.fd(), true, peer.is_ipv6()), None),
+        ListenerKind::Inbound => (
+            sock::original_dst(
+                client.fd(),
+                s.capture_mode == CaptureMode::Redirect,
+                peer.is_ipv6(),
+            ),
+            Some(peer.ip()),
+        ),
+    };
+    let dst = match dst {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::debug!(error = %e, "no original destination; resetting");
+            ctx.stats.refused.inc();
+            sys::tcp_abort(client.fd());
+            return;
+        }
+    };
+    tracing::Span::current().record("dst.addr", tracing::field::display(dst));
+    // A destination on one of our own capture ports means the connection
+    // was not captured by the rules (e.g. an app dialling 15001 directly):
+    // forwarding it would loop back to us.
+    if dst.port() == s.ports.outbound || dst.port() == s.ports.inbound {
+        tracing::debug!("destination is a capture port of the proxy; resetting");
+        ctx.stats.refused.inc();
+        sys::tcp_abort(client.fd());
+        return;
+    }
+    let up_fd = match sys::in_netns(pod.shared.netns.as_fd(), || {
+        sock::make_upstream(dst, s.proxy_mark, spoof)
+    }) {
+        Ok(Ok(fd)) => fd,
+        Ok(Err(e)) | Err(e) => {
+            if is_resource_exhaustion(&e) {
+                ctx.stats.accept_resource_errors.inc();
+            }
+            tracing::debug!(error = %e, "cannot create upstream socket; resetting");
+            ctx.stats.connect_failed.inc();
+            sys::tcp_abort(client.fd());
+            return;
+        }
+    };
+    let upstream = match Sock::new(up_fd, ctx.backend) {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot register upstream socket; resetting");
+            ctx.stats.connect_failed.inc();
+            sys::tcp_abort(client.fd());
+            return;
+        }
+    };
+    if let Some(slot) = pod.conns.borrow_mut().get_mut(&id) {
+        slot[1] = Some(upstream.shared());
+    }
+    if let Err(e) = upstream.connect(dst.into()).await {
+        // Refused, unreachable, timed out: the client learns by a reset.
+        tracing::debug!(error = %e, "upstream connect failed; resetting client");
+        ctx.stats.connect_failed.inc();
+        sys::tcp_abort(client.fd());
+        return;
+    }
+    let (up_end, down_end) = tokio::join!(
+        copy_one_way(&client, &upstream, &ctx.pool, &ctx.stats.bytes_to_upstream),
+        copy_one_way(&upstream, &client, &ctx.pool, &ctx.stats.bytes_to_client),
+    );
+    let reason = |e: &DirEnd| match e {
+        DirEnd::Eof => "eof".to_string(),
+        DirEnd::ReadFailed(e) => format!("read: {e}"),
+        DirEnd::WriteFailed(e) => format!("write: {e}"),
+    };
+    let (sent, received) = (up_end.1, down_end.1);
+    let upstream_end = reason(&up_end.0);
+    let downstream_end = reason(&down_end.0);
+    tracing::event!(
+        target: "access",
+        tracing::Level::DEBUG,
+        bytes.sent = sent,
+        bytes.received = received,
+        duration.ms = started.elapsed().as_millis() as u64,
+        upstream.end = %upstream_end,
+        downstream.end = %downstream_end,
+        "connection closed"
+    );
+}
