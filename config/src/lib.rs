@@ -115,6 +115,11 @@ pub struct ProxySettings {
     pub pipe_pool: usize,
     /// Listen backlog of each listener.
     pub backlog: u32,
+    /// Same-node fast path: when the destination of an outbound connection
+    /// is another pod this proxy serves, connect straight into that pod
+    /// (applying the inbound side's rules: spoofed client source, proxy
+    /// mark) instead of crossing the node network and being captured again.
+    pub same_node_fast_path: bool,
     /// How long the proxy keeps serving established connections after it
     /// was asked to stop.
     #[serde(with = "duration_secs")]
@@ -132,6 +137,7 @@ impl Default for ProxySettings {
             pipe_size: 1 << 20,
             pipe_pool: 512,
             backlog: 4096,
+            same_node_fast_path: true,
             drain_period: Duration::from_secs(30),
         }
     }
@@ -250,14 +256,18 @@ mod tests {
             s.validate().unwrap_err().to_string(),
             "invalid `ports`: outbound (15001), inbound (15001) and tunnel (15008) must differ"
         );
-        let mut s = ProxySettings::default();
-        s.pipe_size = 10;
+        let s = ProxySettings {
+            pipe_size: 10,
+            ..ProxySettings::default()
+        };
         assert_eq!(
             s.validate().unwrap_err().to_string(),
             "invalid `pipeSize`: 10 is outside 4096..=67108864 bytes"
         );
-        let mut s = ProxySettings::default();
-        s.proxy_mark = 0;
+        let s = ProxySettings {
+            proxy_mark: 0,
+            ..ProxySettings::default()
+        };
         assert!(s
             .validate()
             .unwrap_err()

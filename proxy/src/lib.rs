@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use tokio::sync::mpsc;
 
 pub use sock::{Backend, ListenerKind};
 pub use stats::{Stats, StatsSnapshot};
-use worker::{Cmd, PodShared};
+use worker::{Cmd, LocalPods, PodShared};
 
 /// Errors of the proxy's control operations.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +105,8 @@ pub struct PodInfo {
     pub netns_inode: u64,
     /// Listener addresses (each is bound once per worker).
     pub listeners: Vec<(ListenerKind, SocketAddr)>,
+    /// The pod's IP addresses.
+    pub ips: Vec<IpAddr>,
 }
 
 struct PodRecord {
@@ -122,6 +124,7 @@ pub struct Proxy {
     backend: Backend,
     workers: Vec<WorkerHandle>,
     pods: Mutex<HashMap<String, PodRecord>>,
+    local_pods: LocalPods,
     stats: Arc<Stats>,
 }
 
@@ -167,16 +170,18 @@ impl Proxy {
             Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
         let stats = Arc::new(Stats::default());
+        let local_pods: LocalPods = Arc::new(RwLock::new(HashMap::new()));
         let n = settings.effective_workers();
         let mut workers = Vec::with_capacity(n);
         for id in 0..n {
             let (tx, rx) = mpsc::unbounded_channel();
             let s = settings.clone();
             let st = stats.clone();
+            let lp = local_pods.clone();
             let join = std::thread::Builder::new()
                 .name(format!("ringway-worker-{id}"))
                 .spawn(move || {
-                    if let Err(e) = worker::run(id, backend, s, st, rx) {
+                    if let Err(e) = worker::run(id, backend, s, st, lp, rx) {
                         tracing::error!(worker = id, error = %e, "worker failed");
                     }
                 })
@@ -192,6 +197,7 @@ impl Proxy {
             backend,
             workers,
             pods: Mutex::new(HashMap::new()),
+            local_pods,
             stats,
         })
     }
@@ -228,10 +234,11 @@ impl Proxy {
                 return Ok(());
             }
         }
-        let (per_worker, addrs) = self.make_listeners(uid, netns.as_fd())?;
+        let (per_worker, addrs, ips) = self.make_listeners(uid, netns.as_fd())?;
         let shared = Arc::new(PodShared {
             uid: Arc::from(uid),
             netns,
+            ips: ips.clone(),
         });
         for (w, listeners) in self.workers.iter().zip(per_worker) {
             w.tx.send(Cmd::AddPod {
@@ -241,6 +248,17 @@ impl Proxy {
             .map_err(|_| ProxyError::Stopped)?;
         }
         let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut local = self.local_pods.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(old) = pods.get(uid) {
+                for ip in &old.info.ips {
+                    local.remove(ip);
+                }
+            }
+            for ip in &ips {
+                local.insert(*ip, shared.clone());
+            }
+        }
         pods.insert(
             uid.to_string(),
             PodRecord {
@@ -248,6 +266,7 @@ impl Proxy {
                     uid: uid.to_string(),
                     netns_inode: ino,
                     listeners: addrs,
+                    ips,
                 },
             },
         );
@@ -255,17 +274,7 @@ impl Proxy {
         Ok(())
     }
 
-    fn make_listeners(
-        &self,
-        uid: &str,
-        netns: BorrowedFd<'_>,
-    ) -> Result<
-        (
-            Vec<Vec<(ListenerKind, OwnedFd)>>,
-            Vec<(ListenerKind, SocketAddr)>,
-        ),
-        ProxyError,
-    > {
+    fn make_listeners(&self, uid: &str, netns: BorrowedFd<'_>) -> Result<ListenerSet, ProxyError> {
         let s = &self.settings;
         let kinds = [
             (ListenerKind::Outbound, s.ports.outbound, false),
@@ -301,7 +310,7 @@ impl Proxy {
                     addrs.push((kind, addr));
                 }
             }
-            Ok((per_worker, addrs))
+            Ok((per_worker, addrs, pod_addresses()))
         })
         .map_err(|source| ProxyError::EnterNetns {
             uid: uid.to_string(),
@@ -319,6 +328,12 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(uid)?;
+        {
+            let mut local = self.local_pods.write().unwrap_or_else(|p| p.into_inner());
+            for ip in &rec.info.ips {
+                local.remove(ip);
+            }
+        }
         let mut total = 0;
         let mut waits = Vec::new();
         for w in &self.workers {
@@ -390,6 +405,35 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop_workers();
     }
+}
+
+/// Listeners per worker, their addresses, and the pod's IPs.
+type ListenerSet = (
+    Vec<Vec<(ListenerKind, OwnedFd)>>,
+    Vec<(ListenerKind, SocketAddr)>,
+    Vec<IpAddr>,
+);
+
+/// The calling thread's netns addresses, loopback and link-local excluded.
+fn pod_addresses() -> Vec<IpAddr> {
+    let mut ips = Vec::new();
+    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
+        for a in addrs {
+            let Some(sa) = a.address else { continue };
+            let ip = if let Some(v4) = sa.as_sockaddr_in() {
+                IpAddr::V4(v4.ip())
+            } else if let Some(v6) = sa.as_sockaddr_in6() {
+                IpAddr::V6(v6.ip())
+            } else {
+                continue;
+            };
+            let link_local = matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
+            if !ip.is_loopback() && !link_local && !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+    }
+    ips
 }
 
 fn ipv6_available() -> bool {

@@ -50,6 +50,8 @@ pub struct Stats {
     pub refused: Counter,
     /// accept/socket failures for lack of fds or memory.
     pub accept_resource_errors: Counter,
+    /// Outbound connections delivered straight into a pod on this node.
+    pub same_node: Counter,
     /// Bytes written toward the destination.
     pub bytes_to_upstream: AtomicU64,
     /// Bytes written back toward the client.
@@ -69,6 +71,8 @@ pub struct StatsSnapshot {
     pub refused: u64,
     /// See [`Stats::accept_resource_errors`].
     pub accept_resource_errors: u64,
+    /// See [`Stats::same_node`].
+    pub same_node: u64,
     /// See [`Stats::bytes_to_upstream`].
     pub bytes_to_upstream: u64,
     /// See [`Stats::bytes_to_client`].
@@ -84,6 +88,7 @@ impl Stats {
             connect_failed: self.connect_failed.get(),
             refused: self.refused.get(),
             accept_resource_errors: self.accept_resource_errors.get(),
+            same_node: self.same_node.get(),
             bytes_to_upstream: self.bytes_to_upstream.load(Ordering::Relaxed),
             bytes_to_client: self.bytes_to_client.load(Ordering::Relaxed),
         }

@@ -7,9 +7,10 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ringway_config::{CaptureMode, ProxySettings};
@@ -29,7 +30,12 @@ pub struct PodShared {
     pub uid: Arc<str>,
     /// The pod's network namespace.
     pub netns: OwnedFd,
+    /// The pod's addresses (found inside its netns when it was added).
+    pub ips: Vec<IpAddr>,
 }
+
+/// Pods served by this proxy, by IP: read by workers for the same-node fast path.
+pub type LocalPods = Arc<RwLock<HashMap<IpAddr, Arc<PodShared>>>>;
 
 /// Commands from the control thread.
 #[derive(Debug)]
@@ -91,6 +97,7 @@ struct WorkerCtx {
     stats: Arc<Stats>,
     pool: PipePool,
     pods: RefCell<HashMap<Arc<str>, Rc<PodLocal>>>,
+    local_pods: LocalPods,
     last_fd_warning: Cell<Option<Instant>>,
 }
 
@@ -111,6 +118,7 @@ pub fn run(
     backend: Backend,
     settings: ProxySettings,
     stats: Arc<Stats>,
+    local_pods: LocalPods,
     rx: mpsc::UnboundedReceiver<Cmd>,
 ) -> io::Result<()> {
     let ctx = Rc::new(WorkerCtx {
@@ -120,6 +128,7 @@ pub fn run(
         settings,
         stats,
         pods: RefCell::new(HashMap::new()),
+        local_pods,
         last_fd_warning: Cell::new(None),
     });
     match backend {
@@ -222,6 +231,7 @@ async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, 
                     direction = %kind,
                     src.addr = %peer.as_socket().map(|a| a.to_string()).unwrap_or_default(),
                     dst.addr = tracing::field::Empty,
+                    dst.pod = tracing::field::Empty,
                 );
                 spawn_local(
                     ctx.backend,
@@ -347,7 +357,26 @@ async fn handle_conn(
         sys::tcp_abort(client.fd());
         return;
     }
-    let up_fd = match sys::in_netns(pod.shared.netns.as_fd(), || {
+    // Same-node fast path: the destination is a pod we serve, so connect
+    // inside *its* netns exactly as its inbound side would (spoofed client
+    // source, proxy mark), skipping a second trip through the network.
+    let mut netns_pod = pod.shared.clone();
+    let mut spoof = spoof;
+    if kind == ListenerKind::Outbound && s.same_node_fast_path {
+        let target = ctx
+            .local_pods
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&dst.ip())
+            .cloned();
+        if let Some(target) = target {
+            tracing::Span::current().record("dst.pod", tracing::field::display(&target.uid));
+            ctx.stats.same_node.inc();
+            netns_pod = target;
+            spoof = Some(peer.ip());
+        }
+    }
+    let up_fd = match sys::in_netns(netns_pod.netns.as_fd(), || {
         sock::make_upstream(dst, s.proxy_mark, spoof)
     }) {
         Ok(Ok(fd)) => fd,

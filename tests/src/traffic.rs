@@ -14,9 +14,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Seed of the client -> server byte stream.
-pub const CLIENT_SEED: u64 = 0x5eed_c11e_47;
+pub const CLIENT_SEED: u64 = 0x005e_edc1_1e47;
 /// Seed of the server -> client byte stream.
-pub const SERVER_SEED: u64 = 0x5eed_5e77_e4;
+pub const SERVER_SEED: u64 = 0x005e_ed5e_77e4;
 
 fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -10,7 +10,22 @@ use ringway_testbed::run_isolated;
 use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
 
 fn a_to_b(mode: CaptureMode, datapath: Datapath, v6: bool, sizes: &[(u64, u64)]) {
-    let mn = MeshNode::new(2, mode, datapath);
+    // Both hops through the node network (captured at a and again at b)...
+    a_to_b_with(mode, datapath, v6, sizes, false);
+    // ...and the same-node fast path (captured at a, delivered into b).
+    a_to_b_with(mode, datapath, v6, sizes, true);
+}
+
+fn a_to_b_with(
+    mode: CaptureMode,
+    datapath: Datapath,
+    v6: bool,
+    sizes: &[(u64, u64)],
+    fast_path: bool,
+) {
+    let mut settings = common::settings(mode, datapath);
+    settings.same_node_fast_path = fast_path;
+    let mn = MeshNode::with_settings(2, settings);
     let (a, b) = (mn.pod(0).clone(), mn.pod(1).clone());
     let addr = SocketAddr::new(b.ip(v6), 8080);
     let l = b.netns.run(|| listen(addr)).unwrap();
@@ -27,19 +42,15 @@ fn a_to_b(mode: CaptureMode, datapath: Datapath, v6: bool, sizes: &[(u64, u64)])
         assert_eq!(rep.peer.ip(), a.ip(v6), "server must see pod-a's real IP");
     }
     let after = mn.proxy.stats();
-    // Both hops (outbound at a, inbound at b) went through the proxy.
-    assert_eq!(
-        after.accepted - before.accepted,
-        2 * sizes.len() as u64,
-        "{after:?}"
-    );
-    let moved: u64 =
-        sizes.iter().map(|(u, d)| 2 * (u + d + 0)).sum::<u64>() + 2 * 16 * sizes.len() as u64;
-    assert_eq!(
-        (after.bytes_to_upstream + after.bytes_to_client)
-            - (before.bytes_to_upstream + before.bytes_to_client),
-        moved
-    );
+    let n = sizes.len() as u64;
+    let hops = if fast_path { 1 } else { 2 };
+    // Without the fast path both ends are captured (outbound at a, inbound at b).
+    assert_eq!(after.accepted - before.accepted, hops * n, "{after:?}");
+    let fast = if fast_path { n } else { 0 };
+    assert_eq!(after.same_node - before.same_node, fast);
+    let moved: u64 = hops * (sizes.iter().map(|(u, d)| u + d).sum::<u64>() + 16 * n);
+    let total = |s: &ringway_proxy::StatsSnapshot| s.bytes_to_upstream + s.bytes_to_client;
+    assert_eq!(total(&after) - total(&before), moved);
 }
 
 const SMALL: &[(u64, u64)] = &[(1, 1), (1000, 70_000), (3 << 20, 1 << 20)];

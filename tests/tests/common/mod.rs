@@ -81,9 +81,14 @@ pub struct MeshNode {
 
 impl MeshNode {
     pub fn new(pods: usize, mode: CaptureMode, datapath: Datapath) -> MeshNode {
+        Self::with_settings(pods, settings(mode, datapath))
+    }
+
+    pub fn with_settings(pods: usize, settings: ProxySettings) -> MeshNode {
         init_logs();
         let vn = VirtualNode::build(1, pods).unwrap();
-        let proxy = Proxy::start(settings(mode, datapath)).unwrap();
+        let mode = settings.capture_mode;
+        let proxy = Proxy::start(settings).unwrap();
         for p in &vn.pods {
             capture(p, mode);
             proxy.add_pod(&p.name, p.netns.dup_fd().unwrap()).unwrap();
