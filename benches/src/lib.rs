@@ -7,44 +7,11 @@ use ringway_testbed::Pod;
 
 /// Installs the production capture rules in `pod`.
 pub fn capture(pod: &Pod, mode: CaptureMode) {
-    let file = match mode {
-        CaptureMode::Tproxy => "/tmp/exp/rules.nft",
-        CaptureMode::Redirect => "/tmp/exp/rules-redirect.nft",
-    };
-    pod.netns.exec("nft", &["-f", file]).expect("nft");
-    for fam in ["-4", "-6"] {
-        pod.netns
-            .ip(&[
-                fam,
-                "rule",
-                "add",
-                "fwmark",
-                "0x111/0xfff",
-                "lookup",
-                "133",
-                "priority",
-                "100",
-            ])
-            .expect("ip rule");
-    }
-    pod.netns
-        .ip(&[
-            "-4",
-            "route",
-            "add",
-            "local",
-            "0.0.0.0/0",
-            "dev",
-            "lo",
-            "table",
-            "133",
-        ])
-        .expect("route");
-    pod.netns
-        .ip(&[
-            "-6", "route", "add", "local", "::/0", "dev", "lo", "table", "133",
-        ])
-        .expect("route");
+    let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings {
+        capture_mode: mode,
+        ..ringway_config::ProxySettings::default()
+    });
+    ringway_redirect::apply(pod.netns.fd(), &spec).expect("capture rules");
 }
 
 /// CPU seconds (user + system) used so far by this process's threads whose

@@ -472,3 +472,18 @@ pub fn check_pod_netns(uid: &str, fd: BorrowedFd<'_>) -> Result<(), ProxyError> 
     }
     Ok(())
 }
+
+/// The capture rules that match these proxy settings (same ports and mark).
+pub fn capture_spec(settings: &ProxySettings) -> ringway_redirect::CaptureSpec {
+    ringway_redirect::CaptureSpec {
+        mode: match settings.capture_mode {
+            CaptureMode::Tproxy => ringway_redirect::CaptureMode::Tproxy,
+            CaptureMode::Redirect => ringway_redirect::CaptureMode::Redirect,
+        },
+        outbound_port: settings.ports.outbound,
+        inbound_port: settings.ports.inbound,
+        tunnel_port: settings.ports.tunnel,
+        proxy_mark: settings.proxy_mark,
+        ..ringway_redirect::CaptureSpec::default()
+    }
+}

@@ -1,2 +1,327 @@
-//! The `ringway` binary.
-fn main() {}
+//! The `ringway` binary: one executable, several roles.
+//!
+//! - `ringway sandbox`: build an isolated virtual node on this machine, capture
+//!   its pods, run the proxy and a short demo (the README's first command).
+//! - `ringway proxy`: the node proxy, serving the pods named on the command line.
+//! - `ringway redirect apply|verify|remove`: manage one pod's capture rules.
+
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use ringway_config::{CaptureMode, ProxySettings};
+use ringway_proxy::Proxy;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ringway",
+    version,
+    about = "Per-node transparent proxy for Kubernetes pods"
+)]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `ringway_proxy=debug`.
+    #[arg(long, global = true, env = "RINGWAY_LOG", default_value = "info")]
+    log: String,
+    /// Log format.
+    #[arg(long, global = true, value_enum, env = "RINGWAY_LOG_FORMAT", default_value_t = LogFormat::Auto)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable on a terminal, JSON otherwise.
+    Auto,
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Build an isolated virtual node here, capture its pods, run the proxy
+    /// and a demo, then clean up (root, or CAP_NET_ADMIN + CAP_SYS_ADMIN).
+    Sandbox(SandboxArgs),
+    /// Run the node proxy for the given pods until SIGTERM/SIGINT.
+    Proxy(ProxyArgs),
+    /// Manage one pod's capture rules.
+    Redirect {
+        #[command(subcommand)]
+        action: RedirectAction,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct SandboxArgs {
+    /// Number of pods on the virtual node.
+    #[arg(long, default_value_t = 3)]
+    pods: usize,
+    /// Capture mode.
+    #[arg(long, default_value = "tproxy")]
+    mode: CaptureMode,
+    /// Bytes each way in the demo exchange.
+    #[arg(long, default_value_t = 8 << 20)]
+    bytes: u64,
+    /// Stay up after the demo until Ctrl-C.
+    #[arg(long)]
+    wait: bool,
+    /// Proxy settings file (YAML); the embedded defaults otherwise.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ProxyArgs {
+    /// A pod to serve, as `UID=NETNS_PATH` (repeatable).
+    #[arg(long = "pod", value_name = "UID=NETNS_PATH")]
+    pods: Vec<String>,
+    /// Proxy settings file (YAML); the embedded defaults otherwise.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum RedirectAction {
+    /// Install (or atomically replace) a pod's capture rules.
+    Apply(RedirectArgs),
+    /// Report drift between the pod's rules and what they should be.
+    Verify(RedirectArgs),
+    /// Remove the pod's capture rules.
+    Remove(RedirectArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RedirectArgs {
+    /// The pod's network namespace (e.g. /var/run/netns/cni-1234 or /proc/PID/ns/net).
+    #[arg(long)]
+    netns: PathBuf,
+    /// Capture mode.
+    #[arg(long, default_value = "tproxy")]
+    mode: CaptureMode,
+}
+
+fn init_logs(filter: &str, format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = match format {
+        LogFormat::Json => true,
+        LogFormat::Text => false,
+        LogFormat::Auto => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+fn load_settings(path: Option<&PathBuf>) -> anyhow::Result<ProxySettings> {
+    let settings = match path {
+        None => ProxySettings::default(),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config file {}", p.display()))?;
+            serde_yaml::from_str(&text)
+                .with_context(|| format!("parsing config file {}", p.display()))?
+        }
+    };
+    settings.validate().with_context(|| match path {
+        Some(p) => format!("config file {}", p.display()),
+        None => "embedded default config".to_string(),
+    })?;
+    Ok(settings)
+}
+
+fn capture_spec(mode: CaptureMode, settings: &ProxySettings) -> ringway_redirect::CaptureSpec {
+    ringway_proxy::capture_spec(&ProxySettings {
+        capture_mode: mode,
+        ..settings.clone()
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logs(&cli.log, cli.log_format);
+    match cli.command {
+        Command::Sandbox(args) => sandbox(args),
+        Command::Proxy(args) => run_proxy(args),
+        Command::Redirect { action } => redirect(action),
+    }
+}
+
+fn redirect(action: RedirectAction) -> anyhow::Result<()> {
+    let (args, what) = match &action {
+        RedirectAction::Apply(a) => (a, "apply"),
+        RedirectAction::Verify(a) => (a, "verify"),
+        RedirectAction::Remove(a) => (a, "remove"),
+    };
+    let settings = ProxySettings::default();
+    let spec = capture_spec(args.mode, &settings);
+    let fd = ringway_redirect::open_netns(&args.netns)?;
+    match what {
+        "apply" => {
+            ringway_redirect::apply(fd.as_fd(), &spec)?;
+            println!(
+                "capture rules ({}) in place in {}",
+                args.mode,
+                args.netns.display()
+            );
+        }
+        "verify" => {
+            let drift = ringway_redirect::verify(fd.as_fd(), &spec)?;
+            if drift.is_empty() {
+                println!(
+                    "capture rules ({}) in place in {}",
+                    args.mode,
+                    args.netns.display()
+                );
+            } else {
+                for d in &drift {
+                    println!("drift: {d}");
+                }
+                bail!("{} difference(s) from the expected rules", drift.len());
+            }
+        }
+        _ => {
+            ringway_redirect::remove(fd.as_fd(), &spec)?;
+            println!("capture rules removed from {}", args.netns.display());
+        }
+    }
+    Ok(())
+}
+
+/// Blocks SIGINT/SIGTERM in the calling thread (and the threads it spawns
+/// later) so they can be waited for with `wait_for_stop`.
+fn block_stop_signals() -> nix::sys::signal::SigSet {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    let _ = set.thread_block();
+    set
+}
+
+fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    let stop = block_stop_signals();
+    let settings = load_settings(args.config.as_ref())?;
+    tracing::info!(config = ?settings, "effective configuration");
+    let proxy = Proxy::start(settings)?;
+    for spec in &args.pods {
+        let (uid, path) = spec
+            .split_once('=')
+            .with_context(|| format!("--pod {spec:?} is not UID=NETNS_PATH"))?;
+        let fd = ringway_redirect::open_netns(std::path::Path::new(path))?;
+        proxy
+            .add_pod(uid, fd)
+            .with_context(|| format!("adding pod {uid}"))?;
+    }
+    tracing::info!(pods = args.pods.len(), "serving; SIGTERM or SIGINT stops");
+    let sig = stop.wait()?;
+    tracing::info!(signal = ?sig, "stopping");
+    proxy.shutdown();
+    Ok(())
+}
+
+fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
+    if let Some(why) = ringway_testbed::missing_privileges() {
+        bail!(
+            "ringway sandbox builds network namespaces and needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN) and iproute2: {why}"
+        );
+    }
+    if args.pods < 2 {
+        bail!("--pods must be at least 2 (a client and a server)");
+    }
+    let stop = block_stop_signals();
+    let settings = load_settings(args.config.as_ref())?;
+    let out = ringway_testbed::run_isolated("sandbox", || sandbox_inside(&args, settings, stop));
+    out.unwrap_or_else(|| bail!("the sandbox could not run"))
+}
+
+fn sandbox_inside(
+    args: &SandboxArgs,
+    mut settings: ProxySettings,
+    stop: nix::sys::signal::SigSet,
+) -> anyhow::Result<()> {
+    use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
+    let t0 = Instant::now();
+    settings.capture_mode = args.mode;
+    println!("ringway sandbox: an isolated virtual node in its own network and mount namespaces");
+    let vn =
+        ringway_testbed::VirtualNode::build(1, args.pods).context("building the virtual node")?;
+    let proxy = Proxy::start(settings.clone())?;
+    let spec = capture_spec(args.mode, &settings);
+    for p in &vn.pods {
+        ringway_redirect::apply(p.netns.fd(), &spec)
+            .with_context(|| format!("capturing pod {}", p.name))?;
+        proxy.add_pod(&p.name, p.netns.dup_fd()?)?;
+        println!(
+            "  pod {:<10} {:<12} {:<16} captured ({})",
+            p.name, p.ipv4, p.ipv6, args.mode
+        );
+    }
+    println!(
+        "  proxy: {} worker(s) on {}, listeners 15001/15006/15008 in every pod ({:.0} ms to here)",
+        settings.effective_workers(),
+        proxy.backend(),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+    for v6 in [false, true] {
+        let addr = SocketAddr::new(b.ip(v6), 8080);
+        let l = b.netns.run(|| listen(addr)).context("demo server listen")?;
+        let srv = PayloadServer::start(l, 1);
+        let started = Instant::now();
+        let got = a
+            .netns
+            .run(|| {
+                client_exchange(
+                    connect(addr, Duration::from_secs(10))?,
+                    args.bytes,
+                    args.bytes,
+                )
+            })
+            .with_context(|| format!("demo exchange {} -> {addr}", a.name))?;
+        let rep = srv
+            .next_report(Duration::from_secs(30))
+            .context("demo server gave no report")?;
+        let sent = rep.received.map_err(anyhow::Error::msg)?;
+        println!(
+            "  {} -> {addr}: {} bytes each way verified in {:.1} ms; the server saw the client as {}",
+            a.name,
+            sent.min(got),
+            started.elapsed().as_secs_f64() * 1e3,
+            rep.peer.ip()
+        );
+        if rep.peer.ip() != a.ip(v6) {
+            bail!("the server did not see the client's real address");
+        }
+    }
+    let st = proxy.stats();
+    println!(
+        "  proxy stats: {} accepted, {} same-node, {} bytes to upstream, {} bytes back, {} active",
+        st.accepted, st.same_node, st.bytes_to_upstream, st.bytes_to_client, st.active
+    );
+    for p in &vn.pods {
+        let drift = ringway_redirect::verify(p.netns.fd(), &spec)?;
+        if !drift.is_empty() {
+            bail!("pod {}: capture rules drifted: {drift:?}", p.name);
+        }
+    }
+    println!("  capture rules verified in every pod");
+    if args.wait {
+        println!("sandbox up; Ctrl-C to stop");
+        let _ = stop.wait();
+    }
+    proxy.shutdown();
+    println!("sandbox done: everything lived in this process's own namespaces and is gone with it");
+    Ok(())
+}

@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-use std::os::fd::AsFd;
 use std::time::Duration;
 
 use ringway_config::{CaptureMode, Datapath, ProxySettings};
@@ -12,50 +11,17 @@ use ringway_testbed::{Pod, VirtualNode};
 
 pub const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Installs the production capture rules in `pod`.
+/// Installs the production capture rules in `pod` (the redirect crate,
+/// over netlink, exactly as the node agent does).
 pub fn capture(pod: &Pod, mode: CaptureMode) {
-    let file = match mode {
-        CaptureMode::Tproxy => "/tmp/exp/rules.nft",
-        CaptureMode::Redirect => "/tmp/exp/rules-redirect.nft",
-    };
-    pod.netns.exec("nft", &["-f", file]).unwrap();
-    for fam in ["-4", "-6"] {
-        pod.netns
-            .ip(&[
-                fam,
-                "rule",
-                "add",
-                "fwmark",
-                "0x111/0xfff",
-                "lookup",
-                "133",
-                "priority",
-                "100",
-            ])
-            .unwrap();
-    }
-    pod.netns
-        .ip(&[
-            "-4",
-            "route",
-            "add",
-            "local",
-            "0.0.0.0/0",
-            "dev",
-            "lo",
-            "table",
-            "133",
-        ])
-        .unwrap();
-    pod.netns
-        .ip(&[
-            "-6", "route", "add", "local", "::/0", "dev", "lo", "table", "133",
-        ])
-        .unwrap();
-    let _ = pod.netns.fd().as_fd();
+    let spec = ringway_proxy::capture_spec(&ProxySettings {
+        capture_mode: mode,
+        ..ProxySettings::default()
+    });
+    ringway_redirect::apply(pod.netns.fd(), &spec)
+        .unwrap_or_else(|e| panic!("capturing pod {}: {e}", pod.name));
 }
 
-/// Settings for tests: given mode and datapath, two workers.
 /// Logs to the test output when RUST_LOG is set.
 pub fn init_logs() {
     let _ = tracing_subscriber::fmt()

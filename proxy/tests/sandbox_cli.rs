@@ -1,0 +1,73 @@
+//! The README's first command, `ringway sandbox`, runs the datapath on a
+//! virtual node and exits 0; run twice in a row it still works.
+
+use std::process::Command;
+
+fn run_sandbox(extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringway"))
+        .args(["--log-format", "text", "sandbox", "--bytes", "200000"])
+        .args(extra)
+        .output()
+        .expect("run ringway sandbox");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "ringway sandbox failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn sandbox_runs_the_datapath_twice_in_a_row() {
+    if let Some(why) = ringway_testbed::missing_privileges() {
+        eprintln!(
+            "!!! PRIVILEGED TEST sandbox_runs_the_datapath_twice_in_a_row DID NOT RUN: {why}"
+        );
+        assert!(
+            !ringway_testbed::under_ci(),
+            "cannot run under CI=true: {why}"
+        );
+        return;
+    }
+    for mode in ["tproxy", "redirect"] {
+        let out = run_sandbox(&["--mode", mode]);
+        assert!(
+            out.contains("the server saw the client as 10.244.1.2"),
+            "{out}"
+        );
+        assert!(
+            out.contains("the server saw the client as fd00:244:1::2"),
+            "{out}"
+        );
+        assert!(out.contains("capture rules verified in every pod"), "{out}");
+        assert!(out.contains("sandbox done"), "{out}");
+    }
+}
+
+#[test]
+fn sandbox_rejects_a_bad_config_file_naming_the_field() {
+    let dir = std::env::temp_dir().join(format!("ringway-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("bad.yaml");
+    std::fs::write(&f, "pipeSize: 12\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ringway"))
+        .args(["proxy", "--config"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid `pipeSize`: 12 is outside"), "{err}");
+    assert!(err.contains("bad.yaml"), "{err}");
+    std::fs::write(&f, "wokers: 2\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ringway"))
+        .args(["proxy", "--config"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown field `wokers`"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
