@@ -64,70 +64,125 @@ fn one_stream(a: &Pod, b: &Pod, port: u16, secs: f64) -> (u64, Duration) {
     (bytes, elapsed)
 }
 
+struct Scenario {
+    name: &'static str,
+    /// None = direct (no proxy).
+    settings: Option<ProxySettings>,
+    gbps: Vec<f64>,
+    cpu_per_gb: Vec<f64>,
+}
+
+fn proxied(mode: CaptureMode, fast_path: bool) -> ProxySettings {
+    ProxySettings {
+        capture_mode: mode,
+        same_node_fast_path: fast_path,
+        datapath: match std::env::var("RINGWAY_BENCH_DATAPATH").as_deref() {
+            Ok("epoll") => Datapath::Epoll,
+            _ => Datapath::Auto,
+        },
+        workers: env_u64("RINGWAY_BENCH_WORKERS", 0) as usize,
+        pipe_size: env_u64("RINGWAY_BENCH_PIPE", 1 << 20) as usize,
+        ..ProxySettings::default()
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
     let secs = env_u64("RINGWAY_BENCH_SECS", 3) as f64;
     let rounds = env_u64("RINGWAY_BENCH_ROUNDS", 3) as usize;
+    let mut scenarios = vec![
+        Scenario {
+            name: "direct (no proxy)",
+            settings: None,
+            gbps: vec![],
+            cpu_per_gb: vec![],
+        },
+        Scenario {
+            name: "ringway tproxy, same-node fast path (default)",
+            settings: Some(proxied(CaptureMode::Tproxy, true)),
+            gbps: vec![],
+            cpu_per_gb: vec![],
+        },
+        Scenario {
+            name: "ringway tproxy, both hops (captured at a and at b)",
+            settings: Some(proxied(CaptureMode::Tproxy, false)),
+            gbps: vec![],
+            cpu_per_gb: vec![],
+        },
+        Scenario {
+            name: "ringway redirect, both hops",
+            settings: Some(proxied(CaptureMode::Redirect, false)),
+            gbps: vec![],
+            cpu_per_gb: vec![],
+        },
+    ];
+    let mut backend = String::new();
     run_isolated("bench_datapath", || {
-        let vn = VirtualNode::build(1, 2).expect("virtual node");
+        let mut vn = VirtualNode::build(1, 2).expect("virtual node");
         let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
-        let settings = ProxySettings {
-            capture_mode: CaptureMode::Tproxy,
-            datapath: match std::env::var("RINGWAY_BENCH_DATAPATH").as_deref() {
-                Ok("epoll") => Datapath::Epoll,
-                _ => Datapath::Auto,
-            },
-            workers: env_u64("RINGWAY_BENCH_WORKERS", 0) as usize,
-            pipe_size: env_u64("RINGWAY_BENCH_PIPE", 1 << 20) as usize,
-            ..ProxySettings::default()
-        };
-        let proxy = Proxy::start(settings).expect("proxy");
-        // Direct traffic uses port 7000, which the proxied pods... capture
-        // applies to all TCP, so direct runs happen before capture is
-        // installed each round: we install capture on a second pair instead.
-        let mut vn2 = vn;
-        let c = vn2.add_pod().expect("pod");
-        let d = vn2.add_pod().expect("pod");
-        for p in [&c, &d] {
-            capture(p, CaptureMode::Tproxy);
-            proxy
-                .add_pod(&p.name, p.netns.dup_fd().expect("fd"))
-                .expect("add pod");
-        }
-        let mut direct = Vec::new();
-        let mut proxied = Vec::new();
-        let mut cpu_per_gb = Vec::new();
+        let c = vn.add_pod().expect("pod");
+        let d = vn.add_pod().expect("pod");
+        let mut port = 7000u16;
         for round in 0..rounds {
-            let (bytes, t) = one_stream(&a, &b, 7000 + round as u16, secs);
-            let gbps = bytes as f64 * 8.0 / t.as_secs_f64() / 1e9;
-            direct.push(gbps);
-            let cpu0 = cpu_seconds_of_threads("ringway-worker");
-            let (bytes, t) = one_stream(&c, &d, 7100 + round as u16, secs);
-            let cpu = cpu_seconds_of_threads("ringway-worker") - cpu0;
-            let pgbps = bytes as f64 * 8.0 / t.as_secs_f64() / 1e9;
-            proxied.push(pgbps);
-            cpu_per_gb.push(cpu / (bytes as f64 / 1e9));
-            eprintln!(
-                "round {}: direct {:.2} Gbit/s, ringway {:.2} Gbit/s ({:.2}x), proxy {:.3} CPU-s/GB",
-                round + 1,
-                gbps,
-                pgbps,
-                pgbps / gbps,
-                cpu / (bytes as f64 / 1e9)
-            );
+            for sc in scenarios.iter_mut() {
+                port += 1;
+                let (bytes, t, cpu) = match &sc.settings {
+                    None => {
+                        let (bytes, t) = one_stream(&a, &b, port, secs);
+                        (bytes, t, f64::NAN)
+                    }
+                    Some(settings) => {
+                        let proxy = Proxy::start(settings.clone()).expect("proxy");
+                        backend = proxy.backend().to_string();
+                        for p in [&c, &d] {
+                            capture(p, settings.capture_mode);
+                            proxy
+                                .add_pod(&p.name, p.netns.dup_fd().expect("fd"))
+                                .expect("add pod");
+                        }
+                        let cpu0 = cpu_seconds_of_threads("ringway-worker");
+                        let (bytes, t) = one_stream(&c, &d, port, secs);
+                        let cpu = cpu_seconds_of_threads("ringway-worker") - cpu0;
+                        proxy.shutdown();
+                        (bytes, t, cpu)
+                    }
+                };
+                let gbps = bytes as f64 * 8.0 / t.as_secs_f64() / 1e9;
+                let per_gb = cpu / (bytes as f64 / 1e9);
+                eprintln!(
+                    "round {}: {:<52} {:6.2} Gbit/s  {:.3} CPU-s/GB",
+                    round + 1,
+                    sc.name,
+                    gbps,
+                    per_gb
+                );
+                sc.gbps.push(gbps);
+                sc.cpu_per_gb.push(per_gb);
+            }
         }
-        let (d, p, c) = (median(&direct), median(&proxied), median(&cpu_per_gb));
-        println!("\n| one stream, pod-a -> pod-b | median of {rounds} |");
-        println!("| --- | --- |");
-        println!("| direct | {d:.2} Gbit/s |");
-        println!(
-            "| ringway ({}, tproxy) | {p:.2} Gbit/s ({:.2}x direct) |",
-            proxy.backend(),
-            p / d
-        );
-        println!("| proxy CPU-s per GB | {c:.3} |");
-        proxy.shutdown();
     });
+    let direct = median(&scenarios[0].gbps);
+    println!("\n## One stream, pod-a -> pod-b on one node (median of {rounds} rounds, {secs} s each, datapath {backend})\n");
+    println!(
+        "| scenario | throughput | vs direct | proxy CPU-s per GB | spread (min-max Gbit/s) |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for sc in &scenarios {
+        let g = median(&sc.gbps);
+        let lo = sc.gbps.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = sc.gbps.iter().cloned().fold(0.0, f64::max);
+        let cpu = median(&sc.cpu_per_gb);
+        let cpu = if cpu.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{cpu:.3}")
+        };
+        println!(
+            "| {} | {g:.2} Gbit/s | {:.2}x | {cpu} | {lo:.2}-{hi:.2} |",
+            sc.name,
+            g / direct
+        );
+    }
 }
