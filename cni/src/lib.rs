@@ -56,6 +56,7 @@ pub mod error;
 pub mod result;
 mod run;
 pub mod version;
+pub mod zds;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
