@@ -1,1 +1,595 @@
-//! placeholder
+//! Programs a pod's traffic capture inside the pod's network namespace, in
+//! one atomic step, entirely over netlink (no `nft`, `ip` or `iptables`
+//! binary at run time), verifies it, and removes it leaving nothing behind.
+//!
+//! # API
+//! - [`apply`] (idempotent): `lo` up, ip rules + local routes, then the whole
+//!   nft table in one nfnetlink batch. On failure it rolls back what it added.
+//! - [`verify`]: a list of [`Drift`]s, empty when everything is in place.
+//! - [`remove`] (idempotent): deletes the table, the ip rules and the routes.
+//! - [`open_netns`] / [`check_pod_netns`]: every call refuses an fd that is not
+//!   a network namespace, or that is PID 1's, this process's (a node agent
+//!   runs in the host namespace) or the calling thread's own namespace. Where
+//!   even root may not read `/proc/1/ns/net` (sandboxes deny ptrace access to
+//!   PID 1), that one comparison is skipped and logged at debug.
+//!
+//! The work runs on a short-lived thread that `setns(CLONE_NEWNET)`s into the
+//! pod namespace and opens its netlink sockets there (a netlink socket acts
+//! on the namespace it was created in), so the caller's thread never moves.
+//!
+//! # The rule set
+//! Everything lives in one table, `inet ringway` (IPv4 and IPv6 at once). Rule
+//! numbers are 1-based positions in their chain; they are what errors and
+//! [`Drift`] reports cite. Defaults of [`CaptureSpec`] shown: proxy mark
+//! `0x539`, capture mark `0x111`, mask `0xfff`, ports 15001/15006/15008, table
+//! 133, probe sources `169.254.7.127` / `fd16:9254:7127:1337:ffff:ffff:ffff:ffff`.
+//! Marks are always compared as `mark & mask == value`.
+//!
+//! **`prerouting`** — `type filter hook prerouting priority -150` (mangle), both modes:
+//!
+//! | # | rule | why |
+//! | --- | --- | --- |
+//! | 1 | `meta l4proto != tcp return` | only TCP is captured |
+//! | 2 | `meta mark & 0xfff == 0x539 ct mark set 0x111 return` | the proxy's own (spoofed-source) packets looping on `lo` toward the app: remember the connection so the app's replies come back to the proxy |
+//! | 3 | `iif "lo" socket transparent 1 meta mark set 0x111 accept` | packets for the proxy's transparent sockets looping on `lo` (the app's replies): delivered locally through the policy route |
+//! | 4 | `iif "lo" return` | nothing else on `lo` is captured (loopback, the pod's own IPs, redirected outbound) |
+//!
+//! TPROXY mode ([`CaptureMode::Tproxy`], the default) continues `prerouting`:
+//!
+//! | # | rule | why |
+//! | --- | --- | --- |
+//! | 5 | `socket transparent 1 accept` | established inbound flows of the proxy's transparent sockets; no mark is set on packets from the pod's interfaces, so `src_valid_mark=1` cannot reroute them |
+//! | 6 | `ct direction reply return` | replies to connections the pod opened |
+//! | 7 | `ip saddr 169.254.7.127 return` | kubelet probes are never captured |
+//! | 8 | `ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return` | same, IPv6 |
+//! | 9 | `tcp dport 15008 return` | the tunnel (HBONE) port is never captured |
+//! | 10 | `meta l4proto tcp tproxy to :15006 accept` | inbound: handed to the transparent listener on 15006 without NAT; the accepted socket's local address is the original destination |
+//! | 11 | `meta l4proto tcp drop` | fail closed: with no listener on 15006 the SYN is dropped (the client retransmits), never delivered uncaptured |
+//!
+//! REDIRECT mode ([`CaptureMode::Redirect`]) adds **`nat_prerouting`** —
+//! `type nat hook prerouting priority -100`:
+//!
+//! | # | rule |
+//! | --- | --- |
+//! | 1 | `meta l4proto != tcp return` |
+//! | 2 | `iif "lo" return` |
+//! | 3 | `meta mark & 0xfff == 0x539 return` |
+//! | 4 | `ip saddr 169.254.7.127 return` |
+//! | 5 | `ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return` |
+//! | 6 | `tcp dport 15008 return` |
+//! | 7 | `meta l4proto tcp redirect to :15006` (original destination via `SO_ORIGINAL_DST`) |
+//!
+//! Both modes, **`output`** — `type route hook output priority -150`:
+//!
+//! | # | rule | why |
+//! | --- | --- | --- |
+//! | 1 | `meta l4proto != tcp return` | |
+//! | 2 | `meta mark & 0xfff == 0x539 return` | the proxy's own sockets |
+//! | 3 | `ct mark & 0xfff == 0x111 meta mark set 0x111` | the app's replies on a spoofed-source connection: the mark re-routes them (route chain) through table 133 back to `lo` and the proxy |
+//!
+//! Both modes, **`nat_output`** — `type nat hook output priority -100`:
+//!
+//! | # | rule | why |
+//! | --- | --- | --- |
+//! | 1 | `meta l4proto != tcp return` | |
+//! | 2 | `meta mark & 0xfff == 0x539 return` | the proxy's upstream connections |
+//! | 3 | `oif "lo" return` | loopback and the pod's own IPs are not captured |
+//! | 4 | `ct direction reply return` | |
+//! | 5 | `meta l4proto tcp redirect to :15001` | outbound: to the proxy, original destination via `SO_ORIGINAL_DST` |
+//!
+//! Policy routing, IPv4 and IPv6: `ip rule add fwmark 0x111/0xfff lookup 133
+//! priority 100` and `ip route add local 0.0.0.0/0 dev lo table 133` (and
+//! `local ::/0`), with `lo` up. When IPv6 is disabled in the namespace the
+//! IPv6 rule and route are skipped (logged). No sysctl is pinned: the rules
+//! work with `net.ipv4.conf.*.src_valid_mark=1` (tested).
+//!
+//! **Why outbound is REDIRECT even in TPROXY mode.** With outbound TPROXY
+//! each accepted socket's local address is the *remote* (`pod0:9000`), and
+//! the kernel puts it in the bind bucket of that port inside the pod
+//! (`__inet_inherit_port`), so the app then gets `EADDRINUSE` listening on
+//! 9000. A nat REDIRECT'ed socket is local to `127.0.0.1:15001` instead.
+//!
+//! # Atomicity, verification, ownership
+//! The nft part is one `NFNL_MSG_BATCH_BEGIN`..`END` batch: create the table
+//! if absent, delete it, create it again with every chain and rule, each
+//! message with `NLM_F_ACK`. The kernel validates every message and applies
+//! all or nothing, so a re-apply replaces the rule set without a moment of
+//! no capture, and a refused batch leaves the previous rule set untouched.
+//! The ip rules and routes are added first (harmless on their own: nothing
+//! carries the capture mark without the nft rules) and rolled back if the
+//! batch is refused. Each rule carries a comment
+//! `ringway:v1:<chain>:<n>:<hash of its expressions>` (visible in
+//! `nft list`), which lets [`verify`] tell missing, extra, foreign and
+//! changed rules apart; verify also checks the table, each chain's type,
+//! hook, priority and policy, `lo`, the ip rules and the routes.
+//!
+//! # No unsafe code
+//! The crate is `#![forbid(unsafe_code)]`: netlink sockets, `setns`, `fstat`
+//! and `fstatfs` come from `nix`'s safe wrappers, and all messages are
+//! encoded by hand into byte vectors. Instead of the `NS_GET_NSTYPE` ioctl
+//! (which would need an unsafe call), a namespace fd is recognised by nsfs'
+//! magic number plus `/proc/thread-self/fd/<n>` reading `net:[inode]`; for an
+//! fd opened through a bind mount (`/run/netns/<name>`, where that link shows
+//! the path) a `setns(CLONE_NEWNET)` on a throwaway thread decides.
+
+#![forbid(unsafe_code)]
+
+mod abi;
+mod error;
+mod netns;
+mod nft;
+mod nl;
+mod route;
+mod ruleset;
+mod verify;
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::BorrowedFd;
+
+use nix::errno::Errno;
+use nix::sys::socket::SockProtocol;
+
+pub use error::RedirectError;
+pub use netns::{check_pod_netns, open_netns};
+pub use ruleset::render;
+pub use verify::Drift;
+
+use nft::{Chain, Expr, Rule};
+use nl::NlSocket;
+use route::{Added, Family};
+
+/// How inbound traffic is steered to the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CaptureMode {
+    /// Inbound TPROXY (no NAT, the listener needs `IP_TRANSPARENT`),
+    /// outbound nat REDIRECT.
+    #[default]
+    Tproxy,
+    /// Inbound and outbound nat REDIRECT (the fallback for odd kernels/CNIs).
+    Redirect,
+}
+
+/// Everything that parameterises the rule set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureSpec {
+    /// Steering mode.
+    pub mode: CaptureMode,
+    /// Outbound listener port in the pod (app -> anywhere).
+    pub outbound_port: u16,
+    /// Inbound plaintext listener port in the pod (peer -> app).
+    pub inbound_port: u16,
+    /// Inbound tunnel (HBONE) port: never captured.
+    pub tunnel_port: u16,
+    /// Mark on the proxy's own sockets: packets carrying it are never captured.
+    pub proxy_mark: u32,
+    /// Connmark/fwmark for spoofed-source replies and loopback delivery.
+    pub capture_mark: u32,
+    /// Mask applied to both marks before comparing.
+    pub mark_mask: u32,
+    /// Policy routing table holding the local default routes.
+    pub route_table: u32,
+    /// Priority of the `fwmark` ip rule (before main's 32766).
+    pub rule_priority: u32,
+    /// Source of kubelet probes (SNATed by the node): never captured.
+    pub probe_source_v4: Ipv4Addr,
+    /// IPv6 source of kubelet probes: never captured.
+    pub probe_source_v6: Ipv6Addr,
+}
+
+impl Default for CaptureSpec {
+    fn default() -> Self {
+        CaptureSpec {
+            mode: CaptureMode::Tproxy,
+            outbound_port: 15001,
+            inbound_port: 15006,
+            tunnel_port: 15008,
+            proxy_mark: 0x539,
+            capture_mark: 0x111,
+            mark_mask: 0xfff,
+            route_table: 133,
+            rule_priority: 100,
+            probe_source_v4: Ipv4Addr::new(169, 254, 7, 127),
+            probe_source_v6: Ipv6Addr::new(
+                0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff,
+            ),
+        }
+    }
+}
+
+impl CaptureSpec {
+    /// Checks that the spec is self-consistent.
+    pub fn validate(&self) -> Result<(), RedirectError> {
+        let bad = |m: String| Err(RedirectError::InvalidSpec(m));
+        let ports = [
+            ("outbound_port", self.outbound_port),
+            ("inbound_port", self.inbound_port),
+            ("tunnel_port", self.tunnel_port),
+        ];
+        for (i, (n, p)) in ports.iter().enumerate() {
+            if *p == 0 {
+                return bad(format!("{n} is 0"));
+            }
+            for (m, q) in &ports[i + 1..] {
+                if p == q {
+                    return bad(format!("{n} and {m} are both {p}"));
+                }
+            }
+        }
+        if self.mark_mask == 0 {
+            return bad("mark_mask is 0".into());
+        }
+        for (n, m) in [
+            ("proxy_mark", self.proxy_mark),
+            ("capture_mark", self.capture_mark),
+        ] {
+            if m == 0 || m & self.mark_mask != m {
+                return bad(format!(
+                    "{n} {m:#x} must be non-zero and inside mark_mask {:#x}",
+                    self.mark_mask
+                ));
+            }
+        }
+        if self.proxy_mark == self.capture_mark {
+            return bad(format!(
+                "proxy_mark and capture_mark are both {:#x}",
+                self.proxy_mark
+            ));
+        }
+        // 0 is unspec; 253, 254, 255 are default, main and local.
+        if matches!(self.route_table, 0 | 253..=255) {
+            return bad(format!(
+                "route_table {} is reserved (0 unspec, 253 default, 254 main, 255 local)",
+                self.route_table
+            ));
+        }
+        if !(1..32766).contains(&self.rule_priority) {
+            return bad(format!(
+                "rule_priority {} must be in 1..=32765 (before the main table's 32766)",
+                self.rule_priority
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Programs the capture for `spec` in the pod network namespace `netns`.
+///
+/// Idempotent; a re-apply (also with another mode or ports) atomically
+/// replaces the nft rule set. Steps: `lo` up; the ip rule and local route per
+/// family (an identical existing one is kept); a check that they are exactly
+/// in place; the nft batch; a check of the nft result. If a step fails, the
+/// ip rules/routes this call created are deleted again and the previous nft
+/// rule set (if any) is untouched. Policy routing from an earlier spec with
+/// other marks/table is not removed: call [`remove`] with that spec.
+/// Calls for the same pod must not run concurrently.
+pub fn apply(netns: BorrowedFd<'_>, spec: &CaptureSpec) -> Result<(), RedirectError> {
+    apply_chains(netns, spec, ruleset::chains(spec))
+}
+
+/// Returns how the pod's capture differs from `spec`; empty when in place.
+pub fn verify(netns: BorrowedFd<'_>, spec: &CaptureSpec) -> Result<Vec<Drift>, RedirectError> {
+    spec.validate()?;
+    let chains = ruleset::chains(spec);
+    let ino = netns::inode(netns);
+    let drift = netns::run_in(netns, "verify", || {
+        let mut nf = open_nfnetlink()?;
+        let mut drift = verify::nft_drift(&mut nf, &chains)?;
+        let mut rt = open_rtnetlink()?;
+        let fams = route::families("verify");
+        drift.extend(verify::routing_drift(&mut rt, spec, &fams)?);
+        Ok(drift)
+    })?;
+    if drift.is_empty() {
+        tracing::debug!(netns.inode = ino, "capture verified in place");
+    } else {
+        tracing::warn!(
+            netns.inode = ino,
+            drift = %drift.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("; "),
+            "capture drifted"
+        );
+    }
+    Ok(drift)
+}
+
+/// Removes the capture: the nft table, the ip rules (any priority) and the
+/// local routes of `spec.route_table`, both families. Idempotent.
+pub fn remove(netns: BorrowedFd<'_>, spec: &CaptureSpec) -> Result<(), RedirectError> {
+    spec.validate()?;
+    let ino = netns::inode(netns);
+    netns::run_in(netns, "remove", || {
+        let mut nf = open_nfnetlink()?;
+        let out = nf
+            .batch(&[nft::msg_del_table()])
+            .map_err(|e| e.context(format!("deleting table inet {}", nft::TABLE), false))?;
+        let table_deleted = match (out.refused.first().copied(), out.batch_error) {
+            (None, None) if out.unacked.is_empty() => true,
+            (Some((_, Errno::ENOENT)), _) => false,
+            (Some((_, errno)), _) | (None, Some(errno)) => {
+                return Err(RedirectError::Netlink {
+                    what: format!("deleting table inet {}", nft::TABLE),
+                    errno,
+                })
+            }
+            (None, None) => {
+                return Err(RedirectError::Protocol {
+                    what: format!("deleting table inet {}", nft::TABLE),
+                    detail: "the kernel did not acknowledge the request".into(),
+                })
+            }
+        };
+        let mut rt = open_rtnetlink()?;
+        let (mut rules, mut routes) = (0, 0);
+        for f in [Family::V4, Family::V6] {
+            rules += route::del_rules(&mut rt, f, spec)?;
+            routes += route::del_routes(&mut rt, f, spec)?;
+        }
+        tracing::info!(
+            netns.inode = ino,
+            table_deleted,
+            ip_rules_deleted = rules,
+            routes_deleted = routes,
+            "capture removed"
+        );
+        Ok(())
+    })
+}
+
+fn open_nfnetlink() -> Result<NlSocket, RedirectError> {
+    NlSocket::open(SockProtocol::NetlinkNetFilter, "nfnetlink")
+}
+
+fn open_rtnetlink() -> Result<NlSocket, RedirectError> {
+    NlSocket::open(SockProtocol::NetlinkRoute, "rtnetlink")
+}
+
+/// Something apply added and must undo if a later step fails.
+#[derive(Debug, Clone, Copy)]
+enum Undo {
+    Rule(Family),
+    Route(Family),
+}
+
+fn apply_chains(
+    netns: BorrowedFd<'_>,
+    spec: &CaptureSpec,
+    chains: Vec<Chain>,
+) -> Result<(), RedirectError> {
+    spec.validate()?;
+    let ino = netns::inode(netns);
+    netns::run_in(netns, "apply", || {
+        let mut rt = open_rtnetlink()?;
+        route::set_lo_up(&mut rt)?;
+        let fams = route::families("apply");
+        let mut added = Vec::new();
+        let result = apply_steps(&mut rt, spec, &fams, &chains, &mut added);
+        match result {
+            Ok(()) => {
+                tracing::info!(
+                    netns.inode = ino,
+                    mode = ?spec.mode,
+                    rules = chains.iter().map(|c| c.rules.len()).sum::<usize>(),
+                    "capture applied"
+                );
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(netns.inode = ino, %error, undo = ?added, "apply failed; rolling back");
+                match rollback(&mut rt, spec, &added) {
+                    Ok(()) => Err(error),
+                    Err(rb) => Err(RedirectError::RollbackFailed {
+                        error: Box::new(error),
+                        rollback: Box::new(rb),
+                    }),
+                }
+            }
+        }
+    })
+}
+
+fn apply_steps(
+    rt: &mut NlSocket,
+    spec: &CaptureSpec,
+    fams: &[Family],
+    chains: &[Chain],
+    added: &mut Vec<Undo>,
+) -> Result<(), RedirectError> {
+    for &f in fams {
+        if route::add_rule(rt, f, spec)? == Added::Created {
+            added.push(Undo::Rule(f));
+        }
+        if route::add_route(rt, f, spec)? == Added::Created {
+            added.push(Undo::Route(f));
+        }
+    }
+    // Something foreign may occupy our table/route (EEXIST above): check
+    // before the nft rules start marking packets.
+    let drift = verify::routing_drift(rt, spec, fams)?;
+    if !drift.is_empty() {
+        return Err(RedirectError::NotInPlace { drift });
+    }
+    let mut nf = open_nfnetlink()?;
+    send_apply_batch(&mut nf, chains)?;
+    let drift = verify::nft_drift(&mut nf, chains)?;
+    if !drift.is_empty() {
+        return Err(RedirectError::NotInPlace { drift });
+    }
+    Ok(())
+}
+
+fn send_apply_batch(nf: &mut NlSocket, chains: &[Chain]) -> Result<(), RedirectError> {
+    let items = nft::apply_batch(chains);
+    let msgs: Vec<_> = items.iter().map(|(m, _)| m.clone()).collect();
+    let what = format!(
+        "sending the nft batch for table inet {} ({} messages)",
+        nft::TABLE,
+        msgs.len()
+    );
+    let out = nf
+        .batch(&msgs)
+        .map_err(|e| e.context(what.clone(), false))?;
+    if out.ok() {
+        return Ok(());
+    }
+    for (i, errno) in &out.refused {
+        tracing::warn!(message = %items[*i].1.describe(), %errno, "nft batch message refused");
+    }
+    if let Some((i, errno)) = out.refused.first() {
+        let item = &items[*i].1;
+        return Err(nl::kernel_error(
+            item.describe(),
+            *errno,
+            item.feature_errnos(),
+        ));
+    }
+    if let Some(errno) = out.batch_error {
+        return Err(RedirectError::Netlink {
+            what: format!("committing the nft batch for table inet {}", nft::TABLE),
+            errno,
+        });
+    }
+    Err(RedirectError::Protocol {
+        what,
+        detail: format!(
+            "the kernel did not acknowledge {} of {} messages (first: {})",
+            out.unacked.len(),
+            msgs.len(),
+            out.unacked
+                .first()
+                .map(|i| items[*i].1.describe())
+                .unwrap_or_default()
+        ),
+    })
+}
+
+fn rollback(rt: &mut NlSocket, spec: &CaptureSpec, added: &[Undo]) -> Result<(), RedirectError> {
+    let mut first_err = None;
+    for u in added.iter().rev() {
+        let r = match *u {
+            Undo::Rule(f) => route::del_rules(rt, f, spec).map(|_| ()),
+            Undo::Route(f) => route::del_routes(rt, f, spec).map(|_| ()),
+        };
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// A deliberately invalid rule for [`apply_with_extra_rule_for_test`].
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InjectedFault {
+    /// An expression type the kernel does not know (ENOENT).
+    UnknownExpression,
+    /// A `cmp` reading a register that does not exist (ERANGE).
+    BadRegister,
+}
+
+/// Test-only: like [`apply`], with one invalid rule appended to chain
+/// `output`, to prove that a refused batch applies nothing at all.
+#[doc(hidden)]
+pub fn apply_with_extra_rule_for_test(
+    netns: BorrowedFd<'_>,
+    spec: &CaptureSpec,
+    fault: InjectedFault,
+) -> Result<(), RedirectError> {
+    let mut chains = ruleset::chains(spec);
+    let rule = match fault {
+        InjectedFault::UnknownExpression => Rule {
+            desc: "injected test fault: unknown expression ringway_no_such_expr".into(),
+            exprs: vec![Expr::Raw {
+                name: "ringway_no_such_expr".into(),
+                data: Vec::new(),
+            }],
+        },
+        InjectedFault::BadRegister => {
+            let mut a = nl::Attrs::new();
+            a.u32_be(1 /* NFTA_CMP_SREG */, 99)
+                .u32_be(2 /* NFTA_CMP_OP */, 0)
+                .nest(3 /* NFTA_CMP_DATA */, |d| {
+                    d.put(1 /* NFTA_DATA_VALUE */, &[1]);
+                });
+            Rule {
+                desc: "injected test fault: cmp on register 99".into(),
+                exprs: vec![Expr::Raw {
+                    name: "cmp".into(),
+                    data: a.bytes().to_vec(),
+                }],
+            }
+        }
+    };
+    if let Some(c) = chains.iter_mut().find(|c| c.name == "output") {
+        c.rules.push(rule);
+    }
+    apply_chains(netns, spec, chains)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_spec_is_valid_and_as_documented() {
+        let s = CaptureSpec::default();
+        s.validate().unwrap();
+        assert_eq!(s.mode, CaptureMode::Tproxy);
+        assert_eq!(
+            (s.outbound_port, s.inbound_port, s.tunnel_port),
+            (15001, 15006, 15008)
+        );
+        assert_eq!(
+            (s.proxy_mark, s.capture_mark, s.mark_mask),
+            (0x539, 0x111, 0xfff)
+        );
+        assert_eq!((s.route_table, s.rule_priority), (133, 100));
+        assert_eq!(
+            s.probe_source_v6.to_string(),
+            "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+        );
+    }
+
+    #[test]
+    fn invalid_specs_are_named() {
+        let cases: Vec<(CaptureSpec, &str)> = vec![
+            (
+                CaptureSpec {
+                    inbound_port: 15001,
+                    ..Default::default()
+                },
+                "outbound_port and inbound_port are both 15001",
+            ),
+            (
+                CaptureSpec {
+                    proxy_mark: 0x1539,
+                    ..Default::default()
+                },
+                "proxy_mark 0x1539 must be non-zero and inside mark_mask 0xfff",
+            ),
+            (
+                CaptureSpec {
+                    capture_mark: 0x539,
+                    ..Default::default()
+                },
+                "proxy_mark and capture_mark are both 0x539",
+            ),
+            (
+                CaptureSpec {
+                    route_table: 254,
+                    ..Default::default()
+                },
+                "route_table 254 is reserved",
+            ),
+            (
+                CaptureSpec {
+                    rule_priority: 32766,
+                    ..Default::default()
+                },
+                "rule_priority 32766",
+            ),
+        ];
+        for (s, want) in cases {
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{e} should contain {want}");
+        }
+    }
+}

@@ -1,0 +1,617 @@
+//! Minimal netlink plumbing: attribute and message encoding, reply parsing,
+//! and a socket that sends requests, dumps and nfnetlink batches.
+//!
+//! Header fields and rtnetlink attributes are host-endian; nf_tables puts
+//! its integers in attributes big-endian (the callers choose).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::sys::socket::{
+    bind, recv, sendto, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr,
+    SockFlag, SockProtocol, SockType,
+};
+use nix::sys::time::{TimeVal, TimeValLike};
+
+use crate::abi::*;
+use crate::error::RedirectError;
+
+const fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// A growing buffer of netlink attributes.
+#[derive(Debug, Clone)]
+pub(crate) struct Attrs {
+    buf: Vec<u8>,
+    nest_flag: u16,
+}
+
+impl Attrs {
+    /// Attributes to send: nests carry `NLA_F_NESTED`, as libmnl sends them.
+    pub(crate) fn new() -> Attrs {
+        Attrs {
+            buf: Vec::new(),
+            nest_flag: NLA_F_NESTED,
+        }
+    }
+
+    /// Attributes as the kernel dumps them back (nests without `NLA_F_NESTED`):
+    /// the form compared against dumps and hashed into rule tags.
+    pub(crate) fn canonical() -> Attrs {
+        Attrs {
+            buf: Vec::new(),
+            nest_flag: 0,
+        }
+    }
+
+    pub(crate) fn put(&mut self, ty: u16, payload: &[u8]) -> &mut Attrs {
+        let len = NLA_HDRLEN + payload.len();
+        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.buf.extend_from_slice(payload);
+        self.buf.resize(align4(self.buf.len()), 0);
+        self
+    }
+
+    pub(crate) fn u32_be(&mut self, ty: u16, v: u32) -> &mut Attrs {
+        self.put(ty, &v.to_be_bytes())
+    }
+
+    pub(crate) fn u32_ne(&mut self, ty: u16, v: u32) -> &mut Attrs {
+        self.put(ty, &v.to_ne_bytes())
+    }
+
+    /// A NUL-terminated string.
+    pub(crate) fn strz(&mut self, ty: u16, s: &str) -> &mut Attrs {
+        let mut v = Vec::with_capacity(s.len() + 1);
+        v.extend_from_slice(s.as_bytes());
+        v.push(0);
+        self.put(ty, &v)
+    }
+
+    /// A nested attribute whose content `f` writes.
+    pub(crate) fn nest(&mut self, ty: u16, f: impl FnOnce(&mut Attrs)) -> &mut Attrs {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&[0u8; NLA_HDRLEN]);
+        f(self);
+        let len = (self.buf.len() - start) as u16;
+        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        self.buf[start + 2..start + 4].copy_from_slice(&(ty | self.nest_flag).to_ne_bytes());
+        self
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// One attribute parsed from a reply (type with flag bits masked off).
+pub(crate) type Attr<'a> = (u16, &'a [u8]);
+
+/// Parses a run of attributes.
+pub(crate) fn parse_attrs(mut buf: &[u8]) -> Result<Vec<Attr<'_>>, String> {
+    let mut out = Vec::new();
+    while buf.len() >= NLA_HDRLEN {
+        let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+        let ty = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
+        if len < NLA_HDRLEN || len > buf.len() {
+            return Err(format!(
+                "attribute of type {ty} claims {len} bytes, {} left",
+                buf.len()
+            ));
+        }
+        out.push((ty, &buf[NLA_HDRLEN..len]));
+        buf = &buf[align4(len).min(buf.len())..];
+    }
+    Ok(out)
+}
+
+/// The payload of the first attribute of type `ty`.
+pub(crate) fn find<'a>(attrs: &[Attr<'a>], ty: u16) -> Option<&'a [u8]> {
+    attrs.iter().find(|(t, _)| *t == ty).map(|(_, p)| *p)
+}
+
+pub(crate) fn be32(p: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(p.get(..4)?.try_into().ok()?))
+}
+
+pub(crate) fn ne32(p: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(p.get(..4)?.try_into().ok()?))
+}
+
+pub(crate) fn be64(p: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(p.get(..8)?.try_into().ok()?))
+}
+
+/// A string attribute (NUL terminator optional).
+pub(crate) fn strz(p: &[u8]) -> String {
+    let end = p.iter().position(|&b| b == 0).unwrap_or(p.len());
+    String::from_utf8_lossy(&p[..end]).into_owned()
+}
+
+/// A request to send: type, flags (without `NLM_F_REQUEST`), and body
+/// (the family header followed by attributes).
+#[derive(Debug, Clone)]
+pub(crate) struct Msg {
+    pub(crate) ty: u16,
+    pub(crate) flags: u16,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Msg {
+    pub(crate) fn new(ty: u16, flags: u16, header: &[u8], attrs: &Attrs) -> Msg {
+        let mut body = header.to_vec();
+        body.resize(align4(body.len()), 0);
+        body.extend_from_slice(attrs.bytes());
+        Msg { ty, flags, body }
+    }
+
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>, seq: u32) {
+        let len = NLMSG_HDRLEN + self.body.len();
+        out.extend_from_slice(&(len as u32).to_ne_bytes());
+        out.extend_from_slice(&self.ty.to_ne_bytes());
+        out.extend_from_slice(&(self.flags | NLM_F_REQUEST).to_ne_bytes());
+        out.extend_from_slice(&seq.to_ne_bytes());
+        out.extend_from_slice(&0u32.to_ne_bytes());
+        out.extend_from_slice(&self.body);
+        out.resize(align4(out.len()), 0);
+    }
+}
+
+/// nfnetlink's family header: family, version, resource id (big-endian).
+pub(crate) fn nfgenmsg(family: u8, res_id: u16) -> [u8; 4] {
+    let r = res_id.to_be_bytes();
+    [family, NFNETLINK_V0, r[0], r[1]]
+}
+
+/// A message received from the kernel.
+#[derive(Debug, Clone)]
+pub(crate) struct RxMsg {
+    pub(crate) ty: u16,
+    pub(crate) flags: u16,
+    pub(crate) seq: u32,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl RxMsg {
+    /// For `NLMSG_ERROR`: the (positive) errno, 0 for an ack.
+    pub(crate) fn error_code(&self) -> Option<i32> {
+        if self.ty != NLMSG_ERROR {
+            return None;
+        }
+        let e = i32::from_ne_bytes(self.payload.get(..4)?.try_into().ok()?);
+        Some(-e)
+    }
+}
+
+/// Splits a datagram into netlink messages.
+pub(crate) fn parse_msgs(mut buf: &[u8]) -> Result<Vec<RxMsg>, String> {
+    let mut out = Vec::new();
+    while buf.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if len < NLMSG_HDRLEN || len > buf.len() {
+            return Err(format!(
+                "netlink message claims {len} bytes, {} left",
+                buf.len()
+            ));
+        }
+        out.push(RxMsg {
+            ty: u16::from_ne_bytes([buf[4], buf[5]]),
+            flags: u16::from_ne_bytes([buf[6], buf[7]]),
+            seq: u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]),
+            payload: buf[NLMSG_HDRLEN..len].to_vec(),
+        });
+        buf = &buf[align4(len).min(buf.len())..];
+    }
+    Ok(out)
+}
+
+/// Failure of one netlink exchange: the kernel said no, or the exchange broke.
+#[derive(Debug)]
+pub(crate) enum NlError {
+    /// The kernel answered with this errno.
+    Kernel(Errno),
+    /// Sending, receiving or parsing failed.
+    Other(RedirectError),
+}
+
+impl NlError {
+    /// Names the failed operation; ENOENT/EOPNOTSUPP/EAFNOSUPPORT become
+    /// [`RedirectError::MissingKernelFeature`] when `feature_errnos` is set.
+    pub(crate) fn context(self, what: impl Into<String>, feature_errnos: bool) -> RedirectError {
+        match self {
+            NlError::Kernel(errno) => kernel_error(what.into(), errno, feature_errnos),
+            NlError::Other(e) => e,
+        }
+    }
+}
+
+pub(crate) fn kernel_error(what: String, errno: Errno, feature_errnos: bool) -> RedirectError {
+    if feature_errnos
+        && matches!(
+            errno,
+            Errno::ENOENT | Errno::EOPNOTSUPP | Errno::EAFNOSUPPORT | Errno::EPROTONOSUPPORT
+        )
+    {
+        RedirectError::MissingKernelFeature { what, errno }
+    } else {
+        RedirectError::Netlink { what, errno }
+    }
+}
+
+/// The outcome of an nfnetlink batch: per-message errors, by index into the
+/// messages that were sent.
+#[derive(Debug, Default)]
+pub(crate) struct BatchOutcome {
+    /// (message index, errno) of every message the kernel refused.
+    pub(crate) refused: Vec<(usize, Errno)>,
+    /// An error reported against the batch as a whole (e.g. the commit failed).
+    pub(crate) batch_error: Option<Errno>,
+    /// Messages the kernel never acknowledged.
+    pub(crate) unacked: Vec<usize>,
+}
+
+impl BatchOutcome {
+    pub(crate) fn ok(&self) -> bool {
+        self.refused.is_empty() && self.batch_error.is_none() && self.unacked.is_empty()
+    }
+}
+
+const RECV_BUF: usize = 64 * 1024;
+const REPLY_TIMEOUT_SECS: i64 = 5;
+const DUMP_ATTEMPTS: usize = 5;
+
+/// A netlink socket of one protocol, created in (and bound to) the network
+/// namespace of the thread that opened it.
+#[derive(Debug)]
+pub(crate) struct NlSocket {
+    fd: OwnedFd,
+    seq: u32,
+    name: &'static str,
+}
+
+impl NlSocket {
+    pub(crate) fn open(proto: SockProtocol, name: &'static str) -> Result<NlSocket, RedirectError> {
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            proto,
+        )
+        .map_err(|e| match e {
+            Errno::EPROTONOSUPPORT | Errno::EAFNOSUPPORT => RedirectError::MissingKernelFeature {
+                what: format!("opening a {name} netlink socket"),
+                errno: e,
+            },
+            e => RedirectError::sys(format!("opening a {name} netlink socket"), e),
+        })?;
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
+            .map_err(|e| RedirectError::sys(format!("binding the {name} netlink socket"), e))?;
+        setsockopt(
+            &fd,
+            sockopt::ReceiveTimeout,
+            &TimeVal::seconds(REPLY_TIMEOUT_SECS),
+        )
+        .map_err(|e| RedirectError::sys(format!("setting SO_RCVTIMEO on the {name} socket"), e))?;
+        // Room for every ack of a batch (each echoes its request); best effort.
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &(1 << 20));
+        // Sequence numbers only need to be distinct within this socket.
+        let seq = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(1)
+            .wrapping_mul(1000);
+        Ok(NlSocket { fd, seq, name })
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    fn send_buf(&self, buf: &[u8]) -> Result<(), NlError> {
+        let n = sendto(
+            self.fd.as_raw_fd(),
+            buf,
+            &NetlinkAddr::new(0, 0),
+            MsgFlags::empty(),
+        )
+        .map_err(|e| {
+            NlError::Other(RedirectError::sys(
+                format!("sending to the {} netlink socket", self.name),
+                e,
+            ))
+        })?;
+        if n != buf.len() {
+            return Err(NlError::Other(RedirectError::Protocol {
+                what: format!("sending to the {} netlink socket", self.name),
+                detail: format!("short send: {n} of {} bytes", buf.len()),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram; `Ok(None)` when nothing arrived (at once with
+    /// `dontwait`, else within the reply timeout).
+    fn recv_msgs(&self, dontwait: bool) -> Result<Option<Vec<RxMsg>>, NlError> {
+        let mut buf = vec![0u8; RECV_BUF];
+        let mut flags = MsgFlags::MSG_TRUNC;
+        if dontwait {
+            flags |= MsgFlags::MSG_DONTWAIT;
+        }
+        let n = loop {
+            match recv(self.fd.as_raw_fd(), &mut buf, flags) {
+                Ok(n) => break n,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return Ok(None),
+                Err(e) => {
+                    return Err(NlError::Other(RedirectError::sys(
+                        format!("receiving from the {} netlink socket", self.name),
+                        e,
+                    )))
+                }
+            }
+        };
+        if n > buf.len() {
+            return Err(NlError::Other(RedirectError::Protocol {
+                what: format!("receiving from the {} netlink socket", self.name),
+                detail: format!("datagram of {n} bytes truncated to {}", buf.len()),
+            }));
+        }
+        parse_msgs(&buf[..n]).map(Some).map_err(|detail| {
+            NlError::Other(RedirectError::Protocol {
+                what: format!("parsing a reply on the {} socket", self.name),
+                detail,
+            })
+        })
+    }
+
+    /// Blocking receive that turns a timeout into an error.
+    fn recv_wait(&self) -> Result<Vec<RxMsg>, NlError> {
+        self.recv_msgs(false)?.ok_or_else(|| {
+            NlError::Other(RedirectError::Protocol {
+                what: format!("waiting for the kernel on the {} socket", self.name),
+                detail: format!("no reply within {REPLY_TIMEOUT_SECS}s"),
+            })
+        })
+    }
+
+    /// Sends one request with `NLM_F_ACK` and waits for its acknowledgement.
+    pub(crate) fn request(&mut self, msg: &Msg) -> Result<(), NlError> {
+        let seq = self.next_seq();
+        let mut m = msg.clone();
+        m.flags |= NLM_F_ACK;
+        let mut buf = Vec::new();
+        m.encode_into(&mut buf, seq);
+        self.send_buf(&buf)?;
+        loop {
+            for r in self.recv_wait()? {
+                if r.seq != seq {
+                    continue;
+                }
+                match r.error_code() {
+                    Some(0) => return Ok(()),
+                    Some(e) => return Err(NlError::Kernel(Errno::from_raw(e))),
+                    None => {}
+                }
+            }
+        }
+    }
+
+    /// Sends a `GET` request and returns the single reply.
+    pub(crate) fn get(&mut self, msg: &Msg) -> Result<RxMsg, NlError> {
+        let seq = self.next_seq();
+        let mut buf = Vec::new();
+        msg.encode_into(&mut buf, seq);
+        self.send_buf(&buf)?;
+        loop {
+            for r in self.recv_wait()? {
+                if r.seq != seq {
+                    continue;
+                }
+                match r.error_code() {
+                    Some(0) => {}
+                    Some(e) => return Err(NlError::Kernel(Errno::from_raw(e))),
+                    None => return Ok(r),
+                }
+            }
+        }
+    }
+
+    /// Sends a dump request and collects every reply message; restarts the
+    /// dump when the kernel flags it as interrupted by a concurrent change.
+    pub(crate) fn dump(&mut self, msg: &Msg) -> Result<Vec<RxMsg>, NlError> {
+        for _ in 0..DUMP_ATTEMPTS {
+            let seq = self.next_seq();
+            let mut m = msg.clone();
+            m.flags |= NLM_F_DUMP;
+            let mut buf = Vec::new();
+            m.encode_into(&mut buf, seq);
+            self.send_buf(&buf)?;
+            let mut out = Vec::new();
+            let mut interrupted = false;
+            'recv: loop {
+                for r in self.recv_wait()? {
+                    if r.seq != seq {
+                        continue;
+                    }
+                    if r.flags & NLM_F_DUMP_INTR != 0 {
+                        interrupted = true;
+                    }
+                    match r.ty {
+                        NLMSG_DONE => {
+                            let e = r
+                                .payload
+                                .get(..4)
+                                .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                                .unwrap_or(0);
+                            if e < 0 {
+                                return Err(NlError::Kernel(Errno::from_raw(-e)));
+                            }
+                            break 'recv;
+                        }
+                        NLMSG_ERROR => match r.error_code() {
+                            Some(0) | None => {}
+                            Some(e) => return Err(NlError::Kernel(Errno::from_raw(e))),
+                        },
+                        _ => {
+                            out.push(r);
+                        }
+                    }
+                }
+            }
+            if !interrupted {
+                return Ok(out);
+            }
+            tracing::debug!(socket = self.name, "netlink dump interrupted; restarting");
+        }
+        Err(NlError::Other(RedirectError::Protocol {
+            what: format!("dumping over the {} socket", self.name),
+            detail: format!("dump interrupted {DUMP_ATTEMPTS} times by concurrent changes"),
+        }))
+    }
+
+    /// Sends `msgs` as one nfnetlink batch (`NFNL_MSG_BATCH_BEGIN` ..
+    /// `NFNL_MSG_BATCH_END`) with `NLM_F_ACK` on every message, so the kernel
+    /// answers each one and applies all of them or none.
+    pub(crate) fn batch(&mut self, msgs: &[Msg]) -> Result<BatchOutcome, NlError> {
+        let hdr = nfgenmsg(AF_UNSPEC, NFNL_SUBSYS_NFTABLES);
+        let empty = Attrs::new();
+        let begin_seq = self.next_seq();
+        let mut buf = Vec::new();
+        Msg::new(NFNL_MSG_BATCH_BEGIN, 0, &hdr, &empty).encode_into(&mut buf, begin_seq);
+        let mut seqs = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            let seq = self.next_seq();
+            let mut m = m.clone();
+            m.flags |= NLM_F_ACK;
+            m.encode_into(&mut buf, seq);
+            seqs.push(seq);
+        }
+        let end_seq = self.next_seq();
+        Msg::new(NFNL_MSG_BATCH_END, 0, &hdr, &empty).encode_into(&mut buf, end_seq);
+        self.send_buf(&buf)?;
+
+        // The kernel handles the whole batch inside sendmsg(), so every
+        // answer is queued by now: drain them, then wait (bounded) only if
+        // some are still missing and nothing has failed.
+        let mut acked = vec![false; msgs.len()];
+        let mut out = BatchOutcome::default();
+        let process = |rx: Vec<RxMsg>, out: &mut BatchOutcome, acked: &mut [bool]| {
+            for r in rx {
+                let Some(code) = r.error_code() else { continue };
+                if r.seq == begin_seq || r.seq == end_seq {
+                    if code != 0 {
+                        out.batch_error = Some(Errno::from_raw(code));
+                    }
+                } else if let Some(i) = seqs.iter().position(|s| *s == r.seq) {
+                    acked[i] = true;
+                    if code != 0 {
+                        out.refused.push((i, Errno::from_raw(code)));
+                    }
+                }
+            }
+        };
+        while let Some(rx) = self.recv_msgs(true)? {
+            process(rx, &mut out, &mut acked);
+        }
+        while !acked.iter().all(|a| *a) && out.batch_error.is_none() && out.refused.is_empty() {
+            match self.recv_msgs(false)? {
+                Some(rx) => process(rx, &mut out, &mut acked),
+                None => break,
+            }
+        }
+        out.unacked = acked
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| !**a)
+            .map(|(i, _)| i)
+            .collect();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attrs_are_padded_and_nested() {
+        let mut a = Attrs::new();
+        a.strz(1, "ab").nest(4, |n| {
+            n.u32_be(2, 0x0102_0304);
+        });
+        let b = a.bytes();
+        // "ab\0" -> len 7, padded to 8.
+        assert_eq!(&b[..8], &[7, 0, 1, 0, b'a', b'b', 0, 0]);
+        let nested_ty = u16::from_ne_bytes([b[10], b[11]]);
+        assert_eq!(nested_ty, 4 | NLA_F_NESTED);
+        assert_eq!(u16::from_ne_bytes([b[8], b[9]]), 12);
+        assert_eq!(&b[12..20], &[8, 0, 2, 0, 1, 2, 3, 4]);
+        let parsed = parse_attrs(b).unwrap();
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[1].0, 4, "flag bits are masked off");
+        let inner = parse_attrs(parsed[1].1).unwrap();
+        assert_eq!(be32(find(&inner, 2).unwrap()), Some(0x0102_0304));
+    }
+
+    #[test]
+    fn canonical_nests_have_no_flag() {
+        let mut a = Attrs::canonical();
+        a.nest(3, |_| {});
+        assert_eq!(u16::from_ne_bytes([a.bytes()[2], a.bytes()[3]]), 3);
+    }
+
+    #[test]
+    fn message_header_layout() {
+        let mut attrs = Attrs::new();
+        attrs.strz(NFTA_TABLE_NAME, "ringway");
+        let m = Msg::new(
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE,
+            NLM_F_CREATE,
+            &nfgenmsg(NFPROTO_INET, 0),
+            &attrs,
+        );
+        let mut buf = Vec::new();
+        m.encode_into(&mut buf, 42);
+        assert_eq!(buf.len(), 16 + 4 + 12);
+        assert_eq!(u32::from_ne_bytes(buf[0..4].try_into().unwrap()), 32);
+        assert_eq!(u16::from_ne_bytes([buf[4], buf[5]]), 0x0a00);
+        assert_eq!(
+            u16::from_ne_bytes([buf[6], buf[7]]),
+            NLM_F_CREATE | NLM_F_REQUEST
+        );
+        assert_eq!(u32::from_ne_bytes(buf[8..12].try_into().unwrap()), 42);
+        assert_eq!(&buf[16..20], &[NFPROTO_INET, 0, 0, 0]);
+        let msgs = parse_msgs(&buf).unwrap();
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].seq, 42);
+    }
+
+    #[test]
+    fn batch_header_carries_subsystem_big_endian() {
+        assert_eq!(nfgenmsg(AF_UNSPEC, NFNL_SUBSYS_NFTABLES), [0, 0, 0, 10]);
+    }
+
+    #[test]
+    fn error_messages_decode() {
+        let mut payload = (-2i32).to_ne_bytes().to_vec();
+        payload.extend_from_slice(&[0u8; 16]);
+        let m = RxMsg {
+            ty: NLMSG_ERROR,
+            flags: 0,
+            seq: 1,
+            payload,
+        };
+        assert_eq!(m.error_code(), Some(2));
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_not_a_panic() {
+        assert!(parse_attrs(&[200, 0, 1, 0, 0]).is_err());
+        assert!(parse_attrs(&[2, 0, 1, 0]).is_err());
+        assert!(parse_msgs(&[255, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(parse_attrs(&[]).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,475 @@
+//! The capture rule set, built from a [`CaptureSpec`]. The crate docs carry
+//! the same rule set as a table; keep the two in step.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::abi::*;
+use crate::nft::{Chain, ChainKind, Expr, Rule};
+use crate::{CaptureMode, CaptureSpec};
+
+/// Priority of the mangle-position chains (`prerouting`, `output`).
+pub(crate) const PRIO_MANGLE: i32 = -150;
+/// Priority of the nat chains (`dstnat`; nft 1.0.6 refuses the name on output).
+pub(crate) const PRIO_DSTNAT: i32 = -100;
+
+fn rule(desc: String, parts: Vec<Vec<Expr>>) -> Rule {
+    Rule {
+        desc,
+        exprs: parts.into_iter().flatten().collect(),
+    }
+}
+
+fn cmp(op: u32, data: &[u8]) -> Expr {
+    Expr::Cmp {
+        op,
+        data: data.to_vec(),
+    }
+}
+
+fn l4proto_is_not_tcp() -> Vec<Expr> {
+    vec![
+        Expr::MetaLoad(NFT_META_L4PROTO),
+        cmp(NFT_CMP_NEQ, &[IPPROTO_TCP]),
+    ]
+}
+
+fn l4proto_is_tcp() -> Vec<Expr> {
+    vec![
+        Expr::MetaLoad(NFT_META_L4PROTO),
+        cmp(NFT_CMP_EQ, &[IPPROTO_TCP]),
+    ]
+}
+
+/// `(meta mark | ct mark) & mask == value` (never a bare bit test).
+fn masked_mark_is(load: Expr, value: u32, mask: u32) -> Vec<Expr> {
+    vec![
+        load,
+        Expr::Bitwise {
+            mask: mask.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        },
+        cmp(NFT_CMP_EQ, &value.to_ne_bytes()),
+    ]
+}
+
+fn set_ct_mark(value: u32) -> Vec<Expr> {
+    vec![
+        Expr::Immediate(value.to_ne_bytes().to_vec()),
+        Expr::CtSet(NFT_CT_MARK),
+    ]
+}
+
+fn set_meta_mark(value: u32) -> Vec<Expr> {
+    vec![
+        Expr::Immediate(value.to_ne_bytes().to_vec()),
+        Expr::MetaSet(NFT_META_MARK),
+    ]
+}
+
+fn iif_is_lo() -> Vec<Expr> {
+    vec![
+        Expr::MetaLoad(NFT_META_IIF),
+        cmp(NFT_CMP_EQ, &LOOPBACK_IFINDEX.to_ne_bytes()),
+    ]
+}
+
+fn oif_is_lo() -> Vec<Expr> {
+    vec![
+        Expr::MetaLoad(NFT_META_OIF),
+        cmp(NFT_CMP_EQ, &LOOPBACK_IFINDEX.to_ne_bytes()),
+    ]
+}
+
+fn socket_transparent() -> Vec<Expr> {
+    vec![Expr::Socket(NFT_SOCKET_TRANSPARENT), cmp(NFT_CMP_EQ, &[1])]
+}
+
+fn ct_direction_reply() -> Vec<Expr> {
+    vec![
+        Expr::CtLoad(NFT_CT_DIRECTION),
+        cmp(NFT_CMP_EQ, &[IP_CT_DIR_REPLY]),
+    ]
+}
+
+fn saddr_v4_is(a: Ipv4Addr) -> Vec<Expr> {
+    vec![
+        Expr::MetaLoad(NFT_META_NFPROTO),
+        cmp(NFT_CMP_EQ, &[NFPROTO_IPV4]),
+        Expr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 12,
+            len: 4,
+        },
+        cmp(NFT_CMP_EQ, &a.octets()),
+    ]
+}
+
+fn saddr_v6_is(a: Ipv6Addr) -> Vec<Expr> {
+    vec![
+        Expr::MetaLoad(NFT_META_NFPROTO),
+        cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]),
+        Expr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 8,
+            len: 16,
+        },
+        cmp(NFT_CMP_EQ, &a.octets()),
+    ]
+}
+
+fn tcp_dport_is(port: u16) -> Vec<Expr> {
+    let mut v = l4proto_is_tcp();
+    v.push(Expr::Payload {
+        base: NFT_PAYLOAD_TRANSPORT_HEADER,
+        offset: 2,
+        len: 2,
+    });
+    v.push(cmp(NFT_CMP_EQ, &port.to_be_bytes()));
+    v
+}
+
+fn tproxy_to(port: u16) -> Vec<Expr> {
+    vec![
+        Expr::Immediate(port.to_be_bytes().to_vec()),
+        Expr::TproxyPort,
+    ]
+}
+
+fn redirect_to(port: u16) -> Vec<Expr> {
+    vec![
+        Expr::Immediate(port.to_be_bytes().to_vec()),
+        Expr::RedirPort,
+    ]
+}
+
+fn verdict(code: i32) -> Vec<Expr> {
+    vec![Expr::Verdict(code)]
+}
+
+fn ret() -> Vec<Expr> {
+    verdict(NFT_RETURN)
+}
+
+/// Rules 1-4 of `prerouting`, shared by both modes: the proxy's own packets
+/// and its transparent sockets on `lo`.
+fn prerouting_common(s: &CaptureSpec) -> Vec<Rule> {
+    let (pm, cm, mask) = (s.proxy_mark, s.capture_mark, s.mark_mask);
+    vec![
+        rule(
+            "meta l4proto != tcp return".into(),
+            vec![l4proto_is_not_tcp(), ret()],
+        ),
+        rule(
+            format!("meta mark & {mask:#x} == {pm:#x} ct mark set {cm:#x} return"),
+            vec![
+                masked_mark_is(Expr::MetaLoad(NFT_META_MARK), pm, mask),
+                set_ct_mark(cm),
+                ret(),
+            ],
+        ),
+        rule(
+            format!("iif \"lo\" socket transparent 1 meta mark set {cm:#x} accept"),
+            vec![
+                iif_is_lo(),
+                socket_transparent(),
+                set_meta_mark(cm),
+                verdict(NF_ACCEPT),
+            ],
+        ),
+        rule("iif \"lo\" return".into(), vec![iif_is_lo(), ret()]),
+    ]
+}
+
+fn probe_source_rules(s: &CaptureSpec) -> Vec<Rule> {
+    vec![
+        rule(
+            format!("ip saddr {} return", s.probe_source_v4),
+            vec![saddr_v4_is(s.probe_source_v4), ret()],
+        ),
+        rule(
+            format!("ip6 saddr {} return", s.probe_source_v6),
+            vec![saddr_v6_is(s.probe_source_v6), ret()],
+        ),
+    ]
+}
+
+fn proxy_mark_return(s: &CaptureSpec) -> Rule {
+    rule(
+        format!(
+            "meta mark & {:#x} == {:#x} return",
+            s.mark_mask, s.proxy_mark
+        ),
+        vec![
+            masked_mark_is(Expr::MetaLoad(NFT_META_MARK), s.proxy_mark, s.mark_mask),
+            ret(),
+        ],
+    )
+}
+
+fn tunnel_return(s: &CaptureSpec) -> Rule {
+    rule(
+        format!("tcp dport {} return", s.tunnel_port),
+        vec![tcp_dport_is(s.tunnel_port), ret()],
+    )
+}
+
+fn output_chain(s: &CaptureSpec) -> Chain {
+    let (cm, mask) = (s.capture_mark, s.mark_mask);
+    Chain {
+        name: "output",
+        kind: ChainKind::Route,
+        hook: NF_INET_LOCAL_OUT,
+        priority: PRIO_MANGLE,
+        rules: vec![
+            rule(
+                "meta l4proto != tcp return".into(),
+                vec![l4proto_is_not_tcp(), ret()],
+            ),
+            proxy_mark_return(s),
+            rule(
+                format!("ct mark & {mask:#x} == {cm:#x} meta mark set {cm:#x}"),
+                vec![
+                    masked_mark_is(Expr::CtLoad(NFT_CT_MARK), cm, mask),
+                    set_meta_mark(cm),
+                ],
+            ),
+        ],
+    }
+}
+
+fn nat_output_chain(s: &CaptureSpec) -> Chain {
+    Chain {
+        name: "nat_output",
+        kind: ChainKind::Nat,
+        hook: NF_INET_LOCAL_OUT,
+        priority: PRIO_DSTNAT,
+        rules: vec![
+            rule(
+                "meta l4proto != tcp return".into(),
+                vec![l4proto_is_not_tcp(), ret()],
+            ),
+            proxy_mark_return(s),
+            rule("oif \"lo\" return".into(), vec![oif_is_lo(), ret()]),
+            rule(
+                "ct direction reply return".into(),
+                vec![ct_direction_reply(), ret()],
+            ),
+            rule(
+                format!("meta l4proto tcp redirect to :{}", s.outbound_port),
+                vec![l4proto_is_tcp(), redirect_to(s.outbound_port)],
+            ),
+        ],
+    }
+}
+
+/// The chains of the table for `spec`, in the order they are created.
+pub(crate) fn chains(s: &CaptureSpec) -> Vec<Chain> {
+    let mut prerouting = prerouting_common(s);
+    match s.mode {
+        CaptureMode::Tproxy => {
+            prerouting.push(rule(
+                "socket transparent 1 accept".into(),
+                vec![socket_transparent(), verdict(NF_ACCEPT)],
+            ));
+            prerouting.push(rule(
+                "ct direction reply return".into(),
+                vec![ct_direction_reply(), ret()],
+            ));
+            prerouting.extend(probe_source_rules(s));
+            prerouting.push(tunnel_return(s));
+            prerouting.push(rule(
+                format!("meta l4proto tcp tproxy to :{} accept", s.inbound_port),
+                vec![
+                    l4proto_is_tcp(),
+                    tproxy_to(s.inbound_port),
+                    verdict(NF_ACCEPT),
+                ],
+            ));
+            prerouting.push(rule(
+                "meta l4proto tcp drop".into(),
+                vec![l4proto_is_tcp(), verdict(NF_DROP)],
+            ));
+            vec![
+                Chain {
+                    name: "prerouting",
+                    kind: ChainKind::Filter,
+                    hook: NF_INET_PRE_ROUTING,
+                    priority: PRIO_MANGLE,
+                    rules: prerouting,
+                },
+                output_chain(s),
+                nat_output_chain(s),
+            ]
+        }
+        CaptureMode::Redirect => {
+            let mut nat_pre = vec![
+                rule(
+                    "meta l4proto != tcp return".into(),
+                    vec![l4proto_is_not_tcp(), ret()],
+                ),
+                rule("iif \"lo\" return".into(), vec![iif_is_lo(), ret()]),
+                proxy_mark_return(s),
+            ];
+            nat_pre.extend(probe_source_rules(s));
+            nat_pre.push(tunnel_return(s));
+            nat_pre.push(rule(
+                format!("meta l4proto tcp redirect to :{}", s.inbound_port),
+                vec![l4proto_is_tcp(), redirect_to(s.inbound_port)],
+            ));
+            vec![
+                Chain {
+                    name: "prerouting",
+                    kind: ChainKind::Filter,
+                    hook: NF_INET_PRE_ROUTING,
+                    priority: PRIO_MANGLE,
+                    rules: prerouting,
+                },
+                Chain {
+                    name: "nat_prerouting",
+                    kind: ChainKind::Nat,
+                    hook: NF_INET_PRE_ROUTING,
+                    priority: PRIO_DSTNAT,
+                    rules: nat_pre,
+                },
+                output_chain(s),
+                nat_output_chain(s),
+            ]
+        }
+    }
+}
+
+/// The rule set for `spec` in nft-like syntax, with each rule's number
+/// (as used in errors and drift reports).
+pub fn render(spec: &CaptureSpec) -> String {
+    let mut out = format!("table inet {} {{\n", crate::nft::TABLE);
+    for c in chains(spec) {
+        out.push_str(&format!(
+            "  chain {} {{ # {}; policy accept\n",
+            c.name,
+            c.header()
+        ));
+        for (i, r) in c.rules.iter().enumerate() {
+            out.push_str(&format!("    {:>2}: {}\n", i + 1, r.desc));
+        }
+        out.push_str("  }\n");
+    }
+    out.push_str("}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tproxy_layout_matches_the_documented_table() {
+        let c = chains(&CaptureSpec::default());
+        let names: Vec<_> = c.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["prerouting", "output", "nat_output"]);
+        let pre: Vec<_> = c[0].rules.iter().map(|r| r.desc.as_str()).collect();
+        assert_eq!(
+            pre,
+            [
+                "meta l4proto != tcp return",
+                "meta mark & 0xfff == 0x539 ct mark set 0x111 return",
+                "iif \"lo\" socket transparent 1 meta mark set 0x111 accept",
+                "iif \"lo\" return",
+                "socket transparent 1 accept",
+                "ct direction reply return",
+                "ip saddr 169.254.7.127 return",
+                "ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return",
+                "tcp dport 15008 return",
+                "meta l4proto tcp tproxy to :15006 accept",
+                "meta l4proto tcp drop",
+            ]
+        );
+        assert_eq!(c[0].header(), "type filter hook prerouting priority -150");
+        assert_eq!(c[1].header(), "type route hook output priority -150");
+        assert_eq!(c[2].header(), "type nat hook output priority -100");
+        assert_eq!(
+            c[2].rules.last().unwrap().desc,
+            "meta l4proto tcp redirect to :15001"
+        );
+    }
+
+    #[test]
+    fn redirect_layout() {
+        let spec = CaptureSpec {
+            mode: CaptureMode::Redirect,
+            ..CaptureSpec::default()
+        };
+        let c = chains(&spec);
+        let names: Vec<_> = c.iter().map(|c| c.name).collect();
+        assert_eq!(
+            names,
+            ["prerouting", "nat_prerouting", "output", "nat_output"]
+        );
+        assert_eq!(c[0].rules.len(), 4);
+        assert_eq!(c[1].header(), "type nat hook prerouting priority -100");
+        assert_eq!(
+            c[1].rules.last().unwrap().desc,
+            "meta l4proto tcp redirect to :15006"
+        );
+        assert!(c
+            .iter()
+            .flat_map(|c| &c.rules)
+            .all(|r| !r.exprs.contains(&Expr::TproxyPort)));
+    }
+
+    /// The exact register contents `nft --debug=netlink` prints for the
+    /// same rules (captured from nft 1.0.6): marks and ifindexes host-endian,
+    /// addresses and ports in network order, one-byte loads one byte long.
+    #[test]
+    fn data_matches_nft_debug_output() {
+        let c = chains(&CaptureSpec::default());
+        let pre = &c[0].rules;
+        let cmp_data = |r: &Rule| -> Vec<Vec<u8>> {
+            r.exprs
+                .iter()
+                .filter_map(|e| match e {
+                    Expr::Cmp { data, .. } => Some(data.clone()),
+                    Expr::Immediate(d) => Some(d.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // [ cmp neq reg 1 0x00000006 ]
+        assert_eq!(cmp_data(&pre[0]), vec![vec![6]]);
+        // [ cmp eq reg 1 0x00000539 ] [ immediate reg 1 0x00000111 ]
+        assert_eq!(
+            cmp_data(&pre[1]),
+            vec![
+                0x539u32.to_ne_bytes().to_vec(),
+                0x111u32.to_ne_bytes().to_vec()
+            ]
+        );
+        // [ cmp eq reg 1 0x7f07fea9 ] (169.254.7.127 in network order)
+        assert_eq!(cmp_data(&pre[6]), vec![vec![2], vec![169, 254, 7, 127]]);
+        // [ cmp eq reg 1 0x0000a03a ] (15008 big-endian)
+        assert_eq!(cmp_data(&pre[8]), vec![vec![6], vec![0x3a, 0xa0]]);
+        // [ immediate reg 1 0x00009e3a ] [ tproxy port reg 1 ]
+        assert_eq!(cmp_data(&pre[9]), vec![vec![6], vec![0x3a, 0x9e]]);
+        // v6 probe source: 16 bytes at network header + 8
+        assert!(pre[7].exprs.contains(&Expr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 8,
+            len: 16
+        }));
+    }
+
+    #[test]
+    fn spec_values_flow_into_rules() {
+        let spec = CaptureSpec {
+            inbound_port: 16006,
+            proxy_mark: 0x77,
+            ..CaptureSpec::default()
+        };
+        let r = render(&spec);
+        assert!(r.contains("tproxy to :16006"), "{r}");
+        assert!(r.contains("== 0x77"), "{r}");
+        assert!(
+            r.contains("10: meta l4proto tcp tproxy to :16006 accept"),
+            "{r}"
+        );
+    }
+}
