@@ -14,6 +14,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod control;
 pub mod copy;
 pub mod sock;
 pub mod stats;
@@ -21,6 +22,7 @@ pub mod stats;
 pub mod sys;
 pub mod uring;
 pub mod worker;
+pub mod zds_client;
 
 use std::collections::HashMap;
 use std::io;
@@ -96,6 +98,17 @@ pub enum ProxyError {
     Stopped,
 }
 
+/// Who a pod is (from the node agent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Service account.
+    pub service_account: String,
+}
+
 /// What the proxy knows about one pod.
 #[derive(Debug, Clone)]
 pub struct PodInfo {
@@ -107,6 +120,8 @@ pub struct PodInfo {
     pub listeners: Vec<(ListenerKind, SocketAddr)>,
     /// The pod's IP addresses.
     pub ips: Vec<IpAddr>,
+    /// Identity, when the agent sent one.
+    pub identity: PodIdentity,
 }
 
 struct PodRecord {
@@ -222,6 +237,16 @@ impl Proxy {
     /// Idempotent for the same namespace; a different namespace for the same
     /// UID replaces the pod's listeners. On error nothing of the pod is left.
     pub fn add_pod(&self, uid: &str, netns: OwnedFd) -> Result<(), ProxyError> {
+        self.add_pod_with_identity(uid, netns, PodIdentity::default())
+    }
+
+    /// [`Proxy::add_pod`] with the pod's identity.
+    pub fn add_pod_with_identity(
+        &self,
+        uid: &str,
+        netns: OwnedFd,
+        identity: PodIdentity,
+    ) -> Result<(), ProxyError> {
         check_pod_netns(uid, netns.as_fd())?;
         let ino =
             sys::netns_inode(Some(netns.as_fd())).map_err(|source| ProxyError::EnterNetns {
@@ -267,6 +292,7 @@ impl Proxy {
                     netns_inode: ino,
                     listeners: addrs,
                     ips,
+                    identity,
                 },
             },
         );

@@ -77,9 +77,15 @@ struct SandboxArgs {
 
 #[derive(clap::Args, Debug)]
 struct ProxyArgs {
-    /// A pod to serve, as `UID=NETNS_PATH` (repeatable).
+    /// A pod to serve, as `UID=NETNS_PATH` (repeatable; for running without a node agent).
     #[arg(long = "pod", value_name = "UID=NETNS_PATH")]
     pods: Vec<String>,
+    /// The node agent's ZDS socket; pods come from the agent (the normal mode).
+    #[arg(long, env = "RINGWAY_ZDS_SOCKET")]
+    zds_socket: Option<PathBuf>,
+    /// Where the readiness endpoint (`/healthz/ready`) listens.
+    #[arg(long, env = "RINGWAY_READINESS_ADDR", default_value = "0.0.0.0:15021")]
+    readiness_addr: SocketAddr,
     /// Proxy settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -211,10 +217,17 @@ fn block_stop_signals() -> nix::sys::signal::SigSet {
 }
 
 fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
     let stop = block_stop_signals();
     let settings = load_settings(args.config.as_ref())?;
     tracing::info!(config = ?settings, "effective configuration");
-    let proxy = Proxy::start(settings)?;
+    let drain_period = settings.drain_period;
+    let proxy = Arc::new(Proxy::start(settings)?);
+    let ready = Arc::new(ringway_proxy::zds_client::Readiness::default());
+    let control = ringway_proxy::control::ControlServer::start(args.readiness_addr, ready.clone())
+        .with_context(|| format!("binding the readiness endpoint on {}", args.readiness_addr))?;
+    tracing::info!(addr = %control.addr, "readiness endpoint: GET /healthz/ready");
     for spec in &args.pods {
         let (uid, path) = spec
             .split_once('=')
@@ -224,10 +237,47 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
             .add_pod(uid, fd)
             .with_context(|| format!("adding pod {uid}"))?;
     }
-    tracing::info!(pods = args.pods.len(), "serving; SIGTERM or SIGINT stops");
+    let zds_stop = Arc::new(AtomicBool::new(false));
+    let zds_thread = match &args.zds_socket {
+        Some(path) => {
+            let (p, r, st) = (proxy.clone(), ready.clone(), zds_stop.clone());
+            let cfg = ringway_proxy::zds_client::ZdsClientConfig::new(path.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("ringway-zds".into())
+                    .spawn(move || ringway_proxy::zds_client::run(p, cfg, r, st))?,
+            )
+        }
+        None => {
+            // Without an agent the pods on the command line are the snapshot.
+            ready.mark_snapshot_applied();
+            None
+        }
+    };
+    tracing::info!("serving; SIGTERM or SIGINT starts the drain");
     let sig = stop.wait()?;
-    tracing::info!(signal = ?sig, "stopping");
-    proxy.shutdown();
+    // Drain: close every listener at once (a new proxy bound to the same
+    // ports takes the new connections; queued ones migrate to it), stop
+    // taking pods, keep established connections for the drain period.
+    let t0 = Instant::now();
+    ready.set_draining();
+    proxy.close_listeners();
+    zds_stop.store(true, Ordering::SeqCst);
+    let active = proxy.stats().active;
+    tracing::info!(signal = ?sig, active, drain_period = ?drain_period, "draining");
+    while proxy.stats().active > 0 && t0.elapsed() < drain_period {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = proxy.stats().active;
+    if let Some(t) = zds_thread {
+        let _ = t.join();
+    }
+    drop(control);
+    match Arc::try_unwrap(proxy) {
+        Ok(p) => p.shutdown(),
+        Err(_) => tracing::warn!("proxy still referenced at exit"),
+    }
+    tracing::info!(reset = left, drained_for = ?t0.elapsed(), "stopped");
     Ok(())
 }
 

@@ -94,24 +94,32 @@ impl Sock {
     }
 
     /// Connects to `addr`.
+    ///
+    /// Success means the socket *is* connected: `IORING_OP_CONNECT` can
+    /// complete with 0 on a socket that is still in SYN-SENT with an error
+    /// pending (seen on 6.x kernels when an ICMP "unreachable" answers the
+    /// SYN while the connect call itself is still running), so both event
+    /// loops confirm with `SO_ERROR` and `getpeername` before reporting it.
     pub async fn connect(&self, addr: SockAddr) -> io::Result<()> {
-        if self.epoll.is_none() {
-            return op::connect(&self.fd, addr).await;
-        }
         let sock = socket2::SockRef::from(&*self.fd);
-        match sock.connect(&addr) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-            Err(e) => return Err(e),
+        if self.epoll.is_none() {
+            op::connect(&self.fd, addr).await?;
+        } else {
+            match sock.connect(&addr) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+                Err(e) => return Err(e),
+            }
         }
         loop {
-            self.wait(Interest::Writable).await?;
             if let Some(e) = sock.take_error()? {
                 return Err(e);
             }
             match sock.peer_addr() {
                 Ok(_) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                    self.wait(Interest::Writable).await?
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -144,3 +144,14 @@ pub fn register_epoll(
     // lifetime, and `as_raw_fd` of an `Rc<OwnedFd>` always returns it.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(io::Error::from)
 }
+
+/// Takes ownership of an fd the kernel installed in our table for us
+/// (SCM_RIGHTS): nothing else refers to it.
+pub fn adopt_received_fd(raw: std::os::fd::RawFd) -> Option<OwnedFd> {
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` was just received with SCM_RIGHTS, so it is a valid,
+    // open descriptor that no other object owns; we take ownership once.
+    Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
+}

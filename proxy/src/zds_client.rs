@@ -1,0 +1,364 @@
+//! The proxy's side of ZDS: connect to the node agent, receive the pods
+//! (with their network namespaces) and answer every request with one ack.
+//!
+//! Runs on its own control thread, never on a datapath worker. Flow per
+//! connection: connect (backoff 10 ms doubling to 15 s), send `ZdsHello{V1}`,
+//! apply the snapshot (`Add`/`Keep` ... `SnapshotSent`, after which pods the
+//! snapshot did not name are torn down), then live `Add`/`Del`. A pod whose
+//! listeners cannot be created is nacked and retried every second until it
+//! succeeds or is deleted; the proxy is ready only once a snapshot is in and
+//! no pod is pending. Protocol violations (a second `SnapshotSent`, `Keep`
+//! after the snapshot, undecodable packets) are nacked, make the proxy
+//! unready and end the connection so the next one starts clean.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+use ringway_cni::zds::{self, Request, ZdsError, ZdsHello};
+
+use crate::{PodIdentity, Proxy};
+
+/// What readiness depends on.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    snapshot_done: AtomicBool,
+    protocol_error: AtomicBool,
+    draining: AtomicBool,
+    pending: Mutex<HashSet<String>>,
+    /// ZDS requests handled, by outcome (for logs and tests).
+    pub acks: AtomicU64,
+    /// Nacks sent.
+    pub nacks: AtomicU64,
+    /// Snapshots completed.
+    pub snapshots: AtomicU64,
+}
+
+impl Readiness {
+    /// Ready: a snapshot is in, no pod is pending, no protocol error, not draining.
+    pub fn is_ready(&self) -> bool {
+        self.snapshot_done.load(Ordering::SeqCst)
+            && !self.protocol_error.load(Ordering::SeqCst)
+            && !self.draining.load(Ordering::SeqCst)
+            && self
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+    }
+
+    /// Why not ready (for the readiness endpoint's body).
+    pub fn reason(&self) -> String {
+        if self.draining.load(Ordering::SeqCst) {
+            return "draining".into();
+        }
+        if self.protocol_error.load(Ordering::SeqCst) {
+            return "ZDS protocol error; reconnecting".into();
+        }
+        if !self.snapshot_done.load(Ordering::SeqCst) {
+            return "waiting for the node agent's snapshot".into();
+        }
+        let p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if !p.is_empty() {
+            let mut v: Vec<_> = p.iter().cloned().collect();
+            v.sort();
+            return format!("pods pending: {}", v.join(", "));
+        }
+        "ready".into()
+    }
+
+    /// Declares the snapshot applied (running without a node agent).
+    pub fn mark_snapshot_applied(&self) {
+        self.snapshot_done.store(true, Ordering::SeqCst);
+    }
+
+    /// Marks the proxy as draining (never ready again).
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Settings of the ZDS client.
+#[derive(Debug, Clone)]
+pub struct ZdsClientConfig {
+    /// The agent's socket.
+    pub socket: PathBuf,
+    /// First reconnect delay.
+    pub backoff_min: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+    /// How often pending pods are retried.
+    pub retry_every: Duration,
+}
+
+impl ZdsClientConfig {
+    /// Defaults for `socket`.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        ZdsClientConfig {
+            socket: socket.into(),
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_secs(15),
+            retry_every: Duration::from_secs(1),
+        }
+    }
+}
+
+struct Pending {
+    info: PodIdentity,
+    netns: OwnedFd,
+    last_error: String,
+}
+
+/// Runs the client until `stop` is set. Blocking; call on a control thread.
+pub fn run(proxy: Arc<Proxy>, cfg: ZdsClientConfig, ready: Arc<Readiness>, stop: Arc<AtomicBool>) {
+    let mut backoff = cfg.backoff_min;
+    let mut pending: HashMap<String, Pending> = HashMap::new();
+    while !stop.load(Ordering::SeqCst) {
+        match connect_agent(&cfg.socket) {
+            Ok(sock) => {
+                backoff = cfg.backoff_min;
+                tracing::info!(socket = %cfg.socket.display(), "connected to the node agent");
+                match session(&proxy, &cfg, &ready, &stop, &sock, &mut pending) {
+                    Ok(()) => tracing::info!("ZDS session ended"),
+                    Err(e) => tracing::warn!(error = %e, "ZDS session ended"),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(socket = %cfg.socket.display(), error = %e, ?backoff, "node agent not reachable");
+                sleep_unless_stopped(backoff, &stop);
+                backoff = (backoff * 2).min(cfg.backoff_max);
+            }
+        }
+    }
+}
+
+fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + d;
+    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+        std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
+    }
+}
+
+fn connect_agent(path: &Path) -> std::io::Result<OwnedFd> {
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
+    Ok(fd)
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Zds(#[from] ZdsError),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+fn reply(sock: &OwnedFd, ready: &Readiness, error: Option<String>) -> Result<(), ZdsError> {
+    if error.is_some() {
+        ready.nacks.fetch_add(1, Ordering::Relaxed);
+    } else {
+        ready.acks.fetch_add(1, Ordering::Relaxed);
+    }
+    zds::send(sock.as_fd(), &zds::ack(error), None)
+}
+
+fn session(
+    proxy: &Proxy,
+    cfg: &ZdsClientConfig,
+    ready: &Readiness,
+    stop: &AtomicBool,
+    sock: &OwnedFd,
+    pending: &mut HashMap<String, Pending>,
+) -> Result<(), SessionError> {
+    // A receive timeout lets the loop retry pending pods and notice `stop`.
+    let timeout = socket_timeout(cfg.retry_every);
+    let _ = nix::sys::socket::setsockopt(sock, nix::sys::socket::sockopt::ReceiveTimeout, &timeout);
+    zds::send(
+        sock.as_fd(),
+        &ZdsHello {
+            version: zds::Version::V1 as i32,
+        },
+        None,
+    )?;
+    let mut in_snapshot = true;
+    let mut named: HashSet<String> = HashSet::new();
+    let mut last_retry = Instant::now();
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if last_retry.elapsed() >= cfg.retry_every {
+            retry_pending(proxy, ready, pending);
+            last_retry = Instant::now();
+        }
+        let packet = match zds::recv(sock.as_fd(), &crate::sys::adopt_received_fd) {
+            Ok(p) => p,
+            Err(ZdsError::Io { source, .. })
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(ZdsError::Closed) => return Ok(()),
+            Err(e @ (ZdsError::Truncated | ZdsError::TooManyFds)) => {
+                // The agent waits for one ack per request: answer, then go on.
+                tracing::warn!(error = %e, "bad ZDS packet from the agent");
+                reply(sock, ready, Some(e.to_string()))?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let req = match zds::decode_request(&packet.bytes, packet.fd) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "bad ZDS request from the agent");
+                reply(sock, ready, Some(e.to_string()))?;
+                continue;
+            }
+        };
+        tracing::debug!(request = req.kind(), "ZDS request");
+        match req {
+            Request::Add { uid, info, netns } => {
+                if in_snapshot {
+                    named.insert(uid.clone());
+                }
+                let identity = PodIdentity {
+                    name: info.name,
+                    namespace: info.namespace,
+                    service_account: info.service_account,
+                };
+                match proxy.add_pod_with_identity(
+                    &uid,
+                    netns.try_clone().map_err(|e| ZdsError::Io {
+                        op: "dup netns fd",
+                        source: e,
+                    })?,
+                    identity.clone(),
+                ) {
+                    Ok(()) => {
+                        pending.remove(&uid);
+                        set_pending(ready, pending);
+                        reply(sock, ready, None)?;
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
+                        let text = e.to_string();
+                        // A fd that is not a usable netns will never work: do not retry it.
+                        if matches!(
+                            e,
+                            crate::ProxyError::NotANetns { .. }
+                                | crate::ProxyError::HostNetns { .. }
+                        ) {
+                            reply(sock, ready, Some(text))?;
+                            continue;
+                        }
+                        pending.insert(
+                            uid.clone(),
+                            Pending {
+                                info: identity,
+                                netns,
+                                last_error: text.clone(),
+                            },
+                        );
+                        set_pending(ready, pending);
+                        reply(sock, ready, Some(text))?;
+                    }
+                }
+            }
+            Request::Keep { uid } => {
+                if !in_snapshot {
+                    ready.protocol_error.store(true, Ordering::SeqCst);
+                    reply(
+                        sock,
+                        ready,
+                        Some(format!("Keep for pod {uid} after the snapshot")),
+                    )?;
+                    return Err(SessionError::Protocol(format!(
+                        "Keep for pod {uid} after the snapshot"
+                    )));
+                }
+                named.insert(uid);
+                reply(sock, ready, None)?;
+            }
+            Request::Del { uid } => {
+                pending.remove(&uid);
+                set_pending(ready, pending);
+                proxy.remove_pod(&uid);
+                reply(sock, ready, None)?;
+            }
+            Request::SnapshotSent => {
+                if !in_snapshot {
+                    ready.protocol_error.store(true, Ordering::SeqCst);
+                    reply(sock, ready, Some("second SnapshotSent".into()))?;
+                    return Err(SessionError::Protocol("second SnapshotSent".into()));
+                }
+                in_snapshot = false;
+                let mut removed = 0;
+                for pod in proxy.pods() {
+                    if !named.contains(&pod.uid) {
+                        proxy.remove_pod(&pod.uid);
+                        removed += 1;
+                    }
+                }
+                pending.retain(|uid, _| named.contains(uid));
+                set_pending(ready, pending);
+                ready.snapshot_done.store(true, Ordering::SeqCst);
+                ready.protocol_error.store(false, Ordering::SeqCst);
+                ready.snapshots.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    pods = proxy.pods().len(),
+                    removed,
+                    pending = pending.len(),
+                    "ZDS snapshot applied"
+                );
+                reply(sock, ready, None)?;
+            }
+        }
+    }
+}
+
+fn socket_timeout(d: Duration) -> nix::sys::time::TimeVal {
+    nix::sys::time::TimeVal::new(d.as_secs() as i64, d.subsec_micros() as i64)
+}
+
+fn set_pending(ready: &Readiness, pending: &HashMap<String, Pending>) {
+    let mut p = ready.pending.lock().unwrap_or_else(|p| p.into_inner());
+    p.clear();
+    p.extend(pending.keys().cloned());
+}
+
+fn retry_pending(proxy: &Proxy, ready: &Readiness, pending: &mut HashMap<String, Pending>) {
+    let uids: Vec<String> = pending.keys().cloned().collect();
+    for uid in uids {
+        let Some(p) = pending.get_mut(&uid) else {
+            continue;
+        };
+        let fd = match p.netns.try_clone() {
+            Ok(fd) => fd,
+            Err(e) => {
+                p.last_error = e.to_string();
+                continue;
+            }
+        };
+        match proxy.add_pod_with_identity(&uid, fd, p.info.clone()) {
+            Ok(()) => {
+                tracing::info!(pod.uid = %uid, "pending pod now served");
+                pending.remove(&uid);
+            }
+            Err(e) => p.last_error = e.to_string(),
+        }
+    }
+    set_pending(ready, pending);
+}
