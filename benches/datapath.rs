@@ -64,6 +64,19 @@ fn one_stream(a: &Pod, b: &Pod, port: u16, secs: f64) -> (u64, Duration) {
     (bytes, elapsed)
 }
 
+fn process_cpu_seconds() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    tv(u.user_time()) + tv(u.system_time())
+}
+
+fn ncpus() -> f64 {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64
+}
+
 struct Scenario {
     name: &'static str,
     /// None = direct (no proxy).
@@ -128,6 +141,7 @@ fn main() {
         for round in 0..rounds {
             for sc in scenarios.iter_mut() {
                 port += 1;
+                let proc0 = process_cpu_seconds();
                 let (bytes, t, cpu) = match &sc.settings {
                     None => {
                         let (bytes, t) = one_stream(&a, &b, port, secs);
@@ -149,14 +163,17 @@ fn main() {
                         (bytes, t, cpu)
                     }
                 };
+                let proc_cpu = process_cpu_seconds() - proc0;
                 let gbps = bytes as f64 * 8.0 / t.as_secs_f64() / 1e9;
                 let per_gb = cpu / (bytes as f64 / 1e9);
                 eprintln!(
-                    "round {}: {:<52} {:6.2} Gbit/s  {:.3} CPU-s/GB",
+                    "round {}: {:<52} {:6.2} Gbit/s  {:.3} CPU-s/GB  (whole process: {:.2} CPU-s/GB, {:.0}% of the machine)",
                     round + 1,
                     sc.name,
                     gbps,
-                    per_gb
+                    per_gb,
+                    proc_cpu / (bytes as f64 / 1e9),
+                    100.0 * proc_cpu / t.as_secs_f64() / ncpus()
                 );
                 sc.gbps.push(gbps);
                 sc.cpu_per_gb.push(per_gb);
