@@ -1,292 +1,96 @@
-//! ringway's node configuration.
+//! ringway's node configuration and mesh model.
 //!
-//! This crate holds the settings every other crate reads: capture mode,
-//! ports, marks, datapath workers and buffer sizes. Values come with the
-//! defaults a node uses when nothing is configured; [`ProxySettings::validate`]
-//! checks a set of values and names the field that is wrong.
+//! - [`ProxySettings`] (capture mode, ports, marks, workers, buffers) with
+//!   their defaults and [`ProxySettings::validate`];
+//! - the configuration file, [`MeshConfig`]: the proxy settings plus the
+//!   mesh a control plane would otherwise provide (trust domain, CA paths,
+//!   workloads, services, authorization policies). It is parsed with serde
+//!   (unknown fields refused), overridden by `RINGWAY_*` environment
+//!   variables ([`ENV_VARS`], read through [`EnvSource`]), then validated
+//!   into an immutable [`Mesh`] snapshot with lookup indexes;
+//! - [`ConfigWatcher`]: hot reload of the file, publishing a new
+//!   `Arc<Mesh>` only when an edit is valid;
+//! - [`authz`]: the layer-4 authorization engine.
+//!
+//! Every error names where the value came from (file or variable), the
+//! field path and the problem:
+//! `config.yaml: workloads[2].ips[0]: "10.0.0.300" is not an IP address`.
+//! The YAML schema is documented in `config/README.md`; the embedded
+//! default is `config/default.yaml` ([`EMBEDDED_DEFAULT`]).
+//!
+//! ```
+//! use ringway_config::authz::{evaluate, ConnInfo, Identity};
+//! use ringway_config::{MeshConfig, NoEnv};
+//!
+//! let yaml = r#"
+//! workloads:
+//!   - {uid: u1, name: web-0, namespace: shop, ips: [10.0.0.1], node: node-a}
+//! policies:
+//!   - name: frontend-only
+//!     namespace: shop
+//!     action: ALLOW
+//!     rules: [{from: [{principals: ["spiffe://cluster.local/ns/front/sa/frontend"]}]}]
+//! "#;
+//! let env = [("RINGWAY_WORKERS", "2")]; // in production: `ProcessEnv`
+//! let mesh = MeshConfig::load_str(yaml, "config.yaml", &env)?;
+//! assert_eq!(mesh.proxy().workers, 2);
+//!
+//! let web = mesh.workload_by_ip("10.0.0.1".parse().unwrap()).unwrap();
+//! let frontend = Identity::from_spiffe_id("spiffe://cluster.local/ns/front/sa/frontend")?;
+//! let conn = ConnInfo {
+//!     src_ip: "10.0.1.7".parse().unwrap(),
+//!     src_identity: Some(&frontend),
+//!     dst_workload: web,
+//!     dst_port: 8080,
+//! };
+//! assert!(evaluate(&mesh, &conn).is_allowed());
+//! let plaintext = ConnInfo { src_identity: None, ..conn };
+//! assert_eq!(
+//!     evaluate(&mesh, &plaintext).to_string(),
+//!     "denied: 1 ALLOW policies apply (first: shop/frontend-only) and none matched"
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![forbid(unsafe_code)]
 
-use std::time::Duration;
+pub mod authz;
+mod env;
+mod error;
+mod file;
+mod mesh;
+mod names;
+mod settings;
+mod validate;
+mod watch;
 
-use serde::{Deserialize, Serialize};
-
-/// How a pod's traffic is steered to the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CaptureMode {
-    /// Inbound by TPROXY (no NAT), outbound by nat REDIRECT.
-    #[default]
-    Tproxy,
-    /// Inbound and outbound by nat REDIRECT (for kernels/CNIs where TPROXY misbehaves).
-    Redirect,
-}
-
-impl std::fmt::Display for CaptureMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CaptureMode::Tproxy => "tproxy",
-            CaptureMode::Redirect => "redirect",
-        })
-    }
-}
-
-impl std::str::FromStr for CaptureMode {
-    type Err = ConfigError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "tproxy" => Ok(CaptureMode::Tproxy),
-            "redirect" => Ok(CaptureMode::Redirect),
-            other => Err(ConfigError::Invalid {
-                field: "captureMode",
-                problem: format!("{other:?} is not one of \"tproxy\", \"redirect\""),
-            }),
-        }
-    }
-}
-
-/// Which event loop the datapath workers run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Datapath {
-    /// io_uring when the kernel allows it, else epoll (logged once).
-    #[default]
-    Auto,
-    /// io_uring only: fail to start without it.
-    Uring,
-    /// epoll only.
-    Epoll,
-}
-
-impl std::str::FromStr for Datapath {
-    type Err = ConfigError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Datapath::Auto),
-            "uring" => Ok(Datapath::Uring),
-            "epoll" => Ok(Datapath::Epoll),
-            other => Err(ConfigError::Invalid {
-                field: "datapath",
-                problem: format!("{other:?} is not one of \"auto\", \"uring\", \"epoll\""),
-            }),
-        }
-    }
-}
-
-/// The well-known ports of a pod's listener set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Ports {
-    /// Outbound capture listener (app -> anywhere).
-    pub outbound: u16,
-    /// Inbound plaintext capture listener (peer -> app).
-    pub inbound: u16,
-    /// Inbound tunnel (HBONE) listener; never captured.
-    pub tunnel: u16,
-}
-
-impl Default for Ports {
-    fn default() -> Self {
-        Ports {
-            outbound: 15001,
-            inbound: 15006,
-            tunnel: 15008,
-        }
-    }
-}
-
-/// Settings of the proxy's datapath.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct ProxySettings {
-    /// Capture mode the pods' rules were installed with.
-    pub capture_mode: CaptureMode,
-    /// Listener ports.
-    pub ports: Ports,
-    /// SO_MARK on every socket the proxy opens inside a pod (never captured).
-    pub proxy_mark: u32,
-    /// Datapath workers; 0 means one per CPU.
-    pub workers: usize,
-    /// Event loop choice.
-    pub datapath: Datapath,
-    /// Requested capacity of each copy pipe, bytes.
-    pub pipe_size: usize,
-    /// Pipes kept for reuse per worker.
-    pub pipe_pool: usize,
-    /// Listen backlog of each listener.
-    pub backlog: u32,
-    /// Same-node fast path: when the destination of an outbound connection
-    /// is another pod this proxy serves, connect straight into that pod
-    /// (applying the inbound side's rules: spoofed client source, proxy
-    /// mark) instead of crossing the node network and being captured again.
-    pub same_node_fast_path: bool,
-    /// How long the proxy keeps serving established connections after it
-    /// was asked to stop.
-    #[serde(with = "duration_secs")]
-    pub drain_period: Duration,
-}
-
-impl Default for ProxySettings {
-    fn default() -> Self {
-        ProxySettings {
-            capture_mode: CaptureMode::Tproxy,
-            ports: Ports::default(),
-            proxy_mark: 0x539,
-            workers: 0,
-            datapath: Datapath::Auto,
-            pipe_size: 1 << 20,
-            pipe_pool: 512,
-            backlog: 4096,
-            same_node_fast_path: true,
-            drain_period: Duration::from_secs(30),
-        }
-    }
-}
-
-impl ProxySettings {
-    /// Checks the values; the error names the field and the problem.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let p = &self.ports;
-        for (field, port) in [
-            ("ports.outbound", p.outbound),
-            ("ports.inbound", p.inbound),
-            ("ports.tunnel", p.tunnel),
-        ] {
-            if port == 0 {
-                return Err(ConfigError::Invalid {
-                    field,
-                    problem: "port 0 is not a usable listener port".into(),
-                });
-            }
-        }
-        if p.outbound == p.inbound || p.outbound == p.tunnel || p.inbound == p.tunnel {
-            return Err(ConfigError::Invalid {
-                field: "ports",
-                problem: format!(
-                    "outbound ({}), inbound ({}) and tunnel ({}) must differ",
-                    p.outbound, p.inbound, p.tunnel
-                ),
-            });
-        }
-        if self.proxy_mark == 0 {
-            return Err(ConfigError::Invalid {
-                field: "proxyMark",
-                problem: "0 is no mark: the proxy's own packets would be captured again".into(),
-            });
-        }
-        if !(4096..=(64 << 20)).contains(&self.pipe_size) {
-            return Err(ConfigError::Invalid {
-                field: "pipeSize",
-                problem: format!("{} is outside 4096..=67108864 bytes", self.pipe_size),
-            });
-        }
-        if self.workers > 1024 {
-            return Err(ConfigError::Invalid {
-                field: "workers",
-                problem: format!("{} workers is more than 1024", self.workers),
-            });
-        }
-        if self.backlog == 0 {
-            return Err(ConfigError::Invalid {
-                field: "backlog",
-                problem: "a listen backlog of 0 refuses bursts".into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// The number of workers to start (resolves 0 to the CPU count).
-    pub fn effective_workers(&self) -> usize {
-        if self.workers > 0 {
-            self.workers
-        } else {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        }
-    }
-}
-
-/// Configuration errors: each names the field and what is wrong with it.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    /// A field holds a value that cannot be used.
-    #[error("invalid `{field}`: {problem}")]
-    Invalid {
-        /// Dotted field path.
-        field: &'static str,
-        /// What is wrong.
-        problem: String,
-    },
-}
-
-mod duration_secs {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        if !(0.0..=86_400.0).contains(&secs) {
-            return Err(serde::de::Error::custom(format!(
-                "{secs} seconds is outside 0..=86400"
-            )));
-        }
-        Ok(Duration::from_secs_f64(secs))
-    }
-}
+pub use env::{EnvOverride, EnvSource, EnvVar, NoEnv, ProcessEnv, ENV_VARS};
+pub use error::{ConfigError, IoError};
+pub use file::{
+    CaConfig, MeshConfig, OperationConfig, PolicyConfig, PortMapConfig, RuleConfig, SelectorConfig,
+    ServiceConfig, SourceConfig, WorkloadConfig, DEFAULT_ROOT_NAMESPACE, DEFAULT_TRUST_DOMAIN,
+    EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
+};
+pub use mesh::{
+    Action, AuthorizationPolicy, CaPaths, Mesh, Operation, Rule, Service, ServiceAccountRef,
+    Source, Workload,
+};
+pub use names::{Cidr, StringMatch};
+pub use settings::{
+    CaptureMode, Datapath, Ports, ProxySettings, ENV_BACKLOG, ENV_CAPTURE_MODE, ENV_DATAPATH,
+    ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH,
+    ENV_WORKERS,
+};
+pub use watch::{ConfigWatcher, POLL_INTERVAL};
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
-    fn defaults_are_valid() {
-        ProxySettings::default().validate().unwrap();
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let mut s = ProxySettings::default();
-        s.ports.inbound = s.ports.outbound;
-        assert_eq!(
-            s.validate().unwrap_err().to_string(),
-            "invalid `ports`: outbound (15001), inbound (15001) and tunnel (15008) must differ"
-        );
-        let s = ProxySettings {
-            pipe_size: 10,
-            ..ProxySettings::default()
-        };
-        assert_eq!(
-            s.validate().unwrap_err().to_string(),
-            "invalid `pipeSize`: 10 is outside 4096..=67108864 bytes"
-        );
-        let s = ProxySettings {
-            proxy_mark: 0,
-            ..ProxySettings::default()
-        };
-        assert!(s
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .starts_with("invalid `proxyMark`"));
-        assert_eq!(
-            "nat".parse::<CaptureMode>().unwrap_err().to_string(),
-            "invalid `captureMode`: \"nat\" is not one of \"tproxy\", \"redirect\""
-        );
-    }
-
-    #[test]
-    fn yaml_round_trip_and_unknown_fields() {
-        let s: ProxySettings =
-            serde_yaml::from_str("captureMode: redirect\nworkers: 2\ndrainPeriod: 1.5\n").unwrap();
-        assert_eq!(s.capture_mode, CaptureMode::Redirect);
-        assert_eq!(s.workers, 2);
-        assert_eq!(s.drain_period, Duration::from_millis(1500));
-        let err = serde_yaml::from_str::<ProxySettings>("wokers: 2\n").unwrap_err();
-        assert!(err.to_string().contains("unknown field `wokers`"), "{err}");
+    fn shared_types_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<crate::Mesh>();
+        send_sync::<crate::ConfigError>();
+        send_sync::<crate::ConfigWatcher>();
+        send_sync::<crate::authz::Decision>();
     }
 }

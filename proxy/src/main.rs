@@ -130,21 +130,17 @@ fn init_logs(filter: &str, format: LogFormat) {
     }
 }
 
+/// Loads the node's configuration: the YAML file given, else the embedded
+/// default; environment variables (`RINGWAY_*`) override single settings.
+fn load_mesh(path: Option<&PathBuf>) -> anyhow::Result<ringway_config::Mesh> {
+    let mesh =
+        ringway_config::MeshConfig::load(path.map(|p| p.as_path()), &ringway_config::ProcessEnv)?;
+    tracing::info!(config = %mesh.effective_summary(), "effective configuration");
+    Ok(mesh)
+}
+
 fn load_settings(path: Option<&PathBuf>) -> anyhow::Result<ProxySettings> {
-    let settings = match path {
-        None => ProxySettings::default(),
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("reading config file {}", p.display()))?;
-            serde_yaml::from_str(&text)
-                .with_context(|| format!("parsing config file {}", p.display()))?
-        }
-    };
-    settings.validate().with_context(|| match path {
-        Some(p) => format!("config file {}", p.display()),
-        None => "embedded default config".to_string(),
-    })?;
-    Ok(settings)
+    Ok(load_mesh(path)?.proxy().clone())
 }
 
 fn capture_spec(mode: CaptureMode, settings: &ProxySettings) -> ringway_redirect::CaptureSpec {
@@ -221,7 +217,6 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     use std::sync::Arc;
     let stop = block_stop_signals();
     let settings = load_settings(args.config.as_ref())?;
-    tracing::info!(config = ?settings, "effective configuration");
     let drain_period = settings.drain_period;
     let proxy = Arc::new(Proxy::start(settings)?);
     let ready = Arc::new(ringway_proxy::zds_client::Readiness::default());

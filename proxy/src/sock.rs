@@ -193,13 +193,16 @@ pub fn make_upstream(
     )?;
     sock.set_mark(mark)?;
     sock.set_nodelay(true)?;
+    // The socket takes an ephemeral port inside the pod: SO_REUSEADDR lets
+    // an app that uses SO_REUSEADDR itself still bind that port (it never
+    // listens, so it cannot conflict with such a bind).
+    sock.set_reuse_address(true)?;
     if let Some(src) = spoof_source {
         let src = match (src, dst) {
             (IpAddr::V4(v4), SocketAddr::V6(_)) => IpAddr::V6(v4.to_ipv6_mapped()),
             (s, _) => s,
         };
         sock.set_ip_transparent(true)?;
-        sock.set_reuse_address(true)?;
         nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::IpBindAddressNoPort, &true)
             .map_err(io::Error::from)?;
         sock.bind(&SocketAddr::new(src, 0).into())?;

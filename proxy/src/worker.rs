@@ -274,12 +274,18 @@ async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, 
 struct ConnGuard {
     pod: Rc<PodLocal>,
     id: u64,
+    /// With the same-node fast path, the connection is also registered with
+    /// the destination pod (its upstream socket lives in that pod's netns).
+    target: Option<(Rc<PodLocal>, u64)>,
     stats: Arc<Stats>,
 }
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.pod.conns.borrow_mut().remove(&self.id);
+        if let Some((target, id)) = &self.target {
+            target.conns.borrow_mut().remove(id);
+        }
         self.stats.active.dec();
     }
 }
@@ -309,9 +315,10 @@ async fn handle_conn(
         .borrow_mut()
         .insert(id, [Some(client.shared()), None]);
     ctx.stats.active.inc();
-    let _guard = ConnGuard {
+    let mut guard = ConnGuard {
         pod: pod.clone(),
         id,
+        target: None,
         stats: ctx.stats.clone(),
     };
     let Some(peer) = peer.as_socket() else {
@@ -401,6 +408,24 @@ async fn handle_conn(
     };
     if let Some(slot) = pod.conns.borrow_mut().get_mut(&id) {
         slot[1] = Some(upstream.shared());
+    }
+    // A fast-path connection belongs to the destination pod as well: removing
+    // that pod must reset it (as it resets the inbound side of a connection
+    // that crossed the network), and must not leave a proxy socket behind in
+    // the removed pod's netns. Registered in the same synchronous step as the
+    // `local_pods` lookup above, so a RemovePod for the target, which this
+    // worker handles only between awaits, always finds it.
+    if !Arc::ptr_eq(&netns_pod, &pod.shared) {
+        let target = ctx.pods.borrow().get(&netns_pod.uid).cloned();
+        if let Some(target) = target {
+            let tid = target.next_id.get();
+            target.next_id.set(tid + 1);
+            target
+                .conns
+                .borrow_mut()
+                .insert(tid, [Some(client.shared()), Some(upstream.shared())]);
+            guard.target = Some((target, tid));
+        }
     }
     if let Err(e) = upstream.connect(dst.into()).await {
         // Refused, unreachable, timed out: the client learns by a reset.

@@ -239,7 +239,7 @@ fn drill(mode: ringway_config::CaptureMode) {
         let config = dir.join("proxy.yaml");
         std::fs::write(
             &config,
-            format!("drainPeriod: 8\nworkers: 2\ncaptureMode: {mode}\n"),
+            format!("proxy:\n  drainPeriod: 8\n  workers: 2\n  captureMode: {mode}\n"),
         )
         .unwrap();
         let sock = dir.join("zds.sock");

@@ -51,7 +51,7 @@ fn sandbox_rejects_a_bad_config_file_naming_the_field() {
     let dir = std::env::temp_dir().join(format!("ringway-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("bad.yaml");
-    std::fs::write(&f, "pipeSize: 12\n").unwrap();
+    std::fs::write(&f, "proxy:\n  pipeSize: 12\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ringway"))
         .args(["proxy", "--config"])
         .arg(&f)
@@ -59,9 +59,12 @@ fn sandbox_rejects_a_bad_config_file_naming_the_field() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("invalid `pipeSize`: 12 is outside"), "{err}");
+    assert!(
+        err.contains("pipeSize") && err.contains("12 is outside"),
+        "{err}"
+    );
     assert!(err.contains("bad.yaml"), "{err}");
-    std::fs::write(&f, "wokers: 2\n").unwrap();
+    std::fs::write(&f, "proxy:\n  wokers: 2\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ringway"))
         .args(["proxy", "--config"])
         .arg(&f)

@@ -1,0 +1,283 @@
+//! Layer-4 authorization: which connections a destination workload accepts.
+//!
+//! # Semantics
+//!
+//! The policies that govern a connection are the mesh-wide ones (those of
+//! the root namespace, or written without a namespace) and those of the
+//! destination workload's namespace, each restricted by its `selector`
+//! (workload names). Then:
+//!
+//! 1. if any applicable **DENY** policy matches, the connection is denied;
+//! 2. else, if any **ALLOW** policy applies and none matches, it is denied;
+//! 3. else it is allowed (no policy at all = allow).
+//!
+//! A policy matches when any of its rules matches; **a policy without rules
+//! matches nothing** (as in Istio): an ALLOW policy with `rules: []` (or no
+//! `rules`) therefore denies every connection it governs, and `rules: [{}]`
+//! (one rule with no conditions) allows them all; a DENY policy without
+//! rules never denies.
+//!
+//! A rule matches when its `from` matches (any of its sources; an empty or
+//! absent `from` = any source) and its `to` matches (any of its
+//! destinations; empty = any port). A source matches when every field it
+//! sets matches; `not*` fields match when the value is in none of the
+//! listed patterns.
+//!
+//! `principals`, `namespaces` and `serviceAccounts` come from the peer's
+//! SPIFFE identity. A plaintext peer (no identity) never matches these
+//! positive fields (not even `*`), while their negations match it, because
+//! it has nothing in the excluded list: `DENY` with
+//! `notPrincipals: ["*"]` is the idiom that refuses plaintext, and
+//! `ALLOW` with `principals: ["*"]` admits only authenticated peers, both as
+//! in Istio. `ipBlocks` apply to every peer.
+//!
+//! # Cost
+//!
+//! [`evaluate`] allocates nothing: policies are found through the
+//! snapshot's per-namespace index, principal patterns are compared against
+//! the identity's parts without building its SPIFFE ID, and a denial
+//! carries the policy's name as a shared `Arc<str>`.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::mesh::{Action, AuthorizationPolicy, Operation, Rule, Source, Workload};
+use crate::names::{check_label, check_subdomain, check_trust_domain};
+use crate::Mesh;
+
+/// A peer's SPIFFE identity: `spiffe://<trust_domain>/ns/<namespace>/sa/<service_account>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// Trust domain.
+    pub trust_domain: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Service account.
+    pub service_account: String,
+}
+
+/// A string that is not a SPIFFE workload identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{id:?} is not a SPIFFE workload identity: {reason}")]
+pub struct IdentityError {
+    id: String,
+    reason: String,
+}
+
+impl IdentityError {
+    /// What is wrong, without the identity.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl Identity {
+    /// An identity from its parts (not checked).
+    pub fn new(trust_domain: &str, namespace: &str, service_account: &str) -> Identity {
+        Identity {
+            trust_domain: trust_domain.to_owned(),
+            namespace: namespace.to_owned(),
+            service_account: service_account.to_owned(),
+        }
+    }
+
+    /// Parses and checks `spiffe://<td>/ns/<ns>/sa/<sa>` (as found in a
+    /// certificate's URI SAN).
+    pub fn from_spiffe_id(id: &str) -> Result<Identity, IdentityError> {
+        let fail = |reason: String| IdentityError {
+            id: id.to_owned(),
+            reason,
+        };
+        const SHAPE: &str = "expected spiffe://<trust domain>/ns/<namespace>/sa/<service account>";
+        let rest = id
+            .strip_prefix("spiffe://")
+            .ok_or_else(|| fail(SHAPE.into()))?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        let [td, "ns", ns, "sa", sa] = parts[..] else {
+            return Err(fail(SHAPE.into()));
+        };
+        check_trust_domain(td).map_err(|e| fail(format!("trust domain: {e}")))?;
+        check_label("namespace", ns).map_err(|e| fail(format!("namespace: {e}")))?;
+        check_subdomain("service account", sa)
+            .map_err(|e| fail(format!("service account: {e}")))?;
+        Ok(Identity::new(td, ns, sa))
+    }
+
+    /// The SPIFFE ID's parts; concatenated they are the ID.
+    fn pieces(&self) -> [&str; 6] {
+        [
+            "spiffe://",
+            &self.trust_domain,
+            "/ns/",
+            &self.namespace,
+            "/sa/",
+            &self.service_account,
+        ]
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.pieces().iter().try_for_each(|p| f.write_str(p))
+    }
+}
+
+/// What the authorizer knows about a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo<'a> {
+    /// The peer's address (for HBONE: the client address the tunnel carries).
+    pub src_ip: IpAddr,
+    /// The peer's verified identity; `None` for plaintext.
+    pub src_identity: Option<&'a Identity>,
+    /// The workload being connected to.
+    pub dst_workload: &'a Workload,
+    /// The destination (target) port.
+    pub dst_port: u16,
+}
+
+/// The verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Let the connection through.
+    Allow,
+    /// Refuse it (HBONE: 401; plaintext: close).
+    Deny {
+        /// `namespace/name` of the deciding policy: the DENY policy that
+        /// matched, or the first applicable ALLOW policy when none matched.
+        policy: Arc<str>,
+        /// Why.
+        reason: DenyReason,
+    },
+}
+
+/// Why a connection was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyReason {
+    /// A DENY policy's rule (index in its `rules`) matched.
+    DenyPolicyMatched {
+        /// Index of the matching rule.
+        rule: usize,
+    },
+    /// ALLOW policies govern the destination and none matched.
+    NoAllowPolicyMatched {
+        /// How many ALLOW policies applied.
+        allow_policies: usize,
+    },
+}
+
+impl Decision {
+    /// Whether the connection may proceed.
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Decision::Allow)
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::Allow => f.write_str("allowed"),
+            Decision::Deny {
+                policy,
+                reason: DenyReason::DenyPolicyMatched { rule },
+            } => write!(f, "denied by DENY policy {policy} (rules[{rule}])"),
+            Decision::Deny {
+                policy,
+                reason: DenyReason::NoAllowPolicyMatched { allow_policies },
+            } => write!(
+                f,
+                "denied: {allow_policies} ALLOW policies apply (first: {policy}) and none matched"
+            ),
+        }
+    }
+}
+
+/// The connection as rules see it.
+struct Peer<'a> {
+    ip: IpAddr,
+    identity: Option<&'a Identity>,
+    port: u16,
+}
+
+/// Decides whether `conn` may reach its destination; see the
+/// [module documentation](self) for the semantics.
+pub fn evaluate(mesh: &Mesh, conn: &ConnInfo<'_>) -> Decision {
+    let peer = Peer {
+        ip: conn.src_ip.to_canonical(),
+        identity: conn.src_identity,
+        port: conn.dst_port,
+    };
+    let mut first_allow: Option<&AuthorizationPolicy> = None;
+    let mut allow_policies = 0;
+    let mut allowed = false;
+    for policy in mesh.policies_for(conn.dst_workload) {
+        match policy.action {
+            Action::Deny => {
+                if let Some(rule) = policy.rules.iter().position(|r| r.matches(&peer)) {
+                    return Decision::Deny {
+                        policy: policy.qualified.clone(),
+                        reason: DenyReason::DenyPolicyMatched { rule },
+                    };
+                }
+            }
+            Action::Allow => {
+                allow_policies += 1;
+                first_allow.get_or_insert(policy);
+                // Once an ALLOW matched, only DENY policies can change the verdict.
+                if !allowed {
+                    allowed = policy.rules.iter().any(|r| r.matches(&peer));
+                }
+            }
+        }
+    }
+    match first_allow {
+        Some(policy) if !allowed => Decision::Deny {
+            policy: policy.qualified.clone(),
+            reason: DenyReason::NoAllowPolicyMatched { allow_policies },
+        },
+        _ => Decision::Allow,
+    }
+}
+
+fn any_of<T>(list: &[T], f: impl Fn(&T) -> bool) -> bool {
+    list.is_empty() || list.iter().any(f)
+}
+
+fn none_of<T>(list: &[T], f: impl Fn(&T) -> bool) -> bool {
+    !list.iter().any(f)
+}
+
+impl Rule {
+    fn matches(&self, peer: &Peer<'_>) -> bool {
+        any_of(&self.from, |s| s.matches(peer)) && any_of(&self.to, |o| o.matches(peer.port))
+    }
+}
+
+impl Source {
+    fn matches(&self, peer: &Peer<'_>) -> bool {
+        let id = peer.identity;
+        let principal = |m: &crate::StringMatch| id.is_some_and(|i| m.matches_pieces(&i.pieces()));
+        let namespace = |m: &crate::StringMatch| id.is_some_and(|i| m.matches(&i.namespace));
+        let account = |sa: &crate::ServiceAccountRef| {
+            id.is_some_and(|i| sa.namespace == i.namespace && sa.name == i.service_account)
+        };
+        let ip = |c: &crate::Cidr| c.contains(peer.ip);
+        any_of(&self.principals, principal)
+            && none_of(&self.not_principals, principal)
+            && any_of(&self.namespaces, namespace)
+            && none_of(&self.not_namespaces, namespace)
+            && any_of(&self.service_accounts, account)
+            && none_of(&self.not_service_accounts, account)
+            && any_of(&self.ip_blocks, ip)
+            && none_of(&self.not_ip_blocks, ip)
+    }
+}
+
+impl Operation {
+    fn matches(&self, port: u16) -> bool {
+        any_of(&self.ports, |p| *p == port) && none_of(&self.not_ports, |p| *p == port)
+    }
+}
+
+#[cfg(test)]
+mod tests;

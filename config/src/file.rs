@@ -1,0 +1,453 @@
+//! The configuration file as written: serde structs that refuse unknown
+//! fields. [`MeshConfig::validate`] turns one into a [`Mesh`] snapshot.
+//!
+//! Addresses, CIDR blocks, principals, actions and ports are kept as
+//! written here (strings, wide integers) so that validation, not the YAML
+//! parser, reports a bad one with its field path and a precise message.
+
+use std::path::Path;
+
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+use crate::env::{self, EnvOverride, EnvSource};
+use crate::{ConfigError, Mesh, ProxySettings};
+
+/// Default `trustDomain`.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// Overrides `trustDomain`.
+pub const ENV_TRUST_DOMAIN: &str = "RINGWAY_TRUST_DOMAIN";
+/// Default `rootNamespace`: policies there apply to the whole mesh.
+pub const DEFAULT_ROOT_NAMESPACE: &str = "ringway-system";
+/// Overrides `rootNamespace`.
+pub const ENV_ROOT_NAMESPACE: &str = "RINGWAY_ROOT_NAMESPACE";
+
+/// The configuration used when no file is given (`config/default.yaml`).
+pub const EMBEDDED_DEFAULT: &str = include_str!("../default.yaml");
+/// How errors and the summary name [`EMBEDDED_DEFAULT`].
+pub const EMBEDDED_ORIGIN: &str = "<embedded default.yaml>";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MeshConfig {
+    /// Datapath settings.
+    pub proxy: ProxySettings,
+    /// SPIFFE trust domain of this mesh's identities.
+    pub trust_domain: String,
+    /// Namespace whose policies (and policies with no namespace) apply to
+    /// every workload.
+    pub root_namespace: String,
+    /// The CA that issues workload certificates; none = no identities.
+    pub ca: Option<CaConfig>,
+    /// The pods of the mesh.
+    pub workloads: Vec<WorkloadConfig>,
+    /// Services: virtual IPs in front of workloads.
+    pub services: Vec<ServiceConfig>,
+    /// Layer-4 authorization policies.
+    pub policies: Vec<PolicyConfig>,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig {
+            proxy: ProxySettings::default(),
+            trust_domain: DEFAULT_TRUST_DOMAIN.to_owned(),
+            root_namespace: DEFAULT_ROOT_NAMESPACE.to_owned(),
+            ca: None,
+            workloads: Vec::new(),
+            services: Vec::new(),
+            policies: Vec::new(),
+        }
+    }
+}
+
+/// `ca`: files of the CA that issues workload certificates (mounted from a
+/// Secret). Only paths: the key is never read by this crate.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CaConfig {
+    /// The CA certificate (PEM), absolute path.
+    pub cert_file: String,
+    /// The CA private key (PEM), absolute path.
+    pub key_file: String,
+    /// Extra trusted roots (PEM), absolute paths.
+    #[serde(default)]
+    pub bundle_files: Vec<String>,
+}
+
+/// `workloads[]`: one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadConfig {
+    /// Unique id (the pod's UID).
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Service account (default `default`).
+    #[serde(default = "default_service_account")]
+    pub service_account: String,
+    /// Pod IPs.
+    pub ips: Vec<String>,
+    /// Node the pod runs on.
+    pub node: String,
+    /// Whether the workload's node proxy speaks HBONE on port 15008.
+    #[serde(default)]
+    pub tunnel: bool,
+}
+
+fn default_service_account() -> String {
+    "default".to_owned()
+}
+
+/// `services[]`: a virtual IP in front of workloads.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// DNS name, e.g. `reviews.default.svc.cluster.local`.
+    pub hostname: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Virtual IPs (none for a headless service).
+    #[serde(default)]
+    pub vips: Vec<String>,
+    /// `servicePort: targetPort`.
+    #[serde(default)]
+    pub ports: PortMapConfig,
+    /// Uids of the workloads behind the service.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+}
+
+/// A YAML map of service port to target port, kept in file order; a port
+/// listed twice is a parse error (plain maps silently keep the last).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortMapConfig(pub Vec<(i64, i64)>);
+
+impl<'de> Deserialize<'de> for PortMapConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct PortMapVisitor;
+        impl<'de> Visitor<'de> for PortMapVisitor {
+            type Value = PortMapConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of service port to target port")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries: Vec<(i64, i64)> = Vec::new();
+                while let Some((port, target)) = map.next_entry::<i64, i64>()? {
+                    if entries.iter().any(|(p, _)| *p == port) {
+                        return Err(serde::de::Error::custom(format!(
+                            "service port {port} is listed twice"
+                        )));
+                    }
+                    entries.push((port, target));
+                }
+                Ok(PortMapConfig(entries))
+            }
+        }
+        d.deserialize_map(PortMapVisitor)
+    }
+}
+
+/// `policies[]`: an authorization policy.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Name, unique within its namespace.
+    pub name: String,
+    /// Scope: empty or the root namespace = every workload, else the
+    /// workloads of this namespace.
+    #[serde(default)]
+    pub namespace: String,
+    /// Restricts the policy to some workloads of its scope.
+    #[serde(default)]
+    pub selector: Option<SelectorConfig>,
+    /// `ALLOW` or `DENY` (any case).
+    pub action: String,
+    /// The rules; none = the policy matches nothing.
+    #[serde(default)]
+    pub rules: Vec<RuleConfig>,
+}
+
+/// `policies[].selector`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SelectorConfig {
+    /// Workload (pod) names the policy applies to.
+    pub workloads: Vec<String>,
+}
+
+/// `policies[].rules[]`: matches when `from` and `to` both match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RuleConfig {
+    /// Any of these sources; none = any source.
+    pub from: Vec<SourceConfig>,
+    /// Any of these destinations; none = any port.
+    pub to: Vec<OperationConfig>,
+}
+
+/// `policies[].rules[].from[]`: matches when every field given matches.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SourceConfig {
+    /// Source namespaces (from the peer's identity), globs allowed.
+    pub namespaces: Vec<String>,
+    /// Negation of `namespaces`.
+    pub not_namespaces: Vec<String>,
+    /// SPIFFE IDs, globs allowed.
+    pub principals: Vec<String>,
+    /// Negation of `principals`.
+    pub not_principals: Vec<String>,
+    /// `namespace/serviceAccount` pairs.
+    pub service_accounts: Vec<String>,
+    /// Negation of `serviceAccounts`.
+    pub not_service_accounts: Vec<String>,
+    /// Source address blocks.
+    pub ip_blocks: Vec<String>,
+    /// Negation of `ipBlocks`.
+    pub not_ip_blocks: Vec<String>,
+}
+
+/// `policies[].rules[].to[]`: matches when every field given matches.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct OperationConfig {
+    /// Destination ports.
+    pub ports: Vec<i64>,
+    /// Negation of `ports`.
+    pub not_ports: Vec<i64>,
+}
+
+/// Top-level names that used to be the whole file before the mesh model
+/// (they now live under `proxy:`).
+pub(crate) const PROXY_FIELDS: &[&str] = &[
+    "captureMode",
+    "ports",
+    "proxyMark",
+    "workers",
+    "datapath",
+    "pipeSize",
+    "pipePool",
+    "backlog",
+    "sameNodeFastPath",
+    "drainPeriod",
+];
+
+impl MeshConfig {
+    /// The embedded default ([`EMBEDDED_DEFAULT`]), parsed.
+    pub fn embedded_default() -> MeshConfig {
+        MeshConfig::parse(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN)
+            .expect("the embedded default parses (tested)")
+    }
+
+    /// Parses YAML text; `origin` names the file in errors. An empty
+    /// document is refused (an accidentally emptied ConfigMap must not
+    /// silently drop every workload and policy): write `{}` for all defaults.
+    pub fn parse(text: &str, origin: &str) -> Result<MeshConfig, ConfigError> {
+        match serde_yaml::from_str::<Option<MeshConfig>>(text) {
+            Ok(Some(cfg)) => Ok(cfg),
+            Ok(None) => Err(ConfigError::Parse {
+                origin: origin.to_owned(),
+                line: 1,
+                column: 1,
+                message: "the document is empty (write `{}` to run with every default)".into(),
+            }),
+            Err(e) => {
+                let mut err = ConfigError::yaml(origin, &e);
+                if let ConfigError::Parse { message, .. } = &mut err {
+                    let moved = PROXY_FIELDS
+                        .iter()
+                        .find(|f| message.starts_with(&format!("unknown field `{f}`")));
+                    if let Some(field) = moved {
+                        message.push_str(&format!(
+                            " (proxy settings live under `proxy:`: write `proxy: {{{field}: ...}}`)"
+                        ));
+                    }
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Applies the `RINGWAY_*` overrides ([`crate::ENV_VARS`]) that `env`
+    /// sets; the error names the variable.
+    pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<Vec<EnvOverride>, ConfigError> {
+        env::apply(self, env)
+    }
+
+    /// Checks every field and builds the snapshot; `origin` names the file
+    /// in errors.
+    pub fn validate(&self, origin: &str) -> Result<Mesh, ConfigError> {
+        crate::validate::validate(self, origin, &[], 0)
+    }
+
+    /// Reads `path` (or the embedded default when `None`), applies `env`'s
+    /// overrides and validates. A field set by a variable that fails
+    /// validation is reported against the variable.
+    pub fn load(path: Option<&Path>, env: &dyn EnvSource) -> Result<Mesh, ConfigError> {
+        match path {
+            None => MeshConfig::load_str(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, env),
+            Some(p) => {
+                let origin = p.display().to_string();
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::io(&origin, e))?;
+                MeshConfig::load_str(&text, &origin, env)
+            }
+        }
+    }
+
+    /// [`MeshConfig::load`] for text already read.
+    pub fn load_str(text: &str, origin: &str, env: &dyn EnvSource) -> Result<Mesh, ConfigError> {
+        let mut cfg = MeshConfig::parse(text, origin)?;
+        let overrides = cfg.apply_env(env)?;
+        crate::validate::validate(&cfg, origin, &overrides, content_hash(text.as_bytes()))
+    }
+}
+
+/// FNV-1a 64 of the file's bytes: the snapshot's revision and the
+/// watcher's change detector (not a security measure).
+pub(crate) fn content_hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Action, NoEnv};
+
+    #[test]
+    fn embedded_default_is_valid_and_equals_the_code_defaults() {
+        let cfg = MeshConfig::embedded_default();
+        assert_eq!(cfg, MeshConfig::default());
+        let mesh = MeshConfig::load(None, &NoEnv).unwrap();
+        assert_eq!(mesh.proxy(), &ProxySettings::default());
+        assert_eq!(mesh.trust_domain(), DEFAULT_TRUST_DOMAIN);
+        assert_eq!(mesh.root_namespace(), DEFAULT_ROOT_NAMESPACE);
+        assert_eq!(mesh.origin(), EMBEDDED_ORIGIN);
+        assert!(mesh.workloads().is_empty() && mesh.policies().is_empty());
+    }
+
+    /// The commented examples in default.yaml are valid once uncommented.
+    #[test]
+    fn default_yaml_commented_examples_are_valid() {
+        let uncommented: String = EMBEDDED_DEFAULT
+            .lines()
+            .map(|l| {
+                if l.starts_with("#  ") {
+                    l[1..].to_owned() // an example line
+                } else if let Some(ca) = l.strip_prefix("# ca:") {
+                    format!("ca:{ca}")
+                } else if l.starts_with('#') {
+                    String::new() // prose
+                } else {
+                    l.replace(": []", ":")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mesh = MeshConfig::load_str(&uncommented, "default.yaml uncommented", &NoEnv)
+            .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+        assert_eq!(mesh.workloads().len(), 1);
+        assert_eq!(mesh.services().len(), 1);
+        assert_eq!(mesh.policies().len(), 1);
+        assert!(mesh.ca().is_some());
+    }
+
+    fn readme() -> &'static str {
+        include_str!("../README.md")
+    }
+
+    fn readme_example() -> &'static str {
+        let start = readme().find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+        let len = readme()[start..].find("```").expect("closed");
+        &readme()[start..start + len]
+    }
+
+    #[test]
+    fn readme_example_is_valid() {
+        let mesh = MeshConfig::load_str(readme_example(), "config/README.md", &NoEnv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(mesh.workloads().len(), 4);
+        assert_eq!(mesh.services().len(), 1);
+        assert_eq!(mesh.policies().len(), 3);
+        assert_eq!(mesh.policies()[0].action, Action::Deny);
+        assert!(mesh.policies()[0].mesh_wide);
+        // Its proxy section spells out the defaults.
+        assert_eq!(mesh.proxy(), &ProxySettings::default());
+    }
+
+    #[test]
+    fn readme_documents_every_variable_and_proxy_field() {
+        for var in crate::ENV_VARS {
+            let row = format!("| `{}` | `{}` |", var.name, var.field);
+            assert!(readme().contains(&row), "README lacks {row}");
+        }
+        for field in PROXY_FIELDS {
+            assert!(
+                readme_example().contains(&format!("  {field}:")),
+                "README example lacks proxy.{field}"
+            );
+        }
+    }
+
+    #[test]
+    fn proxy_fields_list_is_complete() {
+        // Every name is a ProxySettings field...
+        for field in PROXY_FIELDS {
+            let err = serde_yaml::from_str::<ProxySettings>(&format!("{field}: !bad x"))
+                .unwrap_err()
+                .to_string();
+            assert!(!err.contains("unknown field"), "{field}: {err}");
+        }
+        // ...and the list names them all (serde's error enumerates the fields).
+        let err = serde_yaml::from_str::<ProxySettings>("nope: 1")
+            .unwrap_err()
+            .to_string();
+        let listed = err.matches('`').count() / 2 - 1;
+        assert_eq!(listed, PROXY_FIELDS.len(), "{err}");
+    }
+
+    #[test]
+    fn summary_names_paths_and_overrides() {
+        let yaml =
+            "ca: {certFile: /s/ca.crt, keyFile: /s/ca.key}\npolicies: [{name: p, action: DENY}]\n";
+        let mesh = MeshConfig::load_str(
+            yaml,
+            "/etc/ringway/config.yaml",
+            &[("RINGWAY_WORKERS", "2")],
+        )
+        .unwrap();
+        let s = mesh.effective_summary();
+        assert!(!s.contains('\n'), "{s}");
+        for part in [
+            "source=/etc/ringway/config.yaml revision=",
+            "env=[RINGWAY_WORKERS=2 -> proxy.workers]",
+            "trustDomain=cluster.local",
+            "captureMode=tproxy",
+            "workers=2 (effective 2)",
+            "proxyMark=0x539",
+            "drainPeriod=30s",
+            "ca.certFile=/s/ca.crt ca.keyFile=/s/ca.key ca.bundleFiles=[]",
+            "workloads=0 services=0 policies=1 (allow 0, deny 1)",
+        ] {
+            assert!(s.contains(part), "{part:?} missing from {s}");
+        }
+        assert_eq!(
+            mesh.revision(),
+            content_hash(yaml.as_bytes()),
+            "the revision is the file's hash"
+        );
+        let plain = MeshConfig::load(None, &NoEnv).unwrap().effective_summary();
+        assert!(
+            plain.contains(" ca=none") && !plain.contains("env=["),
+            "{plain}"
+        );
+    }
+}

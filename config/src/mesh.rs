@@ -1,0 +1,367 @@
+//! The validated, immutable mesh snapshot the proxy looks things up in.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::{self, Write as _};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::authz::Identity;
+use crate::env::EnvOverride;
+use crate::names::{Cidr, StringMatch};
+use crate::ProxySettings;
+
+/// A pod of the mesh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    /// Unique id (the pod's UID).
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Service account.
+    pub service_account: String,
+    /// Pod IPs (IPv4-mapped IPv6 addresses are stored as IPv4).
+    pub ips: Vec<IpAddr>,
+    /// Node the pod runs on.
+    pub node: String,
+    /// Whether the pod's node proxy speaks HBONE (port 15008).
+    pub tunnel: bool,
+}
+
+impl Workload {
+    /// The workload's SPIFFE identity in `trust_domain`.
+    pub fn identity(&self, trust_domain: &str) -> Identity {
+        Identity::new(trust_domain, &self.namespace, &self.service_account)
+    }
+}
+
+/// A service: virtual IPs in front of workloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// DNS name.
+    pub hostname: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Virtual IPs.
+    pub vips: Vec<IpAddr>,
+    /// Service port -> target port.
+    pub ports: BTreeMap<u16, u16>,
+    /// Uids of the workloads behind the service (all exist in the mesh).
+    pub endpoints: Vec<String>,
+}
+
+impl Service {
+    /// The workload port a connection to `service_port` goes to.
+    pub fn target_port(&self, service_port: u16) -> Option<u16> {
+        self.ports.get(&service_port).copied()
+    }
+}
+
+/// What a policy does when one of its rules matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Allow the connection (and make every non-matching one denied).
+    Allow,
+    /// Deny the connection (checked before any ALLOW).
+    Deny,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Action::Allow => "ALLOW",
+            Action::Deny => "DENY",
+        })
+    }
+}
+
+/// A validated authorization policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorizationPolicy {
+    /// Name.
+    pub name: String,
+    /// Namespace; the root namespace for a mesh-wide policy (a policy
+    /// written without a namespace gets the root namespace).
+    pub namespace: String,
+    /// Whether the policy applies to every namespace.
+    pub mesh_wide: bool,
+    /// Workload names the policy is restricted to (`None` = all in scope).
+    pub selector: Option<Vec<String>>,
+    /// ALLOW or DENY.
+    pub action: Action,
+    /// Rules; the policy matches when any rule does (none: never).
+    pub rules: Vec<Rule>,
+    pub(crate) qualified: Arc<str>,
+}
+
+impl AuthorizationPolicy {
+    /// `namespace/name`, shared with [`crate::authz::Decision`] without copying.
+    pub fn qualified_name(&self) -> &Arc<str> {
+        &self.qualified
+    }
+
+    /// Whether the policy's scope and selector include `workload`.
+    pub fn applies_to(&self, workload: &Workload) -> bool {
+        (self.mesh_wide || self.namespace == workload.namespace)
+            && self
+                .selector
+                .as_ref()
+                .is_none_or(|names| names.contains(&workload.name))
+    }
+}
+
+/// A rule: matches when a source in `from` (or any source, if empty) and an
+/// operation in `to` (or any port, if empty) match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rule {
+    /// Sources, any of which may match.
+    pub from: Vec<Source>,
+    /// Destinations, any of which may match.
+    pub to: Vec<Operation>,
+}
+
+/// A source: matches when every non-empty field matches.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Source {
+    /// Peer namespace patterns.
+    pub namespaces: Vec<StringMatch>,
+    /// Negated peer namespace patterns.
+    pub not_namespaces: Vec<StringMatch>,
+    /// SPIFFE ID patterns (`spiffe://td/ns/x/sa/y`, `*`, `prefix*`, `*suffix`).
+    pub principals: Vec<StringMatch>,
+    /// Negated SPIFFE ID patterns.
+    pub not_principals: Vec<StringMatch>,
+    /// Peer service accounts.
+    pub service_accounts: Vec<ServiceAccountRef>,
+    /// Negated peer service accounts.
+    pub not_service_accounts: Vec<ServiceAccountRef>,
+    /// Source address blocks.
+    pub ip_blocks: Vec<Cidr>,
+    /// Negated source address blocks.
+    pub not_ip_blocks: Vec<Cidr>,
+}
+
+/// A `namespace/serviceAccount` pair.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServiceAccountRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Service account.
+    pub name: String,
+}
+
+/// A destination: matches when every non-empty field matches.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Operation {
+    /// Destination ports.
+    pub ports: Vec<u16>,
+    /// Negated destination ports.
+    pub not_ports: Vec<u16>,
+}
+
+/// Paths of the CA files (never their content).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaPaths {
+    /// CA certificate.
+    pub cert_file: PathBuf,
+    /// CA private key.
+    pub key_file: PathBuf,
+    /// Extra trusted roots.
+    pub bundle_files: Vec<PathBuf>,
+}
+
+/// An immutable, validated configuration with lookup indexes. Build one
+/// with [`crate::MeshConfig::load`] or [`crate::MeshConfig::validate`];
+/// share it as `Arc<Mesh>`.
+#[derive(Debug, Clone)]
+pub struct Mesh {
+    pub(crate) proxy: ProxySettings,
+    pub(crate) trust_domain: String,
+    pub(crate) root_namespace: String,
+    pub(crate) ca: Option<CaPaths>,
+    pub(crate) workloads: Vec<Workload>,
+    pub(crate) services: Vec<Service>,
+    pub(crate) policies: Vec<AuthorizationPolicy>,
+    pub(crate) workload_by_ip: HashMap<IpAddr, usize>,
+    pub(crate) workload_by_uid: HashMap<String, usize>,
+    pub(crate) service_by_vip: HashMap<IpAddr, usize>,
+    pub(crate) mesh_wide_policies: Vec<usize>,
+    pub(crate) policies_by_namespace: HashMap<String, Vec<usize>>,
+    pub(crate) origin: String,
+    pub(crate) revision: u64,
+    pub(crate) env_overrides: Vec<EnvOverride>,
+}
+
+impl Mesh {
+    /// Datapath settings.
+    pub fn proxy(&self) -> &ProxySettings {
+        &self.proxy
+    }
+
+    /// SPIFFE trust domain.
+    pub fn trust_domain(&self) -> &str {
+        &self.trust_domain
+    }
+
+    /// Namespace whose policies apply mesh-wide.
+    pub fn root_namespace(&self) -> &str {
+        &self.root_namespace
+    }
+
+    /// CA file paths, if configured.
+    pub fn ca(&self) -> Option<&CaPaths> {
+        self.ca.as_ref()
+    }
+
+    /// Every workload, in file order.
+    pub fn workloads(&self) -> &[Workload] {
+        &self.workloads
+    }
+
+    /// Every service, in file order.
+    pub fn services(&self) -> &[Service] {
+        &self.services
+    }
+
+    /// Every policy, in file order.
+    pub fn policies(&self) -> &[AuthorizationPolicy] {
+        &self.policies
+    }
+
+    /// The workload that owns `ip` (IPv4-mapped IPv6 counts as IPv4).
+    pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Workload> {
+        self.workload_by_ip
+            .get(&ip.to_canonical())
+            .map(|&i| &self.workloads[i])
+    }
+
+    /// The workload with `uid`.
+    pub fn workload_by_uid(&self, uid: &str) -> Option<&Workload> {
+        self.workload_by_uid.get(uid).map(|&i| &self.workloads[i])
+    }
+
+    /// The service whose virtual IP is `vip`.
+    pub fn service_by_vip(&self, vip: IpAddr) -> Option<&Service> {
+        self.service_by_vip
+            .get(&vip.to_canonical())
+            .map(|&i| &self.services[i])
+    }
+
+    /// The workloads behind `service` (every uid is known: validated).
+    pub fn endpoints<'a>(&'a self, service: &'a Service) -> impl Iterator<Item = &'a Workload> {
+        service
+            .endpoints
+            .iter()
+            .filter_map(|uid| self.workload_by_uid(uid))
+    }
+
+    /// Policies of the root namespace (every workload is in their scope).
+    pub fn mesh_wide_policies(&self) -> impl Iterator<Item = &AuthorizationPolicy> {
+        self.mesh_wide_policies.iter().map(|&i| &self.policies[i])
+    }
+
+    /// Policies scoped to `namespace` (not the mesh-wide ones).
+    pub fn namespace_policies(
+        &self,
+        namespace: &str,
+    ) -> impl Iterator<Item = &AuthorizationPolicy> {
+        self.policies_by_namespace
+            .get(namespace)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| &self.policies[i])
+    }
+
+    /// The policies that govern connections to `workload`: mesh-wide, then
+    /// its namespace's, each in file order, restricted by selectors.
+    pub fn policies_for<'a>(
+        &'a self,
+        workload: &'a Workload,
+    ) -> impl Iterator<Item = &'a AuthorizationPolicy> {
+        self.mesh_wide_policies()
+            .chain(self.namespace_policies(&workload.namespace))
+            .filter(move |p| p.applies_to(workload))
+    }
+
+    /// Where the configuration came from (a path or the embedded default).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// Hash of the file's bytes (0 when built from a value, not text).
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The environment overrides that were applied.
+    pub fn env_overrides(&self) -> &[EnvOverride] {
+        &self.env_overrides
+    }
+
+    /// One line for the start-up log: every effective setting, where it
+    /// came from, and counts of the model. CA files appear as paths only.
+    pub fn effective_summary(&self) -> String {
+        let p = &self.proxy;
+        let mut s = String::new();
+        let _ = write!(s, "source={} revision={:016x}", self.origin, self.revision);
+        if !self.env_overrides.is_empty() {
+            s.push_str(" env=[");
+            for (i, o) in self.env_overrides.iter().enumerate() {
+                let sep = if i == 0 { "" } else { ", " };
+                let _ = write!(s, "{sep}{}={} -> {}", o.var, o.value, o.field);
+            }
+            s.push(']');
+        }
+        let _ = write!(
+            s,
+            " trustDomain={} rootNamespace={} captureMode={} datapath={} workers={} (effective {}) \
+             ports=outbound:{},inbound:{},tunnel:{} proxyMark={:#x} pipeSize={} pipePool={} \
+             backlog={} sameNodeFastPath={} drainPeriod={}s",
+            self.trust_domain,
+            self.root_namespace,
+            p.capture_mode,
+            p.datapath,
+            p.workers,
+            p.effective_workers(),
+            p.ports.outbound,
+            p.ports.inbound,
+            p.ports.tunnel,
+            p.proxy_mark,
+            p.pipe_size,
+            p.pipe_pool,
+            p.backlog,
+            p.same_node_fast_path,
+            p.drain_period.as_secs_f64(),
+        );
+        match &self.ca {
+            None => s.push_str(" ca=none"),
+            Some(ca) => {
+                let _ = write!(
+                    s,
+                    " ca.certFile={} ca.keyFile={} ca.bundleFiles={:?}",
+                    ca.cert_file.display(),
+                    ca.key_file.display(),
+                    ca.bundle_files
+                );
+            }
+        }
+        let allow = self
+            .policies
+            .iter()
+            .filter(|p| p.action == Action::Allow)
+            .count();
+        let _ = write!(
+            s,
+            " workloads={} services={} policies={} (allow {}, deny {})",
+            self.workloads.len(),
+            self.services.len(),
+            self.policies.len(),
+            allow,
+            self.policies.len() - allow
+        );
+        s
+    }
+}

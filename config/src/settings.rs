@@ -1,0 +1,323 @@
+//! The proxy's datapath settings ([`ProxySettings`]) and the environment
+//! variables that override them.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+/// How a pod's traffic is steered to the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CaptureMode {
+    /// Inbound by TPROXY (no NAT), outbound by nat REDIRECT.
+    #[default]
+    Tproxy,
+    /// Inbound and outbound by nat REDIRECT (for kernels/CNIs where TPROXY misbehaves).
+    Redirect,
+}
+
+impl std::fmt::Display for CaptureMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CaptureMode::Tproxy => "tproxy",
+            CaptureMode::Redirect => "redirect",
+        })
+    }
+}
+
+impl std::str::FromStr for CaptureMode {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tproxy" => Ok(CaptureMode::Tproxy),
+            "redirect" => Ok(CaptureMode::Redirect),
+            other => Err(ConfigError::Invalid {
+                field: "captureMode",
+                problem: format!("{other:?} is not one of \"tproxy\", \"redirect\""),
+            }),
+        }
+    }
+}
+
+/// Which event loop the datapath workers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Datapath {
+    /// io_uring when the kernel allows it, else epoll (logged once).
+    #[default]
+    Auto,
+    /// io_uring only: fail to start without it.
+    Uring,
+    /// epoll only.
+    Epoll,
+}
+
+impl std::fmt::Display for Datapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Datapath::Auto => "auto",
+            Datapath::Uring => "uring",
+            Datapath::Epoll => "epoll",
+        })
+    }
+}
+
+impl std::str::FromStr for Datapath {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Datapath::Auto),
+            "uring" => Ok(Datapath::Uring),
+            "epoll" => Ok(Datapath::Epoll),
+            other => Err(ConfigError::Invalid {
+                field: "datapath",
+                problem: format!("{other:?} is not one of \"auto\", \"uring\", \"epoll\""),
+            }),
+        }
+    }
+}
+
+/// The well-known ports of a pod's listener set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ports {
+    /// Outbound capture listener (app -> anywhere).
+    pub outbound: u16,
+    /// Inbound plaintext capture listener (peer -> app).
+    pub inbound: u16,
+    /// Inbound tunnel (HBONE) listener; never captured.
+    pub tunnel: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            outbound: 15001,
+            inbound: 15006,
+            tunnel: 15008,
+        }
+    }
+}
+
+/// Settings of the proxy's datapath.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ProxySettings {
+    /// Capture mode the pods' rules were installed with.
+    pub capture_mode: CaptureMode,
+    /// Listener ports.
+    pub ports: Ports,
+    /// SO_MARK on every socket the proxy opens inside a pod (never captured).
+    pub proxy_mark: u32,
+    /// Datapath workers; 0 means one per CPU.
+    pub workers: usize,
+    /// Event loop choice.
+    pub datapath: Datapath,
+    /// Requested capacity of each copy pipe, bytes.
+    pub pipe_size: usize,
+    /// Pipes kept for reuse per worker.
+    pub pipe_pool: usize,
+    /// Listen backlog of each listener.
+    pub backlog: u32,
+    /// Same-node fast path: when the destination of an outbound connection
+    /// is another pod this proxy serves, connect straight into that pod
+    /// (applying the inbound side's rules: spoofed client source, proxy
+    /// mark) instead of crossing the node network and being captured again.
+    pub same_node_fast_path: bool,
+    /// How long the proxy keeps serving established connections after it
+    /// was asked to stop.
+    #[serde(with = "duration_secs")]
+    pub drain_period: Duration,
+}
+
+/// Overrides `proxy.captureMode` (`tproxy` or `redirect`).
+pub const ENV_CAPTURE_MODE: &str = "RINGWAY_CAPTURE_MODE";
+/// Overrides `proxy.datapath` (`auto`, `uring` or `epoll`).
+pub const ENV_DATAPATH: &str = "RINGWAY_DATAPATH";
+/// Overrides `proxy.workers` (a whole number; 0 = one per CPU).
+pub const ENV_WORKERS: &str = "RINGWAY_WORKERS";
+/// Overrides `proxy.pipeSize` (bytes).
+pub const ENV_PIPE_SIZE: &str = "RINGWAY_PIPE_SIZE";
+/// Overrides `proxy.pipePool` (pipes kept per worker).
+pub const ENV_PIPE_POOL: &str = "RINGWAY_PIPE_POOL";
+/// Overrides `proxy.backlog`.
+pub const ENV_BACKLOG: &str = "RINGWAY_BACKLOG";
+/// Overrides `proxy.proxyMark` (decimal or `0x` hexadecimal).
+pub const ENV_PROXY_MARK: &str = "RINGWAY_PROXY_MARK";
+/// Overrides `proxy.sameNodeFastPath` (`true` or `false`).
+pub const ENV_SAME_NODE_FAST_PATH: &str = "RINGWAY_SAME_NODE_FAST_PATH";
+/// Overrides `proxy.drainPeriod` (seconds: `30`, `1.5`, `30s` or `500ms`).
+pub const ENV_DRAIN_PERIOD: &str = "RINGWAY_DRAIN_PERIOD";
+
+/// The defaults; each field's environment override is the `ENV_*` constant above.
+impl Default for ProxySettings {
+    fn default() -> Self {
+        ProxySettings {
+            capture_mode: CaptureMode::Tproxy,
+            ports: Ports::default(),
+            proxy_mark: 0x539,
+            workers: 0,
+            datapath: Datapath::Auto,
+            pipe_size: 1 << 20,
+            pipe_pool: 512,
+            backlog: 4096,
+            same_node_fast_path: true,
+            drain_period: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ProxySettings {
+    /// Checks the values; the error names the field and the problem.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let p = &self.ports;
+        for (field, port) in [
+            ("ports.outbound", p.outbound),
+            ("ports.inbound", p.inbound),
+            ("ports.tunnel", p.tunnel),
+        ] {
+            if port == 0 {
+                return Err(ConfigError::Invalid {
+                    field,
+                    problem: "port 0 is not a usable listener port".into(),
+                });
+            }
+        }
+        if p.outbound == p.inbound || p.outbound == p.tunnel || p.inbound == p.tunnel {
+            return Err(ConfigError::Invalid {
+                field: "ports",
+                problem: format!(
+                    "outbound ({}), inbound ({}) and tunnel ({}) must differ",
+                    p.outbound, p.inbound, p.tunnel
+                ),
+            });
+        }
+        if self.proxy_mark == 0 {
+            return Err(ConfigError::Invalid {
+                field: "proxyMark",
+                problem: "0 is no mark: the proxy's own packets would be captured again".into(),
+            });
+        }
+        if !(4096..=(64 << 20)).contains(&self.pipe_size) {
+            return Err(ConfigError::Invalid {
+                field: "pipeSize",
+                problem: format!("{} is outside 4096..=67108864 bytes", self.pipe_size),
+            });
+        }
+        if self.workers > 1024 {
+            return Err(ConfigError::Invalid {
+                field: "workers",
+                problem: format!("{} workers is more than 1024", self.workers),
+            });
+        }
+        if self.backlog == 0 {
+            return Err(ConfigError::Invalid {
+                field: "backlog",
+                problem: "a listen backlog of 0 refuses bursts".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The number of workers to start (resolves 0 to the CPU count).
+    pub fn effective_workers(&self) -> usize {
+        if self.workers > 0 {
+            self.workers
+        } else {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }
+    }
+}
+
+pub(crate) mod duration_secs {
+    use serde::{Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    /// The accepted range of a duration in seconds.
+    pub const MAX_SECS: f64 = 86_400.0;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        // The range check runs inside the visitor, so the YAML error
+        // carries the field's path and position.
+        struct Secs;
+        impl serde::de::Visitor<'_> for Secs {
+            type Value = Duration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number of seconds")
+            }
+            fn visit_f64<E: serde::de::Error>(self, secs: f64) -> Result<Duration, E> {
+                if !(0.0..=MAX_SECS).contains(&secs) {
+                    return Err(E::custom(format!("{secs} seconds is outside 0..=86400")));
+                }
+                Ok(Duration::from_secs_f64(secs))
+            }
+            fn visit_i64<E: serde::de::Error>(self, secs: i64) -> Result<Duration, E> {
+                self.visit_f64(secs as f64)
+            }
+            fn visit_u64<E: serde::de::Error>(self, secs: u64) -> Result<Duration, E> {
+                self.visit_f64(secs as f64)
+            }
+        }
+        d.deserialize_f64(Secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        ProxySettings::default().validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut s = ProxySettings::default();
+        s.ports.inbound = s.ports.outbound;
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid `ports`: outbound (15001), inbound (15001) and tunnel (15008) must differ"
+        );
+        let s = ProxySettings {
+            pipe_size: 10,
+            ..ProxySettings::default()
+        };
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid `pipeSize`: 10 is outside 4096..=67108864 bytes"
+        );
+        let s = ProxySettings {
+            proxy_mark: 0,
+            ..ProxySettings::default()
+        };
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid `proxyMark`"));
+        assert_eq!(
+            "nat".parse::<CaptureMode>().unwrap_err().to_string(),
+            "invalid `captureMode`: \"nat\" is not one of \"tproxy\", \"redirect\""
+        );
+    }
+
+    #[test]
+    fn yaml_round_trip_and_unknown_fields() {
+        let s: ProxySettings =
+            serde_yaml::from_str("captureMode: redirect\nworkers: 2\ndrainPeriod: 1.5\n").unwrap();
+        assert_eq!(s.capture_mode, CaptureMode::Redirect);
+        assert_eq!(s.workers, 2);
+        assert_eq!(s.drain_period, Duration::from_millis(1500));
+        let err = serde_yaml::from_str::<ProxySettings>("wokers: 2\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `wokers`"), "{err}");
+    }
+}

@@ -1,0 +1,507 @@
+//! [`MeshConfig`] -> [`Mesh`]: every field checked, errors naming the file
+//! (or the environment variable that set the field), the field path and the
+//! problem; then the lookup indexes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::authz::Identity;
+use crate::env::EnvOverride;
+use crate::file::{CaConfig, OperationConfig, PolicyConfig, SourceConfig};
+use crate::mesh::{
+    Action, AuthorizationPolicy, CaPaths, Operation, Rule, Service, ServiceAccountRef, Source,
+    Workload,
+};
+use crate::names::{check_label, check_subdomain, check_trust_domain, Cidr, StringMatch};
+use crate::{ConfigError, Mesh, MeshConfig};
+
+#[cfg(test)]
+mod tests;
+
+struct Ctx<'a> {
+    origin: &'a str,
+    overrides: &'a [EnvOverride],
+}
+
+impl Ctx<'_> {
+    /// An error at `path`, reported against the environment variable that
+    /// set the field, else against the file.
+    fn err(&self, path: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+        let path = path.into();
+        let origin = self
+            .overrides
+            .iter()
+            .find(|o| {
+                path.strip_prefix(o.field)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+            })
+            .map(|o| format!("environment variable {}", o.var))
+            .unwrap_or_else(|| self.origin.to_owned());
+        ConfigError::Field {
+            origin,
+            path,
+            problem: problem.into(),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+pub(crate) fn validate(
+    cfg: &MeshConfig,
+    origin: &str,
+    overrides: &[EnvOverride],
+    revision: u64,
+) -> Result<Mesh> {
+    let cx = Ctx { origin, overrides };
+
+    cfg.proxy.validate().map_err(|e| match e {
+        ConfigError::Invalid { field, problem } => cx.err(format!("proxy.{field}"), problem),
+        other => other,
+    })?;
+    check_trust_domain(&cfg.trust_domain).map_err(|p| cx.err("trustDomain", p))?;
+    check_label("namespace", &cfg.root_namespace).map_err(|p| cx.err("rootNamespace", p))?;
+    let ca = cfg.ca.as_ref().map(|ca| ca_paths(&cx, ca)).transpose()?;
+
+    let mut workloads = Vec::with_capacity(cfg.workloads.len());
+    let mut workload_by_uid: HashMap<String, usize> = HashMap::new();
+    let mut workload_by_ip: HashMap<IpAddr, usize> = HashMap::new();
+    for (i, w) in cfg.workloads.iter().enumerate() {
+        let at = format!("workloads[{i}]");
+        if w.uid.is_empty() {
+            return Err(cx.err(format!("{at}.uid"), "must not be empty"));
+        }
+        if w.uid.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(cx.err(
+                format!("{at}.uid"),
+                format!("{:?} contains whitespace or control characters", w.uid),
+            ));
+        }
+        if let Some(&prev) = workload_by_uid.get(&w.uid) {
+            return Err(cx.err(
+                format!("{at}.uid"),
+                format!("{:?} is already the uid of workloads[{prev}]", w.uid),
+            ));
+        }
+        check_subdomain("workload name", &w.name).map_err(|p| cx.err(format!("{at}.name"), p))?;
+        check_label("namespace", &w.namespace).map_err(|p| cx.err(format!("{at}.namespace"), p))?;
+        check_subdomain("service account", &w.service_account)
+            .map_err(|p| cx.err(format!("{at}.serviceAccount"), p))?;
+        check_subdomain("node name", &w.node).map_err(|p| cx.err(format!("{at}.node"), p))?;
+        if w.ips.is_empty() {
+            return Err(cx.err(
+                format!("{at}.ips"),
+                "a workload needs at least one IP address",
+            ));
+        }
+        let mut ips = Vec::with_capacity(w.ips.len());
+        for (j, text) in w.ips.iter().enumerate() {
+            let ip = unicast(text).map_err(|p| cx.err(format!("{at}.ips[{j}]"), p))?;
+            if let Some(&prev) = workload_by_ip.get(&ip) {
+                let owner = &cfg.workloads[prev];
+                return Err(cx.err(
+                    format!("{at}.ips[{j}]"),
+                    format!(
+                        "{text:?} is already an address of workloads[{prev}] ({}/{})",
+                        owner.namespace, owner.name
+                    ),
+                ));
+            }
+            workload_by_ip.insert(ip, i);
+            ips.push(ip);
+        }
+        workload_by_uid.insert(w.uid.clone(), i);
+        workloads.push(Workload {
+            uid: w.uid.clone(),
+            name: w.name.clone(),
+            namespace: w.namespace.clone(),
+            service_account: w.service_account.clone(),
+            ips,
+            node: w.node.clone(),
+            tunnel: w.tunnel,
+        });
+    }
+
+    let mut services = Vec::with_capacity(cfg.services.len());
+    let mut service_by_vip: HashMap<IpAddr, usize> = HashMap::new();
+    let mut service_names: HashMap<(&str, &str), usize> = HashMap::new();
+    for (i, s) in cfg.services.iter().enumerate() {
+        let at = format!("services[{i}]");
+        check_subdomain("host name", &s.hostname)
+            .map_err(|p| cx.err(format!("{at}.hostname"), p))?;
+        check_label("namespace", &s.namespace).map_err(|p| cx.err(format!("{at}.namespace"), p))?;
+        if let Some(prev) = service_names.insert((&s.hostname, &s.namespace), i) {
+            return Err(cx.err(
+                format!("{at}.hostname"),
+                format!(
+                    "{:?} in namespace {:?} is already defined by services[{prev}]",
+                    s.hostname, s.namespace
+                ),
+            ));
+        }
+        let mut vips = Vec::with_capacity(s.vips.len());
+        for (j, text) in s.vips.iter().enumerate() {
+            let path = format!("{at}.vips[{j}]");
+            let ip = unicast(text).map_err(|p| cx.err(&path, p))?;
+            if let Some(&prev) = service_by_vip.get(&ip) {
+                return Err(cx.err(
+                    path,
+                    format!(
+                        "{text:?} is already a VIP of services[{prev}] ({})",
+                        cfg.services[prev].hostname
+                    ),
+                ));
+            }
+            if let Some(&w) = workload_by_ip.get(&ip) {
+                let owner = &cfg.workloads[w];
+                return Err(cx.err(
+                    path,
+                    format!(
+                        "{text:?} is an address of workloads[{w}] ({}/{})",
+                        owner.namespace, owner.name
+                    ),
+                ));
+            }
+            service_by_vip.insert(ip, i);
+            vips.push(ip);
+        }
+        let mut ports = BTreeMap::new();
+        for &(port, target) in &s.ports.0 {
+            let path = format!("{at}.ports[{port}]");
+            let port = port_number(port).map_err(|p| cx.err(&path, format!("service {p}")))?;
+            let target = port_number(target).map_err(|p| cx.err(&path, format!("target {p}")))?;
+            ports.insert(port, target);
+        }
+        for (j, uid) in s.endpoints.iter().enumerate() {
+            let path = format!("{at}.endpoints[{j}]");
+            if !workload_by_uid.contains_key(uid) {
+                return Err(cx.err(path, format!("no workload has uid {uid:?}")));
+            }
+            if s.endpoints[..j].contains(uid) {
+                return Err(cx.err(path, format!("{uid:?} is listed twice")));
+            }
+        }
+        services.push(Service {
+            hostname: s.hostname.clone(),
+            namespace: s.namespace.clone(),
+            vips,
+            ports,
+            endpoints: s.endpoints.clone(),
+        });
+    }
+
+    let mut policies = Vec::with_capacity(cfg.policies.len());
+    let mut policy_names: HashMap<Arc<str>, usize> = HashMap::new();
+    let mut mesh_wide_policies = Vec::new();
+    let mut policies_by_namespace: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, p) in cfg.policies.iter().enumerate() {
+        let policy = policy(&cx, &format!("policies[{i}]"), p, &cfg.root_namespace)?;
+        if let Some(prev) = policy_names.insert(policy.qualified.clone(), i) {
+            return Err(cx.err(
+                format!("policies[{i}].name"),
+                format!(
+                    "{:?} is already defined by policies[{prev}]",
+                    &*policy.qualified
+                ),
+            ));
+        }
+        if policy.mesh_wide {
+            mesh_wide_policies.push(i);
+        } else {
+            policies_by_namespace
+                .entry(policy.namespace.clone())
+                .or_default()
+                .push(i);
+        }
+        policies.push(policy);
+    }
+
+    Ok(Mesh {
+        proxy: cfg.proxy.clone(),
+        trust_domain: cfg.trust_domain.clone(),
+        root_namespace: cfg.root_namespace.clone(),
+        ca,
+        workloads,
+        services,
+        policies,
+        workload_by_ip,
+        workload_by_uid,
+        service_by_vip,
+        mesh_wide_policies,
+        policies_by_namespace,
+        origin: origin.to_owned(),
+        revision,
+        env_overrides: overrides.to_vec(),
+    })
+}
+
+fn ca_paths(cx: &Ctx<'_>, ca: &CaConfig) -> Result<CaPaths> {
+    let file = |path: String, text: &str| -> Result<PathBuf> {
+        if text.is_empty() {
+            return Err(cx.err(path, "must not be empty"));
+        }
+        if !Path::new(text).is_absolute() {
+            return Err(cx.err(
+                path,
+                format!("{text:?} is a relative path; CA files must be absolute paths"),
+            ));
+        }
+        Ok(PathBuf::from(text))
+    };
+    Ok(CaPaths {
+        cert_file: file("ca.certFile".into(), &ca.cert_file)?,
+        key_file: file("ca.keyFile".into(), &ca.key_file)?,
+        bundle_files: ca
+            .bundle_files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| file(format!("ca.bundleFiles[{i}]"), f))
+            .collect::<Result<_>>()?,
+    })
+}
+
+/// A workload address or VIP: an IP, not unspecified, multicast or broadcast.
+fn unicast(text: &str) -> std::result::Result<IpAddr, String> {
+    let ip: IpAddr = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not an IP address"))?;
+    let ip = ip.to_canonical();
+    let unusable = ip.is_unspecified()
+        || ip.is_multicast()
+        || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast());
+    if unusable {
+        return Err(format!("{text:?} is not a unicast address"));
+    }
+    Ok(ip)
+}
+
+fn port_number(n: i64) -> std::result::Result<u16, String> {
+    u16::try_from(n)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("port {n} is not a port (1..=65535)"))
+}
+
+fn policy(cx: &Ctx<'_>, at: &str, p: &PolicyConfig, root: &str) -> Result<AuthorizationPolicy> {
+    check_subdomain("policy name", &p.name).map_err(|e| cx.err(format!("{at}.name"), e))?;
+    let mesh_wide = p.namespace.is_empty() || p.namespace == root;
+    if !p.namespace.is_empty() {
+        check_label("namespace", &p.namespace).map_err(|e| cx.err(format!("{at}.namespace"), e))?;
+    }
+    let namespace = if mesh_wide { root } else { &p.namespace };
+    let selector = match &p.selector {
+        None => None,
+        Some(sel) => {
+            if sel.workloads.is_empty() {
+                return Err(cx.err(
+                    format!("{at}.selector.workloads"),
+                    "an empty list selects no workload (omit `selector` to apply the policy to \
+                     every workload in its scope)",
+                ));
+            }
+            for (j, name) in sel.workloads.iter().enumerate() {
+                check_subdomain("workload name", name)
+                    .map_err(|e| cx.err(format!("{at}.selector.workloads[{j}]"), e))?;
+            }
+            Some(sel.workloads.clone())
+        }
+    };
+    let action = if p.action.eq_ignore_ascii_case("allow") {
+        Action::Allow
+    } else if p.action.eq_ignore_ascii_case("deny") {
+        Action::Deny
+    } else {
+        return Err(cx.err(
+            format!("{at}.action"),
+            format!("{:?} is not one of \"ALLOW\", \"DENY\"", p.action),
+        ));
+    };
+    let mut rules = Vec::with_capacity(p.rules.len());
+    for (r, rule) in p.rules.iter().enumerate() {
+        let at = format!("{at}.rules[{r}]");
+        let from = rule
+            .from
+            .iter()
+            .enumerate()
+            .map(|(s, src)| source(cx, &format!("{at}.from[{s}]"), src))
+            .collect::<Result<Vec<_>>>()?;
+        let to = rule
+            .to
+            .iter()
+            .enumerate()
+            .map(|(o, op)| operation(cx, &format!("{at}.to[{o}]"), op))
+            .collect::<Result<Vec<_>>>()?;
+        rules.push(Rule { from, to });
+    }
+    Ok(AuthorizationPolicy {
+        name: p.name.clone(),
+        namespace: namespace.to_owned(),
+        mesh_wide,
+        selector,
+        action,
+        rules,
+        qualified: format!("{namespace}/{}", p.name).into(),
+    })
+}
+
+/// Checks each value of the list `at.field` with `each`.
+fn list<T>(
+    cx: &Ctx<'_>,
+    at: &str,
+    field: &str,
+    values: &[String],
+    each: impl Fn(&str) -> std::result::Result<T, String>,
+) -> Result<Vec<T>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| each(v).map_err(|e| cx.err(format!("{at}.{field}[{i}]"), e)))
+        .collect()
+}
+
+fn source(cx: &Ctx<'_>, at: &str, s: &SourceConfig) -> Result<Source> {
+    if s == &SourceConfig::default() {
+        return Err(cx.err(
+            at,
+            "a source needs at least one field (to match any source, leave `from` out)",
+        ));
+    }
+    Ok(Source {
+        namespaces: list(cx, at, "namespaces", &s.namespaces, namespace_pattern)?,
+        not_namespaces: list(
+            cx,
+            at,
+            "notNamespaces",
+            &s.not_namespaces,
+            namespace_pattern,
+        )?,
+        principals: list(cx, at, "principals", &s.principals, principal_pattern)?,
+        not_principals: list(
+            cx,
+            at,
+            "notPrincipals",
+            &s.not_principals,
+            principal_pattern,
+        )?,
+        service_accounts: list(
+            cx,
+            at,
+            "serviceAccounts",
+            &s.service_accounts,
+            service_account,
+        )?,
+        not_service_accounts: list(
+            cx,
+            at,
+            "notServiceAccounts",
+            &s.not_service_accounts,
+            service_account,
+        )?,
+        ip_blocks: list(cx, at, "ipBlocks", &s.ip_blocks, Cidr::parse)?,
+        not_ip_blocks: list(cx, at, "notIpBlocks", &s.not_ip_blocks, Cidr::parse)?,
+    })
+}
+
+fn operation(cx: &Ctx<'_>, at: &str, o: &OperationConfig) -> Result<Operation> {
+    if o == &OperationConfig::default() {
+        return Err(cx.err(
+            at,
+            "a destination needs at least one field (to match any port, leave `to` out)",
+        ));
+    }
+    let list = |field: &str, values: &[i64]| {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                u16::try_from(n).ok().filter(|p| *p != 0).ok_or_else(|| {
+                    cx.err(
+                        format!("{at}.{field}[{i}]"),
+                        format!("{n} is not a port (1..=65535)"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<u16>>>()
+    };
+    Ok(Operation {
+        ports: list("ports", &o.ports)?,
+        not_ports: list("notPorts", &o.not_ports)?,
+    })
+}
+
+/// `default`, `*`, `prod-*`, `*-system`.
+fn namespace_pattern(text: &str) -> std::result::Result<StringMatch, String> {
+    let m = StringMatch::parse(text)?;
+    match &m {
+        StringMatch::Any => {}
+        StringMatch::Exact(ns) => check_label("namespace", ns)?,
+        StringMatch::Prefix(part) | StringMatch::Suffix(part) => {
+            if let Some(c) = part
+                .chars()
+                .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+            {
+                return Err(format!(
+                    "{text:?} is not a valid namespace pattern: contains {:?} (only lowercase \
+                     letters, digits and \"-\" are allowed)",
+                    c.to_string()
+                ));
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// `spiffe://<td>/ns/<ns>/sa/<sa>` (or Istio's form without `spiffe://`),
+/// `*`, `prefix*`, `*suffix`.
+fn principal_pattern(text: &str) -> std::result::Result<StringMatch, String> {
+    const SHAPE: &str = "expected spiffe://<trust domain>/ns/<namespace>/sa/<service account>, \
+                         \"*\", or a prefix or suffix of one with \"*\" in place of the rest";
+    if text.is_empty() {
+        return Err("must not be empty".into());
+    }
+    let normalized;
+    let full = if text.starts_with("spiffe://") || text.starts_with('*') {
+        text
+    } else {
+        normalized = format!("spiffe://{text}");
+        &normalized
+    };
+    let m = StringMatch::parse(full).map_err(|_| {
+        format!("{text:?} is not a principal: \"*\" may appear once, at the start or at the end")
+    })?;
+    match &m {
+        StringMatch::Any => {}
+        StringMatch::Exact(id) => {
+            Identity::from_spiffe_id(id)
+                .map_err(|e| format!("{text:?} is not a principal: {}", e.reason()))?;
+        }
+        StringMatch::Prefix(part) | StringMatch::Suffix(part) => {
+            if let Some(c) = part.chars().find(|c| {
+                !(c.is_ascii_lowercase()
+                    || c.is_ascii_digit()
+                    || matches!(c, '.' | '-' | '_' | '/' | ':'))
+            }) {
+                return Err(format!(
+                    "{text:?} is not a principal: contains {:?}; {SHAPE}",
+                    c.to_string()
+                ));
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// `namespace/serviceAccount`.
+fn service_account(text: &str) -> std::result::Result<ServiceAccountRef, String> {
+    let Some((ns, sa)) = text.split_once('/') else {
+        return Err(format!("{text:?} is not <namespace>/<service account>"));
+    };
+    check_label("namespace", ns).map_err(|e| format!("{text:?}: {e}"))?;
+    check_subdomain("service account", sa).map_err(|e| format!("{text:?}: {e}"))?;
+    Ok(ServiceAccountRef {
+        namespace: ns.to_owned(),
+        name: sa.to_owned(),
+    })
+}

@@ -1,0 +1,327 @@
+//! Hot reload: `ConfigWatcher` against real files, symlink swaps and renames.
+//!
+//! Waits are for an event with a generous timeout (`WAIT`), never fixed
+//! sleeps, except where the point is that nothing happens.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringway_config::{ConfigError, ConfigWatcher, Mesh, NoEnv};
+
+/// Upper bound for anything that should happen within a poll or two.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A scratch directory named after the test, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("ringway-config-{test}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn config(workers: usize) -> String {
+    format!("proxy:\n  workers: {workers}\n")
+}
+
+/// Writes `text` to a temporary file and renames it over `path`.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+struct Watched {
+    watcher: ConfigWatcher,
+    changes: Receiver<Arc<Mesh>>,
+    errors: Receiver<ConfigError>,
+}
+
+fn watch(path: &Path) -> Watched {
+    let (change_tx, changes) = mpsc::channel();
+    let (error_tx, errors) = mpsc::channel();
+    let watcher = ConfigWatcher::spawn(
+        path,
+        NoEnv,
+        move |mesh| change_tx.send(mesh).unwrap(),
+        move |err| error_tx.send(err).unwrap(),
+    )
+    .unwrap();
+    Watched {
+        watcher,
+        changes,
+        errors,
+    }
+}
+
+#[test]
+fn a_change_is_published_within_a_second() {
+    let dir = Scratch::new("publish");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    assert_eq!(w.watcher.current().proxy().workers, 1);
+
+    let written = Instant::now();
+    fs::write(&file, config(2)).unwrap();
+    let mesh = w.changes.recv_timeout(WAIT).expect("published");
+    let latency = written.elapsed();
+    assert_eq!(mesh.proxy().workers, 2);
+    assert!(
+        latency < Duration::from_secs(1),
+        "published after {latency:?}"
+    );
+    assert_eq!(w.watcher.current().proxy().workers, 2);
+    assert_eq!(mesh.origin(), file.display().to_string());
+    assert!(w.errors.try_recv().is_err());
+}
+
+#[test]
+fn a_broken_edit_is_rejected_and_a_fix_is_picked_up() {
+    let dir = Scratch::new("broken");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+
+    fs::write(&file, "proxy:\n  workers: 1\nworkloads:\n  - {uid: a, name: a, namespace: n, ips: [10.0.0.300], node: n}\n").unwrap();
+    let err = w.errors.recv_timeout(WAIT).expect("rejected");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: workloads[0].ips[0]: \"10.0.0.300\" is not an IP address",
+            file.display()
+        )
+    );
+    assert_eq!(
+        w.watcher.current().proxy().workers,
+        1,
+        "the previous snapshot stays"
+    );
+    assert!(w.watcher.current().workloads().is_empty());
+    assert!(w.changes.try_recv().is_err(), "nothing was published");
+
+    // A parse error too, with its line and column.
+    fs::write(&file, "proxy:\n  workers: [\n").unwrap();
+    let err = w.errors.recv_timeout(WAIT).expect("rejected");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:2:12: proxy.workers: invalid type: sequence, expected usize",
+            file.display()
+        )
+    );
+
+    fs::write(&file, config(3)).unwrap();
+    let mesh = w.changes.recv_timeout(WAIT).expect("the fix is published");
+    assert_eq!(mesh.proxy().workers, 3);
+    assert_eq!(w.watcher.current().proxy().workers, 3);
+    // Each broken content was reported once.
+    assert!(w.errors.try_recv().is_err());
+}
+
+#[test]
+fn configmap_symlink_swaps_are_seen() {
+    // The layout the kubelet gives a mounted ConfigMap:
+    // config.yaml -> ..data/config.yaml, ..data -> ..<timestamp>/.
+    let dir = Scratch::new("configmap");
+    fs::create_dir(dir.path("..v1")).unwrap();
+    fs::write(dir.path("..v1/config.yaml"), config(1)).unwrap();
+    symlink("..v1", dir.path("..data")).unwrap();
+    symlink("..data/config.yaml", dir.path("config.yaml")).unwrap();
+    let w = watch(&dir.path("config.yaml"));
+    assert_eq!(w.watcher.current().proxy().workers, 1);
+
+    // The update: a new timestamped directory, then an atomic rename of a
+    // new symlink over ..data.
+    fs::create_dir(dir.path("..v2")).unwrap();
+    fs::write(dir.path("..v2/config.yaml"), config(2)).unwrap();
+    symlink("..v2", dir.path("..data_tmp")).unwrap();
+    fs::rename(dir.path("..data_tmp"), dir.path("..data")).unwrap();
+    fs::remove_dir_all(dir.path("..v1")).unwrap();
+
+    let mesh = w.changes.recv_timeout(WAIT).expect("published");
+    assert_eq!(mesh.proxy().workers, 2);
+}
+
+#[test]
+fn atomic_renames_are_seen() {
+    let dir = Scratch::new("rename");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    replace(&file, &config(4));
+    assert_eq!(
+        w.changes
+            .recv_timeout(WAIT)
+            .expect("published")
+            .proxy()
+            .workers,
+        4
+    );
+}
+
+#[test]
+fn same_size_edits_in_quick_succession_are_seen() {
+    let dir = Scratch::new("same-size");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    // Same size, same inode, possibly the same mtime tick.
+    fs::write(&file, config(2)).unwrap();
+    fs::write(&file, config(3)).unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mesh = w
+            .changes
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the last edit is published");
+        if mesh.proxy().workers == 3 {
+            break;
+        }
+    }
+}
+
+#[test]
+fn a_deleted_file_is_reported_and_its_return_is_published() {
+    let dir = Scratch::new("deleted");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    fs::remove_file(&file).unwrap();
+    let err = w.errors.recv_timeout(WAIT).expect("reported");
+    assert!(
+        matches!(&err, ConfigError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+        "{err}"
+    );
+    assert_eq!(w.watcher.current().proxy().workers, 1);
+    fs::write(&file, config(5)).unwrap();
+    assert_eq!(
+        w.changes
+            .recv_timeout(WAIT)
+            .expect("published")
+            .proxy()
+            .workers,
+        5
+    );
+}
+
+#[test]
+fn env_overrides_apply_to_every_reload() {
+    let dir = Scratch::new("env");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let (tx, changes) = mpsc::channel();
+    let env: std::collections::HashMap<String, String> =
+        [("RINGWAY_BACKLOG".to_owned(), "77".to_owned())].into();
+    let watcher = ConfigWatcher::spawn(&file, env, move |m| tx.send(m).unwrap(), |_| {}).unwrap();
+    assert_eq!(watcher.current().proxy().backlog, 77);
+    fs::write(&file, "proxy: {workers: 2, backlog: 5}\n").unwrap();
+    let mesh = changes.recv_timeout(WAIT).expect("published");
+    assert_eq!((mesh.proxy().workers, mesh.proxy().backlog), (2, 77));
+}
+
+#[test]
+fn a_broken_or_missing_file_fails_spawn() {
+    let dir = Scratch::new("spawn");
+    let file = dir.path("config.yaml");
+    let err = ConfigWatcher::spawn(&file, NoEnv, |_| {}, |_| {}).unwrap_err();
+    assert!(matches!(err, ConfigError::Io { .. }), "{err}");
+    fs::write(&file, "trustDomain: A\n").unwrap();
+    let err = ConfigWatcher::spawn(&file, NoEnv, |_| {}, |_| {}).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(": trustDomain: \"A\" is not a valid trust domain"),
+        "{err}"
+    );
+}
+
+#[test]
+fn stop_is_prompt_and_final() {
+    let dir = Scratch::new("stop");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    let asked = Instant::now();
+    w.watcher.stop();
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "stop took {:?}",
+        asked.elapsed()
+    );
+    fs::write(&file, config(2)).unwrap();
+    // Nothing may arrive: the callbacks were dropped with the thread.
+    assert!(matches!(
+        w.changes.recv_timeout(Duration::from_millis(600)),
+        Err(mpsc::RecvTimeoutError::Disconnected)
+    ));
+}
+
+#[test]
+fn a_truncate_then_write_editor_causes_no_error() {
+    let dir = Scratch::new("truncate");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    fs::write(&file, "").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    fs::write(&file, config(6)).unwrap();
+    assert_eq!(
+        w.changes
+            .recv_timeout(WAIT)
+            .expect("published")
+            .proxy()
+            .workers,
+        6
+    );
+    assert!(
+        w.errors.try_recv().is_err(),
+        "the empty moment was not reported"
+    );
+}
+
+#[test]
+fn reverting_a_broken_edit_publishes_nothing() {
+    let dir = Scratch::new("revert");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    fs::write(&file, "proxy: {workers: many}\n").unwrap();
+    w.errors.recv_timeout(WAIT).expect("rejected");
+    fs::write(&file, config(1)).unwrap();
+    // The content in force is back: no new snapshot, no error.
+    assert!(w.changes.recv_timeout(Duration::from_millis(800)).is_err());
+    assert!(w.errors.try_recv().is_err());
+    assert_eq!(w.watcher.current().proxy().workers, 1);
+}
+
+#[test]
+fn a_file_that_is_not_utf8_is_rejected() {
+    let dir = Scratch::new("utf8");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch(&file);
+    fs::write(&file, b"proxy: {workers: 2}\n# \xff\n").unwrap();
+    let err = w.errors.recv_timeout(WAIT).expect("rejected");
+    assert_eq!(
+        err.to_string(),
+        format!("{}: stream did not contain valid UTF-8", file.display())
+    );
+    assert_eq!(w.watcher.current().proxy().workers, 1);
+}
