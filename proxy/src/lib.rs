@@ -468,35 +468,25 @@ fn ipv6_available() -> bool {
         .unwrap_or(false)
 }
 
-/// Refuses anything but a pod's network namespace: a non-netns fd, the
-/// namespace of PID 1, and the calling thread's own namespace.
+/// Refuses anything but a pod's network namespace: a non-netns fd, and the
+/// host's (PID 1's, this process's, the calling thread's). Accepts fds opened
+/// through a bind mount (`/var/run/netns/cni-...`), as runtimes pass them.
 pub fn check_pod_netns(uid: &str, fd: BorrowedFd<'_>) -> Result<(), ProxyError> {
-    let link = std::fs::read_link(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&fd)
-    ))
-    .map(|p| p.to_string_lossy().into_owned())
-    .unwrap_or_else(|e| format!("unreadable: {e}"));
-    if !link.starts_with("net:[") {
-        return Err(ProxyError::NotANetns {
+    use ringway_redirect::RedirectError;
+    match ringway_redirect::check_pod_netns(fd) {
+        Ok(()) => Ok(()),
+        Err(RedirectError::NotANetns { found, .. }) => Err(ProxyError::NotANetns {
             uid: uid.to_string(),
-            what: link,
-        });
-    }
-    let ino = sys::netns_inode(Some(fd)).map_err(|source| ProxyError::EnterNetns {
-        uid: uid.to_string(),
-        source,
-    })?;
-    let own = sys::netns_inode(None).ok();
-    let init = std::fs::metadata("/proc/1/ns/net")
-        .ok()
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-    if Some(ino) == own || Some(ino) == init {
-        return Err(ProxyError::HostNetns {
+            what: found,
+        }),
+        Err(RedirectError::HostNetns { .. }) => Err(ProxyError::HostNetns {
             uid: uid.to_string(),
-        });
+        }),
+        Err(e) => Err(ProxyError::EnterNetns {
+            uid: uid.to_string(),
+            source: io::Error::other(e.to_string()),
+        }),
     }
-    Ok(())
 }
 
 /// The capture rules that match these proxy settings (same ports and mark).

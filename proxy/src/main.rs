@@ -49,6 +49,9 @@ enum Command {
     Sandbox(SandboxArgs),
     /// Run the node proxy for the given pods until SIGTERM/SIGINT.
     Proxy(ProxyArgs),
+    /// The node agent: CNI events, capture rules, and the pods' handoff to
+    /// the proxy over ZDS. SIGTERM stops it and leaves pods and rules alone.
+    Agent(AgentArgs),
     /// Manage one pod's capture rules.
     Redirect {
         #[command(subcommand)]
@@ -87,6 +90,39 @@ struct ProxyArgs {
     #[arg(long, env = "RINGWAY_READINESS_ADDR", default_value = "0.0.0.0:15021")]
     readiness_addr: SocketAddr,
     /// Proxy settings file (YAML); the embedded defaults otherwise.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct AgentArgs {
+    /// ZDS socket the proxy connects to.
+    #[arg(long, env = "RINGWAY_ZDS_SOCKET", default_value = ringway_cni::zds::DEFAULT_SOCKET)]
+    zds_socket: PathBuf,
+    /// Socket the CNI plugin talks to (the plugin config's `agentSocket`).
+    #[arg(long, env = "RINGWAY_CNI_SOCKET", default_value = ringway_cni::conf::DEFAULT_AGENT_SOCKET)]
+    cni_socket: PathBuf,
+    /// This node's name (Kubernetes `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node_name: String,
+    /// Watch this node's pods in Kubernetes and enroll/unenroll running pods
+    /// by the `ringway.io/dataplane-mode` label.
+    #[arg(long)]
+    kube: bool,
+    /// Install the CNI plugin binary and keep ringway's entry in the node's
+    /// CNI config (re-inserted when the primary CNI rewrites it).
+    #[arg(long)]
+    install_cni: bool,
+    /// With --install-cni: the CNI bin dir.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    cni_bin_dir: PathBuf,
+    /// With --install-cni: the CNI conf dir.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// Directory holding bind-mounted pod namespaces (scanned at start).
+    #[arg(long, default_value = "/var/run/netns")]
+    netns_dir: Vec<PathBuf>,
+    /// Proxy/capture settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -151,13 +187,124 @@ fn capture_spec(mode: CaptureMode, settings: &ProxySettings) -> ringway_redirect
 }
 
 fn main() -> anyhow::Result<()> {
+    // Installed as /opt/cni/bin/ringway-cni, the same binary is the CNI
+    // plugin: the runtime passes the call in CNI_* variables and stdin.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ringway-cni")) {
+        cni_plugin_main();
+    }
     let cli = Cli::parse();
     init_logs(&cli.log, cli.log_format);
     match cli.command {
         Command::Sandbox(args) => sandbox(args),
         Command::Proxy(args) => run_proxy(args),
+        Command::Agent(args) => run_agent(args),
         Command::Redirect { action } => redirect(action),
     }
+}
+
+/// The CNI plugin: result or error JSON on stdout, logs on stderr, exit code
+/// as the spec says. Never returns.
+fn cni_plugin_main() -> ! {
+    use std::io::{Read, Write};
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RINGWAY_CNI_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+    let mut stdin = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut stdin);
+    let out = ringway_cni::run(
+        &ringway_cni::ProcessEnv,
+        &stdin,
+        &ringway_cni::node::UnixAgent::default(),
+    );
+    let mut so = std::io::stdout().lock();
+    if !out.stdout.is_empty() {
+        let _ = writeln!(so, "{}", out.stdout);
+    }
+    let _ = so.flush();
+    std::process::exit(out.exit_code)
+}
+
+fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    let stop = block_stop_signals();
+    let settings = load_settings(args.config.as_ref())?;
+    let config = ringway_cni::node::AgentConfig {
+        zds_socket: args.zds_socket.clone(),
+        cni_socket: args.cni_socket.clone(),
+        capture: ringway_proxy::capture_spec(&settings),
+        netns_dirs: args.netns_dir.clone(),
+        node_name: args.node_name.clone(),
+        ..ringway_cni::node::AgentConfig::default()
+    };
+    let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;
+    tracing::info!(zds = %args.zds_socket.display(), cni = %args.cni_socket.display(), pods = agent.pods().len(), "node agent serving");
+    let install = if args.install_cni {
+        let exe = std::env::current_exe().context("locating the ringway binary to install")?;
+        let mut cfg = ringway_cni::install::InstallConfig::new(exe);
+        cfg.bin_dir = args.cni_bin_dir.clone();
+        cfg.conf_dir = args.cni_conf_dir.clone();
+        cfg.agent_socket = args.cni_socket.clone();
+        let installer = ringway_cni::install::Installer::new(cfg);
+        installer
+            .install_binary()
+            .context("installing the CNI plugin binary")?;
+        Some(installer.watch().context("watching the CNI config")?)
+    } else {
+        None
+    };
+    let kube_rt = if args.kube {
+        if args.node_name.is_empty() {
+            bail!("--kube needs the node's name (--node-name or NODE_NAME)");
+        }
+        let enrollment: std::sync::Arc<dyn ringway_cni::kube::Enrollment> =
+            std::sync::Arc::new(agent.enrollment());
+        let node = args.node_name.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        // The control-plane runtime of the agent: its own thread, never the
+        // datapath's.
+        let thread = std::thread::Builder::new()
+            .name("ringway-kube".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the Kubernetes watch runtime");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let watch = async {
+                        match ringway_cni::kube::connect().await {
+                            Ok(client) => ringway_cni::kube::run_watch(client, node, enrollment).await,
+                            Err(e) => tracing::error!(error = %e, "cannot reach the Kubernetes API; running pods are not enrolled by label"),
+                        }
+                    };
+                    tokio::select! {
+                        _ = watch => {}
+                        _ = rx => {}
+                    }
+                });
+            })?;
+        Some((tx, thread))
+    } else {
+        None
+    };
+    let sig = stop.wait()?;
+    tracing::info!(signal = ?sig, "node agent stopping; pods, rules and the proxy are left as they are");
+    if let Some((tx, thread)) = kube_rt {
+        let _ = tx.send(());
+        let _ = thread.join();
+    }
+    if let Some(w) = install {
+        w.stop();
+    }
+    agent.shutdown();
+    Ok(())
 }
 
 fn redirect(action: RedirectAction) -> anyhow::Result<()> {

@@ -89,12 +89,16 @@ pub(crate) const NFTA_HOOK_PRIORITY: u16 = 2;
 
 pub(crate) const NFTA_TABLE_NAME: u16 = 1;
 pub(crate) const NFTA_TABLE_FLAGS: u16 = 2;
+/// Table user data (kernel 5.13+); `nft list` shows a comment TLV in it.
+pub(crate) const NFTA_TABLE_USERDATA: u16 = 6;
 
 pub(crate) const NFTA_CHAIN_TABLE: u16 = 1;
 pub(crate) const NFTA_CHAIN_NAME: u16 = 3;
 pub(crate) const NFTA_CHAIN_HOOK: u16 = 4;
 pub(crate) const NFTA_CHAIN_POLICY: u16 = 5;
 pub(crate) const NFTA_CHAIN_TYPE: u16 = 7;
+/// Chain user data (kernel 5.10+).
+pub(crate) const NFTA_CHAIN_USERDATA: u16 = 12;
 
 pub(crate) const NFTA_RULE_TABLE: u16 = 1;
 pub(crate) const NFTA_RULE_CHAIN: u16 = 2;

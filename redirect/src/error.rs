@@ -68,6 +68,12 @@ pub enum RedirectError {
         #[source]
         source: std::io::Error,
     },
+    /// The owner tag cannot be stored (too long for the kernel's user data).
+    #[error("owner tag refused: {0}")]
+    TagTooLong(String),
+    /// The owner tag stored in the table cannot be read back.
+    #[error(transparent)]
+    Tag(#[from] crate::tag::TagError),
     /// The [`CaptureSpec`](crate::CaptureSpec) is inconsistent.
     #[error("invalid capture spec: {0}")]
     InvalidSpec(String),

@@ -3,9 +3,14 @@
 //! binary at run time), verifies it, and removes it leaving nothing behind.
 //!
 //! # API
-//! - [`apply`] (idempotent): `lo` up, ip rules + local routes, then the whole
-//!   nft table in one nfnetlink batch. On failure it rolls back what it added.
-//! - [`verify`]: a list of [`Drift`]s, empty when everything is in place.
+//! - [`apply`] (idempotent): `lo` up, `net.ipv4.tcp_migrate_req=1`, ip rules +
+//!   local routes, then the whole nft table in one nfnetlink batch. On failure
+//!   it rolls back what it added.
+//! - [`apply_for`]: the same, with the owning pod's [`PodTag`] stored in the
+//!   table's user data; [`read_tag`] reads it back (how a restarted node agent
+//!   finds out which pod a namespace belongs to).
+//! - [`verify`]: a list of [`Drift`]s, empty when everything is in place;
+//!   [`verify_for`] also checks the owner tag.
 //! - [`remove`] (idempotent): deletes the table, the ip rules and the routes.
 //! - [`open_netns`] / [`check_pod_netns`]: every call refuses an fd that is not
 //!   a network namespace, or that is PID 1's, this process's (a node agent
@@ -80,8 +85,15 @@
 //! Policy routing, IPv4 and IPv6: `ip rule add fwmark 0x111/0xfff lookup 133
 //! priority 100` and `ip route add local 0.0.0.0/0 dev lo table 133` (and
 //! `local ::/0`), with `lo` up. When IPv6 is disabled in the namespace the
-//! IPv6 rule and route are skipped (logged). No sysctl is pinned: the rules
-//! work with `net.ipv4.conf.*.src_valid_mark=1` (tested).
+//! IPv6 rule and route are skipped (logged). The rules work with
+//! `net.ipv4.conf.*.src_valid_mark=1` (tested), so that sysctl is left alone.
+//!
+//! One sysctl is set in the pod namespace: `net.ipv4.tcp_migrate_req=1`
+//! (kernel 5.14+; skipped and logged on older kernels). When a proxy closes
+//! its `SO_REUSEPORT` listeners (an upgrade: the old proxy leaves, the new
+//! one already listens), the connections queued on them migrate to the
+//! remaining listeners instead of being reset. [`verify`] reports it as
+//! drift when it is 0; [`remove`] leaves it set (it is harmless).
 //!
 //! **Why outbound is REDIRECT even in TPROXY mode.** With outbound TPROXY
 //! each accepted socket's local address is the *remote* (`pod0:9000`), and
@@ -121,6 +133,8 @@ mod nft;
 mod nl;
 mod route;
 mod ruleset;
+mod sysctl;
+mod tag;
 mod verify;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -132,6 +146,7 @@ use nix::sys::socket::SockProtocol;
 pub use error::RedirectError;
 pub use netns::{check_pod_netns, open_netns};
 pub use ruleset::render;
+pub use tag::{PodTag, TagError, NFT_USERDATA_MAX, PIECE_MAX};
 pub use verify::Drift;
 
 use nft::{Chain, Expr, Rule};
@@ -262,21 +277,122 @@ impl CaptureSpec {
 /// rule set (if any) is untouched. Policy routing from an earlier spec with
 /// other marks/table is not removed: call [`remove`] with that spec.
 /// Calls for the same pod must not run concurrently.
+/// The capture carries no owner tag: a re-apply with `apply` drops the tag an
+/// earlier [`apply_for`] stored.
 pub fn apply(netns: BorrowedFd<'_>, spec: &CaptureSpec) -> Result<(), RedirectError> {
-    apply_chains(netns, spec, ruleset::chains(spec))
+    apply_chains(netns, spec, ruleset::chains(spec), Vec::new())
+}
+
+/// Like [`apply`], and tags the table with the pod that owns it, so that
+/// [`read_tag`] gives it back (a node agent rebuilds its state from the
+/// namespaces after a restart). The tag lives in the table's and chains' user
+/// data (see [`PodTag`] for the format); it is replaced with the rules, in the
+/// same batch. Fails with [`RedirectError::TagTooLong`] when the tag does not
+/// fit (about 900 bytes in TPROXY mode), before anything is changed.
+pub fn apply_for(
+    netns: BorrowedFd<'_>,
+    spec: &CaptureSpec,
+    owner: &PodTag,
+) -> Result<(), RedirectError> {
+    let chains = ruleset::chains(spec);
+    let pieces = owner
+        .pieces(chains.len() + 1)
+        .map_err(RedirectError::TagTooLong)?;
+    apply_chains(netns, spec, chains, pieces)
+}
+
+/// The owner tag stored by [`apply_for`]: `Ok(None)` when the namespace has
+/// no `inet ringway` table or its table carries no tag of ours (e.g. it was
+/// programmed by [`apply`]).
+pub fn read_tag(netns: BorrowedFd<'_>) -> Result<Option<PodTag>, RedirectError> {
+    netns::run_in(netns, "read-tag", || {
+        let mut nf = open_nfnetlink()?;
+        read_tag_here(&mut nf)
+    })
+}
+
+fn read_tag_here(nf: &mut NlSocket) -> Result<Option<PodTag>, RedirectError> {
+    let what = format!("reading table inet {}", nft::TABLE);
+    let table = match nf.get(&nft::msg_get_table()) {
+        Ok(m) => m,
+        Err(nl::NlError::Kernel(Errno::ENOENT)) => return Ok(None),
+        Err(e) => return Err(e.context(what, false)),
+    };
+    let proto = |what: &str, detail: String| RedirectError::Protocol {
+        what: what.to_string(),
+        detail,
+    };
+    let comment = nft::parse_table_comment(&table).map_err(|d| proto(&what, d))?;
+    let Some(first) = comment.as_deref() else {
+        return Ok(None);
+    };
+    let needs_chains = matches!(tag::parse_piece(first), Some(Ok((_, n, _))) if n > 1);
+    let mut chain_comments = Vec::new();
+    if needs_chains {
+        let what = format!("listing the chains of table inet {}", nft::TABLE);
+        for m in nf
+            .dump(&nft::msg_dump_chains())
+            .map_err(|e| e.context(what.clone(), false))?
+        {
+            let c = nft::parse_chain(&m).map_err(|d| proto(&what, d))?;
+            if c.table == nft::TABLE {
+                chain_comments.extend(c.comment);
+            }
+        }
+    }
+    Ok(tag::assemble(Some(first), &chain_comments)?)
 }
 
 /// Returns how the pod's capture differs from `spec`; empty when in place.
+/// Besides the rules, routes and `lo`, checks that `net.ipv4.tcp_migrate_req`
+/// is 1 (when the kernel has it).
 pub fn verify(netns: BorrowedFd<'_>, spec: &CaptureSpec) -> Result<Vec<Drift>, RedirectError> {
+    verify_inner(netns, spec, None)
+}
+
+/// Like [`verify`], and also that the table carries `owner`'s tag
+/// ([`Drift::OwnerMissing`], [`Drift::OwnerDiffers`], [`Drift::OwnerUnreadable`]).
+pub fn verify_for(
+    netns: BorrowedFd<'_>,
+    spec: &CaptureSpec,
+    owner: &PodTag,
+) -> Result<Vec<Drift>, RedirectError> {
+    verify_inner(netns, spec, Some(owner))
+}
+
+fn verify_inner(
+    netns: BorrowedFd<'_>,
+    spec: &CaptureSpec,
+    owner: Option<&PodTag>,
+) -> Result<Vec<Drift>, RedirectError> {
     spec.validate()?;
     let chains = ruleset::chains(spec);
     let ino = netns::inode(netns);
     let drift = netns::run_in(netns, "verify", || {
         let mut nf = open_nfnetlink()?;
         let mut drift = verify::nft_drift(&mut nf, &chains)?;
+        if let Some(want) = owner {
+            if !drift.contains(&Drift::TableMissing) {
+                match read_tag_here(&mut nf) {
+                    Ok(Some(found)) if &found == want => {}
+                    Ok(Some(found)) => drift.push(Drift::OwnerDiffers {
+                        want: want.encode(),
+                        found: found.encode(),
+                    }),
+                    Ok(None) => drift.push(Drift::OwnerMissing {
+                        want_uid: want.uid.clone(),
+                    }),
+                    Err(RedirectError::Tag(e)) => {
+                        drift.push(Drift::OwnerUnreadable { detail: e.0 })
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
         let mut rt = open_rtnetlink()?;
         let fams = route::families("verify");
         drift.extend(verify::routing_drift(&mut rt, spec, &fams)?);
+        drift.extend(sysctl::migrate_req_drift()?);
         Ok(drift)
     })?;
     if drift.is_empty() {
@@ -353,15 +469,19 @@ fn apply_chains(
     netns: BorrowedFd<'_>,
     spec: &CaptureSpec,
     chains: Vec<Chain>,
+    owner: Vec<String>,
 ) -> Result<(), RedirectError> {
     spec.validate()?;
     let ino = netns::inode(netns);
     netns::run_in(netns, "apply", || {
         let mut rt = open_rtnetlink()?;
         route::set_lo_up(&mut rt)?;
+        // Harmless on its own and not rolled back: it only changes what
+        // happens to the queue of a closing SO_REUSEPORT listener.
+        sysctl::enable_migrate_req()?;
         let fams = route::families("apply");
         let mut added = Vec::new();
-        let result = apply_steps(&mut rt, spec, &fams, &chains, &mut added);
+        let result = apply_steps(&mut rt, spec, &fams, &chains, &owner, &mut added);
         match result {
             Ok(()) => {
                 tracing::info!(
@@ -391,6 +511,7 @@ fn apply_steps(
     spec: &CaptureSpec,
     fams: &[Family],
     chains: &[Chain],
+    owner: &[String],
     added: &mut Vec<Undo>,
 ) -> Result<(), RedirectError> {
     for &f in fams {
@@ -408,7 +529,7 @@ fn apply_steps(
         return Err(RedirectError::NotInPlace { drift });
     }
     let mut nf = open_nfnetlink()?;
-    send_apply_batch(&mut nf, chains)?;
+    send_apply_batch(&mut nf, chains, owner)?;
     let drift = verify::nft_drift(&mut nf, chains)?;
     if !drift.is_empty() {
         return Err(RedirectError::NotInPlace { drift });
@@ -416,8 +537,12 @@ fn apply_steps(
     Ok(())
 }
 
-fn send_apply_batch(nf: &mut NlSocket, chains: &[Chain]) -> Result<(), RedirectError> {
-    let items = nft::apply_batch(chains);
+fn send_apply_batch(
+    nf: &mut NlSocket,
+    chains: &[Chain],
+    owner: &[String],
+) -> Result<(), RedirectError> {
+    let items = nft::apply_batch(chains, owner);
     let msgs: Vec<_> = items.iter().map(|(m, _)| m.clone()).collect();
     let what = format!(
         "sending the nft batch for table inet {} ({} messages)",
@@ -521,7 +646,7 @@ pub fn apply_with_extra_rule_for_test(
     if let Some(c) = chains.iter_mut().find(|c| c.name == "output") {
         c.rules.push(rule);
     }
-    apply_chains(netns, spec, chains)
+    apply_chains(netns, spec, chains, Vec::new())
 }
 
 #[cfg(test)]

@@ -304,9 +304,12 @@ fn inet_hdr() -> [u8; 4] {
     nl::nfgenmsg(NFPROTO_INET, 0)
 }
 
-pub(crate) fn msg_new_table() -> Msg {
+pub(crate) fn msg_new_table(comment: Option<&str>) -> Msg {
     let mut a = Attrs::new();
     a.strz(NFTA_TABLE_NAME, TABLE).u32_be(NFTA_TABLE_FLAGS, 0);
+    if let Some(c) = comment {
+        a.put(NFTA_TABLE_USERDATA, &comment_udata(c));
+    }
     Msg::new(nft_type(NFT_MSG_NEWTABLE), NLM_F_CREATE, &inet_hdr(), &a)
 }
 
@@ -322,7 +325,7 @@ pub(crate) fn msg_get_table() -> Msg {
     Msg::new(nft_type(NFT_MSG_GETTABLE), 0, &inet_hdr(), &a)
 }
 
-pub(crate) fn msg_new_chain(c: &Chain) -> Msg {
+pub(crate) fn msg_new_chain(c: &Chain, comment: Option<&str>) -> Msg {
     let mut a = Attrs::new();
     a.strz(NFTA_CHAIN_TABLE, TABLE)
         .strz(NFTA_CHAIN_NAME, c.name)
@@ -332,6 +335,9 @@ pub(crate) fn msg_new_chain(c: &Chain) -> Msg {
         })
         .u32_be(NFTA_CHAIN_POLICY, NF_ACCEPT as u32)
         .strz(NFTA_CHAIN_TYPE, c.kind.as_str());
+    if let Some(c) = comment {
+        a.put(NFTA_CHAIN_USERDATA, &comment_udata(c));
+    }
     Msg::new(nft_type(NFT_MSG_NEWCHAIN), NLM_F_CREATE, &inet_hdr(), &a)
 }
 
@@ -346,10 +352,11 @@ pub(crate) fn msg_dump_rules() -> Msg {
 }
 
 /// User data holding `tag` as a libnftnl comment TLV (`nft list` shows it).
+/// The kernel keeps at most 256 bytes: type, length, the string and its NUL.
 pub(crate) fn comment_udata(tag: &str) -> Vec<u8> {
     let bytes = tag.as_bytes();
     // The TLV length is one byte and includes the NUL.
-    let n = bytes.len().min(254);
+    let n = bytes.len().min(crate::tag::NFT_USERDATA_MAX - 3);
     let mut v = Vec::with_capacity(n + 3);
     v.push(NFTNL_UDATA_RULE_COMMENT);
     v.push((n + 1) as u8);
@@ -424,14 +431,20 @@ impl BatchItem {
 
 /// The batch that atomically (re)creates the table with `chains`:
 /// NEWTABLE (create if absent) + DELTABLE + NEWTABLE + chains + rules.
-pub(crate) fn apply_batch(chains: &[Chain]) -> Vec<(Msg, BatchItem)> {
+/// `owner` holds the owner tag's pieces: the first is the re-created table's
+/// comment, the others the chains' comments in order (see [`crate::tag`]).
+pub(crate) fn apply_batch(chains: &[Chain], owner: &[String]) -> Vec<(Msg, BatchItem)> {
     let mut out = vec![
-        (msg_new_table(), BatchItem::Table("creating")),
+        (msg_new_table(None), BatchItem::Table("creating")),
         (msg_del_table(), BatchItem::Table("deleting")),
-        (msg_new_table(), BatchItem::Table("re-creating")),
+        (
+            msg_new_table(owner.first().map(String::as_str)),
+            BatchItem::Table("re-creating"),
+        ),
     ];
-    for c in chains {
-        out.push((msg_new_chain(c), BatchItem::Chain(c.name)));
+    for (i, c) in chains.iter().enumerate() {
+        let comment = owner.get(i + 1).map(String::as_str);
+        out.push((msg_new_chain(c, comment), BatchItem::Chain(c.name)));
     }
     for c in chains {
         for (i, r) in c.rules.iter().enumerate() {
@@ -456,6 +469,8 @@ pub(crate) struct DumpedChain {
     pub(crate) hook: Option<(u32, i32)>,
     pub(crate) policy: Option<u32>,
     pub(crate) kind: Option<String>,
+    /// The chain's comment (user data), if any.
+    pub(crate) comment: Option<String>,
 }
 
 impl DumpedChain {
@@ -521,7 +536,14 @@ pub(crate) fn parse_chain(m: &RxMsg) -> Result<DumpedChain, String> {
         hook,
         policy: nl::find(&attrs, NFTA_CHAIN_POLICY).and_then(nl::be32),
         kind: nl::find(&attrs, NFTA_CHAIN_TYPE).map(nl::strz),
+        comment: nl::find(&attrs, NFTA_CHAIN_USERDATA).and_then(parse_comment),
     })
+}
+
+/// The comment (user data) of a table the kernel returned, if any.
+pub(crate) fn parse_table_comment(m: &RxMsg) -> Result<Option<String>, String> {
+    let attrs = nfgen_attrs(m)?;
+    Ok(nl::find(&attrs, NFTA_TABLE_USERDATA).and_then(parse_comment))
 }
 
 pub(crate) fn parse_rule(m: &RxMsg) -> Result<DumpedRule, String> {
@@ -718,7 +740,7 @@ mod tests {
                 exprs: vec![Expr::Verdict(NF_ACCEPT)],
             }],
         };
-        let b = apply_batch(&[c]);
+        let b = apply_batch(&[c], &[]);
         let kinds: Vec<String> = b.iter().map(|(_, i)| i.describe()).collect();
         assert_eq!(
             kinds,

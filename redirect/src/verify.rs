@@ -113,6 +113,32 @@ pub enum Drift {
     },
     /// The loopback interface is down.
     LoopbackDown,
+    /// A sysctl of the pod's namespace has another value than the capture needs.
+    SysctlDiffers {
+        /// The sysctl (`net.ipv4.tcp_migrate_req`).
+        key: String,
+        /// The value the capture sets.
+        want: String,
+        /// The value found.
+        found: String,
+    },
+    /// The table carries no owner tag ([`crate::verify_for`]).
+    OwnerMissing {
+        /// UID of the pod that should own the capture.
+        want_uid: String,
+    },
+    /// The table's owner tag names another pod, or the same pod differently.
+    OwnerDiffers {
+        /// The wanted tag ([`crate::PodTag::encode`]).
+        want: String,
+        /// The stored tag.
+        found: String,
+    },
+    /// The table's owner tag cannot be read back.
+    OwnerUnreadable {
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Drift {
@@ -173,6 +199,19 @@ impl fmt::Display for Drift {
             ),
             Drift::RouteMissing { family, route } => write!(f, "{route} ({family}) missing"),
             Drift::LoopbackDown => write!(f, "link lo is down"),
+            Drift::SysctlDiffers { key, want, found } => {
+                write!(f, "sysctl {key} is {found}, want {want}")
+            }
+            Drift::OwnerMissing { want_uid } => {
+                write!(f, "table inet {TABLE} has no owner tag (want pod {want_uid})")
+            }
+            Drift::OwnerDiffers { want, found } => write!(
+                f,
+                "table inet {TABLE} owner tag differs: want {want}, found {found}"
+            ),
+            Drift::OwnerUnreadable { detail } => {
+                write!(f, "table inet {TABLE} owner tag is unreadable: {detail}")
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ pub mod node;
 pub mod ns;
 pub mod traffic;
 
-pub use node::{Pod, VirtualNode};
+pub use node::{PauseProcess, Pod, VirtualNode};
 pub use ns::Netns;
 
 /// Errors of the test bed.

@@ -28,7 +28,67 @@ pub struct Pod {
     pub host_veth: String,
 }
 
+/// A process parked in a pod's network namespace (`sleep 600` started with
+/// `ip netns exec`), as a pod's pause container would be: it makes the
+/// namespace visible at `/proc/<pid>/ns/net`. Killed (by its PID) and reaped
+/// on drop.
+#[derive(Debug)]
+pub struct PauseProcess {
+    child: std::process::Child,
+}
+
+impl PauseProcess {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `/proc/<pid>/ns/net`.
+    pub fn netns_path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/proc/{}/ns/net", self.pid()))
+    }
+
+    /// Kills and reaps the process now.
+    pub fn stop(self) {}
+}
+
+impl Drop for PauseProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Pod {
+    /// Starts a process inside the pod's network namespace and returns once
+    /// `/proc/<pid>/ns/net` names that namespace (at most 5 s).
+    pub fn start_pause(&self) -> Result<PauseProcess, Error> {
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", self.netns.name(), "sleep", "600"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| Error::Io("spawn pause process", e))?;
+        let pause = PauseProcess { child };
+        let want = self.netns.inode();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let ino = std::fs::metadata(pause.netns_path())
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .unwrap_or(0);
+            if ino == want {
+                return Ok(pause);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Capacity(
+                    "pause process did not enter the pod's namespace within 5s",
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// The pod's address in the given family.
     pub fn ip(&self, v6: bool) -> IpAddr {
         if v6 {

@@ -66,3 +66,48 @@ impl MeshNode {
         self.vn.pod(i)
     }
 }
+
+/// Polls `cond` every 10 ms until it holds or `timeout` passes; returns
+/// whether it held. Bounded: never waits longer than `timeout`.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Asserts that the proxy's `active` gauge drops back to 0 (within 10 s).
+pub fn wait_no_active(proxy: &Proxy) {
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy.stats().active == 0),
+        "connections still active: {:?}",
+        proxy.stats()
+    );
+}
+
+/// Like [`MeshNode::with_settings`], but runs `prepare` on every pod after
+/// the node is built and *before* its capture rules and the proxy exist.
+pub fn mesh_node_prepared(
+    pods: usize,
+    settings: ProxySettings,
+    prepare: impl Fn(&Pod),
+) -> MeshNode {
+    init_logs();
+    let vn = VirtualNode::build(1, pods).unwrap();
+    for p in &vn.pods {
+        prepare(p);
+    }
+    let mode = settings.capture_mode;
+    let proxy = Proxy::start(settings).unwrap();
+    for p in &vn.pods {
+        capture(p, mode);
+        proxy.add_pod(&p.name, p.netns.dup_fd().unwrap()).unwrap();
+    }
+    MeshNode { vn, proxy }
+}

@@ -1,0 +1,870 @@
+//! The CNI installer: puts the plugin binary in the CNI bin dir and ringway's chained
+//! entry into the node's primary network config, keeps it there while the primary CNI
+//! rewrites its file, and takes both out again on [`Installer::uninstall`].
+//!
+//! # Which file
+//! The **primary** config is the first file, in byte-wise lexical order of its name, among
+//! the regular files (or symlinks) of the conf dir ending in `.conflist`, `.conf` or
+//! `.json`: the file the container runtime uses. It is never skipped when malformed (the
+//! runtime would not skip it either): the error names the file and what is wrong.
+//!
+//! | primary file | what [`Installer::ensure_entry`] does |
+//! | --- | --- |
+//! | `*.conflist` | our entry becomes the **last** element of `plugins`, written in place |
+//! | `*.conf`, `*.json` (a single plugin, as containerd reads them) | wrapped into `<stem>.conflist` = `{"cniVersion","name","plugins":[<the plugin minus cniVersion/name>, ours]}`, then the original is removed |
+//!
+//! Our entry is `{"type":"ringway-cni","agentSocket":..,"logLevel":..}`
+//! ([`InstallConfig::entry`]). The result always holds **exactly one** entry of type
+//! `ringway-cni`, equal to ours, in the last position:
+//! - an entry of ours found elsewhere (in the middle, or twice) is **moved to the end**:
+//!   a chained plugin after ours (portmap, bandwidth, tuning, ...) could still change the
+//!   pod's network after capture, and ours must see the final `prevResult`;
+//! - an entry of ours with other fields (an older `agentSocket`, a changed `logLevel`) is
+//!   replaced by the configured one;
+//! - when the file already is in that state nothing is written (no mtime change, no
+//!   inotify event for the runtime).
+//!
+//! Everything else in the file is kept: the other plugins and unknown fields, in the same
+//! order. The JSON is re-serialized (two-space indent, object keys in sorted order).
+//!
+//! # Every write is atomic
+//! A temp file `.<name>.ringway-tmp` in the same dir (an extension the runtime never
+//! loads) is written, fsynced and renamed over the target, then the dir is fsynced, so the
+//! runtime reads the old file or the new one, never half of one. The config keeps the
+//! original file's permission bits (0644 for a new `.conflist`); the binary gets 0755.
+//! Just before the rename the target is read again: if the primary CNI changed it in the
+//! meantime, the edit is redone on its new content (so a concurrent rewrite is not lost).
+//!
+//! # Watching
+//! [`Installer::watch`] starts a thread that runs [`Installer::ensure_entry`] at start,
+//! whenever inotify reports a change in the conf dir, and at least every
+//! [`InstallConfig::recheck_interval`] (so a missed event, or a conf dir that was removed
+//! and made again, is caught within that time). [`InstallWatch::stop`] (or dropping the
+//! handle) wakes the thread through a pipe and joins it.
+//!
+//! # Uninstall
+//! [`Installer::uninstall`] removes every `ringway-cni` entry from every config file of
+//! the conf dir that parses (a `.conflist` made by wrapping a `.conf` stays a
+//! `.conflist`, holding the original plugin alone: equivalent for the runtime), then
+//! removes the binary. Entry first, binary second: the runtime must never be pointed at a
+//! missing binary.
+
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use serde_json::{Map, Value};
+use tracing::{debug, info, warn};
+
+use crate::conf::{LogLevel, DEFAULT_AGENT_SOCKET};
+
+/// The plugin's `type`, and its binary's name in the CNI bin dir.
+pub const PLUGIN_TYPE: &str = "ringway-cni";
+/// Where container runtimes look for plugin binaries by default.
+pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
+/// Where container runtimes look for network configs by default.
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// How often the watch re-checks the config when no inotify event came.
+pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// The extensions of network config files, as libcni and containerd list them.
+pub const CONF_EXTENSIONS: [&str; 3] = ["conflist", "conf", "json"];
+
+/// Suffix of our temp files: not an extension the runtime loads.
+const TMP_SUFFIX: &str = ".ringway-tmp";
+/// How often an edit is redone when the target keeps changing under it.
+const MAX_ATTEMPTS: usize = 5;
+/// Permission bits of a config file we create (a wrapped `.conflist`).
+const NEW_CONF_MODE: u32 = 0o644;
+/// Permission bits of the plugin binary.
+const BINARY_MODE: u32 = 0o755;
+
+/// What to install where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallConfig {
+    /// The CNI bin dir the binary goes into ([`DEFAULT_BIN_DIR`]).
+    pub bin_dir: PathBuf,
+    /// The CNI conf dir holding the primary config ([`DEFAULT_CONF_DIR`]).
+    pub conf_dir: PathBuf,
+    /// The plugin binary to copy (in the agent's image).
+    pub plugin_binary: PathBuf,
+    /// `agentSocket` of our entry.
+    pub agent_socket: PathBuf,
+    /// `logLevel` of our entry.
+    pub log_level: LogLevel,
+    /// The watch's re-check period when no inotify event comes.
+    pub recheck_interval: Duration,
+}
+
+impl InstallConfig {
+    /// The defaults, copying `plugin_binary`.
+    pub fn new(plugin_binary: impl Into<PathBuf>) -> InstallConfig {
+        InstallConfig {
+            bin_dir: PathBuf::from(DEFAULT_BIN_DIR),
+            conf_dir: PathBuf::from(DEFAULT_CONF_DIR),
+            plugin_binary: plugin_binary.into(),
+            agent_socket: PathBuf::from(DEFAULT_AGENT_SOCKET),
+            log_level: LogLevel::default(),
+            recheck_interval: DEFAULT_RECHECK_INTERVAL,
+        }
+    }
+
+    /// Our chained entry: `{"type":"ringway-cni","agentSocket":..,"logLevel":..}`.
+    pub fn entry(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("type".into(), PLUGIN_TYPE.into());
+        m.insert(
+            "agentSocket".into(),
+            self.agent_socket.to_string_lossy().into_owned().into(),
+        );
+        m.insert("logLevel".into(), self.log_level.as_str().into());
+        m
+    }
+
+    /// Where the binary is installed: `<bin_dir>/ringway-cni`.
+    pub fn installed_binary(&self) -> PathBuf {
+        self.bin_dir.join(PLUGIN_TYPE)
+    }
+}
+
+/// Why an install step failed. Each variant names the file and the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The conf dir could not be listed.
+    #[error("cannot list CNI conf dir {dir}: {source}")]
+    ReadDir {
+        /// The conf dir.
+        dir: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// No `*.conflist`, `*.conf` or `*.json` in the conf dir: the primary CNI has not
+    /// written its config yet.
+    #[error("no CNI network config (*.conflist, *.conf, *.json) in {dir}")]
+    NoConfFile {
+        /// The conf dir.
+        dir: PathBuf,
+    },
+    /// A config file could not be read.
+    #[error("cannot read CNI config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A config file is not JSON.
+    #[error("CNI config {path} is not JSON: {source}")]
+    NotJson {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error (with line and column).
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A config file is JSON but not an object.
+    #[error("CNI config {path} is a JSON {found}, expected an object")]
+    NotObject {
+        /// The file.
+        path: PathBuf,
+        /// The JSON type found.
+        found: &'static str,
+    },
+    /// A `.conflist` without a `plugins` array.
+    #[error("CNI config list {path} has no \"plugins\" array")]
+    NoPlugins {
+        /// The file.
+        path: PathBuf,
+    },
+    /// An element of `plugins` is not an object.
+    #[error("CNI config list {path}: plugins[{index}] is a JSON {found}, expected an object")]
+    PluginNotObject {
+        /// The file.
+        path: PathBuf,
+        /// The element's index.
+        index: usize,
+        /// The JSON type found.
+        found: &'static str,
+    },
+    /// A single-plugin config (`.conf`, `.json`) without a string field the wrap needs.
+    #[error("CNI config {path} has no string \"{field}\" (a single-plugin config needs one)")]
+    MissingField {
+        /// The file.
+        path: PathBuf,
+        /// `type` or `name`.
+        field: &'static str,
+    },
+    /// Wrapping a `.conf` would overwrite a `.conflist` that is not ours.
+    #[error("cannot wrap CNI config {conf}: {target} exists and was not written by ringway")]
+    WrapTargetExists {
+        /// The single-plugin config.
+        conf: PathBuf,
+        /// The `.conflist` it would become.
+        target: PathBuf,
+    },
+    /// The config kept changing while we tried to edit it.
+    #[error("CNI config {path} changed under every one of {attempts} attempts to edit it")]
+    Contended {
+        /// The file.
+        path: PathBuf,
+        /// How many attempts were made.
+        attempts: usize,
+    },
+    /// Writing, syncing or renaming a file failed.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file being written (the final name, not the temp file).
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Removing a file failed.
+    #[error("cannot remove {path}: {source}")]
+    Remove {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The plugin binary could not be copied.
+    #[error("cannot copy plugin binary {from} to {to}: {source}")]
+    CopyBinary {
+        /// The source binary.
+        from: PathBuf,
+        /// The installed path.
+        to: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The primary config does not hold our entry in last position ([`Installer::check`]).
+    #[error("CNI config {path} does not have the ringway-cni entry as its last plugin")]
+    NotInstalled {
+        /// The primary config.
+        path: PathBuf,
+    },
+    /// The watch could not be set up (inotify, pipe, thread).
+    #[error("cannot watch CNI conf dir {dir}: {source}")]
+    Watch {
+        /// The conf dir.
+        dir: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What [`Installer::ensure_entry`] changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The file already had exactly our entry, last: nothing was written.
+    Unchanged,
+    /// Our entry was appended (there was none).
+    Inserted,
+    /// An entry of ours was there but not right (not last, duplicated, other fields):
+    /// the file now has exactly ours, last.
+    Updated,
+    /// A single-plugin config was wrapped into the `.conflist` with our entry last, and
+    /// removed.
+    Wrapped {
+        /// The removed single-plugin config.
+        from: PathBuf,
+    },
+}
+
+/// The primary config after [`Installer::ensure_entry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// The `.conflist` that now holds our entry.
+    pub path: PathBuf,
+    /// What was done to it.
+    pub change: Change,
+}
+
+/// What [`Installer::uninstall`] removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Uninstalled {
+    /// The config files our entry was removed from.
+    pub files: Vec<PathBuf>,
+    /// Whether the binary was there and was removed.
+    pub binary_removed: bool,
+}
+
+/// The installer for one node. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Installer {
+    config: InstallConfig,
+}
+
+impl Installer {
+    /// An installer for `config`.
+    pub fn new(config: InstallConfig) -> Installer {
+        Installer { config }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &InstallConfig {
+        &self.config
+    }
+
+    /// Installs the binary, then the entry: what `ringway agent --install-cni` does at
+    /// start (before [`Installer::watch`] keeps the entry in place).
+    pub fn install(&self) -> Result<Installed, InstallError> {
+        self.install_binary()?;
+        self.ensure_entry()
+    }
+
+    /// Copies the plugin binary to `<bin_dir>/ringway-cni` (temp file, fsync, 0755,
+    /// rename: a runtime executing the old binary keeps it, new calls get the new one).
+    pub fn install_binary(&self) -> Result<PathBuf, InstallError> {
+        let from = &self.config.plugin_binary;
+        let to = self.config.installed_binary();
+        let tmp = temp_path(&to);
+        let copy = || -> io::Result<()> {
+            let mut src = File::open(from)?;
+            let mut dst = File::create(&tmp)?;
+            io::copy(&mut src, &mut dst)?;
+            dst.set_permissions(fs::Permissions::from_mode(BINARY_MODE))?;
+            dst.sync_all()?;
+            fs::rename(&tmp, &to)?;
+            sync_dir(&to)
+        };
+        copy().map_err(|source| {
+            let _ = fs::remove_file(&tmp);
+            InstallError::CopyBinary {
+                from: from.clone(),
+                to: to.clone(),
+                source,
+            }
+        })?;
+        info!(binary = %to.display(), from = %from.display(), "installed CNI plugin binary");
+        Ok(to)
+    }
+
+    /// Makes the primary config hold exactly our entry, last (see the module docs).
+    /// Idempotent: a second call returns [`Change::Unchanged`] and writes nothing.
+    pub fn ensure_entry(&self) -> Result<Installed, InstallError> {
+        let entry = Value::Object(self.config.entry());
+        for _ in 0..MAX_ATTEMPTS {
+            let path = primary_conf(&self.config.conf_dir)?;
+            let bytes = read(&path)?;
+            let outcome = if is_conflist(&path) {
+                self.ensure_in_list(&path, &bytes, &entry)?
+            } else {
+                self.wrap(&path, &bytes, &entry)?
+            };
+            match outcome {
+                Some(installed) => {
+                    match &installed.change {
+                        Change::Unchanged => {
+                            debug!(conf = %installed.path.display(), "CNI entry in place")
+                        }
+                        change => {
+                            info!(conf = %installed.path.display(), ?change, "inserted CNI entry")
+                        }
+                    }
+                    return Ok(installed);
+                }
+                None => {
+                    debug!(conf = %path.display(), "CNI config changed while editing it, redoing")
+                }
+            }
+        }
+        let path = primary_conf(&self.config.conf_dir)?;
+        Err(InstallError::Contended {
+            path,
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    /// `None`: the file changed under us, redo.
+    fn ensure_in_list(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        entry: &Value,
+    ) -> Result<Option<Installed>, InstallError> {
+        let mut doc = parse_object(path, bytes)?;
+        let plugins = plugins_mut(path, &mut doc)?;
+        let had_ours = plugins.iter().any(is_ours);
+        let before = plugins.clone();
+        plugins.retain(|p| !is_ours(p));
+        plugins.push(entry.clone());
+        if *plugins == before {
+            return Ok(Some(Installed {
+                path: path.to_path_buf(),
+                change: Change::Unchanged,
+            }));
+        }
+        let out = to_json(&doc);
+        let mode = file_mode(path).unwrap_or(NEW_CONF_MODE);
+        if !write_atomic(path, &out, mode, Some(bytes))? {
+            return Ok(None);
+        }
+        Ok(Some(Installed {
+            path: path.to_path_buf(),
+            change: if had_ours {
+                Change::Updated
+            } else {
+                Change::Inserted
+            },
+        }))
+    }
+
+    /// Wraps a single-plugin config into `<stem>.conflist`. `None`: changed under us.
+    fn wrap(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        entry: &Value,
+    ) -> Result<Option<Installed>, InstallError> {
+        let mut plugin = parse_object(path, bytes)?;
+        if !matches!(plugin.get("type"), Some(Value::String(_))) {
+            return Err(InstallError::MissingField {
+                path: path.to_path_buf(),
+                field: "type",
+            });
+        }
+        let name = match plugin.remove("name") {
+            Some(Value::String(name)) => name,
+            _ => {
+                return Err(InstallError::MissingField {
+                    path: path.to_path_buf(),
+                    field: "name",
+                })
+            }
+        };
+        let version = plugin.remove("cniVersion");
+        let target = path.with_extension("conflist");
+        if target.exists() && !file_has_our_entry(&target) {
+            return Err(InstallError::WrapTargetExists {
+                conf: path.to_path_buf(),
+                target,
+            });
+        }
+
+        let mut list = Map::new();
+        if let Some(v) = version {
+            list.insert("cniVersion".into(), v);
+        }
+        list.insert("name".into(), Value::String(name));
+        list.insert(
+            "plugins".into(),
+            Value::Array(vec![Value::Object(plugin), entry.clone()]),
+        );
+        let mode = file_mode(path).unwrap_or(NEW_CONF_MODE);
+        write_atomic(&target, &to_json(&list), mode, None)?;
+        // The runtime may now see both; the single-plugin file sorts first (`x.conf` <
+        // `x.conflist`) and is still valid, so it keeps working until the removal.
+        match read(path) {
+            Ok(now) if now == bytes => {}
+            // Rewritten by the primary CNI meanwhile: wrap its new content.
+            Ok(_) => return Ok(None),
+            // Already gone (the primary CNI moved it away): nothing to remove.
+            Err(_) => {}
+        }
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(InstallError::Remove {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
+        sync_dir(path).map_err(|source| InstallError::Write {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Some(Installed {
+            path: target,
+            change: Change::Wrapped {
+                from: path.to_path_buf(),
+            },
+        }))
+    }
+
+    /// Whether the primary config holds our entry, equal to the configured one, as the
+    /// last plugin (a readiness check; writes nothing). Returns the primary config.
+    pub fn check(&self) -> Result<PathBuf, InstallError> {
+        let path = primary_conf(&self.config.conf_dir)?;
+        let bytes = read(&path)?;
+        let mut doc = parse_object(&path, &bytes)?;
+        if !is_conflist(&path) {
+            return Err(InstallError::NotInstalled { path });
+        }
+        let plugins = plugins_mut(&path, &mut doc)?;
+        let ours = Value::Object(self.config.entry());
+        let n_ours = plugins.iter().filter(|p| is_ours(p)).count();
+        if n_ours == 1 && plugins.last() == Some(&ours) {
+            Ok(path)
+        } else {
+            Err(InstallError::NotInstalled { path })
+        }
+    }
+
+    /// Removes our entry from every config file of the conf dir, then the binary.
+    /// Files that do not parse, and a missing binary, are left alone (not errors).
+    pub fn uninstall(&self) -> Result<Uninstalled, InstallError> {
+        let mut done = Uninstalled::default();
+        for path in conf_files(&self.config.conf_dir)? {
+            if self.remove_entry(&path)? {
+                info!(conf = %path.display(), "removed CNI entry");
+                done.files.push(path);
+            }
+        }
+        let binary = self.config.installed_binary();
+        match fs::remove_file(&binary) {
+            Ok(()) => {
+                done.binary_removed = true;
+                info!(binary = %binary.display(), "removed CNI plugin binary");
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(InstallError::Remove {
+                    path: binary,
+                    source,
+                })
+            }
+        }
+        Ok(done)
+    }
+
+    /// Whether our entry was in `path` (and is no longer).
+    fn remove_entry(&self, path: &Path) -> Result<bool, InstallError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let bytes = match fs::read(path) {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(source) => {
+                    return Err(InstallError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    })
+                }
+            };
+            let Ok(mut doc) = parse_object(path, &bytes) else {
+                debug!(conf = %path.display(), "not a JSON object, skipped by uninstall");
+                return Ok(false);
+            };
+            let Some(Value::Array(plugins)) = doc.get_mut("plugins") else {
+                return Ok(false);
+            };
+            if !plugins.iter().any(is_ours) {
+                return Ok(false);
+            }
+            plugins.retain(|p| !is_ours(p));
+            let mode = file_mode(path).unwrap_or(NEW_CONF_MODE);
+            if write_atomic(path, &to_json(&doc), mode, Some(&bytes))? {
+                return Ok(true);
+            }
+        }
+        Err(InstallError::Contended {
+            path: path.to_path_buf(),
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    /// Starts the watch thread (see the module docs): [`Installer::ensure_entry`] now,
+    /// on every inotify event of the conf dir, and at least every
+    /// [`InstallConfig::recheck_interval`]. Failures are logged (at warn when they
+    /// change, so a missing primary config does not log every second) and retried.
+    pub fn watch(&self) -> Result<InstallWatch, InstallError> {
+        let dir = self.config.conf_dir.clone();
+        let watch_err = |source: io::Error| InstallError::Watch {
+            dir: dir.clone(),
+            source,
+        };
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
+            .map_err(|e| watch_err(e.into()))?;
+        inotify
+            .add_watch(
+                &dir,
+                AddWatchFlags::IN_CREATE
+                    | AddWatchFlags::IN_CLOSE_WRITE
+                    | AddWatchFlags::IN_MOVED_TO
+                    | AddWatchFlags::IN_MOVED_FROM
+                    | AddWatchFlags::IN_DELETE
+                    | AddWatchFlags::IN_ATTRIB,
+            )
+            .map_err(|e| watch_err(e.into()))?;
+        let (stop_rx, stop_tx) = nix::unistd::pipe().map_err(|e| watch_err(e.into()))?;
+        let installer = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("cni-install-watch".into())
+            .spawn(move || installer.watch_loop(&inotify, &stop_rx))
+            .map_err(watch_err)?;
+        Ok(InstallWatch {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn watch_loop(&self, inotify: &Inotify, stop: &OwnedFd) {
+        let dir = self.config.conf_dir.display().to_string();
+        info!(conf.dir = %dir, "watching CNI conf dir");
+        let timeout =
+            PollTimeout::try_from(self.config.recheck_interval).unwrap_or(PollTimeout::MAX);
+        let mut last_error: Option<String> = None;
+        loop {
+            match self.ensure_entry() {
+                Ok(_) => {
+                    if last_error.take().is_some() {
+                        info!(conf.dir = %dir, "CNI entry in place again");
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    if last_error.as_deref() != Some(msg.as_str()) {
+                        warn!(conf.dir = %dir, error = %msg, "cannot insert CNI entry, retrying");
+                    } else {
+                        debug!(conf.dir = %dir, error = %msg, "cannot insert CNI entry, retrying");
+                    }
+                    last_error = Some(msg);
+                }
+            }
+            let mut fds = [
+                PollFd::new(inotify.as_fd(), PollFlags::POLLIN),
+                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+            ];
+            match nix::poll::poll(&mut fds, timeout) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    warn!(conf.dir = %dir, error = %e, "poll failed, watch stopped");
+                    return;
+                }
+            }
+            let stop_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
+            if stop_ready {
+                debug!(conf.dir = %dir, "CNI conf dir watch stopped");
+                return;
+            }
+            // Drain: one ensure covers any number of events.
+            while let Ok(events) = inotify.read_events() {
+                if events.is_empty() {
+                    break;
+                }
+                for ev in &events {
+                    debug!(conf.dir = %dir, file = ?ev.name, mask = ?ev.mask, "conf dir event");
+                }
+            }
+        }
+    }
+}
+
+/// The running watch of [`Installer::watch`]. Dropping it stops the watch too.
+#[derive(Debug)]
+pub struct InstallWatch {
+    stop: Option<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl InstallWatch {
+    /// Stops the watch and waits for its thread (at most the time of one
+    /// [`Installer::ensure_entry`]).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            // A closed write end wakes the reader with POLLHUP: no byte needed.
+            drop(stop);
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                warn!("CNI conf dir watch thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for InstallWatch {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The primary config: the first conf file of `dir` in lexical order.
+pub fn primary_conf(dir: &Path) -> Result<PathBuf, InstallError> {
+    conf_files(dir)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| InstallError::NoConfFile {
+            dir: dir.to_path_buf(),
+        })
+}
+
+/// The conf files of `dir` (not directories; `.conflist`, `.conf`, `.json`), sorted.
+fn conf_files(dir: &Path) -> Result<Vec<PathBuf>, InstallError> {
+    let read_dir_err = |source| InstallError::ReadDir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(read_dir_err)? {
+        let entry = entry.map_err(read_dir_err)?;
+        let path = entry.path();
+        let ext_ok = path
+            .extension()
+            .and_then(OsStr::to_str)
+            .is_some_and(|e| CONF_EXTENSIONS.contains(&e));
+        // `file_type` does not follow symlinks: like libcni, only directories are skipped.
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(true);
+        if ext_ok && !is_dir {
+            files.push(path);
+        }
+    }
+    // Byte-wise order of the names, as the runtimes sort them.
+    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    Ok(files)
+}
+
+fn is_conflist(path: &Path) -> bool {
+    path.extension() == Some(OsStr::new("conflist"))
+}
+
+fn is_ours(plugin: &Value) -> bool {
+    plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
+}
+
+fn file_has_our_entry(path: &Path) -> bool {
+    let Ok(bytes) = fs::read(path) else {
+        return false;
+    };
+    let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(&bytes) else {
+        return false;
+    };
+    matches!(doc.get("plugins"), Some(Value::Array(p)) if p.iter().any(is_ours))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, InstallError> {
+    fs::read(path).map_err(|source| InstallError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn parse_object(path: &Path, bytes: &[u8]) -> Result<Map<String, Value>, InstallError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(InstallError::NotObject {
+            path: path.to_path_buf(),
+            found: json_type(&other),
+        }),
+        Err(source) => Err(InstallError::NotJson {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn plugins_mut<'a>(
+    path: &Path,
+    doc: &'a mut Map<String, Value>,
+) -> Result<&'a mut Vec<Value>, InstallError> {
+    let Some(Value::Array(plugins)) = doc.get_mut("plugins") else {
+        return Err(InstallError::NoPlugins {
+            path: path.to_path_buf(),
+        });
+    };
+    if let Some((index, p)) = plugins.iter().enumerate().find(|(_, p)| !p.is_object()) {
+        return Err(InstallError::PluginNotObject {
+            path: path.to_path_buf(),
+            index,
+            found: json_type(p),
+        });
+    }
+    Ok(plugins)
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn to_json(doc: &Map<String, Value>) -> Vec<u8> {
+    // Serializing a `Map` of `Value`s cannot fail (string keys, no custom Serialize).
+    let mut out = serde_json::to_vec_pretty(doc).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+fn file_mode(path: &Path) -> Option<u32> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o7777)
+}
+
+/// `.<name>.ringway-tmp` beside `path`.
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}{TMP_SUFFIX}"))
+}
+
+/// Writes `data` to `path` through a temp file and a rename. With `expect`, the rename
+/// only happens if `path` still holds exactly those bytes; `Ok(false)` when it does not
+/// (the temp file is removed and nothing changed).
+fn write_atomic(
+    path: &Path,
+    data: &[u8],
+    mode: u32,
+    expect: Option<&[u8]>,
+) -> Result<bool, InstallError> {
+    let tmp = temp_path(path);
+    let write = || -> io::Result<bool> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(data)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
+        drop(f);
+        if let Some(expect) = expect {
+            if fs::read(path)? != expect {
+                fs::remove_file(&tmp)?;
+                return Ok(false);
+            }
+        }
+        fs::rename(&tmp, path)?;
+        sync_dir(path)?;
+        Ok(true)
+    };
+    write().map_err(|source| {
+        let _ = fs::remove_file(&tmp);
+        InstallError::Write {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
+}
+
+/// fsyncs the directory holding `path`, so a rename or removal survives a crash.
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,278 @@
+//! Enrollment of running pods from a Kubernetes watch: the node agent's second source of
+//! pods besides the CNI plugin (which captures pods as they are created).
+//!
+//! [`run_watch`] watches this node's pods (field selector `spec.nodeName=<node>`) and the
+//! namespaces labelled `ringway.io/dataplane-mode=enabled` (label selector: a namespace
+//! that loses the label leaves the watch, which reports it as deleted), and calls the
+//! agent through the [`Enrollment`] trait. The module is a thin layer:
+//! - [`decide`] is the whole policy, a pure function of a pod and its namespace;
+//! - `reconcile` keeps the watched state and turns decisions into calls;
+//! - [`run_watch`] only feeds it the events of kube's watcher and timer ticks.
+//!
+//! # The decision ([`decide`])
+//! | pod | decision |
+//! | --- | --- |
+//! | `spec.hostNetwork` | [`Unenroll`](Decision::Unenroll) (never enrolled: its netns is the node's) |
+//! | label `disabled` | Unenroll (opt-out, whatever the namespace says) |
+//! | neither its label nor its namespace's is `enabled` | Unenroll |
+//! | wanted, phase `Succeeded`/`Failed` | Unenroll |
+//! | wanted, `deletionTimestamp` set | [`Ignore`](Decision::Ignore): stays captured through graceful termination |
+//! | wanted, not `Running` yet, or no IP yet | Ignore: the CNI ADD captures new pods |
+//! | wanted, running with an IP | [`Enroll`](Decision::Enroll) |
+//!
+//! A label value other than `enabled`/`disabled` on a pod counts as no label.
+//!
+//! # Calls to the agent
+//! - The agent's [`Enrollment::enrolled`] set is the truth (the CNI plugin enrolls pods
+//!   too): `enroll` is called only for a pod to enroll that is not in it, `unenroll` only
+//!   for one that is, so repeated MODIFIED events (status updates, annotation changes)
+//!   cost nothing.
+//! - Nothing is called before both the pod and the namespace lists are in.
+//! - Pod deleted: `unenroll`. Namespace label changed: its pods are decided again.
+//! - After every (re)list (start, or a watch that expired with 410 Gone): every pod is
+//!   decided again, and an enrolled pod that was not listed is unenrolled when it is still
+//!   unknown [`WatchConfig::orphan_grace`] later (a pod bound just after the list was
+//!   taken may already be enrolled by its CNI ADD; its ADDED event will come).
+//! - A failed `enroll`/`unenroll` is retried with exponential backoff
+//!   ([`WatchConfig::retry_min`] doubling up to [`WatchConfig::retry_max`]), deciding
+//!   again each time (the pod may have changed or gone meanwhile).
+//! - The calls are made on tokio's blocking pool, one at a time, never on the runtime's
+//!   own threads: the agent may block (a ZDS add waits for the proxy's ack) and may need
+//!   the same runtime to make progress.
+//!
+//! Watch errors (API server unreachable, 403) are logged at warn and retried by the
+//! watcher with backoff; the last known state stays in effect meanwhile.
+
+mod decide;
+mod reconcile;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+pub use self::decide::{
+    decide, namespace_enabled, Decision, IgnoreReason, PodIdentity, UnenrollReason,
+    DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
+};
+use self::reconcile::Reconciler;
+use ::kube::runtime::utils::Backoff;
+use ::kube::runtime::{watcher, WatchStreamExt};
+use ::kube::Api;
+pub use ::kube::Client;
+
+/// The node agent, as the watcher sees it. Implemented by the agent; every call is
+/// made from a blocking-pool thread, one at a time.
+pub trait Enrollment: Send + Sync {
+    /// Captures a running pod (finding its netns is the agent's job). Called only for
+    /// pods not in [`Enrollment::enrolled`]; an error is retried with backoff.
+    fn enroll(&self, pod: &PodIdentity) -> Result<(), String>;
+    /// Releases a pod by uid. Called only for pods in [`Enrollment::enrolled`]; an error
+    /// is retried with backoff.
+    fn unenroll(&self, uid: &str) -> Result<(), String>;
+    /// The uids of the pods the agent has captured, by this watch or by the CNI plugin.
+    fn enrolled(&self) -> Vec<String>;
+}
+
+/// The watch's settings: the node, and the timings (defaults from [`WatchConfig::new`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchConfig {
+    /// This node's name (`spec.nodeName` of its pods).
+    pub node: String,
+    /// First retry delay of a failed enroll/unenroll (500 ms).
+    pub retry_min: Duration,
+    /// Longest retry delay (30 s).
+    pub retry_max: Duration,
+    /// How long an enrolled pod missing from a relist is given to show up (30 s).
+    pub orphan_grace: Duration,
+    /// First delay before the watcher lists/watches again after an error (800 ms).
+    pub watch_backoff_min: Duration,
+    /// Longest such delay (30 s).
+    pub watch_backoff_max: Duration,
+}
+
+impl WatchConfig {
+    /// The defaults for `node`.
+    pub fn new(node: impl Into<String>) -> WatchConfig {
+        WatchConfig {
+            node: node.into(),
+            retry_min: Duration::from_millis(500),
+            retry_max: Duration::from_secs(30),
+            orphan_grace: Duration::from_secs(30),
+            watch_backoff_min: Duration::from_millis(800),
+            watch_backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why [`connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Neither in-cluster config (service account token and CA, `KUBERNETES_SERVICE_*`)
+    /// nor a kubeconfig was found or usable.
+    #[error("no Kubernetes API config: {0}")]
+    Config(#[source] ::kube::config::InferConfigError),
+    /// The config was found but no client could be built from it (bad CA, bad URL).
+    #[error("cannot build Kubernetes API client: {0}")]
+    Client(#[source] ::kube::Error),
+}
+
+/// A client for the API server: in-cluster config when running in a pod (the service
+/// account's token and CA), else the kubeconfig (`KUBECONFIG`, `~/.kube/config`).
+/// Does not contact the server.
+pub async fn connect() -> Result<Client, ConnectError> {
+    let config = ::kube::Config::infer()
+        .await
+        .map_err(ConnectError::Config)?;
+    info!(api.url = %config.cluster_url, "Kubernetes API config");
+    Client::try_from(config).map_err(ConnectError::Client)
+}
+
+/// Watches this node's pods and the namespaces, and keeps the agent's enrolled set in
+/// line (see the module docs). Runs until the future is dropped (abort its task to stop
+/// it): watch errors are retried, never returned.
+pub async fn run_watch(client: Client, node: String, enrollment: Arc<dyn Enrollment>) {
+    run_watch_with(client, WatchConfig::new(node), enrollment).await
+}
+
+/// [`run_watch`] with explicit timings.
+pub async fn run_watch_with(client: Client, config: WatchConfig, enrollment: Arc<dyn Enrollment>) {
+    let backoff = || ExponentialBackoff::new(config.watch_backoff_min, config.watch_backoff_max);
+    let pods = watcher(
+        Api::<Pod>::all(client.clone()),
+        pod_watch_config(&config.node),
+    )
+    .backoff(backoff())
+    .map(Input::Pod);
+    let namespaces = watcher(Api::<Namespace>::all(client), namespace_watch_config())
+        .backoff(backoff())
+        .map(Input::Namespace);
+    let mut inputs = std::pin::pin!(futures::stream::select(pods, namespaces));
+    info!(node = %config.node, "watching pods and namespaces");
+
+    let mut reconciler = Reconciler::new(enrollment, config);
+    loop {
+        let input = tokio::select! {
+            input = inputs.next() => match input {
+                Some(input) => input,
+                // kube's watcher streams never end.
+                None => {
+                    error!("pod/namespace watch ended");
+                    return;
+                }
+            },
+            () = sleep_until(reconciler.next_due()) => Input::Tick,
+        };
+        match &input {
+            Input::Pod(Err(e)) => {
+                warn!(error = %e, "pod watch failed, retrying");
+                continue;
+            }
+            Input::Namespace(Err(e)) => {
+                warn!(error = %e, "namespace watch failed, retrying");
+                continue;
+            }
+            _ => {}
+        }
+        let now = Instant::now();
+        if let Input::Pod(Ok(event @ (watcher::Event::Init | watcher::Event::InitApply(_)))) = input
+        {
+            // Only buffers the listed pod: no agent call, no need for a blocking thread.
+            reconciler.pod_event(event, now);
+            continue;
+        }
+        let task = tokio::task::spawn_blocking(move || {
+            match input {
+                Input::Pod(Ok(event)) => reconciler.pod_event(event, now),
+                Input::Namespace(Ok(event)) => reconciler.namespace_event(event, now),
+                Input::Tick => reconciler.tick(now),
+                Input::Pod(Err(_)) | Input::Namespace(Err(_)) => {}
+            }
+            reconciler
+        });
+        reconciler = match task.await {
+            Ok(r) => r,
+            // A panic in the agent's Enrollment: not ours to hide.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => return,
+        };
+    }
+}
+
+/// This node's pods.
+fn pod_watch_config(node: &str) -> watcher::Config {
+    watcher::Config::default().fields(&format!("spec.nodeName={node}"))
+}
+
+/// The enabled namespaces only: the others are not needed to decide.
+fn namespace_watch_config() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{DATAPLANE_MODE_LABEL}={DATAPLANE_MODE_ENABLED}"))
+}
+
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one value at a time, moved to the blocking pool; a box would cost an allocation per event"
+)]
+enum Input {
+    Pod(Result<watcher::Event<Pod>, watcher::Error>),
+    Namespace(Result<watcher::Event<Namespace>, watcher::Error>),
+    Tick,
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The watcher's backoff after an error: `min` doubling up to `max`, each delay scaled by
+/// a random factor in [0.5, 1) so that the agents of every node do not relist at the
+/// same instant after an API server outage; reset by kube's watcher on the next success.
+#[derive(Debug, Clone)]
+struct ExponentialBackoff {
+    min: Duration,
+    max: Duration,
+    failures: u32,
+}
+
+impl ExponentialBackoff {
+    fn new(min: Duration, max: Duration) -> ExponentialBackoff {
+        ExponentialBackoff {
+            min,
+            max,
+            failures: 0,
+        }
+    }
+}
+
+impl Iterator for ExponentialBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.failures = self.failures.saturating_add(1);
+        let delay = reconcile::backoff(self.min, self.max, self.failures);
+        Some(delay.mul_f64(0.5 + 0.5 * random_unit()))
+    }
+}
+
+/// A random number in [0, 1): std's per-process random hash keys, so no RNG dependency
+/// (the quality needed here is "not the same on every node").
+fn random_unit() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8) >> 11;
+    bits as f64 / (1u64 << 53) as f64
+}
+
+impl Backoff for ExponentialBackoff {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests;

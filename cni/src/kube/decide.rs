@@ -1,0 +1,438 @@
+//! The enrollment decision: a pure function of a pod and its namespace's label.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+
+/// The label that enrolls a pod (on the pod or its namespace) or opts it out (on the pod).
+pub const DATAPLANE_MODE_LABEL: &str = "ringway.io/dataplane-mode";
+/// [`DATAPLANE_MODE_LABEL`] value that enrolls.
+pub const DATAPLANE_MODE_ENABLED: &str = "enabled";
+/// [`DATAPLANE_MODE_LABEL`] value that opts a pod out, whatever its namespace says.
+pub const DATAPLANE_MODE_DISABLED: &str = "disabled";
+
+/// What the node agent needs to enroll a running pod.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodIdentity {
+    /// `metadata.uid`: the key of every enroll/unenroll.
+    pub uid: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `spec.serviceAccountName` (`default` when unset).
+    pub service_account: String,
+    /// `status.podIPs` in order (primary first), or `status.podIP` when the list is
+    /// absent; values that are not IP addresses are left out.
+    pub ips: Vec<IpAddr>,
+}
+
+/// What to do with a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The pod is to be captured now.
+    Enroll(PodIdentity),
+    /// The pod must not be captured: unenroll it if it is.
+    Unenroll(UnenrollReason),
+    /// Leave the pod as it is (captured or not): it is in a transient state that the CNI
+    /// plugin or a later event covers.
+    Ignore(IgnoreReason),
+}
+
+/// Why a pod must not be captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnenrollReason {
+    /// `spec.hostNetwork`: its network namespace is the node's.
+    HostNetwork,
+    /// The pod's own label is `disabled`.
+    PodOptOut,
+    /// Neither the pod nor its namespace is labelled `enabled`.
+    NotLabelled,
+    /// Phase `Succeeded` or `Failed`: its containers are done.
+    Finished,
+    /// The pod no longer exists (deleted, or absent from a relist). Never returned by
+    /// [`decide`]; the watcher uses it for pods it has no object for.
+    Gone,
+}
+
+/// Why a pod is left as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IgnoreReason {
+    /// The object has no `metadata.uid` (never the case for objects from the API server).
+    NoUid,
+    /// `metadata.deletionTimestamp` is set: the pod keeps its capture through graceful
+    /// termination, and is unenrolled when it is deleted.
+    Terminating,
+    /// Not `Running` yet (`Pending`, `Unknown`, no phase): the CNI ADD captures a new
+    /// pod; the watch enrolls it once it runs.
+    NotRunning,
+    /// Running but no IP in the status yet.
+    NoIp,
+}
+
+impl fmt::Display for UnenrollReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            UnenrollReason::HostNetwork => "host network",
+            UnenrollReason::PodOptOut => "pod label disabled",
+            UnenrollReason::NotLabelled => "neither pod nor namespace labelled enabled",
+            UnenrollReason::Finished => "pod finished",
+            UnenrollReason::Gone => "pod gone",
+        })
+    }
+}
+
+impl fmt::Display for IgnoreReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IgnoreReason::NoUid => "no uid",
+            IgnoreReason::Terminating => "terminating",
+            IgnoreReason::NotRunning => "not running",
+            IgnoreReason::NoIp => "no IP yet",
+        })
+    }
+}
+
+/// The decision for `pod`, given its namespace (`None`: unknown, treated as unlabelled).
+///
+/// In order: hostNetwork pods are never enrolled; a pod is wanted when its label is
+/// `enabled`, or when its namespace's label is `enabled` and the pod's label is not
+/// `disabled`; a wanted pod that finished is unenrolled; a wanted pod that is
+/// terminating, not running, or has no IP yet is left alone; otherwise it is enrolled.
+pub fn decide(pod: &Pod, namespace: Option<&Namespace>) -> Decision {
+    match PodFacts::from_pod(pod) {
+        Some(facts) => decide_facts(&facts, namespace.is_some_and(namespace_enabled)),
+        None => Decision::Ignore(IgnoreReason::NoUid),
+    }
+}
+
+/// Whether a namespace enrolls its pods (its label is `enabled`).
+pub fn namespace_enabled(ns: &Namespace) -> bool {
+    label(&ns.metadata.labels) == Some(DATAPLANE_MODE_ENABLED)
+}
+
+fn label(labels: &Option<std::collections::BTreeMap<String, String>>) -> Option<&str> {
+    labels
+        .as_ref()
+        .and_then(|l| l.get(DATAPLANE_MODE_LABEL))
+        .map(String::as_str)
+}
+
+/// `status.phase`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    /// `Unknown`, absent, or a value this code does not know.
+    Unknown,
+}
+
+/// The part of a pod the decision reads (kept per pod by the watcher instead of the
+/// whole object).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PodFacts {
+    pub(crate) uid: String,
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) service_account: String,
+    /// The pod's [`DATAPLANE_MODE_LABEL`].
+    pub(crate) mode: Option<String>,
+    pub(crate) host_network: bool,
+    pub(crate) phase: Phase,
+    pub(crate) terminating: bool,
+    pub(crate) ips: Vec<IpAddr>,
+}
+
+impl PodFacts {
+    /// `None` when the pod has no uid.
+    pub(crate) fn from_pod(pod: &Pod) -> Option<PodFacts> {
+        let meta = &pod.metadata;
+        let uid = meta.uid.clone().filter(|u| !u.is_empty())?;
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let phase = match status.and_then(|s| s.phase.as_deref()) {
+            Some("Pending") => Phase::Pending,
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Unknown,
+        };
+        let ips = match status {
+            Some(s) => match &s.pod_ips {
+                Some(list) if !list.is_empty() => list.iter().map(|ip| ip.ip.as_str()).collect(),
+                _ => s.pod_ip.as_deref().into_iter().collect::<Vec<_>>(),
+            },
+            None => Vec::new(),
+        };
+        Some(PodFacts {
+            uid,
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            service_account: spec
+                .and_then(|s| s.service_account_name.clone())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "default".to_owned()),
+            mode: label(&meta.labels).map(str::to_owned),
+            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            phase,
+            terminating: meta.deletion_timestamp.is_some(),
+            ips: ips.into_iter().filter_map(|ip| ip.parse().ok()).collect(),
+        })
+    }
+
+    fn identity(&self) -> PodIdentity {
+        PodIdentity {
+            uid: self.uid.clone(),
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            service_account: self.service_account.clone(),
+            ips: self.ips.clone(),
+        }
+    }
+}
+
+/// [`decide`] on the extracted facts; `ns_enabled`: the namespace's label is `enabled`.
+pub(crate) fn decide_facts(pod: &PodFacts, ns_enabled: bool) -> Decision {
+    if pod.host_network {
+        return Decision::Unenroll(UnenrollReason::HostNetwork);
+    }
+    match pod.mode.as_deref() {
+        Some(DATAPLANE_MODE_ENABLED) => {}
+        Some(DATAPLANE_MODE_DISABLED) => return Decision::Unenroll(UnenrollReason::PodOptOut),
+        _ if ns_enabled => {}
+        _ => return Decision::Unenroll(UnenrollReason::NotLabelled),
+    }
+    match pod.phase {
+        Phase::Succeeded | Phase::Failed => Decision::Unenroll(UnenrollReason::Finished),
+        _ if pod.terminating => Decision::Ignore(IgnoreReason::Terminating),
+        Phase::Pending | Phase::Unknown => Decision::Ignore(IgnoreReason::NotRunning),
+        Phase::Running if pod.ips.is_empty() => Decision::Ignore(IgnoreReason::NoIp),
+        Phase::Running => Decision::Enroll(pod.identity()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Every combination of the inputs, checked against the rules stated as properties.
+    #[test]
+    fn exhaustive_over_every_input_combination() {
+        let modes = [None, Some("enabled"), Some("disabled"), Some("ambient")];
+        let phases = [
+            Phase::Pending,
+            Phase::Running,
+            Phase::Succeeded,
+            Phase::Failed,
+            Phase::Unknown,
+        ];
+        let ip: IpAddr = "10.0.0.7".parse().unwrap();
+        let mut n = 0;
+        for host_network in [false, true] {
+            for mode in modes {
+                for ns_enabled in [false, true] {
+                    for phase in phases {
+                        for terminating in [false, true] {
+                            for ips in [vec![], vec![ip]] {
+                                n += 1;
+                                let pod = PodFacts {
+                                    uid: "u".into(),
+                                    name: "p".into(),
+                                    namespace: "ns".into(),
+                                    service_account: "sa".into(),
+                                    mode: mode.map(str::to_owned),
+                                    host_network,
+                                    phase,
+                                    terminating,
+                                    ips: ips.clone(),
+                                };
+                                let got = decide_facts(&pod, ns_enabled);
+                                let wanted = mode == Some("enabled")
+                                    || (mode != Some("disabled") && ns_enabled);
+                                let finished = matches!(phase, Phase::Succeeded | Phase::Failed);
+                                let ctx = format!("{pod:?} ns_enabled={ns_enabled} -> {got:?}");
+
+                                // Enrolled exactly when every condition holds.
+                                let enroll = !host_network
+                                    && wanted
+                                    && phase == Phase::Running
+                                    && !terminating
+                                    && !ips.is_empty();
+                                assert_eq!(matches!(got, Decision::Enroll(_)), enroll, "{ctx}");
+                                // Unenrolled exactly when capture is wrong whatever happens next.
+                                let unenroll = host_network || !wanted || finished;
+                                assert_eq!(matches!(got, Decision::Unenroll(_)), unenroll, "{ctx}");
+
+                                // The reason is the first rule that applies.
+                                let want = if host_network {
+                                    Decision::Unenroll(UnenrollReason::HostNetwork)
+                                } else if mode == Some("disabled") {
+                                    Decision::Unenroll(UnenrollReason::PodOptOut)
+                                } else if !wanted {
+                                    Decision::Unenroll(UnenrollReason::NotLabelled)
+                                } else if finished {
+                                    Decision::Unenroll(UnenrollReason::Finished)
+                                } else if terminating {
+                                    Decision::Ignore(IgnoreReason::Terminating)
+                                } else if phase != Phase::Running {
+                                    Decision::Ignore(IgnoreReason::NotRunning)
+                                } else if ips.is_empty() {
+                                    Decision::Ignore(IgnoreReason::NoIp)
+                                } else {
+                                    Decision::Enroll(PodIdentity {
+                                        uid: "u".into(),
+                                        name: "p".into(),
+                                        namespace: "ns".into(),
+                                        service_account: "sa".into(),
+                                        ips: vec![ip],
+                                    })
+                                };
+                                assert_eq!(got, want, "{ctx}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(n, 2 * 4 * 2 * 5 * 2 * 2);
+    }
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ns(label: Option<&str>) -> Namespace {
+        let labels = match label {
+            Some(l) => json!({ DATAPLANE_MODE_LABEL: l }),
+            None => json!({}),
+        };
+        serde_json::from_value(json!({"metadata": {"name": "shop", "labels": labels}})).unwrap()
+    }
+
+    fn running(labels: serde_json::Value) -> serde_json::Value {
+        json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "uid-1", "labels": labels},
+            "spec": {"containers": [], "serviceAccountName": "web", "nodeName": "node-a"},
+            "status": {"phase": "Running", "podIP": "10.1.0.5", "podIPs": [{"ip": "10.1.0.5"}, {"ip": "fd00::5"}]}
+        })
+    }
+
+    fn web(ips: &[&str]) -> Decision {
+        Decision::Enroll(PodIdentity {
+            uid: "uid-1".into(),
+            name: "web-1".into(),
+            namespace: "shop".into(),
+            service_account: "web".into(),
+            ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
+        })
+    }
+
+    #[test]
+    fn from_kubernetes_objects() {
+        let enabled = ns(Some("enabled"));
+        let plain = ns(None);
+        let disabled_ns = ns(Some("disabled"));
+        let labelled = running(json!({ DATAPLANE_MODE_LABEL: "enabled" }));
+        let unlabelled = running(json!({"app": "web"}));
+        let opted_out = running(json!({ DATAPLANE_MODE_LABEL: "disabled" }));
+
+        // Dual stack, in the order of podIPs.
+        assert_eq!(
+            decide(&pod(labelled.clone()), None),
+            web(&["10.1.0.5", "fd00::5"])
+        );
+        assert_eq!(
+            decide(&pod(labelled.clone()), Some(&disabled_ns)),
+            web(&["10.1.0.5", "fd00::5"])
+        );
+        assert_eq!(
+            decide(&pod(unlabelled.clone()), Some(&enabled)),
+            web(&["10.1.0.5", "fd00::5"])
+        );
+        assert_eq!(
+            decide(&pod(unlabelled.clone()), Some(&plain)),
+            Decision::Unenroll(UnenrollReason::NotLabelled)
+        );
+        assert_eq!(
+            decide(&pod(unlabelled.clone()), Some(&disabled_ns)),
+            Decision::Unenroll(UnenrollReason::NotLabelled)
+        );
+        assert_eq!(
+            decide(&pod(unlabelled.clone()), None),
+            Decision::Unenroll(UnenrollReason::NotLabelled)
+        );
+        assert_eq!(
+            decide(&pod(opted_out), Some(&enabled)),
+            Decision::Unenroll(UnenrollReason::PodOptOut)
+        );
+
+        let mut host = labelled.clone();
+        host["spec"]["hostNetwork"] = json!(true);
+        assert_eq!(
+            decide(&pod(host), Some(&enabled)),
+            Decision::Unenroll(UnenrollReason::HostNetwork)
+        );
+
+        // podIP alone (older API servers); a value that is not an IP is left out.
+        let mut single = labelled.clone();
+        single["status"] = json!({"phase": "Running", "podIP": "10.1.0.9"});
+        assert_eq!(decide(&pod(single), None), web(&["10.1.0.9"]));
+        let mut bad = labelled.clone();
+        bad["status"]["podIPs"] = json!([{"ip": "not-an-ip"}, {"ip": "fd00::5"}]);
+        assert_eq!(decide(&pod(bad), None), web(&["fd00::5"]));
+        let mut no_ip = labelled.clone();
+        no_ip["status"] = json!({"phase": "Running"});
+        assert_eq!(
+            decide(&pod(no_ip), None),
+            Decision::Ignore(IgnoreReason::NoIp)
+        );
+
+        let mut pending = labelled.clone();
+        pending["status"] = json!({"phase": "Pending"});
+        assert_eq!(
+            decide(&pod(pending), None),
+            Decision::Ignore(IgnoreReason::NotRunning)
+        );
+        let mut no_status = labelled.clone();
+        no_status.as_object_mut().unwrap().remove("status");
+        assert_eq!(
+            decide(&pod(no_status), None),
+            Decision::Ignore(IgnoreReason::NotRunning)
+        );
+        let mut done = labelled.clone();
+        done["status"]["phase"] = json!("Succeeded");
+        assert_eq!(
+            decide(&pod(done), None),
+            Decision::Unenroll(UnenrollReason::Finished)
+        );
+        let mut deleting = labelled.clone();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert_eq!(
+            decide(&pod(deleting), None),
+            Decision::Ignore(IgnoreReason::Terminating)
+        );
+
+        // No service account name: the API server's default.
+        let mut no_sa = labelled.clone();
+        no_sa["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("serviceAccountName");
+        let Decision::Enroll(id) = decide(&pod(no_sa), None) else {
+            panic!("not enrolled")
+        };
+        assert_eq!(id.service_account, "default");
+
+        let mut no_uid = labelled;
+        no_uid["metadata"].as_object_mut().unwrap().remove("uid");
+        assert_eq!(
+            decide(&pod(no_uid), None),
+            Decision::Ignore(IgnoreReason::NoUid)
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! The watcher's state and its calls to [`Enrollment`]: synchronous, fed one watch event
+//! (or a timer tick) at a time by [`super::run_watch_with`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::runtime::watcher::Event;
+use tokio::time::Instant;
+use tracing::{debug, info, trace, warn};
+
+use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
+use super::{Enrollment, WatchConfig};
+
+/// A pod whose enroll or unenroll failed (retried with backoff), or that was enrolled
+/// but absent from a relist (checked again after the orphan grace).
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    /// Failed calls so far (0 for an orphan check).
+    failures: u32,
+    due: Instant,
+}
+
+/// The agent's enrolled set, read at most once per event and kept in step with the
+/// calls made while handling it.
+struct Enrolled<'a> {
+    source: &'a dyn Enrollment,
+    set: Option<HashSet<String>>,
+}
+
+impl<'a> Enrolled<'a> {
+    fn new(source: &'a dyn Enrollment) -> Enrolled<'a> {
+        Enrolled { source, set: None }
+    }
+
+    fn set(&mut self) -> &mut HashSet<String> {
+        self.set
+            .get_or_insert_with(|| self.source.enrolled().into_iter().collect())
+    }
+}
+
+pub(crate) struct Reconciler {
+    enrollment: Arc<dyn Enrollment>,
+    config: WatchConfig,
+    /// This node's pods by uid.
+    pods: HashMap<String, PodFacts>,
+    /// Pods listed so far during a relist (replaces `pods` at its end).
+    pods_relist: Option<HashMap<String, PodFacts>>,
+    pods_synced: bool,
+    /// Names of the namespaces labelled `enabled`.
+    namespaces: HashSet<String>,
+    namespaces_relist: Option<HashSet<String>>,
+    namespaces_synced: bool,
+    retries: HashMap<String, Retry>,
+}
+
+impl Reconciler {
+    pub(crate) fn new(enrollment: Arc<dyn Enrollment>, config: WatchConfig) -> Reconciler {
+        Reconciler {
+            enrollment,
+            config,
+            pods: HashMap::new(),
+            pods_relist: None,
+            pods_synced: false,
+            namespaces: HashSet::new(),
+            namespaces_relist: None,
+            namespaces_synced: false,
+            retries: HashMap::new(),
+        }
+    }
+
+    /// Nothing is enrolled or unenrolled before both lists are in: a pod of an enabled
+    /// namespace must not be unenrolled because the namespace was not listed yet.
+    fn ready(&self) -> bool {
+        self.pods_synced && self.namespaces_synced
+    }
+
+    /// When [`Reconciler::tick`] has work.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        if !self.ready() {
+            return None;
+        }
+        self.retries.values().map(|r| r.due).min()
+    }
+
+    pub(crate) fn pod_event(&mut self, event: Event<Pod>, now: Instant) {
+        match event {
+            Event::Init => {
+                debug!(node = %self.config.node, "listing pods");
+                self.pods_relist = Some(HashMap::new());
+            }
+            Event::InitApply(pod) => {
+                if let Some(facts) = PodFacts::from_pod(&pod) {
+                    let target = self.pods_relist.as_mut().unwrap_or(&mut self.pods);
+                    target.insert(facts.uid.clone(), facts);
+                }
+            }
+            Event::InitDone => {
+                if let Some(listed) = self.pods_relist.take() {
+                    self.pods = listed;
+                }
+                self.pods_synced = true;
+                debug!(node = %self.config.node, pods = self.pods.len(), "pods listed");
+                self.reconcile_all(now);
+            }
+            Event::Apply(pod) => {
+                let Some(facts) = PodFacts::from_pod(&pod) else {
+                    warn!(pod.name = ?pod.metadata.name, "pod without uid ignored");
+                    return;
+                };
+                let uid = facts.uid.clone();
+                self.pods.insert(uid.clone(), facts);
+                if self.ready() {
+                    self.evaluate(&uid, &mut Enrolled::new(&*self.enrollment.clone()));
+                }
+            }
+            Event::Delete(pod) => {
+                let Some(uid) = pod.metadata.uid else { return };
+                self.pods.remove(&uid);
+                if self.ready() {
+                    self.evaluate(&uid, &mut Enrolled::new(&*self.enrollment.clone()));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn namespace_event(&mut self, event: Event<Namespace>, now: Instant) {
+        match event {
+            Event::Init => self.namespaces_relist = Some(HashSet::new()),
+            Event::InitApply(ns) => {
+                if let (true, Some(name)) = (namespace_enabled(&ns), ns.metadata.name) {
+                    let target = self
+                        .namespaces_relist
+                        .as_mut()
+                        .unwrap_or(&mut self.namespaces);
+                    target.insert(name);
+                }
+            }
+            Event::InitDone => {
+                if let Some(listed) = self.namespaces_relist.take() {
+                    self.namespaces = listed;
+                }
+                self.namespaces_synced = true;
+                debug!(enabled = ?self.namespaces, "namespaces listed");
+                self.reconcile_all(now);
+            }
+            Event::Apply(ns) => {
+                let enabled = namespace_enabled(&ns);
+                let Some(name) = ns.metadata.name else { return };
+                let changed = if enabled {
+                    self.namespaces.insert(name.clone())
+                } else {
+                    self.namespaces.remove(&name)
+                };
+                if changed {
+                    info!(namespace = %name, enabled, "namespace label changed");
+                    self.evaluate_namespace(&name);
+                }
+            }
+            // Deleted, or no longer matching the `enabled` label selector.
+            Event::Delete(ns) => {
+                let Some(name) = ns.metadata.name else { return };
+                if self.namespaces.remove(&name) {
+                    info!(namespace = %name, enabled = false, "namespace label changed");
+                    self.evaluate_namespace(&name);
+                }
+            }
+        }
+    }
+
+    /// Handles the retries and orphan checks that are due.
+    pub(crate) fn tick(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .retries
+            .iter()
+            .filter(|(_, r)| r.due <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let enrollment = self.enrollment.clone();
+        let mut enrolled = Enrolled::new(&*enrollment);
+        for uid in due {
+            self.evaluate(&uid, &mut enrolled);
+        }
+    }
+
+    fn evaluate_namespace(&mut self, namespace: &str) {
+        if !self.ready() {
+            return;
+        }
+        let uids: Vec<String> = self
+            .pods
+            .values()
+            .filter(|p| p.namespace == namespace)
+            .map(|p| p.uid.clone())
+            .collect();
+        let enrollment = self.enrollment.clone();
+        let mut enrolled = Enrolled::new(&*enrollment);
+        for uid in uids {
+            self.evaluate(&uid, &mut enrolled);
+        }
+    }
+
+    /// After a (re)list: every pod is evaluated, and every enrolled pod that was not
+    /// listed is unenrolled if it is still absent after the orphan grace (a pod bound to
+    /// this node just after the list was taken may already be enrolled by its CNI ADD).
+    fn reconcile_all(&mut self, now: Instant) {
+        if !self.ready() {
+            return;
+        }
+        let enrollment = self.enrollment.clone();
+        let mut enrolled = Enrolled::new(&*enrollment);
+        let uids: Vec<String> = self.pods.keys().cloned().collect();
+        for uid in &uids {
+            self.evaluate(uid, &mut enrolled);
+        }
+        let orphans: Vec<String> = enrolled
+            .set()
+            .iter()
+            .filter(|uid| !self.pods.contains_key(*uid))
+            .cloned()
+            .collect();
+        for uid in &orphans {
+            debug!(pod.uid = %uid, grace = ?self.config.orphan_grace, "enrolled pod not listed");
+            self.retries.entry(uid.clone()).or_insert(Retry {
+                failures: 0,
+                due: now + self.config.orphan_grace,
+            });
+        }
+        info!(
+            node = %self.config.node,
+            pods = uids.len(),
+            enrolled = enrolled.set().len(),
+            unlisted = orphans.len(),
+            "reconciled pods with the enrolled set"
+        );
+    }
+
+    /// Decides for one pod (absent: gone) and calls the agent if its state differs.
+    fn evaluate(&mut self, uid: &str, enrolled: &mut Enrolled<'_>) {
+        let (decision, namespace, name) = match self.pods.get(uid) {
+            Some(p) => (
+                decide_facts(p, self.namespaces.contains(&p.namespace)),
+                p.namespace.clone(),
+                p.name.clone(),
+            ),
+            None => (
+                Decision::Unenroll(UnenrollReason::Gone),
+                String::new(),
+                String::new(),
+            ),
+        };
+        match decision {
+            Decision::Enroll(id) => {
+                if enrolled.set().contains(uid) {
+                    trace!(pod.uid = %uid, "already enrolled");
+                    self.retries.remove(uid);
+                    return;
+                }
+                match self.enrollment.enroll(&id) {
+                    Ok(()) => {
+                        info!(pod.namespace = %id.namespace, pod.name = %id.name, pod.uid = %uid, pod.ips = ?id.ips, "enrolled pod");
+                        enrolled.set().insert(uid.to_owned());
+                        self.retries.remove(uid);
+                    }
+                    Err(error) => self.retry_later(uid, "enroll", &error),
+                }
+            }
+            Decision::Unenroll(reason) => {
+                if !enrolled.set().contains(uid) {
+                    trace!(pod.uid = %uid, %reason, "not enrolled");
+                    self.retries.remove(uid);
+                    return;
+                }
+                match self.enrollment.unenroll(uid) {
+                    Ok(()) => {
+                        info!(pod.namespace = %namespace, pod.name = %name, pod.uid = %uid, %reason, "unenrolled pod");
+                        enrolled.set().remove(uid);
+                        self.retries.remove(uid);
+                    }
+                    Err(error) => self.retry_later(uid, "unenroll", &error),
+                }
+            }
+            Decision::Ignore(reason) => {
+                trace!(pod.uid = %uid, %reason, "left as it is");
+                self.retries.remove(uid);
+            }
+        }
+    }
+
+    /// Schedules the next attempt, counted from now (the failed call may have taken a
+    /// while).
+    fn retry_later(&mut self, uid: &str, call: &str, error: &str) {
+        let now = Instant::now();
+        let failures = self.retries.get(uid).map_or(0, |r| r.failures) + 1;
+        let delay = backoff(self.config.retry_min, self.config.retry_max, failures);
+        warn!(pod.uid = %uid, call, error, failures, retry_in = ?delay, "node agent call failed");
+        self.retries.insert(
+            uid.to_owned(),
+            Retry {
+                failures,
+                due: now + delay,
+            },
+        );
+    }
+}
+
+/// `min * 2^(failures-1)`, at most `max`.
+pub(crate) fn backoff(min: Duration, max: Duration, failures: u32) -> Duration {
+    let factor = 1u32 << failures.saturating_sub(1).min(20);
+    min.saturating_mul(factor).min(max)
+}

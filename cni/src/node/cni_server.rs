@@ -1,0 +1,447 @@
+//! The CNI event socket: one JSON request line in, one JSON response line
+//! out ([`super::protocol`]), 5 s deadlines each way.
+
+use std::collections::HashSet;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use serde_json::{Map, Value};
+
+use super::protocol::{ErrorKind as Kind, Response, MAX_LINE};
+use super::state::{CheckError, Core};
+use super::zds_server::{chmod_600, clear_stale, create_parent, temp_path};
+use super::{EnrollError, Pod, StartError, CNI_IO_TIMEOUT, MAX_CNI_HANDLERS};
+use crate::result::PodIp;
+
+const TICK_MS: u16 = 200;
+
+/// Binds the CNI socket (mode 0600, non-blocking).
+pub(super) fn bind(path: &Path) -> Result<UnixListener, StartError> {
+    let err = |what: &'static str| {
+        let path = path.to_path_buf();
+        move |source| StartError::Socket { what, path, source }
+    };
+    create_parent(path)?;
+    clear_stale(path, |p| UnixStream::connect(p).is_ok())?;
+    let tmp = temp_path(path);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(err("binding the CNI socket"))?;
+    let placed = chmod_600(&tmp)
+        .map_err(err("setting the mode of the CNI socket"))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(err("moving the CNI socket to")))
+        .and_then(|()| {
+            listener
+                .set_nonblocking(true)
+                .map_err(err("configuring the CNI socket"))
+        });
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    tracing::info!(path = %path.display(), "CNI socket listening");
+    Ok(listener)
+}
+
+/// Accepts plugin connections until shutdown; one worker per request.
+pub(super) fn accept_loop(core: Arc<Core>, listener: UnixListener) {
+    while !core.is_stopping() {
+        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(TICK_MS)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "polling the CNI listener");
+                std::thread::sleep(Duration::from_millis(u64::from(TICK_MS)));
+                continue;
+            }
+        }
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a CNI connection");
+                std::thread::sleep(Duration::from_millis(u64::from(TICK_MS)));
+                continue;
+            }
+        };
+        if core.cni_handlers.fetch_add(1, Ordering::SeqCst) >= MAX_CNI_HANDLERS {
+            core.cni_handlers.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!("CNI request refused: {MAX_CNI_HANDLERS} requests in progress");
+            let resp = Response::err(
+                Kind::NotReady,
+                format!("node agent busy: {MAX_CNI_HANDLERS} requests in progress"),
+            );
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_write_timeout(Some(CNI_IO_TIMEOUT));
+            let _ = (&stream).write_all(format!("{}\n", resp.to_line()).as_bytes());
+            continue;
+        }
+        let c = core.clone();
+        let spawned = core.spawn_worker("ringway-cni".into(), move || {
+            handle(&c, stream);
+            c.cni_handlers.fetch_sub(1, Ordering::SeqCst);
+        });
+        if let Err(e) = spawned {
+            core.cni_handlers.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(error = %e, "no thread for a CNI request; dropped");
+        }
+    }
+}
+
+/// Why no request line was read.
+enum ReadError {
+    /// The peer closed without sending anything.
+    Empty,
+    /// Did not fit in [`MAX_LINE`].
+    TooLong,
+    /// The deadline passed.
+    Timeout,
+    /// The socket failed.
+    Io(std::io::Error),
+}
+
+/// Reads one line (without its newline) within [`CNI_IO_TIMEOUT`] in total.
+/// Data closed by EOF instead of a newline counts as the line.
+fn read_line(stream: &mut UnixStream) -> Result<String, ReadError> {
+    let deadline = Instant::now() + CNI_IO_TIMEOUT;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ReadError::Timeout);
+        }
+        stream.set_read_timeout(Some(left)).map_err(ReadError::Io)?;
+        match stream.read(&mut chunk) {
+            Ok(0) if buf.is_empty() => return Err(ReadError::Empty),
+            Ok(0) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                    buf.truncate(pos);
+                    break;
+                }
+                if buf.len() >= MAX_LINE {
+                    return Err(ReadError::TooLong);
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(ReadError::Timeout)
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+    if buf.len() > MAX_LINE {
+        return Err(ReadError::TooLong);
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+fn handle(core: &Core, mut stream: UnixStream) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(CNI_IO_TIMEOUT));
+    let resp = match read_line(&mut stream) {
+        Ok(line) => dispatch(core, &line),
+        Err(ReadError::Empty) => {
+            tracing::debug!("CNI connection closed without a request");
+            return;
+        }
+        Err(ReadError::TooLong) => bad(format!("request longer than {MAX_LINE} bytes")),
+        Err(ReadError::Timeout) => bad(format!(
+            "no complete request line within {}s",
+            CNI_IO_TIMEOUT.as_secs()
+        )),
+        Err(ReadError::Io(e)) => {
+            tracing::warn!(error = %e, "reading a CNI request");
+            return;
+        }
+    };
+    if let Err(e) = stream.write_all(format!("{}\n", resp.to_line()).as_bytes()) {
+        tracing::warn!(error = %e, "writing the CNI response");
+        return;
+    }
+    linger(&mut stream);
+}
+
+/// Closing a unix stream socket with unread input resets the peer, which
+/// then loses the response: say we are done, and discard what the client
+/// still sends (bounded: 1 s, 1 MiB) until it closes.
+fn linger(stream: &mut UnixStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut sink = [0u8; 16 * 1024];
+    let mut left = 1usize << 20;
+    while left > 0 {
+        let t = deadline.saturating_duration_since(Instant::now());
+        if t.is_zero() || stream.set_read_timeout(Some(t)).is_err() {
+            return;
+        }
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+fn bad(msg: String) -> Response {
+    tracing::warn!(error = %msg, "bad CNI request");
+    Response::err(Kind::BadRequest, msg)
+}
+
+fn rejected(msg: String) -> Response {
+    tracing::warn!(error = %msg, "CNI request refused");
+    Response::err(Kind::Rejected, msg)
+}
+
+fn from_enroll(e: EnrollError) -> Response {
+    if e.is_retryable() {
+        Response::err(Kind::NotReady, e.to_string())
+    } else {
+        rejected(e.to_string())
+    }
+}
+
+/// Field access that names exactly what is missing or malformed.
+struct Fields<'a> {
+    op: &'a str,
+    obj: &'a Map<String, Value>,
+    prefix: &'static str,
+}
+
+impl<'a> Fields<'a> {
+    fn name(&self, field: &str) -> String {
+        format!("{}{field}", self.prefix)
+    }
+
+    fn opt_str(&self, field: &str) -> Result<Option<String>, Response> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(bad(format!(
+                "{} request: \"{}\" must be a string",
+                self.op,
+                self.name(field)
+            ))),
+        }
+    }
+
+    fn str(&self, field: &str) -> Result<String, Response> {
+        match self.opt_str(field)? {
+            None => Err(bad(format!(
+                "{} request has no \"{}\"",
+                self.op,
+                self.name(field)
+            ))),
+            Some(s) if s.is_empty() => Err(bad(format!(
+                "{} request: \"{}\" is empty",
+                self.op,
+                self.name(field)
+            ))),
+            Some(s) => Ok(s),
+        }
+    }
+
+    fn object(&self, field: &str) -> Result<Fields<'a>, Response> {
+        match self.obj.get(field) {
+            Some(Value::Object(o)) => Ok(Fields {
+                op: self.op,
+                obj: o,
+                prefix: "pod.",
+            }),
+            None | Some(Value::Null) => Err(bad(format!(
+                "{} request has no \"{}\"",
+                self.op,
+                self.name(field)
+            ))),
+            Some(_) => Err(bad(format!(
+                "{} request: \"{}\" must be an object",
+                self.op,
+                self.name(field)
+            ))),
+        }
+    }
+
+    fn array(&self, field: &str) -> Result<Option<&'a Vec<Value>>, Response> {
+        match self.obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(a)) => Ok(Some(a)),
+            Some(_) => Err(bad(format!(
+                "{} request: \"{}\" must be an array",
+                self.op,
+                self.name(field)
+            ))),
+        }
+    }
+}
+
+/// One request line to one response.
+pub(super) fn dispatch(core: &Core, line: &str) -> Response {
+    let value: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return bad(format!("request is not valid JSON: {e}")),
+    };
+    let Some(obj) = value.as_object() else {
+        return bad("request is not a JSON object".into());
+    };
+    let op = match obj.get("op") {
+        Some(Value::String(s)) => s.as_str(),
+        None | Some(Value::Null) => return bad("request has no \"op\"".into()),
+        Some(_) => return bad("request: \"op\" must be a string".into()),
+    };
+    let f = Fields {
+        op,
+        obj,
+        prefix: "",
+    };
+    let span = tracing::info_span!("cni", cni.op = op);
+    let _span = span.enter();
+    let r = match op {
+        "add" => add(core, &f),
+        "del" => del(core, &f),
+        "check" => check(core, &f),
+        "status" => Ok(status(core)),
+        "gc" => gc(core, &f),
+        other => Err(bad(format!(
+            "unknown op {other:?} (expected add, del, check, status or gc)"
+        ))),
+    };
+    r.unwrap_or_else(|resp| resp)
+}
+
+/// The pod of an add/check request.
+fn pod_of(f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
+    let p = f.object("pod")?;
+    let mut ips = Vec::new();
+    for (i, v) in f.array("ips")?.into_iter().flatten().enumerate() {
+        let s = v
+            .as_str()
+            .ok_or_else(|| bad(format!("{} request: \"ips\"[{i}] must be a string", f.op)))?;
+        let ip: PodIp = s
+            .parse()
+            .map_err(|e: String| bad(format!("{} request: \"ips\"[{i}]: {e}", f.op)))?;
+        ips.push(ip.addr);
+    }
+    Ok(Pod {
+        uid: p.str("uid")?,
+        name: p.str("name")?,
+        namespace: p.str("namespace")?,
+        service_account: p.opt_str("serviceAccount")?.unwrap_or_default(),
+        ips,
+        container_id: Some(container_id.to_string()),
+    })
+}
+
+fn add(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+    let container_id = f.str("containerId")?;
+    let netns = f.str("netns")?;
+    let pod = pod_of(f, &container_id)?;
+    tracing::info!(pod.uid = %pod.uid, pod.name = %pod.name, pod.namespace = %pod.namespace, container_id = %container_id, netns = %netns, "CNI ADD");
+    let fd =
+        ringway_redirect::open_netns(Path::new(&netns)).map_err(|e| rejected(e.to_string()))?;
+    Ok(match core.enroll(pod, fd, Some(PathBuf::from(&netns))) {
+        Ok(()) => Response::ok(),
+        Err(e) => from_enroll(e),
+    })
+}
+
+fn del(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+    let container_id = f.str("containerId")?;
+    let netns = f.opt_str("netns")?.filter(|s| !s.is_empty());
+    let uid = match f.obj.get("pod") {
+        Some(Value::Object(_)) => f.object("pod")?.opt_str("uid")?,
+        _ => None,
+    }
+    .filter(|s| !s.is_empty());
+    tracing::info!(pod.uid = uid.as_deref().unwrap_or(""), container_id = %container_id, netns = netns.as_deref().unwrap_or(""), "CNI DEL");
+    // The namespace the runtime means, when it still exists.
+    let netns_inode = netns
+        .as_deref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.ino());
+    match core.find(uid.as_deref(), &container_id) {
+        Some((uid, _)) => match core.unenroll_matching(&uid, Some(&container_id), netns_inode) {
+            Ok(_) => Ok(Response::ok()),
+            Err(e) => Ok(from_enroll(e)),
+        },
+        None => {
+            // Not enrolled here; a netns that still carries this pod's rules
+            // (state lost some other way) is cleaned up all the same.
+            if let (Some(uid), Some(path)) = (uid.as_deref(), netns.as_deref()) {
+                remove_stray_rules(core, uid, Path::new(path));
+            }
+            Ok(Response::ok())
+        }
+    }
+}
+
+fn remove_stray_rules(core: &Core, uid: &str, path: &Path) {
+    let Ok(fd) = ringway_redirect::open_netns(path) else {
+        return;
+    };
+    if let Ok(Some(tag)) = ringway_redirect::read_tag(fd.as_fd()) {
+        if tag.uid == uid {
+            match ringway_redirect::remove(fd.as_fd(), &core.config().capture) {
+                Ok(()) => {
+                    tracing::info!(pod.uid = %uid, "removed the rules of a pod the agent did not hold")
+                }
+                Err(e) => tracing::warn!(pod.uid = %uid, error = %e, "removing stray rules failed"),
+            }
+        }
+    }
+}
+
+fn check(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+    let container_id = f.str("containerId")?;
+    let netns = f.str("netns")?;
+    let pod = pod_of(f, &container_id)?;
+    let inode = std::fs::metadata(&netns).ok().map(|m| m.ino());
+    Ok(match core.check(&pod.uid, &container_id, inode) {
+        Ok(()) => Response::ok(),
+        Err(CheckError::Unknown) => Response::err(
+            Kind::UnknownContainer,
+            format!("container {container_id} (pod {}) is not enrolled", pod.uid),
+        ),
+        Err(CheckError::NotReady(m)) => Response::err(Kind::NotReady, m),
+        Err(CheckError::Failed(m)) => rejected(m),
+    })
+}
+
+fn status(core: &Core) -> Response {
+    if core.is_stopping() {
+        Response::err(Kind::NotReady, "node agent is shutting down")
+    } else if core.any_ready() {
+        Response::ok()
+    } else {
+        Response::err(Kind::NotReady, "no node proxy is ready")
+    }
+}
+
+fn gc(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+    let Some(list) = f.array("validAttachments")? else {
+        return Err(bad("gc request has no \"validAttachments\"".into()));
+    };
+    let mut valid = HashSet::new();
+    for (i, a) in list.iter().enumerate() {
+        let cid = a
+            .get("containerId")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| {
+                bad(format!(
+                    "gc request: \"validAttachments\"[{i}] has no \"containerId\""
+                ))
+            })?;
+        valid.insert(cid.to_string());
+    }
+    let removed = core.gc(&valid);
+    tracing::info!(valid = valid.len(), removed = ?removed, "CNI GC");
+    Ok(Response::ok())
+}

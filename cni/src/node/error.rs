@@ -1,0 +1,116 @@
+//! Errors of the node agent. Each says which side failed: the caller's input,
+//! the pod's namespace, the kernel (rules), or the node proxy.
+
+use std::path::PathBuf;
+
+use ringway_redirect::RedirectError;
+
+/// Why a pod was not enrolled (or not unenrolled cleanly).
+#[derive(Debug, thiserror::Error)]
+pub enum EnrollError {
+    /// No proxy is connected with its snapshot delivered (retryable).
+    #[error("no node proxy is ready to take the pod{}", last_error.as_ref().map(|e| format!(" (last proxy failure: {e})")).unwrap_or_default())]
+    NoProxy {
+        /// Why the last proxy tried was dropped, if one was tried.
+        last_error: Option<String>,
+    },
+    /// The proxy answered the `Add` with an error (retryable: the proxy
+    /// retries the pod on its own, the runtime retries the ADD).
+    #[error("node proxy refused pod {uid}: {reason}")]
+    Nacked {
+        /// Pod UID.
+        uid: String,
+        /// The proxy's error text.
+        reason: String,
+    },
+    /// Another enroll/unenroll of the same pod is still running (retryable).
+    #[error("pod {uid} is busy: another enroll or unenroll of it did not finish within {secs}s")]
+    Busy {
+        /// Pod UID.
+        uid: String,
+        /// How long this call waited.
+        secs: u64,
+    },
+    /// The agent is shutting down (retryable: the next agent serves it).
+    #[error("node agent is shutting down")]
+    ShuttingDown,
+    /// The pod description is unusable (missing field, excluded namespace).
+    #[error("{0}")]
+    BadInput(String),
+    /// The namespace is not a pod's network namespace (the host's, the
+    /// agent's own, not a network namespace, missing).
+    #[error(transparent)]
+    BadNetns(RedirectError),
+    /// A local system call failed (e.g. duplicating the netns fd).
+    #[error("{what}: {source}")]
+    Io {
+        /// The operation.
+        what: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Programming or removing the pod's capture rules failed.
+    #[error("capture rules of pod {uid}: {source}")]
+    Rules {
+        /// Pod UID.
+        uid: String,
+        /// What the kernel said.
+        #[source]
+        source: RedirectError,
+    },
+}
+
+impl EnrollError {
+    /// Whether trying again later may succeed (the CNI plugin then answers
+    /// code 11, "try again later").
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            EnrollError::NoProxy { .. }
+                | EnrollError::Nacked { .. }
+                | EnrollError::Busy { .. }
+                | EnrollError::ShuttingDown
+        )
+    }
+}
+
+/// Why the agent did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The capture spec is inconsistent.
+    #[error("capture settings: {0}")]
+    Capture(#[source] RedirectError),
+    /// A socket could not be set up.
+    #[error("{what} {}: {source}", path.display())]
+    Socket {
+        /// Which step (`binding the ZDS socket`, ...).
+        what: &'static str,
+        /// The socket path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something is already serving on the socket path.
+    #[error("{} is in use: another agent answers on it", path.display())]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The socket path holds something that is not a socket.
+    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A thread could not be started.
+    #[error("spawning thread {name}: {source}")]
+    Thread {
+        /// The thread's name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}

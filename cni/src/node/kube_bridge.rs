@@ -1,0 +1,41 @@
+//! The agent as the Kubernetes watch sees it ([`crate::kube::Enrollment`]):
+//! the watch knows pods, the agent finds their network namespaces.
+
+use std::os::fd::AsFd;
+
+use super::{discover, Enroller, Pod};
+use crate::kube::{Enrollment as WatchEnrollment, PodIdentity};
+
+impl WatchEnrollment for Enroller {
+    /// Enrolls a running pod. Its namespace is the one the agent already
+    /// holds for the UID (a repeated enroll that fills in what the earlier one
+    /// lacked, e.g. the service account CNI does not know), else the one
+    /// found among the processes whose cgroup names the UID (oldest first,
+    /// never the host's namespace, confirmed by one of the pod's IPs).
+    fn enroll(&self, pod: &PodIdentity) -> Result<(), String> {
+        let wanted = Pod {
+            uid: pod.uid.clone(),
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            service_account: pod.service_account.clone(),
+            ips: pod.ips.clone(),
+            container_id: None,
+        };
+        let (fd, path) = match self.0.pinned_netns(&pod.uid) {
+            Some(found) => found,
+            None => discover::find_pod_netns(self.0.config(), &pod.uid, &pod.ips)
+                .map(|(fd, path)| (fd, Some(path)))?,
+        };
+        tracing::info!(pod.uid = %pod.uid, netns = %path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), "enrolling a running pod");
+        ringway_redirect::check_pod_netns(fd.as_fd()).map_err(|e| e.to_string())?;
+        self.0.enroll(wanted, fd, path).map_err(|e| e.to_string())
+    }
+
+    fn unenroll(&self, uid: &str) -> Result<(), String> {
+        self.0.unenroll(uid).map_err(|e| e.to_string())
+    }
+
+    fn enrolled(&self) -> Vec<String> {
+        self.0.enrolled().into_iter().map(|p| p.pod.uid).collect()
+    }
+}

@@ -1,0 +1,466 @@
+//! Drills of the pod lifecycle through the real binaries: the `ringway-cni`
+//! plugin driven exactly as a container runtime drives it (CNI_* variables,
+//! the network config with the primary plugin's `prevResult` on stdin), the
+//! `ringway agent` and the `ringway proxy` processes.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringway_testbed::{run_isolated, Pod, VirtualNode};
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Proc {
+    fn sigterm_and_wait(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.0.wait().unwrap()
+    }
+}
+
+struct Env {
+    dir: PathBuf,
+    plugin: PathBuf,
+}
+
+impl Env {
+    fn new(name: &str) -> Env {
+        let dir = std::env::temp_dir().join(format!("ringway-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let plugin = dir.join("ringway-cni");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ringway"), &plugin).unwrap();
+        Env { dir, plugin }
+    }
+
+    fn zds(&self) -> PathBuf {
+        self.dir.join("zds.sock")
+    }
+
+    fn cni(&self) -> PathBuf {
+        self.dir.join("cni.sock")
+    }
+
+    fn agent(&self) -> Proc {
+        let log = std::fs::File::create(self.dir.join(format!("agent-{}.log", now_ms()))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ringway"))
+            .args([
+                "--log-format",
+                "text",
+                "--log",
+                "info",
+                "agent",
+                "--zds-socket",
+            ])
+            .arg(self.zds())
+            .arg("--cni-socket")
+            .arg(self.cni())
+            .args(["--netns-dir", "/run/netns", "--node-name", "node1"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while !self.cni().exists() || !self.zds().exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "agent sockets never appeared"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Proc(child)
+    }
+
+    fn proxy(&self, ready_addr: &str) -> (Proc, PathBuf) {
+        let log_path = self.dir.join(format!("proxy-{ready_addr}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ringway"))
+            .args([
+                "--log-format",
+                "text",
+                "--log",
+                "info",
+                "proxy",
+                "--zds-socket",
+            ])
+            .arg(self.zds())
+            .args(["--readiness-addr", ready_addr])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = ready_addr.parse().unwrap();
+        let t0 = Instant::now();
+        while !ready(addr) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "proxy never became ready"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (Proc(child), log_path)
+    }
+
+    /// Runs the plugin as a runtime does.
+    fn cni_call(&self, command: &str, pod: &Pod, uid: &str) -> Output {
+        let prev = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": pod.netns.path()}],
+            "ips": [
+                {"address": format!("{}/24", pod.ipv4), "interface": 0},
+                {"address": format!("{}/64", pod.ipv6), "interface": 0}
+            ],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dns": {}
+        });
+        let conf = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "k8s-pod-network",
+            "type": "ringway-cni",
+            "agentSocket": self.cni(),
+            "prevResult": prev,
+        });
+        let mut child = Command::new(&self.plugin)
+            .env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", format!("sandbox-{uid}"))
+            .env("CNI_NETNS", pod.netns.path())
+            .env("CNI_IFNAME", "eth0")
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID=sandbox-{uid};K8S_POD_UID={uid}",
+                    pod.name
+                ),
+            )
+            .env("CNI_PATH", &self.dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+fn ready(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.starts_with("HTTP/1.1 200")
+}
+
+fn echo_server(l: TcpListener, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    l.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(n) = s.read(&mut buf) {
+                            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    })
+}
+
+fn request(s: &mut TcpStream, i: u64) -> Result<(), String> {
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| e.to_string())?;
+    let req = format!("{i:032}");
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut resp = [0u8; 32];
+    s.read_exact(&mut resp).map_err(|e| format!("read: {e}"))?;
+    if resp != req.as_bytes() {
+        return Err("wrong reply".into());
+    }
+    Ok(())
+}
+
+fn error_code(out: &Output) -> i64 {
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["code"].as_i64().unwrap_or(-1)
+}
+
+fn listeners(pod: &Pod) -> usize {
+    pod.netns
+        .exec(
+            "ss",
+            &[
+                "-Htln",
+                "( sport = :15001 or sport = :15006 or sport = :15008 )",
+            ],
+        )
+        .unwrap()
+        .lines()
+        .count()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+/// ADD fails with a retryable error while no proxy is connected and succeeds
+/// once one is; then 200 pods in a row, each with an app that connects the
+/// instant ADD returns and is captured; DEL removes a pod's listeners at once.
+#[test]
+fn cni_add_captures_the_app_from_its_first_connection() {
+    run_isolated("cni_add_captures_the_app_from_its_first_connection", || {
+        let env = Env::new("drill-cni");
+        let mut vn = VirtualNode::build(1, 1).unwrap();
+        let server = vn.pod(0).clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = SocketAddr::new(server.ip(false), 8080);
+        let l = server
+            .netns
+            .run(|| ringway_testbed::traffic::listen(addr))
+            .unwrap();
+        let srv = echo_server(l, stop.clone());
+        let _agent = env.agent();
+
+        // No proxy yet: ADD must fail, retryably (code 11).
+        let first = vn.add_pod().unwrap();
+        let out = env.cni_call("ADD", &first, "uid-first");
+        assert!(!out.status.success(), "ADD must fail without a proxy");
+        assert_eq!(
+            error_code(&out),
+            11,
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let (_proxy, _log) = env.proxy("127.0.0.1:15021");
+        let out = env.cni_call("ADD", &first, "uid-first");
+        assert!(
+            out.status.success(),
+            "retried ADD: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(result["cniVersion"], "1.0.0");
+        assert_eq!(result["ips"][0]["address"], format!("{}/24", first.ipv4));
+
+        // 200 pods in a row.
+        let mut latencies = Vec::new();
+        for i in 0..200u64 {
+            let pod = vn.add_pod().unwrap();
+            let uid = format!("uid-{i}");
+            let t0 = Instant::now();
+            let out = env.cni_call("ADD", &pod, &uid);
+            let took = t0.elapsed();
+            assert!(
+                out.status.success(),
+                "ADD {i}: {} {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            latencies.push(took.as_secs_f64() * 1e3);
+            // The app starts now: its very first connection must be captured.
+            let proof = pod.netns.run(|| -> Result<usize, String> {
+                let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+                    .map_err(|e| format!("connect: {e}"))?;
+                request(&mut s, i)?;
+                let local = s.local_addr().map_err(|e| e.to_string())?;
+                // While it is open, the proxy's end of it sits on 15001 in this pod.
+                let ss = std::process::Command::new("ss")
+                    .args(["-Htn", "state", "established", "( sport = :15001 )"])
+                    .output()
+                    .map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&ss.stdout).to_string();
+                Ok(text
+                    .lines()
+                    .filter(|l| l.contains(&format!(":{}", local.port())))
+                    .count())
+            });
+            assert_eq!(proof, Ok(1), "pod {i}: first connection was not captured");
+        }
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        eprintln!(
+            "CNI ADD latency over 200 pods: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            latencies[latencies.len() - 1]
+        );
+
+        // DEL: the pod's listeners are gone when DEL returns; others untouched.
+        let victim = vn.pods[2].clone();
+        let other = vn.pods[3].clone();
+        assert!(listeners(&victim) > 0 && listeners(&other) > 0);
+        let out = env.cni_call("DEL", &victim, "uid-0");
+        assert!(
+            out.status.success(),
+            "DEL: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_eq!(
+            listeners(&victim),
+            0,
+            "listeners must be gone when DEL returns"
+        );
+        assert!(listeners(&other) > 0, "other pods untouched");
+        let ok = other.netns.run(|| {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+                .map_err(|e| e.to_string())?;
+            request(&mut s, 7)
+        });
+        assert_eq!(ok, Ok(()));
+        // DEL again: idempotent.
+        assert!(env.cni_call("DEL", &victim, "uid-0").status.success());
+        stop.store(true, Ordering::SeqCst);
+        let _ = srv.join();
+    });
+}
+
+/// Restarting the agent under load: no connection fails, the rules are not
+/// touched, and the proxy receives a fresh snapshot.
+#[test]
+fn agent_restart_under_load_is_invisible_to_traffic() {
+    run_isolated("agent_restart_under_load_is_invisible_to_traffic", || {
+        let env = Env::new("drill-agent");
+        let vn = VirtualNode::build(1, 2).unwrap();
+        let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+        let _pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = SocketAddr::new(b.ip(false), 8080);
+        let l = b
+            .netns
+            .run(|| ringway_testbed::traffic::listen(addr))
+            .unwrap();
+        let srv = echo_server(l, stop.clone());
+        let agent = env.agent();
+        let (_proxy, proxy_log) = env.proxy("127.0.0.1:15021");
+        for (i, p) in [&a, &b].into_iter().enumerate() {
+            let out = env.cni_call("ADD", p, &format!("uid-{i}"));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        let rules = |p: &Pod| {
+            p.netns
+                .exec("nft", &["-a", "list", "table", "inet", "ringway"])
+                .unwrap()
+        };
+        let before = (rules(&a), rules(&b));
+
+        let attempted = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
+        let t_load = Instant::now();
+        let mut loaders = Vec::new();
+        for t in 0..4u64 {
+            let (att, fail, fe) = (attempted.clone(), failed.clone(), first_error.clone());
+            loaders.push(a.netns.spawn(move || {
+                let t0 = Instant::now();
+                let mut i = t << 40;
+                while t0.elapsed() < Duration::from_secs(4) {
+                    att.fetch_add(1, Ordering::Relaxed);
+                    let r = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+                        .map_err(|e| format!("connect: {e}"))
+                        .and_then(|mut s| request(&mut s, i));
+                    if let Err(e) = r {
+                        fail.fetch_add(1, Ordering::Relaxed);
+                        fe.lock().unwrap().get_or_insert(e);
+                    }
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(4));
+                }
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        let status = agent.sigterm_and_wait();
+        assert!(status.success(), "agent exit: {status}");
+        let _agent2 = env.agent();
+        for l in loaders {
+            l.join().unwrap();
+        }
+        let elapsed = t_load.elapsed().as_secs_f64();
+        let (attempted, failed) = (
+            attempted.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed),
+        );
+        eprintln!(
+            "agent restart drill: {attempted} connections in {elapsed:.1} s, {failed} failed"
+        );
+        assert!(
+            attempted as f64 / elapsed >= 500.0,
+            "load too low: {attempted} in {elapsed:.1} s"
+        );
+        assert_eq!(
+            failed,
+            0,
+            "first failure: {:?}",
+            first_error.lock().unwrap()
+        );
+        assert_eq!(
+            (rules(&a), rules(&b)),
+            before,
+            "rules must be untouched (same handles)"
+        );
+        // The proxy reconnected and applied a second snapshot.
+        let t0 = Instant::now();
+        loop {
+            let log = std::fs::read_to_string(&proxy_log).unwrap();
+            if log.matches("ZDS snapshot applied").count() >= 2 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no second snapshot:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::SeqCst);
+        let _ = srv.join();
+    });
+}
