@@ -260,10 +260,12 @@ impl Proxy {
             }
         }
         let (per_worker, addrs, ips) = self.make_listeners(uid, netns.as_fd())?;
+        let ports = sys::in_netns(netns.as_fd(), sock::PortSplit::current).unwrap_or_default();
         let shared = Arc::new(PodShared {
             uid: Arc::from(uid),
             netns,
             ips: ips.clone(),
+            ports,
         });
         for (w, listeners) in self.workers.iter().zip(per_worker) {
             w.tx.send(Cmd::AddPod {

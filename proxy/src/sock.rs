@@ -185,6 +185,7 @@ pub fn make_upstream(
     dst: SocketAddr,
     mark: u32,
     spoof_source: Option<IpAddr>,
+    ports: PortSplit,
 ) -> io::Result<OwnedFd> {
     let sock = Socket::new(
         Domain::for_address(dst),
@@ -197,6 +198,17 @@ pub fn make_upstream(
     // an app that uses SO_REUSEADDR itself still bind that port (it never
     // listens, so it cannot conflict with such a bind).
     sock.set_reuse_address(true)?;
+    // Source ports: the proxy's own upstream connections take the lower
+    // half of the pod's ephemeral range, spoofed ones the upper half. A
+    // spoofed flow (client IP, port P) -> app must never share its 4-tuple
+    // with a real flow from that client; between ringway proxies, the real
+    // flow's port always comes from the other half.
+    let (lo, hi) = if spoof_source.is_some() {
+        ports.spoofed()
+    } else {
+        ports.own()
+    };
+    crate::sys::set_local_port_range(sock.as_fd(), lo, hi);
     if let Some(src) = spoof_source {
         let src = match (src, dst) {
             (IpAddr::V4(v4), SocketAddr::V6(_)) => IpAddr::V6(v4.to_ipv6_mapped()),
@@ -208,6 +220,55 @@ pub fn make_upstream(
         sock.bind(&SocketAddr::new(src, 0).into())?;
     }
     Ok(sock.into())
+}
+
+/// A pod's ephemeral port range, split between the proxy's own upstream
+/// connections (lower half) and spoofed-source ones (upper half).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortSplit {
+    /// First port of the pod's `ip_local_port_range`.
+    pub lo: u16,
+    /// Last port of the range.
+    pub hi: u16,
+}
+
+impl Default for PortSplit {
+    fn default() -> Self {
+        PortSplit {
+            lo: 32768,
+            hi: 60999,
+        }
+    }
+}
+
+impl PortSplit {
+    /// Reads `net.ipv4.ip_local_port_range` of the calling thread's netns.
+    pub fn current() -> PortSplit {
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| {
+                let mut it = s.split_whitespace().map(|v| v.parse::<u16>());
+                match (it.next(), it.next()) {
+                    (Some(Ok(lo)), Some(Ok(hi))) if hi > lo + 1 => Some(PortSplit { lo, hi }),
+                    _ => None,
+                }
+            })
+            .unwrap_or_default()
+    }
+
+    fn mid(&self) -> u16 {
+        self.lo + (self.hi - self.lo) / 2
+    }
+
+    /// The proxy's own upstream connections.
+    pub fn own(&self) -> (u16, u16) {
+        (self.lo, self.mid())
+    }
+
+    /// Connections whose source is spoofed to the client's address.
+    pub fn spoofed(&self) -> (u16, u16) {
+        (self.mid() + 1, self.hi)
+    }
 }
 
 /// The destination the client originally asked for.

@@ -155,3 +155,29 @@ pub fn adopt_received_fd(raw: std::os::fd::RawFd) -> Option<OwnedFd> {
     // open descriptor that no other object owns; we take ownership once.
     Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
 }
+
+/// Restricts the ports the kernel picks for this socket's automatic bind
+/// (IP_LOCAL_PORT_RANGE, Linux 6.3+; within the netns-wide range). Older
+/// kernels ignore it (logged once).
+pub fn set_local_port_range(fd: BorrowedFd<'_>, lo: u16, hi: u16) {
+    const IP_LOCAL_PORT_RANGE: libc::c_int = 51;
+    let val: u32 = (u32::from(hi) << 16) | u32::from(lo);
+    // SAFETY: `fd` is a valid socket for the call; we pass a pointer to a
+    // live u32 and its exact size, as IP_LOCAL_PORT_RANGE expects.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_IP,
+            IP_LOCAL_PORT_RANGE,
+            std::ptr::addr_of!(val).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        let e = io::Error::last_os_error();
+        WARNED.call_once(|| {
+            tracing::warn!(error = %e, "IP_LOCAL_PORT_RANGE unavailable (kernel < 6.3?): spoofed and own source ports share one range")
+        });
+    }
+}

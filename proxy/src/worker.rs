@@ -32,6 +32,8 @@ pub struct PodShared {
     pub netns: OwnedFd,
     /// The pod's addresses (found inside its netns when it was added).
     pub ips: Vec<IpAddr>,
+    /// The pod's ephemeral port range, split between own and spoofed sockets.
+    pub ports: sock::PortSplit,
 }
 
 /// Pods served by this proxy, by IP: read by workers for the same-node fast path.
@@ -384,7 +386,7 @@ async fn handle_conn(
         }
     }
     let up_fd = match sys::in_netns(netns_pod.netns.as_fd(), || {
-        sock::make_upstream(dst, s.proxy_mark, spoof)
+        sock::make_upstream(dst, s.proxy_mark, spoof, netns_pod.ports)
     }) {
         Ok(Ok(fd)) => fd,
         Ok(Err(e)) | Err(e) => {

@@ -191,19 +191,15 @@ fn concurrent_2000_redirect_fast_path() {
     });
 }
 
-/// KNOWN BUG (ignored until fixed): through both captures, about one
-/// connection in twenty hangs in SYN-SENT. Pod-b's inbound side connects
-/// to the app with pod-a's address spoofed and a source port the kernel
-/// picks from pod-b's ephemeral range; pod-a's proxy picks the ports of the
-/// real connections from the same range. When the two ports are equal, the
-/// spoofed flow and a real flow have the same 4-tuple in pod-b's netns:
-/// the spoofed SYN reaches the proxy's own TPROXY-accepted socket (local
-/// address = the app's) instead of the app, or a real SYN finds the app's
-/// established socket and is dropped; under REDIRECT both share one
-/// conntrack entry and its NAT. The same happens to traffic from other
-/// nodes in production. Run with `--ignored` to see it.
+/// Through both captures: pod-b's inbound side connects to the app with
+/// pod-a's address spoofed. Its source port must never equal the port of a
+/// real flow from pod-a to the same app port, or the two flows share one
+/// 4-tuple in pod-b (the spoofed SYN reaches the proxy's own TPROXY socket,
+/// or under REDIRECT both share a conntrack entry). The proxy splits each
+/// pod's ephemeral range: its own upstream sockets take the lower half,
+/// spoofed ones the upper half (IP_LOCAL_PORT_RANGE). Before that split,
+/// about one connection in twenty hung here.
 #[test]
-#[ignore = "known bug: spoofed source ports collide with real inbound 4-tuples (see doc comment)"]
 fn concurrent_2000_tproxy_two_hops() {
     let _g = heavy();
     run_isolated("concurrent_2000_tproxy_two_hops", || {
@@ -213,7 +209,6 @@ fn concurrent_2000_tproxy_two_hops() {
 
 /// See [`concurrent_2000_tproxy_two_hops`].
 #[test]
-#[ignore = "known bug: spoofed source ports collide with real inbound 4-tuples (see doc comment)"]
 fn concurrent_2000_redirect_two_hops() {
     let _g = heavy();
     run_isolated("concurrent_2000_redirect_two_hops", || {
