@@ -1,9 +1,10 @@
 //! The control-plane HTTP endpoints, served from their own thread and
 //! current-thread tokio runtime, never from a datapath worker.
 //!
-//! | path | answer |
-//! | --- | --- |
-//! | `GET /healthz/ready` | 200 `ready` once the node agent's snapshot is applied and no pod is pending; 503 with the reason otherwise |
+//! | port | path | answer |
+//! | --- | --- | --- |
+//! | 15021 | `GET /healthz/ready` | 200 `ready` once the node agent's snapshot is applied and no pod is pending; 503 with the reason otherwise |
+//! | 15020 | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics when the `Accept` header asks for `application/openmetrics-text` |
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,7 +16,62 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
+use crate::metrics::{encode, Metrics};
+use crate::stats::Stats;
 use crate::zds_client::Readiness;
+
+/// What an endpoint answers: status, content type, body.
+pub type Answer = (StatusCode, &'static str, String);
+
+/// An endpoint handler: method, path, whether OpenMetrics was asked for.
+pub type Handler = Arc<dyn Fn(&hyper::Method, &str, bool) -> Answer + Send + Sync>;
+
+/// The readiness handler.
+pub fn readiness_handler(ready: Arc<Readiness>) -> Handler {
+    Arc::new(move |method, path, _| match (method, path) {
+        (&hyper::Method::GET, "/healthz/ready") => {
+            if ready.is_ready() {
+                (StatusCode::OK, TEXT, "ready\n".to_string())
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    TEXT,
+                    format!("not ready: {}\n", ready.reason()),
+                )
+            }
+        }
+        (_, "/healthz/ready") => (StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into()),
+        (_, path) => (
+            StatusCode::NOT_FOUND,
+            TEXT,
+            format!("no such endpoint: {path}\n"),
+        ),
+    })
+}
+
+/// The metrics handler.
+pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
+    let registry = Arc::new(metrics.registry());
+    Arc::new(move |method, path, openmetrics| match (method, path) {
+        (&hyper::Method::GET, "/metrics") | (&hyper::Method::GET, "/stats/prometheus") => {
+            metrics.active.set(stats.active.get());
+            let body = encode(&registry, openmetrics);
+            let ct = if openmetrics {
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            } else {
+                "text/plain; version=0.0.4; charset=utf-8"
+            };
+            (StatusCode::OK, ct, body)
+        }
+        (_, path) => (
+            StatusCode::NOT_FOUND,
+            TEXT,
+            format!("no such endpoint: {path}\n"),
+        ),
+    })
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// A running control server.
 #[derive(Debug)]
@@ -27,8 +83,13 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `addr` and serves on a new thread named `ringway-control`.
+    /// Serves the readiness endpoint on `addr`.
     pub fn start(addr: SocketAddr, ready: Arc<Readiness>) -> std::io::Result<ControlServer> {
+        Self::serve(addr, readiness_handler(ready))
+    }
+
+    /// Binds `addr` and serves `handler` on a new thread named `ringway-control`.
+    pub fn serve(addr: SocketAddr, handler: Handler) -> std::io::Result<ControlServer> {
         let std_listener = std::net::TcpListener::bind(addr)?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
@@ -56,9 +117,9 @@ impl ControlServer {
                             _ = &mut rx => break,
                             acc = listener.accept() => {
                                 let Ok((stream, _)) = acc else { continue };
-                                let ready = ready.clone();
+                                let handler = handler.clone();
                                 tokio::spawn(async move {
-                                    let svc = hyper::service::service_fn(move |req| handle(req, ready.clone()));
+                                    let svc = hyper::service::service_fn(move |req| handle(req, handler.clone()));
                                     let _ = hyper::server::conn::http1::Builder::new()
                                         .serve_connection(TokioIo::new(stream), svc)
                                         .await;
@@ -89,25 +150,17 @@ impl Drop for ControlServer {
 
 async fn handle(
     req: Request<Incoming>,
-    ready: Arc<Readiness>,
+    handler: Handler,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, body) = match (req.method(), req.uri().path()) {
-        (&hyper::Method::GET, "/healthz/ready") => {
-            if ready.is_ready() {
-                (StatusCode::OK, "ready\n".to_string())
-            } else {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not ready: {}\n", ready.reason()),
-                )
-            }
-        }
-        (_, "/healthz/ready") => (StatusCode::METHOD_NOT_ALLOWED, "GET only\n".to_string()),
-        (_, path) => (StatusCode::NOT_FOUND, format!("no such endpoint: {path}\n")),
-    };
+    let openmetrics = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    let (status, ct, body) = handler(req.method(), req.uri().path(), openmetrics);
     Ok(Response::builder()
         .status(status)
-        .header("content-type", "text/plain; charset=utf-8")
+        .header("content-type", ct)
         .body(Full::new(Bytes::from(body)))
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::from_static(b"internal error\n")))))
 }

@@ -63,6 +63,25 @@ impl PipePool {
     }
 }
 
+/// Where a direction counts the bytes it moves: the datapath total and the
+/// connection's metric counters (advanced as bytes move, not at close).
+#[derive(Debug)]
+pub struct Meter<'a> {
+    /// Datapath-wide total.
+    pub total: &'a AtomicU64,
+    /// Per-connection metric counters.
+    pub counters: Vec<prometheus_client::metrics::counter::Counter>,
+}
+
+impl Meter<'_> {
+    fn add(&self, n: u64) {
+        self.total.fetch_add(n, Ordering::Relaxed);
+        for c in &self.counters {
+            c.inc_by(n);
+        }
+    }
+}
+
 /// How one direction ended.
 #[derive(Debug)]
 pub enum DirEnd {
@@ -84,7 +103,7 @@ pub async fn copy_one_way(
     src: &Sock,
     dst: &Sock,
     pool: &PipePool,
-    counter: &AtomicU64,
+    meter: &Meter<'_>,
 ) -> (DirEnd, u64) {
     let mut total = 0u64;
     let mut pipe: Option<Pipe> = None;
@@ -135,7 +154,7 @@ pub async fn copy_one_way(
                 Ok(m) => {
                     pending -= m;
                     total += m as u64;
-                    counter.fetch_add(m as u64, Ordering::Relaxed);
+                    meter.add(m as u64);
                 }
                 Err(e) if would_block(&e) => {
                     if let Err(e) = dst.wait(Interest::Writable).await {

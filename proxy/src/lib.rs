@@ -16,6 +16,7 @@
 
 pub mod control;
 pub mod copy;
+pub mod metrics;
 pub mod sock;
 pub mod stats;
 #[allow(unsafe_code)]
@@ -141,6 +142,8 @@ pub struct Proxy {
     pods: Mutex<HashMap<String, PodRecord>>,
     local_pods: LocalPods,
     stats: Arc<Stats>,
+    metrics: Arc<metrics::Metrics>,
+    trust_domain: std::sync::RwLock<String>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -186,6 +189,10 @@ impl Proxy {
         }
         let stats = Arc::new(Stats::default());
         let local_pods: LocalPods = Arc::new(RwLock::new(HashMap::new()));
+        let metrics = Arc::new(metrics::Metrics::default());
+        metrics
+            .datapath_uring
+            .set(i64::from(backend == Backend::Uring));
         let n = settings.effective_workers();
         let mut workers = Vec::with_capacity(n);
         for id in 0..n {
@@ -193,10 +200,11 @@ impl Proxy {
             let s = settings.clone();
             let st = stats.clone();
             let lp = local_pods.clone();
+            let m = metrics.clone();
             let join = std::thread::Builder::new()
                 .name(format!("ringway-worker-{id}"))
                 .spawn(move || {
-                    if let Err(e) = worker::run(id, backend, s, st, lp, rx) {
+                    if let Err(e) = worker::run(id, backend, s, st, lp, m, rx) {
                         tracing::error!(worker = id, error = %e, "worker failed");
                     }
                 })
@@ -214,6 +222,8 @@ impl Proxy {
             pods: Mutex::new(HashMap::new()),
             local_pods,
             stats,
+            metrics,
+            trust_domain: std::sync::RwLock::new("cluster.local".to_string()),
         })
     }
 
@@ -230,6 +240,21 @@ impl Proxy {
     /// Datapath counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// The live counters (for the metrics endpoint).
+    pub fn stats_handle(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// The Prometheus metrics.
+    pub fn metrics(&self) -> Arc<metrics::Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Sets the trust domain used for the pods' SPIFFE principals (pods added later).
+    pub fn set_trust_domain(&self, td: &str) {
+        *self.trust_domain.write().unwrap_or_else(|p| p.into_inner()) = td.to_string();
     }
 
     /// Starts serving pod `uid` whose network namespace is `netns`.
@@ -261,11 +286,27 @@ impl Proxy {
         }
         let (per_worker, addrs, ips) = self.make_listeners(uid, netns.as_fd())?;
         let ports = sys::in_netns(netns.as_fd(), sock::PortSplit::current).unwrap_or_default();
+        let principal = if identity.namespace.is_empty() {
+            String::new()
+        } else {
+            let sa = if identity.service_account.is_empty() {
+                "default"
+            } else {
+                identity.service_account.as_str()
+            };
+            format!(
+                "spiffe://{}/ns/{}/sa/{sa}",
+                self.trust_domain.read().unwrap_or_else(|p| p.into_inner()),
+                identity.namespace
+            )
+        };
         let shared = Arc::new(PodShared {
             uid: Arc::from(uid),
             netns,
             ips: ips.clone(),
             ports,
+            identity: identity.clone(),
+            principal,
         });
         for (w, listeners) in self.workers.iter().zip(per_worker) {
             w.tx.send(Cmd::AddPod {
@@ -286,6 +327,15 @@ impl Proxy {
                 local.insert(*ip, shared.clone());
             }
         }
+        let listeners_added = (addrs.len() * self.workers.len()) as i64;
+        if let Some(old) = pods.get(uid) {
+            self.metrics
+                .listeners
+                .dec_by((old.info.listeners.len() * self.workers.len()) as i64);
+        } else {
+            self.metrics.pods.inc();
+        }
+        self.metrics.listeners.inc_by(listeners_added);
         pods.insert(
             uid.to_string(),
             PodRecord {
@@ -362,6 +412,10 @@ impl Proxy {
                 local.remove(ip);
             }
         }
+        self.metrics.pods.dec();
+        self.metrics
+            .listeners
+            .dec_by((rec.info.listeners.len() * self.workers.len()) as i64);
         let mut total = 0;
         let mut waits = Vec::new();
         for w in &self.workers {

@@ -18,7 +18,8 @@ use socket2::SockAddr;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::copy::{copy_one_way, DirEnd, PipePool};
+use crate::copy::{copy_one_way, DirEnd, Meter, PipePool};
+use crate::metrics::{Metrics, Peer, TcpLabels};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
 use crate::sys;
@@ -34,6 +35,24 @@ pub struct PodShared {
     pub ips: Vec<IpAddr>,
     /// The pod's ephemeral port range, split between own and spoofed sockets.
     pub ports: sock::PortSplit,
+    /// Who the pod is.
+    pub identity: crate::PodIdentity,
+    /// Its SPIFFE principal (empty when unknown).
+    pub principal: String,
+}
+
+impl PodShared {
+    fn peer(&self) -> Peer {
+        Peer {
+            workload: if self.identity.name.is_empty() {
+                self.uid.to_string()
+            } else {
+                self.identity.name.clone()
+            },
+            namespace: self.identity.namespace.clone(),
+            principal: self.principal.clone(),
+        }
+    }
 }
 
 /// Pods served by this proxy, by IP: read by workers for the same-node fast path.
@@ -100,6 +119,7 @@ struct WorkerCtx {
     pool: PipePool,
     pods: RefCell<HashMap<Arc<str>, Rc<PodLocal>>>,
     local_pods: LocalPods,
+    metrics: Arc<Metrics>,
     last_fd_warning: Cell<Option<Instant>>,
 }
 
@@ -121,6 +141,7 @@ pub fn run(
     settings: ProxySettings,
     stats: Arc<Stats>,
     local_pods: LocalPods,
+    metrics: Arc<Metrics>,
     rx: mpsc::UnboundedReceiver<Cmd>,
 ) -> io::Result<()> {
     let ctx = Rc::new(WorkerCtx {
@@ -131,6 +152,7 @@ pub fn run(
         stats,
         pods: RefCell::new(HashMap::new()),
         local_pods,
+        metrics,
         last_fd_warning: Cell::new(None),
     });
     match backend {
@@ -245,6 +267,7 @@ async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, 
                 // Out of fds/memory: the connection stays queued in the
                 // kernel; refuse to spin, warn (at most once a second), retry.
                 ctx.stats.accept_resource_errors.inc();
+                ctx.metrics.accept_resource_errors.inc();
                 let now = Instant::now();
                 if ctx
                     .last_fd_warning
@@ -429,17 +452,67 @@ async fn handle_conn(
             guard.target = Some((target, tid));
         }
     }
+    // Metrics: who talks to whom, as each reporting side sees it. The
+    // outbound side reports as `source`, the inbound side as `destination`;
+    // the fast path plays both.
+    let labels = {
+        let local = |ip: std::net::IpAddr| {
+            ctx.local_pods
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&ip)
+                .map(|p| p.peer())
+        };
+        let (src, dst_peer) = match kind {
+            ListenerKind::Inbound => (local(peer.ip()).unwrap_or_default(), pod.shared.peer()),
+            _ => (pod.shared.peer(), local(dst.ip()).unwrap_or_default()),
+        };
+        let reporters: &[&'static str] = match kind {
+            ListenerKind::Inbound => &["destination"],
+            _ if !Arc::ptr_eq(&netns_pod, &pod.shared) => &["source", "destination"],
+            _ => &["source"],
+        };
+        reporters
+            .iter()
+            .map(|r| TcpLabels::new(r, &src, &dst_peer, "none", "-"))
+            .collect::<Vec<_>>()
+    };
     if let Err(e) = upstream.connect(dst.into()).await {
         // Refused, unreachable, timed out: the client learns by a reset.
         tracing::debug!(error = %e, "upstream connect failed; resetting client");
         ctx.stats.connect_failed.inc();
+        for l in &labels {
+            let l = l.with_flags("UF");
+            ctx.metrics.opened.get_or_create(&l).inc();
+            ctx.metrics.closed.get_or_create(&l).inc();
+        }
         sys::tcp_abort(client.fd());
         return;
     }
+    for l in &labels {
+        ctx.metrics.opened.get_or_create(l).inc();
+    }
+    let up_meter = Meter {
+        total: &ctx.stats.bytes_to_upstream,
+        counters: labels
+            .iter()
+            .map(|l| ctx.metrics.received.get_or_create(l).clone())
+            .collect(),
+    };
+    let down_meter = Meter {
+        total: &ctx.stats.bytes_to_client,
+        counters: labels
+            .iter()
+            .map(|l| ctx.metrics.sent.get_or_create(l).clone())
+            .collect(),
+    };
     let (up_end, down_end) = tokio::join!(
-        copy_one_way(&client, &upstream, &ctx.pool, &ctx.stats.bytes_to_upstream),
-        copy_one_way(&upstream, &client, &ctx.pool, &ctx.stats.bytes_to_client),
+        copy_one_way(&client, &upstream, &ctx.pool, &up_meter),
+        copy_one_way(&upstream, &client, &ctx.pool, &down_meter),
     );
+    for l in &labels {
+        ctx.metrics.closed.get_or_create(l).inc();
+    }
     let reason = |e: &DirEnd| match e {
         DirEnd::Eof => "eof".to_string(),
         DirEnd::ReadFailed(e) => format!("read: {e}"),

@@ -1,0 +1,210 @@
+//! Scraping /metrics during traffic on the virtual node: the reference
+//! mesh's `istio_tcp_*` series with their labels, byte counters that move
+//! before the connection closes, and content negotiation.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use ringway_config::{CaptureMode, Datapath};
+use ringway_proxy::control::{metrics_handler, ControlServer};
+use ringway_proxy::PodIdentity;
+use ringway_testbed::{run_isolated, VirtualNode};
+
+fn scrape(addr: SocketAddr, openmetrics: bool) -> (String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let accept = if openmetrics {
+        "application/openmetrics-text; version=1.0.0"
+    } else {
+        "text/plain"
+    };
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    let ct = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-type: "))
+        .unwrap_or("")
+        .to_string();
+    (ct, body.to_string())
+}
+
+/// The value of the first sample of `metric` whose labels contain all of `want`.
+fn sample(body: &str, metric: &str, want: &[&str]) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .find(|l| want.iter().all(|w| l.contains(w)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn scrape_during_traffic(fast_path: bool) {
+    let vn = VirtualNode::build(1, 2).unwrap();
+    let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Auto);
+    settings.same_node_fast_path = fast_path;
+    let proxy = ringway_proxy::Proxy::start(settings).unwrap();
+    for (i, p) in vn.pods.iter().enumerate() {
+        common::capture(p, CaptureMode::Tproxy);
+        let id = PodIdentity {
+            name: format!("app-{i}"),
+            namespace: "shop".into(),
+            service_account: format!("sa-{i}"),
+        };
+        proxy
+            .add_pod_with_identity(&p.name, p.netns.dup_fd().unwrap(), id)
+            .unwrap();
+    }
+    let server = ControlServer::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        metrics_handler(proxy.metrics(), proxy.stats_handle()),
+    )
+    .unwrap();
+    let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+    let addr = SocketAddr::new(b.ip(false), 8080);
+    let l = b
+        .netns
+        .run(|| ringway_testbed::traffic::listen(addr))
+        .unwrap();
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 65536];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let mut client = a
+        .netns
+        .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let chunk = vec![7u8; 100_000];
+    client.write_all(&chunk).unwrap();
+    let mut back = vec![0u8; chunk.len()];
+    client.read_exact(&mut back).unwrap();
+
+    // Mid-connection scrape: bytes already counted, connection open.
+    let (ct, body) = scrape(server.addr, false);
+    assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+    let src_labels = [
+        "reporter=\"source\"",
+        "source_workload=\"app-0\"",
+        "source_workload_namespace=\"shop\"",
+        "source_principal=\"spiffe://cluster.local/ns/shop/sa/sa-0\"",
+        "destination_workload=\"app-1\"",
+        "destination_principal=\"spiffe://cluster.local/ns/shop/sa/sa-1\"",
+        "request_protocol=\"tcp\"",
+        "response_flags=\"-\"",
+        "connection_security_policy=\"none\"",
+    ];
+    assert_eq!(
+        sample(&body, "istio_tcp_connections_opened_total", &src_labels),
+        Some(1.0),
+        "{body}"
+    );
+    let received = sample(&body, "istio_tcp_received_bytes_total", &src_labels).unwrap();
+    let sent = sample(&body, "istio_tcp_sent_bytes_total", &src_labels).unwrap();
+    assert!(
+        received >= 100_000.0,
+        "request bytes must be counted before close: {received}"
+    );
+    assert!(
+        sent >= 100_000.0,
+        "response bytes must be counted before close: {sent}"
+    );
+    assert_eq!(
+        sample(&body, "istio_tcp_connections_closed_total", &src_labels),
+        None
+    );
+    // The destination side reports too (the fast path plays both sides, and
+    // without it pod-b's inbound capture does).
+    let dst_labels = [
+        "reporter=\"destination\"",
+        "source_workload=\"app-0\"",
+        "destination_workload=\"app-1\"",
+    ];
+    assert_eq!(
+        sample(&body, "istio_tcp_connections_opened_total", &dst_labels),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(
+        body.contains("# TYPE istio_tcp_connections_opened_total counter"),
+        "{body}"
+    );
+    assert!(body.contains("ringway_pods_enrolled 2"), "{body}");
+    assert!(body.contains("ringway_connections_active"), "{body}");
+    assert!(body.contains("process_open_fds"), "{body}");
+    assert!(!body.contains("# EOF"));
+
+    drop(client);
+    echo.join().unwrap();
+    common::wait_no_active(&proxy);
+    let (ct, body) = scrape(server.addr, true);
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    assert!(
+        body.trim_end().ends_with("# EOF"),
+        "OpenMetrics ends with # EOF"
+    );
+    assert_eq!(
+        sample(&body, "istio_tcp_connections_closed_total", &src_labels),
+        Some(1.0),
+        "{body}"
+    );
+}
+
+#[test]
+fn scrape_during_traffic_fast_path() {
+    run_isolated("scrape_during_traffic_fast_path", || {
+        scrape_during_traffic(true)
+    });
+}
+
+#[test]
+fn scrape_during_traffic_both_hops() {
+    run_isolated("scrape_during_traffic_both_hops", || {
+        scrape_during_traffic(false)
+    });
+}
+
+#[test]
+fn failed_upstream_connect_is_flagged() {
+    run_isolated("failed_upstream_connect_is_flagged", || {
+        let mn = common::MeshNode::new(2, CaptureMode::Tproxy, Datapath::Auto);
+        let server = ControlServer::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics_handler(mn.proxy.metrics(), mn.proxy.stats_handle()),
+        )
+        .unwrap();
+        // Nothing listens on 9999 in pod-b: the upstream connect is refused.
+        let addr = SocketAddr::new(mn.pod(1).ip(false), 9999);
+        let _ = mn.pod(0).netns.run(|| {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            let mut b = [0u8; 1];
+            s.read(&mut b)
+        });
+        common::wait_no_active(&mn.proxy);
+        let (_, body) = scrape(server.addr, false);
+        assert_eq!(
+            sample(
+                &body,
+                "istio_tcp_connections_closed_total",
+                &["response_flags=\"UF\"", "reporter=\"source\""]
+            ),
+            Some(1.0),
+            "{body}"
+        );
+    });
+}
