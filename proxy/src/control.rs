@@ -23,12 +23,12 @@ use crate::zds_client::Readiness;
 /// What an endpoint answers: status, content type, body.
 pub type Answer = (StatusCode, &'static str, String);
 
-/// An endpoint handler: method, path, whether OpenMetrics was asked for.
-pub type Handler = Arc<dyn Fn(&hyper::Method, &str, bool) -> Answer + Send + Sync>;
+/// An endpoint handler: method, path, query string, whether OpenMetrics was asked for.
+pub type Handler = Arc<dyn Fn(&hyper::Method, &str, &str, bool) -> Answer + Send + Sync>;
 
 /// The readiness handler.
 pub fn readiness_handler(ready: Arc<Readiness>) -> Handler {
-    Arc::new(move |method, path, _| match (method, path) {
+    Arc::new(move |method, path, _, _| match (method, path) {
         (&hyper::Method::GET, "/healthz/ready") => {
             if ready.is_ready() {
                 (StatusCode::OK, TEXT, "ready\n".to_string())
@@ -52,7 +52,7 @@ pub fn readiness_handler(ready: Arc<Readiness>) -> Handler {
 /// The metrics handler.
 pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
     let registry = Arc::new(metrics.registry());
-    Arc::new(move |method, path, openmetrics| match (method, path) {
+    Arc::new(move |method, path, _, openmetrics| match (method, path) {
         (&hyper::Method::GET, "/metrics") | (&hyper::Method::GET, "/stats/prometheus") => {
             metrics.active.set(stats.active.get());
             let body = encode(&registry, openmetrics);
@@ -72,6 +72,72 @@ pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
+
+/// Changes the log filter at run time; returns the error text on a bad filter.
+pub type SetLogLevel = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// The admin handler (bind it to 127.0.0.1:15000 only):
+/// `GET /config_dump` (settings, pods with their listeners, counters) and
+/// `POST /logging?level=<tracing filter>`.
+pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handler {
+    Arc::new(move |method, path, query, _| match (method, path) {
+        (&hyper::Method::GET, "/config_dump") => (StatusCode::OK, JSON, config_dump(&proxy)),
+        (&hyper::Method::POST, "/logging") => {
+            let level = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("level="))
+                .unwrap_or("");
+            if level.is_empty() {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    TEXT,
+                    "POST /logging?level=<filter>, e.g. level=debug or level=info,access=debug\n".into(),
+                );
+            }
+            let level = level.replace("%2C", ",").replace("%3D", "=");
+            match set_level(&level) {
+                Ok(()) => (StatusCode::OK, TEXT, format!("log level: {level}\n")),
+                Err(e) => (StatusCode::BAD_REQUEST, TEXT, format!("bad log filter {level:?}: {e}\n")),
+            }
+        }
+        (_, path) => (StatusCode::NOT_FOUND, TEXT, format!("no such endpoint: {path}\n")),
+    })
+}
+
+fn config_dump(proxy: &crate::Proxy) -> String {
+    let pods: Vec<serde_json::Value> = proxy
+        .pods()
+        .into_iter()
+        .map(|p| {
+            serde_json::json!({
+                "uid": p.uid,
+                "name": p.identity.name,
+                "namespace": p.identity.namespace,
+                "serviceAccount": p.identity.service_account,
+                "ips": p.ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
+                "netnsInode": p.netns_inode,
+                "listeners": p.listeners.iter().map(|(k, a)| format!("{k} {a}")).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let st = proxy.stats();
+    let dump = serde_json::json!({
+        "settings": serde_json::to_value(proxy.settings()).unwrap_or_default(),
+        "datapath": proxy.backend().to_string(),
+        "pods": pods,
+        "stats": {
+            "accepted": st.accepted,
+            "active": st.active,
+            "connectFailed": st.connect_failed,
+            "refused": st.refused,
+            "sameNode": st.same_node,
+            "bytesToUpstream": st.bytes_to_upstream,
+            "bytesToClient": st.bytes_to_client,
+        },
+    });
+    serde_json::to_string_pretty(&dump).unwrap_or_default() + "\n"
+}
 
 /// A running control server.
 #[derive(Debug)]
@@ -157,7 +223,12 @@ async fn handle(
         .get(hyper::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/openmetrics-text"));
-    let (status, ct, body) = handler(req.method(), req.uri().path(), openmetrics);
+    let (status, ct, body) = handler(
+        req.method(),
+        req.uri().path(),
+        req.uri().query().unwrap_or(""),
+        openmetrics,
+    );
     Ok(Response::builder()
         .status(status)
         .header("content-type", ct)

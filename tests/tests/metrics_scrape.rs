@@ -208,3 +208,68 @@ fn failed_upstream_connect_is_flagged() {
         );
     });
 }
+
+fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(0);
+    (
+        code,
+        out.split_once("\r\n\r\n")
+            .map(|x| x.1.to_string())
+            .unwrap_or_default(),
+    )
+}
+
+#[test]
+fn admin_config_dump_and_log_level() {
+    run_isolated("admin_config_dump_and_log_level", || {
+        let mn = common::MeshNode::new(2, CaptureMode::Tproxy, Datapath::Auto);
+        let proxy = std::sync::Arc::new(mn.proxy);
+        let levels = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = levels.clone();
+        let set: ringway_proxy::control::SetLogLevel = std::sync::Arc::new(move |l: &str| {
+            if l.contains('[') && !l.contains(']') {
+                return Err("unbalanced".into());
+            }
+            seen.lock().unwrap().push(l.to_string());
+            Ok(())
+        });
+        let admin = ControlServer::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            ringway_proxy::control::admin_handler(proxy.clone(), set),
+        )
+        .unwrap();
+        let (code, body) = http(admin.addr, "GET", "/config_dump");
+        assert_eq!(code, 200, "{body}");
+        let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let pods = dump["pods"].as_array().unwrap();
+        assert_eq!(pods.len(), 2);
+        assert_eq!(pods[0]["uid"], "n1-pod0");
+        assert!(pods[0]["listeners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "inbound 0.0.0.0:15006"));
+        assert_eq!(dump["settings"]["captureMode"], "tproxy");
+        let (code, _) = http(admin.addr, "POST", "/logging?level=info,access=debug");
+        assert_eq!(code, 200);
+        assert_eq!(levels.lock().unwrap().as_slice(), ["info,access=debug"]);
+        let (code, body) = http(admin.addr, "POST", "/logging");
+        assert_eq!(code, 400, "{body}");
+        let (code, _) = http(admin.addr, "GET", "/nope");
+        assert_eq!(code, 404);
+    });
+}
