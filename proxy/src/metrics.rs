@@ -137,7 +137,7 @@ pub struct ZdsLabels {
 }
 
 /// Every metric the proxy exports.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Metrics {
     /// `istio_tcp_connections_opened_total`.
     pub opened: Family<TcpLabels, Counter>,
@@ -159,23 +159,6 @@ pub struct Metrics {
     pub accept_resource_errors: Counter<u64, AtomicU64>,
     /// `ringway_datapath_io_uring` (1 = io_uring, 0 = epoll fallback).
     pub datapath_uring: Gauge,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            opened: Family::default(),
-            closed: Family::default(),
-            sent: Family::default(),
-            received: Family::default(),
-            pods: Gauge::default(),
-            listeners: Gauge::default(),
-            active: Gauge::default(),
-            zds: Family::default(),
-            accept_resource_errors: Counter::default(),
-            datapath_uring: Gauge::default(),
-        }
-    }
 }
 
 impl Metrics {

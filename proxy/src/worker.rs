@@ -479,7 +479,7 @@ async fn handle_conn(
     };
     if let Err(e) = upstream.connect(dst.into()).await {
         // Refused, unreachable, timed out: the client learns by a reset.
-        tracing::debug!(error = %e, "upstream connect failed; resetting client");
+        tracing::info!(target: "access", error = %e, "connection failed: upstream connect; client reset");
         ctx.stats.connect_failed.inc();
         for l in &labels {
             let l = l.with_flags("UF");
@@ -521,9 +521,14 @@ async fn handle_conn(
     let (sent, received) = (up_end.1, down_end.1);
     let upstream_end = reason(&up_end.0);
     let downstream_end = reason(&down_end.0);
+    let who = labels.first();
     tracing::event!(
         target: "access",
-        tracing::Level::DEBUG,
+        tracing::Level::INFO,
+        src.workload = who.map(|l| l.source_workload.as_str()).unwrap_or(""),
+        src.identity = who.map(|l| l.source_principal.as_str()).unwrap_or(""),
+        dst.workload = who.map(|l| l.destination_workload.as_str()).unwrap_or(""),
+        dst.identity = who.map(|l| l.destination_principal.as_str()).unwrap_or(""),
         bytes.sent = sent,
         bytes.received = received,
         duration.ms = started.elapsed().as_millis() as u64,

@@ -163,7 +163,17 @@ enum SessionError {
     Protocol(String),
 }
 
-fn reply(sock: &OwnedFd, ready: &Readiness, error: Option<String>) -> Result<(), ZdsError> {
+fn reply(
+    sock: &OwnedFd,
+    ready: &Readiness,
+    metrics: &crate::metrics::Metrics,
+    error: Option<String>,
+) -> Result<(), ZdsError> {
+    let outcome = if error.is_some() { "nack" } else { "ack" };
+    metrics
+        .zds
+        .get_or_create(&crate::metrics::ZdsLabels { outcome })
+        .inc();
     if error.is_some() {
         ready.nacks.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -215,7 +225,7 @@ fn session(
             Err(e @ (ZdsError::Truncated | ZdsError::TooManyFds)) => {
                 // The agent waits for one ack per request: answer, then go on.
                 tracing::warn!(error = %e, "bad ZDS packet from the agent");
-                reply(sock, ready, Some(e.to_string()))?;
+                reply(sock, ready, &proxy.metrics(), Some(e.to_string()))?;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -224,7 +234,7 @@ fn session(
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "bad ZDS request from the agent");
-                reply(sock, ready, Some(e.to_string()))?;
+                reply(sock, ready, &proxy.metrics(), Some(e.to_string()))?;
                 continue;
             }
         };
@@ -250,7 +260,7 @@ fn session(
                     Ok(()) => {
                         pending.remove(&uid);
                         set_pending(ready, pending);
-                        reply(sock, ready, None)?;
+                        reply(sock, ready, &proxy.metrics(), None)?;
                     }
                     Err(e) => {
                         tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
@@ -261,7 +271,7 @@ fn session(
                             crate::ProxyError::NotANetns { .. }
                                 | crate::ProxyError::HostNetns { .. }
                         ) {
-                            reply(sock, ready, Some(text))?;
+                            reply(sock, ready, &proxy.metrics(), Some(text))?;
                             continue;
                         }
                         pending.insert(
@@ -273,7 +283,7 @@ fn session(
                             },
                         );
                         set_pending(ready, pending);
-                        reply(sock, ready, Some(text))?;
+                        reply(sock, ready, &proxy.metrics(), Some(text))?;
                     }
                 }
             }
@@ -283,6 +293,7 @@ fn session(
                     reply(
                         sock,
                         ready,
+                        &proxy.metrics(),
                         Some(format!("Keep for pod {uid} after the snapshot")),
                     )?;
                     return Err(SessionError::Protocol(format!(
@@ -290,18 +301,23 @@ fn session(
                     )));
                 }
                 named.insert(uid);
-                reply(sock, ready, None)?;
+                reply(sock, ready, &proxy.metrics(), None)?;
             }
             Request::Del { uid } => {
                 pending.remove(&uid);
                 set_pending(ready, pending);
                 proxy.remove_pod(&uid);
-                reply(sock, ready, None)?;
+                reply(sock, ready, &proxy.metrics(), None)?;
             }
             Request::SnapshotSent => {
                 if !in_snapshot {
                     ready.protocol_error.store(true, Ordering::SeqCst);
-                    reply(sock, ready, Some("second SnapshotSent".into()))?;
+                    reply(
+                        sock,
+                        ready,
+                        &proxy.metrics(),
+                        Some("second SnapshotSent".into()),
+                    )?;
                     return Err(SessionError::Protocol("second SnapshotSent".into()));
                 }
                 in_snapshot = false;
@@ -323,7 +339,7 @@ fn session(
                     pending = pending.len(),
                     "ZDS snapshot applied"
                 );
-                reply(sock, ready, None)?;
+                reply(sock, ready, &proxy.metrics(), None)?;
             }
         }
     }
