@@ -1,0 +1,407 @@
+//! The tunnel client: a pool of HTTP/2 connections per [`PoolKey`], each carrying many
+//! CONNECT streams.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::Reason;
+use http::StatusCode;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{debug, Instrument};
+
+use crate::headers::{ConnectHeaders, TraceParent};
+use crate::stream::HboneStream;
+use crate::HboneError;
+
+/// Pool settings; [`Default`] is the reference mesh's.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Streams per HTTP/2 connection before a new connection is opened.
+    pub max_streams_per_conn: usize,
+    /// A connection without streams for this long is closed.
+    pub idle_timeout: Duration,
+    /// HTTP/2 PING period.
+    pub ping_interval: Duration,
+    /// Close a connection whose PING is unanswered this long.
+    pub ping_timeout: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_streams_per_conn: 100,
+            idle_timeout: Duration::from_secs(5 * 60),
+            ping_interval: crate::PING_INTERVAL,
+            ping_timeout: crate::PING_TIMEOUT,
+        }
+    }
+}
+
+/// Which connections may carry a tunnel: the same source identity, expected destination
+/// identity (checked by the caller's TLS), source IP and destination `ip:15008`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// SPIFFE id the client presents.
+    pub src_identity: String,
+    /// SPIFFE id the server must present.
+    pub dst_identity: String,
+    /// Source IP the connection is made from.
+    pub src_ip: IpAddr,
+    /// The destination pod's HBONE address (`ip:15008`).
+    pub dst: SocketAddr,
+}
+
+/// A pool of HBONE connections. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct Pool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: PoolConfig,
+    slots: Mutex<HashMap<PoolKey, Arc<Slot>>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicUsize,
+    streams: AtomicUsize,
+    opened: AtomicU64,
+}
+
+/// The connections of one key, and the lock held while dialing a new one.
+#[derive(Default)]
+struct Slot {
+    dial_lock: tokio::sync::Mutex<()>,
+    conns: Mutex<Vec<Arc<Conn>>>,
+}
+
+struct Conn {
+    id: u64,
+    send: SendRequest<Bytes>,
+    state: Mutex<ConnState>,
+    /// Wakes the connection task when its last stream ends.
+    idle: Notify,
+}
+
+struct ConnState {
+    active: usize,
+    /// No new streams (GOAWAY, error, idle close, PING timeout).
+    dead: bool,
+    idle_since: Option<Instant>,
+}
+
+/// Holds one stream slot on a connection; released on drop.
+pub(crate) struct StreamGuard {
+    conn: Arc<Conn>,
+    counters: Arc<Counters>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.counters.streams.fetch_sub(1, Ordering::Relaxed);
+        let mut st = self.conn.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.active -= 1;
+        if st.active == 0 {
+            st.idle_since = Some(Instant::now());
+            drop(st);
+            self.conn.idle.notify_one();
+        }
+    }
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("config", &self.shared.config)
+            .field("connections", &self.connections())
+            .field("streams", &self.streams())
+            .finish()
+    }
+}
+
+enum OpenError {
+    /// The peer did not process the stream (GOAWAY, REFUSED_STREAM): safe on another conn.
+    Retryable(h2::Error),
+    Fatal(HboneError),
+}
+
+fn classify(e: h2::Error) -> OpenError {
+    if e.is_go_away() || e.reason() == Some(Reason::REFUSED_STREAM) {
+        OpenError::Retryable(e)
+    } else {
+        OpenError::Fatal(HboneError::Connection(e))
+    }
+}
+
+impl Pool {
+    /// An empty pool.
+    pub fn new(config: PoolConfig) -> Self {
+        assert!(
+            config.max_streams_per_conn > 0,
+            "max_streams_per_conn must be > 0"
+        );
+        Pool {
+            shared: Arc::new(Shared {
+                config,
+                slots: Mutex::new(HashMap::new()),
+                counters: Arc::new(Counters::default()),
+            }),
+        }
+    }
+
+    /// Open HTTP/2 connections (including ones draining after GOAWAY).
+    pub fn connections(&self) -> usize {
+        self.shared.counters.connections.load(Ordering::Relaxed)
+    }
+
+    /// Open tunnel streams (including ones being opened).
+    pub fn streams(&self) -> usize {
+        self.shared.counters.streams.load(Ordering::Relaxed)
+    }
+
+    /// HTTP/2 connections opened since the pool was made.
+    pub fn connections_opened(&self) -> u64 {
+        self.shared.counters.opened.load(Ordering::Relaxed)
+    }
+
+    /// Opens a tunnel to `req.authority` through the peer proxy of `key`. Reuses a pooled
+    /// connection with a free stream slot; otherwise, holding the key's lock, calls `dial`
+    /// (TCP + TLS to `key.dst`, done by the caller) at most once and handshakes HTTP/2.
+    /// A stream the peer did not process (GOAWAY, REFUSED_STREAM) on a pooled connection
+    /// is retried on another one.
+    ///
+    /// Flows of the same key wait for a dial in progress, so give `dial` a timeout. Dropping
+    /// the returned future releases its stream slot (and abandons a dial it was running).
+    pub async fn connect<D, F, IO>(
+        &self,
+        key: PoolKey,
+        dial: D,
+        mut req: ConnectHeaders,
+    ) -> Result<HboneStream, HboneError>
+    where
+        D: FnOnce() -> F,
+        F: Future<Output = io::Result<IO>>,
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        // One trace id per connection, kept across retries.
+        req.traceparent.get_or_insert_with(TraceParent::random);
+        req.to_request()?; // validate headers before touching the network
+        let slot = self.slot(&key);
+        let mut dial = Some(dial);
+        loop {
+            let (guard, fresh) = match self.reserve(&slot) {
+                Some(g) => (g, false),
+                None => {
+                    let _lock = slot.dial_lock.lock().await;
+                    match self.reserve(&slot) {
+                        Some(g) => (g, false),
+                        None => {
+                            // Unreachable in practice: after a dial we never loop.
+                            let Some(dial) = dial.take() else {
+                                return Err(HboneError::Refused(Reason::REFUSED_STREAM.into()));
+                            };
+                            (self.dial_new(&key, &slot, dial).await?, true)
+                        }
+                    }
+                }
+            };
+            let conn = guard.conn.clone();
+            match open_stream(guard, &req).await {
+                Ok(s) => return Ok(s),
+                Err(OpenError::Retryable(e)) => {
+                    debug!(conn = conn.id, error = %e, "stream refused, connection retired");
+                    retire(&slot, &conn);
+                    if fresh {
+                        return Err(HboneError::Refused(e));
+                    }
+                }
+                Err(OpenError::Fatal(e)) => {
+                    // A connection-level failure (not one stream's reset) retires it.
+                    if matches!(&e, HboneError::Connection(h) if !h.is_reset()) {
+                        retire(&slot, &conn);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn slot(&self, key: &PoolKey) -> Arc<Slot> {
+        let mut slots = self.shared.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.entry(key.clone()).or_default().clone()
+    }
+
+    /// Takes a stream slot on the fullest live connection that has room.
+    fn reserve(&self, slot: &Slot) -> Option<StreamGuard> {
+        let conns = slot.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let max = self.shared.config.max_streams_per_conn;
+        for conn in conns.iter() {
+            let mut st = conn.state.lock().unwrap_or_else(|p| p.into_inner());
+            if !st.dead && st.active < max {
+                st.active += 1;
+                st.idle_since = None;
+                self.shared.counters.streams.fetch_add(1, Ordering::Relaxed);
+                return Some(StreamGuard {
+                    conn: conn.clone(),
+                    counters: self.shared.counters.clone(),
+                });
+            }
+        }
+        None
+    }
+
+    async fn dial_new<D, F, IO>(
+        &self,
+        key: &PoolKey,
+        slot: &Arc<Slot>,
+        dial: D,
+    ) -> Result<StreamGuard, HboneError>
+    where
+        D: FnOnce() -> F,
+        F: Future<Output = io::Result<IO>>,
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = dial().await.map_err(HboneError::Dial)?;
+        let (send, mut connection) = h2::client::Builder::new()
+            .initial_window_size(crate::STREAM_WINDOW)
+            .initial_connection_window_size(crate::CONNECTION_WINDOW)
+            .max_frame_size(crate::MAX_FRAME_SIZE)
+            .max_send_buffer_size(crate::MAX_FRAME_SIZE as usize)
+            .enable_push(false)
+            .handshake::<_, Bytes>(io)
+            .await
+            .map_err(HboneError::Handshake)?;
+        let counters = &self.shared.counters;
+        let id = counters.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        counters.connections.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn {
+            id,
+            send,
+            state: Mutex::new(ConnState {
+                active: 1,
+                dead: false,
+                idle_since: None,
+            }),
+            idle: Notify::new(),
+        });
+        counters.streams.fetch_add(1, Ordering::Relaxed);
+        let guard = StreamGuard {
+            conn: conn.clone(),
+            counters: counters.clone(),
+        };
+        slot.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn.clone());
+        debug!(conn = id, dst = %key.dst, dst.id = %key.dst_identity, "hbone connection opened");
+
+        let config = self.shared.config.clone();
+        let ping = connection.ping_pong().expect("ping_pong is taken once");
+        let task_slot = slot.clone();
+        let task_counters = counters.clone();
+        let shared = Arc::downgrade(&self.shared);
+        let key = key.clone();
+        let span = tracing::debug_span!("hbone.conn", conn = id, dst.addr = %key.dst);
+        tokio::spawn(
+            async move {
+                let keepalive = crate::keepalive(ping, config.ping_interval, config.ping_timeout);
+                let idle = idle_watch(&conn, config.idle_timeout);
+                tokio::select! {
+                    r = &mut connection => debug!(result = ?r.err(), "hbone connection closed"),
+                    e = keepalive => debug!(error = %e, "hbone connection failed"),
+                    _ = idle => debug!("idle hbone connection released"),
+                }
+                retire(&task_slot, &conn);
+                drop(connection);
+                task_counters.connections.fetch_sub(1, Ordering::Relaxed);
+                forget_slot(shared, &key, task_slot);
+            }
+            .instrument(span),
+        );
+        Ok(guard)
+    }
+}
+
+/// Marks a connection dead and removes it from its slot (no new streams on it).
+fn retire(slot: &Slot, conn: &Arc<Conn>) {
+    conn.state.lock().unwrap_or_else(|p| p.into_inner()).dead = true;
+    slot.conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|c| !Arc::ptr_eq(c, conn));
+}
+
+/// Drops the key's slot from the map when it holds no connection and nobody else uses it.
+fn forget_slot(shared: Weak<Shared>, key: &PoolKey, slot: Arc<Slot>) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let mut slots = shared.slots.lock().unwrap_or_else(|p| p.into_inner());
+    let empty = slot
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_empty();
+    // References: the map's and ours. Any caller in `connect` holds another.
+    if empty && Arc::strong_count(&slot) == 2 {
+        slots.remove(key);
+    }
+}
+
+/// Resolves once the connection has had no stream for `timeout`; it is then marked dead
+/// under the state lock, so no stream can be reserved on it afterwards.
+async fn idle_watch(conn: &Conn, timeout: Duration) {
+    loop {
+        let notified = conn.idle.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let deadline = {
+            let mut st = conn.state.lock().unwrap_or_else(|p| p.into_inner());
+            match st.idle_since {
+                Some(t) if st.active == 0 && t.elapsed() >= timeout => {
+                    st.dead = true;
+                    return;
+                }
+                Some(t) if st.active == 0 => Some(t + timeout),
+                _ => None,
+            }
+        };
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(d) => {}
+                    _ = &mut notified => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}
+
+async fn open_stream(guard: StreamGuard, req: &ConnectHeaders) -> Result<HboneStream, OpenError> {
+    let request = req.to_request().map_err(OpenError::Fatal)?;
+    let send = guard.conn.send.clone();
+    let mut send = send.ready().await.map_err(classify)?;
+    let (response, send_stream) = send.send_request(request, false).map_err(classify)?;
+    let response = response.await.map_err(classify)?;
+    match response.status() {
+        StatusCode::OK => Ok(HboneStream::new(
+            send_stream,
+            response.into_body(),
+            Some(guard),
+        )),
+        status => Err(OpenError::Fatal(HboneError::from_status(status))),
+    }
+}

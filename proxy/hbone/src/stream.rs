@@ -1,0 +1,181 @@
+//! [`HboneStream`]: one tunnel (HTTP/2 stream) as an `AsyncRead + AsyncWrite` byte stream.
+
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use h2::{Reason, RecvStream, SendStream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::error::h2_to_io;
+use crate::pool::StreamGuard;
+
+/// Largest single write handed to HTTP/2 at once (one max-size DATA frame).
+const MAX_WRITE: usize = crate::MAX_FRAME_SIZE as usize;
+
+/// A proxied TCP connection carried as one HTTP/2 stream.
+///
+/// - `read` returns the peer's bytes; `Ok(0)` once the peer half-closed (END_STREAM);
+///   `ConnectionReset` when the peer reset the stream (RST_STREAM) or the connection died.
+/// - `write` sends DATA within HTTP/2 flow control (it waits for window).
+/// - `shutdown` sends END_STREAM (our half-close); reading goes on.
+/// - Dropping the stream before `shutdown` resets it (RST_STREAM CANCEL), as closing a TCP
+///   socket with unsent state would; [`HboneStream::reset`] does so explicitly
+///   (CONNECT_ERROR, "the TCP connection was reset").
+pub struct HboneStream {
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+    buf: Bytes,
+    read_eof: bool,
+    write_closed: bool,
+    _guard: Option<StreamGuard>,
+}
+
+impl HboneStream {
+    pub(crate) fn new(
+        send: SendStream<Bytes>,
+        recv: RecvStream,
+        guard: Option<StreamGuard>,
+    ) -> Self {
+        HboneStream {
+            send,
+            recv,
+            buf: Bytes::new(),
+            read_eof: false,
+            write_closed: false,
+            _guard: guard,
+        }
+    }
+
+    /// Resets the stream (RST_STREAM CONNECT_ERROR): the peer resets its upstream.
+    pub fn reset(mut self) {
+        self.send.send_reset(Reason::CONNECT_ERROR);
+        self.write_closed = true;
+    }
+
+    /// The HTTP/2 stream id (for logs).
+    pub fn stream_id(&self) -> u32 {
+        self.send.stream_id().as_u32()
+    }
+
+    fn reset_error(&mut self, cx: &mut Context<'_>) -> io::Error {
+        match self.send.poll_reset(cx) {
+            Poll::Ready(Ok(reason)) => io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                format!("tunnel stream reset by peer: {reason}"),
+            ),
+            Poll::Ready(Err(e)) => h2_to_io(e),
+            Poll::Pending => io::Error::new(io::ErrorKind::BrokenPipe, "tunnel stream closed"),
+        }
+    }
+}
+
+impl fmt::Debug for HboneStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HboneStream")
+            .field("stream_id", &self.stream_id())
+            .field("read_eof", &self.read_eof)
+            .field("write_closed", &self.write_closed)
+            .finish()
+    }
+}
+
+impl AsyncRead for HboneStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if !this.buf.is_empty() {
+                let n = this.buf.len().min(out.remaining());
+                out.put_slice(&this.buf.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            if this.read_eof {
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // At most one frame is held here, so the window still bounds memory.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    this.buf = data;
+                }
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => this.read_eof = true,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for HboneStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        if this.write_closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "tunnel stream already shut down",
+            )));
+        }
+        this.send.reserve_capacity(buf.len().min(MAX_WRITE));
+        loop {
+            match this.send.poll_capacity(cx) {
+                Poll::Pending => {
+                    // A reset while we wait for window must not leave us waiting forever.
+                    if let Poll::Ready(r) = this.send.poll_reset(cx) {
+                        return Poll::Ready(Err(match r {
+                            Ok(reason) => io::Error::new(
+                                io::ErrorKind::ConnectionReset,
+                                format!("tunnel stream reset by peer: {reason}"),
+                            ),
+                            Err(e) => h2_to_io(e),
+                        }));
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(Some(Ok(0))) => continue,
+                Poll::Ready(Some(Ok(cap))) => {
+                    let n = cap.min(buf.len());
+                    this.send
+                        .send_data(Bytes::copy_from_slice(&buf[..n]), false)
+                        .map_err(h2_to_io)?;
+                    return Poll::Ready(Ok(n));
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),
+                Poll::Ready(None) => return Poll::Ready(Err(this.reset_error(cx))),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Frames are written by the connection task as soon as they have window.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.write_closed {
+            this.write_closed = true;
+            this.send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for HboneStream {
+    fn drop(&mut self) {
+        if !self.write_closed {
+            self.send.send_reset(Reason::CANCEL);
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Connection sharing: streams per connection, reuse, the per-key dial lock, idle release,
+//! PING timeout.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringway_hbone::{ConnectHeaders, HboneError, Pool, PoolConfig};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn dst() -> std::net::SocketAddr {
+    "10.0.0.1:8080".parse().unwrap()
+}
+
+/// 300 tunnels open at once with a cap of 100 streams per connection ride exactly 3
+/// HTTP/2 connections, and every one of them carries its own bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_300_streams_use_exactly_3_connections() {
+    let server = Server::start(echo_handler()).await;
+    let pool = pool();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..300u32 {
+        let (pool, key, addr) = (pool.clone(), server.key(), server.addr);
+        set.spawn(async move {
+            let s = pool
+                .connect(key, || dial(addr), ConnectHeaders::new(dst()))
+                .await
+                .unwrap();
+            (i, s)
+        });
+    }
+    let mut streams = Vec::new();
+    while let Some(r) = set.join_next().await {
+        streams.push(r.unwrap());
+    }
+    assert_eq!(pool.streams(), 300);
+    assert_eq!(pool.connections(), 3);
+    assert_eq!(pool.connections_opened(), 3);
+    assert_eq!(server.accepted(), 3);
+    // All 300 are live at once: each echoes its own id.
+    for (i, s) in &mut streams {
+        s.write_all(&i.to_be_bytes()).await.unwrap();
+    }
+    for (i, s) in &mut streams {
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).await.unwrap();
+        assert_eq!(u32::from_be_bytes(b), *i);
+        s.shutdown().await.unwrap();
+        assert_eq!(read_all(s).await.unwrap(), b"");
+    }
+    drop(streams);
+    assert_eq!(pool.streams(), 0);
+    assert_eq!(
+        pool.connections(),
+        3,
+        "idle connections stay pooled until the idle timeout"
+    );
+}
+
+/// 1,000 tunnels one after the other reuse one connection.
+#[tokio::test]
+async fn sequential_1000_streams_reuse_one_connection() {
+    let server = Server::start(echo_handler()).await;
+    let pool = pool();
+    for i in 0..1000u32 {
+        let mut s = pool
+            .connect(
+                server.key(),
+                || dial(server.addr),
+                ConnectHeaders::new(dst()),
+            )
+            .await
+            .unwrap();
+        s.write_all(&i.to_le_bytes()).await.unwrap();
+        s.shutdown().await.unwrap();
+        assert_eq!(read_all(&mut s).await.unwrap(), i.to_le_bytes());
+    }
+    assert_eq!(pool.connections_opened(), 1);
+    assert_eq!(server.accepted(), 1);
+    assert_eq!(pool.streams(), 0);
+}
+
+/// 50 flows starting at once toward a key with no connection dial once, not 50 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_of_50_first_connects_dials_once() {
+    let server = Server::start(echo_handler()).await;
+    let pool = pool();
+    let dials = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(50));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (pool, key, addr) = (pool.clone(), server.key(), server.addr);
+        let (dials, start) = (dials.clone(), start.clone());
+        set.spawn(async move {
+            start.wait().await;
+            let dial = move || async move {
+                dials.fetch_add(1, Ordering::SeqCst);
+                // A slow dial (TLS handshake) widens the window for a storm.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                dial(addr).await
+            };
+            let mut s = pool
+                .connect(key, dial, ConnectHeaders::new(dst()))
+                .await
+                .unwrap();
+            s.write_all(b"x").await.unwrap();
+            s.shutdown().await.unwrap();
+            assert_eq!(read_all(&mut s).await.unwrap(), b"x");
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    assert_eq!(dials.load(Ordering::SeqCst), 1);
+    assert_eq!(pool.connections_opened(), 1);
+    assert_eq!(server.accepted(), 1);
+}
+
+/// Keys are separate: another source identity gets its own connection.
+#[tokio::test]
+async fn different_keys_do_not_share() {
+    let server = Server::start(echo_handler()).await;
+    let pool = pool();
+    let a = pool
+        .connect(
+            server.key(),
+            || dial(server.addr),
+            ConnectHeaders::new(dst()),
+        )
+        .await
+        .unwrap();
+    let mut other = server.key();
+    other.src_identity = "spiffe://cluster.local/ns/other/sa/x".into();
+    let b = pool
+        .connect(other, || dial(server.addr), ConnectHeaders::new(dst()))
+        .await
+        .unwrap();
+    assert_eq!(pool.connections(), 2);
+    drop((a, b));
+}
+
+/// A connection without streams for the idle timeout is closed (both ends see it), and the
+/// next flow dials a new one.
+#[tokio::test]
+async fn idle_connection_released() {
+    let server = Server::start(echo_handler()).await;
+    let pool = Pool::new(PoolConfig {
+        idle_timeout: Duration::from_millis(150),
+        ..PoolConfig::default()
+    });
+    let mut s = pool
+        .connect(
+            server.key(),
+            || dial(server.addr),
+            ConnectHeaders::new(dst()),
+        )
+        .await
+        .unwrap();
+    // Busy connections are not idle, however long the stream lives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pool.connections(), 1);
+    s.shutdown().await.unwrap();
+    read_all(&mut s).await.unwrap();
+    drop(s);
+    assert_eq!(pool.connections(), 1);
+    eventually("idle release", || pool.connections() == 0).await;
+    // The server side saw the connection end cleanly.
+    let tasks = server.drain_current();
+    for t in tasks {
+        let r = tokio::time::timeout(Duration::from_secs(5), t)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(r.is_ok(), "server connection ended with {r:?}");
+    }
+    let s = pool
+        .connect(
+            server.key(),
+            || dial(server.addr),
+            ConnectHeaders::new(dst()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pool.connections_opened(), 2);
+    drop(s);
+}
+
+/// A peer that never answers PING (here: never reads at all) is closed after the PING
+/// timeout; the waiting flow gets an error instead of hanging.
+#[tokio::test]
+async fn unanswered_ping_closes_connection() {
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = black_hole.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let (s, _) = black_hole.accept().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        drop(s);
+    });
+    let pool = Pool::new(PoolConfig {
+        ping_interval: Duration::from_millis(100),
+        ping_timeout: Duration::from_millis(200),
+        ..PoolConfig::default()
+    });
+    let key = ringway_hbone::PoolKey {
+        src_identity: "a".into(),
+        dst_identity: "b".into(),
+        src_ip: "127.0.0.1".parse().unwrap(),
+        dst: addr,
+    };
+    let started = tokio::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        pool.connect(key, || dial(addr), ConnectHeaders::new(dst())),
+    )
+    .await
+    .expect("connect must fail, not hang");
+    let e = r.unwrap_err();
+    assert!(matches!(e, HboneError::Connection(_)), "{e:?}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    eventually("connection closed", || pool.connections() == 0).await;
+    hold.abort();
+}

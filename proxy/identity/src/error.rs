@@ -1,0 +1,84 @@
+//! Errors of identity management and peer verification.
+
+use std::time::Duration;
+
+use ringway_config::authz::Identity;
+
+use crate::SpiffeError;
+
+/// Why an identity could not be issued, configured or verified. Never
+/// carries key material.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// A string that is not a SPIFFE workload ID of our trust domain.
+    #[error(transparent)]
+    Spiffe(#[from] SpiffeError),
+    /// An identity of another trust domain was asked for.
+    #[error("{identity} is not in this proxy's trust domain {trust_domain:?}")]
+    ForeignIdentity {
+        /// The identity asked for.
+        identity: Identity,
+        /// Ours.
+        trust_domain: String,
+    },
+    /// A CA or bundle file cannot be used.
+    #[error(transparent)]
+    Ca(#[from] crate::CaError),
+    /// A root of the bundle is not a usable trust anchor.
+    #[error("trust bundle: {source}")]
+    TrustBundle {
+        /// rustls' reason.
+        source: Box<rustls::Error>,
+    },
+    /// The trust domain given to the manager is not valid.
+    #[error("trust domain {trust_domain:?}: {reason}")]
+    BadTrustDomain {
+        /// As given.
+        trust_domain: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A certificate lifetime too short to be rotated at half-life.
+    #[error("certificate lifetime {0:?} is too short (at least 2 s)")]
+    BadLifetime(Duration),
+    /// The CA can no longer issue: it has expired.
+    #[error(
+        "cannot issue a certificate for {identity}: the CA certificate expired at {not_after}"
+    )]
+    CaExpired {
+        /// The identity asked for.
+        identity: Identity,
+        /// The CA's notAfter.
+        not_after: String,
+    },
+    /// Key generation or signing failed.
+    #[error("cannot issue a certificate for {identity}: {reason}")]
+    Issue {
+        /// The identity asked for.
+        identity: Identity,
+        /// What failed.
+        reason: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration for {identity}: {source}")]
+    Tls {
+        /// The local identity of the config.
+        identity: Identity,
+        /// rustls' reason (boxed: it is large).
+        source: Box<rustls::Error>,
+    },
+    /// The peer sent no certificate.
+    #[error("the peer presented no certificate")]
+    NoPeerCertificate,
+    /// The peer's certificate has no usable SPIFFE ID.
+    #[error("peer certificate: {0}")]
+    PeerCertificate(String),
+    /// The peer's SPIFFE ID is not the one expected.
+    #[error("peer certificate is for {presented}, expected {expected}")]
+    UnexpectedPeer {
+        /// The identity the client expected.
+        expected: Identity,
+        /// The SPIFFE ID the server presented.
+        presented: String,
+    },
+}

@@ -1,0 +1,667 @@
+//! Workload certificates: issued in memory, cached per identity, rotated at
+//! half-life; the rustls configs built from them, cached too.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, TryLockError, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use ringway_config::authz::Identity;
+use rustls::crypto::CryptoProvider;
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::ca::fmt_time;
+use crate::tls::{self, SpiffeClientVerifier, SpiffeServerVerifier};
+use crate::{CaSigner, IdentityError, TrustBundle};
+
+/// Default workload certificate lifetime (as the reference mesh).
+pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+/// How far `notBefore` is set in the past, for clock skew between nodes.
+pub const DEFAULT_BACKDATE: Duration = Duration::from_secs(5 * 60);
+/// Issuances (key generation + signing) allowed at once.
+pub const DEFAULT_MAX_CONCURRENT_ISSUANCE: usize = 8;
+
+/// Where the manager reads the time: issuance, rotation and certificate
+/// validity checks all use it. [`SystemClock`] in production.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Now.
+    fn now(&self) -> SystemTime;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock that moves only when told (tests).
+#[derive(Debug)]
+pub struct ManualClock(Mutex<SystemTime>);
+
+impl ManualClock {
+    /// Starts at `now`.
+    pub fn new(now: SystemTime) -> Self {
+        ManualClock(Mutex::new(now))
+    }
+
+    /// Moves forward.
+    pub fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A workload's certificate chain and in-memory key, ready for rustls.
+pub struct WorkloadCert {
+    identity: Identity,
+    certified: Arc<CertifiedKey>,
+    serial: String,
+    not_before: SystemTime,
+    not_after: SystemTime,
+    refresh_at: SystemTime,
+}
+
+impl fmt::Debug for WorkloadCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkloadCert")
+            .field("identity", &self.identity.to_string())
+            .field("serial", &self.serial)
+            .field("not_before", &fmt_time(self.not_before))
+            .field("not_after", &fmt_time(self.not_after))
+            .field("refresh_at", &fmt_time(self.refresh_at))
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl WorkloadCert {
+    /// The identity in the certificate.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Leaf first, then the CA chain.
+    pub fn chain(&self) -> &[CertificateDer<'static>] {
+        &self.certified.cert
+    }
+
+    /// Chain and signing key for rustls.
+    pub fn certified_key(&self) -> &Arc<CertifiedKey> {
+        &self.certified
+    }
+
+    /// The leaf's serial number (hex), for logs.
+    pub fn serial(&self) -> &str {
+        &self.serial
+    }
+
+    /// Start of validity (backdated).
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+
+    /// End of validity.
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+
+    /// Half-life: from then on it is renewed.
+    pub fn refresh_at(&self) -> SystemTime {
+        self.refresh_at
+    }
+}
+
+/// One identity's current certificate, and the lock that makes its
+/// issuance single-flight.
+#[derive(Debug, Default)]
+struct Slot {
+    current: RwLock<Option<Arc<WorkloadCert>>>,
+    issuing: Mutex<()>,
+}
+
+/// A counting semaphore for issuance (std only; waits are short: one
+/// P-256 key generation and one signature).
+#[derive(Debug)]
+struct Permits {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Permits {
+    fn acquire(&self) -> PermitGuard<'_> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self
+                .freed
+                .wait(free)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *free -= 1;
+        PermitGuard(self)
+    }
+}
+
+struct PermitGuard<'a>(&'a Permits);
+
+impl Drop for PermitGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+type ConfigCache<K, C> = RwLock<HashMap<K, (Arc<WorkloadCert>, Arc<C>)>>;
+
+/// Issues, caches and rotates workload certificates, and hands out the
+/// rustls configs for HBONE. Share it as `Arc<IdentityManager>`; every
+/// method takes `&self`.
+pub struct IdentityManager {
+    ca: CaSigner,
+    bundle: TrustBundle,
+    roots: Arc<RootCertStore>,
+    trust_domain: String,
+    lifetime: Duration,
+    backdate: Duration,
+    provider: Arc<CryptoProvider>,
+    clock: Arc<dyn Clock>,
+    client_verifier: Arc<SpiffeClientVerifier>,
+    certs: RwLock<HashMap<Identity, Arc<Slot>>>,
+    server_configs: ConfigCache<Identity, ServerConfig>,
+    client_configs: ConfigCache<(Identity, Identity), ClientConfig>,
+    permits: Arc<Permits>,
+    issued: AtomicU64,
+}
+
+impl fmt::Debug for IdentityManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdentityManager")
+            .field("trust_domain", &self.trust_domain)
+            .field("ca", &self.ca)
+            .field("bundle", &self.bundle)
+            .field("lifetime", &self.lifetime)
+            .field("backdate", &self.backdate)
+            .field("clock", &self.clock)
+            .field("issued", &self.issued.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl IdentityManager {
+    /// A manager issuing with `ca` for identities of `trust_domain`, each
+    /// certificate valid for `lifetime` ([`DEFAULT_CERT_LIFETIME`] is the
+    /// usual choice). Peers are trusted when they chain to a root of
+    /// `bundle` or to `ca`'s own certificate.
+    pub fn new(
+        ca: CaSigner,
+        mut bundle: TrustBundle,
+        trust_domain: &str,
+        lifetime: Duration,
+    ) -> Result<Self, IdentityError> {
+        // The config crate's checks, through a well-formed ID.
+        Identity::from_spiffe_id(&format!("spiffe://{trust_domain}/ns/x/sa/x")).map_err(|e| {
+            IdentityError::BadTrustDomain {
+                trust_domain: trust_domain.to_owned(),
+                reason: e.reason().to_owned(),
+            }
+        })?;
+        if lifetime < Duration::from_secs(2) {
+            return Err(IdentityError::BadLifetime(lifetime));
+        }
+        bundle.add(ca.cert().clone());
+        let roots = Arc::new(
+            bundle
+                .root_store()
+                .map_err(|source| IdentityError::TrustBundle {
+                    source: Box::new(source),
+                })?,
+        );
+        let provider = tls::crypto_provider();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let client_verifier =
+            SpiffeClientVerifier::new(roots.clone(), trust_domain, provider.clone(), clock.clone())
+                .map_err(|source| IdentityError::TrustBundle {
+                    source: Box::new(source),
+                })?;
+        Ok(IdentityManager {
+            ca,
+            bundle,
+            roots,
+            trust_domain: trust_domain.to_owned(),
+            lifetime,
+            backdate: DEFAULT_BACKDATE,
+            provider,
+            clock,
+            client_verifier: Arc::new(client_verifier),
+            certs: RwLock::default(),
+            server_configs: RwLock::default(),
+            client_configs: RwLock::default(),
+            permits: Arc::new(Permits {
+                free: Mutex::new(DEFAULT_MAX_CONCURRENT_ISSUANCE),
+                freed: Condvar::new(),
+            }),
+            issued: AtomicU64::new(0),
+        })
+    }
+
+    /// A manager from the configuration's `ca:` section (`certFile`,
+    /// `keyFile`, `bundleFiles`) and `trustDomain`.
+    pub fn from_config(
+        ca: &ringway_config::CaPaths,
+        trust_domain: &str,
+        lifetime: Duration,
+    ) -> Result<Self, IdentityError> {
+        let signer = CaSigner::load(&ca.cert_file, &ca.key_file)?;
+        let bundle = TrustBundle::from_pem_files(&ca.bundle_files)?;
+        Self::new(signer, bundle, trust_domain, lifetime)
+    }
+
+    /// Caps concurrent issuances (at least 1).
+    pub fn with_max_concurrent_issuance(self, n: usize) -> Self {
+        *self
+            .permits
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = n.max(1);
+        self
+    }
+
+    /// How far `notBefore` is backdated ([`DEFAULT_BACKDATE`]).
+    pub fn with_backdate(mut self, backdate: Duration) -> Self {
+        self.backdate = backdate;
+        self
+    }
+
+    /// Replaces the clock (tests: [`ManualClock`]). Call before any fetch.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.client_verifier = Arc::new(self.client_verifier.with_clock(clock.clone()));
+        self.clock = clock;
+        self
+    }
+
+    /// Our trust domain.
+    pub fn trust_domain(&self) -> &str {
+        &self.trust_domain
+    }
+
+    /// The trusted roots (the bundle plus the CA's certificate).
+    pub fn bundle(&self) -> &TrustBundle {
+        &self.bundle
+    }
+
+    /// Certificates issued so far (metrics, tests).
+    pub fn issued_count(&self) -> u64 {
+        self.issued.load(Ordering::Relaxed)
+    }
+
+    /// [`crate::parse_spiffe`] in our trust domain.
+    pub fn parse_spiffe(&self, id: &str) -> Result<Identity, IdentityError> {
+        Ok(crate::parse_spiffe(id, &self.trust_domain)?)
+    }
+
+    fn check_domain(&self, id: &Identity) -> Result<(), IdentityError> {
+        if id.trust_domain != self.trust_domain {
+            return Err(IdentityError::ForeignIdentity {
+                identity: id.clone(),
+                trust_domain: self.trust_domain.clone(),
+            });
+        }
+        Identity::from_spiffe_id(&id.to_string()).map_err(|e| IdentityError::Spiffe(e.into()))?;
+        Ok(())
+    }
+
+    /// The identity's slot; an identity seen for the first time is
+    /// checked (trust domain, names) before it gets one.
+    fn slot(&self, id: &Identity) -> Result<Arc<Slot>, IdentityError> {
+        if let Some(s) = read(&self.certs).get(id) {
+            return Ok(s.clone());
+        }
+        self.check_domain(id)?;
+        Ok(write(&self.certs).entry(id.clone()).or_default().clone())
+    }
+
+    /// The current certificate of `identity`, issued on first use and
+    /// renewed once past its half-life. While a renewal runs on another
+    /// thread, the old (still valid) certificate is returned at once; a
+    /// first issuance waits for the single issuance in flight.
+    pub fn fetch(&self, identity: &Identity) -> Result<Arc<WorkloadCert>, IdentityError> {
+        let slot = self.slot(identity)?;
+        let current = read(&slot.current).clone();
+        let now = self.clock.now();
+        match current {
+            Some(c) if now < c.refresh_at => Ok(c),
+            Some(c) if now < c.not_after => {
+                let _guard = match slot.issuing.try_lock() {
+                    Ok(g) => g,
+                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(TryLockError::WouldBlock) => return Ok(c),
+                };
+                match self.renew_locked(&slot, identity) {
+                    Ok(new) => Ok(new),
+                    Err(e) => {
+                        tracing::warn!(identity = %identity, error = %e,
+                            "certificate renewal failed; keeping the current one");
+                        Ok(c)
+                    }
+                }
+            }
+            _ => {
+                let _guard = slot.issuing.lock().unwrap_or_else(PoisonError::into_inner);
+                self.renew_locked(&slot, identity)
+            }
+        }
+    }
+
+    /// Issues into `slot` unless another holder of the issuing lock just
+    /// did. Caller holds `slot.issuing`.
+    fn renew_locked(&self, slot: &Slot, id: &Identity) -> Result<Arc<WorkloadCert>, IdentityError> {
+        if let Some(c) = read(&slot.current).as_ref() {
+            if self.clock.now() < c.refresh_at {
+                return Ok(c.clone());
+            }
+        }
+        let cert = Arc::new(self.issue(id)?);
+        let old = write(&slot.current).replace(cert.clone());
+        // Invalidate configs holding the old certificate.
+        write(&self.server_configs).remove(id);
+        write(&self.client_configs).retain(|(local, _), _| local != id);
+        tracing::info!(
+            identity = %id,
+            serial = %cert.serial,
+            not_after = %fmt_time(cert.not_after),
+            rotated = old.is_some(),
+            "issued workload certificate"
+        );
+        Ok(cert)
+    }
+
+    fn issue(&self, id: &Identity) -> Result<WorkloadCert, IdentityError> {
+        let now = self.clock.now();
+        if now >= self.ca.not_after() {
+            return Err(IdentityError::CaExpired {
+                identity: id.clone(),
+                not_after: fmt_time(self.ca.not_after()),
+            });
+        }
+        let fail = |reason: String| IdentityError::Issue {
+            identity: id.clone(),
+            reason,
+        };
+        let not_before = now.checked_sub(self.backdate).unwrap_or(now);
+        let not_after = (now + self.lifetime).min(self.ca.not_after());
+        let (chain, key) = {
+            let _permit = self.permits.acquire();
+            self.ca
+                .issue(id, not_before, not_after)
+                .map_err(|e| fail(e.to_string()))?
+        };
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        self.assemble(id, chain, key, now, not_before, not_after)
+    }
+
+    /// Loads a freshly issued chain and key into a [`WorkloadCert`].
+    fn assemble(
+        &self,
+        id: &Identity,
+        chain: Vec<CertificateDer<'static>>,
+        key: rustls_pki_types::PrivatePkcs8KeyDer<'static>,
+        now: SystemTime,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<WorkloadCert, IdentityError> {
+        let fail = |reason: String| IdentityError::Issue {
+            identity: id.clone(),
+            reason,
+        };
+        let signing_key = self
+            .provider
+            .key_provider
+            .load_private_key(PrivateKeyDer::Pkcs8(key))
+            .map_err(|e| fail(format!("loading the new key: {e}")))?;
+        let serial = x509_parser::parse_x509_certificate(&chain[0])
+            .map(|(_, x)| x.raw_serial_as_string().replace(':', ""))
+            .map_err(|e| fail(format!("reading the new certificate: {e}")))?;
+        // Timestamps as written in the certificate (whole seconds).
+        let secs = |t: SystemTime| {
+            let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+            SystemTime::UNIX_EPOCH + Duration::from_secs(d.as_secs())
+        };
+        let not_after = secs(not_after);
+        let refresh_at = now + not_after.duration_since(now).unwrap_or_default() / 2;
+        Ok(WorkloadCert {
+            identity: id.clone(),
+            certified: Arc::new(CertifiedKey::new(chain, signing_key)),
+            serial,
+            not_before: secs(not_before),
+            not_after,
+            refresh_at,
+        })
+    }
+
+    /// Renews every cached certificate past its half-life; returns how many
+    /// were renewed. The refresher thread calls this; so may a timer.
+    pub fn refresh_due(&self) -> usize {
+        let slots: Vec<(Identity, Arc<Slot>)> = read(&self.certs)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut renewed = 0;
+        for (id, slot) in slots {
+            let due = read(&slot.current)
+                .as_ref()
+                .is_some_and(|c| self.clock.now() >= c.refresh_at);
+            if !due {
+                continue;
+            }
+            let Ok(_guard) = slot.issuing.try_lock() else {
+                continue; // a fetch is renewing it
+            };
+            match self.renew_locked(&slot, &id) {
+                Ok(_) => renewed += 1,
+                Err(e) => tracing::warn!(identity = %id, error = %e, "certificate renewal failed"),
+            }
+        }
+        renewed
+    }
+
+    /// Drops `identity`'s certificate and configs (its last pod left the
+    /// node). Open connections keep theirs.
+    pub fn forget(&self, identity: &Identity) {
+        write(&self.certs).remove(identity);
+        write(&self.server_configs).remove(identity);
+        write(&self.client_configs).retain(|(local, _), _| local != identity);
+    }
+
+    /// Starts a thread (`ringway-identity-refresh`) that calls
+    /// [`Self::refresh_due`] every `interval`, so the datapath seldom
+    /// issues. It stops when the returned handle is dropped or the manager
+    /// is.
+    pub fn spawn_refresher(self: &Arc<Self>, interval: Duration) -> std::io::Result<Refresher> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("ringway-identity-refresh".into())
+            .spawn(move || loop {
+                {
+                    let (lock, cv) = &*stop2;
+                    let stopped = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                    let (stopped, _) = cv
+                        .wait_timeout_while(stopped, interval, |s| !*s)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if *stopped {
+                        return;
+                    }
+                }
+                let Some(manager) = weak.upgrade() else {
+                    return;
+                };
+                manager.refresh_due();
+            })?;
+        Ok(Refresher {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The HBONE server config of a pod whose identity is `local`: presents
+    /// `local`'s certificate, requires a client certificate chaining to the
+    /// bundle with a SPIFFE ID of our trust domain. Cached; rebuilt after
+    /// rotation.
+    pub fn server_config(&self, local: &Identity) -> Result<Arc<ServerConfig>, IdentityError> {
+        let cert = self.fetch(local)?;
+        if let Some((c, cfg)) = read(&self.server_configs).get(local) {
+            if Arc::ptr_eq(c, &cert) {
+                return Ok(cfg.clone());
+            }
+        }
+        let cfg = Arc::new(
+            tls::server_config(&self.provider, self.client_verifier.clone(), &cert).map_err(
+                |source| IdentityError::Tls {
+                    identity: local.clone(),
+                    source: Box::new(source),
+                },
+            )?,
+        );
+        write(&self.server_configs).insert(local.clone(), (cert, cfg.clone()));
+        Ok(cfg)
+    }
+
+    /// The HBONE client config of a pod `local` dialing a workload whose
+    /// identity must be exactly `expected_server`. Use
+    /// [`crate::placeholder_server_name`] as the server name. Cached per
+    /// pair; rebuilt after `local`'s rotation.
+    pub fn client_config(
+        &self,
+        local: &Identity,
+        expected_server: &Identity,
+    ) -> Result<Arc<ClientConfig>, IdentityError> {
+        let cert = self.fetch(local)?;
+        let key = (local.clone(), expected_server.clone());
+        if let Some((c, cfg)) = read(&self.client_configs).get(&key) {
+            if Arc::ptr_eq(c, &cert) {
+                return Ok(cfg.clone());
+            }
+        }
+        self.check_domain(expected_server)?;
+        let verifier = Arc::new(self.server_verifier(expected_server));
+        let cfg = Arc::new(tls::client_config(&self.provider, verifier, &cert).map_err(
+            |source| IdentityError::Tls {
+                identity: local.clone(),
+                source: Box::new(source),
+            },
+        )?);
+        write(&self.client_configs).insert(key, (cert, cfg.clone()));
+        Ok(cfg)
+    }
+
+    /// The verifier a server's certificate must pass for `expected`
+    /// (for callers building their own `ClientConfig`).
+    pub fn server_verifier(&self, expected: &Identity) -> SpiffeServerVerifier {
+        SpiffeServerVerifier::new(
+            self.roots.clone(),
+            expected.clone(),
+            self.provider.clone(),
+            self.clock.clone(),
+        )
+    }
+
+    /// The verifier a client's certificate must pass (for callers building
+    /// their own `ServerConfig`).
+    pub fn client_verifier(&self) -> Arc<SpiffeClientVerifier> {
+        self.client_verifier.clone()
+    }
+}
+
+/// The background refresher; stops (and joins) when dropped.
+#[derive(Debug)]
+pub struct Refresher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Refresher {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.stop;
+        *lock.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 32-byte private scalar of a P-256 PKCS#8 key as ring writes it.
+    fn scalar(pkcs8: &[u8]) -> &[u8] {
+        let at = pkcs8
+            .windows(5)
+            .position(|w| w == [0x02, 0x01, 0x01, 0x04, 0x20])
+            .expect("ECPrivateKey");
+        &pkcs8[at + 5..at + 37]
+    }
+
+    #[test]
+    fn debug_never_shows_the_private_key() {
+        let td = "cluster.local";
+        let ca = CaSigner::generate_for_tests_for_unit(td);
+        let m = IdentityManager::new(ca, TrustBundle::new(), td, DEFAULT_CERT_LIFETIME).unwrap();
+        let id = Identity::new(td, "shop", "web");
+        let now = SystemTime::now();
+        let (chain, key) =
+            m.ca.issue(&id, now, now + Duration::from_secs(3600))
+                .unwrap();
+        let secret = scalar(key.secret_pkcs8_der()).to_vec();
+        let cert = Arc::new(
+            m.assemble(&id, chain, key, now, now, now + Duration::from_secs(3600))
+                .unwrap(),
+        );
+        let server = tls::server_config(&m.provider, m.client_verifier.clone(), &cert).unwrap();
+        let client =
+            tls::client_config(&m.provider, Arc::new(m.server_verifier(&id)), &cert).unwrap();
+        let hex_lower: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let decimal = format!("{:?}", &secret[..8]);
+        let decimal = &decimal[1..decimal.len() - 1];
+        for (what, text) in [
+            ("WorkloadCert", format!("{cert:?} {cert:#?}")),
+            ("IdentityManager", format!("{m:?} {m:#?}")),
+            ("ServerConfig", format!("{server:?}")),
+            ("ClientConfig", format!("{client:?}")),
+        ] {
+            assert!(
+                !text.to_lowercase().contains(&hex_lower),
+                "{what} shows the key (hex)"
+            );
+            assert!(
+                !text.contains(decimal),
+                "{what} shows the key (bytes): {text}"
+            );
+            assert!(!text.contains("PRIVATE KEY"), "{what}: {text}");
+        }
+        assert!(format!("{cert:?}").contains("<redacted>"));
+        assert!(format!("{m:?}").contains("<redacted>"));
+    }
+}
