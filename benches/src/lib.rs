@@ -1,9 +1,19 @@
-//! Shared helpers of ringway's benchmarks.
+//! ringway's end-to-end benchmarks: a load generator (`load`), the proxies
+//! under test as child processes (`child`), the scenarios and rounds
+//! (`suite`) and the report with its consistency check (`report`).
+//! `cargo bench -p ringway-benches` runs the suite; see BENCHMARKS.md.
 
 #![forbid(unsafe_code)]
 
+pub mod child;
+pub mod load;
+pub mod report;
+pub mod suite;
+
 use ringway_config::CaptureMode;
 use ringway_testbed::Pod;
+
+pub use report::median;
 
 /// Installs the production capture rules in `pod`.
 pub fn capture(pod: &Pod, mode: CaptureMode) {
@@ -14,47 +24,43 @@ pub fn capture(pod: &Pod, mode: CaptureMode) {
     ringway_redirect::apply(pod.netns.fd(), &spec).expect("capture rules");
 }
 
-/// CPU seconds (user + system) used so far by this process's threads whose
-/// name starts with `prefix`.
-pub fn cpu_seconds_of_threads(prefix: &str) -> f64 {
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    let mut total = 0u64;
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    for e in dir.flatten() {
-        let p = e.path();
-        let Ok(comm) = std::fs::read_to_string(p.join("comm")) else {
-            continue;
-        };
-        if !comm.trim().starts_with(prefix) {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(p.join("stat")) else {
-            continue;
-        };
-        // Fields after the ")" that closes the command name: utime is the
-        // 14th field overall, stime the 15th.
-        let Some(rest) = stat.rsplit(')').next() else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if f.len() > 12 {
-            total += f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+/// The proxy binary the suite runs: `RINGWAY_BENCH_PROXY_BIN` when set, else
+/// the real `ringway` binary beside `wrapper` (built by `cargo build
+/// --release --bin ringway`) when present, else `wrapper` (the crate's
+/// `ringway-bench-proxy`: the same datapath library without the control
+/// endpoints).
+pub fn proxy_binary(wrapper: &std::path::Path) -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("RINGWAY_BENCH_PROXY_BIN") {
+        return p.into();
+    }
+    if let Some(real) = wrapper.parent().map(|d| d.join("ringway")) {
+        if real.exists() {
+            return real;
         }
     }
-    total as f64 / ticks
+    wrapper.to_path_buf()
 }
 
-/// Median of a non-empty sample.
-pub fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    s[s.len() / 2]
+/// Runs the suite in isolated namespaces, writes the report to `out` and
+/// checks it. Returns the Markdown report and the problems `check` found;
+/// `None` when the bench cannot run here (no privileges; a banner says so).
+pub fn run_and_report(
+    config: suite::Config,
+    out: &std::path::Path,
+) -> anyhow::Result<Option<(String, Vec<String>)>> {
+    let label = config.label.clone();
+    let Some(results) = ringway_testbed::run_isolated("bench_suite", move || suite::run(config))
+    else {
+        return Ok(None);
+    };
+    let results = results?;
+    let doc = report::to_json(&results);
+    let md = report::write(out, &doc)?;
+    let problems = report::check(out);
+    eprintln!(
+        "[bench] {label} report written to {} ({} consistency problems)",
+        out.display(),
+        problems.len()
+    );
+    Ok(Some((md, problems)))
 }

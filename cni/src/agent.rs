@@ -15,8 +15,9 @@ use crate::result::PodIp;
 /// The node agent, as seen from the plugin.
 pub trait Agent {
     /// Captures a new pod: succeeds only once the pod's rules are in place and the
-    /// node proxy has acknowledged the pod.
-    fn add(&self, req: &AddRequest) -> Result<(), AgentError>;
+    /// node proxy has acknowledged the pod, or once the agent decided that its
+    /// selection rule leaves the pod alone.
+    fn add(&self, req: &AddRequest) -> Result<Added, AgentError>;
     /// Releases a pod. Called best-effort: the driver treats every failure as done.
     fn del(&self, req: &DelRequest) -> Result<(), AgentError>;
     /// Verifies that a pod is still captured.
@@ -27,7 +28,17 @@ pub trait Agent {
     fn gc(&self, req: &GcRequest) -> Result<(), AgentError>;
 }
 
-/// ADD for a pod that is to be captured.
+/// What the agent did with an ADD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Added {
+    /// The pod's rules are in place and the node proxy acknowledged the pod.
+    Captured,
+    /// The agent's selection rule leaves the pod uncaptured (e.g. not labelled for
+    /// the mesh); the text says why.
+    PassedThrough(String),
+}
+
+/// ADD for a pod that may be captured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddRequest {
     /// The agent's socket (`agentSocket`).

@@ -1,13 +1,42 @@
 //! Enrollment of running pods from a Kubernetes watch: the node agent's second source of
-//! pods besides the CNI plugin (which captures pods as they are created).
+//! pods besides the CNI plugin (which captures pods as they are created), and the rule
+//! both follow.
 //!
 //! [`run_watch`] watches this node's pods (field selector `spec.nodeName=<node>`) and the
 //! namespaces labelled `ringway.io/dataplane-mode=enabled` (label selector: a namespace
 //! that loses the label leaves the watch, which reports it as deleted), and calls the
 //! agent through the [`Enrollment`] trait. The module is a thin layer:
 //! - [`decide`] is the whole policy, a pure function of a pod and its namespace;
-//! - `reconcile` keeps the watched state and turns decisions into calls;
+//! - [`Selector`] holds what the watch knows and answers the CNI path's question
+//!   "capture this pod?" with the same policy ([`Verdict`]);
+//! - `reconcile` keeps the watched state (in the selector) and turns decisions into calls;
 //! - [`run_watch`] only feeds it the events of kube's watcher and timer ticks.
+//!
+//! # One rule for the CNI ADD and the watch
+//! A pod is captured unless its namespace is excluded by the agent
+//! ([`Enrollment::excludes`]) or [`decide`] says [`Unenroll`](Decision::Unenroll)
+//! (hostNetwork, pod label `disabled`, neither pod nor namespace labelled `enabled`,
+//! finished). The CNI ADD asks [`Selector::selects`]: from the watch's caches when they
+//! hold the pod, else (a new pod: the ADD usually runs before the watch sees it) from the
+//! API server, GETting the pod and, when its labels leave the answer to its namespace,
+//! the namespace, within [`LOOKUP_TIMEOUT`] (2 s). The API server's object counts even
+//! when its uid is not the ADD's (a static pod's mirror); a pod it does not know is
+//! decided by its namespace alone. A pod the rule passes over is passed straight through
+//! by the ADD; the watch unenrolls exactly those pods and enrolls the others once they
+//! run, so neither undoes the other.
+//!
+//! When the API server cannot be read at ADD time (unreachable, timeout, an RBAC
+//! refusal) the ADD fails with code 11 ("try again later", [`SelectError`]) rather than
+//! guess. Guessing "capture" would put pods that are not in the mesh (or opted out of
+//! it) behind the proxy, to be unenrolled again by the watch: their traffic would change
+//! under them twice. Guessing "pass through" would start a pod of a labelled namespace
+//! uncaptured: a hole in the mesh's policy (fail open) until the watch sees the pod
+//! running and enrolls it, and its connections opened meanwhile stay uncaptured.
+//! Failing keeps the pod in ContainerCreating while the kubelet retries: an availability
+//! cost only for pods whose ADD comes during an API outage before the watch has seen
+//! them, and only while the outage lasts. Pods the watch already holds are answered
+//! from its caches and do not depend on the API server. The reference mesh's plugin
+//! makes the same choice (its ADD fails when it cannot read the pod).
 //!
 //! # The decision ([`decide`])
 //! | pod | decision |
@@ -24,8 +53,10 @@
 //!
 //! # Calls to the agent
 //! - The agent's [`Enrollment::enrolled`] set is the truth (the CNI plugin enrolls pods
-//!   too): `enroll` is called only for a pod to enroll that is not in it, `unenroll` only
-//!   for one that is, so repeated MODIFIED events (status updates, annotation changes)
+//!   too): `enroll` is called only for a pod to enroll that is not in it, or that the
+//!   agent holds with another identity (name, namespace, service account: a pod the CNI
+//!   ADD enrolled has no service account, the watch fills it in), `unenroll` only for one
+//!   that is in it, so repeated MODIFIED events (status updates, annotation changes)
 //!   cost nothing.
 //! - Nothing is called before both the pod and the namespace lists are in.
 //! - Pod deleted: `unenroll`. Namespace label changed: its pods are decided again.
@@ -45,6 +76,7 @@
 
 mod decide;
 mod reconcile;
+mod select;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +91,7 @@ pub use self::decide::{
     DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
 };
 use self::reconcile::Reconciler;
+pub use self::select::{SelectError, Selector, Verdict, LOOKUP_TIMEOUT};
 use ::kube::runtime::utils::Backoff;
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::Api;
@@ -67,14 +100,48 @@ pub use ::kube::Client;
 /// The node agent, as the watcher sees it. Implemented by the agent; every call is
 /// made from a blocking-pool thread, one at a time.
 pub trait Enrollment: Send + Sync {
-    /// Captures a running pod (finding its netns is the agent's job). Called only for
-    /// pods not in [`Enrollment::enrolled`]; an error is retried with backoff.
+    /// Captures a running pod (finding its netns is the agent's job), or updates the
+    /// identity of one it holds (same netns: idempotent). Called only for pods not in
+    /// [`Enrollment::enrolled`] or held there with another identity; an error is retried
+    /// with backoff.
     fn enroll(&self, pod: &PodIdentity) -> Result<(), String>;
     /// Releases a pod by uid. Called only for pods in [`Enrollment::enrolled`]; an error
     /// is retried with backoff.
     fn unenroll(&self, uid: &str) -> Result<(), String>;
-    /// The uids of the pods the agent has captured, by this watch or by the CNI plugin.
-    fn enrolled(&self) -> Vec<String>;
+    /// The pods the agent has captured, by this watch or by the CNI plugin.
+    fn enrolled(&self) -> Vec<EnrolledPod>;
+    /// Whether the agent never captures pods of `namespace` (its own). Such pods are
+    /// not enrolled whatever their labels say (the CNI ADD passes them through).
+    fn excludes(&self, namespace: &str) -> bool {
+        let _ = namespace;
+        false
+    }
+}
+
+/// A pod as the agent holds it: the identity it hands to the node proxy (ZDS
+/// `WorkloadInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnrolledPod {
+    /// Pod uid.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Service account; empty when the pod was enrolled by CNI ADD and the watch has
+    /// not filled it in yet.
+    pub service_account: String,
+}
+
+impl From<&PodIdentity> for EnrolledPod {
+    fn from(id: &PodIdentity) -> EnrolledPod {
+        EnrolledPod {
+            uid: id.uid.clone(),
+            name: id.name.clone(),
+            namespace: id.namespace.clone(),
+            service_account: id.service_account.clone(),
+        }
+    }
 }
 
 /// The watch's settings: the node, and the timings (defaults from [`WatchConfig::new`]).
@@ -131,15 +198,21 @@ pub async fn connect() -> Result<Client, ConnectError> {
     Client::try_from(config).map_err(ConnectError::Client)
 }
 
-/// Watches this node's pods and the namespaces, and keeps the agent's enrolled set in
-/// line (see the module docs). Runs until the future is dropped (abort its task to stop
-/// it): watch errors are retried, never returned.
-pub async fn run_watch(client: Client, node: String, enrollment: Arc<dyn Enrollment>) {
-    run_watch_with(client, WatchConfig::new(node), enrollment).await
+/// Watches this node's pods and the namespaces with `selector`'s client, keeps what it
+/// sees in `selector` (for the CNI path) and the agent's enrolled set in line (see the
+/// module docs). Runs until the future is dropped (abort its task to stop it): watch
+/// errors are retried, never returned. One watch per selector.
+pub async fn run_watch(selector: Selector, node: String, enrollment: Arc<dyn Enrollment>) {
+    run_watch_with(selector, WatchConfig::new(node), enrollment).await
 }
 
 /// [`run_watch`] with explicit timings.
-pub async fn run_watch_with(client: Client, config: WatchConfig, enrollment: Arc<dyn Enrollment>) {
+pub async fn run_watch_with(
+    selector: Selector,
+    config: WatchConfig,
+    enrollment: Arc<dyn Enrollment>,
+) {
+    let client = selector.client().clone();
     let backoff = || ExponentialBackoff::new(config.watch_backoff_min, config.watch_backoff_max);
     let pods = watcher(
         Api::<Pod>::all(client.clone()),
@@ -153,7 +226,7 @@ pub async fn run_watch_with(client: Client, config: WatchConfig, enrollment: Arc
     let mut inputs = std::pin::pin!(futures::stream::select(pods, namespaces));
     info!(node = %config.node, "watching pods and namespaces");
 
-    let mut reconciler = Reconciler::new(enrollment, config);
+    let mut reconciler = Reconciler::new(enrollment, config, selector);
     loop {
         let input = tokio::select! {
             input = inputs.next() => match input {

@@ -11,7 +11,7 @@
 //!
 //! | command | what happens | stdout |
 //! | --- | --- | --- |
-//! | ADD | pass-through pods are left alone; others are captured by the agent, and the ADD fails with code 11 until it has (the runtime retries: a pod never runs uncaptured) | `prevResult`, re-encoded at the config's cniVersion |
+//! | ADD | pass-through pods are left alone; the others go to the agent, which captures them or passes them over by its selection rule, and the ADD fails with code 11 until it has answered (the runtime retries: a selected pod never runs uncaptured) | `prevResult`, re-encoded at the config's cniVersion |
 //! | DEL | the agent releases the pod; always succeeds (see below) | nothing |
 //! | CHECK (0.4.0+) | the agent confirms the pod is captured | nothing |
 //! | STATUS (1.1.0+) | code 50 unless the agent could capture a pod now | nothing |
@@ -26,7 +26,11 @@
 //! A pod is not captured when `CNI_ARGS` does not name a Kubernetes pod
 //! (`K8S_POD_NAME` and `K8S_POD_NAMESPACE`), or when its namespace is in the config's
 //! `excludeNamespaces` (default `["ringway-system"]`: the node agent's own pods must
-//! start without waiting for the agent). See [`capture_target`].
+//! start without waiting for the agent). See [`capture_target`]. The agent then
+//! applies its own selection rule (in a cluster: the `ringway.io/dataplane-mode`
+//! labels, the same rule as its Kubernetes watch, see [`node`] and [`kube`]) and may
+//! answer that the pod passes through ([`Added::PassedThrough`]): the ADD prints
+//! `prevResult` back as for any other pass-through pod.
 //!
 //! # Why DEL never fails on the agent
 //! Once the environment and config are valid, DEL succeeds whatever the agent says
@@ -65,7 +69,7 @@ pub mod zds;
 pub mod testing;
 
 pub use agent::{
-    AddRequest, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
+    AddRequest, Added, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
 };
 pub use conf::{Attachment, LogLevel, NetConf};
 pub use env::{CniArgs, Command, Env, EnvSource, PodRef, ProcessEnv};

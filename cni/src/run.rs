@@ -1,7 +1,7 @@
 //! The driver: one plugin invocation, from environment and stdin to stdout and exit code.
 
 use crate::agent::{
-    AddRequest, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
+    AddRequest, Added, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
 };
 use crate::conf::{sniff_version, NetConf, VALID_ATTACHMENTS_KEY};
 use crate::env::{
@@ -64,8 +64,10 @@ pub fn capture_target(args: &CniArgs, conf: &NetConf) -> Result<PodRef, PassThro
 ///
 /// - ADD: prints `prevResult` back at the config's cniVersion. Pods that pass through
 ///   (see [`capture_target`]) are not sent to the agent. For the others the ADD
-///   succeeds only when the agent captured the pod; an agent that is unavailable or
-///   not ready gives code 11, so the runtime retries and the pod never runs uncaptured.
+///   succeeds only when the agent captured the pod or its selection rule passed the
+///   pod over; an agent that is unavailable or not ready (which includes "cannot tell
+///   whether to capture the pod") gives code 11, so the runtime retries and a pod the
+///   rule selects never runs uncaptured.
 /// - DEL: always succeeds once the environment and config are valid (see "Why DEL
 ///   never fails on the agent" in the crate docs).
 /// - CHECK: asks the agent; an unknown container is code 3.
@@ -159,10 +161,15 @@ fn add(env: &Env, conf: &NetConf, agent: &dyn Agent) -> Result<String, CniError>
         pod,
         ips: prev.ips().to_vec(),
     };
-    agent
+    match agent
         .add(&req)
-        .map_err(|e| agent_failure(e, &req.agent_socket))?;
-    tracing::info!(k8s.pod = %req.pod, "pod captured");
+        .map_err(|e| agent_failure(e, &req.agent_socket))?
+    {
+        Added::Captured => tracing::info!(k8s.pod = %req.pod, "pod captured"),
+        Added::PassedThrough(why) => {
+            tracing::info!(k8s.pod = %req.pod, reason = %why, "the node agent passes the pod through uncaptured")
+        }
+    }
     Ok(output)
 }
 

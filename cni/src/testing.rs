@@ -1,11 +1,16 @@
-//! A scripted, recording fake of the node agent, for tests of this crate and
-//! (with the `testing` feature) of others.
+//! Fakes for tests of this crate and (with the `testing` feature) of others: a
+//! scripted, recording fake of the node agent ([`FakeAgent`]), and a fake
+//! Kubernetes API server ([`FakeApiServer`]).
+
+mod fake_api;
+
+pub use fake_api::{ApiMode, FakeApiServer, FakePod};
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use crate::agent::{
-    AddRequest, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
+    AddRequest, Added, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
 };
 
 /// One call the fake received.
@@ -30,6 +35,7 @@ pub enum Call {
 pub struct FakeAgent {
     queued: Mutex<VecDeque<Result<(), AgentError>>>,
     always: Mutex<Option<AgentError>>,
+    pass_through: Mutex<Option<String>>,
     calls: Mutex<Vec<Call>>,
 }
 
@@ -63,6 +69,11 @@ impl FakeAgent {
         *lock(&self.always) = Some(err);
     }
 
+    /// Answers every successful `add` with [`Added::PassedThrough`]`(why)`.
+    pub fn pass_through(&self, why: &str) {
+        *lock(&self.pass_through) = Some(why.to_owned());
+    }
+
     /// The calls so far.
     pub fn calls(&self) -> Vec<Call> {
         lock(&self.calls).clone()
@@ -86,8 +97,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Agent for FakeAgent {
-    fn add(&self, req: &AddRequest) -> Result<(), AgentError> {
-        self.record(Call::Add(req.clone()))
+    fn add(&self, req: &AddRequest) -> Result<Added, AgentError> {
+        self.record(Call::Add(req.clone()))?;
+        Ok(match &*lock(&self.pass_through) {
+            Some(why) => Added::PassedThrough(why.clone()),
+            None => Added::Captured,
+        })
     }
     fn del(&self, req: &DelRequest) -> Result<(), AgentError> {
         self.record(Call::Del(req.clone()))

@@ -92,16 +92,25 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
                 return (
                     StatusCode::BAD_REQUEST,
                     TEXT,
-                    "POST /logging?level=<filter>, e.g. level=debug or level=info,access=debug\n".into(),
+                    "POST /logging?level=<filter>, e.g. level=debug or level=info,access=debug\n"
+                        .into(),
                 );
             }
             let level = level.replace("%2C", ",").replace("%3D", "=");
             match set_level(&level) {
                 Ok(()) => (StatusCode::OK, TEXT, format!("log level: {level}\n")),
-                Err(e) => (StatusCode::BAD_REQUEST, TEXT, format!("bad log filter {level:?}: {e}\n")),
+                Err(e) => (
+                    StatusCode::BAD_REQUEST,
+                    TEXT,
+                    format!("bad log filter {level:?}: {e}\n"),
+                ),
             }
         }
-        (_, path) => (StatusCode::NOT_FOUND, TEXT, format!("no such endpoint: {path}\n")),
+        (_, path) => (
+            StatusCode::NOT_FOUND,
+            TEXT,
+            format!("no such endpoint: {path}\n"),
+        ),
     })
 }
 

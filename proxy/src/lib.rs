@@ -127,6 +127,7 @@ pub struct PodInfo {
 
 struct PodRecord {
     info: PodInfo,
+    shared: Arc<PodShared>,
 }
 
 struct WorkerHandle {
@@ -279,34 +280,29 @@ impl Proxy {
                 source,
             })?;
         {
-            let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
-            if pods.get(uid).is_some_and(|p| p.info.netns_inode == ino) {
+            let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(rec) = pods.get_mut(uid).filter(|p| p.info.netns_inode == ino) {
+                // Same pod, same netns: keep listeners and connections; take
+                // a fuller identity if the agent now knows one.
+                if identity != rec.info.identity && !identity.namespace.is_empty() {
+                    let principal = self.principal_of(&identity);
+                    *rec.shared.who.write().unwrap_or_else(|p| p.into_inner()) =
+                        (identity.clone(), principal);
+                    rec.info.identity = identity;
+                    tracing::info!(pod.uid = uid, "pod identity updated");
+                }
                 return Ok(());
             }
         }
         let (per_worker, addrs, ips) = self.make_listeners(uid, netns.as_fd())?;
         let ports = sys::in_netns(netns.as_fd(), sock::PortSplit::current).unwrap_or_default();
-        let principal = if identity.namespace.is_empty() {
-            String::new()
-        } else {
-            let sa = if identity.service_account.is_empty() {
-                "default"
-            } else {
-                identity.service_account.as_str()
-            };
-            format!(
-                "spiffe://{}/ns/{}/sa/{sa}",
-                self.trust_domain.read().unwrap_or_else(|p| p.into_inner()),
-                identity.namespace
-            )
-        };
+        let principal = self.principal_of(&identity);
         let shared = Arc::new(PodShared {
             uid: Arc::from(uid),
             netns,
             ips: ips.clone(),
             ports,
-            identity: identity.clone(),
-            principal,
+            who: RwLock::new((identity.clone(), principal)),
         });
         for (w, listeners) in self.workers.iter().zip(per_worker) {
             w.tx.send(Cmd::AddPod {
@@ -346,10 +342,27 @@ impl Proxy {
                     ips,
                     identity,
                 },
+                shared: shared.clone(),
             },
         );
         tracing::info!(pod.uid = uid, "pod added");
         Ok(())
+    }
+
+    fn principal_of(&self, identity: &PodIdentity) -> String {
+        if identity.namespace.is_empty() {
+            return String::new();
+        }
+        let sa = if identity.service_account.is_empty() {
+            "default"
+        } else {
+            identity.service_account.as_str()
+        };
+        format!(
+            "spiffe://{}/ns/{}/sa/{sa}",
+            self.trust_domain.read().unwrap_or_else(|p| p.into_inner()),
+            identity.namespace
+        )
     }
 
     fn make_listeners(&self, uid: &str, netns: BorrowedFd<'_>) -> Result<ListenerSet, ProxyError> {

@@ -89,6 +89,12 @@ struct ProxyArgs {
     /// Where the readiness endpoint (`/healthz/ready`) listens.
     #[arg(long, env = "RINGWAY_READINESS_ADDR", default_value = "0.0.0.0:15021")]
     readiness_addr: SocketAddr,
+    /// Where Prometheus scrapes `/metrics`.
+    #[arg(long, env = "RINGWAY_METRICS_ADDR", default_value = "0.0.0.0:15020")]
+    metrics_addr: SocketAddr,
+    /// The admin endpoint (`/config_dump`, `/logging`): keep it on loopback.
+    #[arg(long, env = "RINGWAY_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    admin_addr: SocketAddr,
     /// Proxy settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -147,23 +153,40 @@ struct RedirectArgs {
     mode: CaptureMode,
 }
 
+/// Changes the log filter at run time (the admin endpoint's `/logging`).
+static LOG_RELOAD: std::sync::OnceLock<ringway_proxy::control::SetLogLevel> =
+    std::sync::OnceLock::new();
+
 fn init_logs(filter: &str, format: LogFormat) {
     use std::io::IsTerminal;
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     if json {
-        builder.json().flatten_event(true).init();
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(std::io::stderr),
+            )
+            .init();
     } else {
-        builder.init();
+        registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .init();
     }
+    let _ = LOG_RELOAD.set(std::sync::Arc::new(move |level: &str| {
+        let f = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        handle.reload(f).map_err(|e| e.to_string())
+    }));
 }
 
 /// Loads the node's configuration: the YAML file given, else the embedded
@@ -233,16 +256,42 @@ fn cni_plugin_main() -> ! {
 fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let stop = block_stop_signals();
     let settings = load_settings(args.config.as_ref())?;
+    // With --kube the CNI ADD and the watch follow one rule (the
+    // `ringway.io/dataplane-mode` labels), answered from the watch's caches or
+    // the API server: the client and the runtime it runs on exist before the
+    // agent serves its first ADD. The runtime is the agent's control plane, on
+    // its own thread (`ringway-kube`, below), never the datapath's.
+    let kube = if args.kube {
+        if args.node_name.is_empty() {
+            bail!("--kube needs the node's name (--node-name or NODE_NAME)");
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the Kubernetes watch runtime")?;
+        let client = rt.block_on(ringway_cni::kube::connect()).context(
+            "--kube: without the Kubernetes API the agent cannot tell which pods to capture",
+        )?;
+        let selector = ringway_cni::kube::Selector::new(client, rt.handle().clone());
+        Some((rt, selector))
+    } else {
+        None
+    };
+    let selection = match &kube {
+        Some((_, selector)) => ringway_cni::node::Selection::Kubernetes(selector.clone()),
+        None => ringway_cni::node::Selection::All,
+    };
     let config = ringway_cni::node::AgentConfig {
         zds_socket: args.zds_socket.clone(),
         cni_socket: args.cni_socket.clone(),
         capture: ringway_proxy::capture_spec(&settings),
         netns_dirs: args.netns_dir.clone(),
         node_name: args.node_name.clone(),
+        selection,
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;
-    tracing::info!(zds = %args.zds_socket.display(), cni = %args.cni_socket.display(), pods = agent.pods().len(), "node agent serving");
+    tracing::info!(zds = %args.zds_socket.display(), cni = %args.cni_socket.display(), pods = agent.pods().len(), kube = args.kube, "node agent serving");
     let install = if args.install_cni {
         let exe = std::env::current_exe().context("locating the ringway binary to install")?;
         let mut cfg = ringway_cni::install::InstallConfig::new(exe);
@@ -257,42 +306,26 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let kube_rt = if args.kube {
-        if args.node_name.is_empty() {
-            bail!("--kube needs the node's name (--node-name or NODE_NAME)");
-        }
-        let enrollment: std::sync::Arc<dyn ringway_cni::kube::Enrollment> =
-            std::sync::Arc::new(agent.enrollment());
-        let node = args.node_name.clone();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        // The control-plane runtime of the agent: its own thread, never the
-        // datapath's.
-        let thread = std::thread::Builder::new()
-            .name("ringway-kube".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot start the Kubernetes watch runtime");
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let watch = async {
-                        match ringway_cni::kube::connect().await {
-                            Ok(client) => ringway_cni::kube::run_watch(client, node, enrollment).await,
-                            Err(e) => tracing::error!(error = %e, "cannot reach the Kubernetes API; running pods are not enrolled by label"),
+    let kube_rt = match kube {
+        Some((rt, selector)) => {
+            let enrollment: std::sync::Arc<dyn ringway_cni::kube::Enrollment> =
+                std::sync::Arc::new(agent.enrollment());
+            let node = args.node_name.clone();
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            // Drives the runtime: the watch, and the API lookups of CNI ADDs.
+            let thread = std::thread::Builder::new()
+                .name("ringway-kube".into())
+                .spawn(move || {
+                    rt.block_on(async move {
+                        tokio::select! {
+                            _ = ringway_cni::kube::run_watch(selector, node, enrollment) => {}
+                            _ = rx => {}
                         }
-                    };
-                    tokio::select! {
-                        _ = watch => {}
-                        _ = rx => {}
-                    }
-                });
-            })?;
-        Some((tx, thread))
-    } else {
-        None
+                    });
+                })?;
+            Some((tx, thread))
+        }
+        None => None,
     };
     let sig = stop.wait()?;
     tracing::info!(signal = ?sig, "node agent stopping; pods, rules and the proxy are left as they are");
@@ -363,9 +396,26 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let stop = block_stop_signals();
-    let settings = load_settings(args.config.as_ref())?;
+    let mesh = load_mesh(args.config.as_ref())?;
+    let settings = mesh.proxy().clone();
     let drain_period = settings.drain_period;
     let proxy = Arc::new(Proxy::start(settings)?);
+    proxy.set_trust_domain(mesh.trust_domain());
+    let metrics_server = ringway_proxy::control::ControlServer::serve(
+        args.metrics_addr,
+        ringway_proxy::control::metrics_handler(proxy.metrics(), proxy.stats_handle()),
+    )
+    .with_context(|| format!("binding the metrics endpoint on {}", args.metrics_addr))?;
+    tracing::info!(addr = %metrics_server.addr, "metrics endpoint: GET /metrics");
+    let set_level = LOG_RELOAD.get().cloned().unwrap_or_else(|| {
+        std::sync::Arc::new(|_: &str| Err("logging not initialised".to_string()))
+    });
+    let admin_server = ringway_proxy::control::ControlServer::serve(
+        args.admin_addr,
+        ringway_proxy::control::admin_handler(proxy.clone(), set_level),
+    )
+    .with_context(|| format!("binding the admin endpoint on {}", args.admin_addr))?;
+    tracing::info!(addr = %admin_server.addr, "admin endpoint: GET /config_dump, POST /logging?level=");
     let ready = Arc::new(ringway_proxy::zds_client::Readiness::default());
     let control = ringway_proxy::control::ControlServer::start(args.readiness_addr, ready.clone())
         .with_context(|| format!("binding the readiness endpoint on {}", args.readiness_addr))?;
@@ -415,6 +465,8 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         let _ = t.join();
     }
     drop(control);
+    drop(metrics_server);
+    drop(admin_server);
     match Arc::try_unwrap(proxy) {
         Ok(p) => p.shutdown(),
         Err(_) => tracing::warn!("proxy still referenced at exit"),

@@ -35,22 +35,22 @@ pub struct PodShared {
     pub ips: Vec<IpAddr>,
     /// The pod's ephemeral port range, split between own and spoofed sockets.
     pub ports: sock::PortSplit,
-    /// Who the pod is.
-    pub identity: crate::PodIdentity,
-    /// Its SPIFFE principal (empty when unknown).
-    pub principal: String,
+    /// Who the pod is and its SPIFFE principal (empty when unknown); the
+    /// agent may send a fuller identity later (same netns), so it can change.
+    pub who: RwLock<(crate::PodIdentity, String)>,
 }
 
 impl PodShared {
     fn peer(&self) -> Peer {
+        let who = self.who.read().unwrap_or_else(|p| p.into_inner());
         Peer {
-            workload: if self.identity.name.is_empty() {
+            workload: if who.0.name.is_empty() {
                 self.uid.to_string()
             } else {
-                self.identity.name.clone()
+                who.0.name.clone()
             },
-            namespace: self.identity.namespace.clone(),
-            principal: self.principal.clone(),
+            namespace: who.0.namespace.clone(),
+            principal: who.1.clone(),
         }
     }
 }

@@ -348,17 +348,17 @@ fn bad_cni_requests_get_exact_errors_and_the_agent_keeps_serving() {
             cni_line(sock, add("/run/netns/no-such-pod").as_bytes()),
             rejected("network namespace /run/netns/no-such-pod not found")
         );
-        // An excluded namespace.
+        // An excluded namespace (the agent's own): passed through, not refused
+        // (a refusal would keep the agent's own pods from starting).
         let excluded = format!(
             "{{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"{}\",\"pod\":{{\"name\":\"a\",\"namespace\":\"ringway-system\",\"uid\":\"u\"}}}}\n",
             vn.pod(0).netns.path().display()
         );
         assert_eq!(
             cni_line(sock, excluded.as_bytes()),
-            rejected(
-                r#"namespace \"ringway-system\" is excluded from capture (exclude_namespaces)"#
-            )
+            r#"{"ok":true,"passThrough":"namespace excluded from capture (exclude_namespaces)"}"#
         );
+        assert_eq!(read_tag(vn.pod(0).netns.fd()).unwrap(), None);
         // Too long a line.
         let mut long = vec![b' '; 70_000];
         long.push(b'\n');

@@ -128,9 +128,19 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
         assert_eq!(tag.service_account, "cart");
         assert_eq!(tag.container_id, "sandbox-uid-cni");
 
-        let mut enrolled = WatchEnrollment::enrolled(&watch);
+        let mut enrolled: Vec<_> = WatchEnrollment::enrolled(&watch)
+            .into_iter()
+            .map(|p| (p.uid, p.service_account))
+            .collect();
         enrolled.sort();
-        assert_eq!(enrolled, [u0, u1, "uid-cni"]);
+        assert_eq!(
+            enrolled,
+            [
+                (u0.to_string(), "web".to_string()),
+                (u1.to_string(), "db".to_string()),
+                ("uid-cni".to_string(), "cart".to_string())
+            ]
+        );
 
         WatchEnrollment::unenroll(&watch, u0).unwrap();
         let del = &proxy.wait_for(6)[5];

@@ -54,6 +54,10 @@ pub enum UnenrollReason {
     /// The pod no longer exists (deleted, or absent from a relist). Never returned by
     /// [`decide`]; the watcher uses it for pods it has no object for.
     Gone,
+    /// The pod's namespace is one the node agent never captures (its
+    /// `exclude_namespaces`: its own). Never returned by [`decide`]: the agent's
+    /// setting, applied before it by the watch and by the CNI path alike.
+    Excluded,
 }
 
 /// Why a pod is left as it is.
@@ -79,6 +83,7 @@ impl fmt::Display for UnenrollReason {
             UnenrollReason::NotLabelled => "neither pod nor namespace labelled enabled",
             UnenrollReason::Finished => "pod finished",
             UnenrollReason::Gone => "pod gone",
+            UnenrollReason::Excluded => "namespace excluded from capture (exclude_namespaces)",
         })
     }
 }
@@ -181,6 +186,23 @@ impl PodFacts {
             terminating: meta.deletion_timestamp.is_some(),
             ips: ips.into_iter().filter_map(|ip| ip.parse().ok()).collect(),
         })
+    }
+
+    /// A pod the API server has no object for (deleted, or a static pod whose mirror
+    /// pod is not created yet): no label, not hostNetwork, not running. Its
+    /// namespace's label decides for it.
+    pub(crate) fn unknown(uid: &str, namespace: &str, name: &str) -> PodFacts {
+        PodFacts {
+            uid: uid.to_owned(),
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            service_account: String::new(),
+            mode: None,
+            host_network: false,
+            phase: Phase::Unknown,
+            terminating: false,
+            ips: Vec::new(),
+        }
     }
 
     fn identity(&self) -> PodIdentity {

@@ -1,5 +1,6 @@
 //! The watcher's state and its calls to [`Enrollment`]: synchronous, fed one watch event
-//! (or a timer tick) at a time by [`super::run_watch_with`].
+//! (or a timer tick) at a time by [`super::run_watch_with`]. The pods and namespaces it
+//! knows live in the [`Selector`]'s cache, where the CNI path reads them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -11,7 +12,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, trace, warn};
 
 use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
-use super::{Enrollment, WatchConfig};
+use super::select::{Cache, Selector};
+use super::{EnrolledPod, Enrollment, WatchConfig};
 
 /// A pod whose enroll or unenroll failed (retried with backoff), or that was enrolled
 /// but absent from a relist (checked again after the orphan grace).
@@ -22,11 +24,11 @@ struct Retry {
     due: Instant,
 }
 
-/// The agent's enrolled set, read at most once per event and kept in step with the
-/// calls made while handling it.
+/// The agent's enrolled set (uid -> the identity it holds), read at most once per
+/// event and kept in step with the calls made while handling it.
 struct Enrolled<'a> {
     source: &'a dyn Enrollment,
-    set: Option<HashSet<String>>,
+    set: Option<HashMap<String, EnrolledPod>>,
 }
 
 impl<'a> Enrolled<'a> {
@@ -34,38 +36,45 @@ impl<'a> Enrolled<'a> {
         Enrolled { source, set: None }
     }
 
-    fn set(&mut self) -> &mut HashSet<String> {
-        self.set
-            .get_or_insert_with(|| self.source.enrolled().into_iter().collect())
+    fn set(&mut self) -> &mut HashMap<String, EnrolledPod> {
+        self.set.get_or_insert_with(|| {
+            self.source
+                .enrolled()
+                .into_iter()
+                .map(|p| (p.uid.clone(), p))
+                .collect()
+        })
     }
 }
 
 pub(crate) struct Reconciler {
     enrollment: Arc<dyn Enrollment>,
     config: WatchConfig,
-    /// This node's pods by uid.
-    pods: HashMap<String, PodFacts>,
-    /// Pods listed so far during a relist (replaces `pods` at its end).
+    /// Holds the watched pods and enabled namespaces (shared with the CNI path).
+    selector: Selector,
+    /// Pods listed so far during a relist (replaces the cached pods at its end).
     pods_relist: Option<HashMap<String, PodFacts>>,
-    pods_synced: bool,
-    /// Names of the namespaces labelled `enabled`.
-    namespaces: HashSet<String>,
     namespaces_relist: Option<HashSet<String>>,
-    namespaces_synced: bool,
     retries: HashMap<String, Retry>,
 }
 
 impl Reconciler {
-    pub(crate) fn new(enrollment: Arc<dyn Enrollment>, config: WatchConfig) -> Reconciler {
+    pub(crate) fn new(
+        enrollment: Arc<dyn Enrollment>,
+        config: WatchConfig,
+        selector: Selector,
+    ) -> Reconciler {
+        {
+            // A watch (re)started on this selector lists everything again.
+            let mut cache = selector.cache();
+            *cache = Cache::default();
+        }
         Reconciler {
             enrollment,
             config,
-            pods: HashMap::new(),
+            selector,
             pods_relist: None,
-            pods_synced: false,
-            namespaces: HashSet::new(),
             namespaces_relist: None,
-            namespaces_synced: false,
             retries: HashMap::new(),
         }
     }
@@ -73,7 +82,7 @@ impl Reconciler {
     /// Nothing is enrolled or unenrolled before both lists are in: a pod of an enabled
     /// namespace must not be unenrolled because the namespace was not listed yet.
     fn ready(&self) -> bool {
-        self.pods_synced && self.namespaces_synced
+        self.selector.cache().synced()
     }
 
     /// When [`Reconciler::tick`] has work.
@@ -92,16 +101,26 @@ impl Reconciler {
             }
             Event::InitApply(pod) => {
                 if let Some(facts) = PodFacts::from_pod(&pod) {
-                    let target = self.pods_relist.as_mut().unwrap_or(&mut self.pods);
-                    target.insert(facts.uid.clone(), facts);
+                    match self.pods_relist.as_mut() {
+                        Some(listed) => {
+                            listed.insert(facts.uid.clone(), facts);
+                        }
+                        None => {
+                            self.selector.cache().pods.insert(facts.uid.clone(), facts);
+                        }
+                    }
                 }
             }
             Event::InitDone => {
-                if let Some(listed) = self.pods_relist.take() {
-                    self.pods = listed;
-                }
-                self.pods_synced = true;
-                debug!(node = %self.config.node, pods = self.pods.len(), "pods listed");
+                let pods = {
+                    let mut cache = self.selector.cache();
+                    if let Some(listed) = self.pods_relist.take() {
+                        cache.pods = listed;
+                    }
+                    cache.pods_synced = true;
+                    cache.pods.len()
+                };
+                debug!(node = %self.config.node, pods, "pods listed");
                 self.reconcile_all(now);
             }
             Event::Apply(pod) => {
@@ -110,14 +129,14 @@ impl Reconciler {
                     return;
                 };
                 let uid = facts.uid.clone();
-                self.pods.insert(uid.clone(), facts);
+                self.selector.cache().pods.insert(uid.clone(), facts);
                 if self.ready() {
                     self.evaluate(&uid, &mut Enrolled::new(&*self.enrollment.clone()));
                 }
             }
             Event::Delete(pod) => {
                 let Some(uid) = pod.metadata.uid else { return };
-                self.pods.remove(&uid);
+                self.selector.cache().pods.remove(&uid);
                 if self.ready() {
                     self.evaluate(&uid, &mut Enrolled::new(&*self.enrollment.clone()));
                 }
@@ -130,28 +149,37 @@ impl Reconciler {
             Event::Init => self.namespaces_relist = Some(HashSet::new()),
             Event::InitApply(ns) => {
                 if let (true, Some(name)) = (namespace_enabled(&ns), ns.metadata.name) {
-                    let target = self
-                        .namespaces_relist
-                        .as_mut()
-                        .unwrap_or(&mut self.namespaces);
-                    target.insert(name);
+                    match self.namespaces_relist.as_mut() {
+                        Some(listed) => {
+                            listed.insert(name);
+                        }
+                        None => {
+                            self.selector.cache().namespaces.insert(name);
+                        }
+                    }
                 }
             }
             Event::InitDone => {
-                if let Some(listed) = self.namespaces_relist.take() {
-                    self.namespaces = listed;
+                {
+                    let mut cache = self.selector.cache();
+                    if let Some(listed) = self.namespaces_relist.take() {
+                        cache.namespaces = listed;
+                    }
+                    cache.namespaces_synced = true;
+                    debug!(enabled = ?cache.namespaces, "namespaces listed");
                 }
-                self.namespaces_synced = true;
-                debug!(enabled = ?self.namespaces, "namespaces listed");
                 self.reconcile_all(now);
             }
             Event::Apply(ns) => {
                 let enabled = namespace_enabled(&ns);
                 let Some(name) = ns.metadata.name else { return };
-                let changed = if enabled {
-                    self.namespaces.insert(name.clone())
-                } else {
-                    self.namespaces.remove(&name)
+                let changed = {
+                    let mut cache = self.selector.cache();
+                    if enabled {
+                        cache.namespaces.insert(name.clone())
+                    } else {
+                        cache.namespaces.remove(&name)
+                    }
                 };
                 if changed {
                     info!(namespace = %name, enabled, "namespace label changed");
@@ -161,7 +189,8 @@ impl Reconciler {
             // Deleted, or no longer matching the `enabled` label selector.
             Event::Delete(ns) => {
                 let Some(name) = ns.metadata.name else { return };
-                if self.namespaces.remove(&name) {
+                let removed = self.selector.cache().namespaces.remove(&name);
+                if removed {
                     info!(namespace = %name, enabled = false, "namespace label changed");
                     self.evaluate_namespace(&name);
                 }
@@ -192,6 +221,8 @@ impl Reconciler {
             return;
         }
         let uids: Vec<String> = self
+            .selector
+            .cache()
             .pods
             .values()
             .filter(|p| p.namespace == namespace)
@@ -213,16 +244,19 @@ impl Reconciler {
         }
         let enrollment = self.enrollment.clone();
         let mut enrolled = Enrolled::new(&*enrollment);
-        let uids: Vec<String> = self.pods.keys().cloned().collect();
+        let uids: Vec<String> = self.selector.cache().pods.keys().cloned().collect();
         for uid in &uids {
             self.evaluate(uid, &mut enrolled);
         }
-        let orphans: Vec<String> = enrolled
-            .set()
-            .iter()
-            .filter(|uid| !self.pods.contains_key(*uid))
-            .cloned()
-            .collect();
+        let orphans: Vec<String> = {
+            let cache = self.selector.cache();
+            enrolled
+                .set()
+                .keys()
+                .filter(|uid| !cache.pods.contains_key(*uid))
+                .cloned()
+                .collect()
+        };
         for uid in &orphans {
             debug!(pod.uid = %uid, grace = ?self.config.orphan_grace, "enrolled pod not listed");
             self.retries.entry(uid.clone()).or_insert(Retry {
@@ -239,14 +273,29 @@ impl Reconciler {
         );
     }
 
-    /// Decides for one pod (absent: gone) and calls the agent if its state differs.
+    /// Decides for one pod (absent: gone) and calls the agent if its state differs:
+    /// enroll a pod to enroll that the agent does not hold, or holds with another
+    /// identity (a pod enrolled by CNI ADD has no service account); unenroll a pod
+    /// to unenroll that it holds.
+    ///
+    /// The decision is the CNI path's rule ([`super::Verdict`]): an excluded namespace
+    /// first ([`Enrollment::excludes`]), then [`decide_facts`] on the cached pod and
+    /// namespace, so the watch never unenrolls a pod the CNI ADD captured.
     fn evaluate(&mut self, uid: &str, enrolled: &mut Enrolled<'_>) {
-        let (decision, namespace, name) = match self.pods.get(uid) {
-            Some(p) => (
-                decide_facts(p, self.namespaces.contains(&p.namespace)),
-                p.namespace.clone(),
-                p.name.clone(),
+        let (facts, ns_enabled) = {
+            let cache = self.selector.cache();
+            match cache.pods.get(uid) {
+                Some(p) => (Some(p.clone()), cache.namespaces.contains(&p.namespace)),
+                None => (None, false),
+            }
+        };
+        let (decision, namespace, name) = match facts {
+            Some(p) if self.enrollment.excludes(&p.namespace) => (
+                Decision::Unenroll(UnenrollReason::Excluded),
+                p.namespace,
+                p.name,
             ),
+            Some(p) => (decide_facts(&p, ns_enabled), p.namespace, p.name),
             None => (
                 Decision::Unenroll(UnenrollReason::Gone),
                 String::new(),
@@ -255,22 +304,37 @@ impl Reconciler {
         };
         match decision {
             Decision::Enroll(id) => {
-                if enrolled.set().contains(uid) {
-                    trace!(pod.uid = %uid, "already enrolled");
-                    self.retries.remove(uid);
-                    return;
-                }
+                let wanted = EnrolledPod::from(&id);
+                let update = match enrolled.set().get(uid) {
+                    Some(held) if *held == wanted => {
+                        trace!(pod.uid = %uid, "already enrolled");
+                        self.retries.remove(uid);
+                        return;
+                    }
+                    Some(held) => {
+                        info!(
+                            pod.uid = %uid,
+                            held.name = %held.name,
+                            held.namespace = %held.namespace,
+                            held.service_account = %held.service_account,
+                            pod.service_account = %id.service_account,
+                            "the agent holds the pod with another identity: updating it"
+                        );
+                        true
+                    }
+                    None => false,
+                };
                 match self.enrollment.enroll(&id) {
                     Ok(()) => {
-                        info!(pod.namespace = %id.namespace, pod.name = %id.name, pod.uid = %uid, pod.ips = ?id.ips, "enrolled pod");
-                        enrolled.set().insert(uid.to_owned());
+                        info!(pod.namespace = %id.namespace, pod.name = %id.name, pod.uid = %uid, pod.ips = ?id.ips, pod.service_account = %id.service_account, update, "enrolled pod");
+                        enrolled.set().insert(uid.to_owned(), wanted);
                         self.retries.remove(uid);
                     }
                     Err(error) => self.retry_later(uid, "enroll", &error),
                 }
             }
             Decision::Unenroll(reason) => {
-                if !enrolled.set().contains(uid) {
+                if !enrolled.set().contains_key(uid) {
                     trace!(pod.uid = %uid, %reason, "not enrolled");
                     self.retries.remove(uid);
                     return;

@@ -45,19 +45,26 @@ struct AgentState {
 struct FakeAgent(Mutex<AgentState>);
 
 impl FakeAgent {
-    fn with_enrolled(uids: &[&str]) -> Arc<FakeAgent> {
+    /// Holding `(uid, namespace)` pods with the identity [`PodB`] gives them
+    /// (name `pod-<uid>`, service account `sa-x`).
+    fn with_enrolled(pods: &[(&str, &str)]) -> Arc<FakeAgent> {
         let agent = FakeAgent::default();
-        for uid in uids {
-            let id = PodIdentity {
-                uid: (*uid).into(),
-                name: String::new(),
-                namespace: String::new(),
-                service_account: String::new(),
-                ips: vec![],
-            };
-            agent.0.lock().unwrap().enrolled.insert((*uid).into(), id);
+        for (uid, namespace) in pods {
+            agent.hold(uid, namespace, "sa-x");
         }
         Arc::new(agent)
+    }
+
+    /// Holds a pod as if enrolled earlier (by CNI ADD: `service_account` empty).
+    fn hold(&self, uid: &str, namespace: &str, service_account: &str) {
+        let id = PodIdentity {
+            uid: uid.into(),
+            name: format!("pod-{uid}"),
+            namespace: namespace.into(),
+            service_account: service_account.into(),
+            ips: vec![],
+        };
+        self.0.lock().unwrap().enrolled.insert(uid.into(), id);
     }
 
     fn calls(&self) -> Vec<Call> {
@@ -129,8 +136,18 @@ impl Enrollment for FakeAgent {
         Ok(())
     }
 
-    fn enrolled(&self) -> Vec<String> {
-        self.0.lock().unwrap().enrolled.keys().cloned().collect()
+    fn enrolled(&self) -> Vec<EnrolledPod> {
+        self.0
+            .lock()
+            .unwrap()
+            .enrolled
+            .values()
+            .map(EnrolledPod::from)
+            .collect()
+    }
+
+    fn excludes(&self, namespace: &str) -> bool {
+        namespace == "ringway-system"
     }
 }
 
@@ -442,8 +459,21 @@ fn spawn(
     agent: &Arc<FakeAgent>,
     config: WatchConfig,
 ) -> tokio::task::JoinHandle<()> {
+    spawn_with(
+        Selector::new(client, tokio::runtime::Handle::current()),
+        agent,
+        config,
+    )
+}
+
+/// [`spawn`] on a given selector.
+fn spawn_with(
+    selector: Selector,
+    agent: &Arc<FakeAgent>,
+    config: WatchConfig,
+) -> tokio::task::JoinHandle<()> {
     let agent: Arc<dyn Enrollment> = agent.clone();
-    tokio::spawn(run_watch_with(client, config, agent))
+    tokio::spawn(run_watch_with(selector, config, agent))
 }
 
 /// Lets the watch handle what was sent, for the assertions that nothing happened.
@@ -712,7 +742,12 @@ async fn start_reconciles_with_the_agents_enrolled_set() {
         ],
         vec![namespace("mesh", Some("enabled"), "7")],
     );
-    let agent = FakeAgent::with_enrolled(&["keep", "optout", "late", "stale"]);
+    let agent = FakeAgent::with_enrolled(&[
+        ("keep", "x"),
+        ("optout", "mesh"),
+        ("late", "x"),
+        ("stale", "x"),
+    ]);
     let mut config = fast();
     config.orphan_grace = Duration::from_secs(1);
     let task = spawn(client, &agent, config);
@@ -746,7 +781,7 @@ async fn nothing_is_called_before_both_lists_are_in() {
         vec![namespace("mesh", Some("enabled"), "7")],
     );
     api.hold_lists(Kind::Namespaces, true);
-    let agent = FakeAgent::with_enrolled(&["m"]);
+    let agent = FakeAgent::with_enrolled(&[("m", "mesh")]);
     let task = spawn(client, &agent, fast());
     let pod_watch = api.next_watch(Kind::Pods).await;
     pod_watch.send(
@@ -930,4 +965,305 @@ fn backoff_doubles_up_to_the_cap() {
         b.reset();
     }
     assert!(seen.len() > 10, "not jittered: {seen:?}");
+}
+
+// ---------------------------------------------------------------- the selector (CNI path)
+
+mod selector {
+    use super::*;
+    use crate::testing::{ApiMode, FakeApiServer, FakePod};
+
+    /// The selector's answer, asked from a blocking thread as the agent's CNI threads do.
+    async fn ask(s: &Selector, uid: &str, ns: &str, name: &str) -> Result<Verdict, SelectError> {
+        let (s, uid, ns, name) = (s.clone(), uid.to_owned(), ns.to_owned(), name.to_owned());
+        tokio::task::spawn_blocking(move || s.selects(&uid, &ns, &name))
+            .await
+            .unwrap()
+    }
+
+    fn pod_get(ns: &str, name: &str) -> String {
+        format!("/api/v1/namespaces/{ns}/pods/{name}")
+    }
+
+    fn ns_get(ns: &str) -> String {
+        format!("/api/v1/namespaces/{ns}")
+    }
+
+    fn start() -> (Selector, FakeApiServer) {
+        let rt = tokio::runtime::Handle::current();
+        let (client, api) = FakeApiServer::start(&rt);
+        api.apply_namespace("mesh", Some("enabled"));
+        api.apply_namespace("plain", None);
+        api.apply_namespace("off", Some("disabled"));
+        (Selector::new(client, rt), api)
+    }
+
+    /// Before the watch has seen a pod, the selector GETs it, and its namespace only
+    /// when the pod's own labels leave the answer to it; the rule is `decide`'s.
+    #[tokio::test]
+    async fn a_pod_the_watch_has_not_seen_is_decided_by_the_api_server() {
+        let (s, api) = start();
+        let pod = |uid: &str, ns: &str| FakePod::new(uid, ns, &format!("pod-{uid}"), NODE);
+        api.apply_pod(pod("a", "mesh").json());
+        api.apply_pod(pod("b", "plain").json());
+        api.apply_pod(pod("c", "mesh").mode("disabled").json());
+        api.apply_pod(pod("d", "plain").mode("enabled").json());
+        api.apply_pod(pod("e", "mesh").mode("enabled").host_network().json());
+        api.apply_pod(pod("f", "off").json());
+        api.apply_pod(pod("g", "mesh").mode("something-else").json());
+        api.apply_pod(pod("h", "mesh").running(&["10.0.0.8"]).json());
+        let mut done = pod("i", "mesh").running(&["10.0.0.9"]).json();
+        done["status"]["phase"] = json!("Succeeded");
+        api.apply_pod(done);
+        let cases = [
+            ("a", "mesh", Verdict::Capture, true),
+            (
+                "b",
+                "plain",
+                Verdict::PassThrough(UnenrollReason::NotLabelled),
+                true,
+            ),
+            (
+                "c",
+                "mesh",
+                Verdict::PassThrough(UnenrollReason::PodOptOut),
+                false,
+            ),
+            ("d", "plain", Verdict::Capture, false),
+            (
+                "e",
+                "mesh",
+                Verdict::PassThrough(UnenrollReason::HostNetwork),
+                false,
+            ),
+            (
+                "f",
+                "off",
+                Verdict::PassThrough(UnenrollReason::NotLabelled),
+                true,
+            ),
+            ("g", "mesh", Verdict::Capture, true),
+            ("h", "mesh", Verdict::Capture, true),
+            (
+                "i",
+                "mesh",
+                Verdict::PassThrough(UnenrollReason::Finished),
+                true,
+            ),
+        ];
+        for (uid, ns, want, ns_needed) in cases {
+            let before = api.gets().len();
+            let got = ask(&s, uid, ns, &format!("pod-{uid}")).await.unwrap();
+            assert_eq!(got, want, "pod {uid}");
+            let mut gets = vec![pod_get(ns, &format!("pod-{uid}"))];
+            if ns_needed {
+                gets.push(ns_get(ns));
+            }
+            assert_eq!(api.gets()[before..], gets, "pod {uid}");
+        }
+        assert!(!s.synced());
+    }
+
+    /// A pod the API server does not know (deleted, or a static pod whose mirror pod is
+    /// not there yet) is decided by its namespace; one known under another uid (a static
+    /// pod's mirror) by the object found.
+    #[tokio::test]
+    async fn unknown_pods_and_other_uids() {
+        let (s, api) = start();
+        assert_eq!(
+            ask(&s, "x", "mesh", "gone").await.unwrap(),
+            Verdict::Capture
+        );
+        assert_eq!(
+            ask(&s, "x", "plain", "gone").await.unwrap(),
+            Verdict::PassThrough(UnenrollReason::NotLabelled)
+        );
+        // No namespace either.
+        assert_eq!(
+            ask(&s, "x", "nowhere", "gone").await.unwrap(),
+            Verdict::PassThrough(UnenrollReason::NotLabelled)
+        );
+        api.apply_pod(
+            FakePod::new("mirror-uid", "plain", "static-web", NODE)
+                .mode("enabled")
+                .json(),
+        );
+        assert_eq!(
+            ask(&s, "config-hash", "plain", "static-web").await.unwrap(),
+            Verdict::Capture
+        );
+    }
+
+    /// An unreachable or silent API server: an error (the ADD answers "try again later"),
+    /// within the lookup timeout; never a guess.
+    #[tokio::test]
+    async fn no_answer_from_the_api_server_is_an_error_not_a_guess() {
+        let rt = tokio::runtime::Handle::current();
+        let (client, api) = FakeApiServer::start(&rt);
+        api.apply_namespace("mesh", Some("enabled"));
+        let s = Selector::with_lookup_timeout(client, rt, Duration::from_millis(200));
+
+        api.set_mode(ApiMode::Unreachable);
+        let e = ask(&s, "u", "mesh", "web").await.unwrap_err();
+        assert!(matches!(e, SelectError::Api { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("cannot read pod mesh/web from the Kubernetes API server: "),
+            "{text}"
+        );
+
+        api.set_mode(ApiMode::Hang);
+        let started = Instant::now();
+        let e = ask(&s, "u", "mesh", "web").await.unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(
+            e.to_string(),
+            "no answer from the Kubernetes API server about pod mesh/web within 200 ms"
+        );
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+
+        api.set_mode(ApiMode::Serve);
+        assert_eq!(ask(&s, "u", "mesh", "web").await.unwrap(), Verdict::Capture);
+    }
+
+    /// The runtime the client runs on is gone (the agent is stopping): an error at once.
+    #[test]
+    fn a_stopped_runtime_is_an_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (client, _api) = FakeApiServer::start(rt.handle());
+        let s = Selector::new(client, rt.handle().clone());
+        drop(rt);
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            s.selects("u", "mesh", "web"),
+            Err(SelectError::Stopped)
+        ));
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    /// Once the watch has listed pods and namespaces, the selector answers from its
+    /// caches (no GET) and follows what the watch sees.
+    #[tokio::test]
+    async fn after_the_watch_lists_the_cache_answers() {
+        let (s, api) = start();
+        api.apply_pod(FakePod::new("a", "mesh", "pod-a", NODE).json());
+        api.apply_pod(FakePod::new("b", "plain", "pod-b", NODE).json());
+        let agent = Arc::new(FakeAgent::default());
+        let task = spawn_with(s.clone(), &agent, fast());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.synced() {
+            assert!(Instant::now() < deadline, "the watch did not list");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            ask(&s, "a", "mesh", "pod-a").await.unwrap(),
+            Verdict::Capture
+        );
+        assert_eq!(
+            ask(&s, "b", "plain", "pod-b").await.unwrap(),
+            Verdict::PassThrough(UnenrollReason::NotLabelled)
+        );
+        assert_eq!(api.gets(), Vec::<String>::new());
+
+        // The namespace loses its label: the watch sees it, the selector follows.
+        api.apply_namespace("mesh", None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ask(&s, "a", "mesh", "pod-a").await.unwrap() == Verdict::Capture {
+            assert!(Instant::now() < deadline, "the cache did not follow");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A pod the watch has not seen yet is still looked up.
+        assert_eq!(
+            ask(&s, "new", "plain", "pod-new").await.unwrap(),
+            Verdict::PassThrough(UnenrollReason::NotLabelled)
+        );
+        assert_eq!(api.gets(), [pod_get("plain", "pod-new"), ns_get("plain")]);
+        assert_eq!(agent.calls(), []);
+        task.abort();
+    }
+
+    /// The pods the CNI path captured (the agent holds them, with the identity the watch
+    /// would give) are left alone by the watch exactly when the selector captures them;
+    /// the others it unenrolls. No pod is enrolled and unenrolled back and forth.
+    #[tokio::test]
+    async fn the_watch_keeps_exactly_what_the_selector_captures() {
+        let (s, api) = start();
+        let pods = [
+            FakePod::new("a", "mesh", "pod-a", NODE),
+            FakePod::new("b", "plain", "pod-b", NODE),
+            FakePod::new("c", "mesh", "pod-c", NODE).mode("disabled"),
+            FakePod::new("d", "plain", "pod-d", NODE).mode("enabled"),
+            FakePod::new("e", "off", "pod-e", NODE),
+            FakePod::new("f", "mesh", "pod-f", NODE).running(&["10.0.0.6"]),
+            FakePod::new("g", "plain", "pod-g", NODE).running(&["10.0.0.7"]),
+            FakePod::new("h", "ringway-system", "pod-h", NODE).mode("enabled"),
+        ];
+        let agent = Arc::new(FakeAgent::default());
+        let mut captured = BTreeSet::new();
+        for p in &pods {
+            let v = p.json();
+            let uid = v["metadata"]["uid"].as_str().unwrap().to_owned();
+            let ns = v["metadata"]["namespace"].as_str().unwrap().to_owned();
+            api.apply_pod(v);
+            // What the CNI ADD did (the agent applies its exclusions first).
+            let verdict = if agent.excludes(&ns) {
+                Verdict::PassThrough(UnenrollReason::Excluded)
+            } else {
+                ask(&s, &uid, &ns, &format!("pod-{uid}")).await.unwrap()
+            };
+            agent.hold(&uid, &ns, "default");
+            if verdict == Verdict::Capture {
+                captured.insert(uid);
+            }
+        }
+        assert_eq!(
+            captured,
+            ["a", "d", "f"].into_iter().map(String::from).collect()
+        );
+        let task = spawn_with(s.clone(), &agent, fast());
+        let mut released: Vec<Call> = ["b", "c", "e", "g", "h"]
+            .into_iter()
+            .map(unenroll)
+            .collect();
+        released.sort_by_key(|c| format!("{c:?}"));
+        assert_eq!(sorted(agent.wait_calls(5).await), released);
+        settle().await;
+        assert_eq!(agent.calls().len(), 5, "{:?}", agent.calls());
+        assert_eq!(agent.enrolled_set(), captured);
+        task.abort();
+    }
+
+    /// A pod the CNI ADD enrolled has no service account: the watch enrolls it again
+    /// with its identity once, then leaves it.
+    #[tokio::test]
+    async fn the_watch_fills_in_the_service_account_once() {
+        let (s, api) = start();
+        api.apply_pod(
+            FakePod::new("a", "mesh", "pod-a", NODE)
+                .service_account("cart")
+                .running(&["10.0.0.5"])
+                .json(),
+        );
+        let agent = Arc::new(FakeAgent::default());
+        agent.hold("a", "mesh", "");
+        let task = spawn_with(s.clone(), &agent, fast());
+        assert_eq!(agent.wait_calls(1).await, [enroll("a")]);
+        assert_eq!(agent.identity("a").service_account, "cart");
+        // More events about the pod: nothing more.
+        let mut again = FakePod::new("a", "mesh", "pod-a", NODE)
+            .service_account("cart")
+            .running(&["10.0.0.5"])
+            .json();
+        again["metadata"]["annotations"] = json!({"note": "x"});
+        api.apply_pod(again);
+        settle().await;
+        assert_eq!(agent.calls(), [enroll("a")]);
+        task.abort();
+    }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::protocol::{AttachmentJson, ErrorKind as Kind, PodJson, Request, Response, MAX_LINE};
 use super::{ACK_TIMEOUT, CNI_IO_TIMEOUT};
 use crate::agent::{
-    AddRequest, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
+    AddRequest, Added, Agent, AgentError, CheckRequest, DelRequest, GcRequest, StatusRequest,
 };
 use crate::env::PodRef;
 
@@ -48,6 +48,16 @@ impl UnixAgent {
     /// Sends `req` and returns the agent's answer. `container_id` names the
     /// container in [`AgentError::UnknownContainer`].
     fn call(&self, socket: &Path, req: &Request, container_id: &str) -> Result<(), AgentError> {
+        self.call_for(socket, req, container_id).map(|_| ())
+    }
+
+    /// [`UnixAgent::call`], returning the `passThrough` text of a success.
+    fn call_for(
+        &self,
+        socket: &Path,
+        req: &Request,
+        container_id: &str,
+    ) -> Result<Option<String>, AgentError> {
         let unavailable = |reason: String| AgentError::Unavailable { reason };
         let mut s = UnixStream::connect(socket)
             .map_err(|e| unavailable(format!("cannot connect to {}: {e}", socket.display())))?;
@@ -61,7 +71,7 @@ impl UnixAgent {
             reason: format!("the answer is not a response: {e}: {line:?}"),
         })?;
         if resp.ok {
-            return Ok(());
+            return Ok(resp.pass_through);
         }
         let text = resp.error.unwrap_or_default();
         match resp.kind {
@@ -137,7 +147,7 @@ fn ips(ips: &[crate::result::PodIp]) -> Vec<String> {
 }
 
 impl Agent for UnixAgent {
-    fn add(&self, req: &AddRequest) -> Result<(), AgentError> {
+    fn add(&self, req: &AddRequest) -> Result<Added, AgentError> {
         let r = Request::Add {
             network: req.network.clone(),
             container_id: req.container_id.clone(),
@@ -146,7 +156,12 @@ impl Agent for UnixAgent {
             pod: pod_json(&req.pod),
             ips: ips(&req.ips),
         };
-        self.call(&req.agent_socket, &r, &req.container_id)
+        Ok(
+            match self.call_for(&req.agent_socket, &r, &req.container_id)? {
+                None => Added::Captured,
+                Some(why) => Added::PassedThrough(why),
+            },
+        )
     }
 
     fn del(&self, req: &DelRequest) -> Result<(), AgentError> {

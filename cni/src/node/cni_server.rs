@@ -18,6 +18,7 @@ use super::protocol::{ErrorKind as Kind, Response, MAX_LINE};
 use super::state::{CheckError, Core};
 use super::zds_server::{chmod_600, clear_stale, create_parent, temp_path};
 use super::{EnrollError, Pod, StartError, CNI_IO_TIMEOUT, MAX_CNI_HANDLERS};
+use crate::kube::Verdict;
 use crate::result::PodIp;
 
 const TICK_MS: u16 = 200;
@@ -339,11 +340,34 @@ fn pod_of(f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
     })
 }
 
+/// The selection rule for a pod of an add or check request: `Ok(None)` to
+/// capture it, `Ok(Some(response))` when it passes through, `Err` (retry
+/// later) when the rule cannot be answered now.
+fn selection(core: &Core, pod: &Pod) -> Result<Option<Response>, Response> {
+    match core.selects(pod) {
+        Ok(Verdict::Capture) => Ok(None),
+        Ok(Verdict::PassThrough(reason)) => {
+            tracing::info!(pod.uid = %pod.uid, %reason, "the selection rule passes the pod over: not captured");
+            Ok(Some(Response::pass_through(reason.to_string())))
+        }
+        Err(e) => {
+            tracing::warn!(pod.uid = %pod.uid, error = %e, "cannot tell whether to capture the pod: the runtime is to retry");
+            Err(Response::err(
+                Kind::NotReady,
+                format!("cannot tell whether to capture pod {pod}: {e}"),
+            ))
+        }
+    }
+}
+
 fn add(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
     let pod = pod_of(f, &container_id)?;
     tracing::info!(pod.uid = %pod.uid, pod.name = %pod.name, pod.namespace = %pod.namespace, container_id = %container_id, netns = %netns, "CNI ADD");
+    if let Some(pass) = selection(core, &pod)? {
+        return Ok(pass);
+    }
     let fd =
         ringway_redirect::open_netns(Path::new(&netns)).map_err(|e| rejected(e.to_string()))?;
     Ok(match core.enroll(pod, fd, Some(PathBuf::from(&netns))) {
@@ -405,10 +429,14 @@ fn check(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
     let inode = std::fs::metadata(&netns).ok().map(|m| m.ino());
     Ok(match core.check(&pod.uid, &container_id, inode) {
         Ok(()) => Response::ok(),
-        Err(CheckError::Unknown) => Response::err(
-            Kind::UnknownContainer,
-            format!("container {container_id} (pod {}) is not enrolled", pod.uid),
-        ),
+        Err(CheckError::Unknown) => match selection(core, &pod)? {
+            // Not held because the rule passes it over: as the ADD left it.
+            Some(pass) => pass,
+            None => Response::err(
+                Kind::UnknownContainer,
+                format!("container {container_id} (pod {}) is not enrolled", pod.uid),
+            ),
+        },
         Err(CheckError::NotReady(m)) => Response::err(Kind::NotReady, m),
         Err(CheckError::Failed(m)) => rejected(m),
     })

@@ -4,12 +4,13 @@
 use std::os::fd::AsFd;
 
 use super::{discover, Enroller, Pod};
-use crate::kube::{Enrollment as WatchEnrollment, PodIdentity};
+use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity};
 
 impl WatchEnrollment for Enroller {
     /// Enrolls a running pod. Its namespace is the one the agent already
-    /// holds for the UID (a repeated enroll that fills in what the earlier one
-    /// lacked, e.g. the service account CNI does not know), else the one
+    /// holds for the UID (a repeated enroll that updates the pod's identity,
+    /// e.g. the service account CNI does not know: the rules are re-tagged
+    /// and the proxy gets `Add` again for the same netns), else the one
     /// found among the processes whose cgroup names the UID (oldest first,
     /// never the host's namespace, confirmed by one of the pod's IPs).
     fn enroll(&self, pod: &PodIdentity) -> Result<(), String> {
@@ -35,7 +36,24 @@ impl WatchEnrollment for Enroller {
         self.0.unenroll(uid).map_err(|e| e.to_string())
     }
 
-    fn enrolled(&self) -> Vec<String> {
-        self.0.enrolled().into_iter().map(|p| p.pod.uid).collect()
+    fn enrolled(&self) -> Vec<EnrolledPod> {
+        self.0
+            .enrolled()
+            .into_iter()
+            .map(|p| EnrolledPod {
+                uid: p.pod.uid,
+                name: p.pod.name,
+                namespace: p.pod.namespace,
+                service_account: p.pod.service_account,
+            })
+            .collect()
+    }
+
+    fn excludes(&self, namespace: &str) -> bool {
+        self.0
+            .config()
+            .exclude_namespaces
+            .iter()
+            .any(|n| n == namespace)
     }
 }

@@ -15,6 +15,23 @@
 //! Rule programming runs on short-lived threads inside the pod's netns
 //! (`ringway-redirect`); the caller never moves.
 //!
+//! # Which pods: the selection rule
+//! One rule decides for the CNI ADD and the Kubernetes watch ([`Selection`],
+//! [`AgentConfig::selection`]): pods of `exclude_namespaces` never; then, with
+//! [`Selection::All`] (no cluster: the sandbox, tests) every other pod, with
+//! [`Selection::Kubernetes`] the pods [`crate::kube::decide`] wants (label
+//! `ringway.io/dataplane-mode=enabled` on the pod or its namespace, pod label
+//! `disabled` opts out, never hostNetwork), answered from the watch's caches or,
+//! for a pod the watch has not seen yet, from the API server
+//! ([`crate::kube::Selector`]). A CNI ADD for a pod the rule passes over answers
+//! `{"ok":true,"passThrough":"<why>"}`: no rules, no `Add` to the proxy, and the
+//! plugin prints `prevResult` back. When the API server cannot be read the ADD
+//! is "try again later" (code 11): see [`crate::kube`] for why it does not guess.
+//! The watch applies the same rule, so it never unenrolls a pod the ADD captured
+//! and enrolls the wanted pods the ADD did not see (running before the agent).
+//! A CHECK for a pod the agent does not hold succeeds when the rule passes over
+//! it.
+//!
 //! # Enrollment
 //! [`Enrollment::enroll`] (CNI ADD, and the Kubernetes watch) refuses bad
 //! input and the host's netns, fails fast with [`EnrollError::NoProxy`] when
@@ -69,10 +86,13 @@
 //! # The Kubernetes watch
 //! [`Enroller`] also implements [`crate::kube::Enrollment`], the trait the
 //! watch calls with a pod's identity only: the agent uses the namespace it
-//! already holds for the UID (filling in what an earlier enroll lacked, e.g.
-//! the service account the CNI path does not know), else finds it among the
-//! processes whose `<proc_root>/<pid>/cgroup` names the UID (oldest first,
-//! never the host's namespace, confirmed by one of the pod's IPs).
+//! already holds for the UID, else finds it among the processes whose
+//! `<proc_root>/<pid>/cgroup` names the UID (oldest first, never the host's
+//! namespace, confirmed by one of the pod's IPs). The watch calls it again for
+//! a held pod whose identity differs from the one the agent holds (a pod
+//! enrolled by CNI ADD has no service account): the agent re-tags the rules
+//! (an atomic replacement that keeps connections) and re-sends `Add` with the
+//! full `WorkloadInfo` for the same netns.
 
 mod client;
 mod cni_server;
@@ -94,6 +114,8 @@ use ringway_redirect::CaptureSpec;
 
 pub use client::UnixAgent;
 pub use error::{EnrollError, StartError};
+
+use crate::kube::{SelectError, Selector, UnenrollReason, Verdict};
 
 use self::state::Core;
 
@@ -128,6 +150,43 @@ pub struct AgentConfig {
     pub node_name: String,
     /// How often the agent looks for pods whose namespace is gone.
     pub reconcile_interval: Duration,
+    /// Which pods the agent captures (besides `exclude_namespaces`, never).
+    pub selection: Selection,
+}
+
+/// Which pods the node agent captures: the one rule of the CNI ADD and the
+/// Kubernetes watch (pods of `exclude_namespaces` are never captured, whatever
+/// the selection).
+#[derive(Debug, Clone, Default)]
+pub enum Selection {
+    /// Every pod (no cluster: the sandbox, tests).
+    #[default]
+    All,
+    /// The pods [`crate::kube::decide`] wants, answered by the watch's caches
+    /// or the API server ([`Selector::selects`]). Give the same selector to
+    /// [`crate::kube::run_watch`].
+    Kubernetes(Selector),
+}
+
+impl Selection {
+    /// Whether `pod` is to be captured, with `exclude_namespaces` applied first.
+    /// With [`Selection::Kubernetes`] this may block on the API server (at most
+    /// its lookup timeout): never call it from async code.
+    pub fn selects(
+        &self,
+        pod: &Pod,
+        exclude_namespaces: &[String],
+    ) -> Result<Verdict, SelectError> {
+        if exclude_namespaces.contains(&pod.namespace) {
+            return Ok(Verdict::PassThrough(UnenrollReason::Excluded));
+        }
+        match self {
+            Selection::All => Ok(Verdict::Capture),
+            Selection::Kubernetes(selector) => {
+                selector.selects(&pod.uid, &pod.namespace, &pod.name)
+            }
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -144,6 +203,7 @@ impl Default for AgentConfig {
                 .collect(),
             node_name: String::new(),
             reconcile_interval: Duration::from_secs(30),
+            selection: Selection::All,
         }
     }
 }
@@ -273,6 +333,10 @@ impl NodeAgent {
             exclude_namespaces = ?config.exclude_namespaces,
             node = %config.node_name,
             reconcile_interval = ?config.reconcile_interval,
+            selection = match config.selection {
+                Selection::All => "all pods",
+                Selection::Kubernetes(_) => "Kubernetes labels",
+            },
             "node agent starting"
         );
         let core = Arc::new(Core::new(config));

@@ -17,9 +17,12 @@
 //! `pod.uid` is required for add and check (`K8S_POD_UID`); del finds the pod
 //! by `containerId` when it is missing. `pod.serviceAccount` is optional.
 //!
-//! Responses: `{"ok":true}` or `{"ok":false,"kind":K,"error":"text"}` where K is
+//! Responses: `{"ok":true}`, `{"ok":true,"passThrough":"why"}` (add, check:
+//! the agent's selection rule leaves the pod alone: no rules, nothing sent to
+//! the proxy) or `{"ok":false,"kind":K,"error":"text"}` where K is
 //! - `notReady`: retry later (no proxy ready, the proxy refused the pod, the
-//!   pod is busy, the agent is stopping): the plugin answers CNI code 11;
+//!   pod is busy, the agent is stopping, the Kubernetes API server could not
+//!   say whether to capture the pod): the plugin answers CNI code 11;
 //! - `unknownContainer`: CHECK for a sandbox the agent does not hold;
 //! - `rejected`: the request was understood and refused (bad pod or netns,
 //!   rules could not be programmed);
@@ -55,6 +58,13 @@ pub struct Response {
     /// The error text, when `ok` is false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why the agent leaves the pod uncaptured, when `ok` is true and it does.
+    #[serde(
+        default,
+        rename = "passThrough",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub pass_through: Option<String>,
 }
 
 impl Response {
@@ -64,6 +74,15 @@ impl Response {
             ok: true,
             kind: None,
             error: None,
+            pass_through: None,
+        }
+    }
+
+    /// `{"ok":true,"passThrough":..}`.
+    pub fn pass_through(why: impl Into<String>) -> Response {
+        Response {
+            pass_through: Some(why.into()),
+            ..Response::ok()
         }
     }
 
@@ -73,6 +92,7 @@ impl Response {
             ok: false,
             kind: Some(kind),
             error: Some(error.into()),
+            pass_through: None,
         }
     }
 
@@ -223,6 +243,10 @@ mod tests {
             r#"{"op":"status","network":"k8s"}"#
         );
         assert_eq!(Response::ok().to_line(), r#"{"ok":true}"#);
+        assert_eq!(
+            Response::pass_through("pod label disabled").to_line(),
+            r#"{"ok":true,"passThrough":"pod label disabled"}"#
+        );
         assert_eq!(
             Response::err(ErrorKind::NotReady, "no proxy").to_line(),
             r#"{"ok":false,"kind":"notReady","error":"no proxy"}"#

@@ -131,6 +131,16 @@ impl Core {
         &self.config
     }
 
+    /// The selection rule for `pod` (see [`super::Selection::selects`]).
+    pub(super) fn selects(
+        &self,
+        pod: &Pod,
+    ) -> Result<crate::kube::Verdict, crate::kube::SelectError> {
+        self.config
+            .selection
+            .selects(pod, &self.config.exclude_namespaces)
+    }
+
     pub(super) fn next_conn_id(&self) -> u64 {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }

@@ -118,6 +118,17 @@ fn add_captures_the_pod_and_prints_prev_result() {
     );
 }
 
+/// The agent's selection rule passes the pod over: the ADD succeeds with prevResult,
+/// as for a pod the plugin itself passes through.
+#[test]
+fn add_succeeds_when_the_agent_passes_the_pod_through() {
+    let agent = FakeAgent::new();
+    agent.pass_through("neither pod nor namespace labelled enabled");
+    let out = run(&env("ADD"), &conf("1.0.0", Some(prev_100())), &agent);
+    assert_eq!(ok(&out), RESULT_100);
+    assert_eq!(agent.calls().len(), 1);
+}
+
 #[test]
 fn add_uses_the_configured_agent_socket() {
     let agent = FakeAgent::new();

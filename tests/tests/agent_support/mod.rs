@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ringway_cni::node::{AgentConfig, AgentHandle, NodeAgent, UnixAgent};
+use ringway_cni::node::{AgentConfig, AgentHandle, NodeAgent, Selection, UnixAgent};
 use ringway_cni::zds::{self, Request, ZdsError, ZdsHello};
 use ringway_cni::Outcome;
 use ringway_redirect::CaptureSpec;
@@ -77,6 +77,7 @@ pub fn config(test: &str, dir: &Path) -> AgentConfig {
         exclude_namespaces: vec!["ringway-system".into()],
         node_name: format!("{test}-{}", std::process::id()),
         reconcile_interval: Duration::from_secs(3600),
+        selection: Selection::All,
     }
 }
 

@@ -1,0 +1,204 @@
+//! Proxies under test as child processes: their CPU from `/proc/<pid>/stat`
+//! and their memory from `/proc/<pid>/status` (VmRSS) are theirs alone, not
+//! mixed with the load generator's. Children are started from the isolated
+//! thread (so they live in its network and mount namespaces) and ended by
+//! their own pid: SIGTERM, then SIGKILL after a grace period.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// A proxy running as a child process.
+#[derive(Debug)]
+pub struct ProxyChild {
+    child: Option<Child>,
+    /// Its pid.
+    pub pid: u32,
+    /// Time from spawn to "serving" (every `--pod` enrolled), when known.
+    pub startup: Duration,
+    log_tail: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ProxyChild {
+    /// Starts `bin proxy --pod ...` (or the bench wrapper, which takes the same
+    /// `--pod` flags) with `env`, and waits up to `timeout` for its `serving`
+    /// log line.
+    pub fn start_ringway(
+        bin: &Path,
+        env: &[(&str, String)],
+        pods: &[(String, PathBuf)],
+        timeout: Duration,
+    ) -> anyhow::Result<ProxyChild> {
+        let mut cmd = Command::new(bin);
+        if bin.file_name().is_some_and(|n| n == "ringway") {
+            cmd.arg("proxy");
+        }
+        for (uid, path) in pods {
+            cmd.arg("--pod").arg(format!("{uid}={}", path.display()));
+        }
+        cmd.env("RINGWAY_LOG", "info,access=off")
+            .env("RINGWAY_LOG_FORMAT", "text")
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        Self::spawn(cmd, Some("serving"), timeout)
+    }
+
+    /// Starts any process; when `ready_line` is given, waits for a stderr line
+    /// containing it.
+    pub fn spawn(
+        mut cmd: Command,
+        ready_line: Option<&'static str>,
+        timeout: Duration,
+    ) -> anyhow::Result<ProxyChild> {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let t0 = Instant::now();
+        let mut child = cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?;
+        let pid = child.id();
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log_tail = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        {
+            let log_tail = log_tail.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if ready_line.is_some_and(|r| line.contains(r)) {
+                        let _ = tx.send(Instant::now());
+                    }
+                    let mut t = log_tail.lock().expect("lock");
+                    t.push(line);
+                    if t.len() > 40 {
+                        t.remove(0);
+                    }
+                }
+            });
+        }
+        let mut me = ProxyChild {
+            child: Some(child),
+            pid,
+            startup: Duration::ZERO,
+            log_tail,
+        };
+        if ready_line.is_some() {
+            match rx.recv_timeout(timeout) {
+                Ok(t) => me.startup = t - t0,
+                Err(_) => {
+                    let tail = me.log_tail();
+                    me.stop();
+                    bail!("{cmd:?} not serving after {timeout:?}; its last log lines:\n{tail}");
+                }
+            }
+        }
+        Ok(me)
+    }
+
+    /// The last lines the child wrote on stderr.
+    pub fn log_tail(&self) -> String {
+        self.log_tail.lock().expect("lock").join("\n")
+    }
+
+    /// CPU seconds (user + system, all threads) used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        proc_cpu_seconds(self.pid)
+    }
+
+    /// Resident set size in KiB (VmRSS).
+    pub fn rss_kib(&self) -> f64 {
+        proc_rss_kib(self.pid)
+    }
+
+    /// Whether the child is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// SIGTERM, wait up to 10 s, then SIGKILL; reaps the child.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for ProxyChild {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// CPU seconds of process `pid` (utime + stime, fields 14 and 15 of stat).
+pub fn proc_cpu_seconds(pid: u32) -> f64 {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    let Some(rest) = stat.rsplit(')').next() else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    if f.len() <= 12 {
+        return f64::NAN;
+    }
+    let t = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+    t as f64 / ticks
+}
+
+/// VmRSS of process `pid` in KiB.
+pub fn proc_rss_kib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// The HAProxy binary, when installed.
+pub fn haproxy_binary() -> Option<PathBuf> {
+    for d in ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"] {
+        let p = Path::new(d).join("haproxy");
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// HAProxy's TCP-mode configuration for the bench: listen on
+/// `bind_ip:ports`, forward each connection to `server_ip` on the port the
+/// client connected to.
+pub fn haproxy_config(
+    bind_ip: std::net::IpAddr,
+    ports: (u16, u16),
+    server_ip: std::net::IpAddr,
+) -> String {
+    format!(
+        "global\n    maxconn 40000\n    nbthread {threads}\n\n\
+         defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n    timeout server 1h\n\n\
+         listen bench\n    bind {bind_ip}:{lo}-{hi}\n    server app {server_ip}\n",
+        threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        lo = ports.0,
+        hi = ports.1,
+    )
+}

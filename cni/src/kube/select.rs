@@ -1,0 +1,251 @@
+//! The capture rule the CNI path shares with the watch: [`Selector`] answers "is this
+//! pod to be captured?" from the watch's own caches, and asks the API server when the
+//! watch has not seen the pod yet.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{Api, Client};
+use tracing::{debug, info};
+
+use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
+
+/// How long [`Selector::selects`] waits for the API server (both GETs together).
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether a pod is to be captured: the one rule of the CNI path and the watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Capture the pod (the watch's [`Decision::Enroll`] or [`Decision::Ignore`]: a
+    /// wanted pod, maybe not running yet).
+    Capture,
+    /// Never capture it (the watch's [`Decision::Unenroll`]); the CNI ADD passes it
+    /// through.
+    PassThrough(UnenrollReason),
+}
+
+impl Verdict {
+    /// The verdict of a watch decision: the watch unenrolls exactly the pods the CNI
+    /// path passes through.
+    pub fn of(decision: &Decision) -> Verdict {
+        match decision {
+            Decision::Unenroll(reason) => Verdict::PassThrough(*reason),
+            Decision::Enroll(_) | Decision::Ignore(_) => Verdict::Capture,
+        }
+    }
+}
+
+/// Why [`Selector::selects`] has no answer. Every case is "try again later": the CNI
+/// ADD fails with code 11 rather than guess (see the module docs of [`super`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    /// A GET failed: the API server is unreachable, or answered with an error (a 403
+    /// means the agent's RBAC role lacks `get` on pods or namespaces).
+    #[error("cannot read {what} from the Kubernetes API server: {source}")]
+    Api {
+        /// `pod <namespace>/<name>` or `namespace <name>`.
+        what: String,
+        /// What the client saw.
+        #[source]
+        source: kube::Error,
+    },
+    /// The API server did not answer in time.
+    #[error("no answer from the Kubernetes API server about pod {pod} within {} ms", timeout.as_millis())]
+    Timeout {
+        /// `<namespace>/<name>`.
+        pod: String,
+        /// [`LOOKUP_TIMEOUT`] or the selector's own.
+        timeout: Duration,
+    },
+    /// The runtime the client runs on is gone (the agent is stopping).
+    #[error("the Kubernetes API client is stopped")]
+    Stopped,
+}
+
+/// What the watch knows: this node's pods and the names of the `enabled` namespaces.
+/// Written by the watch only; read by [`Selector::selects`].
+#[derive(Debug, Default)]
+pub(crate) struct Cache {
+    /// This node's pods by uid.
+    pub(crate) pods: HashMap<String, PodFacts>,
+    /// Names of the namespaces labelled `enabled`.
+    pub(crate) namespaces: HashSet<String>,
+    pub(crate) pods_synced: bool,
+    pub(crate) namespaces_synced: bool,
+}
+
+impl Cache {
+    /// Both lists are in: the cache can answer (until then the watch decides nothing
+    /// and the selector asks the API server).
+    pub(crate) fn synced(&self) -> bool {
+        self.pods_synced && self.namespaces_synced
+    }
+
+    /// The decision for a cached pod.
+    pub(crate) fn decide(&self, uid: &str) -> Option<Decision> {
+        let pod = self.pods.get(uid)?;
+        Some(decide_facts(pod, self.namespaces.contains(&pod.namespace)))
+    }
+}
+
+/// The capture rule of a node in a Kubernetes cluster, shared by the CNI path and the
+/// watch ([`super::run_watch`] fills its caches). Cheap to clone.
+///
+/// [`Selector::selects`] answers from the watch's caches when they hold the pod, else
+/// (the CNI ADD usually runs before the watch sees a new pod) GETs the pod and, when
+/// its labels leave the answer to its namespace, the namespace, within
+/// [`LOOKUP_TIMEOUT`]. The rule is [`super::decide`]'s: a pod is captured unless the
+/// watch would unenroll it.
+#[derive(Clone)]
+pub struct Selector(Arc<Inner>);
+
+struct Inner {
+    client: Client,
+    runtime: tokio::runtime::Handle,
+    lookup_timeout: Duration,
+    cache: Mutex<Cache>,
+}
+
+impl std::fmt::Debug for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cache = self.cache();
+        f.debug_struct("Selector")
+            .field("lookup_timeout", &self.0.lookup_timeout)
+            .field("synced", &cache.synced())
+            .field("pods", &cache.pods.len())
+            .field("enabled_namespaces", &cache.namespaces.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Selector {
+    /// A selector whose API lookups run on `runtime` (the one `client` was built
+    /// in, which must keep running), with [`LOOKUP_TIMEOUT`].
+    pub fn new(client: Client, runtime: tokio::runtime::Handle) -> Selector {
+        Selector::with_lookup_timeout(client, runtime, LOOKUP_TIMEOUT)
+    }
+
+    /// [`Selector::new`] with another lookup timeout.
+    pub fn with_lookup_timeout(
+        client: Client,
+        runtime: tokio::runtime::Handle,
+        lookup_timeout: Duration,
+    ) -> Selector {
+        Selector(Arc::new(Inner {
+            client,
+            runtime,
+            lookup_timeout,
+            cache: Mutex::new(Cache::default()),
+        }))
+    }
+
+    /// The API client (the watch uses it too).
+    pub fn client(&self) -> &Client {
+        &self.0.client
+    }
+
+    /// Whether the watch has listed both pods and namespaces (the cache answers).
+    pub fn synced(&self) -> bool {
+        self.cache().synced()
+    }
+
+    pub(crate) fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.0.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether pod `uid` (`namespace`/`name`) is to be captured.
+    ///
+    /// Blocking (at most the lookup timeout): call it from a thread that is not one of
+    /// the runtime's own (the agent's CNI threads), never from async code.
+    pub fn selects(&self, uid: &str, namespace: &str, name: &str) -> Result<Verdict, SelectError> {
+        let cached = {
+            let cache = self.cache();
+            if cache.synced() {
+                cache.decide(uid)
+            } else {
+                None
+            }
+        };
+        if let Some(decision) = cached {
+            let verdict = Verdict::of(&decision);
+            debug!(pod.uid = %uid, ?verdict, source = "watch cache", "capture rule");
+            return Ok(verdict);
+        }
+        let started = Instant::now();
+        let (tx, rx) = sync_channel(1);
+        let (client, ns, n, u) = (
+            self.0.client.clone(),
+            namespace.to_owned(),
+            name.to_owned(),
+            uid.to_owned(),
+        );
+        let task = self.0.runtime.spawn(async move {
+            let _ = tx.send(lookup(client, &u, &ns, &n).await);
+        });
+        let answer = match rx.recv_timeout(self.0.lookup_timeout) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => {
+                task.abort();
+                Err(SelectError::Timeout {
+                    pod: format!("{namespace}/{name}"),
+                    timeout: self.0.lookup_timeout,
+                })
+            }
+            // The task was dropped unrun: the runtime is shut down.
+            Err(RecvTimeoutError::Disconnected) => Err(SelectError::Stopped),
+        };
+        if let Ok(verdict) = &answer {
+            info!(pod.uid = %uid, pod.namespace = %namespace, pod.name = %name, ?verdict, source = "API server", took = ?started.elapsed(), "capture rule");
+        }
+        answer
+    }
+}
+
+/// GETs the pod and, when its own labels do not settle it, its namespace.
+async fn lookup(
+    client: Client,
+    uid: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Verdict, SelectError> {
+    let api_error = |what: String| move |source: kube::Error| SelectError::Api { what, source };
+    let pod = Api::<Pod>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(api_error(format!("pod {namespace}/{name}")))?;
+    let facts = match pod.as_ref().and_then(PodFacts::from_pod) {
+        Some(facts) => {
+            if facts.uid != uid {
+                // A static pod (its mirror pod has a uid of its own), or a pod re-created
+                // under the same name: its labels and namespace are what count.
+                info!(pod.uid = %uid, api.uid = %facts.uid, pod.namespace = %namespace, pod.name = %name,
+                    "the API server's pod of that name has another uid: deciding on it");
+            }
+            facts
+        }
+        None => {
+            info!(pod.uid = %uid, pod.namespace = %namespace, pod.name = %name,
+                "the API server has no such pod (deleted, or a static pod without its mirror yet): its namespace decides");
+            PodFacts::unknown(uid, namespace, name)
+        }
+    };
+    let (plain, enabled) = (
+        Verdict::of(&decide_facts(&facts, false)),
+        Verdict::of(&decide_facts(&facts, true)),
+    );
+    if plain == enabled {
+        return Ok(plain);
+    }
+    let ns = Api::<Namespace>::all(client)
+        .get_opt(namespace)
+        .await
+        .map_err(api_error(format!("namespace {namespace}")))?;
+    Ok(if ns.as_ref().is_some_and(namespace_enabled) {
+        enabled
+    } else {
+        plain
+    })
+}

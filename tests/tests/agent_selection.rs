@@ -1,0 +1,331 @@
+//! The agent's selection rule with a (fake) Kubernetes API server: the CNI ADD
+//! captures exactly the pods the Kubernetes watch would keep, asks the API
+//! server about a pod the watch has not seen yet, passes the others straight
+//! through (prevResult back, no rules, nothing to the proxy), fails with
+//! "try again later" when the API server cannot be read; the watch leaves the
+//! CNI-captured pods enrolled and fills in their service account.
+//!
+//! The fake API server (`ringway_cni::testing::FakeApiServer`) and the watch
+//! run on a tokio runtime driven by a thread of the test, as `ringway agent
+//! --kube` runs them. Runs inside `run_isolated`.
+
+mod agent_support;
+
+use std::time::{Duration, Instant};
+
+use agent_support::*;
+use ringway_cni::kube::{run_watch_with, Enrollment as WatchEnrollment, Selector, WatchConfig};
+use ringway_cni::node::{AgentConfig, Selection};
+use ringway_cni::testing::{ApiMode, FakeApiServer, FakePod};
+use ringway_redirect::{read_tag, verify, CaptureSpec, Drift};
+use ringway_testbed::{run_isolated, VirtualNode};
+
+/// A current-thread runtime driven by its own thread until dropped, with the
+/// fake API server on it.
+struct Kube {
+    api: FakeApiServer,
+    selector: Selector,
+    runtime: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Kube {
+    fn start(lookup_timeout: Duration) -> Kube {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let runtime = rt.handle().clone();
+        let (client, api) = FakeApiServer::start(&runtime);
+        let selector = Selector::with_lookup_timeout(client, runtime.clone(), lookup_timeout);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            rt.block_on(async {
+                let _ = stopped.await;
+            })
+        });
+        Kube {
+            api,
+            selector,
+            runtime,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Starts the watch of `node` for the agent, on the selector.
+    fn watch(&self, node: &str, agent: &ringway_cni::node::AgentHandle) {
+        let config = WatchConfig {
+            node: node.into(),
+            retry_min: Duration::from_millis(50),
+            retry_max: Duration::from_millis(200),
+            orphan_grace: Duration::from_millis(300),
+            watch_backoff_min: Duration::from_millis(20),
+            watch_backoff_max: Duration::from_millis(100),
+        };
+        let enrollment: std::sync::Arc<dyn WatchEnrollment> =
+            std::sync::Arc::new(agent.enrollment());
+        self.runtime
+            .spawn(run_watch_with(self.selector.clone(), config, enrollment));
+    }
+}
+
+impl Drop for Kube {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn config_with(test: &str, dir: &TempDir, kube: &Kube) -> AgentConfig {
+    AgentConfig {
+        selection: Selection::Kubernetes(kube.selector.clone()),
+        ..config(test, &dir.0)
+    }
+}
+
+/// No rules at all in the pod's namespace.
+fn assert_uncaptured(pod: &ringway_testbed::Pod) {
+    assert_eq!(read_tag(pod.netns.fd()).unwrap(), None, "{}", pod.name);
+    assert!(
+        verify(pod.netns.fd(), &CaptureSpec::default())
+            .unwrap()
+            .contains(&Drift::TableMissing),
+        "{}",
+        pod.name
+    );
+}
+
+/// The CNI error code a failed plugin run printed.
+fn cni_code(o: &ringway_cni::Outcome) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).ok()?;
+    v["code"].as_u64()
+}
+
+#[test]
+fn cni_add_captures_only_what_the_labels_select() {
+    run_isolated("agent_selection_add", || {
+        init_logs();
+        let dir = TempDir::new("agent_selection_add");
+        let kube = Kube::start(Duration::from_secs(2));
+        let cfg = config_with("agent_selection_add", &dir, &kube);
+        let vn = VirtualNode::build(61, 3).unwrap();
+        let api = &kube.api;
+        api.apply_namespace("shop", Some("enabled"));
+        api.apply_namespace("plain", None);
+        let pod = |i: usize, uid: &str, ns: &str| {
+            let mut p = CniPod::of(vn.pod(i), uid);
+            p.namespace = ns.into();
+            p
+        };
+        let labelled = pod(0, "uid-shop", "shop");
+        let unlabelled = pod(1, "uid-plain", "plain");
+        let opted_out = pod(2, "uid-out", "shop");
+        api.apply_pod(FakePod::new(&labelled.uid, "shop", &labelled.name, &cfg.node_name).json());
+        api.apply_pod(
+            FakePod::new(&unlabelled.uid, "plain", &unlabelled.name, &cfg.node_name).json(),
+        );
+        api.apply_pod(
+            FakePod::new(&opted_out.uid, "shop", &opted_out.name, &cfg.node_name)
+                .mode("disabled")
+                .json(),
+        );
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        // A pod of a labelled namespace, unknown to the (not running) watch: the
+        // agent GETs the pod and its namespace, then captures it.
+        let out = ok(plugin("ADD", &labelled, &cfg.cni_socket));
+        assert!(out.stdout.contains("\"ips\""), "{}", out.stdout);
+        assert_eq!(
+            api.gets(),
+            [
+                format!("/api/v1/namespaces/shop/pods/{}", labelled.name),
+                "/api/v1/namespaces/shop".to_string()
+            ]
+        );
+        let add = &proxy.wait_for(2)[1];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-shop"));
+        assert_eq!(
+            read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,
+            "uid-shop"
+        );
+
+        // Unlabelled, and opted out: prevResult back, no rules, nothing to the proxy.
+        for p in [&unlabelled, &opted_out] {
+            let out = ok(plugin("ADD", p, &cfg.cni_socket));
+            assert!(out.stdout.contains("\"ips\""), "{}", out.stdout);
+            // CHECK agrees: nothing to check.
+            ok(plugin("CHECK", p, &cfg.cni_socket));
+            // DEL of a pod passed through: fine.
+            ok(plugin("DEL", p, &cfg.cni_socket));
+        }
+        assert_uncaptured(vn.pod(1));
+        assert_uncaptured(vn.pod(2));
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-shop"]);
+
+        // The raw answer names the reason.
+        let line = format!(
+            r#"{{"op":"add","containerId":"c-1","netns":"{}","pod":{{"name":"{}","namespace":"plain","uid":"uid-plain"}}}}"#,
+            unlabelled.netns.display(),
+            unlabelled.name
+        );
+        assert_eq!(
+            cni_line(&cfg.cni_socket, format!("{line}\n").as_bytes()),
+            r#"{"ok":true,"passThrough":"neither pod nor namespace labelled enabled"}"#
+        );
+        // The agent's own namespace passes through whatever its labels say.
+        api.apply_namespace("ringway-system", Some("enabled"));
+        let line = format!(
+            r#"{{"op":"add","containerId":"c-2","netns":"{}","pod":{{"name":"agent-0","namespace":"ringway-system","uid":"uid-own"}}}}"#,
+            unlabelled.netns.display(),
+        );
+        assert_eq!(
+            cni_line(&cfg.cni_socket, format!("{line}\n").as_bytes()),
+            r#"{"ok":true,"passThrough":"namespace excluded from capture (exclude_namespaces)"}"#
+        );
+        assert_uncaptured(vn.pod(1));
+        agent.shutdown();
+    });
+}
+
+#[test]
+fn cni_add_is_try_again_later_when_the_api_server_cannot_be_read() {
+    run_isolated("agent_selection_api_down", || {
+        init_logs();
+        let dir = TempDir::new("agent_selection_api_down");
+        let kube = Kube::start(Duration::from_millis(300));
+        let cfg = config_with("agent_selection_api_down", &dir, &kube);
+        let vn = VirtualNode::build(62, 1).unwrap();
+        kube.api.apply_namespace("shop", Some("enabled"));
+        let p = CniPod::of(vn.pod(0), "uid-a");
+        kube.api
+            .apply_pod(FakePod::new(&p.uid, "shop", &p.name, &cfg.node_name).json());
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        for mode in [ApiMode::Unreachable, ApiMode::Hang] {
+            kube.api.set_mode(mode);
+            let started = Instant::now();
+            let out = plugin("ADD", &p, &cfg.cni_socket);
+            assert_eq!(out.exit_code, 1, "{mode:?}: {}", out.stdout);
+            assert_eq!(cni_code(&out), Some(11), "{mode:?}: {}", out.stdout);
+            assert!(
+                out.stdout
+                    .contains("cannot tell whether to capture pod shop/"),
+                "{}",
+                out.stdout
+            );
+            assert!(started.elapsed() < Duration::from_secs(2), "{mode:?}");
+            assert_uncaptured(vn.pod(0));
+            assert!(agent.pods().is_empty());
+        }
+        assert_eq!(proxy.log().len(), 1, "{:?}", proxy.kinds());
+
+        // The API server is back: the runtime's retry captures the pod.
+        kube.api.set_mode(ApiMode::Serve);
+        ok(plugin("ADD", &p, &cfg.cni_socket));
+        assert_eq!(proxy.wait_for(2)[1].kind, "Add");
+        agent.shutdown();
+    });
+}
+
+/// A pod captured by CNI ADD while the watch runs: the ADD is answered from
+/// the watch's cache, the watch never unenrolls it, and once the pod runs the
+/// watch hands the proxy its service account (same netns, the rules re-tagged,
+/// no Del). A pod passed through is not enrolled by the watch either.
+#[test]
+fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
+    run_isolated("agent_selection_watch", || {
+        init_logs();
+        let dir = TempDir::new("agent_selection_watch");
+        let kube = Kube::start(Duration::from_secs(2));
+        let cfg = config_with("agent_selection_watch", &dir, &kube);
+        let vn = VirtualNode::build(63, 2).unwrap();
+        let api = &kube.api;
+        api.apply_namespace("shop", Some("enabled"));
+        api.apply_namespace("plain", None);
+        let meshed = CniPod::of(vn.pod(0), "uid-m");
+        let mut plain = CniPod::of(vn.pod(1), "uid-p");
+        plain.namespace = "plain".into();
+        let fake = |p: &CniPod| {
+            FakePod::new(&p.uid, &p.namespace, &p.name, &cfg.node_name).service_account("cart")
+        };
+        api.apply_pod(fake(&meshed).json());
+        api.apply_pod(fake(&plain).json());
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        kube.watch(&cfg.node_name, &agent);
+        assert!(
+            wait_until(WAIT, || kube.selector.synced()),
+            "watch not synced"
+        );
+
+        ok(plugin("ADD", &meshed, &cfg.cni_socket));
+        ok(plugin("ADD", &plain, &cfg.cni_socket));
+        // Both answered from the watch's cache.
+        assert_eq!(api.gets(), Vec::<String>::new());
+        let add = &proxy.wait_for(2)[1];
+        assert_eq!(
+            add.info.as_ref().unwrap().2,
+            "",
+            "CNI knows no service account"
+        );
+
+        // The pods run: the watch re-sends the meshed pod with its identity.
+        let ip = |p: &CniPod| {
+            p.ips
+                .iter()
+                .map(|a| a.split('/').next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        let running = |p: &CniPod| {
+            let ips = ip(p);
+            let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+            fake(p).running(&ips)
+        };
+        api.apply_pod(running(&meshed).json());
+        api.apply_pod(running(&plain).json());
+        let add = &proxy.wait_for(3)[2];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-m"));
+        assert_eq!(
+            add.info,
+            Some((meshed.name.clone(), "shop".into(), "cart".into()))
+        );
+        assert_eq!(add.netns_inode, Some(vn.pod(0).netns.inode()));
+        let tag = read_tag(vn.pod(0).netns.fd()).unwrap().unwrap();
+        assert_eq!(tag.service_account, "cart");
+        assert_eq!(tag.container_id, "sandbox-uid-m");
+
+        // More updates of both pods: no more calls, no flapping.
+        let mut again = running(&meshed).json();
+        again["metadata"]["annotations"] = serde_json::json!({"touched": "1"});
+        api.apply_pod(again);
+        let mut again = running(&plain).json();
+        again["metadata"]["annotations"] = serde_json::json!({"touched": "1"});
+        api.apply_pod(again);
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-m"]);
+        assert_uncaptured(vn.pod(1));
+
+        // The namespace loses its label: the same rule now releases the pod.
+        api.apply_namespace("shop", None);
+        let del = &proxy.wait_for(4)[3];
+        assert_eq!((del.kind, del.uid.as_str()), ("Del", "uid-m"));
+        assert_uncaptured(vn.pod(0));
+        agent.shutdown();
+    });
+}

@@ -1,0 +1,1591 @@
+//! Offline checks of `deploy/`: the Helm chart, the plain manifests rendered from it, the
+//! seccomp profile and the Dockerfile. No cluster, no Docker, no network.
+//!
+//! - The chart is rendered with a Go text/template engine (gtmpl) and the few Helm
+//!   functions the templates use, assembled the way Helm 4 does (documents split, sorted
+//!   by kind, `# Source:` headers). The default rendering must equal
+//!   `deploy/manifests/ringway.yaml` byte for byte. When a real `helm` is on PATH (or in
+//!   `RINGWAY_HELM`), `helm template` must produce the same objects too.
+//!   `RINGWAY_UPDATE_MANIFESTS=1` rewrites the file from the chart instead of comparing.
+//! - Every document of the manifests is deserialized into its typed k8s-openapi object and
+//!   serialized back: anything the type does not know (a misspelt or misplaced field) is
+//!   reported as a difference.
+//! - Invariants: capabilities, RBAC verbs, probes, flags (checked against the help of
+//!   the `ringway` binary built in this workspace), drain period versus grace period,
+//!   the configuration (validated by `ringway_config`), mounts, update strategies.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use gtmpl::{Context, FuncError, Template, Value};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use serde_json::Value as Json;
+
+/// The release name and namespace of the committed manifests.
+const RELEASE: &str = "ringway";
+const NAMESPACE: &str = "ringway-system";
+
+/// Capabilities of each container, as deploy/README.md ("Capabilities") documents them.
+/// Agent: NET_ADMIN (nftables, routes, sysctls in pod namespaces), SYS_ADMIN (setns),
+/// SYS_PTRACE (/proc/<pid>/ns/net of other users' processes).
+const AGENT_CAPS: &[&str] = &["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"];
+/// Proxy: NET_ADMIN (IP_TRANSPARENT, SO_MARK), SYS_ADMIN (setns).
+const PROXY_CAPS: &[&str] = &["NET_ADMIN", "SYS_ADMIN"];
+/// Whether each runs privileged (the agent must, for now: deploy/README.md).
+const AGENT_PRIVILEGED: bool = true;
+
+/// The agent's API access: exactly these verbs on exactly these core resources.
+const AGENT_RBAC: &[(&str, &[&str])] = &[
+    ("namespaces", &["get", "list", "watch"]),
+    ("pods", &["get", "list", "watch"]),
+];
+
+/// Where the image puts the binary (deploy/Dockerfile).
+const BINARY_IN_IMAGE: &str = "/usr/local/bin/ringway";
+
+// ---------------------------------------------------------------------------------------
+// Paths and files
+// ---------------------------------------------------------------------------------------
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+fn deploy() -> PathBuf {
+    root().join("deploy")
+}
+
+fn chart_dir() -> PathBuf {
+    deploy().join("helm/ringway")
+}
+
+fn manifests_path() -> PathBuf {
+    deploy().join("manifests/ringway.yaml")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn yaml_to_json(text: &str, what: &str) -> Json {
+    serde_yaml::from_str::<Json>(text).unwrap_or_else(|e| panic!("{what}: not YAML: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// The ringway binary and its flags
+// ---------------------------------------------------------------------------------------
+
+/// The `ringway` binary of this workspace. Cargo sets `CARGO_BIN_EXE_*` only for the
+/// binary's own package, so it is looked up in the target directory; `cargo test
+/// --workspace` builds it before any test runs.
+fn ringway_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("CARGO_BIN_EXE_ringway") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_absolute() { p } else { root().join(p) })
+        .unwrap_or_else(|| root().join("target"));
+    let bin = target.join("debug/ringway");
+    assert!(
+        bin.is_file(),
+        "{} is missing: the deploy checks read the flags from the binary's --help. \
+         Build it first: cargo build -p ringway-proxy",
+        bin.display()
+    );
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).unwrap();
+    let source = root().join("proxy/src/main.rs");
+    let edited = std::fs::metadata(&source)
+        .and_then(|m| m.modified())
+        .unwrap();
+    assert!(
+        built >= edited,
+        "{} is older than {}: its --help may not list the current flags. \
+         Rebuild it: cargo build -p ringway-proxy",
+        bin.display(),
+        source.display()
+    );
+    bin
+}
+
+/// What `ringway [SUBCOMMAND] --help` says.
+#[derive(Debug, Default)]
+struct Help {
+    /// The full text.
+    text: String,
+    /// `--flag` -> whether it takes a value.
+    flags: BTreeMap<String, bool>,
+    /// `[env: NAME=]` entries.
+    env: BTreeSet<String>,
+    /// Subcommands (top level only).
+    commands: BTreeSet<String>,
+}
+
+fn help(sub: Option<&str>) -> Help {
+    let mut cmd = Command::new(ringway_binary());
+    if let Some(s) = sub {
+        cmd.arg(s);
+    }
+    let out = cmd.arg("--help").output().expect("running ringway --help");
+    assert!(out.status.success(), "ringway {sub:?} --help failed");
+    let text = String::from_utf8(out.stdout).expect("help is UTF-8");
+    let mut h = Help {
+        text: text.clone(),
+        ..Help::default()
+    };
+    let mut in_commands = false;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if line.starts_with("Commands:") {
+            in_commands = true;
+            continue;
+        }
+        if in_commands {
+            if line.is_empty() || !line.starts_with("  ") {
+                in_commands = false;
+            } else if let Some(name) = t.split_whitespace().next() {
+                h.commands.insert(name.to_string());
+            }
+        }
+        // "-h, --help", "--zds-socket <ZDS_SOCKET>", "--kube"
+        let t = t.strip_prefix("-h, ").unwrap_or(t);
+        let t = t.strip_prefix("-V, ").unwrap_or(t);
+        if let Some(rest) = t.strip_prefix("--") {
+            let mut parts = rest.split_whitespace();
+            let name = parts.next().unwrap_or_default();
+            if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            {
+                let takes_value = parts.next().is_some_and(|p| p.starts_with('<'));
+                h.flags.insert(format!("--{name}"), takes_value);
+            }
+        }
+        if let Some(i) = t.find("[env: ") {
+            let name = &t[i + 6..];
+            if let Some(end) = name.find('=') {
+                h.env.insert(name[..end].to_string());
+            }
+        }
+    }
+    h
+}
+
+/// Checks a container's args against `ringway <args[0]> --help`; returns flag -> value.
+fn check_args(container: &Container, top: &Help) -> (String, BTreeMap<String, String>) {
+    let name = &container.name;
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&[BINARY_IN_IMAGE.to_string()][..]),
+        "{name}: command must be the image's binary"
+    );
+    let args = container.args.clone().unwrap_or_default();
+    let sub = args.first().cloned().unwrap_or_default();
+    assert!(
+        top.commands.contains(&sub),
+        "{name}: {sub:?} is not a subcommand of `ringway --help`: {:?}",
+        top.commands
+    );
+    let h = help(Some(&sub));
+    let mut seen = BTreeMap::new();
+    let mut i = 1;
+    while i < args.len() {
+        let a = &args[i];
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (a.clone(), None),
+        };
+        let takes_value = *h.flags.get(&flag).unwrap_or_else(|| {
+            panic!(
+                "{name}: `{flag}` is not a flag of `ringway {sub} --help` (it lists {:?})",
+                h.flags.keys()
+            )
+        });
+        let value = if takes_value {
+            match inline {
+                Some(v) => v,
+                None => {
+                    i += 1;
+                    let v = args
+                        .get(i)
+                        .unwrap_or_else(|| panic!("{name}: {flag} needs a value"));
+                    assert!(!v.starts_with("--"), "{name}: {flag} needs a value");
+                    v.clone()
+                }
+            }
+        } else {
+            assert!(inline.is_none(), "{name}: {flag} takes no value");
+            String::new()
+        };
+        seen.insert(flag, value);
+        i += 1;
+    }
+    for e in container.env.iter().flatten() {
+        assert!(
+            h.env.contains(&e.name),
+            "{name}: env {} is not read by `ringway {sub}` (its help lists {:?})",
+            e.name,
+            h.env
+        );
+    }
+    (sub, seen)
+}
+
+// ---------------------------------------------------------------------------------------
+// The renderer: Go text/template (gtmpl) plus the Helm functions the chart uses
+// ---------------------------------------------------------------------------------------
+
+thread_local! {
+    /// The chart's files for `.Files.Get` (gtmpl functions are plain fn pointers).
+    static CHART_FILES: RefCell<BTreeMap<String, String>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+fn arg<'a>(args: &'a [Value], i: usize, f: &str) -> Result<&'a Value, FuncError> {
+    args.get(i)
+        .ok_or_else(|| FuncError::AtLeastXArgs(f.to_string(), i + 1))
+}
+
+/// Go's `fmt.Sprint` of a value, as Helm's string functions see it.
+fn go_string(v: &Value) -> String {
+    match v {
+        Value::NoValue | Value::Nil => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::NoValue | Value::Nil => true,
+        Value::Bool(b) => !b,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Map(m) | Value::Object(m) => m.is_empty(),
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::Function(_) => false,
+    }
+}
+
+/// sprig `int`/`int64` (spf13/cast): numbers truncate, strings parse, anything else is 0.
+fn to_i64(v: &Value) -> i64 {
+    match v {
+        Value::Number(n) => n
+            .as_i64()
+            .or_else(|| n.as_u64().map(|u| u as i64))
+            .or_else(|| n.as_f64().map(|f| f as i64))
+            .unwrap_or(0),
+        Value::String(s) => s.trim().parse::<i64>().unwrap_or(0),
+        Value::Bool(b) => i64::from(*b),
+        _ => 0,
+    }
+}
+
+fn f_int(args: &[Value]) -> Result<Value, FuncError> {
+    Ok(Value::from(to_i64(arg(args, 0, "int")?)))
+}
+
+fn f_add(args: &[Value]) -> Result<Value, FuncError> {
+    Ok(Value::from(args.iter().map(to_i64).sum::<i64>()))
+}
+
+fn f_default(args: &[Value]) -> Result<Value, FuncError> {
+    let d = arg(args, 0, "default")?;
+    match args.get(1) {
+        Some(given) if !is_empty(given) => Ok(given.clone()),
+        _ => Ok(d.clone()),
+    }
+}
+
+/// Go's `%q` for the strings the chart quotes.
+fn go_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn f_quote(args: &[Value]) -> Result<Value, FuncError> {
+    let parts: Vec<String> = args
+        .iter()
+        .filter(|v| !matches!(v, Value::NoValue | Value::Nil))
+        .map(|v| go_quote(&go_string(v)))
+        .collect();
+    Ok(Value::from(parts.join(" ")))
+}
+
+fn indent_by(n: i64, s: &str) -> String {
+    let pad = " ".repeat(n.max(0) as usize);
+    format!("{pad}{}", s.replace('\n', &format!("\n{pad}")))
+}
+
+fn f_indent(args: &[Value]) -> Result<Value, FuncError> {
+    let n = to_i64(arg(args, 0, "indent")?);
+    Ok(Value::from(indent_by(
+        n,
+        &go_string(arg(args, 1, "indent")?),
+    )))
+}
+
+fn f_nindent(args: &[Value]) -> Result<Value, FuncError> {
+    let n = to_i64(arg(args, 0, "nindent")?);
+    Ok(Value::from(format!(
+        "\n{}",
+        indent_by(n, &go_string(arg(args, 1, "nindent")?))
+    )))
+}
+
+/// A gtmpl value as YAML, keys sorted (Helm's toYaml goes through JSON: sorted keys).
+fn to_yaml_value(v: &Value) -> serde_yaml::Value {
+    match v {
+        Value::NoValue | Value::Nil | Value::Function(_) => serde_yaml::Value::Null,
+        Value::Bool(b) => serde_yaml::Value::Bool(*b),
+        Value::String(s) => serde_yaml::Value::String(s.clone()),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                serde_yaml::Value::Number(i.into())
+            } else if let Some(u) = n.as_u64() {
+                serde_yaml::Value::Number(u.into())
+            } else {
+                let f = n.as_f64().unwrap_or(0.0);
+                if f.fract() == 0.0 && f.abs() < 1e15 {
+                    serde_yaml::Value::Number((f as i64).into())
+                } else {
+                    serde_yaml::Value::Number(f.into())
+                }
+            }
+        }
+        Value::Array(a) => serde_yaml::Value::Sequence(a.iter().map(to_yaml_value).collect()),
+        Value::Map(m) | Value::Object(m) => {
+            let sorted: BTreeMap<&String, &Value> = m.iter().collect();
+            let mut out = serde_yaml::Mapping::new();
+            for (k, v) in sorted {
+                out.insert(serde_yaml::Value::String(k.clone()), to_yaml_value(v));
+            }
+            serde_yaml::Value::Mapping(out)
+        }
+    }
+}
+
+fn f_to_yaml(args: &[Value]) -> Result<Value, FuncError> {
+    let v = arg(args, 0, "toYaml")?;
+    let s = serde_yaml::to_string(&to_yaml_value(v))
+        .map_err(|e| FuncError::Generic(format!("toYaml: {e}")))?;
+    Ok(Value::from(s.trim_end_matches('\n').to_string()))
+}
+
+fn f_fail(args: &[Value]) -> Result<Value, FuncError> {
+    Err(FuncError::Generic(format!(
+        "fail: {}",
+        go_string(arg(args, 0, "fail")?)
+    )))
+}
+
+/// Go's path.Base / path.Dir (slash-separated, as Helm's `base`/`dir`).
+fn f_base(args: &[Value]) -> Result<Value, FuncError> {
+    let s = go_string(arg(args, 0, "base")?);
+    let t = s.trim_end_matches('/');
+    Ok(Value::from(
+        t.rsplit('/').next().unwrap_or_default().to_string(),
+    ))
+}
+
+fn f_dir(args: &[Value]) -> Result<Value, FuncError> {
+    let s = go_string(arg(args, 0, "dir")?);
+    Ok(Value::from(match s.rfind('/') {
+        Some(0) => "/".to_string(),
+        Some(i) => s[..i].to_string(),
+        None => ".".to_string(),
+    }))
+}
+
+/// `.Files.Get "path"` (rewritten to `filesGet "path"` before parsing: gtmpl cannot call
+/// a method with arguments).
+fn f_files_get(args: &[Value]) -> Result<Value, FuncError> {
+    let name = go_string(arg(args, 0, "Files.Get")?);
+    CHART_FILES.with(|f| {
+        f.borrow()
+            .get(&name)
+            .cloned()
+            .map(Value::from)
+            .ok_or_else(|| FuncError::Generic(format!(".Files.Get: no file {name:?} in the chart")))
+    })
+}
+
+/// The template functions the chart may use (besides Go's builtins: and, or, not, eq,
+/// ne, lt, le, gt, ge, len, index, print, printf). deploy/README.md lists them.
+const HELM_FUNCS: &[(&str, gtmpl::Func)] = &[
+    ("toYaml", f_to_yaml),
+    ("nindent", f_nindent),
+    ("indent", f_indent),
+    ("quote", f_quote),
+    ("default", f_default),
+    ("int", f_int),
+    ("int64", f_int),
+    ("add", f_add),
+    ("fail", f_fail),
+    ("base", f_base),
+    ("dir", f_dir),
+    ("filesGet", f_files_get),
+];
+
+fn json_to_gtmpl(v: &Json) -> Value {
+    match v {
+        Json::Null => Value::Nil,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                Value::from(n.as_f64().unwrap_or(0.0))
+            }
+        }
+        Json::String(s) => Value::from(s.clone()),
+        Json::Array(a) => Value::Array(a.iter().map(json_to_gtmpl).collect()),
+        Json::Object(o) => Value::Map(
+            o.iter()
+                .map(|(k, v)| (k.clone(), json_to_gtmpl(v)))
+                .collect::<HashMap<_, _>>(),
+        ),
+    }
+}
+
+/// Helm's merge of user values over the chart's: maps merge, anything else replaces.
+fn merge(base: &mut Json, over: &Json) {
+    match (base, over) {
+        (Json::Object(b), Json::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v.clone(),
+    }
+}
+
+/// Helm 4's kind order for installs (pkg/release/v1/util/kind_sorter.go).
+const INSTALL_ORDER: &[&str] = &[
+    "PriorityClass",
+    "Namespace",
+    "NetworkPolicy",
+    "ResourceQuota",
+    "LimitRange",
+    "PodSecurityPolicy",
+    "PodDisruptionBudget",
+    "ServiceAccount",
+    "Secret",
+    "SecretList",
+    "ConfigMap",
+    "StorageClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleList",
+    "ClusterRoleBinding",
+    "ClusterRoleBindingList",
+    "Role",
+    "RoleList",
+    "RoleBinding",
+    "RoleBindingList",
+    "Service",
+    "DaemonSet",
+    "Pod",
+    "ReplicationController",
+    "ReplicaSet",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "StatefulSet",
+    "Job",
+    "CronJob",
+    "IngressClass",
+    "Ingress",
+    "APIService",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+];
+
+/// Helm's document split: the regex `(?:^|\s*\n)---\s*` (whitespace before the newline
+/// and after the dashes belongs to the separator), empty pieces dropped, each piece
+/// trimmed on the left (Helm 4, pkg/release/v1/util/manifest.go).
+fn split_manifests(text: &str) -> Vec<String> {
+    let text = text.trim_start();
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let at_sep = text[i..].starts_with("---") && (i == 0 || bytes[i - 1] == b'\n');
+        if at_sep {
+            // The separator starts at the whitespace run ending in the newline before it.
+            let mut s = i;
+            if s > 0 {
+                s -= 1; // the newline
+                while s > start && text.as_bytes()[s - 1].is_ascii_whitespace() {
+                    s -= 1;
+                }
+            }
+            let mut e = i + 3;
+            while e < bytes.len() && bytes[e].is_ascii_whitespace() {
+                e += 1;
+            }
+            docs.push(text[start..s].to_string());
+            start = e;
+            i = e;
+            continue;
+        }
+        i += 1;
+    }
+    docs.push(text[start..].to_string());
+    docs.into_iter()
+        .filter(|d| !d.is_empty())
+        .map(|d| d.trim_start().to_string())
+        .collect()
+}
+
+/// Renders the chart with `overrides` merged over values.yaml, in `namespace`, as
+/// `helm template RELEASE deploy/helm/ringway -n NAMESPACE` prints it.
+fn render_chart(overrides: &str, namespace: &str) -> Result<String, String> {
+    let dir = chart_dir();
+    let chart = yaml_to_json(&read(&dir.join("Chart.yaml")), "Chart.yaml");
+    let mut values = yaml_to_json(&read(&dir.join("values.yaml")), "values.yaml");
+    if !overrides.trim().is_empty() {
+        merge(&mut values, &yaml_to_json(overrides, "overrides"));
+    }
+    let mut files = BTreeMap::new();
+    for e in std::fs::read_dir(dir.join("files")).expect("chart files/") {
+        let p = e.unwrap().path();
+        let name = format!("files/{}", p.file_name().unwrap().to_string_lossy());
+        files.insert(name, read(&p));
+    }
+    CHART_FILES.with(|f| *f.borrow_mut() = files);
+    let ctx = serde_json::json!({
+        "Values": values,
+        "Release": {
+            "Name": RELEASE, "Namespace": namespace, "Service": "Helm",
+            "IsInstall": true, "IsUpgrade": false, "Revision": 1,
+        },
+        "Chart": {
+            "Name": chart["name"], "Version": chart["version"], "AppVersion": chart["appVersion"],
+        },
+    });
+    let ctx = Context::from(json_to_gtmpl(&ctx));
+    let chart_name = chart["name"].as_str().unwrap_or("ringway").to_string();
+
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("templates"))
+        .expect("chart templates/")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('_') && (n.ends_with(".yaml") || n.ends_with(".tpl")))
+        .collect();
+    names.sort();
+    let mut manifests: Vec<(usize, String, String)> = Vec::new(); // (kind rank, source, doc)
+    let mut unknown: Vec<(String, String, String)> = Vec::new(); // (kind, source, doc)
+    for name in names {
+        let source = format!("{chart_name}/templates/{name}");
+        let text = read(&dir.join("templates").join(&name)).replace(".Files.Get ", "filesGet ");
+        let mut t = Template::with_name(source.clone());
+        t.add_funcs(HELM_FUNCS);
+        t.parse(text).map_err(|e| format!("{source}: {e}"))?;
+        let out = t.render(&ctx).map_err(|e| format!("{source}: {e}"))?;
+        // Helm prints a missing value as nothing, not as Go's "<no value>".
+        let out = out.replace("<no value>", "");
+        for doc in split_manifests(&out) {
+            let head: Json = serde_yaml::from_str(&doc)
+                .map_err(|e| format!("{source}: rendered invalid YAML: {e}\n{doc}"))?;
+            let kind = head["kind"].as_str().unwrap_or_default().to_string();
+            match INSTALL_ORDER.iter().position(|k| *k == kind) {
+                Some(rank) => manifests.push((rank, source.clone(), doc)),
+                None => unknown.push((kind, source.clone(), doc)),
+            }
+        }
+    }
+    manifests.sort_by_key(|m| m.0); // stable: file order within a kind
+    unknown.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::new();
+    for (source, doc) in manifests
+        .into_iter()
+        .map(|(_, s, d)| (s, d))
+        .chain(unknown.into_iter().map(|(_, s, d)| (s, d)))
+    {
+        out.push_str(&format!("---\n# Source: {source}\n{doc}\n"));
+    }
+    Ok(out)
+}
+
+/// The documents of a manifest stream, as JSON, with their `# Source:`.
+fn documents(text: &str) -> Vec<(String, Json)> {
+    split_manifests(text)
+        .into_iter()
+        .map(|d| {
+            let source = d
+                .lines()
+                .find_map(|l| l.strip_prefix("# Source: "))
+                .unwrap_or_default()
+                .to_string();
+            let v = yaml_to_json(&d, &source);
+            (source, v)
+        })
+        .filter(|(_, v)| !v.is_null())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Strict typed parsing
+// ---------------------------------------------------------------------------------------
+
+/// Paths where `a` and `b` differ (fields present in only one, or different leaves).
+fn diff(a: &Json, b: &Json, path: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Json::Object(x), Json::Object(y)) => {
+            for (k, v) in x {
+                match y.get(k) {
+                    Some(w) => diff(v, w, &format!("{path}.{k}"), out),
+                    None => out.push(format!("{path}.{k}: not a field of the typed object")),
+                }
+            }
+            for k in y.keys().filter(|k| !x.contains_key(*k)) {
+                out.push(format!("{path}.{k}: added by the typed object"));
+            }
+        }
+        (Json::Array(x), Json::Array(y)) if x.len() == y.len() => {
+            for (i, (v, w)) in x.iter().zip(y).enumerate() {
+                diff(v, w, &format!("{path}[{i}]"), out);
+            }
+        }
+        (Json::Number(x), Json::Number(y)) if x.as_f64() == y.as_f64() => {}
+        _ if a == b => {}
+        _ => out.push(format!("{path}: {a} became {b}")),
+    }
+}
+
+/// Deserializes `doc` as `T`, serializes it back and requires the same document.
+fn strict<T: k8s_openapi::serde::de::DeserializeOwned + k8s_openapi::serde::Serialize>(
+    doc: &Json,
+    what: &str,
+) -> T {
+    let typed: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{what}: does not deserialize: {e}"));
+    let back = serde_json::to_value(&typed).unwrap();
+    let mut d = Vec::new();
+    diff(doc, &back, "", &mut d);
+    assert!(
+        d.is_empty(),
+        "{what}: fields unknown to (or changed by) the typed object:\n  {}",
+        d.join("\n  ")
+    );
+    typed
+}
+
+/// Everything the manifests hold, typed.
+#[derive(Debug, Default)]
+struct Objects {
+    daemonsets: BTreeMap<String, DaemonSet>,
+    service_accounts: BTreeMap<String, ServiceAccount>,
+    cluster_roles: BTreeMap<String, ClusterRole>,
+    cluster_role_bindings: BTreeMap<String, ClusterRoleBinding>,
+    config_maps: BTreeMap<String, ConfigMap>,
+    priority_classes: BTreeMap<String, PriorityClass>,
+    services: BTreeMap<String, Service>,
+    /// Kinds without a k8s-openapi type (ServiceMonitor), untyped.
+    others: Vec<Json>,
+}
+
+fn typed_objects(text: &str) -> Objects {
+    let mut o = Objects::default();
+    for (source, doc) in documents(text) {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let what = format!("{source}: {kind} {name}");
+        match kind.as_str() {
+            "DaemonSet" => {
+                o.daemonsets.insert(name, strict(&doc, &what));
+            }
+            "ServiceAccount" => {
+                o.service_accounts.insert(name, strict(&doc, &what));
+            }
+            "ClusterRole" => {
+                o.cluster_roles.insert(name, strict(&doc, &what));
+            }
+            "ClusterRoleBinding" => {
+                o.cluster_role_bindings.insert(name, strict(&doc, &what));
+            }
+            "ConfigMap" => {
+                o.config_maps.insert(name, strict(&doc, &what));
+            }
+            "PriorityClass" => {
+                o.priority_classes.insert(name, strict(&doc, &what));
+            }
+            "Service" => {
+                o.services.insert(name, strict(&doc, &what));
+            }
+            "ServiceMonitor" => {
+                assert_eq!(doc["apiVersion"], "monitoring.coreos.com/v1", "{what}");
+                o.others.push(doc);
+            }
+            other => panic!("{what}: unexpected kind {other:?} (add its typed check)"),
+        }
+    }
+    o
+}
+
+// ---------------------------------------------------------------------------------------
+// Invariants
+// ---------------------------------------------------------------------------------------
+
+fn pod_spec<'a>(o: &'a Objects, ds: &str) -> &'a PodSpec {
+    o.daemonsets
+        .get(ds)
+        .unwrap_or_else(|| panic!("no DaemonSet {ds}"))
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .unwrap_or_else(|| panic!("{ds}: no pod spec"))
+}
+
+fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
+    spec.containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn caps(c: &Container) -> (Vec<String>, Vec<String>) {
+    let sc = c.security_context.as_ref().expect("securityContext");
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    let mut add = caps.add.clone().unwrap_or_default();
+    add.sort();
+    (caps.drop.clone().unwrap_or_default(), add)
+}
+
+fn check_security(c: &Container, want_caps: &[&str], privileged: bool) {
+    let name = &c.name;
+    let (drop, add) = caps(c);
+    assert_eq!(drop, ["ALL"], "{name}: must drop ALL capabilities first");
+    let mut want: Vec<String> = want_caps.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(
+        add, want,
+        "{name}: capabilities must be exactly the documented set"
+    );
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(
+        sc.privileged.unwrap_or(false),
+        privileged,
+        "{name}: privileged"
+    );
+    assert_eq!(sc.run_as_user, Some(0), "{name}: runs as root");
+    assert_eq!(
+        sc.read_only_root_filesystem,
+        Some(true),
+        "{name}: read-only root"
+    );
+    // Kubernetes documents allowPrivilegeEscalation as always true with privileged or
+    // CAP_SYS_ADMIN; false only where neither applies.
+    let escalation = privileged || want_caps.contains(&"SYS_ADMIN");
+    assert_eq!(
+        sc.allow_privilege_escalation,
+        Some(escalation),
+        "{name}: allowPrivilegeEscalation"
+    );
+    for cap in want_caps {
+        assert!(
+            !cap.starts_with("CAP_"),
+            "{name}: spell capabilities without CAP_"
+        );
+    }
+    assert!(
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .is_some_and(|l| l.contains_key("memory")),
+        "{name}: memory limit"
+    );
+    assert!(
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .is_some_and(|l| l.contains_key("memory") && l.contains_key("cpu")),
+        "{name}: cpu and memory requests"
+    );
+}
+
+/// `mountPath` of the volume mount covering `path`, with its volume's hostPath.
+fn host_path_of(spec: &PodSpec, c: &Container, path: &str) -> Option<(String, String)> {
+    let m = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| Path::new(path).starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())?;
+    let vol = spec.volumes.iter().flatten().find(|v| v.name == m.name)?;
+    Some((m.mount_path.clone(), vol.host_path.as_ref()?.path.clone()))
+}
+
+fn mounted_configmap(spec: &PodSpec, c: &Container, path: &str) -> Option<String> {
+    let m = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| Path::new(path).starts_with(&m.mount_path))?;
+    let vol = spec.volumes.iter().flatten().find(|v| v.name == m.name)?;
+    Some(vol.config_map.as_ref()?.name.clone())
+}
+
+fn values() -> Json {
+    yaml_to_json(&read(&chart_dir().join("values.yaml")), "values.yaml")
+}
+
+fn mesh_of(o: &Objects) -> ringway_config::Mesh {
+    let cm = o
+        .config_maps
+        .get("ringway-config")
+        .expect("ConfigMap ringway-config");
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("config.yaml"))
+        .expect("ringway-config: config.yaml");
+    ringway_config::MeshConfig::load_str(text, "ringway-config/config.yaml", &ringway_config::NoEnv)
+        .unwrap_or_else(|e| panic!("the ConfigMap's configuration is refused: {e}"))
+}
+
+fn check_invariants(o: &Objects, text: &str) {
+    let top = help(None);
+    let v = values();
+
+    // No key material, ever.
+    assert!(
+        !text.contains("PRIVATE KEY"),
+        "a key in the manifests (reference an existing Secret instead)"
+    );
+    assert!(
+        !text.contains("kind: Secret\n"),
+        "the chart must not create Secrets"
+    );
+
+    // --- the agent -----------------------------------------------------------------
+    let agent_spec = pod_spec(o, "ringway-agent");
+    let agent = container(agent_spec, "agent");
+    check_security(agent, AGENT_CAPS, AGENT_PRIVILEGED);
+    assert_eq!(agent_spec.host_network, Some(true), "agent: hostNetwork");
+    assert_eq!(
+        agent_spec.host_pid,
+        Some(true),
+        "agent: hostPID (/proc scan)"
+    );
+    let (sub, agent_args) = check_args(agent, &top);
+    assert_eq!(sub, "agent");
+    for f in ["--kube", "--install-cni", "--node-name"] {
+        assert!(agent_args.contains_key(f), "agent: {f}");
+    }
+    assert_eq!(agent_args["--node-name"], "$(NODE_NAME)");
+    let node_env = agent.env.iter().flatten().find(|e| e.name == "NODE_NAME");
+    assert_eq!(
+        node_env
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName"),
+        "agent: NODE_NAME from spec.nodeName"
+    );
+    // The CNI dirs given to the agent are the node's (hostPath) dirs of values.yaml.
+    for (flag, key) in [("--cni-bin-dir", "binDir"), ("--cni-conf-dir", "confDir")] {
+        let dir = &agent_args[flag];
+        let (mount, host) = host_path_of(agent_spec, agent, dir)
+            .unwrap_or_else(|| panic!("agent: {flag} {dir} is not a hostPath mount"));
+        assert_eq!(&mount, dir, "agent: {flag} is the mount itself");
+        assert_eq!(Json::from(host), v["agent"]["cni"][key], "agent: {flag}");
+    }
+    // Pod namespaces pinned after the agent started must appear in its mount.
+    let netns = &agent_args["--netns-dir"];
+    let m = agent
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| &m.mount_path == netns)
+        .expect("agent: the --netns-dir mount");
+    assert_eq!(
+        m.mount_propagation.as_deref(),
+        Some("HostToContainer"),
+        "agent: {netns}"
+    );
+    assert_eq!(
+        host_path_of(agent_spec, agent, netns).map(|x| x.1),
+        Some(netns.clone()),
+        "agent: the node's {netns}"
+    );
+    let upd = o.daemonsets["ringway-agent"]
+        .spec
+        .as_ref()
+        .unwrap()
+        .update_strategy
+        .as_ref()
+        .unwrap();
+    let ru = upd.rolling_update.as_ref().expect("agent: rollingUpdate");
+    assert_eq!(upd.type_.as_deref(), Some("RollingUpdate"));
+    assert_eq!(
+        serde_json::to_value(&ru.max_surge).unwrap(),
+        Json::from(0),
+        "agent: no surge (the sockets are exclusive)"
+    );
+    assert!(
+        ru.max_unavailable.is_some(),
+        "agent: maxUnavailable (old agent stops first)"
+    );
+    assert!(
+        agent.readiness_probe.is_none() && agent.liveness_probe.is_none(),
+        "agent: no endpoint to probe yet (deploy/README.md)"
+    );
+
+    // --- the proxy -----------------------------------------------------------------
+    let proxy_spec = pod_spec(o, "ringway-proxy");
+    let proxy = container(proxy_spec, "proxy");
+    check_security(proxy, PROXY_CAPS, false);
+    assert_ne!(proxy_spec.host_network, Some(true), "proxy: own netns");
+    assert_ne!(proxy_spec.host_pid, Some(true), "proxy: no hostPID");
+    assert_eq!(
+        proxy_spec.automount_service_account_token,
+        Some(false),
+        "proxy: no API token"
+    );
+    let (sub, proxy_args) = check_args(proxy, &top);
+    assert_eq!(sub, "proxy");
+    let proxy_help = help(Some("proxy"));
+    // Readiness: the probe asks the endpoint the binary serves, where it listens.
+    let ready_addr: std::net::SocketAddr = proxy_args["--readiness-addr"]
+        .parse()
+        .expect("--readiness-addr is an address");
+    let probe = proxy
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .expect("proxy: HTTP readiness probe");
+    assert_eq!(probe.path.as_deref(), Some("/healthz/ready"));
+    assert!(
+        proxy_help.text.contains("`/healthz/ready`"),
+        "`ringway proxy --help` no longer names /healthz/ready"
+    );
+    assert_eq!(
+        serde_json::to_value(&probe.port).unwrap(),
+        Json::from(ready_addr.port()),
+        "proxy: readiness probe port = --readiness-addr port"
+    );
+    // Metrics: the scrape annotations name the port and path the binary serves.
+    let metrics_addr: std::net::SocketAddr = proxy_args["--metrics-addr"]
+        .parse()
+        .expect("--metrics-addr is an address");
+    assert!(
+        proxy_help.text.contains("`/metrics`"),
+        "`ringway proxy --help` no longer names /metrics"
+    );
+    let annotations = o.daemonsets["ringway-proxy"]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    if v["metrics"]["enabled"] == Json::Bool(true) {
+        assert_eq!(
+            annotations.get("prometheus.io/port"),
+            Some(&metrics_addr.port().to_string()),
+            "proxy: scrape port = --metrics-addr port"
+        );
+        assert_eq!(
+            annotations.get("prometheus.io/path").map(String::as_str),
+            Some("/metrics")
+        );
+        assert!(
+            proxy
+                .ports
+                .iter()
+                .flatten()
+                .any(|p| p.container_port == i32::from(metrics_addr.port())
+                    && p.name.as_deref() == Some("http-metrics")),
+            "proxy: the metrics port is declared"
+        );
+    } else {
+        assert!(!annotations.contains_key("prometheus.io/scrape"));
+    }
+    // The drain fits in the grace period.
+    let mesh = mesh_of(o);
+    let drain = mesh.proxy().drain_period;
+    let grace = proxy_spec
+        .termination_grace_period_seconds
+        .expect("proxy: terminationGracePeriodSeconds");
+    assert!(
+        Duration::from_secs(grace as u64) > drain,
+        "proxy: terminationGracePeriodSeconds {grace} must exceed drainPeriod {drain:?}"
+    );
+    assert_eq!(
+        grace,
+        v["drainPeriod"].as_i64().unwrap() + v["terminationGraceMargin"].as_i64().unwrap(),
+        "proxy: grace = drainPeriod + margin (one value)"
+    );
+    // The agent and the proxy meet on the same socket, in the same node directory.
+    assert_eq!(
+        proxy_args["--zds-socket"], agent_args["--zds-socket"],
+        "one ZDS socket"
+    );
+    let zds = &agent_args["--zds-socket"];
+    let a = host_path_of(agent_spec, agent, zds).expect("agent: ZDS socket dir mounted");
+    let p = host_path_of(proxy_spec, proxy, zds).expect("proxy: ZDS socket dir mounted");
+    assert_eq!(a.1, p.1, "same node directory");
+    // The CNI plugin (on the node) is told agentSocket = the path the agent binds, so
+    // that directory must be the same inside and out.
+    let cni = &agent_args["--cni-socket"];
+    let (mount, host) = host_path_of(agent_spec, agent, cni).expect("agent: CNI socket dir");
+    assert_eq!(
+        mount, host,
+        "agent: the CNI socket's path is the node's path"
+    );
+    // Both read the ConfigMap.
+    for (spec, c, args) in [
+        (agent_spec, agent, &agent_args),
+        (proxy_spec, proxy, &proxy_args),
+    ] {
+        let path = &args["--config"];
+        assert_eq!(
+            mounted_configmap(spec, c, path).as_deref(),
+            Some("ringway-config"),
+            "{}: --config {path} comes from the ConfigMap",
+            c.name
+        );
+    }
+    // Zero-drop upgrades: surge, never unavailable.
+    let upd = o.daemonsets["ringway-proxy"]
+        .spec
+        .as_ref()
+        .unwrap()
+        .update_strategy
+        .as_ref()
+        .unwrap();
+    let ru = upd.rolling_update.as_ref().expect("proxy: rollingUpdate");
+    assert_eq!(
+        serde_json::to_value(&ru.max_unavailable).unwrap(),
+        Json::from(0),
+        "proxy: maxUnavailable 0"
+    );
+    assert!(
+        serde_json::to_value(&ru.max_surge)
+            .unwrap()
+            .as_i64()
+            .is_some_and(|n| n >= 1),
+        "proxy: maxSurge >= 1"
+    );
+    // The CA: only the proxy mounts the Secret, where the config says.
+    let ca = mesh.ca().expect("the default config names the CA");
+    let secret_vol = proxy_spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|vol| vol.secret.is_some())
+        .expect("proxy: CA Secret volume");
+    assert_eq!(
+        Json::from(secret_vol.secret.as_ref().unwrap().secret_name.clone()),
+        v["ca"]["secretName"]
+    );
+    let ca_mount = proxy
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == secret_vol.name)
+        .expect("proxy: CA mount");
+    assert_eq!(ca_mount.read_only, Some(true));
+    assert!(ca.cert_file.starts_with(&ca_mount.mount_path));
+    assert!(ca.key_file.starts_with(&ca_mount.mount_path));
+    assert!(
+        agent_spec
+            .volumes
+            .iter()
+            .flatten()
+            .all(|vol| vol.secret.is_none()),
+        "agent: no CA"
+    );
+    // seccomp: Localhost by default, installed by the init container from the profile
+    // shipped in deploy/seccomp.
+    let sc = proxy
+        .security_context
+        .as_ref()
+        .unwrap()
+        .seccomp_profile
+        .as_ref()
+        .unwrap();
+    assert_eq!(sc.type_, "Localhost");
+    let profile_name = sc.localhost_profile.clone().expect("localhostProfile");
+    assert_eq!(
+        Json::from(profile_name.clone()),
+        v["proxy"]["seccompProfile"]["localhostProfile"]
+    );
+    let init = proxy_spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "install-seccomp-profile")
+        .expect("proxy: seccomp profile installer");
+    check_security(init, &[], false);
+    let kubelet = v["proxy"]["seccompProfile"]["kubeletRootDir"]
+        .as_str()
+        .unwrap();
+    let want_dir = Path::new(kubelet)
+        .join("seccomp")
+        .join(&profile_name)
+        .parent()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let dir_mount = host_path_of(proxy_spec, init, "/host/seccomp/x").expect("seccomp dir mount");
+    assert_eq!(dir_mount.1, want_dir, "the kubelet's seccomp directory");
+    let shipped = read(&deploy().join("seccomp/ringway-proxy.json"));
+    let in_cm = o.config_maps["ringway-seccomp"]
+        .data
+        .as_ref()
+        .unwrap()
+        .get("ringway-proxy.json")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Json>(in_cm).unwrap(),
+        serde_json::from_str::<Json>(&shipped).unwrap(),
+        "the installed profile is deploy/seccomp/ringway-proxy.json"
+    );
+
+    // --- both ----------------------------------------------------------------------
+    let chart = yaml_to_json(&read(&chart_dir().join("Chart.yaml")), "Chart.yaml");
+    let app_version = chart["appVersion"]
+        .as_str()
+        .expect("Chart.yaml: appVersion");
+    for (ds, sa) in [
+        ("ringway-agent", "ringway-agent"),
+        ("ringway-proxy", "ringway-proxy"),
+    ] {
+        let spec = pod_spec(o, ds);
+        assert_eq!(spec.service_account_name.as_deref(), Some(sa), "{ds}");
+        assert!(
+            o.service_accounts.contains_key(sa),
+            "{ds}: ServiceAccount {sa}"
+        );
+        assert_eq!(
+            spec.priority_class_name.as_deref(),
+            v["priorityClass"]["name"].as_str(),
+            "{ds}: priority class"
+        );
+        assert!(
+            spec.tolerations
+                .iter()
+                .flatten()
+                .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+            "{ds}: tolerates every taint"
+        );
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            assert!(
+                c.image
+                    .as_deref()
+                    .is_some_and(|i| i.ends_with(&format!(":{app_version}"))),
+                "{ds}/{}: image tag defaults to the appVersion",
+                c.name
+            );
+        }
+    }
+    assert_eq!(
+        o.service_accounts["ringway-proxy"].automount_service_account_token,
+        Some(false),
+        "proxy ServiceAccount: no token"
+    );
+
+    // --- RBAC: exactly get/list/watch on pods and namespaces, for the agent only ------
+    assert_eq!(
+        o.cluster_roles.keys().collect::<Vec<_>>(),
+        ["ringway-agent"],
+        "only the agent has a role"
+    );
+    let mut got: Vec<(String, Vec<String>)> = Vec::new();
+    for r in o.cluster_roles["ringway-agent"].rules.iter().flatten() {
+        assert_eq!(
+            r.api_groups.as_deref(),
+            Some(&[String::new()][..]),
+            "core API only"
+        );
+        assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
+        for res in r.resources.iter().flatten() {
+            let mut verbs = r.verbs.clone();
+            verbs.sort();
+            got.push((res.clone(), verbs));
+        }
+    }
+    got.sort();
+    let want: Vec<(String, Vec<String>)> = AGENT_RBAC
+        .iter()
+        .map(|(r, v)| (r.to_string(), v.iter().map(|s| s.to_string()).collect()))
+        .collect();
+    assert_eq!(got, want, "agent RBAC");
+    let binding = &o.cluster_role_bindings["ringway-agent"];
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(binding.role_ref.name, "ringway-agent");
+    let subjects = binding.subjects.clone().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(subjects[0].name, "ringway-agent");
+    assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+/// A real Helm, when there is one: `RINGWAY_HELM`, else `helm` on PATH.
+fn real_helm() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("RINGWAY_HELM") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("helm"))
+            .find(|p| p.is_file())
+    })
+}
+
+#[test]
+fn manifests_are_the_chart_rendered_with_default_values() {
+    let rendered = render_chart("", NAMESPACE).unwrap_or_else(|e| panic!("rendering: {e}"));
+    let path = manifests_path();
+    if std::env::var_os("RINGWAY_UPDATE_MANIFESTS").is_some() {
+        std::fs::write(&path, &rendered).unwrap();
+        eprintln!("wrote {}", path.display());
+        return;
+    }
+    let committed = read(&path);
+    if committed != rendered {
+        let first = committed
+            .lines()
+            .zip(rendered.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(committed.lines().count().min(rendered.lines().count()));
+        panic!(
+            "{} differs from the chart's rendering from line {}:\n  committed: {:?}\n  rendered:  {:?}\n\
+             Regenerate it: RINGWAY_UPDATE_MANIFESTS=1 cargo test -p ringway-testbed --test deploy_manifests \
+             manifests_are_the_chart_rendered_with_default_values (or helm template, deploy/README.md)",
+            path.display(),
+            first + 1,
+            committed.lines().nth(first),
+            rendered.lines().nth(first),
+        );
+    }
+    match real_helm() {
+        Some(helm) => {
+            let out = Command::new(&helm)
+                .args(["template", RELEASE])
+                .arg(chart_dir())
+                .args(["--namespace", NAMESPACE])
+                .output()
+                .unwrap_or_else(|e| panic!("running {}: {e}", helm.display()));
+            assert!(
+                out.status.success(),
+                "helm template failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let helm_docs = documents(&String::from_utf8(out.stdout).unwrap());
+            assert_eq!(
+                helm_docs,
+                documents(&committed),
+                "`helm template` ({}) disagrees with {}",
+                helm.display(),
+                path.display()
+            );
+            eprintln!("helm template ({}) agrees", helm.display());
+        }
+        None => eprintln!("no helm on PATH (or RINGWAY_HELM): rendered with gtmpl only"),
+    }
+}
+
+#[test]
+fn manifests_parse_strictly_and_hold_the_invariants() {
+    let text = read(&manifests_path());
+    let o = typed_objects(&text);
+    assert_eq!(o.daemonsets.len(), 2);
+    assert!(o.priority_classes.is_empty() && o.services.is_empty() && o.others.is_empty());
+    check_invariants(&o, &text);
+}
+
+#[test]
+fn optional_objects_render_and_parse() {
+    let text = render_chart(
+        "metrics: {enabled: true, serviceMonitor: {enabled: true}}\n\
+         priorityClass: {create: true, name: ringway-node-critical}\n",
+        NAMESPACE,
+    )
+    .unwrap();
+    let o = typed_objects(&text);
+    let pc = &o.priority_classes["ringway-node-critical"];
+    assert_eq!(pc.value, 1_000_000_000);
+    for ds in ["ringway-agent", "ringway-proxy"] {
+        assert_eq!(
+            pod_spec(&o, ds).priority_class_name.as_deref(),
+            Some("ringway-node-critical")
+        );
+    }
+    let svc = &o.services["ringway-proxy-metrics"];
+    assert_eq!(
+        svc.spec.as_ref().unwrap().cluster_ip.as_deref(),
+        Some("None")
+    );
+    assert_eq!(o.others.len(), 1, "one ServiceMonitor");
+    let sm = &o.others[0];
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "http-metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+    let annotations = o.daemonsets["ringway-proxy"]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .clone()
+        .unwrap();
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], "15020");
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    let proxy = container(pod_spec(&o, "ringway-proxy"), "proxy");
+    assert!(proxy
+        .ports
+        .iter()
+        .flatten()
+        .any(|p| p.container_port == 15020 && p.name.as_deref() == Some("http-metrics")));
+}
+
+#[test]
+fn seccomp_choices_and_no_ca_render() {
+    for (ty, localhost) in [("RuntimeDefault", false), ("Unconfined", false)] {
+        let text = render_chart(
+            &format!("proxy: {{seccompProfile: {{type: {ty}}}}}\nca: {{secretName: \"\"}}\n"),
+            NAMESPACE,
+        )
+        .unwrap();
+        let o = typed_objects(&text);
+        let spec = pod_spec(&o, "ringway-proxy");
+        let sc = container(spec, "proxy")
+            .security_context
+            .as_ref()
+            .unwrap()
+            .seccomp_profile
+            .as_ref()
+            .unwrap();
+        assert_eq!(sc.type_, ty);
+        assert_eq!(sc.localhost_profile.is_some(), localhost);
+        assert!(spec.init_containers.is_none(), "{ty}: no profile installer");
+        assert!(!o.config_maps.contains_key("ringway-seccomp"), "{ty}");
+        // Without a CA: no Secret volume, and the configuration has no `ca`.
+        assert!(spec.volumes.iter().flatten().all(|v| v.secret.is_none()));
+        assert!(mesh_of(&o).ca().is_none());
+    }
+}
+
+#[test]
+fn metrics_annotations_follow_the_value() {
+    let o = typed_objects(&render_chart("metrics: {enabled: false}", NAMESPACE).unwrap());
+    let tmpl = &o.daemonsets["ringway-proxy"]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template;
+    assert!(tmpl.metadata.as_ref().unwrap().annotations.is_none());
+    let proxy = container(pod_spec(&o, "ringway-proxy"), "proxy");
+    assert!(proxy
+        .ports
+        .iter()
+        .flatten()
+        .all(|p| p.container_port != 15020));
+    // The endpoint is still served (and its flag still valid).
+    let top = help(None);
+    let (_, args) = check_args(proxy, &top);
+    assert_eq!(args["--metrics-addr"], "0.0.0.0:15020");
+}
+
+#[test]
+fn chart_refuses_unsafe_settings() {
+    let err = render_chart("", "default").expect_err("another namespace must be refused");
+    assert!(err.contains("ringway-system"), "{err}");
+    let err = render_chart("proxy: {hostNetwork: true}", NAMESPACE)
+        .expect_err("hostNetwork with surge must be refused");
+    assert!(err.contains("maxSurge"), "{err}");
+    render_chart(
+        "proxy: {hostNetwork: true, updateStrategy: {maxSurge: 0}}",
+        NAMESPACE,
+    )
+    .expect("hostNetwork without surge renders");
+    let err = render_chart(
+        "metrics: {enabled: false, serviceMonitor: {enabled: true}}",
+        NAMESPACE,
+    )
+    .expect_err("a ServiceMonitor without metrics must be refused");
+    assert!(err.contains("metrics.enabled"), "{err}");
+}
+
+/// Helm reads numbers in values as float64 and prints large ones as 1e+06: every
+/// template use of such a value must go through `int`.
+#[test]
+fn large_numbers_are_printed_through_int() {
+    fn numbers(v: &Json, path: String, out: &mut Vec<String>) {
+        match v {
+            Json::Object(o) => {
+                for (k, v) in o {
+                    numbers(v, format!("{path}.{k}"), out);
+                }
+            }
+            Json::Number(n) if n.as_f64().is_some_and(|f| f.abs() >= 1e6) => out.push(path),
+            _ => {}
+        }
+    }
+    let mut large = Vec::new();
+    numbers(&values(), ".Values".into(), &mut large);
+    assert!(
+        !large.is_empty(),
+        "values.yaml has large numbers (pipeSize)"
+    );
+    for e in std::fs::read_dir(chart_dir().join("templates")).unwrap() {
+        let p = e.unwrap().path();
+        let text = read(&p);
+        for action in text
+            .split("{{")
+            .skip(1)
+            .filter_map(|a| a.split("}}").next())
+        {
+            for path in &large {
+                let used = action.match_indices(path.as_str()).any(|(i, _)| {
+                    !action[i + path.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '.')
+                });
+                assert!(
+                    !used || action.contains("int"),
+                    "{}: `{{{{{action}}}}}` prints {path} without `int` (Helm would print 1e+06)",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn seccomp_profile_is_runtime_default_plus_io_uring() {
+    let shipped = read(&deploy().join("seccomp/ringway-proxy.json"));
+    assert_eq!(
+        shipped,
+        read(&chart_dir().join("files/ringway-proxy.json")),
+        "deploy/seccomp/ringway-proxy.json and the chart's copy must be identical"
+    );
+    let p: Json = serde_json::from_str(&shipped).expect("the profile is JSON");
+    assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO", "deny by default");
+    let allowed: BTreeSet<&str> = p["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "SCMP_ACT_ALLOW" && r.get("args").is_none())
+        .flat_map(|r| r["names"].as_array().unwrap())
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    for needed in [
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "setns",
+        "splice",
+        "epoll_wait",
+        "accept4",
+        "recvmsg",
+    ] {
+        assert!(allowed.contains(needed), "the profile must allow {needed}");
+    }
+    // Everything RuntimeDefault gates behind CAP_SYS_ADMIN other than setns stays denied.
+    for denied in [
+        "mount",
+        "umount2",
+        "unshare",
+        "bpf",
+        "perf_event_open",
+        "ptrace",
+        "kexec_load",
+    ] {
+        assert!(
+            !allowed.contains(denied),
+            "the profile must not allow {denied}"
+        );
+    }
+}
+
+#[test]
+fn dockerfile_builds_with_the_pinned_toolchain_and_the_documented_command() {
+    let dockerfile = read(&deploy().join("Dockerfile"));
+    let toolchain = read(&root().join("rust-toolchain.toml"));
+    let channel = toolchain
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("channel"))
+        .and_then(|l| l.split('"').nth(1))
+        .expect("rust-toolchain.toml: channel");
+    assert!(
+        dockerfile.contains(&format!("ARG RUST_VERSION={channel}\n")),
+        "deploy/Dockerfile: ARG RUST_VERSION must be {channel} (rust-toolchain.toml)"
+    );
+    let build = "cargo build --release --locked -p ringway-proxy";
+    assert!(dockerfile.contains(build), "deploy/Dockerfile: `{build}`");
+    let readme = read(&deploy().join("README.md"));
+    assert!(
+        readme.contains(build),
+        "deploy/README.md documents the image's build command `{build}`"
+    );
+    assert!(
+        dockerfile.contains(&format!(" {BINARY_IN_IMAGE}\n")),
+        "deploy/Dockerfile installs the binary at {BINARY_IN_IMAGE}"
+    );
+    assert!(dockerfile.contains("FROM debian:bookworm-slim"));
+}
+
+#[test]
+fn renderer_matches_helm_semantics() {
+    // Document splitting: Helm's regex keeps the last document's trailing whitespace.
+    assert_eq!(
+        split_manifests("\na: 1\n\n---\nb: 2\n---   \n\nc: 3\n"),
+        ["a: 1", "b: 2", "c: 3\n"]
+    );
+    let mut t = Template::default();
+    t.add_funcs(HELM_FUNCS);
+    t.parse(
+        r#"{{ "x" | quote }} {{ 30 | int }} {{ add 30 10 }} {{ "" | default "d" }} {{ base "a/b.json" }} {{ dir "a/b.json" }}{{ "a\nb" | nindent 2 }}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        t.render(&Context::empty()).unwrap(),
+        "\"x\" 30 40 d b.json a\n  a\n  b"
+    );
+}
