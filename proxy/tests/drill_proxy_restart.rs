@@ -99,7 +99,16 @@ impl ProxyProc {
                 "--zds-socket",
             ])
             .arg(socket)
-            .args(["--readiness-addr", ready_addr, "--config"])
+            .args(["--readiness-addr", ready_addr])
+            // Two proxies share this netns during the drill: metrics and admin
+            // on ephemeral ports so the second one can bind.
+            .args([
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--config",
+            ])
             .arg(config)
             .stdout(Stdio::null())
             .spawn()
@@ -220,7 +229,11 @@ fn proxy_restart_under_load_drops_no_connection_redirect() {
     );
 }
 
+/// The drills load the machine: run them one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn drill(mode: ringway_config::CaptureMode) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     {
         let dir = std::env::temp_dir().join(format!("ringway-drill-{mode}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -297,7 +310,12 @@ fn drill(mode: ringway_config::CaptureMode) {
                         fe.lock().unwrap().get_or_insert(e);
                     }
                     i += 1;
-                    std::thread::sleep(Duration::from_millis(4));
+                    // Paced at 250 connections/s per thread (1,000/s in all),
+                    // catching up without sleeping when behind.
+                    let next = t0 + Duration::from_millis(4) * ((i & 0xff_ffff) as u32);
+                    if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
                 }
             }));
         }
