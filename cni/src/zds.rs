@@ -265,11 +265,15 @@ pub fn send(
     let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(|e| {
-        ZdsError::Io {
-            op: "send",
-            source: e.into(),
+    loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other,
         }
+    }
+    .map_err(|e| ZdsError::Io {
+        op: "send",
+        source: e.into(),
     })?;
     Ok(())
 }
@@ -305,12 +309,18 @@ pub fn recv(sock: BorrowedFd<'_>, adopt: AdoptFd<'_>) -> Result<Packet, ZdsError
     let mut fd_count = 0;
     let (len, flags) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
+        // A signal arriving mid-wait (EINTR) is not an error: wait again.
+        let msg = loop {
+            match recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        }
         .map_err(|e| ZdsError::Io {
             op: "recv",
             source: e.into(),
