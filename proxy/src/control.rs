@@ -165,7 +165,29 @@ impl ControlServer {
 
     /// Binds `addr` and serves `handler` on a new thread named `ringway-control`.
     pub fn serve(addr: SocketAddr, handler: Handler) -> std::io::Result<ControlServer> {
-        let std_listener = std::net::TcpListener::bind(addr)?;
+        Self::serve_listener(std::net::TcpListener::bind(addr)?, handler)
+    }
+
+    /// [`ControlServer::serve`] with SO_REUSEPORT: during an upgrade the new
+    /// proxy binds beside the old one (as its pod listeners do) instead of
+    /// failing; until the old one exits, either may answer.
+    pub fn serve_shared(addr: SocketAddr, handler: Handler) -> std::io::Result<ControlServer> {
+        let sock = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM.cloexec(),
+            None,
+        )?;
+        sock.set_reuse_address(true)?;
+        sock.set_reuse_port(true)?;
+        sock.bind(&addr.into())?;
+        sock.listen(128)?;
+        Self::serve_listener(sock.into(), handler)
+    }
+
+    fn serve_listener(
+        std_listener: std::net::TcpListener,
+        handler: Handler,
+    ) -> std::io::Result<ControlServer> {
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();

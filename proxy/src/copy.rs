@@ -74,7 +74,8 @@ pub struct Meter<'a> {
 }
 
 impl Meter<'_> {
-    fn add(&self, n: u64) {
+    /// Counts `n` bytes moved.
+    pub fn add(&self, n: u64) {
         self.total.fetch_add(n, Ordering::Relaxed);
         for c in &self.counters {
             c.inc_by(n);

@@ -6,7 +6,9 @@
 //! IPv6; one SO_REUSEPORT listener per worker) and hands each worker its
 //! share. Workers run thread-per-core event loops (io_uring through
 //! tokio-uring, or epoll when io_uring is unavailable) and move bytes with
-//! splice; see `copy` and `worker`.
+//! splice; see `copy` and `worker`. With an identity manager and a mesh
+//! ([`Proxy::set_identity`], [`Proxy::set_mesh`]) connections between nodes
+//! ride HBONE tunnels instead; see `tunnel`.
 //!
 //! `unsafe` lives only in the io_uring op layer (`uring`) and the syscall
 //! layer (`sys`): both need raw pointers or raw fds the safe crates do not
@@ -21,6 +23,7 @@ pub mod sock;
 pub mod stats;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod tunnel;
 pub mod uring;
 pub mod worker;
 pub mod zds_client;
@@ -145,6 +148,8 @@ pub struct Proxy {
     stats: Arc<Stats>,
     metrics: Arc<metrics::Metrics>,
     trust_domain: std::sync::RwLock<String>,
+    tunnel: Arc<tunnel::TunnelState>,
+    hbone_pools: Vec<ringway_hbone::Pool>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -195,17 +200,25 @@ impl Proxy {
             .datapath_uring
             .set(i64::from(backend == Backend::Uring));
         let n = settings.effective_workers();
+        let tunnel = Arc::new(tunnel::TunnelState::default());
         let mut workers = Vec::with_capacity(n);
+        let mut hbone_pools = Vec::with_capacity(n);
         for id in 0..n {
             let (tx, rx) = mpsc::unbounded_channel();
             let s = settings.clone();
-            let st = stats.clone();
-            let lp = local_pods.clone();
-            let m = metrics.clone();
+            let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
+            hbone_pools.push(pool.clone());
+            let shared = worker::Shared {
+                stats: stats.clone(),
+                local_pods: local_pods.clone(),
+                metrics: metrics.clone(),
+                tunnel: tunnel.clone(),
+                hbone_pool: pool,
+            };
             let join = std::thread::Builder::new()
                 .name(format!("ringway-worker-{id}"))
                 .spawn(move || {
-                    if let Err(e) = worker::run(id, backend, s, st, lp, m, rx) {
+                    if let Err(e) = worker::run(id, backend, s, shared, rx) {
                         tracing::error!(worker = id, error = %e, "worker failed");
                     }
                 })
@@ -225,7 +238,47 @@ impl Proxy {
             stats,
             metrics,
             trust_domain: std::sync::RwLock::new("cluster.local".to_string()),
+            tunnel,
+            hbone_pools,
         })
+    }
+
+    /// Turns HBONE on (with an identity manager) or off (`None`). HBONE also
+    /// needs a mesh ([`Proxy::set_mesh`]); without both, every connection
+    /// takes the plaintext path.
+    pub fn set_identity(&self, ids: Option<Arc<ringway_identity::IdentityManager>>) {
+        self.tunnel.set_identity(ids);
+    }
+
+    /// Publishes the mesh (workloads, policies, trust domain): which
+    /// destinations are tunnelled and what authorization allows. Swappable
+    /// at any time (hot reload); connections opened afterwards use it.
+    pub fn set_mesh(&self, mesh: Arc<ringway_config::Mesh>) {
+        self.set_trust_domain(mesh.trust_domain());
+        self.tunnel.set_mesh(mesh);
+    }
+
+    /// Whether HBONE is on (identity manager and mesh present).
+    pub fn hbone_enabled(&self) -> bool {
+        self.tunnel.enabled().is_some()
+    }
+
+    /// Open outbound HBONE (HTTP/2) connections, all workers' pools together.
+    pub fn hbone_connections(&self) -> usize {
+        self.hbone_pools.iter().map(|p| p.connections()).sum()
+    }
+
+    /// Outbound HBONE connections opened since start, all workers together.
+    pub fn hbone_connections_opened(&self) -> u64 {
+        self.hbone_pools
+            .iter()
+            .map(|p| p.connections_opened())
+            .sum()
+    }
+
+    /// Open outbound HBONE streams, all workers together.
+    pub fn hbone_streams(&self) -> usize {
+        self.hbone_pools.iter().map(|p| p.streams()).sum()
     }
 
     /// The event loop in use.
@@ -345,6 +398,15 @@ impl Proxy {
                 shared: shared.clone(),
             },
         );
+        // Issue the pod's certificate now, on the control thread, so the
+        // datapath seldom has to (key generation takes milliseconds).
+        if let Some((ids, mesh)) = self.tunnel.enabled() {
+            if let Some(id) = tunnel::pod_identity(&mesh, &shared) {
+                if let Err(e) = ids.fetch(&id) {
+                    tracing::warn!(pod.uid = uid, error = %e, "cannot issue the pod's certificate");
+                }
+            }
+        }
         tracing::info!(pod.uid = uid, "pod added");
         Ok(())
     }
@@ -467,6 +529,8 @@ impl Proxy {
     /// bound to the same ports, or wait in the kernel), keeping established
     /// connections flowing.
     pub fn close_listeners(&self) {
+        // Tunnel servers send GOAWAY so peers stop opening streams here.
+        self.tunnel.drain();
         let mut waits = Vec::new();
         for w in &self.workers {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -476,6 +540,14 @@ impl Proxy {
         }
         for rx in waits {
             let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+
+    /// Tells every worker to reset its connections and stop, without waiting
+    /// (for a proxy still shared elsewhere at exit).
+    pub fn stop_workers_now(&self) {
+        for w in &self.workers {
+            let _ = w.tx.send(Cmd::Stop);
         }
     }
 

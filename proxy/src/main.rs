@@ -401,7 +401,51 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let drain_period = settings.drain_period;
     let proxy = Arc::new(Proxy::start(settings)?);
     proxy.set_trust_domain(mesh.trust_domain());
-    let metrics_server = ringway_proxy::control::ControlServer::serve(
+    // HBONE: on when the config has a CA (`ca:`); off otherwise.
+    let _refresher = match mesh.ca() {
+        Some(ca) => {
+            let ids = Arc::new(
+                ringway_identity::IdentityManager::from_config(
+                    ca,
+                    mesh.trust_domain(),
+                    ringway_identity::DEFAULT_CERT_LIFETIME,
+                )
+                .context("loading the mesh CA")?,
+            );
+            let refresher = ids
+                .spawn_refresher(Duration::from_secs(60))
+                .context("starting the certificate refresher")?;
+            proxy.set_identity(Some(ids));
+            tracing::info!("HBONE on: workload certificates issued by the configured CA");
+            Some(refresher)
+        }
+        None => {
+            tracing::info!("HBONE off: no `ca:` in the configuration");
+            None
+        }
+    };
+    proxy.set_mesh(Arc::new(mesh));
+    // Hot reload of the mesh (workloads, policies): connections opened after
+    // a valid edit use it; datapath settings and the CA need a restart.
+    let _watcher = match &args.config {
+        Some(path) => {
+            let p = proxy.clone();
+            Some(
+                ringway_config::ConfigWatcher::spawn(
+                    path.clone(),
+                    ringway_config::ProcessEnv,
+                    move |m| {
+                        tracing::info!(revision = m.revision(), "configuration reloaded");
+                        p.set_mesh(m);
+                    },
+                    |e| tracing::error!(error = %e, "configuration edit rejected; keeping the previous one"),
+                )
+                .context("watching the configuration file")?,
+            )
+        }
+        None => None,
+    };
+    let metrics_server = ringway_proxy::control::ControlServer::serve_shared(
         args.metrics_addr,
         ringway_proxy::control::metrics_handler(proxy.metrics(), proxy.stats_handle()),
     )
@@ -410,7 +454,7 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let set_level = LOG_RELOAD.get().cloned().unwrap_or_else(|| {
         std::sync::Arc::new(|_: &str| Err("logging not initialised".to_string()))
     });
-    let admin_server = ringway_proxy::control::ControlServer::serve(
+    let admin_server = ringway_proxy::control::ControlServer::serve_shared(
         args.admin_addr,
         ringway_proxy::control::admin_handler(proxy.clone(), set_level),
     )
@@ -469,7 +513,10 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     drop(admin_server);
     match Arc::try_unwrap(proxy) {
         Ok(p) => p.shutdown(),
-        Err(_) => tracing::warn!("proxy still referenced at exit"),
+        Err(p) => {
+            p.stop_workers_now();
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     tracing::info!(reset = left, drained_for = ?t0.elapsed(), "stopped");
     Ok(())

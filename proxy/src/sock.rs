@@ -133,7 +133,7 @@ pub enum ListenerKind {
     Outbound,
     /// Peer -> app, plaintext (15006).
     Inbound,
-    /// Peer proxy -> app through the tunnel (15008); reserved.
+    /// Peer proxy -> app through the HBONE tunnel (15008).
     Tunnel,
 }
 

@@ -23,6 +23,7 @@ use crate::metrics::{Metrics, Peer, TcpLabels};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
 use crate::sys;
+use crate::tunnel::{self, TunnelState};
 
 /// A pod as every worker sees it (immutable, shared).
 #[derive(Debug)]
@@ -121,6 +122,10 @@ struct WorkerCtx {
     local_pods: LocalPods,
     metrics: Arc<Metrics>,
     last_fd_warning: Cell<Option<Instant>>,
+    /// HBONE: identities and mesh (shared by all workers) and this worker's
+    /// tunnel pool (its HTTP/2 connections are driven on this thread).
+    tunnel: Arc<TunnelState>,
+    hbone_pool: Rc<ringway_hbone::Pool>,
 }
 
 fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
@@ -134,16 +139,36 @@ fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
     }
 }
 
+/// What a worker shares with the proxy besides its settings.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// Datapath counters.
+    pub stats: Arc<Stats>,
+    /// Pods served by this proxy, by IP.
+    pub local_pods: LocalPods,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// HBONE identities and mesh.
+    pub tunnel: Arc<TunnelState>,
+    /// This worker's tunnel pool (the proxy keeps a clone for its counters).
+    pub hbone_pool: ringway_hbone::Pool,
+}
+
 /// Runs worker `id` on the current thread until it is told to stop.
 pub fn run(
     id: usize,
     backend: Backend,
     settings: ProxySettings,
-    stats: Arc<Stats>,
-    local_pods: LocalPods,
-    metrics: Arc<Metrics>,
+    shared: Shared,
     rx: mpsc::UnboundedReceiver<Cmd>,
 ) -> io::Result<()> {
+    let Shared {
+        stats,
+        local_pods,
+        metrics,
+        tunnel,
+        hbone_pool,
+    } = shared;
     let ctx = Rc::new(WorkerCtx {
         id,
         backend,
@@ -154,6 +179,8 @@ pub fn run(
         local_pods,
         metrics,
         last_fd_warning: Cell::new(None),
+        tunnel,
+        hbone_pool: Rc::new(hbone_pool),
     });
     match backend {
         Backend::Uring => {
@@ -322,6 +349,12 @@ async fn handle_conn(
     fd: OwnedFd,
     peer: SockAddr,
 ) {
+    // HBONE first: the tunnel listener, and outbound connections to tunnel
+    // workloads, run on tokio streams instead of the splice datapath.
+    let fd = match tunnel_intercept(&ctx, &pod, kind, fd, &peer) {
+        Some(fd) => fd,
+        None => return,
+    };
     let started = Instant::now();
     let client = match Sock::new(fd, ctx.backend) {
         Ok(s) => s,
@@ -353,9 +386,9 @@ async fn handle_conn(
     let s = &ctx.settings;
     let (dst, spoof) = match kind {
         ListenerKind::Tunnel => {
-            // 15008 is reserved for the HBONE tunnel, which this build does
-            // not terminate yet: refuse clearly rather than forward blindly.
-            tracing::debug!("tunnel port is reserved; resetting");
+            // HBONE is off (no CA configured), so nothing may come in
+            // through 15008: refuse clearly rather than forward blindly.
+            tracing::debug!("tunnel port without HBONE; resetting");
             ctx.stats.refused.inc();
             sys::tcp_abort(client.fd());
             return;
@@ -380,6 +413,14 @@ async fn handle_conn(
         }
     };
     tracing::Span::current().record("dst.addr", tracing::field::display(dst));
+    if kind == ListenerKind::Inbound {
+        if let Some(why) = tunnel::plaintext_denied(&ctx.tunnel, &pod.shared, peer.ip(), dst) {
+            tracing::info!(target: "access", reason = %why, "plaintext connection denied by policy; reset");
+            ctx.stats.refused.inc();
+            sys::tcp_abort(client.fd());
+            return;
+        }
+    }
     // A destination on one of our own capture ports means the connection
     // was not captured by the rules (e.g. an app dialling 15001 directly):
     // forwarding it would loop back to us.
@@ -536,4 +577,134 @@ async fn handle_conn(
         downstream.end = %downstream_end,
         "connection closed"
     );
+}
+
+/// Takes the connection when HBONE handles it (spawning its task) and gives
+/// the fd back otherwise.
+fn tunnel_intercept(
+    ctx: &Rc<WorkerCtx>,
+    pod: &Rc<PodLocal>,
+    kind: ListenerKind,
+    fd: OwnedFd,
+    peer: &SockAddr,
+) -> Option<OwnedFd> {
+    // Every "not HBONE" answer gives the fd back to the plaintext path.
+    let Some(peer) = peer.as_socket() else {
+        return Some(fd);
+    };
+    match kind {
+        ListenerKind::Tunnel if ctx.tunnel.enabled().is_some() => {
+            spawn_local(
+                ctx.backend,
+                tunnel_task(
+                    ctx.clone(),
+                    pod.clone(),
+                    fd,
+                    move |ctx, pod, tcp| async move {
+                        if let Err(e) = tunnel::inbound(
+                            ctx.tunnel.clone(),
+                            pod.shared.clone(),
+                            ctx.settings.proxy_mark,
+                            tcp,
+                            peer,
+                        )
+                        .await
+                        {
+                            tracing::debug!(error = %e, "hbone inbound connection ended");
+                        }
+                    },
+                )
+                .instrument(tracing::Span::current()),
+            );
+            None
+        }
+        ListenerKind::Outbound => {
+            if ctx.tunnel.enabled().is_none() {
+                return Some(fd);
+            }
+            let Ok(dst) = sock::original_dst(fd.as_fd(), true, peer.is_ipv6()) else {
+                return Some(fd);
+            };
+            if dst.port() == ctx.settings.ports.outbound || dst.port() == ctx.settings.ports.inbound
+            {
+                return Some(fd);
+            }
+            // The same-node fast path wins: the bytes never leave the node.
+            if ctx.settings.same_node_fast_path
+                && ctx
+                    .local_pods
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(&dst.ip())
+            {
+                return Some(fd);
+            }
+            let Some(plan) = tunnel::outbound_plan(&ctx.tunnel, &pod.shared, dst) else {
+                return Some(fd);
+            };
+            tracing::Span::current().record("dst.addr", tracing::field::display(dst));
+            spawn_local(
+                ctx.backend,
+                tunnel_task(
+                    ctx.clone(),
+                    pod.clone(),
+                    fd,
+                    move |ctx, pod, tcp| async move {
+                        let cx = tunnel::ConnCtx {
+                            stats: &ctx.stats,
+                            metrics: &ctx.metrics,
+                            mark: ctx.settings.proxy_mark,
+                        };
+                        let src = pod.shared.peer();
+                        tunnel::outbound(cx, &ctx.hbone_pool, &pod.shared, src, tcp, peer, plan)
+                            .await;
+                    },
+                )
+                .instrument(tracing::Span::current()),
+            );
+            None
+        }
+        _ => Some(fd),
+    }
+}
+
+/// Registers a tunnel connection with its pod (a duplicate of the fd, so
+/// removing the pod resets it), counts it active, adopts the fd as a tokio
+/// stream and runs `f`.
+async fn tunnel_task<F, Fut>(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, fd: OwnedFd, f: F)
+where
+    F: FnOnce(Rc<WorkerCtx>, Rc<PodLocal>, tokio::net::TcpStream) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if pod.removed.get() {
+        sys::tcp_abort(fd.as_fd());
+        return;
+    }
+    let dup = match fd.try_clone() {
+        Ok(d) => Rc::new(d),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot duplicate accepted socket; resetting");
+            sys::tcp_abort(fd.as_fd());
+            return;
+        }
+    };
+    let tcp = match tunnel::adopt(fd) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register accepted socket; resetting");
+            sys::tcp_abort(dup.as_fd());
+            return;
+        }
+    };
+    let id = pod.next_id.get();
+    pod.next_id.set(id + 1);
+    pod.conns.borrow_mut().insert(id, [Some(dup), None]);
+    ctx.stats.active.inc();
+    let _guard = ConnGuard {
+        pod: pod.clone(),
+        id,
+        target: None,
+        stats: ctx.stats.clone(),
+    };
+    f(ctx.clone(), pod.clone(), tcp).await;
 }

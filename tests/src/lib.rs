@@ -16,7 +16,7 @@ pub mod node;
 pub mod ns;
 pub mod traffic;
 
-pub use node::{PauseProcess, Pod, VirtualNode};
+pub use node::{link_nodes, NodeLink, PauseProcess, Pod, VirtualNode};
 pub use ns::Netns;
 
 /// Errors of the test bed.

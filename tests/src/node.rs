@@ -188,3 +188,50 @@ impl VirtualNode {
         &self.pods[i]
     }
 }
+
+/// The link between two virtual nodes made by [`link_nodes`].
+#[derive(Debug, Clone)]
+pub struct NodeLink {
+    /// The veth's name in node `a`'s netns.
+    pub a_dev: String,
+    /// The veth's name in node `b`'s netns.
+    pub b_dev: String,
+    /// Node `a`'s address on the link.
+    pub a_ipv4: Ipv4Addr,
+    /// Node `b`'s address on the link.
+    pub b_ipv4: Ipv4Addr,
+}
+
+/// Joins two virtual nodes with a veth pair, as two hosts on one wire:
+/// `10.<100+a>.<b>.1/30` + `fd00:0:<a>:<b>::1/64` on node `a`, `.2`/`::2` on
+/// node `b`; each node routes the other's pod subnets (v4 and v6) via the
+/// peer and forwards packets. Pods keep their default route via their bridge.
+pub fn link_nodes(a: &VirtualNode, b: &VirtualNode) -> Result<NodeLink, Error> {
+    let (ka, kb) = (a.index, b.index);
+    assert_ne!(ka, kb, "cannot link a node to itself");
+    let a_dev = format!("to-node{kb}");
+    let b_dev = format!("to-node{ka}");
+    let net4 = format!("10.{}.{kb}", 100 + u16::from(ka));
+    let net6 = format!("fd00:0:{ka:x}:{kb:x}");
+    a.node.ip_batch(&[format!(
+        "link add {a_dev} type veth peer name {b_dev} netns {}",
+        b.node.name()
+    )])?;
+    for (node, dev, me, peer_host, peer_k) in [(a, &a_dev, 1, 2, kb), (b, &b_dev, 2, 1, ka)] {
+        node.node.ip_batch(&[
+            format!("addr add {net4}.{me}/30 dev {dev}"),
+            format!("addr add {net6}::{me}/64 dev {dev} nodad"),
+            format!("link set {dev} up"),
+            format!("route add 10.244.{peer_k}.0/24 via {net4}.{peer_host} dev {dev}"),
+            format!("route add fd00:244:{peer_k}::/64 via {net6}::{peer_host} dev {dev}"),
+        ])?;
+        node.node.sysctl("net/ipv4/ip_forward", "1")?;
+        node.node.sysctl("net/ipv6/conf/all/forwarding", "1")?;
+    }
+    Ok(NodeLink {
+        a_dev,
+        b_dev,
+        a_ipv4: format!("{net4}.1").parse().expect("valid v4"),
+        b_ipv4: format!("{net4}.2").parse().expect("valid v4"),
+    })
+}

@@ -1,0 +1,523 @@
+//! HBONE in the datapath: captured outbound connections to tunnel workloads
+//! leave as HTTP/2 CONNECT streams over mutual TLS to the destination pod's
+//! port 15008, and the tunnel listener (15008) of every pod terminates them.
+//!
+//! rustls and h2 need `AsyncRead + AsyncWrite` streams; the datapath's own
+//! sockets are raw fds driven by io_uring polls (or epoll) and spliced. The
+//! adapter is the simplest one that exists on both backends: every worker
+//! runtime (tokio-uring, or the epoll fallback) carries a current-thread tokio
+//! reactor, so the tunnel's sockets are registered as `tokio::net::TcpStream`
+//! there and bytes are copied through user space (TLS has to see them anyway).
+//! See ARCHITECTURE.md ("HBONE") for its cost.
+//!
+//! HBONE is on only when the proxy has an identity manager
+//! ([`crate::Proxy::set_identity`]) and a mesh ([`crate::Proxy::set_mesh`]);
+//! without them every connection takes the plaintext path as before.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use ringway_config::authz::{self, ConnInfo, Identity};
+use ringway_config::{Mesh, Workload};
+use ringway_hbone::{
+    Baggage, ConnectHeaders, ConnectRequest, Decision, DrainSignal, DrainTrigger, PeerInfo, Pool,
+    PoolKey, Upstream,
+};
+use ringway_identity::IdentityManager;
+use tokio::net::{TcpSocket, TcpStream};
+
+use crate::copy::Meter;
+use crate::metrics::{Metrics, Peer, TcpLabels};
+use crate::sock;
+use crate::stats::Stats;
+use crate::sys;
+use crate::worker::PodShared;
+
+/// Bound on TCP connect + TLS handshake of a tunnel, and on connecting to the app.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of the tunnel datapath, by the side that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    /// The tunnel's pod has no identity to serve with.
+    #[error("this pod has no workload identity (not in the mesh, and the agent sent none)")]
+    NoLocalIdentity,
+    /// HBONE is off (no identity manager or no mesh).
+    #[error("HBONE is not configured")]
+    Disabled,
+    /// A certificate or TLS config could not be made.
+    #[error("identity: {0}")]
+    Identity(#[from] ringway_identity::IdentityError),
+    /// The tunnel (dial, TLS, HTTP/2, the peer's answer) failed.
+    #[error("tunnel: {0}")]
+    Hbone(#[from] ringway_hbone::HboneError),
+    /// A socket operation failed.
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// What every worker shares about HBONE: the identity manager and the mesh
+/// snapshot (both swappable), and the drain trigger of tunnel servers.
+#[derive(Debug)]
+pub struct TunnelState {
+    identity: RwLock<Option<Arc<IdentityManager>>>,
+    mesh: RwLock<Option<Arc<Mesh>>>,
+    drain: DrainTrigger,
+    signal: DrainSignal,
+}
+
+impl Default for TunnelState {
+    fn default() -> Self {
+        let (drain, signal) = ringway_hbone::drain_channel();
+        TunnelState {
+            identity: RwLock::new(None),
+            mesh: RwLock::new(None),
+            drain,
+            signal,
+        }
+    }
+}
+
+impl TunnelState {
+    /// Sets (or clears) the identity manager.
+    pub fn set_identity(&self, ids: Option<Arc<IdentityManager>>) {
+        *self.identity.write().unwrap_or_else(|p| p.into_inner()) = ids;
+    }
+
+    /// Publishes a new mesh snapshot (hot reload); open connections keep theirs.
+    pub fn set_mesh(&self, mesh: Arc<Mesh>) {
+        *self.mesh.write().unwrap_or_else(|p| p.into_inner()) = Some(mesh);
+    }
+
+    /// The identity manager, when HBONE is configured.
+    pub fn identity(&self) -> Option<Arc<IdentityManager>> {
+        self.identity
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The current mesh snapshot.
+    pub fn mesh(&self) -> Option<Arc<Mesh>> {
+        self.mesh.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Both, when HBONE is on.
+    pub fn enabled(&self) -> Option<(Arc<IdentityManager>, Arc<Mesh>)> {
+        Some((self.identity()?, self.mesh()?))
+    }
+
+    /// Tunnel servers send GOAWAY and finish their streams.
+    pub fn drain(&self) {
+        self.drain.drain();
+    }
+}
+
+/// A pod's SPIFFE identity: from the agent's record, else the mesh's workload.
+pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
+    let td = mesh.trust_domain();
+    {
+        let who = pod.who.read().unwrap_or_else(|p| p.into_inner());
+        if !who.0.namespace.is_empty() {
+            let sa = if who.0.service_account.is_empty() {
+                "default"
+            } else {
+                who.0.service_account.as_str()
+            };
+            return Some(Identity::new(td, &who.0.namespace, sa));
+        }
+    }
+    pod.ips
+        .iter()
+        .find_map(|ip| mesh.workload_by_ip(*ip))
+        .map(|w| w.identity(td))
+}
+
+/// The workload of a pod for authorization: the mesh's, else one made from
+/// what the agent told us.
+fn pod_workload(mesh: &Mesh, pod: &PodShared) -> Workload {
+    if let Some(w) = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)) {
+        return w.clone();
+    }
+    let who = pod.who.read().unwrap_or_else(|p| p.into_inner());
+    Workload {
+        uid: pod.uid.to_string(),
+        name: who.0.name.clone(),
+        namespace: who.0.namespace.clone(),
+        service_account: who.0.service_account.clone(),
+        ips: pod.ips.clone(),
+        node: String::new(),
+        tunnel: true,
+    }
+}
+
+/// How an outbound connection will be tunnelled.
+#[derive(Debug)]
+pub struct OutboundPlan {
+    /// The original destination (`:authority`).
+    pub dst: SocketAddr,
+    /// The destination workload.
+    pub dst_workload: Workload,
+    /// What the source presents.
+    pub src_identity: Identity,
+    /// What the destination must present.
+    pub dst_identity: Identity,
+    ids: Arc<IdentityManager>,
+}
+
+/// Whether a captured outbound connection to `dst` goes over HBONE: the
+/// destination is a mesh workload speaking the tunnel and the source pod has
+/// an identity.
+pub fn outbound_plan(
+    state: &TunnelState,
+    pod: &PodShared,
+    dst: SocketAddr,
+) -> Option<OutboundPlan> {
+    let (ids, mesh) = state.enabled()?;
+    let w = mesh.workload_by_ip(dst.ip().to_canonical())?;
+    if !w.tunnel {
+        return None;
+    }
+    let src_identity = pod_identity(&mesh, pod)?;
+    let dst_identity = w.identity(mesh.trust_domain());
+    Some(OutboundPlan {
+        dst,
+        dst_workload: w.clone(),
+        src_identity,
+        dst_identity,
+        ids,
+    })
+}
+
+/// Authorization of a plaintext inbound connection (no identity). `None`
+/// when it may proceed (or no mesh is configured), else the reason.
+pub fn plaintext_denied(
+    state: &TunnelState,
+    pod: &PodShared,
+    src: IpAddr,
+    dst: SocketAddr,
+) -> Option<String> {
+    let mesh = state.mesh()?;
+    let w = pod_workload(&mesh, pod);
+    let d = authz::evaluate(
+        &mesh,
+        &ConnInfo {
+            src_ip: src,
+            src_identity: None,
+            dst_workload: &w,
+            dst_port: dst.port(),
+        },
+    );
+    (!d.is_allowed()).then(|| d.to_string())
+}
+
+/// A nonblocking socket made inside `pod`'s netns (proxy mark, optionally
+/// spoofing `spoof` as its source), connected through the tokio reactor.
+async fn connect_in_pod(
+    pod: &PodShared,
+    mark: u32,
+    dst: SocketAddr,
+    spoof: Option<IpAddr>,
+) -> io::Result<TcpStream> {
+    let fd = sys::in_netns(pod.netns.as_fd(), || {
+        sock::make_upstream(dst, mark, spoof, pod.ports)
+    })??;
+    let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
+    match tokio::time::timeout(CONNECT_TIMEOUT, sock.connect(dst)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+    }
+}
+
+/// The accepted client socket as a tokio stream (the adapter).
+pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true)?;
+    TcpStream::from_std(std)
+}
+
+/// Per-connection context the worker hands in.
+#[derive(Debug)]
+pub struct ConnCtx<'a> {
+    /// Datapath counters.
+    pub stats: &'a Stats,
+    /// Prometheus metrics.
+    pub metrics: &'a Metrics,
+    /// The proxy's SO_MARK.
+    pub mark: u32,
+}
+
+/// Outbound over HBONE: dial (pooled) to the destination pod's 15008, open a
+/// CONNECT stream, copy bytes both ways. The client is reset on any failure.
+pub async fn outbound(
+    cx: ConnCtx<'_>,
+    pool: &Pool,
+    pod: &PodShared,
+    src_peer: Peer,
+    client: TcpStream,
+    client_addr: SocketAddr,
+    plan: OutboundPlan,
+) {
+    let started = Instant::now();
+    let dst_peer = Peer {
+        workload: plan.dst_workload.name.clone(),
+        namespace: plan.dst_workload.namespace.clone(),
+        principal: plan.dst_identity.to_string(),
+    };
+    let labels = TcpLabels::new("source", &src_peer, &dst_peer, "mutual_tls", "-");
+    let stream = match open(&cx, pool, pod, &src_peer, client_addr, &plan).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(target: "access", error = %e, dst.addr = %plan.dst, "connection failed: hbone; client reset");
+            cx.stats.connect_failed.inc();
+            let l = labels.with_flags("UF");
+            cx.metrics.opened.get_or_create(&l).inc();
+            cx.metrics.closed.get_or_create(&l).inc();
+            sys::tcp_abort(client.as_fd());
+            return;
+        }
+    };
+    cx.metrics.opened.get_or_create(&labels).inc();
+    // Counters advance as bytes move, as on the splice path.
+    let client = Metered {
+        io: client,
+        read: Meter {
+            total: &cx.stats.bytes_to_upstream,
+            counters: vec![cx.metrics.received.get_or_create(&labels).clone()],
+        },
+        write: Meter {
+            total: &cx.stats.bytes_to_client,
+            counters: vec![cx.metrics.sent.get_or_create(&labels).clone()],
+        },
+    };
+    let (up, down, end) = pump(client, stream).await;
+    cx.metrics.closed.get_or_create(&labels).inc();
+    tracing::event!(
+        target: "access",
+        tracing::Level::INFO,
+        src.workload = %src_peer.workload,
+        src.identity = %plan.src_identity,
+        dst.workload = %plan.dst_workload.name,
+        dst.identity = %plan.dst_identity,
+        bytes.sent = up,
+        bytes.received = down,
+        duration.ms = started.elapsed().as_millis() as u64,
+        end = %end,
+        security = "mutual_tls",
+        "connection closed"
+    );
+}
+
+async fn open(
+    cx: &ConnCtx<'_>,
+    pool: &Pool,
+    pod: &PodShared,
+    src_peer: &Peer,
+    client_addr: SocketAddr,
+    plan: &OutboundPlan,
+) -> Result<ringway_hbone::HboneStream, TunnelError> {
+    let tunnel = SocketAddr::new(plan.dst.ip(), ringway_hbone::HBONE_PORT);
+    let src_ip = pod
+        .ips
+        .iter()
+        .copied()
+        .find(|ip| ip.is_ipv6() == tunnel.is_ipv6())
+        .unwrap_or(client_addr.ip());
+    let tls = plan
+        .ids
+        .client_config(&plan.src_identity, &plan.dst_identity)?;
+    let key = PoolKey {
+        src_identity: plan.src_identity.to_string(),
+        dst_identity: plan.dst_identity.to_string(),
+        src_ip,
+        dst: tunnel,
+    };
+    let mark = cx.mark;
+    let dial = move || async move {
+        let tcp = connect_in_pod(pod, mark, tunnel, None).await?;
+        let connector = tokio_rustls::TlsConnector::from(tls);
+        match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            connector.connect(ringway_identity::placeholder_server_name(), tcp),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "TLS handshake timed out",
+            )),
+        }
+    };
+    let baggage = Baggage {
+        namespace: Some(src_peer.namespace.clone()).filter(|s| !s.is_empty()),
+        workload: Some(src_peer.workload.clone()).filter(|s| !s.is_empty()),
+        ..Baggage::default()
+    };
+    let headers = ConnectHeaders::new(plan.dst)
+        .forwarded_for(client_addr)
+        .baggage(baggage);
+    Ok(pool.connect(key, dial, headers).await?)
+}
+
+/// Copies both ways with half-close passed on (FIN <-> END_STREAM); an error
+/// on either side resets both (TCP RST, RST_STREAM).
+async fn pump(
+    mut client: Metered<'_>,
+    mut stream: ringway_hbone::HboneStream,
+) -> (u64, u64, String) {
+    match tokio::io::copy_bidirectional(&mut client, &mut stream).await {
+        Ok((up, down)) => (up, down, "eof".to_string()),
+        Err(e) => {
+            sys::tcp_abort(client.io.as_fd());
+            stream.reset();
+            (0, 0, format!("reset: {e}"))
+        }
+    }
+}
+
+/// Serves one accepted connection of a pod's tunnel listener: TLS with the
+/// pod's certificate (client certificate required), then HTTP/2 CONNECT
+/// streams, each authorized and connected to the app with the original
+/// client's address.
+pub async fn inbound(
+    state: Arc<TunnelState>,
+    pod: Arc<PodShared>,
+    mark: u32,
+    tcp: TcpStream,
+    peer_addr: SocketAddr,
+) -> Result<(), TunnelError> {
+    let (ids, mesh) = state.enabled().ok_or(TunnelError::Disabled)?;
+    let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
+    let cfg = ids.server_config(&local)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let tls = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(TunnelError::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "TLS handshake timed out",
+            )))
+        }
+    };
+    let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
+    tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
+    let info = PeerInfo {
+        identity: peer_id.to_string(),
+        addr: peer_addr,
+    };
+    let handler = {
+        let state = state.clone();
+        let pod = pod.clone();
+        move |req: ConnectRequest| {
+            let state = state.clone();
+            let pod = pod.clone();
+            let peer_id = peer_id.clone();
+            async move { decide(&state, &pod, mark, &peer_id, req).await }
+        }
+    };
+    ringway_hbone::serve_connection(
+        tls,
+        info,
+        &ringway_hbone::ServerConfig::default(),
+        state.signal.clone(),
+        handler,
+    )
+    .await?;
+    Ok(())
+}
+
+async fn decide(
+    state: &TunnelState,
+    pod: &PodShared,
+    mark: u32,
+    peer_id: &Identity,
+    req: ConnectRequest,
+) -> Decision {
+    let dst = req.authority;
+    if !pod.ips.contains(&dst.ip().to_canonical()) {
+        return Decision::BadRequest400(format!("{dst} is not an address of this pod"));
+    }
+    let Some(mesh) = state.mesh() else {
+        return Decision::Unavailable503("no mesh configuration".into());
+    };
+    // `forwarded` is trusted: the peer is an authenticated mesh proxy.
+    let client = req
+        .forwarded_for
+        .map(|a| a.ip())
+        .unwrap_or(req.peer.addr.ip());
+    let w = pod_workload(&mesh, pod);
+    let verdict = authz::evaluate(
+        &mesh,
+        &ConnInfo {
+            src_ip: client,
+            src_identity: Some(peer_id),
+            dst_workload: &w,
+            dst_port: dst.port(),
+        },
+    );
+    if !verdict.is_allowed() {
+        return Decision::Deny401(verdict.to_string());
+    }
+    match connect_in_pod(pod, mark, dst, Some(client)).await {
+        Ok(s) => Decision::Accept(Upstream::tcp(s)),
+        Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),
+    }
+}
+
+/// The client's stream, counting what is read from it (request direction)
+/// and written to it (response direction).
+struct Metered<'a> {
+    io: TcpStream,
+    read: Meter<'a>,
+    write: Meter<'a>,
+}
+
+impl tokio::io::AsyncRead for Metered<'_> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut this.io).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            this.read.add(n as u64);
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for Metered<'_> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &r {
+            this.write.add(*n as u64);
+        }
+        r
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
