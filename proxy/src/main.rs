@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+mod sandbox;
 use clap::{Parser, Subcommand, ValueEnum};
 use ringway_config::{CaptureMode, ProxySettings};
 use ringway_proxy::Proxy;
@@ -533,86 +535,13 @@ fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     }
     let stop = block_stop_signals();
     let settings = load_settings(args.config.as_ref())?;
-    let out = ringway_testbed::run_isolated("sandbox", || sandbox_inside(&args, settings, stop));
+    let opts = sandbox::Options {
+        pods: args.pods,
+        mode: args.mode,
+        bytes: args.bytes,
+        settings,
+    };
+    let wait = args.wait.then_some(stop);
+    let out = ringway_testbed::run_isolated("sandbox", || sandbox::run(&opts, wait));
     out.unwrap_or_else(|| bail!("the sandbox could not run"))
-}
-
-fn sandbox_inside(
-    args: &SandboxArgs,
-    mut settings: ProxySettings,
-    stop: nix::sys::signal::SigSet,
-) -> anyhow::Result<()> {
-    use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
-    let t0 = Instant::now();
-    settings.capture_mode = args.mode;
-    println!("ringway sandbox: an isolated virtual node in its own network and mount namespaces");
-    let vn =
-        ringway_testbed::VirtualNode::build(1, args.pods).context("building the virtual node")?;
-    let proxy = Proxy::start(settings.clone())?;
-    let spec = capture_spec(args.mode, &settings);
-    for p in &vn.pods {
-        ringway_redirect::apply(p.netns.fd(), &spec)
-            .with_context(|| format!("capturing pod {}", p.name))?;
-        proxy.add_pod(&p.name, p.netns.dup_fd()?)?;
-        println!(
-            "  pod {:<10} {:<12} {:<16} captured ({})",
-            p.name, p.ipv4, p.ipv6, args.mode
-        );
-    }
-    println!(
-        "  proxy: {} worker(s) on {}, listeners 15001/15006/15008 in every pod ({:.0} ms to here)",
-        settings.effective_workers(),
-        proxy.backend(),
-        t0.elapsed().as_secs_f64() * 1e3
-    );
-    let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
-    for v6 in [false, true] {
-        let addr = SocketAddr::new(b.ip(v6), 8080);
-        let l = b.netns.run(|| listen(addr)).context("demo server listen")?;
-        let srv = PayloadServer::start(l, 1);
-        let started = Instant::now();
-        let got = a
-            .netns
-            .run(|| {
-                client_exchange(
-                    connect(addr, Duration::from_secs(10))?,
-                    args.bytes,
-                    args.bytes,
-                )
-            })
-            .with_context(|| format!("demo exchange {} -> {addr}", a.name))?;
-        let rep = srv
-            .next_report(Duration::from_secs(30))
-            .context("demo server gave no report")?;
-        let sent = rep.received.map_err(anyhow::Error::msg)?;
-        println!(
-            "  {} -> {addr}: {} bytes each way verified in {:.1} ms; the server saw the client as {}",
-            a.name,
-            sent.min(got),
-            started.elapsed().as_secs_f64() * 1e3,
-            rep.peer.ip()
-        );
-        if rep.peer.ip() != a.ip(v6) {
-            bail!("the server did not see the client's real address");
-        }
-    }
-    let st = proxy.stats();
-    println!(
-        "  proxy stats: {} accepted, {} same-node, {} bytes to upstream, {} bytes back, {} active",
-        st.accepted, st.same_node, st.bytes_to_upstream, st.bytes_to_client, st.active
-    );
-    for p in &vn.pods {
-        let drift = ringway_redirect::verify(p.netns.fd(), &spec)?;
-        if !drift.is_empty() {
-            bail!("pod {}: capture rules drifted: {drift:?}", p.name);
-        }
-    }
-    println!("  capture rules verified in every pod");
-    if args.wait {
-        println!("sandbox up; Ctrl-C to stop");
-        let _ = stop.wait();
-    }
-    proxy.shutdown();
-    println!("sandbox done: everything lived in this process's own namespaces and is gone with it");
-    Ok(())
 }

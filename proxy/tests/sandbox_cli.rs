@@ -33,16 +33,20 @@ fn sandbox_runs_the_datapath_twice_in_a_row() {
     }
     for mode in ["tproxy", "redirect"] {
         let out = run_sandbox(&["--mode", mode]);
-        assert!(
-            out.contains("the server saw the client as 10.244.1.2"),
-            "{out}"
-        );
-        assert!(
-            out.contains("the server saw the client as fd00:244:1::2"),
-            "{out}"
-        );
-        assert!(out.contains("capture rules verified in every pod"), "{out}");
-        assert!(out.contains("sandbox done"), "{out}");
+        // Pods enrolled through the CNI plugin path on both nodes.
+        assert_eq!(out.matches("CNI ADD").count(), 4, "{out}");
+        for want in [
+            "plaintext  n1-pod0 -> 10.244.1.3:8080",
+            "HBONE/mTLS n1-pod0 -> 10.244.2.2:8080",
+            "HBONE/mTLS n1-pod0 -> [fd00:244:2::2]:8080",
+            "the app saw 10.244.1.2",
+            "the app saw fd00:244:1::2",
+            "denied by policy demo/no-admin-port",
+            "mutual_tls series on node1",
+            "sandbox done",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in:\n{out}");
+        }
     }
 }
 

@@ -64,6 +64,15 @@ impl Netns {
             }),
         };
         ns.ip(&["link", "set", "lo", "up"])?;
+        // No duplicate address detection on the bed's links: a tentative
+        // link-local address delays the first IPv6 neighbour resolution by
+        // a second or two, which only adds noise to tests.
+        for key in [
+            "net/ipv6/conf/all/accept_dad",
+            "net/ipv6/conf/default/accept_dad",
+        ] {
+            let _ = ns.sysctl(key, "0");
+        }
         Ok(ns)
     }
 
