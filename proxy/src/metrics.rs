@@ -136,6 +136,42 @@ pub struct ZdsLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of TLS handshake counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TlsLabels {
+    /// `client` (outbound tunnel) or `server` (inbound 15008).
+    pub side: &'static str,
+    /// `ok` or the failure reason.
+    pub outcome: &'static str,
+}
+
+/// Labels of authorization denials.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DenyLabels {
+    /// `hbone` (401 on a tunnel) or `plaintext` (connection reset).
+    pub path: &'static str,
+}
+
+/// A short, bounded reason for a TLS failure (metric label).
+pub fn tls_failure_reason(e: &dyn std::fmt::Display) -> &'static str {
+    let s = e.to_string();
+    if s.contains("timed out") {
+        "timeout"
+    } else if s.contains("UnknownIssuer") || s.contains("UnknownCA") || s.contains("unknown CA") {
+        "unknown_ca"
+    } else if s.contains("Expired") || s.contains("expired") {
+        "expired"
+    } else if s.contains("CertificateRequired") || s.contains("NoCertificatesPresented") {
+        "no_client_cert"
+    } else if s.contains("NotValidForName") || s.contains("identity") || s.contains("SAN") {
+        "wrong_identity"
+    } else if s.contains("ProtocolVersion") || s.contains("version") {
+        "protocol_version"
+    } else {
+        "other"
+    }
+}
+
 /// Every metric the proxy exports.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -159,6 +195,12 @@ pub struct Metrics {
     pub accept_resource_errors: Counter<u64, AtomicU64>,
     /// `ringway_datapath_io_uring` (1 = io_uring, 0 = epoll fallback).
     pub datapath_uring: Gauge,
+    /// `ringway_tls_handshakes_total{side,outcome}`.
+    pub tls_handshakes: Family<TlsLabels, Counter>,
+    /// `ringway_authorization_denials_total{path}`.
+    pub denials: Family<DenyLabels, Counter>,
+    /// `ringway_hbone_streams_total{side}`: tunnel streams opened.
+    pub hbone_streams: Family<TlsLabels, Counter>,
 }
 
 impl Metrics {
@@ -209,6 +251,21 @@ impl Metrics {
             "ringway_accept_resource_errors",
             "accept/socket failures for lack of file descriptors or memory",
             self.accept_resource_errors.clone(),
+        );
+        r.register(
+            "ringway_tls_handshakes",
+            "HBONE TLS handshakes by side and outcome (failure reason)",
+            self.tls_handshakes.clone(),
+        );
+        r.register(
+            "ringway_authorization_denials",
+            "Connections denied by L4 authorization policy",
+            self.denials.clone(),
+        );
+        r.register(
+            "ringway_hbone_streams",
+            "HBONE CONNECT streams opened (side client: outbound, server: inbound)",
+            self.hbone_streams.clone(),
         );
         r.register(
             "ringway_datapath_io_uring",

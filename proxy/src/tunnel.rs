@@ -63,16 +63,20 @@ pub enum TunnelError {
 /// snapshot (both swappable), and the drain trigger of tunnel servers.
 #[derive(Debug)]
 pub struct TunnelState {
+    /// Where tunnel handshakes, streams and denials are counted.
+    pub metrics: Arc<crate::metrics::Metrics>,
     identity: RwLock<Option<Arc<IdentityManager>>>,
     mesh: RwLock<Option<Arc<Mesh>>>,
     drain: DrainTrigger,
     signal: DrainSignal,
 }
 
-impl Default for TunnelState {
-    fn default() -> Self {
+impl TunnelState {
+    /// A state counting into `metrics`, with HBONE off until configured.
+    pub fn new(metrics: Arc<crate::metrics::Metrics>) -> Self {
         let (drain, signal) = ringway_hbone::drain_channel();
         TunnelState {
+            metrics,
             identity: RwLock::new(None),
             mesh: RwLock::new(None),
             drain,
@@ -336,10 +340,11 @@ async fn open(
         dst: tunnel,
     };
     let mark = cx.mark;
+    let handshakes = cx.metrics.tls_handshakes.clone();
     let dial = move || async move {
         let tcp = connect_in_pod(pod, mark, tunnel, None).await?;
         let connector = tokio_rustls::TlsConnector::from(tls);
-        match tokio::time::timeout(
+        let r = match tokio::time::timeout(
             CONNECT_TIMEOUT,
             connector.connect(ringway_identity::placeholder_server_name(), tcp),
         )
@@ -350,7 +355,18 @@ async fn open(
                 io::ErrorKind::TimedOut,
                 "TLS handshake timed out",
             )),
-        }
+        };
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(e) => crate::metrics::tls_failure_reason(e),
+        };
+        handshakes
+            .get_or_create(&crate::metrics::TlsLabels {
+                side: "client",
+                outcome,
+            })
+            .inc();
+        r
     };
     let baggage = Baggage {
         namespace: Some(src_peer.namespace.clone()).filter(|s| !s.is_empty()),
@@ -394,15 +410,26 @@ pub async fn inbound(
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    let tls = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(TunnelError::Io(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "TLS handshake timed out",
-            )))
-        }
+    let accepted = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        )),
     };
+    let outcome = match &accepted {
+        Ok(_) => "ok",
+        Err(e) => crate::metrics::tls_failure_reason(e),
+    };
+    state
+        .metrics
+        .tls_handshakes
+        .get_or_create(&crate::metrics::TlsLabels {
+            side: "server",
+            outcome,
+        })
+        .inc();
+    let tls = accepted?;
     let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
     tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
     let info = PeerInfo {
@@ -460,8 +487,21 @@ async fn decide(
         },
     );
     if !verdict.is_allowed() {
+        state
+            .metrics
+            .denials
+            .get_or_create(&crate::metrics::DenyLabels { path: "hbone" })
+            .inc();
         return Decision::Deny401(verdict.to_string());
     }
+    state
+        .metrics
+        .hbone_streams
+        .get_or_create(&crate::metrics::TlsLabels {
+            side: "server",
+            outcome: "ok",
+        })
+        .inc();
     match connect_in_pod(pod, mark, dst, Some(client)).await {
         Ok(s) => Decision::Accept(Upstream::tcp(s)),
         Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),

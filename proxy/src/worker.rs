@@ -415,6 +415,10 @@ async fn handle_conn(
     tracing::Span::current().record("dst.addr", tracing::field::display(dst));
     if kind == ListenerKind::Inbound {
         if let Some(why) = tunnel::plaintext_denied(&ctx.tunnel, &pod.shared, peer.ip(), dst) {
+            ctx.metrics
+                .denials
+                .get_or_create(&crate::metrics::DenyLabels { path: "plaintext" })
+                .inc();
             tracing::info!(target: "access", reason = %why, "plaintext connection denied by policy; reset");
             ctx.stats.refused.inc();
             sys::tcp_abort(client.fd());

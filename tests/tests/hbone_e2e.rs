@@ -475,6 +475,11 @@ fn hbone_denied_principal() {
         );
         let t = two_nodes("hbone_deny", Datapath::Uring, &policies);
         expect_refused(&t, APP_PORT);
+        let text = metrics_text(&t.p2);
+        assert!(
+            text.contains("ringway_authorization_denials_total{path=\"hbone\"} 1"),
+            "{text}"
+        );
         // Lifting the policy (hot reload) lets new connections through.
         t.set_mesh(mesh(""));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT + 1);
@@ -566,7 +571,34 @@ fn hbone_tls_refusals() {
         assert!(matches!(r, Ok(0) | Err(_)), "foreign-CA client got {r:?}");
         // Nothing was tunnelled by those.
         assert!(wait_until(Duration::from_secs(5), || t.p2.stats().active == 0));
+        // The server counted one good handshake and two refusals by reason.
+        let text = metrics_text(&t.p2);
+        let count = |outcome: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("ringway_tls_handshakes_total{")
+                        && l.contains("side=\"server\"")
+                        && l.contains(&format!("outcome=\"{outcome}\""))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        assert!(count("ok") >= 1, "{text}");
+        let failures: u64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("ringway_tls_handshakes_total{")
+                    && l.contains("side=\"server\"")
+                    && !l.contains("outcome=\"ok\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        assert!(failures >= 2, "{text}");
     });
+}
+
+fn metrics_text(p: &Proxy) -> String {
+    ringway_proxy::metrics::encode(&p.metrics().registry(), false)
 }
 
 fn cpu_seconds() -> f64 {
