@@ -133,6 +133,13 @@ struct AgentArgs {
     /// Proxy/capture settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Where Prometheus scrapes the agent's `/metrics` (CNI request latency).
+    #[arg(
+        long,
+        env = "RINGWAY_AGENT_METRICS_ADDR",
+        default_value = "0.0.0.0:15022"
+    )]
+    metrics_addr: SocketAddr,
 }
 
 #[derive(Subcommand, Debug)]
@@ -329,7 +336,31 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let source = agent.metrics_source();
+    let metrics_server = ringway_proxy::control::ControlServer::serve(
+        args.metrics_addr,
+        std::sync::Arc::new(move |method, path, _, _| match (method, path) {
+            (&hyper::Method::GET, "/metrics") => (
+                hyper::StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                source(),
+            ),
+            (_, path) => (
+                hyper::StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                format!("no such endpoint: {path}\n"),
+            ),
+        }),
+    )
+    .with_context(|| {
+        format!(
+            "binding the agent's metrics endpoint on {}",
+            args.metrics_addr
+        )
+    })?;
+    tracing::info!(addr = %metrics_server.addr, "agent metrics endpoint: GET /metrics");
     let sig = stop.wait()?;
+    drop(metrics_server);
     tracing::info!(signal = ?sig, "node agent stopping; pods, rules and the proxy are left as they are");
     if let Some((tx, thread)) = kube_rt {
         let _ = tx.send(());

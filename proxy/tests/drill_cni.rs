@@ -335,6 +335,34 @@ fn cni_add_captures_the_app_from_its_first_connection() {
             latencies[latencies.len() - 1]
         );
 
+        // The agent's histogram saw every ADD (the failed first one included).
+        let metrics = {
+            let mut s = TcpStream::connect_timeout(
+                &"127.0.0.1:15022".parse().unwrap(),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        let adds_ok = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("ringway_cni_request_duration_seconds_count{")
+                    && l.contains("op=\"add\"")
+                    && l.contains("outcome=\"ok\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+        assert_eq!(adds_ok, Some(201), "{metrics}");
+        assert!(
+            metrics.contains("ringway_cni_requests_total{op=\"add\",outcome=\"error\"} 1"),
+            "{metrics}"
+        );
+
         // DEL: the pod's listeners are gone when DEL returns; others untouched.
         let victim = vn.pods[2].clone();
         let other = vn.pods[3].clone();

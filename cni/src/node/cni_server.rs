@@ -304,6 +304,7 @@ pub(super) fn dispatch(core: &Core, line: &str) -> Response {
     };
     let span = tracing::info_span!("cni", cni.op = op);
     let _span = span.enter();
+    let started = std::time::Instant::now();
     let r = match op {
         "add" => add(core, &f),
         "del" => del(core, &f),
@@ -314,7 +315,18 @@ pub(super) fn dispatch(core: &Core, line: &str) -> Response {
             "unknown op {other:?} (expected add, del, check, status or gc)"
         ))),
     };
-    r.unwrap_or_else(|resp| resp)
+    let resp = r.unwrap_or_else(|resp| resp);
+    let outcome = if !resp.ok {
+        "error"
+    } else if resp.pass_through.is_some() {
+        "pass_through"
+    } else {
+        "ok"
+    };
+    core.metrics
+        .observe(op, outcome, started.elapsed().as_secs_f64());
+    core.metrics.pods.set(core.pod_count() as i64);
+    resp
 }
 
 /// The pod of an add/check request.

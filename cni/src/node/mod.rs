@@ -99,6 +99,7 @@ mod cni_server;
 mod discover;
 mod error;
 mod kube_bridge;
+pub mod metrics;
 pub mod protocol;
 mod state;
 mod zds_server;
@@ -417,6 +418,21 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
+    /// The agent's metrics as OpenMetrics text (for `/metrics`).
+    pub fn metrics_text(&self) -> String {
+        self.core.metrics.pods.set(self.core.pod_count() as i64);
+        self.core.metrics.encode()
+    }
+
+    /// A source of [`AgentHandle::metrics_text`] that can live on another thread.
+    pub fn metrics_source(&self) -> std::sync::Arc<dyn Fn() -> String + Send + Sync> {
+        let core = self.core.clone();
+        std::sync::Arc::new(move || {
+            core.metrics.pods.set(core.pod_count() as i64);
+            core.metrics.encode()
+        })
+    }
+
     /// Enrollment, for the Kubernetes watch.
     pub fn enrollment(&self) -> Enroller {
         Enroller(self.core.clone())

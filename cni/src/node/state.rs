@@ -95,6 +95,8 @@ pub(super) struct Core {
     pub(super) cni_handlers: AtomicUsize,
     /// Socket files this agent created, with their inodes, removed at shutdown.
     sockets: Mutex<Vec<(PathBuf, u64)>>,
+    /// Prometheus metrics of the agent.
+    pub(super) metrics: super::metrics::AgentMetrics,
 }
 
 /// Held while one enroll/unenroll of a pod runs.
@@ -111,6 +113,15 @@ impl Drop for PodGuard<'_> {
 }
 
 impl Core {
+    /// How many pods are enrolled.
+    pub(super) fn pod_count(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pods
+            .len()
+    }
+
     pub(super) fn new(config: AgentConfig) -> Core {
         Core {
             config,
@@ -124,6 +135,7 @@ impl Core {
             workers: Mutex::new(Vec::new()),
             cni_handlers: AtomicUsize::new(0),
             sockets: Mutex::new(Vec::new()),
+            metrics: super::metrics::AgentMetrics::default(),
         }
     }
 

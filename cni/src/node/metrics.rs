@@ -1,0 +1,81 @@
+//! The node agent's Prometheus metrics: CNI request latency (ADD's is the
+//! time a pod waits in ContainerCreating for its capture), outcomes, pods.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of CNI request metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CniLabels {
+    /// add, del, check, status, gc.
+    pub op: String,
+    /// ok, or the error kind.
+    pub outcome: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~4 s.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 13,
+    ))
+}
+
+/// The agent's metrics.
+#[derive(Debug)]
+pub struct AgentMetrics {
+    /// `ringway_cni_request_duration_seconds{op,outcome}`.
+    pub latency: Family<CniLabels, Histogram, fn() -> Histogram>,
+    /// `ringway_cni_requests_total{op,outcome}`.
+    pub requests: Family<CniLabels, Counter>,
+    /// `ringway_agent_pods_enrolled`.
+    pub pods: Gauge,
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        AgentMetrics {
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            requests: Family::default(),
+            pods: Gauge::default(),
+        }
+    }
+}
+
+impl AgentMetrics {
+    /// Records one CNI request.
+    pub fn observe(&self, op: &str, outcome: &'static str, seconds: f64) {
+        let l = CniLabels {
+            op: op.to_string(),
+            outcome,
+        };
+        self.latency.get_or_create(&l).observe(seconds);
+        self.requests.get_or_create(&l).inc();
+    }
+
+    /// OpenMetrics text of every agent metric.
+    pub fn encode(&self) -> String {
+        let mut r = Registry::default();
+        r.register(
+            "ringway_cni_request_duration_seconds",
+            "Time to answer a CNI plugin request (ADD: rules in place and the proxy acked)",
+            self.latency.clone(),
+        );
+        r.register(
+            "ringway_cni_requests",
+            "CNI plugin requests by op and outcome",
+            self.requests.clone(),
+        );
+        r.register(
+            "ringway_agent_pods_enrolled",
+            "Pods this agent has enrolled",
+            self.pods.clone(),
+        );
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
+    }
+}
