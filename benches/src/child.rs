@@ -141,8 +141,31 @@ impl Drop for ProxyChild {
     }
 }
 
-/// CPU seconds of process `pid` (utime + stime, fields 14 and 15 of stat).
+/// CPU seconds of process `pid`: the sum of its threads' on-CPU time from
+/// `/proc/<pid>/task/*/schedstat` (nanoseconds), else utime + stime from
+/// `/proc/<pid>/stat` (clock ticks: 10 ms resolution).
 pub fn proc_cpu_seconds(pid: u32) -> f64 {
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        let mut ns = 0u64;
+        let mut any = false;
+        for e in dir.flatten() {
+            if let Some(v) = std::fs::read_to_string(e.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            {
+                ns += v;
+                any = true;
+            }
+        }
+        if any {
+            return ns as f64 / 1e9;
+        }
+    }
+    proc_stat_cpu_seconds(pid)
+}
+
+/// utime + stime of process `pid` (fields 14 and 15 of `/proc/<pid>/stat`).
+pub fn proc_stat_cpu_seconds(pid: u32) -> f64 {
     let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
@@ -192,9 +215,10 @@ pub fn haproxy_config(
     bind_ip: std::net::IpAddr,
     ports: (u16, u16),
     server_ip: std::net::IpAddr,
+    maxconn: usize,
 ) -> String {
     format!(
-        "global\n    maxconn 40000\n    nbthread {threads}\n\n\
+        "global\n    maxconn {maxconn}\n    nbthread {threads}\n\n\
          defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n    timeout server 1h\n\n\
          listen bench\n    bind {bind_ip}:{lo}-{hi}\n    server app {server_ip}\n",
         threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),

@@ -214,6 +214,9 @@ pub struct Latency {
     pub requests: u64,
     /// Seconds from the first scheduled send to the last reply.
     pub secs: f64,
+    /// How late the load generator itself sent (actual - scheduled), ns:
+    /// its own share of the latency.
+    pub lateness: Histogram<u64>,
 }
 
 /// Request/response (64 B each way) at a fixed total `rate` over `conns`
@@ -251,8 +254,8 @@ pub fn latency(path: &Path, rate: f64, conns: usize, dur: Duration) -> anyhow::R
     let clients: Vec<_> = (0..conns)
         .map(|k| {
             let (barrier, start_cell) = (barrier.clone(), start_cell.clone());
-            path.client
-                .spawn(move || -> anyhow::Result<(Histogram<u64>, Instant)> {
+            path.client.spawn(
+                move || -> anyhow::Result<(Histogram<u64>, Histogram<u64>, Instant)> {
                     // Wake-ups within ~µs of the schedule, not the default 50 µs slack.
                     let _ = nix::sys::prctl::set_timerslack(1);
                     let s = client_connect(addr);
@@ -260,6 +263,7 @@ pub fn latency(path: &Path, rate: f64, conns: usize, dur: Duration) -> anyhow::R
                     let mut s = s?;
                     let start = start_cell.lock().expect("lock").expect("start set");
                     let mut h = Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?;
+                    let mut late = Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?;
                     let offset = interval.mul_f64(k as f64 / conns as f64);
                     let mut buf = [0x42u8; 64];
                     for i in 0..per_conn {
@@ -268,24 +272,28 @@ pub fn latency(path: &Path, rate: f64, conns: usize, dur: Duration) -> anyhow::R
                         if at > now {
                             std::thread::sleep(at - now);
                         }
+                        late.saturating_record(at.elapsed().as_nanos() as u64);
                         s.write_all(&buf)?;
                         s.read_exact(&mut buf)?;
                         h.saturating_record(at.elapsed().as_nanos() as u64);
                     }
-                    Ok((h, Instant::now()))
-                })
+                    Ok((h, late, Instant::now()))
+                },
+            )
         })
         .collect();
     let t0 = Instant::now() + Duration::from_millis(20);
     *start_cell.lock().expect("lock") = Some(t0);
     barrier.wait();
     let mut hist = Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?;
+    let mut lateness = Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?;
     let mut end = t0;
     let mut err = None;
     for c in clients {
         match c.join().expect("client thread") {
-            Ok((h, t)) => {
+            Ok((h, l, t)) => {
                 hist.add(&h)?;
+                lateness.add(&l)?;
                 end = end.max(t);
             }
             Err(e) => err = Some(e),
@@ -301,12 +309,13 @@ pub fn latency(path: &Path, rate: f64, conns: usize, dur: Duration) -> anyhow::R
     Ok(Latency {
         requests: hist.len(),
         hist,
+        lateness,
         secs: (end - t0).as_secs_f64(),
     })
 }
 
 /// Result of a connection-rate run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnRate {
     /// Connections that completed connect + 1 B request + 1 B reply + close.
     pub conns: u64,
@@ -314,6 +323,8 @@ pub struct ConnRate {
     pub failures: u64,
     /// Seconds.
     pub secs: f64,
+    /// The first failure's error, if any.
+    pub first_error: Option<String>,
 }
 
 /// `threads` clients each looping: connect, send 1 B, read the 1 B reply,
@@ -347,40 +358,50 @@ pub fn conn_rate(
     let clients: Vec<_> = (0..threads)
         .map(|_| {
             let (budget, barrier) = (budget.clone(), barrier.clone());
-            path.client.spawn(move || -> (u64, u64, Instant) {
-                barrier.wait();
-                let deadline = Instant::now() + dur;
-                let (mut ok, mut failed) = (0u64, 0u64);
-                while Instant::now() < deadline && failed < 100 {
-                    if budget
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
-                        .is_err()
-                    {
-                        break;
+            path.client
+                .spawn(move || -> (u64, u64, Option<String>, Instant) {
+                    barrier.wait();
+                    let deadline = Instant::now() + dur;
+                    let (mut ok, mut failed, mut first) = (0u64, 0u64, None);
+                    while Instant::now() < deadline && failed < 100 {
+                        if budget
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                                b.checked_sub(1)
+                            })
+                            .is_err()
+                        {
+                            break;
+                        }
+                        let one = || -> std::io::Result<()> {
+                            let mut s = client_connect(addr)?;
+                            s.write_all(&[7])?;
+                            let mut b = [0u8; 1];
+                            s.read_exact(&mut b)?;
+                            let mut rest = [0u8; 8];
+                            while s.read(&mut rest)? > 0 {}
+                            Ok(())
+                        };
+                        let t = Instant::now();
+                        match one() {
+                            Ok(()) => ok += 1,
+                            Err(e) => {
+                                failed += 1;
+                                first.get_or_insert_with(|| {
+                                    format!("{e} after {:.1} s", t.elapsed().as_secs_f64())
+                                });
+                            }
+                        }
                     }
-                    let one = || -> std::io::Result<()> {
-                        let mut s = client_connect(addr)?;
-                        s.write_all(&[7])?;
-                        let mut b = [0u8; 1];
-                        s.read_exact(&mut b)?;
-                        let mut rest = [0u8; 8];
-                        while s.read(&mut rest)? > 0 {}
-                        Ok(())
-                    };
-                    match one() {
-                        Ok(()) => ok += 1,
-                        Err(_) => failed += 1,
-                    }
-                }
-                (ok, failed, Instant::now())
-            })
+                    (ok, failed, first, Instant::now())
+                })
         })
         .collect();
     barrier.wait();
     let t0 = Instant::now();
-    let (mut conns, mut failures, mut end) = (0, 0, t0);
+    let (mut conns, mut failures, mut end, mut first_error) = (0, 0, t0, None);
     for c in clients {
-        let (o, f, t) = c.join().expect("client thread");
+        let (o, f, e, t) = c.join().expect("client thread");
+        first_error = first_error.or(e);
         conns += o;
         failures += f;
         end = end.max(t);
@@ -396,6 +417,7 @@ pub fn conn_rate(
         conns,
         failures,
         secs: (end - t0).as_secs_f64(),
+        first_error,
     })
 }
 

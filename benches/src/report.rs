@@ -51,6 +51,13 @@ pub const FIGURES: &[FigureDef] = &[
     fig("lat_p999_us", "p99.9", "µs", false, 1),
     fig("lat_max_us", "max", "µs", false, 1),
     fig("lat_rps", "achieved request rate", "req/s", false, 0),
+    fig(
+        "gen_late_p99_us",
+        "load generator send lateness p99",
+        "µs",
+        false,
+        1,
+    ),
     fig("conn_per_s", "new connections/s", "conn/s", false, 0),
     fig("conn_failures", "failed connections", "count", false, 0),
     fig(
@@ -109,6 +116,13 @@ pub const FIGURES: &[FigureDef] = &[
         "KiB",
         true,
         2,
+    ),
+    fig(
+        "rss_target_idle_mib",
+        "proxy RSS at 10k idle conns (measured, else extrapolated from the large count)",
+        "MiB",
+        true,
+        1,
     ),
 ];
 
@@ -189,9 +203,12 @@ fn printed(v: f64, decimals: usize) -> f64 {
 }
 
 fn stats(vals: &[f64]) -> Value {
+    let rounds = vals.to_vec();
+    let vals: Vec<f64> = vals.iter().copied().filter(|v| v.is_finite()).collect();
+    let vals = &vals[..];
     let lo = vals.iter().cloned().fold(f64::INFINITY, f64::min);
     let hi = vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    json!({"median": median(vals), "min": lo, "max": hi, "rounds": vals})
+    json!({"median": median(vals), "min": lo, "max": hi, "rounds": rounds})
 }
 
 fn applies(def: &FigureDef, kind: Kind) -> bool {
@@ -251,8 +268,8 @@ const TARGETS: &[Target] = &[
         limit: 6.0,
     },
     Target {
-        text: "RSS with the large idle count ≤ 80 MiB (10k in the full run)",
-        key: "rss_large_mib",
+        text: "RSS with 10k idle connections ≤ 80 MiB (extrapolated when capped)",
+        key: "rss_target_idle_mib",
         churn: false,
         le: true,
         limit: 80.0,
@@ -329,7 +346,7 @@ pub fn to_json(r: &Results) -> Value {
             "latency_rate_rps": r.config.rps, "latency_connections": r.config.lat_conns,
             "latency_seconds": r.config.lat_secs, "request_bytes": 64,
             "conn_threads": r.config.conn_threads, "conn_seconds": r.config.conn_secs,
-            "idle_connections": r.config.idle, "churn_pods": r.config.churn_pods,
+            "idle_connections": r.config.idle, "idle_target": r.config.idle_target, "churn_pods": r.config.churn_pods,
             "proxy_binary": r.config.proxy_bin.display().to_string(),
             "wall_seconds": r.wall_secs,
         },
@@ -337,6 +354,8 @@ pub fn to_json(r: &Results) -> Value {
         "scenarios": scenarios,
         "churn": churn,
         "hbone": "not measured: HBONE scenarios do not exist yet",
+        "errors": r.errors,
+        "notes": r.notes,
     });
     let targets = targets(&doc);
     doc["targets"] = targets;
@@ -441,7 +460,7 @@ pub fn to_markdown(doc: &Value) -> String {
         m,
         "Median of {} rounds alternating the scenarios; spread is min–max over the rounds. \
          Pod -> pod on one virtual node (veth + bridge, inside private namespaces). \
-         Proxy: `{}` as a child process (its CPU from /proc/<pid>/stat, its RSS from /proc/<pid>/status). \
+         Proxy: `{}` as a child process (its CPU from /proc/<pid>/task/*/schedstat, its RSS from /proc/<pid>/status). \
          Wall time {:.0} s.\n",
         run["rounds"],
         run["proxy_binary"].as_str().unwrap_or(""),
@@ -522,6 +541,7 @@ pub fn to_markdown(doc: &Value) -> String {
             "lat_p999_us",
             "lat_max_us",
             "lat_rps",
+            "gen_late_p99_us",
         ],
     );
     table(
@@ -541,6 +561,7 @@ pub fn to_markdown(doc: &Value) -> String {
             "rss_small_mib",
             "rss_large_mib",
             "kib_per_idle_conn",
+            "rss_target_idle_mib",
         ],
     );
 
@@ -566,6 +587,20 @@ pub fn to_markdown(doc: &Value) -> String {
         );
     }
 
+    let errors = doc["errors"].as_array().cloned().unwrap_or_default();
+    if !errors.is_empty() {
+        let _ = writeln!(m, "\n## Failed measurements ({})\n", errors.len());
+        for e in &errors {
+            let _ = writeln!(m, "- {}", e.as_str().unwrap_or("").replace('|', "/"));
+        }
+    }
+    let notes = doc["notes"].as_array().cloned().unwrap_or_default();
+    if !notes.is_empty() {
+        let _ = writeln!(m, "\n## Notes\n");
+        for e in &notes {
+            let _ = writeln!(m, "- {}", e.as_str().unwrap_or("").replace('|', "/"));
+        }
+    }
     let _ = writeln!(m, "\n## HBONE\n\nNot measured: HBONE scenarios (pod -> pod on one node, and between two virtual nodes) do not exist yet. Slot kept for them.\n");
 
     let _ = writeln!(m, "## Targets (from issue 6; reported, never asserted)\n");
@@ -707,7 +742,7 @@ pub fn latency_svg(doc: &Value) -> String {
         .log10()
         .floor()
         .min(hi - 1.0);
-    let (w, h, l, r, t, b) = (900.0, 420.0, 70.0, 330.0, 40.0, 50.0);
+    let (w, h, l, r, t, b) = (1_150.0, 420.0, 70.0, 560.0, 40.0, 50.0);
     let x = |i: usize| l + (w - l - r) * i as f64 / (keys.len() - 1) as f64;
     let y = |v: f64| t + (h - t - b) * (1.0 - (v.log10() - lo) / (hi - lo));
     let mut s = format!(
@@ -826,6 +861,9 @@ pub fn check(dir: &Path) -> Vec<String> {
         }
     }
     let rounds = doc["run"]["rounds"].as_u64().unwrap_or(0) as usize;
+    for e in doc["errors"].as_array().into_iter().flatten() {
+        errs.push(format!("failed measurement: {}", e.as_str().unwrap_or("")));
+    }
     let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
     let Some(direct) = scen.iter().find(|s| s["key"] == "direct") else {
         return vec!["no direct scenario".into()];

@@ -39,6 +39,9 @@ pub struct Config {
     pub conn_max: u64,
     /// The two idle-connection counts (RSS measured with each).
     pub idle: [usize; 2],
+    /// The idle count the RSS target speaks of (10k): measured when `idle[1]`
+    /// reaches it, else extrapolated.
+    pub idle_target: usize,
     /// Pods enrolled by the churn measurement.
     pub churn_pods: usize,
     /// The proxy binary: `ringway` (run as `ringway proxy --pod ...`) or the
@@ -63,6 +66,7 @@ impl Config {
             conn_secs: 2.0,
             conn_max: 20_000,
             idle: [1_000, 10_000],
+            idle_target: 10_000,
             churn_pods: 1_000,
             proxy_bin,
             haproxy: true,
@@ -83,6 +87,7 @@ impl Config {
             conn_secs: 0.5,
             conn_max: 5_000,
             idle: [100, 1_000],
+            idle_target: 10_000,
             churn_pods: 100,
             proxy_bin,
             haproxy: true,
@@ -103,6 +108,7 @@ impl Config {
             conn_secs: 0.2,
             conn_max: 500,
             idle: [20, 50],
+            idle_target: 10_000,
             churn_pods: 10,
             proxy_bin,
             haproxy: false,
@@ -227,6 +233,10 @@ pub struct Results {
     pub rounds: Vec<Vec<Figures>>,
     /// Churn figures per round.
     pub churn: Vec<Figures>,
+    /// Measurements that failed (the report lists them; `check` flags the holes).
+    pub errors: Vec<String>,
+    /// Things the reader should know (e.g. connections that failed).
+    pub notes: Vec<String>,
     /// Total wall time of the run, seconds.
     pub wall_secs: f64,
     /// Machine description lines.
@@ -239,17 +249,27 @@ fn progress(msg: impl AsRef<str>) {
 
 /// Raises RLIMIT_NOFILE (soft and hard) so 10k idle connections fit on both
 /// ends in this process; the proxy child inherits it.
-pub fn raise_nofile(want: u64) {
+/// Returns the soft limit in force afterwards.
+pub fn raise_nofile(want: u64) -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft >= want {
-            return;
-        }
-        // Root may raise the hard limit; otherwise settle for the hard one.
-        if setrlimit(Resource::RLIMIT_NOFILE, want, want.max(hard)).is_err() {
+        if soft < want
+            // Raising the hard limit needs CAP_SYS_RESOURCE; else settle for it.
+            && setrlimit(Resource::RLIMIT_NOFILE, want, want.max(hard)).is_err()
+        {
             let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }
+    getrlimit(Resource::RLIMIT_NOFILE)
+        .map(|(s, _)| s)
+        .unwrap_or(1024)
+}
+
+/// The most idle connections every scenario can hold under a per-process
+/// fd limit of `nofile`: a connection through both ringway hops holds 4 fds
+/// in the proxy (2 per hop), and 2 in the load generator (client + server).
+pub fn idle_cap(nofile: u64) -> usize {
+    (nofile.saturating_sub(1_000) / 4 / 100 * 100) as usize
 }
 
 struct Bed {
@@ -266,7 +286,22 @@ const PORT_SPAN: u16 = 999;
 /// Runs the suite. Must be called inside `ringway_testbed::run_isolated`.
 pub fn run(config: Config) -> anyhow::Result<Results> {
     let t_start = Instant::now();
-    raise_nofile(4 * config.idle[1] as u64 + 10_000);
+    let mut config = config;
+    let nofile = raise_nofile((4 * config.idle[1] as u64 + 10_000).max(200_000));
+    let cap = idle_cap(nofile);
+    let mut notes = Vec::new();
+    if config.idle[1] > cap {
+        let msg = format!(
+            "idle connections capped at {cap} (asked {}): RLIMIT_NOFILE is {nofile} here and \
+             cannot be raised (no CAP_SYS_RESOURCE); a two-hop connection holds 4 fds in the proxy. \
+             RSS at {} idle connections is extrapolated from the per-connection cost",
+            config.idle[1], config.idle_target
+        );
+        progress(&msg);
+        notes.push(msg);
+        config.idle[1] = cap;
+        config.idle[0] = config.idle[0].min(cap / 2);
+    }
     let with_haproxy = config.haproxy && haproxy_binary().is_some();
     if config.haproxy && !with_haproxy {
         progress("haproxy not installed: peer scenario skipped (apt-get install haproxy)");
@@ -279,18 +314,13 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
         scenarios.len(),
         config.proxy_bin.display()
     ));
-    let mut vn = VirtualNode::build(1, 4).context("virtual node")?;
+    let vn = VirtualNode::build(1, 4).context("virtual node")?;
     let (a, b, c, d) = (
         vn.pod(0).clone(),
         vn.pod(1).clone(),
         vn.pod(2).clone(),
         vn.pod(3).clone(),
     );
-    for p in [&a, &c] {
-        // Clients reuse TIME_WAIT ports (connection-rate runs).
-        let _ = p.netns.sysctl("net.ipv4.tcp_tw_reuse", "1");
-    }
-    let _ = vn.add_pod();
     let bed = Bed {
         direct: Path {
             client: a.netns.clone(),
@@ -320,6 +350,7 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
     };
     let mut rounds = Vec::new();
     let mut churn = Vec::new();
+    let mut errors = Vec::new();
     let mut port = PORT_BASE;
     for round in 0..config.rounds {
         let mut figs = Vec::new();
@@ -330,9 +361,28 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
                 config.rounds,
                 sc.name
             ));
-            let f = run_scenario(&config, &bed, sc, &mut port)
-                .with_context(|| format!("round {}, {}", round + 1, sc.name))?;
-            progress(format!("  {}", summary_line(&f)));
+            let t = Instant::now();
+            let f = match run_scenario(&config, &bed, sc, &mut port) {
+                Ok((f, errs, n)) => {
+                    for e in n {
+                        notes.push(format!("round {}, {e}", round + 1));
+                    }
+                    for e in errs {
+                        errors.push(format!("round {}, {}: {e}", round + 1, sc.name));
+                    }
+                    f
+                }
+                Err(e) => {
+                    progress(format!("  failed: {e:#}"));
+                    errors.push(format!("round {}, {}: {e:#}", round + 1, sc.name));
+                    Figures::new()
+                }
+            };
+            progress(format!(
+                "  ({:.1} s) {}",
+                t.elapsed().as_secs_f64(),
+                summary_line(&f)
+            ));
             figs.push(f);
         }
         rounds.push(figs);
@@ -342,7 +392,11 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
             config.rounds,
             config.churn_pods
         ));
-        let f = run_churn(&config, round).context("pod churn")?;
+        let f = run_churn(&config, round).unwrap_or_else(|e| {
+            progress(format!("  failed: {e:#}"));
+            errors.push(format!("round {}, pod churn: {e:#}", round + 1));
+            Figures::new()
+        });
         progress(format!("  {}", summary_line(&f)));
         churn.push(f);
     }
@@ -353,6 +407,8 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
         scenarios,
         rounds,
         churn,
+        errors,
+        notes,
         wall_secs: t_start.elapsed().as_secs_f64(),
     })
 }
@@ -377,7 +433,7 @@ fn run_scenario(
     bed: &Bed,
     sc: &Scenario,
     port: &mut u16,
-) -> anyhow::Result<Figures> {
+) -> anyhow::Result<(Figures, Vec<String>, Vec<String>)> {
     let mut f = Figures::new();
     let (path, proxy) = match sc.kind {
         Kind::Direct => (bed.direct.clone(), None),
@@ -416,7 +472,12 @@ fn run_scenario(
                 .join(format!("ringway-bench-haproxy-{}.cfg", std::process::id()));
             std::fs::write(
                 &cfg_path,
-                haproxy_config(node_ip, (PORT_BASE, PORT_BASE + PORT_SPAN), server_ip),
+                haproxy_config(
+                    node_ip,
+                    (PORT_BASE, PORT_BASE + PORT_SPAN),
+                    server_ip,
+                    config.idle[1] + 1_000,
+                ),
             )?;
             let mut cmd = std::process::Command::new(bin);
             cmd.arg("-db").arg("-f").arg(&cfg_path);
@@ -441,98 +502,140 @@ fn run_scenario(
         }
     };
     let cpu = |p: &Option<ProxyChild>| p.as_ref().map(|p| p.cpu_seconds());
+    let mut errors = Vec::new();
+    let mut notes = Vec::new();
+    // A failed measurement is recorded (with the proxy's last log lines) and
+    // the others still run: the report shows the hole and why.
+    let mut record = |what: &str, r: anyhow::Result<()>, p: &Option<ProxyChild>| {
+        if let Err(e) = r {
+            let tail = p.as_ref().map(|p| p.log_tail()).unwrap_or_default();
+            progress(format!("  {what} failed: {e:#}"));
+            errors.push(if tail.is_empty() {
+                format!("{what}: {e:#}")
+            } else {
+                format!("{what}: {e:#}; proxy log: {}", tail.replace('\n', " / "))
+            });
+        }
+    };
     if let Some(p) = &proxy {
         std::thread::sleep(Duration::from_millis(200));
         f.insert("rss_idle_mib".into(), p.rss_kib() / 1024.0);
     }
     // Throughput, one stream and N.
     for (key, streams) in [("1", 1), ("n", config.streams)] {
-        let c0 = cpu(&proxy);
-        let t = load::throughput(
-            &path.on_port(next_port(port)),
-            streams,
-            Duration::from_secs_f64(config.secs),
-        )?;
-        let gb = t.bytes as f64 / 1e9;
-        f.insert(format!("tput{key}_gbps"), t.gbps());
-        if key == "1" {
-            f.insert("gen_cpu_s_per_gb".into(), t.gen_cpu / gb);
-        }
-        if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
-            f.insert(
-                format!("cpu_s_per_gb{}", if key == "1" { "" } else { "_n" }),
-                (c1 - c0) / gb,
-            );
-        }
+        let r = (|| {
+            let c0 = cpu(&proxy);
+            let t = load::throughput(
+                &path.on_port(next_port(port)),
+                streams,
+                Duration::from_secs_f64(config.secs),
+            )?;
+            let gb = t.bytes as f64 / 1e9;
+            f.insert(format!("tput{key}_gbps"), t.gbps());
+            if key == "1" {
+                f.insert("gen_cpu_s_per_gb".into(), t.gen_cpu / gb);
+            }
+            if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
+                let k = if key == "1" { "" } else { "_n" };
+                f.insert(format!("cpu_s_per_gb{k}"), (c1 - c0) / gb);
+            }
+            Ok(())
+        })();
+        record(&format!("throughput, {streams} stream(s)"), r, &proxy);
     }
     // Latency at a fixed rate.
-    let c0 = cpu(&proxy);
-    let l = load::latency(
-        &path.on_port(next_port(port)),
-        config.rps,
-        config.lat_conns,
-        Duration::from_secs_f64(config.lat_secs),
-    )?;
-    for (k, q) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+    let r = (|| {
+        let c0 = cpu(&proxy);
+        let l = load::latency(
+            &path.on_port(next_port(port)),
+            config.rps,
+            config.lat_conns,
+            Duration::from_secs_f64(config.lat_secs),
+        )?;
+        for (k, q) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+            f.insert(
+                format!("lat_{k}_us"),
+                l.hist.value_at_quantile(q / 100.0) as f64 / 1e3,
+            );
+        }
+        f.insert("lat_max_us".into(), l.hist.max() as f64 / 1e3);
         f.insert(
-            format!("lat_{k}_us"),
-            l.hist.value_at_quantile(q / 100.0) as f64 / 1e3,
+            "gen_late_p99_us".into(),
+            l.lateness.value_at_quantile(0.99) as f64 / 1e3,
         );
-    }
-    f.insert("lat_max_us".into(), l.hist.max() as f64 / 1e3);
-    f.insert("lat_rps".into(), l.requests as f64 / l.secs);
-    if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
-        f.insert(
-            "cpu_s_per_1k_req".into(),
-            (c1 - c0) / (l.requests as f64 / 1e3),
-        );
-    }
+        f.insert("lat_rps".into(), l.requests as f64 / l.secs);
+        if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
+            f.insert(
+                "cpu_s_per_1k_req".into(),
+                (c1 - c0) / (l.requests as f64 / 1e3),
+            );
+        }
+        Ok(())
+    })();
+    record("latency", r, &proxy);
     // Connection rate.
-    let c0 = cpu(&proxy);
-    let cr = load::conn_rate(
-        &path.on_port(next_port(port)),
-        config.conn_threads,
-        Duration::from_secs_f64(config.conn_secs),
-        config.conn_max,
-    )?;
-    f.insert("conn_per_s".into(), cr.conns as f64 / cr.secs);
-    f.insert("conn_failures".into(), cr.failures as f64);
-    if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
-        f.insert("cpu_us_per_conn".into(), (c1 - c0) / cr.conns as f64 * 1e6);
-    }
+    let r = (|| {
+        let c0 = cpu(&proxy);
+        let cr = load::conn_rate(
+            &path.on_port(next_port(port)),
+            config.conn_threads,
+            Duration::from_secs_f64(config.conn_secs),
+            config.conn_max,
+        )?;
+        f.insert("conn_per_s".into(), cr.conns as f64 / cr.secs);
+        f.insert("conn_failures".into(), cr.failures as f64);
+        if let Some(e) = cr.first_error {
+            notes.push(format!(
+                "{}: {} of {} connections failed, first: {e}",
+                sc.name,
+                cr.failures,
+                cr.failures + cr.conns
+            ));
+        }
+        if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
+            f.insert("cpu_us_per_conn".into(), (c1 - c0) / cr.conns as f64 * 1e6);
+        }
+        Ok(())
+    })();
+    record("connection rate", r, &proxy);
     // Idle connections: proxy RSS with each count open.
-    if let Some(p) = &proxy {
-        // After the connection-rate run the proxy may still be closing
-        // sockets; let it settle so "before" is its idle state again.
-        std::thread::sleep(Duration::from_millis(300));
-        let before = p.rss_kib();
-        for (key, n) in [("small", config.idle[0]), ("large", config.idle[1])] {
+    for (key, n) in [("small", config.idle[0]), ("large", config.idle[1])] {
+        let r = (|| {
+            // Let the proxy finish closing the previous run's sockets so
+            // "before" is its idle state again.
+            std::thread::sleep(Duration::from_millis(300));
+            let before = proxy.as_ref().map(|p| p.rss_kib());
             let idle = load::open_idle(&path.on_port(next_port(port)), n)?;
             std::thread::sleep(Duration::from_millis(300));
-            let rss = p.rss_kib();
-            f.insert(format!("rss_{key}_mib"), rss / 1024.0);
-            if key == "large" {
-                f.insert(
-                    "kib_per_idle_conn".into(),
-                    (rss - before) / idle.len() as f64,
-                );
+            if let (Some(p), Some(before)) = (&proxy, before) {
+                let rss = p.rss_kib();
+                f.insert(format!("rss_{key}_mib"), rss / 1024.0);
+                if key == "large" {
+                    let per = (rss - before) / idle.len() as f64;
+                    f.insert("kib_per_idle_conn".into(), per);
+                    let est = if idle.len() >= config.idle_target {
+                        rss
+                    } else {
+                        before + per * config.idle_target as f64
+                    };
+                    f.insert("rss_target_idle_mib".into(), est / 1024.0);
+                }
             }
             drop(idle);
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    } else {
-        // Direct: the load generator still opens them (its own ceiling).
-        for n in config.idle {
-            load::open_idle(&path.on_port(next_port(port)), n)?;
-        }
+            Ok(())
+        })();
+        record(&format!("{n} idle connections"), r, &proxy);
     }
     if let Some(mut p) = proxy {
         if !p.alive() {
-            anyhow::bail!("the proxy exited during the scenario:\n{}", p.log_tail());
+            errors.push(format!(
+                "the proxy exited during the scenario: {}",
+                p.log_tail()
+            ));
         }
         p.stop();
     }
-    Ok(f)
+    Ok((f, errors, notes))
 }
 
 /// Pod churn: `churn_pods` bare pod namespaces (lo only: the proxy's side of

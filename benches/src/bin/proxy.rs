@@ -15,6 +15,14 @@ fn main() -> anyhow::Result<()> {
     set.add(Signal::SIGINT);
     set.add(Signal::SIGTERM);
     set.thread_block()?;
+    // Warnings and errors (why a connection was reset) on stderr; the bench
+    // keeps the last lines for its report.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            std::env::var("RINGWAY_BENCH_PROXY_LOG").unwrap_or_else(|_| "warn".into()),
+        ))
+        .with_writer(std::io::stderr)
+        .init();
     let mesh = ringway_config::MeshConfig::load(None, &ringway_config::ProcessEnv)?;
     let proxy = ringway_proxy::Proxy::start(mesh.proxy().clone())?;
     let args: Vec<String> = std::env::args().skip(1).collect();
