@@ -43,7 +43,7 @@
 //!
 //! | # | rule | why |
 //! | --- | --- | --- |
-//! | 5 | `socket transparent 1 accept` | established inbound flows of the proxy's transparent sockets; no mark is set on packets from the pod's interfaces, so `src_valid_mark=1` cannot reroute them |
+//! | 5 | `tcp flags & (syn \| ack) != syn socket transparent 1 accept` | established inbound flows of the proxy's transparent sockets; no mark is set on packets from the pod's interfaces, so `src_valid_mark=1` cannot reroute them. An opening SYN never matches: if its 4-tuple still has one of our sockets in TIME_WAIT (the client reused its port), the tproxy rule retires it and captures the SYN |
 //! | 6 | `ct direction reply return` | replies to connections the pod opened |
 //! | 7 | `ip saddr 169.254.7.127 return` | kubelet probes are never captured |
 //! | 8 | `ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return` | same, IPv6 |

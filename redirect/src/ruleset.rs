@@ -80,6 +80,22 @@ fn oif_is_lo() -> Vec<Expr> {
     ]
 }
 
+/// `tcp flags & (syn|ack) != syn`: anything but an opening SYN.
+fn not_opening_syn() -> Vec<Expr> {
+    vec![
+        Expr::Payload {
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 13,
+            len: 1,
+        },
+        Expr::Bitwise {
+            mask: vec![0x12],
+            xor: vec![0],
+        },
+        cmp(NFT_CMP_NEQ, &[0x02]),
+    ]
+}
+
 fn socket_transparent() -> Vec<Expr> {
     vec![Expr::Socket(NFT_SOCKET_TRANSPARENT), cmp(NFT_CMP_EQ, &[1])]
 }
@@ -267,9 +283,14 @@ pub(crate) fn chains(s: &CaptureSpec) -> Vec<Chain> {
     let mut prerouting = prerouting_common(s);
     match s.mode {
         CaptureMode::Tproxy => {
+            // Not for an opening SYN: a SYN whose 4-tuple still has one of
+            // our transparent sockets in TIME_WAIT (the client reused its
+            // port) must go on to the tproxy rule, which retires the
+            // TIME_WAIT socket and hands the SYN to the listener. Accepted
+            // here, it would reach the app's listener uncaptured or stall.
             prerouting.push(rule(
-                "socket transparent 1 accept".into(),
-                vec![socket_transparent(), verdict(NF_ACCEPT)],
+                "tcp flags & (syn | ack) != syn socket transparent 1 accept".into(),
+                vec![not_opening_syn(), socket_transparent(), verdict(NF_ACCEPT)],
             ));
             prerouting.push(rule(
                 "ct direction reply return".into(),
@@ -374,7 +395,7 @@ mod tests {
                 "meta mark & 0xfff == 0x539 ct mark set 0x111 return",
                 "iif \"lo\" socket transparent 1 meta mark set 0x111 accept",
                 "iif \"lo\" return",
-                "socket transparent 1 accept",
+                "tcp flags & (syn | ack) != syn socket transparent 1 accept",
                 "ct direction reply return",
                 "ip saddr 169.254.7.127 return",
                 "ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return",

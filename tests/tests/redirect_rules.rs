@@ -348,7 +348,7 @@ fn switching_modes_replaces_the_rule_set() {
         );
         assert!(
             d.contains(
-                &"rule 5 of chain prerouting missing (socket transparent 1 accept)".to_string()
+                &"rule 5 of chain prerouting missing (tcp flags & (syn | ack) != syn socket transparent 1 accept)".to_string()
             ),
             "{d:?}"
         );
