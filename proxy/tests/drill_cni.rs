@@ -4,14 +4,17 @@
 //! `ringway agent` and the `ringway proxy` processes.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
+use support::{echo_server, ready};
 
 struct Proc(Child);
 
@@ -177,39 +180,6 @@ fn now_ms() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis()
-}
-
-fn ready(addr: SocketAddr) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.starts_with("HTTP/1.1 200")
-}
-
-fn echo_server(l: TcpListener, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    l.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            match l.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).unwrap();
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 4096];
-                        while let Ok(n) = s.read(&mut buf) {
-                            if n == 0 || s.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                    });
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
-    })
 }
 
 fn request(s: &mut TcpStream, i: u64) -> Result<(), String> {

@@ -6,7 +6,7 @@
 //! outlasts it.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -19,7 +19,10 @@ use nix::sys::socket::{
 };
 use ringway_cni::zds::{self, workload_request::Payload, AddWorkload, SnapshotSent, WorkloadInfo};
 use ringway_config::ProxySettings;
+mod support;
+
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
+use support::{echo_server, ready};
 
 /// A minimal agent: every proxy that connects gets the same snapshot.
 fn serve_snapshots(
@@ -149,50 +152,6 @@ impl Drop for ProxyProc {
             let _ = self.child.wait();
         }
     }
-}
-
-fn ready(addr: SocketAddr) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.starts_with("HTTP/1.1 200")
-}
-
-/// Echo server: each connection reads one 32-byte request, answers it, and
-/// then echoes whatever else comes until EOF.
-fn echo_server(l: TcpListener, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    l.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            match l.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).unwrap();
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 4096];
-                        loop {
-                            match s.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => {
-                                    if s.write_all(&buf[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                            }
-                        }
-                    });
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
-    })
 }
 
 fn one_request(addr: SocketAddr, i: u64) -> Result<(), String> {
