@@ -94,9 +94,9 @@ fn scrape_during_traffic(fast_path: bool) {
     let mut back = vec![0u8; chunk.len()];
     client.read_exact(&mut back).unwrap();
 
-    // Mid-connection scrape: bytes already counted, connection open.
-    let (ct, body) = scrape(server.addr, false);
-    assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+    // Mid-connection scrape: bytes already counted, connection open. The
+    // worker adds to the counters right after each splice returns, which can
+    // be a moment after the client already read the bytes: poll briefly.
     let src_labels = [
         "reporter=\"source\"",
         "source_workload=\"app-0\"",
@@ -108,6 +108,19 @@ fn scrape_during_traffic(fast_path: bool) {
         "response_flags=\"-\"",
         "connection_security_policy=\"none\"",
     ];
+    let counted = |body: &str| {
+        let r = sample(body, "istio_tcp_received_bytes_total", &src_labels).unwrap_or(0.0);
+        let w = sample(body, "istio_tcp_sent_bytes_total", &src_labels).unwrap_or(0.0);
+        r >= 100_000.0 && w >= 100_000.0
+    };
+    let mut scraped = scrape(server.addr, false);
+    let t0 = std::time::Instant::now();
+    while !counted(&scraped.1) && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(20));
+        scraped = scrape(server.addr, false);
+    }
+    let (ct, body) = scraped;
+    assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
     assert_eq!(
         sample(&body, "istio_tcp_connections_opened_total", &src_labels),
         Some(1.0),
