@@ -54,7 +54,14 @@ pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
     let registry = Arc::new(metrics.registry());
     Arc::new(move |method, path, _, openmetrics| match (method, path) {
         (&hyper::Method::GET, "/metrics") | (&hyper::Method::GET, "/stats/prometheus") => {
+            // Derived from the datapath's own counters at scrape time, so
+            // the workers count each event once.
             metrics.active.set(stats.active.get());
+            let errors = stats.accept_resource_errors.get();
+            let exported = metrics.accept_resource_errors.get();
+            if errors > exported {
+                metrics.accept_resource_errors.inc_by(errors - exported);
+            }
             let body = encode(&registry, openmetrics);
             let ct = if openmetrics {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -213,7 +220,11 @@ impl ControlServer {
                         tokio::select! {
                             _ = &mut rx => break,
                             acc = listener.accept() => {
-                                let Ok((stream, _)) = acc else { continue };
+                                let Ok((stream, _)) = acc else {
+                                    // Out of fds or similar: don't spin.
+                                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                                    continue;
+                                };
                                 let handler = handler.clone();
                                 tokio::spawn(async move {
                                     let svc = hyper::service::service_fn(move |req| handle(req, handler.clone()));

@@ -56,11 +56,6 @@ impl PipePool {
             v.push(p);
         }
     }
-
-    /// Idle pipes held.
-    pub fn idle(&self) -> usize {
-        self.pipes.borrow().len()
-    }
 }
 
 /// Where a direction counts the bytes it moves: the datapath total and the

@@ -187,11 +187,11 @@ pub struct Metrics {
     pub pods: Gauge,
     /// `ringway_listeners`.
     pub listeners: Gauge,
-    /// `ringway_connections_active`.
+    /// `ringway_connections_active` (set from [`crate::Stats`] at scrape time).
     pub active: Gauge<i64, AtomicI64>,
     /// `ringway_zds_requests_total`.
     pub zds: Family<ZdsLabels, Counter>,
-    /// `ringway_accept_resource_errors_total`.
+    /// `ringway_accept_resource_errors_total` (caught up with [`crate::Stats`] at scrape time).
     pub accept_resource_errors: Counter<u64, AtomicU64>,
     /// `ringway_datapath_io_uring` (1 = io_uring, 0 = epoll fallback).
     pub datapath_uring: Gauge,
@@ -288,27 +288,25 @@ pub fn encode(registry: &Registry, openmetrics: bool) -> String {
     if openmetrics {
         return out;
     }
+    // Counter families are named with `_total` in Prometheus text: collect
+    // them first (HELP lines come before TYPE lines), then rewrite.
+    let counters: std::collections::HashSet<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
     let mut prom = String::with_capacity(out.len());
-    let mut counters = std::collections::HashSet::new();
     for line in out.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            if let Some(name) = rest.strip_suffix(" counter") {
-                counters.insert(name.to_string());
-                prom.push_str(&format!("# TYPE {name}_total counter\n"));
-                continue;
-            }
-        }
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let name = rest.split(' ').next().unwrap_or("");
-            if counters.contains(name) || out.contains(&format!("# TYPE {name} counter")) {
-                prom.push_str(&format!("# HELP {name}_total{}\n", &rest[name.len()..]));
-                continue;
-            }
-        }
         if line.starts_with("# EOF") || line.starts_with("# UNIT") {
             continue;
         }
-        prom.push_str(line);
+        let renamed = ["# TYPE ", "# HELP "].iter().find_map(|tag| {
+            let rest = line.strip_prefix(tag)?;
+            let name = rest.split(' ').next()?;
+            counters
+                .contains(name)
+                .then(|| format!("{tag}{name}_total{}", &rest[name.len()..]))
+        });
+        prom.push_str(renamed.as_deref().unwrap_or(line));
         prom.push('\n');
     }
     prom

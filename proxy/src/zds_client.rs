@@ -30,10 +30,6 @@ pub struct Readiness {
     protocol_error: AtomicBool,
     draining: AtomicBool,
     pending: Mutex<HashSet<String>>,
-    /// ZDS requests handled, by outcome (for logs and tests).
-    pub acks: AtomicU64,
-    /// Nacks sent.
-    pub nacks: AtomicU64,
     /// Snapshots completed.
     pub snapshots: AtomicU64,
 }
@@ -165,7 +161,6 @@ enum SessionError {
 
 fn reply(
     sock: &OwnedFd,
-    ready: &Readiness,
     metrics: &crate::metrics::Metrics,
     error: Option<String>,
 ) -> Result<(), ZdsError> {
@@ -174,11 +169,6 @@ fn reply(
         .zds
         .get_or_create(&crate::metrics::ZdsLabels { outcome })
         .inc();
-    if error.is_some() {
-        ready.nacks.fetch_add(1, Ordering::Relaxed);
-    } else {
-        ready.acks.fetch_add(1, Ordering::Relaxed);
-    }
     zds::send(sock.as_fd(), &zds::ack(error), None)
 }
 
@@ -225,7 +215,7 @@ fn session(
             Err(e @ (ZdsError::Truncated | ZdsError::TooManyFds)) => {
                 // The agent waits for one ack per request: answer, then go on.
                 tracing::warn!(error = %e, "bad ZDS packet from the agent");
-                reply(sock, ready, &proxy.metrics(), Some(e.to_string()))?;
+                reply(sock, &proxy.metrics(), Some(e.to_string()))?;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -234,7 +224,7 @@ fn session(
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "bad ZDS request from the agent");
-                reply(sock, ready, &proxy.metrics(), Some(e.to_string()))?;
+                reply(sock, &proxy.metrics(), Some(e.to_string()))?;
                 continue;
             }
         };
@@ -260,7 +250,7 @@ fn session(
                     Ok(()) => {
                         pending.remove(&uid);
                         set_pending(ready, pending);
-                        reply(sock, ready, &proxy.metrics(), None)?;
+                        reply(sock, &proxy.metrics(), None)?;
                     }
                     Err(e) => {
                         tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
@@ -271,7 +261,7 @@ fn session(
                             crate::ProxyError::NotANetns { .. }
                                 | crate::ProxyError::HostNetns { .. }
                         ) {
-                            reply(sock, ready, &proxy.metrics(), Some(text))?;
+                            reply(sock, &proxy.metrics(), Some(text))?;
                             continue;
                         }
                         pending.insert(
@@ -283,7 +273,7 @@ fn session(
                             },
                         );
                         set_pending(ready, pending);
-                        reply(sock, ready, &proxy.metrics(), Some(text))?;
+                        reply(sock, &proxy.metrics(), Some(text))?;
                     }
                 }
             }
@@ -292,7 +282,6 @@ fn session(
                     ready.protocol_error.store(true, Ordering::SeqCst);
                     reply(
                         sock,
-                        ready,
                         &proxy.metrics(),
                         Some(format!("Keep for pod {uid} after the snapshot")),
                     )?;
@@ -301,23 +290,18 @@ fn session(
                     )));
                 }
                 named.insert(uid);
-                reply(sock, ready, &proxy.metrics(), None)?;
+                reply(sock, &proxy.metrics(), None)?;
             }
             Request::Del { uid } => {
                 pending.remove(&uid);
                 set_pending(ready, pending);
                 proxy.remove_pod(&uid);
-                reply(sock, ready, &proxy.metrics(), None)?;
+                reply(sock, &proxy.metrics(), None)?;
             }
             Request::SnapshotSent => {
                 if !in_snapshot {
                     ready.protocol_error.store(true, Ordering::SeqCst);
-                    reply(
-                        sock,
-                        ready,
-                        &proxy.metrics(),
-                        Some("second SnapshotSent".into()),
-                    )?;
+                    reply(sock, &proxy.metrics(), Some("second SnapshotSent".into()))?;
                     return Err(SessionError::Protocol("second SnapshotSent".into()));
                 }
                 in_snapshot = false;
@@ -339,7 +323,7 @@ fn session(
                     pending = pending.len(),
                     "ZDS snapshot applied"
                 );
-                reply(sock, ready, &proxy.metrics(), None)?;
+                reply(sock, &proxy.metrics(), None)?;
             }
         }
     }
