@@ -357,12 +357,23 @@ impl Proxy {
             ports,
             who: RwLock::new((identity.clone(), principal)),
         });
+        // Every worker knows the pod before it becomes a same-node fast-path
+        // target (`local_pods`): a fast-path connection is then always
+        // registered with the target, so removing the target resets it.
+        let mut waits = Vec::with_capacity(self.workers.len());
         for (w, listeners) in self.workers.iter().zip(per_worker) {
+            let (done, rx) = std::sync::mpsc::channel();
             w.tx.send(Cmd::AddPod {
                 pod: shared.clone(),
                 listeners,
+                done,
             })
             .map_err(|_| ProxyError::Stopped)?;
+            waits.push(rx);
+        }
+        for rx in waits {
+            rx.recv_timeout(Duration::from_secs(5))
+                .map_err(|_| ProxyError::Stopped)?;
         }
         let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         {

@@ -285,6 +285,13 @@ pub async fn outbound(
         }
     };
     cx.metrics.opened.get_or_create(&labels).inc();
+    cx.metrics
+        .hbone_streams
+        .get_or_create(&crate::metrics::TlsLabels {
+            side: "client",
+            outcome: "ok",
+        })
+        .inc();
     // Counters advance as bytes move, as on the splice path.
     let client = Metered {
         io: client,
@@ -494,16 +501,19 @@ async fn decide(
             .inc();
         return Decision::Deny401(verdict.to_string());
     }
-    state
-        .metrics
-        .hbone_streams
-        .get_or_create(&crate::metrics::TlsLabels {
-            side: "server",
-            outcome: "ok",
-        })
-        .inc();
     match connect_in_pod(pod, mark, dst, Some(client)).await {
-        Ok(s) => Decision::Accept(Upstream::tcp(s)),
+        Ok(s) => {
+            // Counted once the stream is really served (not for a 503).
+            state
+                .metrics
+                .hbone_streams
+                .get_or_create(&crate::metrics::TlsLabels {
+                    side: "server",
+                    outcome: "ok",
+                })
+                .inc();
+            Decision::Accept(Upstream::tcp(s))
+        }
         Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),
     }
 }

@@ -68,6 +68,8 @@ pub enum Cmd {
         pod: Arc<PodShared>,
         /// This worker's listeners.
         listeners: Vec<(ListenerKind, OwnedFd)>,
+        /// Replied once the worker serves the pod.
+        done: std::sync::mpsc::Sender<()>,
     },
     /// Stop serving a pod: close its listeners and reset its connections now.
     /// Replies with the number of connections reset.
@@ -204,7 +206,14 @@ async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
     tracing::debug!(worker = ctx.id, backend = %ctx.backend, "worker started");
     while let Some(cmd) = rx.recv().await {
         match cmd {
-            Cmd::AddPod { pod, listeners } => add_pod(&ctx, pod, listeners),
+            Cmd::AddPod {
+                pod,
+                listeners,
+                done,
+            } => {
+                add_pod(&ctx, pod, listeners);
+                let _ = done.send(());
+            }
             Cmd::RemovePod { uid, done } => {
                 let n = remove_pod(&ctx, &uid);
                 let _ = done.send(n);
@@ -294,7 +303,6 @@ async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, 
                 // Out of fds/memory: the connection stays queued in the
                 // kernel; refuse to spin, warn (at most once a second), retry.
                 ctx.stats.accept_resource_errors.inc();
-                ctx.metrics.accept_resource_errors.inc();
                 let now = Instant::now();
                 if ctx
                     .last_fd_warning
