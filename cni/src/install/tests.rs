@@ -571,7 +571,7 @@ fn watch_reinserts_after_the_primary_rewrites_its_file() {
     let started = Instant::now();
     watch.stop();
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(10),
         "stop took {:?}",
         started.elapsed()
     );

@@ -1121,7 +1121,7 @@ mod selector {
             "no answer from the Kubernetes API server about pod mesh/web within 200 ms"
         );
         assert!(
-            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+            took >= Duration::from_millis(200) && took < Duration::from_secs(10),
             "{took:?}"
         );
 
@@ -1144,7 +1144,7 @@ mod selector {
             s.selects("u", "mesh", "web"),
             Err(SelectError::Stopped)
         ));
-        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 
     /// Once the watch has listed pods and namespaces, the selector answers from its
