@@ -96,6 +96,14 @@ pub struct WorkloadConfig {
     /// Whether the workload's node proxy speaks HBONE on port 15008.
     #[serde(default)]
     pub tunnel: bool,
+    /// Whether the workload takes traffic sent to its services (default
+    /// true; in a cluster, the EndpointSlice's `ready` condition).
+    #[serde(default = "default_healthy")]
+    pub healthy: bool,
+}
+
+fn default_healthy() -> bool {
+    true
 }
 
 fn default_service_account() -> String {

@@ -28,6 +28,8 @@ pub struct Workload {
     pub node: String,
     /// Whether the pod's node proxy speaks HBONE (port 15008).
     pub tunnel: bool,
+    /// Whether the workload takes new connections sent to its services.
+    pub healthy: bool,
 }
 
 impl Workload {
@@ -255,6 +257,22 @@ impl Mesh {
             .endpoints
             .iter()
             .filter_map(|uid| self.workload_by_uid(uid))
+    }
+
+    /// The endpoints a new connection to `service` may go to: healthy
+    /// workloads with an address in `dst`'s family, as `(workload, address)`.
+    pub fn healthy_endpoints<'a>(
+        &'a self,
+        service: &'a Service,
+        ipv6: bool,
+    ) -> impl Iterator<Item = (&'a Workload, IpAddr)> {
+        self.endpoints(service).filter(|w| w.healthy).filter_map(move |w| {
+            w.ips
+                .iter()
+                .copied()
+                .find(|ip| ip.is_ipv6() == ipv6)
+                .map(|ip| (w, ip))
+        })
     }
 
     /// Policies of the root namespace (every workload is in their scope).

@@ -121,6 +121,7 @@ pub(crate) fn validate(
             ips,
             node: w.node.clone(),
             tunnel: w.tunnel,
+            healthy: w.healthy,
         });
     }
 

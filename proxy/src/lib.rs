@@ -18,6 +18,7 @@
 
 pub mod control;
 pub mod copy;
+pub mod flows;
 pub mod metrics;
 pub mod sock;
 pub mod stats;
@@ -253,9 +254,28 @@ impl Proxy {
     /// Publishes the mesh (workloads, policies, trust domain): which
     /// destinations are tunnelled and what authorization allows. Swappable
     /// at any time (hot reload); connections opened afterwards use it.
-    pub fn set_mesh(&self, mesh: Arc<ringway_config::Mesh>) {
+    ///
+    /// Open connections are then re-checked against the new policies and
+    /// those now denied are reset (the number is returned).
+    pub fn set_mesh(&self, mesh: Arc<ringway_config::Mesh>) -> usize {
         self.set_trust_domain(mesh.trust_domain());
-        self.tunnel.set_mesh(mesh);
+        // Publish first, re-check second (see `flows::register`).
+        self.tunnel.set_mesh(mesh.clone());
+        let pods: Vec<Arc<PodShared>> = self
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|r| r.shared.clone())
+            .collect();
+        let reset = flows::recheck(&mesh, &pods, &self.metrics);
+        if reset > 0 {
+            tracing::info!(
+                connections_reset = reset,
+                "policy change: open connections re-checked"
+            );
+        }
+        reset
     }
 
     /// Whether HBONE is on (identity manager and mesh present).
@@ -356,6 +376,7 @@ impl Proxy {
             ips: ips.clone(),
             ports,
             who: RwLock::new((identity.clone(), principal)),
+            flows: flows::FlowTable::default(),
         });
         // Every worker knows the pod before it becomes a same-node fast-path
         // target (`local_pods`): a fast-path connection is then always

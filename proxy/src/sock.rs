@@ -41,7 +41,11 @@ impl Sock {
     /// Wraps a non-blocking socket for `backend` (registers it with epoll
     /// when that is the backend).
     pub fn new(fd: OwnedFd, backend: Backend) -> io::Result<Sock> {
-        let fd = Rc::new(fd);
+        Self::from_shared(Rc::new(fd), backend)
+    }
+
+    /// [`Sock::new`] for a socket already shared (e.g. with the pod registry).
+    pub fn from_shared(fd: Rc<OwnedFd>, backend: Backend) -> io::Result<Sock> {
         let epoll = match backend {
             Backend::Uring => None,
             Backend::Epoll => Some(crate::sys::register_epoll(fd.clone())?),

@@ -30,6 +30,7 @@ use ringway_identity::IdentityManager;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::copy::Meter;
+use crate::flows::{self, FlowAuthz};
 use crate::metrics::{Metrics, Peer, TcpLabels};
 use crate::sock;
 use crate::stats::Stats;
@@ -142,7 +143,7 @@ pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
 
 /// The workload of a pod for authorization: the mesh's, else one made from
 /// what the agent told us.
-fn pod_workload(mesh: &Mesh, pod: &PodShared) -> Workload {
+pub(crate) fn pod_workload(mesh: &Mesh, pod: &PodShared) -> Workload {
     if let Some(w) = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)) {
         return w.clone();
     }
@@ -155,6 +156,7 @@ fn pod_workload(mesh: &Mesh, pod: &PodShared) -> Workload {
         ips: pod.ips.clone(),
         node: String::new(),
         tunnel: true,
+        healthy: true,
     }
 }
 
@@ -196,26 +198,65 @@ pub fn outbound_plan(
     })
 }
 
-/// Authorization of a plaintext inbound connection (no identity). `None`
-/// when it may proceed (or no mesh is configured), else the reason.
-pub fn plaintext_denied(
+/// Authorizes a plaintext inbound connection (no identity) to `pod`.
+/// `Ok(Some(..))`: allowed by the mesh's policies (the flow is to be
+/// registered for re-checks); `Ok(None)`: no mesh, nothing to check;
+/// `Err(reason)`: denied.
+pub fn authorize_plaintext(
     state: &TunnelState,
     pod: &PodShared,
     src: IpAddr,
     dst: SocketAddr,
-) -> Option<String> {
-    let mesh = state.mesh()?;
-    let w = pod_workload(&mesh, pod);
+) -> Result<Option<FlowAuthz>, String> {
+    let Some(mesh) = state.mesh() else {
+        return Ok(None);
+    };
+    authorize(&mesh, pod, src, None, dst.port(), "plaintext").map(Some)
+}
+
+/// Authorizes a same-node connection from pod `src_pod` (whose identity the
+/// proxy knows first hand: it captured the connection in that pod's netns)
+/// to `dst_pod`, as `dst_pod`'s inbound side would.
+pub fn authorize_local(
+    mesh: &Arc<Mesh>,
+    src_pod: &PodShared,
+    src_ip: IpAddr,
+    dst_pod: &PodShared,
+    dst: SocketAddr,
+) -> Result<FlowAuthz, String> {
+    let id = pod_identity(mesh, src_pod);
+    authorize(mesh, dst_pod, src_ip, id, dst.port(), "local")
+}
+
+fn authorize(
+    mesh: &Arc<Mesh>,
+    pod: &PodShared,
+    src_ip: IpAddr,
+    src_identity: Option<Identity>,
+    dst_port: u16,
+    path: &'static str,
+) -> Result<FlowAuthz, String> {
+    let w = pod_workload(mesh, pod);
     let d = authz::evaluate(
-        &mesh,
+        mesh,
         &ConnInfo {
-            src_ip: src,
-            src_identity: None,
+            src_ip,
+            src_identity: src_identity.as_ref(),
             dst_workload: &w,
-            dst_port: dst.port(),
+            dst_port,
         },
     );
-    (!d.is_allowed()).then(|| d.to_string())
+    if d.is_allowed() {
+        Ok(FlowAuthz {
+            src_ip,
+            src_identity,
+            dst_port,
+            path,
+            decided_with: mesh.clone(),
+        })
+    } else {
+        Err(d.to_string())
+    }
 }
 
 /// A nonblocking socket made inside `pod`'s netns (proxy mark, optionally
@@ -254,37 +295,28 @@ pub struct ConnCtx<'a> {
     pub mark: u32,
 }
 
-/// Outbound over HBONE: dial (pooled) to the destination pod's 15008, open a
-/// CONNECT stream, copy bytes both ways. The client is reset on any failure.
-pub async fn outbound(
-    cx: ConnCtx<'_>,
-    pool: &Pool,
-    pod: &PodShared,
-    src_peer: Peer,
-    client: TcpStream,
-    client_addr: SocketAddr,
-    plan: OutboundPlan,
-) {
-    let started = Instant::now();
+/// The labels of a tunnelled connection as its source side reports it.
+pub fn outbound_labels(src_peer: &Peer, plan: &OutboundPlan) -> TcpLabels {
     let dst_peer = Peer {
         workload: plan.dst_workload.name.clone(),
         namespace: plan.dst_workload.namespace.clone(),
         principal: plan.dst_identity.to_string(),
     };
-    let labels = TcpLabels::new("source", &src_peer, &dst_peer, "mutual_tls", "-");
-    let stream = match open(&cx, pool, pod, &src_peer, client_addr, &plan).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::info!(target: "access", error = %e, dst.addr = %plan.dst, "connection failed: hbone; client reset");
-            cx.stats.connect_failed.inc();
-            let l = labels.with_flags("UF");
-            cx.metrics.opened.get_or_create(&l).inc();
-            cx.metrics.closed.get_or_create(&l).inc();
-            sys::tcp_abort(client.as_fd());
-            return;
-        }
-    };
-    cx.metrics.opened.get_or_create(&labels).inc();
+    TcpLabels::new("source", src_peer, &dst_peer, "mutual_tls", "-")
+}
+
+/// Copies bytes between the client and its open CONNECT stream, counting
+/// them as they move, then logs the connection.
+pub async fn outbound_pump(
+    cx: ConnCtx<'_>,
+    src_peer: &Peer,
+    client: TcpStream,
+    stream: ringway_hbone::HboneStream,
+    plan: &OutboundPlan,
+    labels: &TcpLabels,
+    started: Instant,
+) {
+    cx.metrics.opened.get_or_create(labels).inc();
     cx.metrics
         .hbone_streams
         .get_or_create(&crate::metrics::TlsLabels {
@@ -297,15 +329,17 @@ pub async fn outbound(
         io: client,
         read: Meter {
             total: &cx.stats.bytes_to_upstream,
-            counters: vec![cx.metrics.received.get_or_create(&labels).clone()],
+            counters: vec![cx.metrics.received.get_or_create(labels).clone()],
         },
         write: Meter {
             total: &cx.stats.bytes_to_client,
-            counters: vec![cx.metrics.sent.get_or_create(&labels).clone()],
+            counters: vec![cx.metrics.sent.get_or_create(labels).clone()],
         },
+        read_n: 0,
+        write_n: 0,
     };
     let (up, down, end) = pump(client, stream).await;
-    cx.metrics.closed.get_or_create(&labels).inc();
+    cx.metrics.closed.get_or_create(labels).inc();
     tracing::event!(
         target: "access",
         tracing::Level::INFO,
@@ -322,7 +356,9 @@ pub async fn outbound(
     );
 }
 
-async fn open(
+/// Opens a CONNECT stream for `plan`: over a pooled HTTP/2 connection from
+/// `pod` to the destination's port 15008, dialled (TCP + mTLS) if needed.
+pub async fn open_outbound(
     cx: &ConnCtx<'_>,
     pool: &Pool,
     pod: &PodShared,
@@ -397,7 +433,8 @@ async fn pump(
         Err(e) => {
             sys::tcp_abort(client.io.as_fd());
             stream.reset();
-            (0, 0, format!("reset: {e}"))
+            // What moved before the failure (the copy's own totals are lost).
+            (client.read_n, client.write_n, format!("reset: {e}"))
         }
     }
 }
@@ -466,7 +503,7 @@ pub async fn inbound(
 
 async fn decide(
     state: &TunnelState,
-    pod: &PodShared,
+    pod: &Arc<PodShared>,
     mark: u32,
     peer_id: &Identity,
     req: ConnectRequest,
@@ -503,6 +540,19 @@ async fn decide(
     }
     match connect_in_pod(pod, mark, dst, Some(client)).await {
         Ok(s) => {
+            // Re-checked when the policies change (reset if then denied).
+            let flow = flows::register(
+                pod,
+                &[s.as_fd()],
+                FlowAuthz {
+                    src_ip: client,
+                    src_identity: Some(peer_id.clone()),
+                    dst_port: dst.port(),
+                    path: "hbone",
+                    decided_with: mesh.clone(),
+                },
+                state,
+            );
             // Counted once the stream is really served (not for a 503).
             state
                 .metrics
@@ -512,7 +562,7 @@ async fn decide(
                     outcome: "ok",
                 })
                 .inc();
-            Decision::Accept(Upstream::tcp(s))
+            Decision::Accept(Upstream::tcp(s).with_guard(flow))
         }
         Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),
     }
@@ -524,6 +574,8 @@ struct Metered<'a> {
     io: TcpStream,
     read: Meter<'a>,
     write: Meter<'a>,
+    read_n: u64,
+    write_n: u64,
 }
 
 impl tokio::io::AsyncRead for Metered<'_> {
@@ -538,6 +590,7 @@ impl tokio::io::AsyncRead for Metered<'_> {
         let n = buf.filled().len() - before;
         if n > 0 {
             this.read.add(n as u64);
+            this.read_n += n as u64;
         }
         r
     }
@@ -553,6 +606,7 @@ impl tokio::io::AsyncWrite for Metered<'_> {
         let r = std::pin::Pin::new(&mut this.io).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = &r {
             this.write.add(*n as u64);
+            this.write_n += *n as u64;
         }
         r
     }

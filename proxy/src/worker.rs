@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::{Arc, RwLock};
@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::copy::{copy_one_way, DirEnd, Meter, PipePool};
+use crate::flows::{self, FlowAuthz};
 use crate::metrics::{Metrics, Peer, TcpLabels};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
@@ -39,6 +40,9 @@ pub struct PodShared {
     /// Who the pod is and its SPIFFE principal (empty when unknown); the
     /// agent may send a fuller identity later (same netns), so it can change.
     pub who: RwLock<(crate::PodIdentity, String)>,
+    /// Connections authorized against this pod's policies (re-checked when
+    /// the policies change).
+    pub flows: flows::FlowTable,
 }
 
 impl PodShared {
@@ -128,6 +132,8 @@ struct WorkerCtx {
     /// tunnel pool (its HTTP/2 connections are driven on this thread).
     tunnel: Arc<TunnelState>,
     hbone_pool: Rc<ringway_hbone::Pool>,
+    /// Round robin over service endpoints.
+    next_endpoint: Cell<usize>,
 }
 
 fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
@@ -183,6 +189,7 @@ pub fn run(
         last_fd_warning: Cell::new(None),
         tunnel,
         hbone_pool: Rc::new(hbone_pool),
+        next_endpoint: Cell::new(0),
     });
     match backend {
         Backend::Uring => {
@@ -242,6 +249,10 @@ fn remove_pod(ctx: &WorkerCtx, uid: &str) -> usize {
     };
     pod.removed.set(true);
     pod.close_listeners();
+    // Tunnels dialled from the pod's netns go with it (an address reused by
+    // a later pod must not ride them).
+    let ips = &pod.shared.ips;
+    ctx.hbone_pool.evict(|k| ips.contains(&k.src_ip));
     pod.abort_all()
 }
 
@@ -340,6 +351,34 @@ struct ConnGuard {
     stats: Arc<Stats>,
 }
 
+impl ConnGuard {
+    /// Records the connection's upstream socket (replacing an earlier
+    /// attempt's), registering it with the destination pod when that pod is
+    /// served here (fast path), so removing either pod resets it.
+    fn set_upstream(
+        &mut self,
+        client: &Rc<OwnedFd>,
+        upstream: Rc<OwnedFd>,
+        target: Option<Rc<PodLocal>>,
+    ) {
+        if let Some((old, id)) = self.target.take() {
+            old.conns.borrow_mut().remove(&id);
+        }
+        if let Some(slot) = self.pod.conns.borrow_mut().get_mut(&self.id) {
+            slot[1] = Some(upstream.clone());
+        }
+        if let Some(target) = target {
+            let tid = target.next_id.get();
+            target.next_id.set(tid + 1);
+            target
+                .conns
+                .borrow_mut()
+                .insert(tid, [Some(client.clone()), Some(upstream)]);
+            self.target = Some((target, tid));
+        }
+    }
+}
+
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.pod.conns.borrow_mut().remove(&self.id);
@@ -350,6 +389,15 @@ impl Drop for ConnGuard {
     }
 }
 
+/// How many endpoints of a service one connection tries before it gives up.
+const SERVICE_TRIES: usize = 3;
+
+/// Resets the client: the connection is refused (policy, no destination).
+fn refuse(ctx: &WorkerCtx, client: &OwnedFd) {
+    ctx.stats.refused.inc();
+    sys::tcp_abort(client.as_fd());
+}
+
 async fn handle_conn(
     ctx: Rc<WorkerCtx>,
     pod: Rc<PodLocal>,
@@ -357,191 +405,410 @@ async fn handle_conn(
     fd: OwnedFd,
     peer: SockAddr,
 ) {
-    // HBONE first: the tunnel listener, and outbound connections to tunnel
-    // workloads, run on tokio streams instead of the splice datapath.
-    let fd = match tunnel_intercept(&ctx, &pod, kind, fd, &peer) {
-        Some(fd) => fd,
-        None => return,
-    };
     let started = Instant::now();
-    let client = match Sock::new(fd, ctx.backend) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot register accepted socket");
-            return;
-        }
+    let Some(peer) = peer.as_socket() else {
+        sys::tcp_abort(fd.as_fd());
+        return;
     };
-    let id = pod.next_id.get();
-    pod.next_id.set(id + 1);
     if pod.removed.get() {
-        sys::tcp_abort(client.fd());
+        sys::tcp_abort(fd.as_fd());
         return;
     }
+    // Registered with its pod at once: removing the pod resets it, whatever
+    // stage it is in.
+    let client = Rc::new(fd);
+    let id = pod.next_id.get();
+    pod.next_id.set(id + 1);
     pod.conns
         .borrow_mut()
-        .insert(id, [Some(client.shared()), None]);
+        .insert(id, [Some(client.clone()), None]);
     ctx.stats.active.inc();
-    let mut guard = ConnGuard {
+    let guard = ConnGuard {
         pod: pod.clone(),
         id,
         target: None,
         stats: ctx.stats.clone(),
     };
-    let Some(peer) = peer.as_socket() else {
-        sys::tcp_abort(client.fd());
-        return;
-    };
     let s = &ctx.settings;
-    let (dst, spoof) = match kind {
+    let nat = match kind {
         ListenerKind::Tunnel => {
-            // HBONE is off (no CA configured), so nothing may come in
-            // through 15008: refuse clearly rather than forward blindly.
-            tracing::debug!("tunnel port without HBONE; resetting");
-            ctx.stats.refused.inc();
-            sys::tcp_abort(client.fd());
+            if ctx.tunnel.enabled().is_some() {
+                tunnel_inbound(&ctx, &pod, &client, peer).await;
+            } else {
+                // HBONE is off (no CA configured), so nothing may come in
+                // through 15008: refuse clearly rather than forward blindly.
+                tracing::debug!("tunnel port without HBONE; resetting");
+                refuse(&ctx, &client);
+            }
             return;
         }
-        ListenerKind::Outbound => (sock::original_dst(client.fd(), true, peer.is_ipv6()), None),
-        ListenerKind::Inbound => (
-            sock::original_dst(
-                client.fd(),
-                s.capture_mode == CaptureMode::Redirect,
-                peer.is_ipv6(),
-            ),
-            Some(peer.ip()),
-        ),
+        ListenerKind::Outbound => true,
+        ListenerKind::Inbound => s.capture_mode == CaptureMode::Redirect,
     };
-    let dst = match dst {
+    let dst = match sock::original_dst(client.as_fd(), nat, peer.is_ipv6()) {
         Ok(d) => d,
         Err(e) => {
             tracing::debug!(error = %e, "no original destination; resetting");
-            ctx.stats.refused.inc();
-            sys::tcp_abort(client.fd());
+            refuse(&ctx, &client);
             return;
         }
     };
     tracing::Span::current().record("dst.addr", tracing::field::display(dst));
-    if kind == ListenerKind::Inbound {
-        if let Some(why) = tunnel::plaintext_denied(&ctx.tunnel, &pod.shared, peer.ip(), dst) {
-            ctx.metrics
-                .denials
-                .get_or_create(&crate::metrics::DenyLabels { path: "plaintext" })
-                .inc();
-            tracing::info!(target: "access", reason = %why, "plaintext connection denied by policy; reset");
-            ctx.stats.refused.inc();
-            sys::tcp_abort(client.fd());
-            return;
-        }
-    }
     // A destination on one of our own capture ports means the connection
     // was not captured by the rules (e.g. an app dialling 15001 directly):
     // forwarding it would loop back to us.
     if dst.port() == s.ports.outbound || dst.port() == s.ports.inbound {
         tracing::debug!("destination is a capture port of the proxy; resetting");
-        ctx.stats.refused.inc();
-        sys::tcp_abort(client.fd());
+        refuse(&ctx, &client);
         return;
     }
-    // Same-node fast path: the destination is a pod we serve, so connect
-    // inside *its* netns exactly as its inbound side would (spoofed client
-    // source, proxy mark), skipping a second trip through the network.
-    let mut netns_pod = pod.shared.clone();
-    let mut spoof = spoof;
-    if kind == ListenerKind::Outbound && s.same_node_fast_path {
-        let target = ctx
+    match kind {
+        ListenerKind::Inbound => {
+            let flow = match tunnel::authorize_plaintext(&ctx.tunnel, &pod.shared, peer.ip(), dst) {
+                Ok(flow) => flow,
+                Err(why) => {
+                    deny(&ctx, &client, "plaintext", &why);
+                    return;
+                }
+            };
+            let hop = Hop {
+                addr: dst,
+                netns: pod.shared.clone(),
+                spoof: Some(peer.ip()),
+                flow: flow.map(|f| (pod.shared.clone(), f)),
+            };
+            let labels = splice_labels(&ctx, &pod, kind, peer, &hop);
+            let mut guard = guard;
+            match connect_hop(&ctx, &mut guard, &client, &hop).await {
+                Ok(upstream) => {
+                    splice(&ctx, &client, upstream, &hop, labels, started).await;
+                }
+                Err(e) => connect_failed(&ctx, &client, &labels, &e.to_string()),
+            }
+        }
+        _ => outbound(ctx.clone(), pod, guard, client, peer, dst, started).await,
+    }
+}
+
+/// Counts and logs a connection refused by policy, and resets it.
+fn deny(ctx: &WorkerCtx, client: &OwnedFd, path: &'static str, why: &str) {
+    ctx.metrics
+        .denials
+        .get_or_create(&crate::metrics::DenyLabels { path })
+        .inc();
+    tracing::info!(target: "access", path, reason = %why, "connection denied by policy; reset");
+    refuse(ctx, client);
+}
+
+/// Counts and logs a connection whose destination could not be reached
+/// (every attempt failed), and resets the client.
+fn connect_failed(ctx: &WorkerCtx, client: &OwnedFd, labels: &[TcpLabels], error: &str) {
+    tracing::info!(target: "access", %error, "connection failed: upstream connect; client reset");
+    ctx.stats.connect_failed.inc();
+    for l in labels {
+        let l = l.with_flags("UF");
+        ctx.metrics.opened.get_or_create(&l).inc();
+        ctx.metrics.closed.get_or_create(&l).inc();
+    }
+    sys::tcp_abort(client.as_fd());
+}
+
+/// Where a spliced connection's upstream socket is made and what it dials.
+struct Hop {
+    /// The address the upstream socket connects to.
+    addr: SocketAddr,
+    /// The pod whose netns the upstream socket lives in.
+    netns: Arc<PodShared>,
+    /// The source address to spoof (the client's), if any.
+    spoof: Option<IpAddr>,
+    /// The authorization to register for re-checks, with the pod it was
+    /// made against.
+    flow: Option<(Arc<PodShared>, FlowAuthz)>,
+}
+
+/// Where an outbound connection to one address goes.
+enum Route {
+    /// A pod served here: connect inside its netns (same-node fast path).
+    Local(Arc<PodShared>),
+    /// A workload speaking HBONE: tunnel to it.
+    Tunnel(Box<tunnel::OutboundPlan>),
+    /// Anything else: connect from the source pod's netns.
+    Direct,
+}
+
+fn route(ctx: &WorkerCtx, pod: &PodLocal, addr: SocketAddr) -> Route {
+    if ctx.settings.same_node_fast_path {
+        let local = ctx
             .local_pods
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&dst.ip())
+            .get(&addr.ip())
             .cloned();
-        if let Some(target) = target {
-            tracing::Span::current().record("dst.pod", tracing::field::display(&target.uid));
-            ctx.stats.same_node.inc();
-            netns_pod = target;
-            spoof = Some(peer.ip());
+        if let Some(target) = local {
+            return Route::Local(target);
         }
     }
-    let up_fd = match sys::in_netns(netns_pod.netns.as_fd(), || {
-        sock::make_upstream(dst, s.proxy_mark, spoof, netns_pod.ports)
-    }) {
-        Ok(Ok(fd)) => fd,
-        Ok(Err(e)) | Err(e) => {
-            if is_resource_exhaustion(&e) {
-                ctx.stats.accept_resource_errors.inc();
+    match tunnel::outbound_plan(&ctx.tunnel, &pod.shared, addr) {
+        Some(plan) => Route::Tunnel(Box::new(plan)),
+        None => Route::Direct,
+    }
+}
+
+/// The addresses an outbound connection to `dst` may go to, in the order
+/// to try them: a service VIP's healthy endpoints (round robin, at most
+/// [`SERVICE_TRIES`]), else `dst` itself.
+fn candidates(
+    ctx: &WorkerCtx,
+    mesh: Option<&ringway_config::Mesh>,
+    dst: SocketAddr,
+) -> Result<Vec<SocketAddr>, String> {
+    let Some((mesh, svc)) = mesh.and_then(|m| Some((m, m.service_by_vip(dst.ip())?))) else {
+        return Ok(vec![dst]);
+    };
+    let Some(port) = svc.target_port(dst.port()) else {
+        return Err(format!(
+            "service {} has no port {}",
+            svc.hostname,
+            dst.port()
+        ));
+    };
+    let eps: Vec<IpAddr> = mesh
+        .healthy_endpoints(svc, dst.is_ipv6())
+        .map(|(_, ip)| ip)
+        .collect();
+    if eps.is_empty() {
+        return Err(format!(
+            "service {} has no healthy endpoint with an {} address",
+            svc.hostname,
+            if dst.is_ipv6() { "IPv6" } else { "IPv4" }
+        ));
+    }
+    let start = ctx.next_endpoint.get();
+    ctx.next_endpoint.set(start.wrapping_add(1));
+    Ok((0..eps.len().min(SERVICE_TRIES))
+        .map(|i| SocketAddr::new(eps[(start + i) % eps.len()], port))
+        .collect())
+}
+
+/// An outbound connection: resolve a service VIP, then per candidate
+/// endpoint take the fast path, a tunnel, or a direct connection; the next
+/// endpoint is tried when connecting fails (never after a denial).
+async fn outbound(
+    ctx: Rc<WorkerCtx>,
+    pod: Rc<PodLocal>,
+    mut guard: ConnGuard,
+    client: Rc<OwnedFd>,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    started: Instant,
+) {
+    let mesh = ctx.tunnel.mesh();
+    let targets = match candidates(&ctx, mesh.as_deref(), dst) {
+        Ok(t) => t,
+        Err(why) => {
+            tracing::info!(target: "access", reason = %why, "connection to a service refused; reset");
+            refuse(&ctx, &client);
+            return;
+        }
+    };
+    let mut failed: Option<(Vec<TcpLabels>, String)> = None;
+    for addr in targets {
+        if failed.is_some() {
+            tracing::debug!(dst.endpoint = %addr, "trying the next endpoint");
+        }
+        match route(&ctx, &pod, addr) {
+            Route::Local(target) => {
+                tracing::Span::current().record("dst.pod", tracing::field::display(&target.uid));
+                let flow = match &mesh {
+                    Some(mesh) => {
+                        match tunnel::authorize_local(mesh, &pod.shared, peer.ip(), &target, addr) {
+                            Ok(f) => Some((target.clone(), f)),
+                            Err(why) => {
+                                deny(&ctx, &client, "local", &why);
+                                return;
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                ctx.stats.same_node.inc();
+                let hop = Hop {
+                    addr,
+                    netns: target,
+                    spoof: Some(peer.ip()),
+                    flow,
+                };
+                let labels = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
+                match connect_hop(&ctx, &mut guard, &client, &hop).await {
+                    Ok(up) => return splice(&ctx, &client, up, &hop, labels, started).await,
+                    Err(e) => failed = Some((labels, e.to_string())),
+                }
             }
-            tracing::debug!(error = %e, "cannot create upstream socket; resetting");
-            ctx.stats.connect_failed.inc();
-            sys::tcp_abort(client.fd());
-            return;
+            Route::Direct => {
+                let hop = Hop {
+                    addr,
+                    netns: pod.shared.clone(),
+                    spoof: None,
+                    flow: None,
+                };
+                let labels = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
+                match connect_hop(&ctx, &mut guard, &client, &hop).await {
+                    Ok(up) => return splice(&ctx, &client, up, &hop, labels, started).await,
+                    Err(e) => failed = Some((labels, e.to_string())),
+                }
+            }
+            Route::Tunnel(plan) => {
+                let cx = tunnel::ConnCtx {
+                    stats: &ctx.stats,
+                    metrics: &ctx.metrics,
+                    mark: ctx.settings.proxy_mark,
+                };
+                let src = pod.shared.peer();
+                let labels = tunnel::outbound_labels(&src, &plan);
+                match tunnel::open_outbound(&cx, &ctx.hbone_pool, &pod.shared, &src, peer, &plan)
+                    .await
+                {
+                    Ok(stream) => {
+                        let tcp = match client.try_clone().and_then(tunnel::adopt) {
+                            Ok(t) => t,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot register accepted socket; resetting");
+                                sys::tcp_abort(client.as_fd());
+                                return;
+                            }
+                        };
+                        tunnel::outbound_pump(cx, &src, tcp, stream, &plan, &labels, started).await;
+                        return;
+                    }
+                    Err(tunnel::TunnelError::Hbone(ringway_hbone::HboneError::Denied)) => {
+                        // The destination's policy said no: final, and the
+                        // client learns it as a reset.
+                        tracing::event!(
+                            target: "access",
+                            tracing::Level::INFO,
+                            dst.endpoint = %addr,
+                            "tunnel denied by the destination (401); client reset"
+                        );
+                        ctx.stats.connect_failed.inc();
+                        let l = labels.with_flags("UF");
+                        ctx.metrics.opened.get_or_create(&l).inc();
+                        ctx.metrics.closed.get_or_create(&l).inc();
+                        sys::tcp_abort(client.as_fd());
+                        return;
+                    }
+                    Err(e) => failed = Some((vec![labels], format!("hbone: {e}"))),
+                }
+            }
         }
-    };
-    let upstream = match Sock::new(up_fd, ctx.backend) {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot register upstream socket; resetting");
-            ctx.stats.connect_failed.inc();
-            sys::tcp_abort(client.fd());
-            return;
-        }
-    };
-    if let Some(slot) = pod.conns.borrow_mut().get_mut(&id) {
-        slot[1] = Some(upstream.shared());
     }
+    let (labels, error) = failed.unwrap_or_default();
+    connect_failed(&ctx, &client, &labels, &error);
+}
+
+/// Makes the upstream socket of `hop` (in its netns) and connects it.
+async fn connect_hop(
+    ctx: &WorkerCtx,
+    guard: &mut ConnGuard,
+    client: &Rc<OwnedFd>,
+    hop: &Hop,
+) -> io::Result<Sock> {
+    let s = &ctx.settings;
+    let up_fd = sys::in_netns(hop.netns.netns.as_fd(), || {
+        sock::make_upstream(hop.addr, s.proxy_mark, hop.spoof, hop.netns.ports)
+    })
+    .and_then(|r| r)
+    .inspect_err(|e| {
+        if is_resource_exhaustion(e) {
+            ctx.stats.accept_resource_errors.inc();
+        }
+    })?;
+    let upstream = Sock::new(up_fd, ctx.backend)?;
     // A fast-path connection belongs to the destination pod as well: removing
     // that pod must reset it (as it resets the inbound side of a connection
     // that crossed the network), and must not leave a proxy socket behind in
     // the removed pod's netns. Registered in the same synchronous step as the
-    // `local_pods` lookup above, so a RemovePod for the target, which this
-    // worker handles only between awaits, always finds it.
-    if !Arc::ptr_eq(&netns_pod, &pod.shared) {
-        let target = ctx.pods.borrow().get(&netns_pod.uid).cloned();
-        if let Some(target) = target {
-            let tid = target.next_id.get();
-            target.next_id.set(tid + 1);
-            target
-                .conns
-                .borrow_mut()
-                .insert(tid, [Some(client.shared()), Some(upstream.shared())]);
-            guard.target = Some((target, tid));
+    // `local_pods` lookup, so a RemovePod for the target, which this worker
+    // handles only between awaits, always finds it.
+    let target = if Arc::ptr_eq(&hop.netns, &guard.pod.shared) {
+        None
+    } else {
+        let t = ctx.pods.borrow().get(&hop.netns.uid).cloned();
+        if t.is_none() {
+            // Removed since the lookup: nothing to connect to any more.
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "destination pod removed",
+            ));
         }
-    }
-    // Metrics: who talks to whom, as each reporting side sees it. The
-    // outbound side reports as `source`, the inbound side as `destination`;
-    // the fast path plays both.
-    let labels = {
-        let local = |ip: std::net::IpAddr| {
-            ctx.local_pods
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&ip)
-                .map(|p| p.peer())
-        };
-        let (src, dst_peer) = match kind {
-            ListenerKind::Inbound => (local(peer.ip()).unwrap_or_default(), pod.shared.peer()),
-            _ => (pod.shared.peer(), local(dst.ip()).unwrap_or_default()),
-        };
-        let reporters: &[&'static str] = match kind {
-            ListenerKind::Inbound => &["destination"],
-            _ if !Arc::ptr_eq(&netns_pod, &pod.shared) => &["source", "destination"],
-            _ => &["source"],
-        };
-        reporters
-            .iter()
-            .map(|r| TcpLabels::new(r, &src, &dst_peer, "none", "-"))
-            .collect::<Vec<_>>()
+        t
     };
-    if let Err(e) = upstream.connect(dst.into()).await {
-        // Refused, unreachable, timed out: the client learns by a reset.
-        tracing::info!(target: "access", error = %e, "connection failed: upstream connect; client reset");
-        ctx.stats.connect_failed.inc();
-        for l in &labels {
-            let l = l.with_flags("UF");
-            ctx.metrics.opened.get_or_create(&l).inc();
-            ctx.metrics.closed.get_or_create(&l).inc();
+    guard.set_upstream(client, upstream.shared(), target);
+    upstream.connect(hop.addr.into()).await?;
+    Ok(upstream)
+}
+
+/// Metrics labels of a spliced connection, as each reporting side sees it:
+/// the outbound side reports as `source`, the inbound side as
+/// `destination`; the fast path plays both.
+fn splice_labels(
+    ctx: &WorkerCtx,
+    pod: &PodLocal,
+    kind: ListenerKind,
+    peer: SocketAddr,
+    hop: &Hop,
+) -> Vec<TcpLabels> {
+    let local = |ip: IpAddr| {
+        ctx.local_pods
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ip)
+            .map(|p| p.peer())
+    };
+    let fast = !Arc::ptr_eq(&hop.netns, &pod.shared);
+    let (src, dst_peer) = match kind {
+        ListenerKind::Inbound => (local(peer.ip()).unwrap_or_default(), pod.shared.peer()),
+        _ if fast => (pod.shared.peer(), hop.netns.peer()),
+        _ => (pod.shared.peer(), local(hop.addr.ip()).unwrap_or_default()),
+    };
+    let reporters: &[&'static str] = match kind {
+        ListenerKind::Inbound => &["destination"],
+        _ if fast => &["source", "destination"],
+        _ => &["source"],
+    };
+    reporters
+        .iter()
+        .map(|r| TcpLabels::new(r, &src, &dst_peer, "none", "-"))
+        .collect()
+}
+
+/// Moves bytes both ways between the client and its connected upstream
+/// with splice, then logs the connection.
+async fn splice(
+    ctx: &WorkerCtx,
+    client: &Rc<OwnedFd>,
+    upstream: Sock,
+    hop: &Hop,
+    labels: Vec<TcpLabels>,
+    started: Instant,
+) {
+    let client = match Sock::from_shared(client.clone(), ctx.backend) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register accepted socket; resetting");
+            sys::tcp_abort(client.as_fd());
+            sys::tcp_abort(upstream.fd());
+            return;
         }
-        sys::tcp_abort(client.fd());
-        return;
-    }
+    };
+    // Authorized against the destination's policies: re-checked when they change.
+    let _flow = hop.flow.as_ref().and_then(|(pod, authz)| {
+        flows::register(
+            pod,
+            &[client.fd(), upstream.fd()],
+            authz.clone(),
+            &ctx.tunnel,
+        )
+    });
     for l in &labels {
         ctx.metrics.opened.get_or_create(l).inc();
     }
@@ -591,132 +858,25 @@ async fn handle_conn(
     );
 }
 
-/// Takes the connection when HBONE handles it (spawning its task) and gives
-/// the fd back otherwise.
-fn tunnel_intercept(
-    ctx: &Rc<WorkerCtx>,
-    pod: &Rc<PodLocal>,
-    kind: ListenerKind,
-    fd: OwnedFd,
-    peer: &SockAddr,
-) -> Option<OwnedFd> {
-    // Every "not HBONE" answer gives the fd back to the plaintext path.
-    let Some(peer) = peer.as_socket() else {
-        return Some(fd);
-    };
-    match kind {
-        ListenerKind::Tunnel if ctx.tunnel.enabled().is_some() => {
-            spawn_local(
-                ctx.backend,
-                tunnel_task(
-                    ctx.clone(),
-                    pod.clone(),
-                    fd,
-                    move |ctx, pod, tcp| async move {
-                        if let Err(e) = tunnel::inbound(
-                            ctx.tunnel.clone(),
-                            pod.shared.clone(),
-                            ctx.settings.proxy_mark,
-                            tcp,
-                            peer,
-                        )
-                        .await
-                        {
-                            tracing::debug!(error = %e, "hbone inbound connection ended");
-                        }
-                    },
-                )
-                .instrument(tracing::Span::current()),
-            );
-            None
-        }
-        ListenerKind::Outbound => {
-            if ctx.tunnel.enabled().is_none() {
-                return Some(fd);
-            }
-            let Ok(dst) = sock::original_dst(fd.as_fd(), true, peer.is_ipv6()) else {
-                return Some(fd);
-            };
-            if dst.port() == ctx.settings.ports.outbound || dst.port() == ctx.settings.ports.inbound
-            {
-                return Some(fd);
-            }
-            // The same-node fast path wins: the bytes never leave the node.
-            if ctx.settings.same_node_fast_path
-                && ctx
-                    .local_pods
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains_key(&dst.ip())
-            {
-                return Some(fd);
-            }
-            let Some(plan) = tunnel::outbound_plan(&ctx.tunnel, &pod.shared, dst) else {
-                return Some(fd);
-            };
-            tracing::Span::current().record("dst.addr", tracing::field::display(dst));
-            spawn_local(
-                ctx.backend,
-                tunnel_task(
-                    ctx.clone(),
-                    pod.clone(),
-                    fd,
-                    move |ctx, pod, tcp| async move {
-                        let cx = tunnel::ConnCtx {
-                            stats: &ctx.stats,
-                            metrics: &ctx.metrics,
-                            mark: ctx.settings.proxy_mark,
-                        };
-                        let src = pod.shared.peer();
-                        tunnel::outbound(cx, &ctx.hbone_pool, &pod.shared, src, tcp, peer, plan)
-                            .await;
-                    },
-                )
-                .instrument(tracing::Span::current()),
-            );
-            None
-        }
-        _ => Some(fd),
-    }
-}
-
-/// Registers a tunnel connection with its pod (a duplicate of the fd, so
-/// removing the pod resets it), counts it active, adopts the fd as a tokio
-/// stream and runs `f`.
-async fn tunnel_task<F, Fut>(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, fd: OwnedFd, f: F)
-where
-    F: FnOnce(Rc<WorkerCtx>, Rc<PodLocal>, tokio::net::TcpStream) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    if pod.removed.get() {
-        sys::tcp_abort(fd.as_fd());
-        return;
-    }
-    let dup = match fd.try_clone() {
-        Ok(d) => Rc::new(d),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot duplicate accepted socket; resetting");
-            sys::tcp_abort(fd.as_fd());
-            return;
-        }
-    };
-    let tcp = match tunnel::adopt(fd) {
+/// Serves a connection accepted on the pod's tunnel port (HBONE inbound).
+async fn tunnel_inbound(ctx: &Rc<WorkerCtx>, pod: &PodLocal, client: &OwnedFd, peer: SocketAddr) {
+    let tcp = match client.try_clone().and_then(tunnel::adopt) {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "cannot register accepted socket; resetting");
-            sys::tcp_abort(dup.as_fd());
+            sys::tcp_abort(client.as_fd());
             return;
         }
     };
-    let id = pod.next_id.get();
-    pod.next_id.set(id + 1);
-    pod.conns.borrow_mut().insert(id, [Some(dup), None]);
-    ctx.stats.active.inc();
-    let _guard = ConnGuard {
-        pod: pod.clone(),
-        id,
-        target: None,
-        stats: ctx.stats.clone(),
-    };
-    f(ctx.clone(), pod.clone(), tcp).await;
+    if let Err(e) = tunnel::inbound(
+        ctx.tunnel.clone(),
+        pod.shared.clone(),
+        ctx.settings.proxy_mark,
+        tcp,
+        peer,
+    )
+    .await
+    {
+        tracing::debug!(error = %e, "hbone inbound connection ended");
+    }
 }

@@ -93,6 +93,8 @@ struct Conn {
     state: Mutex<ConnState>,
     /// Wakes the connection task when its last stream ends.
     idle: Notify,
+    /// Closes the connection now (its streams are reset).
+    close: Notify,
 }
 
 struct ConnState {
@@ -174,6 +176,33 @@ impl Pool {
     /// HTTP/2 connections opened since the pool was made.
     pub fn connections_opened(&self) -> u64 {
         self.shared.counters.opened.load(Ordering::Relaxed)
+    }
+
+    /// Closes every connection whose key matches `evict` now (their streams
+    /// are reset), e.g. those dialled from a pod that is gone. Returns how
+    /// many were closed.
+    pub fn evict(&self, evict: impl Fn(&PoolKey) -> bool) -> usize {
+        let slots: Vec<Arc<Slot>> = self
+            .shared
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(k, _)| evict(k))
+            .map(|(_, s)| s.clone())
+            .collect();
+        let mut n = 0;
+        for slot in slots {
+            let conns: Vec<_> = slot.conns.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for conn in conns {
+                retire(&slot, &conn);
+                // `notify_one` stores a permit: the task sees it even if it
+                // is not waiting yet.
+                conn.close.notify_one();
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Opens a tunnel to `req.authority` through the peer proxy of `key`. Reuses a pooled
@@ -295,6 +324,7 @@ impl Pool {
                 idle_since: None,
             }),
             idle: Notify::new(),
+            close: Notify::new(),
         });
         counters.streams.fetch_add(1, Ordering::Relaxed);
         let guard = StreamGuard {
@@ -322,6 +352,7 @@ impl Pool {
                     r = &mut connection => debug!(result = ?r.err(), "hbone connection closed"),
                     e = keepalive => debug!(error = %e, "hbone connection failed"),
                     _ = idle => debug!("idle hbone connection released"),
+                    _ = conn.close.notified() => debug!("hbone connection evicted"),
                 }
                 retire(&task_slot, &conn);
                 drop(connection);

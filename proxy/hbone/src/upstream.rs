@@ -18,7 +18,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncIo for T {}
 /// Built with [`Upstream::tcp`] (or `From<TcpStream>`) a reset of the tunnel resets the TCP
 /// connection (`SO_LINGER` 0 then close = RST); built with [`Upstream::new`] the stream is
 /// just dropped.
-pub struct Upstream(Inner);
+pub struct Upstream(Inner, Option<Box<dyn Send>>);
 
 enum Inner {
     Tcp(TcpStream),
@@ -28,12 +28,19 @@ enum Inner {
 impl Upstream {
     /// Any byte stream; a reset drops it.
     pub fn new(io: impl AsyncIo + 'static) -> Self {
-        Upstream(Inner::Io(Box::new(io)))
+        Upstream(Inner::Io(Box::new(io)), None)
     }
 
     /// A TCP stream; a reset sends RST.
     pub fn tcp(stream: TcpStream) -> Self {
-        Upstream(Inner::Tcp(stream))
+        Upstream(Inner::Tcp(stream), None)
+    }
+
+    /// Keeps `guard` alive exactly as long as the upstream (e.g. a registration
+    /// that lets another thread reset it).
+    pub fn with_guard(mut self, guard: impl Send + 'static) -> Self {
+        self.1 = Some(Box::new(guard));
+        self
     }
 
     /// Resets the upstream: RST for TCP, drop otherwise.

@@ -223,3 +223,63 @@ async fn unanswered_ping_closes_connection() {
     eventually("connection closed", || pool.connections() == 0).await;
     hold.abort();
 }
+
+/// Evicting a source (its pod is gone) closes that source's connections at once: their
+/// streams fail, other sources keep theirs, and the next flow from the source dials anew.
+#[tokio::test]
+async fn evict_closes_only_matching_connections() {
+    let server = Server::start(echo_handler()).await;
+    let pool = pool();
+    let mut gone = pool
+        .connect(
+            server.key(),
+            || dial(server.addr),
+            ConnectHeaders::new(dst()),
+        )
+        .await
+        .unwrap();
+    let mut other_key = server.key();
+    other_key.src_ip = "127.0.0.2".parse().unwrap();
+    let mut kept = pool
+        .connect(
+            other_key.clone(),
+            || dial(server.addr),
+            ConnectHeaders::new(dst()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pool.connections(), 2);
+    let src = server.key().src_ip;
+    assert_eq!(pool.evict(|k| k.src_ip == src), 1);
+    // The evicted stream ends with an error (its connection is gone).
+    let mut buf = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), gone.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(r, Ok(Err(_))),
+        "evicted stream must fail, got {r:?}"
+    );
+    // The other source's stream still echoes.
+    kept.write_all(b"still here").await.unwrap();
+    let mut b = [0u8; 10];
+    kept.read_exact(&mut b).await.unwrap();
+    assert_eq!(&b, b"still here");
+    // Counters settle: one connection left, and a new flow from the evicted
+    // source opens a fresh one.
+    for _ in 0..100 {
+        if pool.connections() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pool.connections(), 1);
+    let s = pool
+        .connect(
+            server.key(),
+            || dial(server.addr),
+            ConnectHeaders::new(dst()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pool.connections_opened(), 3);
+    drop((s, kept));
+}
