@@ -10,85 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{capture, init_logs, wait_until, TIMEOUT};
-use ringway_config::{CaptureMode, Datapath, Mesh, MeshConfig, NoEnv, ProxySettings};
-use ringway_identity::{CaSigner, Identity, IdentityManager, TrustBundle};
-use ringway_proxy::{PodIdentity, Proxy};
+use common::hbone::{
+    self, manager, mesh_of, metrics_text, raw_tls, Opts, TwoNodes, APP_PORT, CLIENT_ID, TD,
+};
+use common::{wait_until, TIMEOUT};
+use ringway_config::{Datapath, Mesh};
+use ringway_identity::{CaSigner, Identity};
+use ringway_testbed::run_isolated;
 use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
-use ringway_testbed::{link_nodes, run_isolated, NodeLink, Pod, VirtualNode};
-
-const TD: &str = "cluster.local";
-const APP_PORT: u16 = 8080;
-const CLIENT_ID: &str = "spiffe://cluster.local/ns/front/sa/frontend";
-
-fn mesh_yaml(policies: &str) -> String {
-    format!(
-        r#"
-workloads:
-  - uid: client-0
-    name: client-0
-    namespace: front
-    serviceAccount: frontend
-    ips: [10.244.1.2, "fd00:244:1::2"]
-    node: node1
-    tunnel: true
-  - uid: server-0
-    name: server-0
-    namespace: shop
-    serviceAccount: web
-    ips: [10.244.2.2, "fd00:244:2::2"]
-    node: node2
-    tunnel: true
-{policies}
-"#
-    )
-}
-
-struct TwoNodes {
-    n1: VirtualNode,
-    n2: VirtualNode,
-    link: NodeLink,
-    p1: Proxy,
-    p2: Proxy,
-    dir: std::path::PathBuf,
-}
-
-impl TwoNodes {
-    fn client(&self) -> &Pod {
-        self.n1.pod(0)
-    }
-    fn server(&self) -> &Pod {
-        self.n2.pod(0)
-    }
-    fn set_mesh(&self, mesh: Arc<Mesh>) {
-        self.p1.set_mesh(mesh.clone());
-        self.p2.set_mesh(mesh);
-    }
-}
-
-impl Drop for TwoNodes {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn mesh(policies: &str) -> Arc<Mesh> {
-    Arc::new(MeshConfig::load_str(&mesh_yaml(policies), "hbone_e2e", &NoEnv).expect("test mesh"))
-}
-
-fn ca_dir(test: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringway-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    CaSigner::generate_for_tests(TD)
-        .write_pem_files(&dir.join("ca.crt"), &dir.join("ca.key"))
-        .unwrap();
-    dir
-}
-
-fn manager(dir: &std::path::Path, extra_roots: &[&std::path::Path]) -> Arc<IdentityManager> {
-    let ca = CaSigner::load(dir.join("ca.crt"), dir.join("ca.key")).unwrap();
-    let bundle = TrustBundle::from_pem_files(extra_roots).unwrap();
-    Arc::new(IdentityManager::new(ca, bundle, TD, Duration::from_secs(3600)).unwrap())
+    mesh_of(1, policies)
 }
 
 fn two_nodes(test: &str, datapath: Datapath, policies: &str) -> TwoNodes {
@@ -96,55 +28,12 @@ fn two_nodes(test: &str, datapath: Datapath, policies: &str) -> TwoNodes {
 }
 
 fn two_nodes_with(test: &str, datapath: Datapath, policies: &str, hbone: bool) -> TwoNodes {
-    init_logs();
-    let n1 = VirtualNode::build(1, 1).unwrap();
-    let n2 = VirtualNode::build(2, 1).unwrap();
-    let link = link_nodes(&n1, &n2).unwrap();
-    let dir = ca_dir(test);
-    let settings = ProxySettings {
-        capture_mode: CaptureMode::Tproxy,
+    hbone::two_nodes(Opts {
         datapath,
-        workers: 2,
-        ..ProxySettings::default()
-    };
-    let m = mesh(policies);
-    let start = |vn: &VirtualNode, who: PodIdentity| {
-        let p = Proxy::start(settings.clone()).unwrap();
-        if hbone {
-            p.set_identity(Some(manager(&dir, &[])));
-        }
-        p.set_mesh(m.clone());
-        let pod = vn.pod(0);
-        capture(pod, CaptureMode::Tproxy);
-        p.add_pod_with_identity(&pod.name, pod.netns.dup_fd().unwrap(), who)
-            .unwrap();
-        assert_eq!(p.hbone_enabled(), hbone);
-        p
-    };
-    let p1 = start(
-        &n1,
-        PodIdentity {
-            name: "client-0".into(),
-            namespace: "front".into(),
-            service_account: "frontend".into(),
-        },
-    );
-    let p2 = start(
-        &n2,
-        PodIdentity {
-            name: "server-0".into(),
-            namespace: "shop".into(),
-            service_account: "web".into(),
-        },
-    );
-    TwoNodes {
-        n1,
-        n2,
-        link,
-        p1,
-        p2,
-        dir,
-    }
+        hbone,
+        extra: policies.to_string(),
+        ..Opts::new(test)
+    })
 }
 
 /// Captures every frame on every interface of a netns (AF_PACKET) from a
@@ -513,26 +402,6 @@ fn hbone_denied_port() {
     });
 }
 
-/// A TLS client connecting straight to the server pod's 15008 from node1's
-/// netns; returns what the first read after the handshake gave.
-fn raw_tls(t: &TwoNodes, cfg: rustls::ClientConfig) -> std::io::Result<usize> {
-    let addr = SocketAddr::new(t.server().ip(false), 15008);
-    t.n1.node.run(|| {
-        let mut tcp = connect(addr, TIMEOUT)?;
-        tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let conn = rustls::ClientConnection::new(
-            Arc::new(cfg),
-            ringway_identity::placeholder_server_name(),
-        )
-        .map_err(std::io::Error::other)?;
-        let mut tls = rustls::StreamOwned::new(conn, &mut tcp);
-        // HTTP/2 preface; an accepting server answers with its SETTINGS.
-        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")?;
-        let mut buf = [0u8; 64];
-        tls.read(&mut buf)
-    })
-}
-
 #[test]
 fn hbone_tls_refusals() {
     run_isolated("hbone_tls_refusals", || {
@@ -595,10 +464,6 @@ fn hbone_tls_refusals() {
             .sum();
         assert!(failures >= 2, "{text}");
     });
-}
-
-fn metrics_text(p: &Proxy) -> String {
-    ringway_proxy::metrics::encode(&p.metrics().registry(), false)
 }
 
 fn cpu_seconds() -> f64 {

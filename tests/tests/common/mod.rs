@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod hbone;
+
 use std::time::Duration;
 
 use ringway_config::{CaptureMode, Datapath, ProxySettings};

@@ -1,0 +1,207 @@
+//! Two virtual nodes joined by a veth, one in-process proxy per node (each
+//! with its own identity manager over one test CA), and a mesh listing the
+//! client pod (node 1) and the server pods (node 2) as tunnel workloads.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringway_config::{CaptureMode, Datapath, Mesh, MeshConfig, NoEnv, ProxySettings};
+use ringway_identity::{CaSigner, IdentityManager, TrustBundle};
+use ringway_proxy::{PodIdentity, Proxy};
+use ringway_testbed::{link_nodes, NodeLink, Pod, VirtualNode};
+
+use super::{capture, init_logs};
+
+pub const TD: &str = "cluster.local";
+pub const APP_PORT: u16 = 8080;
+pub const CLIENT_ID: &str = "spiffe://cluster.local/ns/front/sa/frontend";
+
+/// How to build the two nodes.
+pub struct Opts {
+    /// Names the temporary CA directory.
+    pub test: String,
+    pub datapath: Datapath,
+    /// Whether the proxies get identity managers (HBONE on).
+    pub hbone: bool,
+    /// Server pods on node 2 (`server-0`, `server-1`, ...).
+    pub server_pods: usize,
+    /// YAML appended after the workloads (services, policies).
+    pub extra: String,
+    /// Lifetime of the workload certificates.
+    pub cert_lifetime: Duration,
+    /// The service account node 2's agent reports for its pods (the mesh
+    /// says `web`).
+    pub server_sa: String,
+}
+
+impl Opts {
+    pub fn new(test: &str) -> Opts {
+        Opts {
+            test: test.to_string(),
+            datapath: Datapath::Uring,
+            hbone: true,
+            server_pods: 1,
+            extra: String::new(),
+            cert_lifetime: Duration::from_secs(3600),
+            server_sa: "web".into(),
+        }
+    }
+}
+
+pub struct TwoNodes {
+    pub n1: VirtualNode,
+    pub n2: VirtualNode,
+    pub link: NodeLink,
+    pub p1: Proxy,
+    pub p2: Proxy,
+    pub ids1: Option<Arc<IdentityManager>>,
+    pub ids2: Option<Arc<IdentityManager>>,
+    pub dir: PathBuf,
+    server_pods: usize,
+}
+
+impl TwoNodes {
+    pub fn client(&self) -> &Pod {
+        self.n1.pod(0)
+    }
+    pub fn server(&self) -> &Pod {
+        self.n2.pod(0)
+    }
+    /// Publishes `mesh` to both proxies; returns the connections each reset
+    /// on the re-check.
+    pub fn set_mesh(&self, mesh: Arc<Mesh>) -> (usize, usize) {
+        (self.p1.set_mesh(mesh.clone()), self.p2.set_mesh(mesh))
+    }
+    /// This bed's workloads followed by `extra` (services, policies).
+    pub fn mesh(&self, extra: &str) -> Arc<Mesh> {
+        mesh_of(self.server_pods, extra)
+    }
+}
+
+impl Drop for TwoNodes {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The mesh: `client-0` (front/frontend) on node1, `server-i` (shop/web)
+/// on node2, all tunnel workloads, then `extra`.
+pub fn mesh_of(server_pods: usize, extra: &str) -> Arc<Mesh> {
+    let mut yaml = String::from(
+        "workloads:\n  - uid: client-0\n    name: client-0\n    namespace: front\n    serviceAccount: frontend\n    ips: [10.244.1.2, \"fd00:244:1::2\"]\n    node: node1\n    tunnel: true\n",
+    );
+    for i in 0..server_pods {
+        yaml.push_str(&format!(
+            "  - uid: server-{i}\n    name: server-{i}\n    namespace: shop\n    serviceAccount: web\n    ips: [10.244.2.{h}, \"fd00:244:2::{h}\"]\n    node: node2\n    tunnel: true\n",
+            h = i + 2
+        ));
+    }
+    yaml.push_str(extra);
+    Arc::new(MeshConfig::load_str(&yaml, "hbone test mesh", &NoEnv).expect("test mesh"))
+}
+
+pub fn ca_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ringway-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    CaSigner::generate_for_tests(TD)
+        .write_pem_files(&dir.join("ca.crt"), &dir.join("ca.key"))
+        .unwrap();
+    dir
+}
+
+pub fn manager(dir: &Path, extra_roots: &[&Path]) -> Arc<IdentityManager> {
+    manager_with(dir, extra_roots, Duration::from_secs(3600))
+}
+
+pub fn manager_with(dir: &Path, extra_roots: &[&Path], lifetime: Duration) -> Arc<IdentityManager> {
+    let ca = CaSigner::load(dir.join("ca.crt"), dir.join("ca.key")).unwrap();
+    let bundle = TrustBundle::from_pem_files(extra_roots).unwrap();
+    Arc::new(IdentityManager::new(ca, bundle, TD, lifetime).unwrap())
+}
+
+pub fn two_nodes(o: Opts) -> TwoNodes {
+    init_logs();
+    let n1 = VirtualNode::build(1, 1).unwrap();
+    let n2 = VirtualNode::build(2, o.server_pods).unwrap();
+    let link = link_nodes(&n1, &n2).unwrap();
+    let dir = ca_dir(&o.test);
+    let settings = ProxySettings {
+        capture_mode: CaptureMode::Tproxy,
+        datapath: o.datapath,
+        workers: 2,
+        ..ProxySettings::default()
+    };
+    let m = mesh_of(o.server_pods, &o.extra);
+    let start = |pods: &[(&Pod, PodIdentity)]| {
+        let p = Proxy::start(settings.clone()).unwrap();
+        let ids = o.hbone.then(|| manager_with(&dir, &[], o.cert_lifetime));
+        p.set_identity(ids.clone());
+        p.set_mesh(m.clone());
+        for (pod, who) in pods {
+            capture(pod, CaptureMode::Tproxy);
+            p.add_pod_with_identity(&pod.name, pod.netns.dup_fd().unwrap(), who.clone())
+                .unwrap();
+        }
+        assert_eq!(p.hbone_enabled(), o.hbone);
+        (p, ids)
+    };
+    let (p1, ids1) = start(&[(
+        n1.pod(0),
+        PodIdentity {
+            name: "client-0".into(),
+            namespace: "front".into(),
+            service_account: "frontend".into(),
+        },
+    )]);
+    let servers: Vec<_> = (0..o.server_pods)
+        .map(|i| {
+            (
+                n2.pod(i),
+                PodIdentity {
+                    name: format!("server-{i}"),
+                    namespace: "shop".into(),
+                    service_account: o.server_sa.clone(),
+                },
+            )
+        })
+        .collect();
+    let (p2, ids2) = start(&servers);
+    TwoNodes {
+        n1,
+        n2,
+        link,
+        p1,
+        p2,
+        ids1,
+        ids2,
+        dir,
+        server_pods: o.server_pods,
+    }
+}
+
+pub fn metrics_text(p: &Proxy) -> String {
+    ringway_proxy::metrics::encode(&p.metrics().registry(), false)
+}
+
+/// A TLS client connecting straight to the server pod's 15008 from node1's
+/// netns; returns what the first read after the handshake gave.
+pub fn raw_tls(t: &TwoNodes, cfg: rustls::ClientConfig) -> std::io::Result<usize> {
+    let addr = SocketAddr::new(t.server().ip(false), 15008);
+    t.n1.node.run(|| {
+        let mut tcp = ringway_testbed::traffic::connect(addr, super::TIMEOUT)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let conn = rustls::ClientConnection::new(
+            Arc::new(cfg),
+            ringway_identity::placeholder_server_name(),
+        )
+        .map_err(std::io::Error::other)?;
+        let mut tls = rustls::StreamOwned::new(conn, &mut tcp);
+        // HTTP/2 preface; an accepting server answers with its SETTINGS.
+        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")?;
+        let mut buf = [0u8; 64];
+        tls.read(&mut buf)
+    })
+}
