@@ -56,12 +56,7 @@ pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
         (&hyper::Method::GET, "/metrics") | (&hyper::Method::GET, "/stats/prometheus") => {
             // Derived from the datapath's own counters at scrape time, so
             // the workers count each event once.
-            metrics.active.set(stats.active.get());
-            let errors = stats.accept_resource_errors.get();
-            let exported = metrics.accept_resource_errors.get();
-            if errors > exported {
-                metrics.accept_resource_errors.inc_by(errors - exported);
-            }
+            metrics.refresh(&stats);
             let body = encode(&registry, openmetrics);
             let ct = if openmetrics {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -134,14 +129,51 @@ fn config_dump(proxy: &crate::Proxy) -> String {
                 "ips": p.ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
                 "netnsInode": p.netns_inode,
                 "listeners": p.listeners.iter().map(|(k, a)| format!("{k} {a}")).collect::<Vec<_>>(),
+                "authorizedFlows": p.authorized_flows,
             })
         })
         .collect();
     let st = proxy.stats();
+    let mesh = proxy.mesh().map(|m| {
+        serde_json::json!({
+            "origin": m.origin(),
+            "revision": format!("{:016x}", m.revision()),
+            "trustDomain": m.trust_domain(),
+            "workloads": m.workloads().iter().map(|w| serde_json::json!({
+                "uid": w.uid,
+                "name": w.name,
+                "namespace": w.namespace,
+                "serviceAccount": w.service_account,
+                "ips": w.ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
+                "node": w.node,
+                "tunnel": w.tunnel,
+                "healthy": w.healthy,
+            })).collect::<Vec<_>>(),
+            "services": m.services().iter().map(|s| serde_json::json!({
+                "hostname": s.hostname,
+                "namespace": s.namespace,
+                "vips": s.vips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
+                "ports": s.ports.iter().map(|(p, t)| (p.to_string(), *t)).collect::<std::collections::BTreeMap<_, _>>(),
+                "endpoints": s.endpoints,
+            })).collect::<Vec<_>>(),
+            "policies": m.policies().iter().map(|p| serde_json::json!({
+                "name": p.qualified_name().as_ref(),
+                "action": p.action.to_string(),
+                "rules": p.rules.len(),
+            })).collect::<Vec<_>>(),
+        })
+    });
     let dump = serde_json::json!({
         "settings": serde_json::to_value(proxy.settings()).unwrap_or_default(),
         "datapath": proxy.backend().to_string(),
         "pods": pods,
+        "mesh": mesh,
+        "hbone": {
+            "enabled": proxy.hbone_enabled(),
+            "poolConnections": proxy.hbone_connections(),
+            "poolStreams": proxy.hbone_streams(),
+            "poolConnectionsOpened": proxy.hbone_connections_opened(),
+        },
         "stats": {
             "accepted": st.accepted,
             "active": st.active,

@@ -19,41 +19,76 @@ use std::cell::RefCell;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::sock::Sock;
+use crate::stats::Stats;
 use crate::sys::{self, Pipe};
 use crate::uring::op::Interest;
 
-/// Per-worker pool of empty pipes.
+/// Per-worker pool of empty pipes; how many are in use and idle is kept in
+/// the datapath's [`Stats`] (exported as `ringway_pipes`).
 #[derive(Debug)]
 pub struct PipePool {
     pipes: RefCell<Vec<Pipe>>,
     size: usize,
     keep: usize,
+    stats: Arc<Stats>,
+}
+
+/// A pipe taken from the pool (counted in use until dropped or put back).
+#[derive(Debug)]
+struct Leased<'a> {
+    pipe: Option<Pipe>,
+    stats: &'a Stats,
+}
+
+impl std::ops::Deref for Leased<'_> {
+    type Target = Pipe;
+    fn deref(&self) -> &Pipe {
+        self.pipe.as_ref().expect("a leased pipe until put back")
+    }
+}
+
+impl Drop for Leased<'_> {
+    fn drop(&mut self) {
+        self.stats.pipes_in_use.dec();
+    }
 }
 
 impl PipePool {
     /// A pool of pipes of `size` bytes, keeping at most `keep` idle ones.
-    pub fn new(size: usize, keep: usize) -> PipePool {
+    pub fn new(size: usize, keep: usize, stats: Arc<Stats>) -> PipePool {
         PipePool {
             pipes: RefCell::new(Vec::new()),
             size,
             keep,
+            stats,
         }
     }
 
-    fn get(&self) -> io::Result<Pipe> {
-        if let Some(p) = self.pipes.borrow_mut().pop() {
-            return Ok(p);
-        }
-        Pipe::new(self.size)
+    fn get(&self) -> io::Result<Leased<'_>> {
+        let pipe = match self.pipes.borrow_mut().pop() {
+            Some(p) => {
+                self.stats.pipes_idle.dec();
+                p
+            }
+            None => Pipe::new(self.size)?,
+        };
+        self.stats.pipes_in_use.inc();
+        Ok(Leased {
+            pipe: Some(pipe),
+            stats: &self.stats,
+        })
     }
 
     /// Returns an *empty* pipe for reuse.
-    fn put(&self, p: Pipe) {
+    fn put(&self, mut p: Leased<'_>) {
+        let Some(pipe) = p.pipe.take() else { return };
         let mut v = self.pipes.borrow_mut();
         if v.len() < self.keep {
-            v.push(p);
+            v.push(pipe);
+            self.stats.pipes_idle.inc();
         }
     }
 }
@@ -102,7 +137,7 @@ pub async fn copy_one_way(
     meter: &Meter<'_>,
 ) -> (DirEnd, u64) {
     let mut total = 0u64;
-    let mut pipe: Option<Pipe> = None;
+    let mut pipe: Option<Leased<'_>> = None;
     loop {
         let p = match pipe.take() {
             Some(p) => p,

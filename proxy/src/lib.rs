@@ -127,6 +127,9 @@ pub struct PodInfo {
     pub ips: Vec<IpAddr>,
     /// Identity, when the agent sent one.
     pub identity: PodIdentity,
+    /// Connections open to the pod that its policies authorized (re-checked
+    /// on policy changes); filled in by [`Proxy::pods`].
+    pub authorized_flows: usize,
 }
 
 struct PodRecord {
@@ -229,6 +232,7 @@ impl Proxy {
                 join: Some(join),
             });
         }
+        let _ = metrics.hbone_pools.set(hbone_pools.clone());
         tracing::info!(workers = n, datapath = %backend, mode = %settings.capture_mode, "datapath started");
         Ok(Proxy {
             settings,
@@ -276,6 +280,11 @@ impl Proxy {
             );
         }
         reset
+    }
+
+    /// The mesh snapshot in force, if any.
+    pub fn mesh(&self) -> Option<Arc<ringway_config::Mesh>> {
+        self.tunnel.mesh()
     }
 
     /// Whether HBONE is on (identity manager and mesh present).
@@ -426,6 +435,7 @@ impl Proxy {
                     listeners: addrs,
                     ips,
                     identity,
+                    authorized_flows: 0,
                 },
                 shared: shared.clone(),
             },
@@ -551,7 +561,10 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .map(|r| r.info.clone())
+            .map(|r| PodInfo {
+                authorized_flows: r.shared.flows.len(),
+                ..r.info.clone()
+            })
             .collect();
         v.sort_by(|a, b| a.uid.cmp(&b.uid));
         v

@@ -172,6 +172,13 @@ pub fn tls_failure_reason(e: &dyn std::fmt::Display) -> &'static str {
     }
 }
 
+/// `state` label of `ringway_pipes`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PipeLabels {
+    /// `in_use` (moving bytes) or `idle` (kept for reuse).
+    pub state: &'static str,
+}
+
 /// Every metric the proxy exports.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -201,6 +208,40 @@ pub struct Metrics {
     pub denials: Family<DenyLabels, Counter>,
     /// `ringway_hbone_streams_total{side}`: tunnel streams opened.
     pub hbone_streams: Family<TlsLabels, Counter>,
+    /// `ringway_pipes{state}`: splice pipes (the datapath's buffers), set
+    /// from [`crate::Stats`] at scrape time.
+    pub pipes: Family<PipeLabels, Gauge>,
+    /// `ringway_hbone_pool_connections`: outbound HTTP/2 connections.
+    pub hbone_pool_connections: Gauge,
+    /// `ringway_hbone_pool_streams`: outbound tunnel streams open on them.
+    pub hbone_pool_streams: Gauge,
+    /// The workers' tunnel pools, read at scrape time.
+    pub hbone_pools: std::sync::OnceLock<Vec<ringway_hbone::Pool>>,
+}
+
+impl Metrics {
+    /// Brings the gauges derived from live state up to date (call before
+    /// encoding).
+    pub fn refresh(&self, stats: &crate::Stats) {
+        self.active.set(stats.active.get());
+        let errors = stats.accept_resource_errors.get();
+        let exported = self.accept_resource_errors.get();
+        if errors > exported {
+            self.accept_resource_errors.inc_by(errors - exported);
+        }
+        self.pipes
+            .get_or_create(&PipeLabels { state: "in_use" })
+            .set(stats.pipes_in_use.get());
+        self.pipes
+            .get_or_create(&PipeLabels { state: "idle" })
+            .set(stats.pipes_idle.get());
+        if let Some(pools) = self.hbone_pools.get() {
+            let conns: usize = pools.iter().map(|p| p.connections()).sum();
+            let streams: usize = pools.iter().map(|p| p.streams()).sum();
+            self.hbone_pool_connections.set(conns as i64);
+            self.hbone_pool_streams.set(streams as i64);
+        }
+    }
 }
 
 impl Metrics {
@@ -266,6 +307,21 @@ impl Metrics {
             "ringway_hbone_streams",
             "HBONE CONNECT streams opened (side client: outbound, server: inbound)",
             self.hbone_streams.clone(),
+        );
+        r.register(
+            "ringway_pipes",
+            "Splice pipes of the datapath (its buffers), in use or idle in the pools",
+            self.pipes.clone(),
+        );
+        r.register(
+            "ringway_hbone_pool_connections",
+            "Outbound HBONE HTTP/2 connections open in the pools",
+            self.hbone_pool_connections.clone(),
+        );
+        r.register(
+            "ringway_hbone_pool_streams",
+            "Outbound HBONE streams open on pooled connections",
+            self.hbone_pool_streams.clone(),
         );
         r.register(
             "ringway_datapath_io_uring",

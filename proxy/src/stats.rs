@@ -52,6 +52,10 @@ pub struct Stats {
     pub accept_resource_errors: Counter,
     /// Outbound connections delivered straight into a pod on this node.
     pub same_node: Counter,
+    /// Splice pipes moving bytes right now (all workers).
+    pub pipes_in_use: Gauge,
+    /// Empty pipes kept for reuse (all workers).
+    pub pipes_idle: Gauge,
     /// Bytes written toward the destination.
     pub bytes_to_upstream: AtomicU64,
     /// Bytes written back toward the client.

@@ -180,7 +180,7 @@ pub fn run(
     let ctx = Rc::new(WorkerCtx {
         id,
         backend,
-        pool: PipePool::new(settings.pipe_size, settings.pipe_pool),
+        pool: PipePool::new(settings.pipe_size, settings.pipe_pool, stats.clone()),
         settings,
         stats,
         pods: RefCell::new(HashMap::new()),

@@ -272,6 +272,15 @@ fn thousand_connections_and_policy_changes() {
             "1,000 streams rode {h2} HTTP/2 connections"
         );
         assert_eq!(app.connections(), 1000);
+        // The pool as an operator sees it.
+        let m = t.p1.metrics();
+        m.refresh(&t.p1.stats_handle());
+        let text = ringway_proxy::metrics::encode(&m.registry(), false);
+        assert!(
+            text.contains(&format!("ringway_hbone_pool_connections {h2}\n")),
+            "{text}"
+        );
+        assert!(text.contains("ringway_hbone_pool_streams 1000\n"), "{text}");
         // A change that still allows them: nothing is reset.
         let allow = format!(
             "policies:\n  - name: frontend-only\n    namespace: shop\n    action: ALLOW\n    rules:\n      - from:\n          - principals: [\"{CLIENT_ID}\"]\n        to:\n          - ports: [{APP_PORT}]\n"

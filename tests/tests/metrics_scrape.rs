@@ -170,6 +170,17 @@ fn scrape_during_traffic(fast_path: bool) {
         body.trim_end().ends_with("# EOF"),
         "OpenMetrics ends with # EOF"
     );
+    // The datapath's buffers: every pipe went back (none leaked), some are
+    // kept for reuse.
+    assert_eq!(
+        sample(&body, "ringway_pipes", &["state=\"in_use\""]),
+        Some(0.0),
+        "{body}"
+    );
+    assert!(
+        sample(&body, "ringway_pipes", &["state=\"idle\""]).unwrap_or(0.0) >= 1.0,
+        "{body}"
+    );
     assert_eq!(
         sample(&body, "istio_tcp_connections_closed_total", &src_labels),
         Some(1.0),
@@ -277,6 +288,11 @@ fn admin_config_dump_and_log_level() {
             .iter()
             .any(|l| l == "inbound 0.0.0.0:15006"));
         assert_eq!(dump["settings"]["captureMode"], "tproxy");
+        // No mesh configured here: no HBONE, nothing authorized to re-check.
+        assert_eq!(dump["hbone"]["enabled"], false, "{body}");
+        assert_eq!(dump["hbone"]["poolConnections"], 0, "{body}");
+        assert!(dump["mesh"].is_null(), "{body}");
+        assert_eq!(pods[0]["authorizedFlows"], 0, "{body}");
         let (code, _) = http(admin.addr, "POST", "/logging?level=info,access=debug");
         assert_eq!(code, 200);
         assert_eq!(levels.lock().unwrap().as_slice(), ["info,access=debug"]);
