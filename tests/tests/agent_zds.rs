@@ -270,3 +270,28 @@ fn garbage_from_a_proxy_closes_only_its_connection() {
         assert_eq!(kinds.last().unwrap(), &("Add", "uid-1".to_string()));
     });
 }
+
+/// The agent's readiness check (served as `/healthz/ready` next to its
+/// metrics): ready while serving, not ready — naming why — when a socket
+/// file the plugin or the proxies dial has been removed, or while stopping.
+#[test]
+fn health_check_names_what_is_wrong() {
+    run_isolated("agent_health", || {
+        init_logs();
+        let dir = TempDir::new("agent_health");
+        let cfg = config("agent_health", &dir.0);
+        let agent = start(&cfg);
+        let health = agent.health_source();
+        let ok = health().expect("a fresh agent is ready");
+        assert!(ok.contains("0 pods enrolled"), "{ok}");
+        let _p = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        assert!(health().unwrap().contains("1 proxies connected"));
+        std::fs::remove_file(&cfg.cni_socket).unwrap();
+        let err = health().expect_err("CNI socket removed");
+        assert!(err.contains("CNI event socket") && err.contains("is gone"), "{err}");
+        agent.shutdown();
+        let err = health().expect_err("stopped");
+        assert!(err.contains("shutting down"), "{err}");
+    });
+}

@@ -433,6 +433,33 @@ impl AgentHandle {
         })
     }
 
+    /// A readiness check that can live on another thread (for the agent's
+    /// `/healthz/ready`): `Ok` with a summary while the agent serves, `Err`
+    /// naming what is wrong otherwise (shutting down; a socket file the CNI
+    /// plugin or the proxies connect to has disappeared).
+    pub fn health_source(&self) -> std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync> {
+        let core = self.core.clone();
+        std::sync::Arc::new(move || {
+            if core.is_stopping() {
+                return Err("the agent is shutting down".into());
+            }
+            let cfg = core.config();
+            for (what, path) in [
+                ("ZDS socket", &cfg.zds_socket),
+                ("CNI event socket", &cfg.cni_socket),
+            ] {
+                if !path.exists() {
+                    return Err(format!("{what} {} is gone", path.display()));
+                }
+            }
+            Ok(format!(
+                "ready: {} pods enrolled, {} proxies connected",
+                core.pod_count(),
+                core.proxies().len()
+            ))
+        })
+    }
+
     /// Enrollment, for the Kubernetes watch.
     pub fn enrollment(&self) -> Enroller {
         Enroller(self.core.clone())
