@@ -437,7 +437,9 @@ impl AgentHandle {
     /// `/healthz/ready`): `Ok` with a summary while the agent serves, `Err`
     /// naming what is wrong otherwise (shutting down; a socket file the CNI
     /// plugin or the proxies connect to has disappeared).
-    pub fn health_source(&self) -> std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync> {
+    pub fn health_source(
+        &self,
+    ) -> std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync> {
         let core = self.core.clone();
         std::sync::Arc::new(move || {
             if core.is_stopping() {
