@@ -516,43 +516,30 @@ async fn decide(
         return Decision::Unavailable503("no mesh configuration".into());
     };
     // `forwarded` is trusted: the peer is an authenticated mesh proxy.
-    let client = req
-        .forwarded_for
-        .map(|a| a.ip())
-        .unwrap_or(req.peer.addr.ip());
-    let w = pod_workload(&mesh, pod);
-    let verdict = authz::evaluate(
+    let client_addr = req.forwarded_for.unwrap_or(req.peer.addr);
+    let client = client_addr.ip();
+    let authz = match authorize(
         &mesh,
-        &ConnInfo {
-            src_ip: client,
-            src_identity: Some(peer_id),
-            dst_workload: &w,
-            dst_port: dst.port(),
-        },
-    );
-    if !verdict.is_allowed() {
-        state
-            .metrics
-            .denials
-            .get_or_create(&crate::metrics::DenyLabels { path: "hbone" })
-            .inc();
-        return Decision::Deny401(verdict.to_string());
-    }
+        pod,
+        client,
+        Some(peer_id.clone()),
+        dst.port(),
+        "hbone",
+    ) {
+        Ok(a) => a,
+        Err(why) => {
+            state
+                .metrics
+                .denials
+                .get_or_create(&crate::metrics::DenyLabels { path: "hbone" })
+                .inc();
+            return Decision::Deny401(why);
+        }
+    };
     match connect_in_pod(pod, mark, dst, Some(client)).await {
         Ok(s) => {
             // Re-checked when the policies change (reset if then denied).
-            let flow = flows::register(
-                pod,
-                &[s.as_fd()],
-                FlowAuthz {
-                    src_ip: client,
-                    src_identity: Some(peer_id.clone()),
-                    dst_port: dst.port(),
-                    path: "hbone",
-                    decided_with: mesh.clone(),
-                },
-                state,
-            );
+            let flow = flows::register(pod, &[s.as_fd()], authz, state);
             // Counted once the stream is really served (not for a 503).
             state
                 .metrics
@@ -562,9 +549,100 @@ async fn decide(
                     outcome: "ok",
                 })
                 .inc();
-            Decision::Accept(Upstream::tcp(s).with_guard(flow))
+            let observer =
+                InboundObserver::new(&state.metrics, &mesh, pod, peer_id, client_addr, dst);
+            Decision::Accept(Upstream::tcp(s).with_guard(flow).observed(observer))
         }
         Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),
+    }
+}
+
+/// The destination side's view of a tunnelled connection: its istio_tcp_*
+/// series (`reporter="destination"`), advanced as bytes reach and leave the
+/// app, and its access-log event when the stream ends.
+struct InboundObserver {
+    received: prometheus_client::metrics::counter::Counter,
+    sent: prometheus_client::metrics::counter::Counter,
+    closed: prometheus_client::metrics::counter::Counter,
+    to_app: std::sync::atomic::AtomicU64,
+    from_app: std::sync::atomic::AtomicU64,
+    started: Instant,
+    src_addr: SocketAddr,
+    src_identity: String,
+    dst_addr: SocketAddr,
+    dst_workload: String,
+}
+
+impl InboundObserver {
+    fn new(
+        metrics: &Metrics,
+        mesh: &Mesh,
+        pod: &PodShared,
+        peer_id: &Identity,
+        src_addr: SocketAddr,
+        dst_addr: SocketAddr,
+    ) -> Self {
+        let src = match mesh.workload_by_ip(src_addr.ip().to_canonical()) {
+            Some(w) => Peer {
+                workload: w.name.clone(),
+                namespace: w.namespace.clone(),
+                principal: peer_id.to_string(),
+            },
+            None => Peer {
+                namespace: peer_id.namespace.clone(),
+                principal: peer_id.to_string(),
+                ..Peer::default()
+            },
+        };
+        let dst = pod.peer();
+        let labels = TcpLabels::new("destination", &src, &dst, "mutual_tls", "-");
+        metrics.opened.get_or_create(&labels).inc();
+        InboundObserver {
+            received: metrics.received.get_or_create(&labels).clone(),
+            sent: metrics.sent.get_or_create(&labels).clone(),
+            closed: metrics.closed.get_or_create(&labels).clone(),
+            to_app: Default::default(),
+            from_app: Default::default(),
+            started: Instant::now(),
+            src_addr,
+            src_identity: src.principal,
+            dst_addr,
+            dst_workload: dst.workload,
+        }
+    }
+}
+
+impl ringway_hbone::Observer for InboundObserver {
+    fn read(&self, n: usize) {
+        self.sent.inc_by(n as u64);
+        self.from_app
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn written(&self, n: usize) {
+        self.received.inc_by(n as u64);
+        self.to_app
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for InboundObserver {
+    fn drop(&mut self) {
+        self.closed.inc();
+        tracing::event!(
+            target: "access",
+            tracing::Level::INFO,
+            direction = "inbound",
+            src.addr = %self.src_addr,
+            src.identity = %self.src_identity,
+            dst.addr = %self.dst_addr,
+            dst.workload = %self.dst_workload,
+            bytes.received = self.to_app.load(std::sync::atomic::Ordering::Relaxed),
+            bytes.sent = self.from_app.load(std::sync::atomic::Ordering::Relaxed),
+            duration.ms = self.started.elapsed().as_millis() as u64,
+            security = "mutual_tls",
+            "connection closed"
+        );
     }
 }
 

@@ -46,7 +46,8 @@ pub struct PodShared {
 }
 
 impl PodShared {
-    fn peer(&self) -> Peer {
+    /// Who the pod is, for metrics labels.
+    pub fn peer(&self) -> Peer {
         let who = self.who.read().unwrap_or_else(|p| p.into_inner());
         Peer {
             workload: if who.0.name.is_empty() {

@@ -544,3 +544,55 @@ fn hbone_refuses_forged_forwarded_from_non_mesh_client() {
         },
     );
 }
+
+/// Both sides of a tunnelled connection report it: the source proxy as
+/// `reporter="source"`, the destination proxy as `reporter="destination"`,
+/// both `mutual_tls` with the client's principal, and both byte counters
+/// move while the connection is open, not only at close.
+#[test]
+fn hbone_metrics_both_reporters_mid_connection() {
+    run_isolated("hbone_metrics_both_reporters_mid_connection", || {
+        let t = two_nodes(Opts::new("hbone_metrics"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let _app = Echo::start(&t.server().netns, addr);
+        let mut s = t.client().netns.run(|| {
+            let s = connect(addr, TIMEOUT).unwrap();
+            s.set_read_timeout(Some(TIMEOUT)).unwrap();
+            s
+        });
+        let msg = vec![7u8; 100_000];
+        echo_once(&mut s, &msg).unwrap();
+        let scrape = |p: &ringway_proxy::Proxy| {
+            ringway_proxy::metrics::encode(&p.metrics().registry(), false)
+        };
+        let moved = |body: &str, reporter: &str| {
+            let want = [
+                &format!("reporter=\"{reporter}\"")[..],
+                "connection_security_policy=\"mutual_tls\"",
+                &format!("source_principal=\"{CLIENT_ID}\""),
+                "source_workload=\"client-0\"",
+                "destination_workload=\"server-0\"",
+            ];
+            let r = common::sample(body, "istio_tcp_received_bytes_total", &want).unwrap_or(0.0);
+            let w = common::sample(body, "istio_tcp_sent_bytes_total", &want).unwrap_or(0.0);
+            let open = common::sample(body, "istio_tcp_connections_opened_total", &want);
+            let closed = common::sample(body, "istio_tcp_connections_closed_total", &want);
+            (r >= 100_000.0 && w >= 100_000.0, open, closed)
+        };
+        assert!(
+            wait_until(TIMEOUT, || moved(&scrape(&t.p1), "source").0
+                && moved(&scrape(&t.p2), "destination").0),
+            "mid-connection counters:\n{}\n{}",
+            scrape(&t.p1),
+            scrape(&t.p2)
+        );
+        assert_eq!(moved(&scrape(&t.p2), "destination").1, Some(1.0));
+        let closed = moved(&scrape(&t.p2), "destination").2;
+        assert_eq!(closed.unwrap_or(0.0), 0.0, "still open");
+        drop(s);
+        assert!(wait_until(TIMEOUT, || moved(&scrape(&t.p2), "destination")
+            .2
+            == Some(1.0)
+            && moved(&scrape(&t.p1), "source").2 == Some(1.0)));
+    });
+}

@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use common::sample;
 use ringway_config::{CaptureMode, Datapath};
 use ringway_proxy::control::{metrics_handler, ControlServer};
 use ringway_proxy::PodIdentity;
@@ -38,14 +39,6 @@ fn scrape(addr: SocketAddr, openmetrics: bool) -> (String, String) {
 }
 
 /// The value of the first sample of `metric` whose labels contain all of `want`.
-fn sample(body: &str, metric: &str, want: &[&str]) -> Option<f64> {
-    body.lines()
-        .filter(|l| l.starts_with(&format!("{metric}{{")))
-        .find(|l| want.iter().all(|w| l.contains(w)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 fn scrape_during_traffic(fast_path: bool) {
     let vn = VirtualNode::build(1, 2).unwrap();
     let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Auto);

@@ -40,7 +40,7 @@ pub use server::{
     ServerConfig,
 };
 pub use stream::HboneStream;
-pub use upstream::{AsyncIo, Upstream};
+pub use upstream::{AsyncIo, Observer, Upstream};
 
 /// The HBONE port on every meshed pod.
 pub const HBONE_PORT: u16 = 15008;

@@ -113,3 +113,13 @@ pub fn mesh_node_prepared(
     }
     MeshNode { vn, proxy }
 }
+
+/// The value of the first `metric` sample whose labels contain every one of
+/// `want` (Prometheus text).
+pub fn sample(body: &str, metric: &str, want: &[&str]) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .find(|l| want.iter().all(|w| l.contains(w)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
