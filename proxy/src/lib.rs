@@ -335,9 +335,20 @@ impl Proxy {
         self.metrics.clone()
     }
 
-    /// Sets the trust domain used for the pods' SPIFFE principals (pods added later).
+    /// Sets the trust domain of the pods' SPIFFE principals (metrics labels),
+    /// for the pods served now and those added later.
     pub fn set_trust_domain(&self, td: &str) {
-        *self.trust_domain.write().unwrap_or_else(|p| p.into_inner()) = td.to_string();
+        {
+            let mut cur = self.trust_domain.write().unwrap_or_else(|p| p.into_inner());
+            if *cur == td {
+                return;
+            }
+            *cur = td.to_string();
+        }
+        for rec in self.pods.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            let principal = self.principal_of(&rec.info.identity);
+            rec.shared.who.write().unwrap_or_else(|p| p.into_inner()).1 = principal;
+        }
     }
 
     /// Starts serving pod `uid` whose network namespace is `netns`.
