@@ -289,7 +289,10 @@ fn health_check_names_what_is_wrong() {
         assert!(health().unwrap().contains("1 proxies connected"));
         std::fs::remove_file(&cfg.cni_socket).unwrap();
         let err = health().expect_err("CNI socket removed");
-        assert!(err.contains("CNI event socket") && err.contains("is gone"), "{err}");
+        assert!(
+            err.contains("CNI event socket") && err.contains("is gone"),
+            "{err}"
+        );
         agent.shutdown();
         let err = health().expect_err("stopped");
         assert!(err.contains("shutting down"), "{err}");
