@@ -12,8 +12,10 @@ use crate::version::CniVersion;
 /// Where the node agent listens for the plugin, when `agentSocket` is not set.
 pub const DEFAULT_AGENT_SOCKET: &str = "/var/run/ringway/cni.sock";
 /// Namespaces whose pods are never captured, when `excludeNamespaces` is not set:
-/// ringway's own (the node agent must start without waiting for itself).
-pub const DEFAULT_EXCLUDE_NAMESPACES: &[&str] = &["ringway-system"];
+/// ringway's own (the node agent must start without waiting for itself). The same
+/// list marks those pods `tunnel: false` in the proxy's Kubernetes mesh source.
+pub const DEFAULT_EXCLUDE_NAMESPACES: &[&str] =
+    ringway_config::enrollment::DEFAULT_EXCLUDE_NAMESPACES;
 
 /// GC's list of still-valid attachments (spec 1.1.0 as released).
 pub const VALID_ATTACHMENTS_KEY: &str = "cni.dev/valid-attachments";

@@ -289,7 +289,7 @@ impl MeshConfig {
     /// Checks every field and builds the snapshot; `origin` names the file
     /// in errors.
     pub fn validate(&self, origin: &str) -> Result<Mesh, ConfigError> {
-        crate::validate::validate(self, origin, &[], 0)
+        Ok(crate::validate::validate(self, origin, &[], 0)?.with_source(|| self.clone()))
     }
 
     /// Reads `path` (or the embedded default when `None`), applies `env`'s
@@ -310,7 +310,9 @@ impl MeshConfig {
     pub fn load_str(text: &str, origin: &str, env: &dyn EnvSource) -> Result<Mesh, ConfigError> {
         let mut cfg = MeshConfig::parse(text, origin)?;
         let overrides = cfg.apply_env(env)?;
-        crate::validate::validate(&cfg, origin, &overrides, content_hash(text.as_bytes()))
+        let mesh =
+            crate::validate::validate(&cfg, origin, &overrides, content_hash(text.as_bytes()))?;
+        Ok(mesh.with_source(|| cfg))
     }
 }
 

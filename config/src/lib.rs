@@ -10,7 +10,12 @@
 //!   into an immutable [`Mesh`] snapshot with lookup indexes;
 //! - [`ConfigWatcher`]: hot reload of the file, publishing a new
 //!   `Arc<Mesh>` only when an edit is valid;
-//! - [`authz`]: the layer-4 authorization engine.
+//! - [`authz`]: the layer-4 authorization engine;
+//! - [`enrollment`]: which pods are in the mesh (the
+//!   `ringway.io/dataplane-mode` labels), shared with the node agent;
+//! - `kube` (feature `kube`): in a cluster, the workloads and services
+//!   filled from Kubernetes (pods, services, EndpointSlices) through kube-rs
+//!   watches, merged with the file's policies, trust domain and CA.
 //!
 //! Every error names where the value came from (file or variable), the
 //! field path and the problem:
@@ -55,9 +60,12 @@
 #![forbid(unsafe_code)]
 
 pub mod authz;
+pub mod enrollment;
 mod env;
 mod error;
 mod file;
+#[cfg(feature = "kube")]
+pub mod kube;
 mod mesh;
 mod names;
 mod settings;

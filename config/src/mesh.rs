@@ -194,9 +194,28 @@ pub struct Mesh {
     pub(crate) origin: String,
     pub(crate) revision: u64,
     pub(crate) env_overrides: Vec<EnvOverride>,
+    /// The configuration the snapshot was validated from (environment
+    /// overrides applied); for a snapshot merged with Kubernetes objects, the
+    /// file's part only. The Kubernetes source merges cluster objects into it.
+    #[cfg(feature = "kube")]
+    pub(crate) source: Option<Arc<crate::MeshConfig>>,
 }
 
 impl Mesh {
+    /// Keeps `cfg`, the configuration this snapshot was validated from
+    /// (only with the `kube` feature, which merges cluster objects into it).
+    #[cfg(feature = "kube")]
+    pub(crate) fn with_source(mut self, cfg: impl FnOnce() -> crate::MeshConfig) -> Mesh {
+        self.source = Some(Arc::new(cfg()));
+        self
+    }
+
+    /// Without the `kube` feature nothing needs the configuration.
+    #[cfg(not(feature = "kube"))]
+    pub(crate) fn with_source(self, _cfg: impl FnOnce() -> crate::MeshConfig) -> Mesh {
+        self
+    }
+
     /// Datapath settings.
     pub fn proxy(&self) -> &ProxySettings {
         &self.proxy
@@ -266,13 +285,15 @@ impl Mesh {
         service: &'a Service,
         ipv6: bool,
     ) -> impl Iterator<Item = (&'a Workload, IpAddr)> {
-        self.endpoints(service).filter(|w| w.healthy).filter_map(move |w| {
-            w.ips
-                .iter()
-                .copied()
-                .find(|ip| ip.is_ipv6() == ipv6)
-                .map(|ip| (w, ip))
-        })
+        self.endpoints(service)
+            .filter(|w| w.healthy)
+            .filter_map(move |w| {
+                w.ips
+                    .iter()
+                    .copied()
+                    .find(|ip| ip.is_ipv6() == ipv6)
+                    .map(|ip| (w, ip))
+            })
     }
 
     /// Policies of the root namespace (every workload is in their scope).

@@ -235,6 +235,8 @@ pub(crate) fn validate(
         origin: origin.to_owned(),
         revision,
         env_overrides: overrides.to_vec(),
+        #[cfg(feature = "kube")]
+        source: None,
     })
 }
 

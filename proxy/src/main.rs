@@ -100,6 +100,26 @@ struct ProxyArgs {
     /// Proxy settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Where the mesh's workloads and services come from: `file` (the
+    /// configuration's `workloads`/`services`) or `kubernetes` (pods,
+    /// services and EndpointSlices watched through the API server with the
+    /// pod's service account, added to the file's; policies, trust domain
+    /// and CA always come from the file).
+    #[arg(long, value_enum, env = "RINGWAY_MESH_SOURCE", default_value_t = MeshSource::File)]
+    mesh_source: MeshSource,
+    /// The cluster's DNS domain: services are `<name>.<namespace>.svc.<domain>`
+    /// (with `--mesh-source kubernetes`).
+    #[arg(long, env = "RINGWAY_CLUSTER_DOMAIN", default_value = ringway_config::kube::DEFAULT_CLUSTER_DOMAIN)]
+    cluster_domain: String,
+}
+
+/// `ringway proxy --mesh-source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MeshSource {
+    /// The configuration file only.
+    File,
+    /// The Kubernetes API (in-cluster config), merged with the file.
+    Kubernetes,
 }
 
 #[derive(clap::Args, Debug)]
@@ -205,6 +225,68 @@ fn load_mesh(path: Option<&PathBuf>) -> anyhow::Result<ringway_config::Mesh> {
         ringway_config::MeshConfig::load(path.map(|p| p.as_path()), &ringway_config::ProcessEnv)?;
     tracing::info!(config = %mesh.effective_summary(), "effective configuration");
     Ok(mesh)
+}
+
+/// `--mesh-source kubernetes`: connects with the in-cluster config (else the
+/// kubeconfig) and watches the cluster on a `ringway-kube` thread, publishing
+/// `file` merged with its workloads and services to `proxy`.
+fn start_kube_mesh(
+    file: std::sync::Arc<ringway_config::Mesh>,
+    cluster_domain: &str,
+    proxy: std::sync::Arc<Proxy>,
+    first: std::sync::mpsc::SyncSender<()>,
+) -> anyhow::Result<ringway_config::kube::MeshWatch> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the Kubernetes mesh runtime")?;
+    let client = rt.block_on(ringway_config::kube::connect()).context(
+        "--mesh-source kubernetes: without the Kubernetes API there are no workloads or services",
+    )?;
+    let options = ringway_config::kube::KubeOptions {
+        cluster_domain: cluster_domain.to_owned(),
+        ..ringway_config::kube::KubeOptions::default()
+    };
+    let watch = ringway_config::kube::MeshWatch::start(rt, client, file, options, move |m| {
+        proxy.set_mesh(m);
+        // The first snapshot lets the ZDS client start taking pods.
+        let _ = first.try_send(());
+    })
+    .context("starting the Kubernetes mesh source")?;
+    tracing::info!(
+        cluster_domain,
+        "mesh source: Kubernetes (pods, services, EndpointSlices) + the configuration file"
+    );
+    Ok(watch)
+}
+
+/// Waits for the Kubernetes source's first snapshot, logging while it does;
+/// false when stopped (or the watch ended) first.
+fn wait_first_snapshot(
+    rx: &std::sync::mpsc::Receiver<()>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> bool {
+    use std::sync::mpsc::RecvTimeoutError;
+    let t0 = Instant::now();
+    let mut next_log = Duration::ZERO;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(()) => {
+                tracing::info!(waited = ?t0.elapsed(), "first Kubernetes snapshot in; taking pods from the agent");
+                return true;
+            }
+            Err(RecvTimeoutError::Disconnected) => return false,
+            Err(RecvTimeoutError::Timeout) => {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    return false;
+                }
+                if t0.elapsed() >= next_log {
+                    tracing::warn!(waited = ?t0.elapsed(), "waiting for the first Kubernetes snapshot (pods, services, EndpointSlices) before taking pods");
+                    next_log += Duration::from_secs(10);
+                }
+            }
+        }
+    }
 }
 
 fn load_settings(path: Option<&PathBuf>) -> anyhow::Result<ProxySettings> {
@@ -337,6 +419,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         None => None,
     };
     let source = agent.metrics_source();
+    let health = agent.health_source();
     let metrics_server = ringway_proxy::control::ControlServer::serve(
         args.metrics_addr,
         std::sync::Arc::new(move |method, path, _, _| match (method, path) {
@@ -345,6 +428,14 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 source(),
             ),
+            (&hyper::Method::GET, "/healthz/ready") => match health() {
+                Ok(s) => (hyper::StatusCode::OK, "text/plain; charset=utf-8", s + "\n"),
+                Err(e) => (
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain; charset=utf-8",
+                    format!("not ready: {e}\n"),
+                ),
+            },
             (_, path) => (
                 hyper::StatusCode::NOT_FOUND,
                 "text/plain; charset=utf-8",
@@ -358,7 +449,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             args.metrics_addr
         )
     })?;
-    tracing::info!(addr = %metrics_server.addr, "agent metrics endpoint: GET /metrics");
+    tracing::info!(addr = %metrics_server.addr, "agent endpoint: GET /metrics, GET /healthz/ready");
     let sig = stop.wait()?;
     drop(metrics_server);
     tracing::info!(signal = ?sig, "node agent stopping; pods, rules and the proxy are left as they are");
@@ -457,19 +548,43 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
             None
         }
     };
-    proxy.set_mesh(Arc::new(mesh));
+    let mesh = Arc::new(mesh);
+    proxy.set_mesh(mesh.clone());
+    // `--mesh-source kubernetes`: the cluster's workloads and services are
+    // added to the file's, on the `ringway-kube` control thread; until its
+    // first snapshot (every watch listed) the file's mesh is in force.
+    let (first_tx, first_rx) = std::sync::mpsc::sync_channel(1);
+    let (kube_mesh, first_snapshot) = match args.mesh_source {
+        MeshSource::File => (None, None),
+        MeshSource::Kubernetes => (
+            Some(Arc::new(start_kube_mesh(
+                mesh,
+                &args.cluster_domain,
+                proxy.clone(),
+                first_tx,
+            )?)),
+            Some(first_rx),
+        ),
+    };
     // Hot reload of the mesh (workloads, policies): connections opened after
-    // a valid edit use it; datapath settings and the CA need a restart.
+    // a valid edit use it; datapath settings and the CA need a restart. With
+    // the Kubernetes source the edit is merged with the cluster's objects.
     let _watcher = match &args.config {
         Some(path) => {
             let p = proxy.clone();
+            let kube_mesh = kube_mesh.clone();
             Some(
                 ringway_config::ConfigWatcher::spawn(
                     path.clone(),
                     ringway_config::ProcessEnv,
                     move |m| {
                         tracing::info!(revision = m.revision(), "configuration reloaded");
-                        p.set_mesh(m);
+                        match &kube_mesh {
+                            Some(k) => k.set_file(m),
+                            None => {
+                                p.set_mesh(m);
+                            }
+                        }
                     },
                     |e| tracing::error!(error = %e, "configuration edit rejected; keeping the previous one"),
                 )
@@ -514,7 +629,20 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
             Some(
                 std::thread::Builder::new()
                     .name("ringway-zds".into())
-                    .spawn(move || ringway_proxy::zds_client::run(p, cfg, r, st))?,
+                    .spawn(move || {
+                        // With the Kubernetes source, no pod is taken (and
+                        // readiness stays 503) before the cluster's workloads
+                        // are known: until then every destination would look
+                        // outside the mesh and every policy would see no
+                        // workload. The agent keeps the pods on the old
+                        // proxy (or answers CNI ADD "try again").
+                        if let Some(rx) = first_snapshot {
+                            if !wait_first_snapshot(&rx, &st) {
+                                return;
+                            }
+                        }
+                        ringway_proxy::zds_client::run(p, cfg, r, st)
+                    })?,
             )
         }
         None => {

@@ -40,10 +40,19 @@ const PROXY_CAPS: &[&str] = &["NET_ADMIN", "SYS_ADMIN"];
 /// Whether each runs privileged (the agent must, for now: deploy/README.md).
 const AGENT_PRIVILEGED: bool = true;
 
-/// The agent's API access: exactly these verbs on exactly these core resources.
-const AGENT_RBAC: &[(&str, &[&str])] = &[
-    ("namespaces", &["get", "list", "watch"]),
-    ("pods", &["get", "list", "watch"]),
+/// The agent's API access: exactly these verbs on exactly these (API group, resource).
+const AGENT_RBAC: &[(&str, &str, &[&str])] = &[
+    ("", "namespaces", &["get", "list", "watch"]),
+    ("", "pods", &["get", "list", "watch"]),
+];
+
+/// The proxy's, with `proxy.meshSource: kubernetes` (the default): the mesh's workloads
+/// and services, watched cluster-wide.
+const PROXY_RBAC: &[(&str, &str, &[&str])] = &[
+    ("", "namespaces", &["list", "watch"]),
+    ("", "pods", &["list", "watch"]),
+    ("", "services", &["list", "watch"]),
+    ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
 ];
 
 /// Where the image puts the binary (deploy/Dockerfile).
@@ -958,10 +967,28 @@ fn check_invariants(o: &Objects, text: &str) {
         ru.max_unavailable.is_some(),
         "agent: maxUnavailable (old agent stops first)"
     );
-    assert!(
-        agent.readiness_probe.is_none() && agent.liveness_probe.is_none(),
-        "agent: no endpoint to probe yet (deploy/README.md)"
-    );
+    // Readiness and liveness: the agent's /healthz/ready, on its metrics port
+    // (--metrics-addr, whose default is 0.0.0.0:15022).
+    let agent_port = agent_args.get("--metrics-addr").map_or(15022, |a| {
+        a.parse::<std::net::SocketAddr>()
+            .expect("agent: --metrics-addr is an address")
+            .port()
+    });
+    for (what, probe) in [
+        ("readiness", &agent.readiness_probe),
+        ("liveness", &agent.liveness_probe),
+    ] {
+        let get = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("agent: HTTP {what} probe"));
+        assert_eq!(get.path.as_deref(), Some("/healthz/ready"), "agent: {what}");
+        assert_eq!(
+            serde_json::to_value(&get.port).unwrap(),
+            Json::from(agent_port),
+            "agent: {what} probe port = the agent's --metrics-addr port"
+        );
+    }
 
     // --- the proxy -----------------------------------------------------------------
     let proxy_spec = pod_spec(o, "ringway-proxy");
@@ -969,13 +996,24 @@ fn check_invariants(o: &Objects, text: &str) {
     check_security(proxy, PROXY_CAPS, false);
     assert_ne!(proxy_spec.host_network, Some(true), "proxy: own netns");
     assert_ne!(proxy_spec.host_pid, Some(true), "proxy: no hostPID");
-    assert_eq!(
-        proxy_spec.automount_service_account_token,
-        Some(false),
-        "proxy: no API token"
-    );
     let (sub, proxy_args) = check_args(proxy, &top);
     assert_eq!(sub, "proxy");
+    // The mesh source: the value, and with it the token (kubernetes) or none (file).
+    let source = v["proxy"]["meshSource"].as_str().expect("proxy.meshSource");
+    assert_eq!(proxy_args["--mesh-source"], source, "proxy: --mesh-source");
+    let kube = source == "kubernetes";
+    assert_eq!(
+        proxy_spec.automount_service_account_token,
+        Some(kube),
+        "proxy: an API token exactly for the Kubernetes mesh source"
+    );
+    if kube {
+        assert_eq!(
+            Json::from(proxy_args["--cluster-domain"].as_str()),
+            v["clusterDomain"],
+            "proxy: --cluster-domain"
+        );
+    }
     let proxy_help = help(Some("proxy"));
     // Readiness: the probe asks the endpoint the binary serves, where it listens.
     let ready_addr: std::net::SocketAddr = proxy_args["--readiness-addr"]
@@ -1220,44 +1258,70 @@ fn check_invariants(o: &Objects, text: &str) {
     }
     assert_eq!(
         o.service_accounts["ringway-proxy"].automount_service_account_token,
-        Some(false),
-        "proxy ServiceAccount: no token"
+        Some(kube),
+        "proxy ServiceAccount: a token exactly for the Kubernetes mesh source"
     );
 
-    // --- RBAC: exactly get/list/watch on pods and namespaces, for the agent only ------
+    // --- RBAC: exactly the verbs and resources listed above, read-only ----------------
+    check_rbac(o, kube);
+}
+
+/// The cluster roles: the agent's, and the proxy's exactly when `proxy_role`; each
+/// bound to its own ServiceAccount only, granting exactly its list above.
+fn check_rbac(o: &Objects, proxy_role: bool) {
+    let mut roles = vec!["ringway-agent"];
+    if proxy_role {
+        roles.push("ringway-proxy");
+    }
     assert_eq!(
         o.cluster_roles.keys().collect::<Vec<_>>(),
-        ["ringway-agent"],
-        "only the agent has a role"
+        roles,
+        "cluster roles"
     );
-    let mut got: Vec<(String, Vec<String>)> = Vec::new();
-    for r in o.cluster_roles["ringway-agent"].rules.iter().flatten() {
-        assert_eq!(
-            r.api_groups.as_deref(),
-            Some(&[String::new()][..]),
-            "core API only"
-        );
-        assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
-        for res in r.resources.iter().flatten() {
-            let mut verbs = r.verbs.clone();
-            verbs.sort();
-            got.push((res.clone(), verbs));
+    assert_eq!(
+        o.cluster_role_bindings.keys().collect::<Vec<_>>(),
+        roles,
+        "cluster role bindings"
+    );
+    for (name, want) in [("ringway-agent", AGENT_RBAC), ("ringway-proxy", PROXY_RBAC)] {
+        if !roles.contains(&name) {
+            continue;
         }
+        let mut got: Vec<(String, String, Vec<String>)> = Vec::new();
+        for r in o.cluster_roles[name].rules.iter().flatten() {
+            assert!(
+                r.resource_names.is_none() && r.non_resource_urls.is_none(),
+                "{name}: resources only"
+            );
+            for group in r.api_groups.iter().flatten() {
+                for res in r.resources.iter().flatten() {
+                    let mut verbs = r.verbs.clone();
+                    verbs.sort();
+                    got.push((group.clone(), res.clone(), verbs));
+                }
+            }
+        }
+        got.sort();
+        let want: Vec<(String, String, Vec<String>)> = want
+            .iter()
+            .map(|(g, r, v)| {
+                (
+                    g.to_string(),
+                    r.to_string(),
+                    v.iter().map(|s| s.to_string()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(got, want, "{name} RBAC");
+        let binding = &o.cluster_role_bindings[name];
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+        assert_eq!(binding.role_ref.name, name);
+        let subjects = binding.subjects.clone().unwrap_or_default();
+        assert_eq!(subjects.len(), 1, "{name}: one subject");
+        assert_eq!(subjects[0].kind, "ServiceAccount");
+        assert_eq!(subjects[0].name, name, "{name}: its own ServiceAccount");
+        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
     }
-    got.sort();
-    let want: Vec<(String, Vec<String>)> = AGENT_RBAC
-        .iter()
-        .map(|(r, v)| (r.to_string(), v.iter().map(|s| s.to_string()).collect()))
-        .collect();
-    assert_eq!(got, want, "agent RBAC");
-    let binding = &o.cluster_role_bindings["ringway-agent"];
-    assert_eq!(binding.role_ref.kind, "ClusterRole");
-    assert_eq!(binding.role_ref.name, "ringway-agent");
-    let subjects = binding.subjects.clone().unwrap_or_default();
-    assert_eq!(subjects.len(), 1);
-    assert_eq!(subjects[0].kind, "ServiceAccount");
-    assert_eq!(subjects[0].name, "ringway-agent");
-    assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1434,8 +1498,28 @@ fn metrics_annotations_follow_the_value() {
     assert_eq!(args["--metrics-addr"], "0.0.0.0:15020");
 }
 
+/// `proxy.meshSource: file`: the proxy gets no role and no token, and is told so.
+#[test]
+fn file_mesh_source_has_no_proxy_role_or_token() {
+    let o = typed_objects(&render_chart("proxy: {meshSource: file}", NAMESPACE).unwrap());
+    let spec = pod_spec(&o, "ringway-proxy");
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(
+        o.service_accounts["ringway-proxy"].automount_service_account_token,
+        Some(false)
+    );
+    let top = help(None);
+    let (_, args) = check_args(container(spec, "proxy"), &top);
+    assert_eq!(args["--mesh-source"], "file");
+    assert!(!args.contains_key("--cluster-domain"));
+    check_rbac(&o, false);
+}
+
 #[test]
 fn chart_refuses_unsafe_settings() {
+    let err = render_chart("proxy: {meshSource: api}", NAMESPACE)
+        .expect_err("an unknown mesh source must be refused");
+    assert!(err.contains("proxy.meshSource"), "{err}");
     let err = render_chart("", "default").expect_err("another namespace must be refused");
     assert!(err.contains("ringway-system"), "{err}");
     let err = render_chart("proxy: {hostNetwork: true}", NAMESPACE)

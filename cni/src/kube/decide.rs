@@ -5,12 +5,12 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 
-/// The label that enrolls a pod (on the pod or its namespace) or opts it out (on the pod).
-pub const DATAPLANE_MODE_LABEL: &str = "ringway.io/dataplane-mode";
-/// [`DATAPLANE_MODE_LABEL`] value that enrolls.
-pub const DATAPLANE_MODE_ENABLED: &str = "enabled";
-/// [`DATAPLANE_MODE_LABEL`] value that opts a pod out, whatever its namespace says.
-pub const DATAPLANE_MODE_DISABLED: &str = "disabled";
+// The labels and the label rule are `ringway_config::enrollment`'s, shared with the
+// proxy's Kubernetes mesh source (a workload's `tunnel` flag).
+use ringway_config::enrollment::{self, NotSelected};
+pub use ringway_config::enrollment::{
+    DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
+};
 
 /// What the node agent needs to enroll a running pod.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -114,7 +114,7 @@ pub fn decide(pod: &Pod, namespace: Option<&Namespace>) -> Decision {
 
 /// Whether a namespace enrolls its pods (its label is `enabled`).
 pub fn namespace_enabled(ns: &Namespace) -> bool {
-    label(&ns.metadata.labels) == Some(DATAPLANE_MODE_ENABLED)
+    enrollment::namespace_enabled(label(&ns.metadata.labels))
 }
 
 fn label(labels: &Option<std::collections::BTreeMap<String, String>>) -> Option<&str> {
@@ -218,14 +218,12 @@ impl PodFacts {
 
 /// [`decide`] on the extracted facts; `ns_enabled`: the namespace's label is `enabled`.
 pub(crate) fn decide_facts(pod: &PodFacts, ns_enabled: bool) -> Decision {
-    if pod.host_network {
-        return Decision::Unenroll(UnenrollReason::HostNetwork);
-    }
-    match pod.mode.as_deref() {
-        Some(DATAPLANE_MODE_ENABLED) => {}
-        Some(DATAPLANE_MODE_DISABLED) => return Decision::Unenroll(UnenrollReason::PodOptOut),
-        _ if ns_enabled => {}
-        _ => return Decision::Unenroll(UnenrollReason::NotLabelled),
+    if let Err(why) = enrollment::selected(pod.host_network, pod.mode.as_deref(), ns_enabled) {
+        return Decision::Unenroll(match why {
+            NotSelected::HostNetwork => UnenrollReason::HostNetwork,
+            NotSelected::PodOptOut => UnenrollReason::PodOptOut,
+            NotSelected::NotLabelled => UnenrollReason::NotLabelled,
+        });
     }
     match pod.phase {
         Phase::Succeeded | Phase::Failed => Decision::Unenroll(UnenrollReason::Finished),

@@ -1,0 +1,723 @@
+//! The mapping, object by object and merged with a file.
+
+use std::net::IpAddr;
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::Action;
+
+const FILE: &str = r#"
+trustDomain: example.org
+ca: {certFile: /s/ca.crt, keyFile: /s/ca.key}
+workloads:
+  - {uid: file-vm, name: vm-0, namespace: legacy, ips: [10.9.0.1], node: vm-host}
+services:
+  - hostname: legacy.example.org
+    namespace: legacy
+    vips: [10.96.9.9]
+    ports: {80: 8080}
+    endpoints: [file-vm]
+policies:
+  - name: require-mtls
+    action: DENY
+    rules: [{from: [{notPrincipals: ["*"]}]}]
+"#;
+
+fn file() -> Mesh {
+    MeshConfig::load_str(FILE, "config.yaml", &[("RINGWAY_WORKERS", "2")]).unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+// ------------------------------------------------------------------ objects
+
+fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
+    Arc::new(serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// A running pod on node-a, created on 2026-01-01.
+fn pod(ns: &str, name: &str, ips: &[&str]) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"),
+            "creationTimestamp": "2026-01-01T00:00:00Z", "labels": {"app": name}},
+        "spec": {"nodeName": "node-a", "serviceAccountName": "sa-x",
+            "containers": [{"name": "app", "ports": [
+                {"name": "http", "containerPort": 8080},
+                {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]}]},
+        "status": {"phase": "Running", "podIP": ips.first(),
+            "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()}
+    })
+}
+
+fn uid(ns: &str, name: &str) -> String {
+    format!("uid-{ns}-{name}")
+}
+
+fn namespace(name: &str, mode: Option<&str>) -> Value {
+    let mut labels = json!({"kubernetes.io/metadata.name": name});
+    if let Some(m) = mode {
+        labels[DATAPLANE_MODE_LABEL] = json!(m);
+    }
+    json!({"metadata": {"name": name, "labels": labels}})
+}
+
+fn service(ns: &str, name: &str, cluster_ips: &[&str], ports: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"clusterIP": cluster_ips.first(), "clusterIPs": cluster_ips, "ports": ports,
+            "selector": {"app": name}}
+    })
+}
+
+fn endpoint(ns: &str, pod: &str, address: &str, ready: Option<bool>) -> Value {
+    let mut e = json!({"addresses": [address],
+        "targetRef": {"kind": "Pod", "namespace": ns, "name": pod, "uid": uid(ns, pod)}});
+    if let Some(r) = ready {
+        e["conditions"] = json!({"ready": r});
+    }
+    e
+}
+
+fn slice(ns: &str, name: &str, svc: &str, family: &str, endpoints: Value, ports: Value) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {SERVICE_NAME_LABEL: svc}},
+        "addressType": family, "endpoints": endpoints, "ports": ports
+    })
+}
+
+#[derive(Default)]
+struct Objects {
+    pods: Vec<Value>,
+    namespaces: Vec<Value>,
+    services: Vec<Value>,
+    slices: Vec<Value>,
+}
+
+impl Objects {
+    fn cluster(&self) -> Cluster {
+        Cluster {
+            pods: self.pods.iter().cloned().map(typed).collect(),
+            namespaces: self.namespaces.iter().cloned().map(typed).collect(),
+            services: self.services.iter().cloned().map(typed).collect(),
+            endpoint_slices: self.slices.iter().cloned().map(typed).collect(),
+        }
+    }
+
+    fn build(&self) -> KubeMesh {
+        build_mesh(&file(), &self.cluster(), &KubeOptions::default())
+    }
+}
+
+fn skipped_of(k: &KubeMesh) -> Vec<String> {
+    k.skipped.iter().map(ToString::to_string).collect()
+}
+
+// ------------------------------------------------------------------ pods
+
+fn workload_of(pod: Value, enabled: &[&str]) -> Result<WorkloadConfig, NotAWorkload> {
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    let enabled: HashSet<&str> = enabled.iter().copied().collect();
+    workload(&pod, &enabled, &KubeOptions::default())
+}
+
+#[test]
+fn a_running_pod_is_a_workload() {
+    let w = workload_of(pod("shop", "web-0", &["10.1.0.5", "fd00::5"]), &["shop"]).unwrap();
+    assert_eq!(
+        w,
+        WorkloadConfig {
+            uid: uid("shop", "web-0"),
+            name: "web-0".into(),
+            namespace: "shop".into(),
+            service_account: "sa-x".into(),
+            ips: vec!["10.1.0.5".into(), "fd00::5".into()],
+            node: "node-a".into(),
+            tunnel: true,
+            healthy: true,
+        }
+    );
+
+    // podIP alone (no podIPs); no service account name: the API server's default.
+    let mut p = pod("shop", "web-1", &[]);
+    p["status"] = json!({"phase": "Running", "podIP": "10.1.0.6"});
+    p["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("serviceAccountName");
+    let w = workload_of(p, &[]).unwrap();
+    assert_eq!(w.ips, ["10.1.0.6"]);
+    assert_eq!(w.service_account, "default");
+    // The deprecated spec.serviceAccount still names it.
+    let mut p = pod("shop", "web-2", &["10.1.0.7"]);
+    p["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("serviceAccountName");
+    p["spec"]["serviceAccount"] = json!("old-sa");
+    assert_eq!(workload_of(p, &[]).unwrap().service_account, "old-sa");
+
+    // Terminating pods still serve their connections: they stay.
+    let mut p = pod("shop", "web-3", &["10.1.0.8"]);
+    p["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
+    assert!(workload_of(p, &[]).is_ok());
+}
+
+#[test]
+fn pods_that_are_not_workloads() {
+    let base = pod("shop", "p", &["10.1.0.9"]);
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: [(&str, Edit, NotAWorkload); 7] = [
+        (
+            "pending",
+            Box::new(|p| p["status"] = json!({"phase": "Pending"})),
+            NotAWorkload::NotRunning,
+        ),
+        (
+            "succeeded",
+            Box::new(|p| p["status"]["phase"] = json!("Succeeded")),
+            NotAWorkload::NotRunning,
+        ),
+        (
+            "no status",
+            Box::new(|p| {
+                p.as_object_mut().unwrap().remove("status");
+            }),
+            NotAWorkload::NotRunning,
+        ),
+        (
+            "running, no IP yet",
+            Box::new(|p| p["status"] = json!({"phase": "Running"})),
+            NotAWorkload::NoIp,
+        ),
+        (
+            "running, empty podIPs and podIP",
+            Box::new(|p| p["status"] = json!({"phase": "Running", "podIP": "", "podIPs": []})),
+            NotAWorkload::NoIp,
+        ),
+        (
+            "host network",
+            Box::new(|p| p["spec"]["hostNetwork"] = json!(true)),
+            NotAWorkload::HostNetwork,
+        ),
+        (
+            "no uid",
+            Box::new(|p| {
+                p["metadata"].as_object_mut().unwrap().remove("uid");
+            }),
+            NotAWorkload::NoUid,
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let mut p = base.clone();
+        edit(&mut p);
+        assert_eq!(workload_of(p, &["shop"]), Err(want), "{what}");
+    }
+}
+
+/// `tunnel` is the node agent's enrollment rule.
+#[test]
+fn tunnel_follows_the_enrollment_labels() {
+    let with_label = |ns: &str, mode: Option<&str>| {
+        let mut p = pod(ns, "p", &["10.1.0.9"]);
+        if let Some(m) = mode {
+            p["metadata"]["labels"][DATAPLANE_MODE_LABEL] = json!(m);
+        }
+        p
+    };
+    let cases = [
+        // (namespace, pod label, namespace enabled, tunnel)
+        ("shop", None, true, true),
+        ("shop", None, false, false),
+        ("shop", Some("enabled"), false, true),
+        ("shop", Some("disabled"), true, false),
+        ("shop", Some("ambient"), false, false),
+        ("shop", Some("ambient"), true, true),
+        // ringway's own namespace is never captured, whatever its labels say.
+        ("ringway-system", Some("enabled"), true, false),
+    ];
+    for (ns, mode, ns_enabled, tunnel) in cases {
+        let enabled: &[&str] = if ns_enabled { &[ns] } else { &[] };
+        let w = workload_of(with_label(ns, mode), enabled).unwrap();
+        assert_eq!(
+            w.tunnel, tunnel,
+            "{ns} pod={mode:?} ns_enabled={ns_enabled}"
+        );
+    }
+    // Through build_mesh: the namespaces' labels are read from the objects.
+    let objects = Objects {
+        pods: vec![
+            pod("shop", "in", &["10.1.0.1"]),
+            pod("plain", "out", &["10.1.0.2"]),
+        ],
+        namespaces: vec![
+            namespace("shop", Some("enabled")),
+            namespace("plain", Some("disabled")),
+        ],
+        ..Objects::default()
+    };
+    let mesh = objects.build().mesh;
+    assert!(mesh.workload_by_ip(ip("10.1.0.1")).unwrap().tunnel);
+    assert!(!mesh.workload_by_ip(ip("10.1.0.2")).unwrap().tunnel);
+}
+
+// ------------------------------------------------------------------ services
+
+/// The objects of a namespace `shop` with a dual-stack service `web` over
+/// two pods (one not ready), and a few services around it.
+fn shop() -> Objects {
+    Objects {
+        pods: vec![
+            pod("shop", "web-0", &["10.1.0.10", "fd00::10"]),
+            pod("shop", "web-1", &["10.1.0.11", "fd00::11"]),
+            pod("shop", "db-0", &["10.1.0.20"]),
+        ],
+        namespaces: vec![namespace("shop", Some("enabled"))],
+        services: vec![
+            service(
+                "shop",
+                "web",
+                &["10.96.0.10", "fd00:96::10"],
+                json!([
+                    {"name": "http", "port": 80, "targetPort": 8080},
+                    {"name": "https", "port": 443, "targetPort": "https"},
+                    {"name": "plain", "port": 9090},
+                    {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}
+                ]),
+            ),
+            // Headless: no VIP, endpoints still.
+            service("shop", "db", &["None"], json!([{"port": 5432}])),
+            // Its EndpointSlices are not there yet: the named port is
+            // resolved on the pods its selector matches.
+            {
+                let mut s = service(
+                    "shop",
+                    "web-admin",
+                    &["10.96.0.11"],
+                    json!([{"name": "admin", "port": 8000, "targetPort": "http"}]),
+                );
+                s["spec"]["selector"] = json!({"app": "web-0"});
+                s
+            },
+            // No pod has a port of that name.
+            service(
+                "shop",
+                "broken",
+                &["10.96.0.12"],
+                json!([
+                    {"name": "a", "port": 1, "targetPort": "nope"},
+                    {"name": "b", "port": 2, "targetPort": 2000}
+                ]),
+            ),
+            json!({"metadata": {"name": "ext", "namespace": "shop"},
+                "spec": {"type": "ExternalName", "externalName": "db.example.com"}}),
+        ],
+        slices: vec![
+            slice(
+                "shop",
+                "web-v4",
+                "web",
+                "IPv4",
+                json!([
+                    endpoint("shop", "web-0", "10.1.0.10", Some(true)),
+                    endpoint("shop", "web-1", "10.1.0.11", Some(false))
+                ]),
+                json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                    {"name": "https", "port": 8443, "protocol": "TCP"},
+                    {"name": "plain", "port": 9090, "protocol": "TCP"}]),
+            ),
+            // The same pods in the IPv6 slice: listed once.
+            slice(
+                "shop",
+                "web-v6",
+                "web",
+                "IPv6",
+                json!([
+                    endpoint("shop", "web-0", "fd00::10", None),
+                    endpoint("shop", "web-1", "fd00::11", Some(false))
+                ]),
+                json!([{"name": "https", "port": 8443}]),
+            ),
+            slice(
+                "shop",
+                "db-1",
+                "db",
+                "IPv4",
+                json!([
+                    endpoint("shop", "db-0", "10.1.0.20", Some(true)),
+                    // A pod the mesh has no workload for (pending, gone).
+                    endpoint("shop", "db-9", "10.1.0.29", Some(true)),
+                    // An address without a pod.
+                    {"addresses": ["192.0.2.1"]}
+                ]),
+                json!([{"port": 5432}]),
+            ),
+            slice(
+                "shop",
+                "db-fqdn",
+                "db",
+                "FQDN",
+                json!([{"addresses": ["db.example.com"]}]),
+                json!([]),
+            ),
+            // Same service name, other namespace.
+            slice(
+                "other",
+                "web-x",
+                "web",
+                "IPv4",
+                json!([endpoint("other", "web-9", "10.1.0.99", Some(true))]),
+                json!([{"name": "https", "port": 1}]),
+            ),
+        ],
+    }
+}
+
+#[test]
+fn services_from_services_and_endpoint_slices() {
+    let built = shop().build();
+    let mesh = &built.mesh;
+    let by_host = |h: &str| {
+        mesh.services()
+            .iter()
+            .find(|s| s.hostname == h)
+            .unwrap_or_else(|| panic!("no service {h}: {:?}", mesh.services()))
+    };
+
+    let web = by_host("web.shop.svc.cluster.local");
+    assert_eq!(web.namespace, "shop");
+    assert_eq!(web.vips, [ip("10.96.0.10"), ip("fd00:96::10")]);
+    // 80 -> number, 443 -> named (from the slices), 9090 -> no targetPort, 53/UDP left out.
+    assert_eq!(
+        web.ports.iter().map(|(p, t)| (*p, *t)).collect::<Vec<_>>(),
+        [(80, 8080), (443, 8443), (9090, 9090)]
+    );
+    assert_eq!(web.endpoints, [uid("shop", "web-0"), uid("shop", "web-1")]);
+    // The VIP lookup the proxy does, both families.
+    for vip in ["10.96.0.10", "fd00:96::10", "::ffff:10.96.0.10"] {
+        assert_eq!(
+            mesh.service_by_vip(ip(vip)).map(|s| &s.hostname),
+            Some(&web.hostname),
+            "{vip}"
+        );
+    }
+    // Readiness: web-1 is not ready in its slices, web-0 is (ready, or unset).
+    let healthy: Vec<_> = mesh
+        .healthy_endpoints(web, false)
+        .map(|(w, a)| (w.name.clone(), a))
+        .collect();
+    assert_eq!(healthy, [("web-0".to_owned(), ip("10.1.0.10"))]);
+    assert!(!mesh.workload_by_uid(&uid("shop", "web-1")).unwrap().healthy);
+    assert!(mesh.workload_by_uid(&uid("shop", "db-0")).unwrap().healthy);
+
+    let db = by_host("db.shop.svc.cluster.local");
+    assert!(db.vips.is_empty(), "headless");
+    assert_eq!(db.target_port(5432), Some(5432));
+    assert_eq!(
+        db.endpoints,
+        [uid("shop", "db-0")],
+        "pods only, workloads only"
+    );
+
+    let admin = by_host("web-admin.shop.svc.cluster.local");
+    assert_eq!(
+        admin.target_port(8000),
+        Some(8080),
+        "named port from the pod"
+    );
+
+    let broken = by_host("broken.shop.svc.cluster.local");
+    assert_eq!(broken.target_port(1), None);
+    assert_eq!(broken.target_port(2), Some(2000));
+
+    assert!(
+        mesh.services()
+            .iter()
+            .all(|s| !s.hostname.starts_with("ext.")),
+        "ExternalName is not a service of the mesh"
+    );
+    assert_eq!(
+        skipped_of(&built),
+        [
+            "Service shop/broken: port 1 left out: targetPort \"nope\" is not a TCP container \
+             port of its pods"
+        ]
+    );
+}
+
+#[test]
+fn cluster_domain_is_configurable() {
+    let options = KubeOptions {
+        cluster_domain: "corp.example".into(),
+        ..KubeOptions::default()
+    };
+    let mesh = build_mesh(&file(), &shop().cluster(), &options).mesh;
+    assert!(mesh
+        .services()
+        .iter()
+        .any(|s| s.hostname == "web.shop.svc.corp.example"));
+    assert!(KubeOptions {
+        cluster_domain: "Corp_Example".into(),
+        ..KubeOptions::default()
+    }
+    .validate()
+    .is_err());
+    KubeOptions::default().validate().unwrap();
+}
+
+/// A named targetPort resolves per pod; the model holds one number.
+#[test]
+fn named_port_resolving_differently_on_pods() {
+    let mut o = shop();
+    o.slices.push(slice(
+        "shop",
+        "web-v4-b",
+        "web",
+        "IPv4",
+        json!([endpoint("shop", "db-0", "10.1.0.20", Some(true))]),
+        json!([{"name": "https", "port": 9443}]),
+    ));
+    let built = o.build();
+    let web = built.mesh.service_by_vip(ip("10.96.0.10")).unwrap().clone();
+    assert_eq!(
+        web.target_port(443),
+        Some(8443),
+        "the first slice's, by name"
+    );
+    assert!(
+        skipped_of(&built).contains(
+            &"Service shop/web: port 443: targetPort \"https\" is 8443 on some pods and [9443] \
+              on others; the mesh holds one target port per service port, 8443 is used"
+                .to_owned()
+        ),
+        "{:?}",
+        built.skipped
+    );
+}
+
+/// Resolution on pods: the endpoint pods first, sidecar init containers
+/// count, UDP ports and ordinary init containers do not.
+#[test]
+fn container_port_is_kubernetes_find_port() {
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [{"name": "app", "ports": [
+                {"name": "dns", "containerPort": 53, "protocol": "UDP"},
+                {"name": "http", "containerPort": 8080}]}],
+            "initContainers": [
+                {"name": "init", "ports": [{"name": "setup", "containerPort": 1}]},
+                {"name": "proxy", "restartPolicy": "Always",
+                    "ports": [{"name": "metrics", "containerPort": 15090}]}]
+        }
+    }))
+    .unwrap();
+    assert_eq!(container_port(&p, "http"), Some(8080));
+    assert_eq!(container_port(&p, "metrics"), Some(15090));
+    assert_eq!(container_port(&p, "dns"), None, "UDP");
+    assert_eq!(container_port(&p, "setup"), None, "not a sidecar");
+    assert_eq!(container_port(&p, "nope"), None);
+}
+
+// ------------------------------------------------------------------ merging
+
+#[test]
+fn the_file_keeps_its_policies_settings_and_entries() {
+    let base = file();
+    let built = shop().build();
+    let mesh = &built.mesh;
+    assert_eq!(mesh.trust_domain(), "example.org");
+    assert_eq!(mesh.proxy().workers, 2, "env overrides applied");
+    assert_eq!(mesh.env_overrides(), base.env_overrides());
+    assert_eq!(mesh.ca(), base.ca());
+    assert_eq!(mesh.policies(), base.policies());
+    assert_eq!(mesh.policies()[0].action, Action::Deny);
+    assert_eq!(mesh.origin(), "config.yaml + kubernetes");
+    assert_eq!(mesh.revision(), base.revision());
+    // The file's entries first, then the cluster's.
+    assert_eq!(mesh.workloads()[0], base.workloads()[0]);
+    assert_eq!(mesh.services()[0], base.services()[0]);
+    assert_eq!(mesh.workloads().len(), 1 + 3);
+    assert_eq!(mesh.services().len(), 1 + 4);
+    // Authorization sees the cluster's workloads.
+    let web = mesh.workload_by_ip(ip("10.1.0.10")).unwrap();
+    assert_eq!(mesh.policies_for(web).count(), 1);
+    // And the merged snapshot can be merged again (it keeps the file's part).
+    let again = build_mesh(mesh, &Objects::default().cluster(), &KubeOptions::default()).mesh;
+    assert_eq!(again.workloads(), base.workloads());
+    assert_eq!(again.services(), base.services());
+}
+
+#[test]
+fn an_empty_cluster_is_the_file() {
+    let base = file();
+    let built = build_mesh(&base, &Cluster::default(), &KubeOptions::default());
+    assert!(built.skipped.is_empty());
+    assert_eq!(built.mesh.workloads(), base.workloads());
+    assert_eq!(built.mesh.services(), base.services());
+}
+
+/// IP reuse: the newest running pod keeps the address; the other one is
+/// left out, named, and removed from its service's endpoints.
+#[test]
+fn a_reused_ip_goes_to_the_newest_running_pod() {
+    let mut o = shop();
+    let mut old = pod("shop", "old-0", &["10.1.0.10"]);
+    old["metadata"]["creationTimestamp"] = json!("2025-12-01T00:00:00Z");
+    o.pods.push(old);
+    o.slices.push(slice(
+        "shop",
+        "old-1",
+        "db",
+        "IPv4",
+        json!([endpoint("shop", "old-0", "10.1.0.10", Some(true))]),
+        json!([{"port": 5432}]),
+    ));
+    let built = o.build();
+    let mesh = &built.mesh;
+    assert_eq!(mesh.workload_by_ip(ip("10.1.0.10")).unwrap().name, "web-0");
+    assert!(mesh.workload_by_uid(&uid("shop", "old-0")).is_none());
+    let db = mesh
+        .services()
+        .iter()
+        .find(|s| s.hostname.starts_with("db."))
+        .unwrap();
+    assert_eq!(db.endpoints, [uid("shop", "db-0")]);
+    let skipped = skipped_of(&built);
+    assert!(
+        skipped.iter().any(|s| s.starts_with(
+            "Pod shop/old-0: ips[0]: \"10.1.0.10\" is already an address of workloads["
+        ) && s.ends_with("(shop/web-0)")),
+        "{skipped:?}"
+    );
+
+    // A terminating pod loses even when it is the newer one.
+    let mut o = shop();
+    let mut dying = pod("shop", "dying", &["10.1.0.11"]);
+    dying["metadata"]["creationTimestamp"] = json!("2026-06-01T00:00:00Z");
+    dying["metadata"]["deletionTimestamp"] = json!("2026-06-02T00:00:00Z");
+    o.pods.push(dying);
+    let mesh = o.build().mesh;
+    assert_eq!(mesh.workload_by_ip(ip("10.1.0.11")).unwrap().name, "web-1");
+}
+
+/// Objects that fail validation are left out one by one, the rest kept.
+#[test]
+fn bad_objects_are_left_out_and_the_rest_kept() {
+    let mut o = shop();
+    // Not an address.
+    o.pods.push(pod("shop", "bad-ip", &["10.1.0.300"]));
+    // The uid of a workload of the file.
+    let mut twin = pod("legacy", "twin", &["10.1.0.40"]);
+    twin["metadata"]["uid"] = json!("file-vm");
+    o.pods.push(twin);
+    // The address of a VIP of the file.
+    o.pods.push(pod("shop", "on-vip", &["10.96.9.9"]));
+    // A VIP that is a pod's address.
+    o.services.push(service(
+        "shop",
+        "vip-is-pod",
+        &["10.1.0.20"],
+        json!([{"port": 1}]),
+    ));
+    // A VIP that is the file's workload's address.
+    o.services.push(service(
+        "shop",
+        "vip-is-vm",
+        &["10.9.0.1"],
+        json!([{"port": 1}]),
+    ));
+    // A service port out of range.
+    o.services.push(service(
+        "shop",
+        "bad-port",
+        &["10.96.0.50"],
+        json!([{"port": 80, "targetPort": 70000}]),
+    ));
+    let built = o.build();
+    let skipped = skipped_of(&built);
+    let expect = [
+        "Pod legacy/twin: uid: \"file-vm\" is already the uid of workloads[0]",
+        "Pod shop/bad-ip: ips[0]: \"10.1.0.300\" is not an IP address",
+        "Pod shop/on-vip: ips: 10.96.9.9 is a VIP of the configuration's services[0] (legacy.example.org)",
+        "Service shop/bad-port: ports[80]: target port 70000 is not a port (1..=65535)",
+    ];
+    for e in expect {
+        assert!(skipped.iter().any(|s| s == e), "{e:?} not in {skipped:?}");
+    }
+    assert!(
+        skipped.iter().any(|s| s.starts_with(
+            "Service shop/vip-is-pod: vips[0]: \"10.1.0.20\" is an address of workloads["
+        )),
+        "{skipped:?}"
+    );
+    assert!(
+        skipped.iter().any(|s| s == "Service shop/vip-is-vm: vips[0]: \"10.9.0.1\" is an address of workloads[0] (legacy/vm-0)"),
+        "{skipped:?}"
+    );
+    let mesh = &built.mesh;
+    // Everything else is there.
+    assert_eq!(mesh.workloads().len(), 1 + 3);
+    assert_eq!(mesh.workload_by_uid("file-vm").unwrap().name, "vm-0");
+    assert!(mesh.service_by_vip(ip("10.96.0.10")).is_some());
+    assert_eq!(
+        mesh.service_by_vip(ip("10.96.9.9")).unwrap().hostname,
+        "legacy.example.org"
+    );
+    for gone in ["10.1.0.20", "10.9.0.1", "10.96.0.50"] {
+        assert_ne!(
+            mesh.service_by_vip(ip(gone)).map(|s| s.namespace.as_str()),
+            Some("shop"),
+            "{gone}"
+        );
+    }
+
+    // A service with the host name of one of the file's.
+    let mut o = Objects::default();
+    o.services.push(
+        json!({"metadata": {"name": "legacy", "namespace": "legacy"},
+        "spec": {"clusterIPs": ["10.96.0.60"], "ports": [{"port": 80}]}}),
+    );
+    let fqdn = KubeOptions {
+        cluster_domain: "example.org".into(),
+        ..KubeOptions::default()
+    };
+    let mut cfg = MeshConfig::parse(FILE, "config.yaml").unwrap();
+    cfg.services[0].hostname = "legacy.legacy.svc.example.org".into();
+    let base = cfg.validate("config.yaml").unwrap();
+    let built = build_mesh(&base, &o.cluster(), &fqdn);
+    assert_eq!(
+        skipped_of(&built),
+        [
+            "Service legacy/legacy: hostname: \"legacy.legacy.svc.example.org\" in namespace \
+          \"legacy\" is already defined by services[0]"
+        ]
+    );
+    assert_eq!(built.mesh.services().len(), 1);
+}
+
+#[test]
+fn the_result_does_not_depend_on_the_order_of_the_objects() {
+    let o = shop();
+    let a = o.build().mesh;
+    let mut r = shop();
+    r.pods.reverse();
+    r.services.reverse();
+    r.slices.reverse();
+    let b = r.build().mesh;
+    assert_eq!(a.workloads(), b.workloads());
+    assert_eq!(a.services(), b.services());
+}
+
+#[test]
+fn validation_paths_split() {
+    assert_eq!(
+        split_path("workloads[12].ips[0]"),
+        Some(("workloads", 12, "ips[0]"))
+    );
+    assert_eq!(split_path("services[3]"), Some(("services", 3, "")));
+    assert_eq!(split_path("vips[1]"), Some(("vips", 1, "")));
+    assert_eq!(split_path("trustDomain"), None);
+}

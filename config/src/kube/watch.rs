@@ -1,0 +1,534 @@
+//! The watches: reflector caches of Pods, Services, EndpointSlices and the
+//! enabled Namespaces, and a snapshot built from them (debounced) whenever
+//! they or the configuration file change.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use futures::stream::Fuse;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{
+    Container, Namespace, Pod, PodSpec, PodStatus, Service as KubeService,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{self, store::Writer, Store};
+use kube::runtime::utils::Backoff;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::{build_mesh, Cluster, KubeOptions, Skipped};
+use crate::enrollment::{DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL};
+use crate::Mesh;
+
+/// Why the Kubernetes source could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KubeError {
+    /// Neither in-cluster config (service account token and CA,
+    /// `KUBERNETES_SERVICE_*`) nor a kubeconfig was found or usable.
+    #[error("no Kubernetes API config: {0}")]
+    Config(#[source] kube::config::InferConfigError),
+    /// The config was found but no client could be built from it.
+    #[error("cannot build a Kubernetes API client: {0}")]
+    Client(#[source] kube::Error),
+    /// A [`KubeOptions`] value is unusable.
+    #[error("Kubernetes mesh source: {0}")]
+    Options(String),
+    /// The control thread could not be started.
+    #[error("spawning the ringway-kube thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// A client for the API server: in-cluster config when running in a pod
+/// (the service account's token and CA), else the kubeconfig (`KUBECONFIG`,
+/// `~/.kube/config`). Does not contact the server; call it inside the
+/// runtime that will run the watch.
+pub async fn connect() -> Result<Client, KubeError> {
+    let config = kube::Config::infer().await.map_err(KubeError::Config)?;
+    info!(api.url = %config.cluster_url, "Kubernetes API config");
+    Client::try_from(config).map_err(KubeError::Client)
+}
+
+/// The Kubernetes mesh source on its own control thread (`ringway-kube`,
+/// a current-thread tokio runtime): see [`run`]. Dropping it (or
+/// [`MeshWatch::stop`]) stops the watches and waits for the thread.
+#[derive(Debug)]
+pub struct MeshWatch {
+    file: watch::Sender<Arc<Mesh>>,
+    current: Arc<Mutex<Option<Arc<Mesh>>>>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MeshWatch {
+    /// Runs [`run`] with `client` on `runtime`, on a new `ringway-kube`
+    /// thread. `client` must have been made inside `runtime` (kube's client
+    /// spawns its I/O on the runtime it is made in). `file` is the
+    /// configuration file's snapshot; [`MeshWatch::set_file`] replaces it.
+    /// `on_change` runs on that thread with every new snapshot; the first
+    /// comes once every watch has listed its objects.
+    pub fn start<C>(
+        runtime: tokio::runtime::Runtime,
+        client: Client,
+        file: Arc<Mesh>,
+        options: KubeOptions,
+        on_change: C,
+    ) -> Result<MeshWatch, KubeError>
+    where
+        C: Fn(Arc<Mesh>) + Send + 'static,
+    {
+        options.validate()?;
+        let (file_tx, file_rx) = watch::channel(file);
+        let current = Arc::new(Mutex::new(None));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let latest = current.clone();
+        let thread = std::thread::Builder::new()
+            .name("ringway-kube".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let publish = move |mesh: Arc<Mesh>| {
+                        *latest.lock().unwrap_or_else(PoisonError::into_inner) = Some(mesh.clone());
+                        on_change(mesh);
+                    };
+                    tokio::select! {
+                        result = run(client, file_rx, options, publish) => {
+                            if let Err(e) = result {
+                                error!(error = %e, "Kubernetes mesh source stopped");
+                            }
+                        }
+                        _ = stopped => {}
+                    }
+                });
+            })
+            .map_err(KubeError::Spawn)?;
+        Ok(MeshWatch {
+            file: file_tx,
+            current,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// A new snapshot of the configuration file (its hot reload): the next
+    /// snapshot merges it with the cluster's objects.
+    pub fn set_file(&self, file: Arc<Mesh>) {
+        self.file.send_replace(file);
+    }
+
+    /// The last snapshot published, `None` before the first.
+    pub fn current(&self) -> Option<Arc<Mesh>> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Stops the watches and waits for the thread (and a callback running).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            // A panicking callback ended the thread already; nothing to undo.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for MeshWatch {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Watches Pods, Services, EndpointSlices (cluster-wide) and the Namespaces
+/// labelled `ringway.io/dataplane-mode=enabled`, and calls `on_change` with
+/// [`build_mesh`] of the latest `file` and the cached objects: first once
+/// every watch has listed its objects, then after changes, at most once per
+/// [`KubeOptions::debounce`] and at most that long after the change, and
+/// only when the snapshot differs from the last one. Objects left out are
+/// logged at warn once each (while they stay left out). Watch errors are
+/// logged and retried with backoff ([`KubeOptions::backoff_min`] doubling up
+/// to [`KubeOptions::backoff_max`], jittered); the last snapshot stays in
+/// force meanwhile. Runs until the future is dropped, or until `file`'s
+/// sender is (`Ok`); fails only on invalid `options`.
+pub async fn run<C>(
+    client: Client,
+    mut file: watch::Receiver<Arc<Mesh>>,
+    options: KubeOptions,
+    on_change: C,
+) -> Result<(), KubeError>
+where
+    C: Fn(Arc<Mesh>),
+{
+    options.validate()?;
+    let backoff = || Jittered::new(options.backoff_min, options.backoff_max);
+    let enabled = format!("{DATAPLANE_MODE_LABEL}={DATAPLANE_MODE_ENABLED}");
+    let mut pods = Cache::new(
+        "pods",
+        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+            .modify(slim_pod)
+            .backoff(backoff()),
+    );
+    let mut namespaces = Cache::new(
+        "namespaces",
+        watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default().labels(&enabled),
+        )
+        .modify(|ns: &mut Namespace| {
+            slim_meta(&mut ns.metadata);
+            ns.spec = None;
+            ns.status = None;
+        })
+        .backoff(backoff()),
+    );
+    let mut services = Cache::new(
+        "services",
+        watcher(
+            Api::<KubeService>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .modify(|s: &mut KubeService| {
+            slim_meta(&mut s.metadata);
+            s.status = None;
+        })
+        .backoff(backoff()),
+    );
+    let mut slices = Cache::new(
+        "endpointslices",
+        watcher(
+            Api::<EndpointSlice>::all(client),
+            watcher::Config::default(),
+        )
+        .modify(|s: &mut EndpointSlice| slim_meta(&mut s.metadata))
+        .backoff(backoff()),
+    );
+    info!("watching pods, services, endpointslices and enabled namespaces for the mesh");
+
+    let mut due: Option<Instant> = None;
+    let mut publisher = Publisher::default();
+    loop {
+        let changed = tokio::select! {
+            Some(event) = pods.stream.next() => pods.apply(event),
+            Some(event) = namespaces.stream.next() => namespaces.apply(event),
+            Some(event) = services.stream.next() => services.apply(event),
+            Some(event) = slices.stream.next() => slices.apply(event),
+            changed = file.changed() => {
+                if changed.is_err() {
+                    debug!("the configuration's sender is gone: Kubernetes mesh source stopping");
+                    return Ok(());
+                }
+                true
+            }
+            () = sleep_until(due) => {
+                due = None;
+                if pods.ready && namespaces.ready && services.ready && slices.ready {
+                    let base = file.borrow_and_update().clone();
+                    let cluster = Cluster {
+                        pods: pods.store.state(),
+                        namespaces: namespaces.store.state(),
+                        services: services.store.state(),
+                        endpoint_slices: slices.store.state(),
+                    };
+                    if let Some(mesh) = publisher.rebuild(base, &cluster, &options) {
+                        on_change(mesh);
+                    }
+                }
+                false
+            }
+        };
+        if changed && due.is_none() {
+            due = Some(Instant::now() + options.debounce);
+        }
+    }
+}
+
+/// What was published last, to publish only what changed.
+#[derive(Default)]
+struct Publisher {
+    /// (the file's snapshot, the snapshot published).
+    last: Option<(Arc<Mesh>, Arc<Mesh>)>,
+    /// The objects left out of it (each warned about once).
+    reported: HashSet<Skipped>,
+}
+
+impl Publisher {
+    /// The snapshot of `base` and `cluster`, unless it has the workloads and
+    /// services of the last one and the same file.
+    fn rebuild(
+        &mut self,
+        base: Arc<Mesh>,
+        cluster: &Cluster,
+        options: &KubeOptions,
+    ) -> Option<Arc<Mesh>> {
+        let built = build_mesh(&base, cluster, options);
+        let fresh: HashSet<Skipped> = built.skipped.into_iter().collect();
+        let mut new: Vec<&Skipped> = fresh.difference(&self.reported).collect();
+        new.sort();
+        for s in new {
+            warn!(object = %s.object, reason = %s.reason, "Kubernetes object left out of the mesh");
+        }
+        self.reported = fresh;
+        let mesh = built.mesh;
+        let same = self.last.as_ref().is_some_and(|(f, m)| {
+            Arc::ptr_eq(f, &base)
+                && m.workloads() == mesh.workloads()
+                && m.services() == mesh.services()
+        });
+        if same {
+            return None;
+        }
+        let mesh = Arc::new(mesh);
+        let (workloads, services) = (mesh.workloads().len(), mesh.services().len());
+        let left_out = self.reported.len();
+        if self.last.is_none() {
+            info!(workloads, services, left_out, "mesh from Kubernetes ready");
+        } else {
+            debug!(
+                workloads,
+                services, left_out, "mesh from Kubernetes updated"
+            );
+        }
+        self.last = Some((base, mesh.clone()));
+        Some(mesh)
+    }
+}
+
+/// One watched kind: the watcher's stream and the reflector cache it fills.
+struct Cache<K, S>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    what: &'static str,
+    /// Fused: kube's watcher streams never end, but a branch of the
+    /// `select!` must not poll a finished one.
+    stream: std::pin::Pin<Box<Fuse<S>>>,
+    writer: Writer<K>,
+    store: Store<K>,
+    /// The first list is in.
+    ready: bool,
+    /// The last watch failed (logged once until it recovers).
+    failing: bool,
+}
+
+impl<K, S> Cache<K, S>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    fn new(what: &'static str, stream: S) -> Self {
+        let (store, writer) = reflector::store();
+        Cache {
+            what,
+            stream: Box::pin(stream.fuse()),
+            writer,
+            store,
+            ready: false,
+            failing: false,
+        }
+    }
+
+    /// Applies one event to the cache; whether the cache changed.
+    fn apply(&mut self, event: Result<watcher::Event<K>, watcher::Error>) -> bool {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                if self.failing {
+                    debug!(kind = self.what, error = %e, "Kubernetes watch still failing");
+                } else {
+                    warn!(kind = self.what, error = %e, "Kubernetes watch failed; retrying with backoff, the last snapshot stays in force");
+                }
+                self.failing = true;
+                return false;
+            }
+        };
+        if self.failing {
+            info!(kind = self.what, "Kubernetes watch recovered");
+            self.failing = false;
+        }
+        self.writer.apply_watcher_event(&event);
+        match event {
+            // Buffered by the writer until the list is complete.
+            watcher::Event::Init | watcher::Event::InitApply(_) => false,
+            watcher::Event::InitDone => {
+                if !self.ready {
+                    debug!(
+                        kind = self.what,
+                        objects = self.store.len(),
+                        "Kubernetes list complete"
+                    );
+                }
+                self.ready = true;
+                true
+            }
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => true,
+        }
+    }
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Drops what the mapping never reads: the caches hold every pod of the
+/// cluster.
+fn slim_meta(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+}
+
+/// Keeps of a pod what [`build_mesh`] reads: metadata (labels, uid,
+/// timestamps), service account, node, host network, container ports,
+/// phase and IPs.
+fn slim_pod(pod: &mut Pod) {
+    slim_meta(&mut pod.metadata);
+    let ports_only = |c: Container| Container {
+        name: c.name,
+        ports: c.ports,
+        restart_policy: c.restart_policy,
+        ..Container::default()
+    };
+    if let Some(spec) = pod.spec.take() {
+        let sidecars: Vec<Container> = spec
+            .init_containers
+            .into_iter()
+            .flatten()
+            .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+            .map(ports_only)
+            .collect();
+        pod.spec = Some(PodSpec {
+            containers: spec.containers.into_iter().map(ports_only).collect(),
+            init_containers: (!sidecars.is_empty()).then_some(sidecars),
+            host_network: spec.host_network,
+            node_name: spec.node_name,
+            service_account_name: spec.service_account_name,
+            service_account: spec.service_account,
+            ..PodSpec::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            phase: status.phase,
+            pod_ip: status.pod_ip,
+            pod_ips: status.pod_ips,
+            ..PodStatus::default()
+        });
+    }
+}
+
+/// The watcher's backoff after an error: `min` doubling up to `max`, each
+/// delay scaled by a random factor in [0.5, 1) so that the proxies of every
+/// node do not relist at the same instant after an API server outage; kube's
+/// watcher resets it on the next success.
+#[derive(Debug, Clone)]
+struct Jittered {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Jittered {
+    fn new(min: Duration, max: Duration) -> Jittered {
+        Jittered {
+            min,
+            max,
+            next: min,
+        }
+    }
+}
+
+impl Iterator for Jittered {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        Some(delay.mul_f64(0.5 + 0.5 * random_unit()))
+    }
+}
+
+impl Backoff for Jittered {
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// A number in [0, 1) from std's per-process random hash keys (no RNG
+/// dependency; "not the same on every node" is all that is needed).
+fn random_unit() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8) >> 11;
+    bits as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_with_jitter_and_resets() {
+        let (min, max) = (Duration::from_millis(100), Duration::from_millis(1000));
+        let mut b = Jittered::new(min, max);
+        let bounds = [100, 200, 400, 800, 1000, 1000];
+        for ms in bounds {
+            let d = b.next().unwrap();
+            let full = Duration::from_millis(ms);
+            assert!(
+                d >= full / 2 && d < full,
+                "{d:?} not in [{:?}, {full:?})",
+                full / 2
+            );
+        }
+        b.reset();
+        assert!(b.next().unwrap() < min);
+    }
+
+    #[test]
+    fn slim_pod_keeps_what_the_mapping_reads() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"a": "b"},
+                "annotations": {"big": "x"}, "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "node-a", "serviceAccountName": "sa", "hostNetwork": false,
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "containers": [{"name": "app", "image": "i", "env": [{"name": "E", "value": "1"}],
+                    "ports": [{"name": "http", "containerPort": 8080}]}],
+                "initContainers": [
+                    {"name": "init", "image": "i"},
+                    {"name": "sidecar", "image": "i", "restartPolicy": "Always",
+                        "ports": [{"name": "admin", "containerPort": 9000}]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}],
+                "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        slim_pod(&mut pod);
+        let v = serde_json::to_value(&pod).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"a": "b"}},
+                "spec": {"nodeName": "node-a", "serviceAccountName": "sa", "hostNetwork": false,
+                    "containers": [{"name": "app", "ports": [{"name": "http", "containerPort": 8080}]}],
+                    "initContainers": [{"name": "sidecar", "restartPolicy": "Always",
+                        "ports": [{"name": "admin", "containerPort": 9000}]}]},
+                "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}]}
+            })
+        );
+    }
+}
