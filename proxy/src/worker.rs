@@ -670,13 +670,8 @@ async fn outbound(
                     .await
                 {
                     Ok(stream) => {
-                        let tcp = match client.try_clone().and_then(tunnel::adopt) {
-                            Ok(t) => t,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "cannot register accepted socket; resetting");
-                                sys::tcp_abort(client.as_fd());
-                                return;
-                            }
+                        let Some(tcp) = adopt_client(&client) else {
+                            return;
                         };
                         tunnel::outbound_pump(cx, &src, tcp, stream, &plan, &labels, started).await;
                         return;
@@ -859,15 +854,23 @@ async fn splice(
     );
 }
 
-/// Serves a connection accepted on the pod's tunnel port (HBONE inbound).
-async fn tunnel_inbound(ctx: &Rc<WorkerCtx>, pod: &PodLocal, client: &OwnedFd, peer: SocketAddr) {
-    let tcp = match client.try_clone().and_then(tunnel::adopt) {
-        Ok(t) => t,
+/// The accepted client as a tokio stream (a duplicate: the pod registry keeps
+/// the original to reset it); the client is reset when that fails.
+fn adopt_client(client: &OwnedFd) -> Option<tokio::net::TcpStream> {
+    match client.try_clone().and_then(tunnel::adopt) {
+        Ok(t) => Some(t),
         Err(e) => {
             tracing::warn!(error = %e, "cannot register accepted socket; resetting");
             sys::tcp_abort(client.as_fd());
-            return;
+            None
         }
+    }
+}
+
+/// Serves a connection accepted on the pod's tunnel port (HBONE inbound).
+async fn tunnel_inbound(ctx: &Rc<WorkerCtx>, pod: &PodLocal, client: &OwnedFd, peer: SocketAddr) {
+    let Some(tcp) = adopt_client(client) else {
+        return;
     };
     if let Err(e) = tunnel::inbound(
         ctx.tunnel.clone(),
