@@ -60,14 +60,18 @@ pub enum TunnelError {
     Io(#[from] io::Error),
 }
 
+/// The identity manager and the mesh in force (either may be unset).
+type Current = (Option<Arc<IdentityManager>>, Option<Arc<Mesh>>);
+
 /// What every worker shares about HBONE: the identity manager and the mesh
 /// snapshot (both swappable), and the drain trigger of tunnel servers.
 #[derive(Debug)]
 pub struct TunnelState {
     /// Where tunnel handshakes, streams and denials are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
-    identity: RwLock<Option<Arc<IdentityManager>>>,
-    mesh: RwLock<Option<Arc<Mesh>>>,
+    /// The identity manager and the mesh, swapped together under one lock
+    /// (read once per connection).
+    current: RwLock<Current>,
     drain: DrainTrigger,
     signal: DrainSignal,
 }
@@ -78,8 +82,7 @@ impl TunnelState {
         let (drain, signal) = ringway_hbone::drain_channel();
         TunnelState {
             metrics,
-            identity: RwLock::new(None),
-            mesh: RwLock::new(None),
+            current: RwLock::new((None, None)),
             drain,
             signal,
         }
@@ -89,30 +92,32 @@ impl TunnelState {
 impl TunnelState {
     /// Sets (or clears) the identity manager.
     pub fn set_identity(&self, ids: Option<Arc<IdentityManager>>) {
-        *self.identity.write().unwrap_or_else(|p| p.into_inner()) = ids;
+        self.current.write().unwrap_or_else(|p| p.into_inner()).0 = ids;
     }
 
     /// Publishes a new mesh snapshot (hot reload); open connections keep theirs.
     pub fn set_mesh(&self, mesh: Arc<Mesh>) {
-        *self.mesh.write().unwrap_or_else(|p| p.into_inner()) = Some(mesh);
+        self.current.write().unwrap_or_else(|p| p.into_inner()).1 = Some(mesh);
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Current> {
+        self.current.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The identity manager, when HBONE is configured.
     pub fn identity(&self) -> Option<Arc<IdentityManager>> {
-        self.identity
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.read().0.clone()
     }
 
     /// The current mesh snapshot.
     pub fn mesh(&self) -> Option<Arc<Mesh>> {
-        self.mesh.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.read().1.clone()
     }
 
     /// Both, when HBONE is on.
     pub fn enabled(&self) -> Option<(Arc<IdentityManager>, Arc<Mesh>)> {
-        Some((self.identity()?, self.mesh()?))
+        let cur = self.read();
+        Some((cur.0.clone()?, cur.1.clone()?))
     }
 
     /// Tunnel servers send GOAWAY and finish their streams.
@@ -373,9 +378,6 @@ pub async fn open_outbound(
         .copied()
         .find(|ip| ip.is_ipv6() == tunnel.is_ipv6())
         .unwrap_or(client_addr.ip());
-    let tls = plan
-        .ids
-        .client_config(&plan.src_identity, &plan.dst_identity)?;
     let key = PoolKey {
         src_identity: plan.src_identity.to_string(),
         dst_identity: plan.dst_identity.to_string(),
@@ -384,7 +386,12 @@ pub async fn open_outbound(
     };
     let mark = cx.mark;
     let handshakes = cx.metrics.tls_handshakes.clone();
+    // Only a new connection needs the TLS config (a pooled one is reused).
     let dial = move || async move {
+        let tls = plan
+            .ids
+            .client_config(&plan.src_identity, &plan.dst_identity)
+            .map_err(io::Error::other)?;
         let tcp = connect_in_pod(pod, mark, tunnel, None).await?;
         let connector = tokio_rustls::TlsConnector::from(tls);
         let r = match tokio::time::timeout(
