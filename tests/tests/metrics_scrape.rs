@@ -295,3 +295,70 @@ fn admin_config_dump_and_log_level() {
         assert_eq!(code, 404);
     });
 }
+
+/// Every metric the shipped Grafana dashboard queries is one the proxy or
+/// the agent exports (names taken from a real proxy's and agent's output).
+#[test]
+fn grafana_dashboard_reads_exported_metrics() {
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/grafana/ringway-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    use ringway_proxy::metrics::*;
+    // One sample in every family (empty families are not described).
+    let m = std::sync::Arc::new(Metrics::default());
+    let l = TcpLabels::new("source", &Peer::default(), &Peer::default(), "none", "-");
+    for f in [&m.opened, &m.closed, &m.sent, &m.received] {
+        f.get_or_create(&l).inc();
+    }
+    m.zds.get_or_create(&ZdsLabels { outcome: "ack" }).inc();
+    let tls = TlsLabels {
+        side: "client",
+        outcome: "ok",
+    };
+    m.tls_handshakes.get_or_create(&tls).inc();
+    m.hbone_streams.get_or_create(&tls).inc();
+    m.denials.get_or_create(&DenyLabels { path: "hbone" }).inc();
+    m.refresh(&ringway_proxy::Stats::default());
+    let mut exported = encode(&m.registry(), false);
+    let agent = ringway_cni::node::metrics::AgentMetrics::default();
+    agent.observe("ADD", "ok", 0.01);
+    exported.push_str(&agent.encode());
+    let names: std::collections::HashSet<&str> = exported
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let mut checked = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            // Metric names: identifiers followed by `{`.
+            for (i, _) in expr.match_indices('{') {
+                let name: String = expr[..i]
+                    .chars()
+                    .rev()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                if name.is_empty() || name == "by" {
+                    continue;
+                }
+                let family = name.strip_suffix("_bucket").unwrap_or(&name).to_string();
+                assert!(
+                    names.contains(family.as_str()) || names.contains(name.as_str()),
+                    "panel {:?} queries {name}, which nothing exports",
+                    panel["title"]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 15, "only {checked} metric references found");
+}
