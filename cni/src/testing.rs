@@ -1,10 +1,11 @@
 //! Fakes for tests of this crate and (with the `testing` feature) of others: a
-//! scripted, recording fake of the node agent ([`FakeAgent`]), and a fake
-//! Kubernetes API server ([`FakeApiServer`]).
+//! scripted, recording fake of the node agent ([`FakeAgent`]), and the fake
+//! Kubernetes API server and object fixtures of `ringway_config::kube::testing`
+//! ([`FakeApiServer`], [`FakePod`], [`fixtures`]), re-exported.
 
-mod fake_api;
-
-pub use fake_api::{ApiMode, FakeApiServer, FakePod};
+pub use ringway_config::kube::testing::{
+    fixtures, ApiMode, ApiRequest, FakeApiServer, FakePod, Kind, WatchStream,
+};
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

@@ -20,6 +20,9 @@
 //! - [`MeshWatch`] / [`run`] keep kube-rs reflector caches of the objects and
 //!   call [`build_mesh`] at most once per [`KubeOptions::debounce`].
 //!
+//! Feature `testing` adds `kube::testing`: a fake API server behind kube's
+//! `Client` and object fixtures, for this crate's and other crates' tests.
+//!
 //! # Mapping
 //! | object | becomes |
 //! | --- | --- |
@@ -56,6 +59,8 @@
 //!   at addresses) are not mapped: the model's endpoints are workloads.
 
 mod map;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod watch;
 
 use std::time::Duration;

@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 
 pub mod authz;
+mod control_thread;
 pub mod enrollment;
 mod env;
 mod error;

@@ -18,9 +18,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
+use crate::control_thread::ControlThread;
 use crate::env::EnvSource;
 use crate::file::content_hash;
 use crate::{ConfigError, Mesh, MeshConfig};
@@ -37,8 +37,7 @@ const RACY_WINDOW: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct ConfigWatcher {
     current: Arc<Mutex<Arc<Mesh>>>,
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    thread: ControlThread<mpsc::Sender<()>>,
 }
 
 impl ConfigWatcher {
@@ -92,21 +91,15 @@ impl ConfigWatcher {
             on_change,
             on_error,
         };
-        let (stop, stopped) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("ringway-config".into())
-            .spawn(move || {
-                // Stops on a message or when the watcher (the sender) is gone.
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                    poller.poll();
-                }
-            })
-            .map_err(|e| ConfigError::io("spawning the ringway-config thread", e))?;
-        Ok(ConfigWatcher {
-            current,
-            stop: Some(stop),
-            thread: Some(thread),
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = ControlThread::spawn("ringway-config", stop, move || {
+            // Stops when the watcher (the sender) is gone.
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                poller.poll();
+            }
         })
+        .map_err(|e| ConfigError::io("spawning the ringway-config thread", e))?;
+        Ok(ConfigWatcher { current, thread })
     }
 
     /// The snapshot in force: the first load, or the last valid edit.
@@ -119,23 +112,7 @@ impl ConfigWatcher {
 
     /// Stops polling and waits for the thread (and any callback running).
     pub fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            // A panicking callback ended the thread already; nothing to undo.
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for ConfigWatcher {
-    fn drop(&mut self) {
-        self.shutdown();
+        self.thread.stop();
     }
 }
 

@@ -1,28 +1,20 @@
-//! The watch against a fake API server: kube's `Client` over a `tower_test` mock
-//! service, answering the watcher's list requests with JSON and its watch requests with a
-//! streaming body the test writes events into. A recording fake [`Enrollment`] stands for
-//! the node agent.
+//! The watch against the fake API server of `ringway_config::kube::testing`
+//! (kube's `Client` over a `tower_test` mock service): the watcher's lists are
+//! answered from the fake's store, and its watch requests are handed to the test,
+//! which writes their events. A recording fake [`Enrollment`] stands for the node
+//! agent.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::channel::mpsc as fmpsc;
-use http::{Request, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::StreamBody;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::*;
-
-type Body = StreamBody<fmpsc::UnboundedReceiver<Result<Frame<Bytes>, Infallible>>>;
+use crate::testing::{fixtures, ApiMode, FakeApiServer, FakePod, Kind};
 
 const NODE: &str = "node-a";
-const LABEL: &str = "ringway.io/dataplane-mode";
 
 // ---------------------------------------------------------------- the fake agent
 
@@ -45,7 +37,7 @@ struct AgentState {
 struct FakeAgent(Mutex<AgentState>);
 
 impl FakeAgent {
-    /// Holding `(uid, namespace)` pods with the identity [`PodB`] gives them
+    /// Holding `(uid, namespace)` pods with the identity [`pod`] gives them
     /// (name `pod-<uid>`, service account `sa-x`).
     fn with_enrolled(pods: &[(&str, &str)]) -> Arc<FakeAgent> {
         let agent = FakeAgent::default();
@@ -166,280 +158,33 @@ fn sorted(mut calls: Vec<Call>) -> Vec<Call> {
 
 // ---------------------------------------------------------------- the fake API server
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Kind {
-    Pods,
-    Namespaces,
-}
-
-/// One request the watcher made.
-#[derive(Debug, Clone)]
-struct Seen {
-    kind: Kind,
-    watch: bool,
-    query: BTreeMap<String, String>,
-}
-
-/// An open watch: the test writes events into its response body.
-struct WatchStream {
-    query: BTreeMap<String, String>,
-    tx: fmpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>,
-}
-
-impl WatchStream {
-    fn send(&self, kind: &str, object: Value) {
-        let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap();
-        line.push(b'\n');
-        self.tx
-            .unbounded_send(Ok(Frame::data(Bytes::from(line))))
-            .unwrap();
-    }
-
-    fn bookmark(&self, kind: &str, rv: &str) {
-        self.send(
-            "BOOKMARK",
-            json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": rv}}),
-        );
-    }
-
-    fn gone(&self) {
-        self.send(
-            "ERROR",
-            json!({
-                "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                "message": "too old resource version: 100 (200)", "reason": "Expired", "code": 410
-            }),
-        );
-    }
-}
-
-struct FakeApi {
-    seen: Arc<Mutex<Vec<Seen>>>,
-    lists: Arc<Mutex<BTreeMap<Kind, Value>>>,
-    /// Lists are answered only while the gate of their kind is open.
-    gates: BTreeMap<Kind, watch::Sender<bool>>,
-    watches: BTreeMap<Kind, mpsc::UnboundedReceiver<WatchStream>>,
-}
-
-impl FakeApi {
-    /// A client whose every request goes to the returned fake.
-    fn start(pods: Vec<Value>, namespaces: Vec<Value>) -> (Client, FakeApi) {
-        let (service, mut handle) =
-            tower_test::mock::pair::<Request<::kube::client::Body>, Response<Body>>();
-        let client = Client::new(service, "default");
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let lists = Arc::new(Mutex::new(BTreeMap::new()));
-        let mut gates = BTreeMap::new();
-        let mut gate_rx = BTreeMap::new();
-        let mut watch_tx = BTreeMap::new();
-        let mut watches = BTreeMap::new();
-        for kind in [Kind::Pods, Kind::Namespaces] {
-            let (tx, rx) = watch::channel(true);
-            gates.insert(kind, tx);
-            gate_rx.insert(kind, rx);
-            let (tx, rx) = mpsc::unbounded_channel();
-            watch_tx.insert(kind, tx);
-            watches.insert(kind, rx);
-        }
-        let api = FakeApi {
-            seen: seen.clone(),
-            lists: lists.clone(),
-            gates,
-            watches,
-        };
-        api.set_list(Kind::Pods, "100", pods);
-        api.set_list(Kind::Namespaces, "50", namespaces);
-
-        tokio::spawn(async move {
-            while let Some((req, send)) = handle.next_request().await {
-                assert_eq!(req.method(), http::Method::GET, "{}", req.uri());
-                let kind = match req.uri().path() {
-                    "/api/v1/pods" => Kind::Pods,
-                    "/api/v1/namespaces" => Kind::Namespaces,
-                    other => panic!("unexpected request path {other}"),
-                };
-                let query = parse_query(req.uri().query().unwrap_or(""));
-                let is_watch = query.get("watch").map(String::as_str) == Some("true");
-                seen.lock().unwrap().push(Seen {
-                    kind,
-                    watch: is_watch,
-                    query: query.clone(),
-                });
-                if is_watch {
-                    let (tx, rx) = fmpsc::unbounded();
-                    send.send_response(Response::new(StreamBody::new(rx)));
-                    let _ = watch_tx[&kind].send(WatchStream { query, tx });
-                } else {
-                    let mut gate = gate_rx[&kind].clone();
-                    let body = serde_json::to_vec(&lists.lock().unwrap()[&kind]).unwrap();
-                    tokio::spawn(async move {
-                        let _ = gate.wait_for(|open| *open).await;
-                        let (tx, rx) = fmpsc::unbounded();
-                        tx.unbounded_send(Ok(Frame::data(Bytes::from(body))))
-                            .unwrap();
-                        drop(tx);
-                        let mut resp = Response::new(StreamBody::new(rx));
-                        *resp.status_mut() = StatusCode::OK;
-                        send.send_response(resp);
-                    });
-                }
-            }
-        });
-        (client, api)
-    }
-
-    /// What the next list of `kind` returns.
-    fn set_list(&self, kind: Kind, rv: &str, items: Vec<Value>) {
-        let list_kind = match kind {
-            Kind::Pods => "PodList",
-            Kind::Namespaces => "NamespaceList",
-        };
-        self.lists.lock().unwrap().insert(
-            kind,
-            json!({"apiVersion": "v1", "kind": list_kind, "metadata": {"resourceVersion": rv}, "items": items}),
-        );
-    }
-
-    fn hold_lists(&self, kind: Kind, hold: bool) {
-        self.gates[&kind].send_replace(!hold);
-    }
-
-    /// The next watch request of `kind`.
-    async fn next_watch(&mut self, kind: Kind) -> WatchStream {
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            self.watches.get_mut(&kind).unwrap().recv(),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("no {kind:?} watch request"))
-        .unwrap()
-    }
-
-    fn seen(&self, kind: Kind) -> Vec<Seen> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.kind == kind)
-            .cloned()
-            .collect()
-    }
-}
-
-fn parse_query(q: &str) -> BTreeMap<String, String> {
-    fn decode(s: &str) -> String {
-        let b = s.as_bytes();
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < b.len() {
-            match b[i] {
-                b'%' if i + 2 < b.len() => {
-                    let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
-                    out.push(u8::from_str_radix(hex, 16).unwrap());
-                    i += 3;
-                }
-                b'+' => {
-                    out.push(b' ');
-                    i += 1;
-                }
-                c => {
-                    out.push(c);
-                    i += 1;
-                }
-            }
-        }
-        String::from_utf8(out).unwrap()
-    }
-    q.split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
+/// A fake API server listing `pods` (at resourceVersion 100) and `namespaces` (at 50);
+/// the watches of both kinds are the test's ([`FakeApiServer::next_watch`]).
+fn scripted(pods: Vec<Value>, namespaces: Vec<Value>) -> (Client, FakeApiServer) {
+    let (client, api) = FakeApiServer::start(&tokio::runtime::Handle::current());
+    api.script_watches(Kind::Pod);
+    api.script_watches(Kind::Namespace);
+    api.replace_unseen(Kind::Pod, 100, pods);
+    api.replace_unseen(Kind::Namespace, 50, namespaces);
+    (client, api)
 }
 
 // ---------------------------------------------------------------- objects
 
-/// A pod of this node; `rv` is its resourceVersion.
-#[derive(Clone)]
-struct PodB {
-    v: Value,
+/// Pod `pod-<uid>` of this node: service account `sa-x`, running at 10.0.0.1,
+/// resourceVersion 1.
+fn pod(uid: &str, namespace: &str) -> FakePod {
+    FakePod::new(uid, namespace, &format!("pod-{uid}"), NODE)
+        .service_account("sa-x")
+        .running(&["10.0.0.1"])
+        .resource_version("1")
 }
 
-impl PodB {
-    fn new(uid: &str, namespace: &str) -> PodB {
-        PodB {
-            v: json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": format!("pod-{uid}"), "namespace": namespace, "uid": uid, "resourceVersion": "1", "labels": {"app": "x"}},
-                "spec": {"nodeName": NODE, "serviceAccountName": "sa-x", "containers": [{"name": "c", "image": "i"}]},
-                "status": {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}]}
-            }),
-        }
-    }
-
-    fn label(mut self, value: &str) -> PodB {
-        self.v["metadata"]["labels"][LABEL] = json!(value);
-        self
-    }
-
-    fn unlabel(mut self) -> PodB {
-        self.v["metadata"]["labels"]
-            .as_object_mut()
-            .unwrap()
-            .remove(LABEL);
-        self
-    }
-
-    fn ip(mut self, ip: &str) -> PodB {
-        self.v["status"]["podIP"] = json!(ip);
-        self.v["status"]["podIPs"] = json!([{ "ip": ip }]);
-        self
-    }
-
-    fn pending(mut self) -> PodB {
-        self.v["status"] = json!({"phase": "Pending"});
-        self
-    }
-
-    fn phase(mut self, phase: &str) -> PodB {
-        self.v["status"]["phase"] = json!(phase);
-        self
-    }
-
-    fn host_network(mut self) -> PodB {
-        self.v["spec"]["hostNetwork"] = json!(true);
-        self
-    }
-
-    fn terminating(mut self) -> PodB {
-        self.v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-        self
-    }
-
-    fn annotate(mut self, k: &str, v: &str) -> PodB {
-        self.v["metadata"]["annotations"][k] = json!(v);
-        self
-    }
-
-    fn rv(mut self, rv: &str) -> PodB {
-        self.v["metadata"]["resourceVersion"] = json!(rv);
-        self
-    }
-
-    fn json(&self) -> Value {
-        self.v.clone()
-    }
-}
-
-fn namespace(name: &str, label: Option<&str>, rv: &str) -> Value {
-    let labels = match label {
-        Some(l) => json!({ LABEL: l, "kubernetes.io/metadata.name": name }),
-        None => json!({ "kubernetes.io/metadata.name": name }),
-    };
-    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": format!("ns-{name}"), "resourceVersion": rv, "labels": labels}})
+/// [`fixtures::namespace`] at resourceVersion `rv`.
+fn namespace(name: &str, mode: Option<&str>, rv: &str) -> Value {
+    let mut ns = fixtures::namespace(name, mode);
+    ns["metadata"]["resourceVersion"] = json!(rv);
+    ns
 }
 
 fn fast() -> WatchConfig {
@@ -488,16 +233,13 @@ async fn settle() {
 #[tokio::test]
 async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
     let pods = vec![
-        PodB::new("a", "plain").label("enabled").json(),
-        PodB::new("b", "plain").json(),
-        PodB::new("c", "mesh").json(),
-        PodB::new("d", "mesh")
-            .label("enabled")
-            .host_network()
-            .json(),
-        PodB::new("e", "plain").label("enabled").pending().json(),
+        pod("a", "plain").mode("enabled").json(),
+        pod("b", "plain").json(),
+        pod("c", "mesh").json(),
+        pod("d", "mesh").mode("enabled").host_network().json(),
+        pod("e", "plain").mode("enabled").pending().json(),
     ];
-    let (client, mut api) = FakeApi::start(pods, vec![namespace("mesh", Some("enabled"), "7")]);
+    let (client, api) = scripted(pods, vec![namespace("mesh", Some("enabled"), "7")]);
     let agent = Arc::new(FakeAgent::default());
     let task = spawn(client, &agent, fast());
 
@@ -518,10 +260,10 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
     );
 
     // The requests.
-    let pod_watch = api.next_watch(Kind::Pods).await;
-    let ns_watch = api.next_watch(Kind::Namespaces).await;
-    let pod_reqs = api.seen(Kind::Pods);
-    let ns_reqs = api.seen(Kind::Namespaces);
+    let pod_watch = api.next_watch(Kind::Pod).await;
+    let ns_watch = api.next_watch(Kind::Namespace).await;
+    let pod_reqs = api.requests_of(Kind::Pod);
+    let ns_reqs = api.requests_of(Kind::Namespace);
     let list = &pod_reqs[0];
     assert!(!list.watch);
     assert_eq!(
@@ -548,31 +290,34 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
     // change on an enrolled pod: nothing. a deleted: unenrolled.
     pod_watch.send(
         "MODIFIED",
-        PodB::new("e", "plain")
-            .label("enabled")
-            .ip("10.0.0.5")
-            .rv("101")
+        pod("e", "plain")
+            .mode("enabled")
+            .running(&["10.0.0.5"])
+            .resource_version("101")
             .json(),
     );
     pod_watch.send(
         "ADDED",
-        PodB::new("f", "mesh")
-            .label("enabled")
+        pod("f", "mesh")
+            .mode("enabled")
             .host_network()
-            .rv("102")
+            .resource_version("102")
             .json(),
     );
     pod_watch.send(
         "MODIFIED",
-        PodB::new("a", "plain")
-            .label("enabled")
+        pod("a", "plain")
+            .mode("enabled")
             .annotate("note", "x")
-            .rv("103")
+            .resource_version("103")
             .json(),
     );
     pod_watch.send(
         "DELETED",
-        PodB::new("a", "plain").label("enabled").rv("104").json(),
+        pod("a", "plain")
+            .mode("enabled")
+            .resource_version("104")
+            .json(),
     );
     let calls = agent.wait_calls(4).await;
     assert_eq!(calls[2..], [enroll("e"), unenroll("a")]);
@@ -583,12 +328,18 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
 
     // A bookmark, then the server ends the watch: the watch resumes from the bookmark,
     // without a relist.
-    pod_watch.bookmark("Pod", "150");
+    pod_watch.bookmark(Kind::Pod, "150");
     drop(pod_watch);
-    let resumed = api.next_watch(Kind::Pods).await;
+    let resumed = api.next_watch(Kind::Pod).await;
     assert_eq!(resumed.query["resourceVersion"], "150");
-    assert_eq!(api.seen(Kind::Pods).iter().filter(|s| !s.watch).count(), 1);
-    resumed.send("ADDED", PodB::new("g", "mesh").rv("151").json());
+    assert_eq!(
+        api.requests_of(Kind::Pod)
+            .iter()
+            .filter(|s| !s.watch)
+            .count(),
+        1
+    );
+    resumed.send("ADDED", pod("g", "mesh").resource_version("151").json());
     assert_eq!(agent.wait_calls(5).await[4], enroll("g"));
     drop(ns_watch);
     task.abort();
@@ -596,37 +347,43 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
 
 #[tokio::test]
 async fn pod_label_opt_in_opt_out_and_removal() {
-    let (client, mut api) = FakeApi::start(
-        vec![
-            PodB::new("m", "mesh").json(),
-            PodB::new("p", "plain").json(),
-        ],
+    let (client, api) = scripted(
+        vec![pod("m", "mesh").json(), pod("p", "plain").json()],
         vec![namespace("mesh", Some("enabled"), "7")],
     );
     let agent = Arc::new(FakeAgent::default());
     let task = spawn(client, &agent, fast());
     assert_eq!(agent.wait_calls(1).await, [enroll("m")]);
-    let w = api.next_watch(Kind::Pods).await;
+    let w = api.next_watch(Kind::Pod).await;
 
     // Opt-out on a pod of an enabled namespace, then back.
     w.send(
         "MODIFIED",
-        PodB::new("m", "mesh").label("disabled").rv("2").json(),
+        pod("m", "mesh")
+            .mode("disabled")
+            .resource_version("2")
+            .json(),
     );
     assert_eq!(agent.wait_calls(2).await[1], unenroll("m"));
-    w.send("MODIFIED", PodB::new("m", "mesh").unlabel().rv("3").json());
+    w.send(
+        "MODIFIED",
+        pod("m", "mesh").without_mode().resource_version("3").json(),
+    );
     assert_eq!(agent.wait_calls(3).await[2], enroll("m"));
     // Opt-in of a pod of a plain namespace, then the label removed.
     w.send(
         "MODIFIED",
-        PodB::new("p", "plain").label("enabled").rv("4").json(),
+        pod("p", "plain")
+            .mode("enabled")
+            .resource_version("4")
+            .json(),
     );
     assert_eq!(agent.wait_calls(4).await[3], enroll("p"));
     w.send(
         "MODIFIED",
-        PodB::new("p", "plain")
-            .label("something-else")
-            .rv("5")
+        pod("p", "plain")
+            .mode("something-else")
+            .resource_version("5")
             .json(),
     );
     assert_eq!(agent.wait_calls(5).await[4], unenroll("p"));
@@ -636,20 +393,20 @@ async fn pod_label_opt_in_opt_out_and_removal() {
 
 #[tokio::test]
 async fn namespace_label_flip_re_evaluates_its_pods() {
-    let (client, mut api) = FakeApi::start(
+    let (client, api) = scripted(
         vec![
-            PodB::new("s1", "shop").json(),
-            PodB::new("s2", "shop").json(),
-            PodB::new("s3", "shop").label("disabled").json(),
-            PodB::new("s4", "shop").host_network().json(),
-            PodB::new("o1", "other").json(),
+            pod("s1", "shop").json(),
+            pod("s2", "shop").json(),
+            pod("s3", "shop").mode("disabled").json(),
+            pod("s4", "shop").host_network().json(),
+            pod("o1", "other").json(),
         ],
         vec![],
     );
     let agent = Arc::new(FakeAgent::default());
     let task = spawn(client, &agent, fast());
-    let ns_watch = api.next_watch(Kind::Namespaces).await;
-    let _pod_watch = api.next_watch(Kind::Pods).await;
+    let ns_watch = api.next_watch(Kind::Namespace).await;
+    let _pod_watch = api.next_watch(Kind::Pod).await;
     settle().await;
     assert_eq!(agent.calls(), []);
 
@@ -683,10 +440,10 @@ async fn namespace_label_flip_re_evaluates_its_pods() {
 /// unenrolled (after the grace), new ones enrolled.
 #[tokio::test]
 async fn gone_relists_and_reconciles() {
-    let (client, mut api) = FakeApi::start(
+    let (client, api) = scripted(
         vec![
-            PodB::new("a", "x").label("enabled").json(),
-            PodB::new("b", "x").label("enabled").json(),
+            pod("a", "x").mode("enabled").json(),
+            pod("b", "x").mode("enabled").json(),
         ],
         vec![],
     );
@@ -696,15 +453,15 @@ async fn gone_relists_and_reconciles() {
         sorted(agent.wait_calls(2).await),
         [enroll("a"), enroll("b")]
     );
-    let w = api.next_watch(Kind::Pods).await;
+    let w = api.next_watch(Kind::Pod).await;
 
     // While the watch was away: b deleted, c created.
-    api.set_list(
-        Kind::Pods,
-        "300",
+    api.replace_unseen(
+        Kind::Pod,
+        300,
         vec![
-            PodB::new("a", "x").label("enabled").json(),
-            PodB::new("c", "x").label("enabled").json(),
+            pod("a", "x").mode("enabled").json(),
+            pod("c", "x").mode("enabled").json(),
         ],
     );
     let before = Instant::now();
@@ -714,13 +471,13 @@ async fn gone_relists_and_reconciles() {
     // b went through the orphan grace.
     assert!(agent.call_times()[3] - before >= fast().orphan_grace);
     let lists: Vec<_> = api
-        .seen(Kind::Pods)
+        .requests_of(Kind::Pod)
         .into_iter()
         .filter(|s| !s.watch)
         .collect();
     assert_eq!(lists.len(), 2);
     assert_eq!(lists[1].query["fieldSelector"], "spec.nodeName=node-a");
-    let w2 = api.next_watch(Kind::Pods).await;
+    let w2 = api.next_watch(Kind::Pod).await;
     assert_eq!(w2.query["resourceVersion"], "300");
     assert_eq!(
         agent.enrolled_set(),
@@ -734,11 +491,11 @@ async fn gone_relists_and_reconciles() {
 /// up within the grace is kept.
 #[tokio::test]
 async fn start_reconciles_with_the_agents_enrolled_set() {
-    let (client, mut api) = FakeApi::start(
+    let (client, api) = scripted(
         vec![
-            PodB::new("keep", "x").label("enabled").json(),
-            PodB::new("optout", "mesh").label("disabled").json(),
-            PodB::new("new", "mesh").json(),
+            pod("keep", "x").mode("enabled").json(),
+            pod("optout", "mesh").mode("disabled").json(),
+            pod("new", "mesh").json(),
         ],
         vec![namespace("mesh", Some("enabled"), "7")],
     );
@@ -757,10 +514,13 @@ async fn start_reconciles_with_the_agents_enrolled_set() {
     );
     // "late" was bound to the node after the list was taken: its ADDED comes within the
     // grace. "stale" never comes.
-    let w = api.next_watch(Kind::Pods).await;
+    let w = api.next_watch(Kind::Pod).await;
     w.send(
         "ADDED",
-        PodB::new("late", "x").label("enabled").rv("101").json(),
+        pod("late", "x")
+            .mode("enabled")
+            .resource_version("101")
+            .json(),
     );
     assert_eq!(agent.wait_calls(3).await[2], unenroll("stale"));
     settle().await;
@@ -776,21 +536,24 @@ async fn start_reconciles_with_the_agents_enrolled_set() {
 /// unenrolled because the namespaces were not listed yet.
 #[tokio::test]
 async fn nothing_is_called_before_both_lists_are_in() {
-    let (client, mut api) = FakeApi::start(
-        vec![PodB::new("m", "mesh").json(), PodB::new("n", "mesh").json()],
+    let (client, api) = scripted(
+        vec![pod("m", "mesh").json(), pod("n", "mesh").json()],
         vec![namespace("mesh", Some("enabled"), "7")],
     );
-    api.hold_lists(Kind::Namespaces, true);
+    api.set_mode_of(Kind::Namespace, ApiMode::Hold);
     let agent = FakeAgent::with_enrolled(&[("m", "mesh")]);
     let task = spawn(client, &agent, fast());
-    let pod_watch = api.next_watch(Kind::Pods).await;
+    let pod_watch = api.next_watch(Kind::Pod).await;
     pod_watch.send(
         "MODIFIED",
-        PodB::new("m", "mesh").annotate("k", "v").rv("101").json(),
+        pod("m", "mesh")
+            .annotate("k", "v")
+            .resource_version("101")
+            .json(),
     );
     settle().await;
     assert_eq!(agent.calls(), []);
-    api.hold_lists(Kind::Namespaces, false);
+    api.set_mode_of(Kind::Namespace, ApiMode::Serve);
     assert_eq!(agent.wait_calls(1).await, [enroll("n")]);
     settle().await;
     assert_eq!(agent.calls(), [enroll("n")]);
@@ -799,8 +562,7 @@ async fn nothing_is_called_before_both_lists_are_in() {
 
 #[tokio::test]
 async fn failed_calls_are_retried_with_backoff() {
-    let (client, mut api) =
-        FakeApi::start(vec![PodB::new("a", "x").label("enabled").json()], vec![]);
+    let (client, api) = scripted(vec![pod("a", "x").mode("enabled").json()], vec![]);
     let agent = Arc::new(FakeAgent::default());
     agent.0.lock().unwrap().fail_enrolls = 3;
     let task = spawn(client, &agent, fast());
@@ -817,10 +579,10 @@ async fn failed_calls_are_retried_with_backoff() {
     // An unenroll that fails is retried too; and a retry decides again: a pod whose
     // enroll keeps failing but that is then deleted is not enrolled any more.
     agent.0.lock().unwrap().fail_unenrolls = 1;
-    let w = api.next_watch(Kind::Pods).await;
+    let w = api.next_watch(Kind::Pod).await;
     w.send(
         "DELETED",
-        PodB::new("a", "x").label("enabled").rv("101").json(),
+        pod("a", "x").mode("enabled").resource_version("101").json(),
     );
     assert_eq!(
         agent.wait_calls(6).await[4..],
@@ -829,12 +591,12 @@ async fn failed_calls_are_retried_with_backoff() {
     agent.0.lock().unwrap().fail_enrolls = usize::MAX;
     w.send(
         "ADDED",
-        PodB::new("b", "x").label("enabled").rv("102").json(),
+        pod("b", "x").mode("enabled").resource_version("102").json(),
     );
     agent.wait_calls(7).await;
     w.send(
         "DELETED",
-        PodB::new("b", "x").label("enabled").rv("103").json(),
+        pod("b", "x").mode("enabled").resource_version("103").json(),
     );
     // Past the longest retry delay (200 ms), the retries have stopped.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -849,40 +611,40 @@ async fn failed_calls_are_retried_with_backoff() {
 
 #[tokio::test]
 async fn terminating_pods_stay_until_deleted_and_finished_pods_leave() {
-    let (client, mut api) = FakeApi::start(
+    let (client, api) = scripted(
         vec![
-            PodB::new("t", "x").label("enabled").json(),
-            PodB::new("j", "x").label("enabled").json(),
+            pod("t", "x").mode("enabled").json(),
+            pod("j", "x").mode("enabled").json(),
         ],
         vec![],
     );
     let agent = Arc::new(FakeAgent::default());
     let task = spawn(client, &agent, fast());
     agent.wait_calls(2).await;
-    let w = api.next_watch(Kind::Pods).await;
+    let w = api.next_watch(Kind::Pod).await;
     w.send(
         "MODIFIED",
-        PodB::new("t", "x")
-            .label("enabled")
+        pod("t", "x")
+            .mode("enabled")
             .terminating()
-            .rv("101")
+            .resource_version("101")
             .json(),
     );
     w.send(
         "MODIFIED",
-        PodB::new("j", "x")
-            .label("enabled")
+        pod("j", "x")
+            .mode("enabled")
             .phase("Succeeded")
-            .rv("102")
+            .resource_version("102")
             .json(),
     );
     assert_eq!(agent.wait_calls(3).await[2], unenroll("j"));
     w.send(
         "DELETED",
-        PodB::new("t", "x")
-            .label("enabled")
+        pod("t", "x")
+            .mode("enabled")
             .terminating()
-            .rv("103")
+            .resource_version("103")
             .json(),
     );
     assert_eq!(agent.wait_calls(4).await[3], unenroll("t"));
@@ -971,7 +733,6 @@ fn backoff_doubles_up_to_the_cap() {
 
 mod selector {
     use super::*;
-    use crate::testing::{ApiMode, FakeApiServer, FakePod};
 
     /// The selector's answer, asked from a blocking thread as the agent's CNI threads do.
     async fn ask(s: &Selector, uid: &str, ns: &str, name: &str) -> Result<Verdict, SelectError> {

@@ -4,7 +4,6 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use futures::stream::Fuse;
@@ -23,6 +22,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::{build_mesh, Cluster, KubeOptions, Skipped};
+use crate::control_thread::ControlThread;
 use crate::enrollment::{DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL};
 use crate::Mesh;
 
@@ -60,10 +60,10 @@ pub async fn connect() -> Result<Client, KubeError> {
 /// [`MeshWatch::stop`]) stops the watches and waits for the thread.
 #[derive(Debug)]
 pub struct MeshWatch {
+    // First, so that dropping stops the thread before anything else goes.
+    thread: ControlThread<oneshot::Sender<()>>,
     file: watch::Sender<Arc<Mesh>>,
     current: Arc<Mutex<Option<Arc<Mesh>>>>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl MeshWatch {
@@ -88,30 +88,28 @@ impl MeshWatch {
         let current = Arc::new(Mutex::new(None));
         let (stop, stopped) = oneshot::channel::<()>();
         let latest = current.clone();
-        let thread = std::thread::Builder::new()
-            .name("ringway-kube".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let publish = move |mesh: Arc<Mesh>| {
-                        *latest.lock().unwrap_or_else(PoisonError::into_inner) = Some(mesh.clone());
-                        on_change(mesh);
-                    };
-                    tokio::select! {
-                        result = run(client, file_rx, options, publish) => {
-                            if let Err(e) = result {
-                                error!(error = %e, "Kubernetes mesh source stopped");
-                            }
+        let thread = ControlThread::spawn("ringway-kube", stop, move || {
+            runtime.block_on(async move {
+                let publish = move |mesh: Arc<Mesh>| {
+                    *latest.lock().unwrap_or_else(PoisonError::into_inner) = Some(mesh.clone());
+                    on_change(mesh);
+                };
+                tokio::select! {
+                    result = run(client, file_rx, options, publish) => {
+                        if let Err(e) = result {
+                            error!(error = %e, "Kubernetes mesh source stopped");
                         }
-                        _ = stopped => {}
                     }
-                });
-            })
-            .map_err(KubeError::Spawn)?;
+                    // The sender is dropped: stop.
+                    _ = stopped => {}
+                }
+            });
+        })
+        .map_err(KubeError::Spawn)?;
         Ok(MeshWatch {
             file: file_tx,
             current,
-            stop: Some(stop),
-            thread: Some(thread),
+            thread,
         })
     }
 
@@ -131,23 +129,7 @@ impl MeshWatch {
 
     /// Stops the watches and waits for the thread (and a callback running).
     pub fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            // A panicking callback ended the thread already; nothing to undo.
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for MeshWatch {
-    fn drop(&mut self) {
-        self.shutdown();
+        self.thread.stop();
     }
 }
 

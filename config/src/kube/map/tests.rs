@@ -5,6 +5,9 @@ use std::net::IpAddr;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::kube::testing::fixtures::{
+    self, endpoint, external_service, namespace, service, slice, uid,
+};
 use crate::Action;
 
 const FILE: &str = r#"
@@ -38,54 +41,9 @@ fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
     Arc::new(serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}")))
 }
 
-/// A running pod on node-a, created on 2026-01-01.
+/// [`fixtures::pod`] as JSON.
 fn pod(ns: &str, name: &str, ips: &[&str]) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"),
-            "creationTimestamp": "2026-01-01T00:00:00Z", "labels": {"app": name}},
-        "spec": {"nodeName": "node-a", "serviceAccountName": "sa-x",
-            "containers": [{"name": "app", "ports": [
-                {"name": "http", "containerPort": 8080},
-                {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]}]},
-        "status": {"phase": "Running", "podIP": ips.first(),
-            "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()}
-    })
-}
-
-fn uid(ns: &str, name: &str) -> String {
-    format!("uid-{ns}-{name}")
-}
-
-fn namespace(name: &str, mode: Option<&str>) -> Value {
-    let mut labels = json!({"kubernetes.io/metadata.name": name});
-    if let Some(m) = mode {
-        labels[DATAPLANE_MODE_LABEL] = json!(m);
-    }
-    json!({"metadata": {"name": name, "labels": labels}})
-}
-
-fn service(ns: &str, name: &str, cluster_ips: &[&str], ports: Value) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"clusterIP": cluster_ips.first(), "clusterIPs": cluster_ips, "ports": ports,
-            "selector": {"app": name}}
-    })
-}
-
-fn endpoint(ns: &str, pod: &str, address: &str, ready: Option<bool>) -> Value {
-    let mut e = json!({"addresses": [address],
-        "targetRef": {"kind": "Pod", "namespace": ns, "name": pod, "uid": uid(ns, pod)}});
-    if let Some(r) = ready {
-        e["conditions"] = json!({"ready": r});
-    }
-    e
-}
-
-fn slice(ns: &str, name: &str, svc: &str, family: &str, endpoints: Value, ports: Value) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": ns, "labels": {SERVICE_NAME_LABEL: svc}},
-        "addressType": family, "endpoints": endpoints, "ports": ports
-    })
+    fixtures::pod(ns, name, ips).json()
 }
 
 #[derive(Default)]
@@ -311,8 +269,7 @@ fn shop() -> Objects {
                     {"name": "b", "port": 2, "targetPort": 2000}
                 ]),
             ),
-            json!({"metadata": {"name": "ext", "namespace": "shop"},
-                "spec": {"type": "ExternalName", "externalName": "db.example.com"}}),
+            external_service("shop", "ext", "db.example.com"),
         ],
         slices: vec![
             slice(
