@@ -66,14 +66,7 @@ async fn sequential_1000_streams_reuse_one_connection() {
     let server = Server::start(echo_handler()).await;
     let pool = pool();
     for i in 0..1000u32 {
-        let mut s = pool
-            .connect(
-                server.key(),
-                || dial(server.addr),
-                ConnectHeaders::new(dst()),
-            )
-            .await
-            .unwrap();
+        let mut s = server.open(&pool, dst()).await.unwrap();
         s.write_all(&i.to_le_bytes()).await.unwrap();
         s.shutdown().await.unwrap();
         assert_eq!(read_all(&mut s).await.unwrap(), i.to_le_bytes());
@@ -124,14 +117,7 @@ async fn storm_of_50_first_connects_dials_once() {
 async fn different_keys_do_not_share() {
     let server = Server::start(echo_handler()).await;
     let pool = pool();
-    let a = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let a = server.open(&pool, dst()).await.unwrap();
     let mut other = server.key();
     other.src_identity = "spiffe://cluster.local/ns/other/sa/x".into();
     let b = pool
@@ -151,14 +137,7 @@ async fn idle_connection_released() {
         idle_timeout: Duration::from_millis(150),
         ..PoolConfig::default()
     });
-    let mut s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut s = server.open(&pool, dst()).await.unwrap();
     // Busy connections are not idle, however long the stream lives.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(pool.connections(), 1);
@@ -176,14 +155,7 @@ async fn idle_connection_released() {
             .unwrap();
         assert!(r.is_ok(), "server connection ended with {r:?}");
     }
-    let s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let s = server.open(&pool, dst()).await.unwrap();
     assert_eq!(pool.connections_opened(), 2);
     drop(s);
 }
@@ -230,14 +202,7 @@ async fn unanswered_ping_closes_connection() {
 async fn evict_closes_only_matching_connections() {
     let server = Server::start(echo_handler()).await;
     let pool = pool();
-    let mut gone = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut gone = server.open(&pool, dst()).await.unwrap();
     let mut other_key = server.key();
     other_key.src_ip = "127.0.0.2".parse().unwrap();
     let mut kept = pool
@@ -272,14 +237,7 @@ async fn evict_closes_only_matching_connections() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(pool.connections(), 1);
-    let s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let s = server.open(&pool, dst()).await.unwrap();
     assert_eq!(pool.connections_opened(), 3);
     drop((s, kept));
 }

@@ -19,14 +19,7 @@ fn dst() -> std::net::SocketAddr {
 async fn expect_error(handler: Handler) -> (HboneError, Server) {
     let server = Server::start(handler).await;
     let pool = pool();
-    let e = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap_err();
+    let e = server.open(&pool, dst()).await.unwrap_err();
     // A refused tunnel does not cost the connection.
     assert_eq!(pool.connections(), 1);
     assert_eq!(pool.streams(), 0);
@@ -311,14 +304,7 @@ async fn goaway_on_drain_moves_new_streams_to_new_connection() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let pool = pool();
-    let mut old = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut old = server.open(&pool, dst()).await.unwrap();
     let mut old_up = backend.next().await;
     old.write_all(b"before").await.unwrap();
     let mut b = [0u8; 6];
@@ -328,14 +314,7 @@ async fn goaway_on_drain_moves_new_streams_to_new_connection() {
     // Let GOAWAY (and h2's PING round trip before the final GOAWAY) reach the client.
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let mut new = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut new = server.open(&pool, dst()).await.unwrap();
     let mut new_up = backend.next().await;
     assert_eq!(pool.connections_opened(), 2);
     assert_eq!(server.accepted(), 2);
@@ -369,14 +348,7 @@ async fn goaway_on_drain_moves_new_streams_to_new_connection() {
 async fn drain_with_flows_in_flight_loses_none() {
     let server = Server::start(echo_handler()).await;
     let pool = pool();
-    let keep = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let keep = server.open(&pool, dst()).await.unwrap();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..40u32 {
         let (pool, key, addr) = (pool.clone(), server.key(), server.addr);

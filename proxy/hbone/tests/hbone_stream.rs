@@ -5,7 +5,6 @@ mod support;
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use ringway_hbone::ConnectHeaders;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -26,14 +25,7 @@ async fn payload_integrity_both_directions_at_once() {
     {
         let up_data = payload(len, 2 * i as u64);
         let down_data = payload(len, 2 * i as u64 + 1);
-        let s = pool
-            .connect(
-                server.key(),
-                || dial(server.addr),
-                ConnectHeaders::new(dst()),
-            )
-            .await
-            .unwrap();
+        let s = server.open(&pool, dst()).await.unwrap();
         let upstream = backend.next().await;
         let (mut cr, mut cw) = tokio::io::split(s);
         let (mut ur, mut uw) = upstream.into_split();
@@ -73,14 +65,7 @@ async fn half_close_client_first() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let pool = pool();
-    let mut s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;
     s.write_all(b"request").await.unwrap();
     s.shutdown().await.unwrap();
@@ -98,14 +83,7 @@ async fn half_close_upstream_first() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let pool = pool();
-    let mut s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;
     up.write_all(b"banner").await.unwrap();
     up.shutdown().await.unwrap();
@@ -123,14 +101,7 @@ async fn upstream_reset_reaches_client() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let pool = pool();
-    let mut s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut s = server.open(&pool, dst()).await.unwrap();
     let up = backend.next().await;
     s.write_all(b"ping").await.unwrap();
     up.set_zero_linger().unwrap();
@@ -153,14 +124,7 @@ async fn client_drop_resets_upstream() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let pool = pool();
-    let mut s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;
     s.write_all(b"hello").await.unwrap();
     let mut got = [0u8; 5];
@@ -174,14 +138,7 @@ async fn client_drop_resets_upstream() {
     assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
     eventually("stream released", || pool.streams() == 0).await;
     // The connection survives a stream reset and carries the next tunnel.
-    let mut s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;
     s.write_all(b"ok").await.unwrap();
     s.shutdown().await.unwrap();
@@ -195,14 +152,7 @@ async fn explicit_reset_after_half_close_resets_upstream() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let pool = pool();
-    let mut s = pool
-        .connect(
-            server.key(),
-            || dial(server.addr),
-            ConnectHeaders::new(dst()),
-        )
-        .await
-        .unwrap();
+    let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;
     s.write_all(b"x").await.unwrap();
     s.shutdown().await.unwrap();

@@ -101,6 +101,22 @@ impl Server {
         self.accepted.load(Ordering::SeqCst)
     }
 
+    /// Opens a tunnel to `dst` through this server with `pool` (this
+    /// server's key, a plain TCP dial).
+    pub async fn open(
+        &self,
+        pool: &ringway_hbone::Pool,
+        dst: SocketAddr,
+    ) -> Result<ringway_hbone::HboneStream, ringway_hbone::HboneError> {
+        let addr = self.addr;
+        pool.connect(
+            self.key(),
+            || dial(addr),
+            ringway_hbone::ConnectHeaders::new(dst),
+        )
+        .await
+    }
+
     pub fn key(&self) -> PoolKey {
         PoolKey {
             src_identity: "spiffe://cluster.local/ns/default/sa/client".into(),
