@@ -1,12 +1,25 @@
 //! The benchmark suite: direct vs ringway (TPROXY fast path, TPROXY both
-//! hops, REDIRECT) and HAProxy when installed, on the virtual node; then pod
-//! churn. Writes `results/report.md`, `results/results.json` and SVG charts.
+//! hops, REDIRECT, HBONE on one node and between two nodes, plaintext
+//! between two nodes) and HAProxy when installed; then the scrape impact and
+//! pod churn. Writes `results/report.md`, `results/results.json` and SVG
+//! charts.
 //!
 //! `cargo bench -p ringway-benches` (full, < 15 min on 2 cores);
 //! `RINGWAY_BENCH_QUICK=1 cargo bench -p ringway-benches` or
 //! `cargo bench -p ringway-benches -- --quick` (< 2 min, to `results/quick/`).
 //! Progress goes to stderr; the report to stdout. Exits non-zero when the
 //! report is incomplete or inconsistent, never because of the numbers.
+//!
+//! `cargo bench -p ringway-benches -- --profile-conn-rate [--perf]`: only
+//! the default scenario's connection-rate loop for `RINGWAY_BENCH_SECS`
+//! (default 15) seconds, with `perf record -a -g` beside it when `--perf` is
+//! given (to `results/profile/connrate.perf.data`; see BENCHMARKS.md).
+//! `--profile-hbone-stream`: one stream through HBONE on one node instead;
+//! `--profile-cni-add`: `RINGWAY_BENCH_CHURN_PODS` CNI ADDs one after another.
+//!
+//! `cargo bench -p ringway-benches -- --rerender [DIR]`: renders `report.md`
+//! and the charts again from `DIR/results.json` (default `results/`) and
+//! checks them, without measuring.
 
 use std::path::PathBuf;
 
@@ -31,6 +44,56 @@ fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("results");
+    let what = args.iter().find_map(|a| match a.as_str() {
+        "--profile-conn-rate" => Some(ringway_benches::suite::Profile::ConnRate),
+        "--profile-hbone-stream" => Some(ringway_benches::suite::Profile::HboneStream),
+        "--profile-cni-add" => Some(ringway_benches::suite::Profile::CniAdd),
+        _ => None,
+    });
+    if let Some(what) = what {
+        let secs = std::env::var("RINGWAY_BENCH_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(15.0);
+        let out = args.iter().any(|a| a == "--perf").then(|| {
+            let dir = root.join("profile");
+            let _ = std::fs::create_dir_all(&dir);
+            dir.join(format!("{what:?}.perf.data").to_lowercase())
+        });
+        match ringway_benches::profile(config, what, secs, out) {
+            Ok(Some(line)) => println!("{line}"),
+            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
+            Err(e) => {
+                eprintln!("[bench] profile failed: {e:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--rerender") {
+        // `cargo bench` appends `--bench`: a folder is any other word.
+        let dir = args
+            .get(i + 1)
+            .filter(|a| !a.starts_with("--"))
+            .map(PathBuf::from)
+            .unwrap_or(root);
+        match ringway_benches::report::rerender(&dir) {
+            Ok(problems) if problems.is_empty() => {
+                eprintln!("[bench] {} re-rendered, consistent", dir.display())
+            }
+            Ok(problems) => {
+                for p in &problems {
+                    eprintln!("[bench] report problem: {p}");
+                }
+                std::process::exit(1);
+            }
+            Err(e) => {
+                eprintln!("[bench] cannot re-render {}: {e}", dir.display());
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let out = match std::env::var("RINGWAY_BENCH_OUT") {
         Ok(d) => PathBuf::from(d),
         Err(_) if quick => root.join("quick"),

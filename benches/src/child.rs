@@ -12,6 +12,34 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+/// How to start a ringway proxy child.
+#[derive(Debug, Clone)]
+pub struct ProxyArgs {
+    /// Pods named on the command line (`--pod UID=NETNS_PATH`).
+    pub pods: Vec<(String, PathBuf)>,
+    /// `--config FILE` (the mesh; `ca:` turns HBONE on).
+    pub config: Option<PathBuf>,
+    /// `--zds-socket PATH`: pods from the node agent.
+    pub zds_socket: Option<PathBuf>,
+    /// Serve the control endpoints (always on with the real binary).
+    pub control: bool,
+    /// Loopback address of this proxy's control endpoints (15021, 15020, 15000).
+    pub control_host: std::net::Ipv4Addr,
+}
+
+impl ProxyArgs {
+    /// A proxy for `pods` with the default (embedded) configuration.
+    pub fn pods(pods: &[(String, PathBuf)]) -> ProxyArgs {
+        ProxyArgs {
+            pods: pods.to_vec(),
+            config: None,
+            zds_socket: None,
+            control: false,
+            control_host: std::net::Ipv4Addr::new(127, 0, 0, 1),
+        }
+    }
+}
+
 /// A proxy running as a child process.
 #[derive(Debug)]
 pub struct ProxyChild {
@@ -24,21 +52,39 @@ pub struct ProxyChild {
 }
 
 impl ProxyChild {
-    /// Starts `bin proxy --pod ...` (or the bench wrapper, which takes the same
-    /// `--pod` flags) with `env`, and waits up to `timeout` for its `serving`
-    /// log line.
+    /// Starts `bin proxy ...` (or the bench wrapper, which takes the same
+    /// flags) with `env` and `args`, and waits up to `timeout` for its
+    /// `serving` log line.
     pub fn start_ringway(
         bin: &Path,
         env: &[(&str, String)],
-        pods: &[(String, PathBuf)],
+        args: &ProxyArgs,
         timeout: Duration,
     ) -> anyhow::Result<ProxyChild> {
         let mut cmd = Command::new(bin);
         if bin.file_name().is_some_and(|n| n == "ringway") {
             cmd.arg("proxy");
         }
-        for (uid, path) in pods {
+        for (uid, path) in &args.pods {
             cmd.arg("--pod").arg(format!("{uid}={}", path.display()));
+        }
+        if let Some(c) = &args.config {
+            cmd.arg("--config").arg(c);
+        }
+        if let Some(z) = &args.zds_socket {
+            cmd.arg("--zds-socket").arg(z);
+        }
+        // The real binary always serves its endpoints (defaults 15021,
+        // 15020, 127.0.0.1:15000); the bench gives each proxy its own
+        // loopback address so two proxies never share a port.
+        let host = args.control_host;
+        if args.control || bin.file_name().is_some_and(|n| n == "ringway") {
+            cmd.arg("--readiness-addr")
+                .arg(format!("{host}:15021"))
+                .arg("--metrics-addr")
+                .arg(format!("{host}:15020"))
+                .arg("--admin-addr")
+                .arg(format!("{host}:15000"));
         }
         cmd.env("RINGWAY_LOG", "info,access=off")
             .env("RINGWAY_LOG_FORMAT", "text")
@@ -109,6 +155,17 @@ impl ProxyChild {
     /// Resident set size in KiB (VmRSS).
     pub fn rss_kib(&self) -> f64 {
         proc_rss_kib(self.pid)
+    }
+
+    /// Open file descriptors.
+    pub fn fds(&self) -> usize {
+        proc_fd_count(self.pid)
+    }
+
+    /// CPU seconds so far of the threads whose name starts with `prefix`
+    /// (e.g. `ringway-control`, `ringway-worker`).
+    pub fn thread_cpu_seconds(&self, prefix: &str) -> f64 {
+        proc_thread_cpu_seconds(self.pid, prefix)
     }
 
     /// Whether the child is still running.
@@ -182,6 +239,55 @@ pub fn proc_stat_cpu_seconds(pid: u32) -> f64 {
     }
     let t = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
     t as f64 / ticks
+}
+
+/// Open file descriptors of process `pid` (entries of `/proc/<pid>/fd`).
+pub fn proc_fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Open fds of process `pid` by kind (`socket`, `pipe`, `anon_inode:[...]`, ...).
+pub fn proc_fd_kinds(pid: u32) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let t = std::fs::read_link(e.path())
+            .map(|l| l.display().to_string())
+            .unwrap_or_default();
+        let kind = match t.split_once(':') {
+            Some((k, rest)) if k == "anon_inode" => format!("{k}:{rest}"),
+            Some((k, _)) => k.to_string(),
+            None => "file".to_string(),
+        };
+        *m.entry(kind).or_insert(0) += 1;
+    }
+    m
+}
+
+/// CPU seconds of the threads of `pid` whose name starts with `prefix`.
+pub fn proc_thread_cpu_seconds(pid: u32, prefix: &str) -> f64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return f64::NAN;
+    };
+    let mut ns = 0u64;
+    for e in dir.flatten() {
+        let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        if let Some(v) = std::fs::read_to_string(e.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        {
+            ns += v;
+        }
+    }
+    ns as f64 / 1e9
 }
 
 /// VmRSS of process `pid` in KiB.

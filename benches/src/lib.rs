@@ -1,6 +1,8 @@
 //! ringway's end-to-end benchmarks: a load generator (`load`), the proxies
 //! under test as child processes (`child`), the scenarios and rounds
-//! (`suite`) and the report with its consistency check (`report`).
+//! (`suite`: plaintext, HBONE on one node and between two nodes, scrape
+//! impact, pod churn through the command line and through CNI ADD) and the
+//! report with its consistency check (`report`).
 //! `cargo bench -p ringway-benches` runs the suite; see BENCHMARKS.md.
 
 #![forbid(unsafe_code)]
@@ -10,25 +12,13 @@ pub mod load;
 pub mod report;
 pub mod suite;
 
-use ringway_config::CaptureMode;
-use ringway_testbed::Pod;
-
 pub use report::median;
-
-/// Installs the production capture rules in `pod`.
-pub fn capture(pod: &Pod, mode: CaptureMode) {
-    let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings {
-        capture_mode: mode,
-        ..ringway_config::ProxySettings::default()
-    });
-    ringway_redirect::apply(pod.netns.fd(), &spec).expect("capture rules");
-}
 
 /// The proxy binary the suite runs: `RINGWAY_BENCH_PROXY_BIN` when set, else
 /// the real `ringway` binary beside `wrapper` (built by `cargo build
 /// --release --bin ringway`) when present, else `wrapper` (the crate's
-/// `ringway-bench-proxy`: the same datapath library without the control
-/// endpoints).
+/// `ringway-bench-proxy`: the same proxy library behind the flags of
+/// `ringway proxy` the suite uses).
 pub fn proxy_binary(wrapper: &std::path::Path) -> std::path::PathBuf {
     if let Ok(p) = std::env::var("RINGWAY_BENCH_PROXY_BIN") {
         return p.into();
@@ -63,4 +53,19 @@ pub fn run_and_report(
         problems.len()
     );
     Ok(Some((md, problems)))
+}
+
+/// Runs one measurement alone for `secs` in isolated namespaces (see
+/// [`suite::profile`]), with `perf record -a -g` to `perf_out` beside it
+/// when given. Returns a summary line; `None` without privileges.
+pub fn profile(
+    config: suite::Config,
+    what: suite::Profile,
+    secs: f64,
+    perf_out: Option<std::path::PathBuf>,
+) -> anyhow::Result<Option<String>> {
+    ringway_testbed::run_isolated("bench_profile", move || {
+        suite::profile(&config, what, secs, perf_out.as_deref())
+    })
+    .transpose()
 }

@@ -1,16 +1,16 @@
 //! The report: medians and spreads, ratios to direct, targets, and the
-//! files (`report.md`, `results.json`, `throughput.svg`, `latency.svg`).
-//! `check` verifies a written report is complete and self-consistent; it
-//! never judges the numbers.
+//! files (`report.md`, `results.json`, `throughput.svg`, `latency.svg`,
+//! `scrape.svg`, `churn.svg`). `check` verifies a written report is complete
+//! and self-consistent; it never judges the numbers.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::suite::{Kind, Results};
+use crate::suite::{Figures, Kind, Results, REQUIRED_SCENARIOS};
 
-/// A figure of a scenario.
+/// A figure of a scenario (or of the scrape or churn sections).
 #[derive(Debug, Clone, Copy)]
 pub struct FigureDef {
     /// JSON key.
@@ -104,25 +104,104 @@ pub const FIGURES: &[FigureDef] = &[
         1,
     ),
     fig(
+        "idle_large_n",
+        "large idle count reached",
+        "conns",
+        false,
+        0,
+    ),
+    fig(
         "rss_large_mib",
-        "proxy RSS, idle conns (large)",
+        "proxy RSS at the large idle count",
         "MiB",
         true,
         1,
     ),
     fig(
         "kib_per_idle_conn",
-        "proxy KiB per idle connection",
+        "proxy KiB per idle connection (large count)",
         "KiB",
         true,
         2,
     ),
     fig(
+        "fds_per_idle_conn",
+        "proxy fds per idle connection",
+        "fds",
+        true,
+        2,
+    ),
+    fig(
         "rss_target_idle_mib",
-        "proxy RSS at 10k idle conns (measured, else extrapolated from the large count)",
+        "proxy RSS at 10k idle conns (extrapolated unless the large count is 10k)",
         "MiB",
         true,
         1,
+    ),
+];
+
+/// Scrape-impact figures (one set per round).
+pub const SCRAPE_FIGURES: &[FigureDef] = &[
+    fig("scrape_off_p50_us", "p50 without scraper", "µs", false, 1),
+    fig("scrape_on_p50_us", "p50 with scraper", "µs", false, 1),
+    fig("scrape_off_p90_us", "p90 without scraper", "µs", false, 1),
+    fig("scrape_on_p90_us", "p90 with scraper", "µs", false, 1),
+    fig("scrape_off_p99_us", "p99 without scraper", "µs", false, 1),
+    fig("scrape_on_p99_us", "p99 with scraper", "µs", false, 1),
+    fig(
+        "scrape_off_p999_us",
+        "p99.9 without scraper",
+        "µs",
+        false,
+        1,
+    ),
+    fig("scrape_on_p999_us", "p99.9 with scraper", "µs", false, 1),
+    fig("scrape_off_max_us", "max without scraper", "µs", false, 1),
+    fig("scrape_on_max_us", "max with scraper", "µs", false, 1),
+    fig(
+        "scrape_off_worker_cpu_s_per_1k_req",
+        "worker threads' CPU-s per 1k requests without scraper",
+        "CPU-s",
+        false,
+        4,
+    ),
+    fig(
+        "scrape_on_worker_cpu_s_per_1k_req",
+        "worker threads' CPU-s per 1k requests with scraper",
+        "CPU-s",
+        false,
+        4,
+    ),
+    fig("scrapes_per_s", "scrapes achieved", "scrapes/s", false, 1),
+    fig("metrics_kib", "/metrics body", "KiB", false, 1),
+    fig(
+        "scrape_ms_p50",
+        "one scrape (GET /metrics + GET /config_dump), median",
+        "ms",
+        false,
+        2,
+    ),
+    fig(
+        "control_cpu_ms_per_scrape",
+        "control threads' CPU per scrape",
+        "CPU-ms",
+        false,
+        3,
+    ),
+];
+
+/// Rows of the scrape table: (title, without key, with key, ratio key).
+pub const SCRAPE_ROWS: &[(&str, &str, &str, &str)] = &[
+    ("p50", "scrape_off_p50_us", "scrape_on_p50_us", "p50_x"),
+    ("p90", "scrape_off_p90_us", "scrape_on_p90_us", "p90_x"),
+    ("p99", "scrape_off_p99_us", "scrape_on_p99_us", "p99_x"),
+    ("p99.9", "scrape_off_p999_us", "scrape_on_p999_us", "p999_x"),
+    ("max", "scrape_off_max_us", "scrape_on_max_us", "max_x"),
+    (
+        "worker threads' CPU-s per 1k requests",
+        "scrape_off_worker_cpu_s_per_1k_req",
+        "scrape_on_worker_cpu_s_per_1k_req",
+        "worker_cpu_x",
     ),
 ];
 
@@ -137,18 +216,61 @@ pub const CHURN_FIGURES: &[FigureDef] = &[
     ),
     fig(
         "enroll_s",
-        "proxy start to every pod's listeners open",
+        "command line: proxy start to every pod's listeners open",
         "s",
         false,
         3,
     ),
-    fig("enroll_cpu_s", "proxy CPU for it", "CPU-s", false, 3),
-    fig("rss_empty_mib", "proxy RSS, no pods", "MiB", false, 1),
-    fig("rss_pods_mib", "proxy RSS, all pods", "MiB", false, 1),
-    fig("kib_per_pod", "proxy RSS per pod", "KiB", false, 1),
+    fig(
+        "enroll_cpu_s",
+        "command line: proxy CPU for it",
+        "CPU-s",
+        false,
+        3,
+    ),
+    fig(
+        "rss_empty_mib",
+        "command line: proxy RSS, no pods",
+        "MiB",
+        false,
+        1,
+    ),
+    fig(
+        "rss_pods_mib",
+        "command line: proxy RSS, all pods",
+        "MiB",
+        false,
+        1,
+    ),
+    fig(
+        "kib_per_pod",
+        "command line: proxy RSS per pod",
+        "KiB",
+        false,
+        1,
+    ),
+    fig("cni_add_p50_ms", "CNI ADD latency p50", "ms", false, 2),
+    fig("cni_add_p90_ms", "CNI ADD latency p90", "ms", false, 2),
+    fig("cni_add_p99_ms", "CNI ADD latency p99", "ms", false, 2),
+    fig("cni_add_max_ms", "CNI ADD latency max", "ms", false, 2),
+    fig(
+        "cni_add_total_s",
+        "CNI ADD: every pod, one after another",
+        "s",
+        false,
+        3,
+    ),
+    fig(
+        "cni_kib_per_pod",
+        "CNI ADD: proxy RSS per pod",
+        "KiB",
+        false,
+        1,
+    ),
 ];
 
-/// Ratios and differences to direct: (key, title, figure, kind).
+/// Ratios and differences to the scenario's direct baseline: (key, title,
+/// figure, kind).
 pub const RATIOS: &[(&str, &str, &str, RatioKind)] = &[
     (
         "tput1_x",
@@ -211,15 +333,52 @@ fn stats(vals: &[f64]) -> Value {
     json!({"median": median(vals), "min": lo, "max": hi, "rounds": rounds})
 }
 
-fn applies(def: &FigureDef, kind: Kind) -> bool {
-    !(def.proxy_only && kind == Kind::Direct)
+/// Every figure of `defs` over the rounds of a section (scrape, churn).
+fn section(rounds: &[Figures], defs: &[FigureDef]) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    for def in defs {
+        let v: Vec<f64> = rounds
+            .iter()
+            .map(|f| f.get(def.key).copied().unwrap_or(f64::NAN))
+            .collect();
+        m.insert(def.key.into(), stats(&v));
+    }
+    m
+}
+
+/// What a scenario is, for the targets: `direct`, `plaintext` or `hbone`
+/// (ringway), `peer` (HAProxy).
+fn class(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Direct => "direct",
+        Kind::Ringway { hbone: false, .. } => "plaintext",
+        Kind::Ringway { hbone: true, .. } => "hbone",
+        Kind::Haproxy => "peer",
+    }
+}
+
+fn applies(def: &FigureDef, proxied: bool) -> bool {
+    !def.proxy_only || proxied
+}
+
+/// Which scenarios a target row is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum For {
+    /// ringway plaintext scenarios on one node.
+    Plaintext,
+    /// ringway HBONE on one node.
+    Hbone,
+    /// Both.
+    Ringway,
+    /// A churn figure.
+    Churn,
 }
 
 /// A report target: (text, scenario figure or churn figure, comparison).
 struct Target {
     text: &'static str,
     key: &'static str,
-    churn: bool,
+    applies: For,
     le: bool,
     limit: f64,
 }
@@ -228,63 +387,92 @@ const TARGETS: &[Target] = &[
     Target {
         text: "plaintext one stream ≥ 0.6x direct",
         key: "tput1_x",
-        churn: false,
+        applies: For::Plaintext,
         le: false,
         limit: 0.6,
     },
     Target {
         text: "plaintext ≤ 0.5 proxy CPU-s/GB (one stream)",
         key: "cpu_s_per_gb",
-        churn: false,
+        applies: For::Plaintext,
         le: true,
         limit: 0.5,
     },
     Target {
+        text: "HBONE one stream ≥ 0.4x direct",
+        key: "tput1_x",
+        applies: For::Hbone,
+        le: false,
+        limit: 0.4,
+    },
+    Target {
+        text: "HBONE ≤ 0.9 proxy CPU-s/GB (one stream)",
+        key: "cpu_s_per_gb",
+        applies: For::Hbone,
+        le: true,
+        limit: 0.9,
+    },
+    Target {
         text: "added p50 round trip ≤ 25 µs (plaintext)",
         key: "added_p50_us",
-        churn: false,
+        applies: For::Plaintext,
         le: true,
         limit: 25.0,
     },
     Target {
+        text: "added p50 round trip ≤ 45 µs (HBONE)",
+        key: "added_p50_us",
+        applies: For::Hbone,
+        le: true,
+        limit: 45.0,
+    },
+    Target {
         text: "p99 ≤ 2x p50",
         key: "p99_over_p50",
-        churn: false,
+        applies: For::Ringway,
         le: true,
         limit: 2.0,
     },
     Target {
         text: "new connections/s ≥ 0.5x direct",
         key: "conn_x",
-        churn: false,
+        applies: For::Ringway,
         le: false,
         limit: 0.5,
     },
     Target {
         text: "≤ 6 KiB proxy RSS per idle connection",
         key: "kib_per_idle_conn",
-        churn: false,
+        applies: For::Ringway,
         le: true,
         limit: 6.0,
     },
     Target {
-        text: "RSS with 10k idle connections ≤ 80 MiB (extrapolated when capped)",
+        text: "RSS with 10k idle connections ≤ 80 MiB (extrapolated unless 10k was reached)",
         key: "rss_target_idle_mib",
-        churn: false,
+        applies: For::Ringway,
         le: true,
         limit: 80.0,
     },
     Target {
-        text: "pods enrolled in ≤ 5 s (1,000 in the full run)",
+        text:
+            "pods enrolled in ≤ 5 s (1,000 in the full run): proxy given them on its command line",
         key: "enroll_s",
-        churn: true,
+        applies: For::Churn,
+        le: true,
+        limit: 5.0,
+    },
+    Target {
+        text: "pods enrolled in ≤ 5 s (1,000 in the full run): CNI ADDs one after another",
+        key: "cni_add_total_s",
+        applies: For::Churn,
         le: true,
         limit: 5.0,
     },
     Target {
         text: "≤ 50 KiB proxy RSS per pod",
         key: "kib_per_pod",
-        churn: true,
+        applies: For::Churn,
         le: true,
         limit: 50.0,
     },
@@ -293,11 +481,6 @@ const TARGETS: &[Target] = &[
 /// Builds the JSON document of a run: every figure of every round, medians,
 /// spreads, ratios, targets.
 pub fn to_json(r: &Results) -> Value {
-    let direct = r
-        .scenarios
-        .iter()
-        .position(|s| s.kind == Kind::Direct)
-        .expect("direct scenario");
     let series = |s: usize, key: &str| -> Vec<f64> {
         r.rounds
             .iter()
@@ -306,17 +489,19 @@ pub fn to_json(r: &Results) -> Value {
     };
     let mut scenarios = Vec::new();
     for (i, sc) in r.scenarios.iter().enumerate() {
+        let proxied = sc.kind != Kind::Direct;
         let mut figs = serde_json::Map::new();
-        for def in FIGURES.iter().filter(|d| applies(d, sc.kind)) {
+        for def in FIGURES.iter().filter(|d| applies(d, proxied)) {
             figs.insert(def.key.into(), stats(&series(i, def.key)));
         }
         let mut ratios = serde_json::Map::new();
-        if i != direct {
+        let base = r.scenarios.iter().position(|s| s.key == sc.base);
+        if let Some(base) = base.filter(|b| *b != i) {
             for (key, _, fkey, kind) in RATIOS {
                 let def = FIGURES.iter().find(|d| d.key == *fkey).expect("figure");
                 // From the printed medians, so the report's columns agree.
                 let m = printed(median(&series(i, fkey)), def.decimals);
-                let d = printed(median(&series(direct, fkey)), def.decimals);
+                let d = printed(median(&series(base, fkey)), def.decimals);
                 let v = match kind {
                     RatioKind::Ratio => m / d,
                     RatioKind::Added => m - d,
@@ -325,20 +510,31 @@ pub fn to_json(r: &Results) -> Value {
             }
         }
         scenarios.push(json!({
-            "key": sc.key, "name": sc.name,
-            "proxied": sc.kind != Kind::Direct,
+            "key": sc.key, "name": sc.name, "class": class(sc.kind),
+            "nodes": if sc.two_nodes { 2 } else { 1 }, "base": sc.base,
+            "proxied": proxied,
             "figures": figs, "vs_direct": ratios,
         }));
     }
-    let mut churn = serde_json::Map::new();
-    for def in CHURN_FIGURES {
-        let v: Vec<f64> = r
-            .churn
+    let mut scrape = section(&r.scrape, SCRAPE_FIGURES);
+    let mut scrape_ratios = serde_json::Map::new();
+    for (_, off, on, key) in SCRAPE_ROWS {
+        let d = SCRAPE_FIGURES
             .iter()
-            .map(|f| f.get(def.key).copied().unwrap_or(f64::NAN))
-            .collect();
-        churn.insert(def.key.into(), stats(&v));
+            .find(|d| d.key == *off)
+            .expect("figure");
+        let a = printed(
+            scrape[*off]["median"].as_f64().unwrap_or(f64::NAN),
+            d.decimals,
+        );
+        let b = printed(
+            scrape[*on]["median"].as_f64().unwrap_or(f64::NAN),
+            d.decimals,
+        );
+        scrape_ratios.insert((*key).into(), json!(b / a));
     }
+    scrape.insert("with_vs_without".into(), Value::Object(scrape_ratios));
+    let l = &r.fd_limit;
     let mut doc = json!({
         "run": {
             "label": r.config.label, "rounds": r.config.rounds,
@@ -347,13 +543,19 @@ pub fn to_json(r: &Results) -> Value {
             "latency_seconds": r.config.lat_secs, "request_bytes": 64,
             "conn_threads": r.config.conn_threads, "conn_seconds": r.config.conn_secs,
             "idle_connections": r.config.idle, "idle_target": r.config.idle_target, "churn_pods": r.config.churn_pods,
+            "scrape_rate": r.config.scrape_rate,
             "proxy_binary": r.config.proxy_bin.display().to_string(),
             "wall_seconds": r.wall_secs,
         },
+        "fd_limit": {
+            "soft": l.soft, "hard": l.hard, "nr_open": l.nr_open,
+            "cap_sys_resource": l.cap_sys_resource,
+            "cap_sys_resource_in_bounding_set": l.cap_sys_resource_bounding,
+        },
         "machine": r.machine.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
         "scenarios": scenarios,
-        "churn": churn,
-        "hbone": "not measured: HBONE scenarios do not exist yet",
+        "scrape": scrape,
+        "churn": section(&r.churn, CHURN_FIGURES),
         "errors": r.errors,
         "notes": r.notes,
     });
@@ -372,6 +574,18 @@ fn scenario_value(s: &Value, key: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Whether a target row is for scenario `s` (targets speak of one node).
+fn target_applies(t: &Target, s: &Value) -> bool {
+    if s["nodes"].as_u64() != Some(1) {
+        return false;
+    }
+    matches!(
+        (t.applies, s["class"].as_str()),
+        (For::Plaintext | For::Ringway, Some("plaintext"))
+            | (For::Hbone | For::Ringway, Some("hbone"))
+    )
+}
+
 fn targets(doc: &Value) -> Value {
     let mut rows = Vec::new();
     for t in TARGETS {
@@ -386,17 +600,14 @@ fn targets(doc: &Value) -> Value {
                 "limit": t.limit, "at_most": t.le, "measured": measured, "met": met,
             }));
         };
-        if t.churn {
+        if t.applies == For::Churn {
             push(
                 "pod churn",
                 doc["churn"][t.key]["median"].as_f64().unwrap_or(f64::NAN),
             );
         } else {
             for s in doc["scenarios"].as_array().into_iter().flatten() {
-                if s["key"]
-                    .as_str()
-                    .is_some_and(|k| k.starts_with("tproxy") || k.starts_with("redirect"))
-                {
+                if target_applies(t, s) {
                     push(s["name"].as_str().unwrap_or(""), scenario_value(s, t.key));
                 }
             }
@@ -406,28 +617,37 @@ fn targets(doc: &Value) -> Value {
 }
 
 fn fig_def(key: &str) -> Option<&'static FigureDef> {
-    FIGURES.iter().find(|d| d.key == key)
+    FIGURES
+        .iter()
+        .chain(SCRAPE_FIGURES)
+        .chain(CHURN_FIGURES)
+        .find(|d| d.key == key)
 }
 
-/// Median cell (and spread) as printed.
-fn cell(s: &Value, key: &str) -> String {
-    let Some(def) = fig_def(key) else {
-        return "—".into();
-    };
-    let f = &s["figures"][key];
-    match f["median"].as_f64() {
-        Some(m) => fmt(m, def.decimals),
-        None => "—".into(),
+/// Median cell as printed (`f` is the figure's stats object).
+fn stat_cell(f: &Value, key: &str) -> String {
+    match (fig_def(key), f["median"].as_f64()) {
+        (Some(def), Some(m)) => fmt(m, def.decimals),
+        _ => "—".into(),
     }
 }
 
-fn spread(s: &Value, key: &str) -> String {
-    let def = fig_def(key).expect("figure");
-    let f = &s["figures"][key];
+fn stat_spread(f: &Value, key: &str) -> String {
+    let Some(def) = fig_def(key) else {
+        return "—".into();
+    };
     match (f["min"].as_f64(), f["max"].as_f64()) {
         (Some(lo), Some(hi)) => format!("{}–{}", fmt(lo, def.decimals), fmt(hi, def.decimals)),
         _ => "—".into(),
     }
+}
+
+fn cell(s: &Value, key: &str) -> String {
+    stat_cell(&s["figures"][key], key)
+}
+
+fn spread(s: &Value, key: &str) -> String {
+    stat_spread(&s["figures"][key], key)
 }
 
 fn ratio_cell(s: &Value, key: &str) -> String {
@@ -436,6 +656,18 @@ fn ratio_cell(s: &Value, key: &str) -> String {
         Some(v) => format!("{v:.2}x"),
         None => "—".into(),
     }
+}
+
+fn x_cell(v: Option<f64>) -> String {
+    match v {
+        Some(v) => format!("{v:.2}x"),
+        None => "—".into(),
+    }
+}
+
+/// The scenario of `key`, if measured.
+fn scenario<'a>(scen: &'a [Value], key: &str) -> Option<&'a Value> {
+    scen.iter().find(|s| s["key"] == key)
 }
 
 /// The Markdown report.
@@ -459,9 +691,10 @@ pub fn to_markdown(doc: &Value) -> String {
     let _ = writeln!(
         m,
         "Median of {} rounds alternating the scenarios; spread is min–max over the rounds. \
-         Pod -> pod on one virtual node (veth + bridge, inside private namespaces). \
-         Proxy: `{}` as a child process (its CPU from /proc/<pid>/task/*/schedstat, its RSS from /proc/<pid>/status). \
-         Wall time {:.0} s.\n",
+         Pod -> pod on one virtual node (veth + bridge), or from a pod of node 1 to a pod of node 2 \
+         (two virtual nodes joined by a veth, one proxy each), inside private namespaces. \
+         Proxy: `{}` as a child process (its CPU from /proc/<pid>/task/*/schedstat, its RSS from \
+         /proc/<pid>/status; with two proxies, their sum). Wall time {:.0} s.\n",
         run["rounds"],
         run["proxy_binary"].as_str().unwrap_or(""),
         run["wall_seconds"].as_f64().unwrap_or(0.0)
@@ -470,15 +703,39 @@ pub fn to_markdown(doc: &Value) -> String {
     for (k, v) in doc["machine"].as_object().into_iter().flatten() {
         let _ = writeln!(m, "| {k} | {} |", v.as_str().unwrap_or(""));
     }
+    let fl = &doc["fd_limit"];
+    let _ = writeln!(
+        m,
+        "| RLIMIT_NOFILE (soft / hard / fs.nr_open) | {} / {} / {}; CAP_SYS_RESOURCE {} |",
+        fl["soft"],
+        fl["hard"],
+        fl["nr_open"],
+        if fl["cap_sys_resource"].as_bool().unwrap_or(false) {
+            "held"
+        } else if fl["cap_sys_resource_in_bounding_set"]
+            .as_bool()
+            .unwrap_or(false)
+        {
+            "not held"
+        } else {
+            "not in the bounding set"
+        }
+    );
     let _ = writeln!(
         m,
         "\nParameters: throughput {} s per run, N = {} streams; latency {} req/s of 64 B over {} connections for {} s (open loop); \
-         connection rate {} client threads for {} s; idle connections {small} and {large}; churn {} pods.\n",
+         connection rate {} client threads for {} s; idle connections {small} and {large} (the large count lowered per scenario \
+         when the fd limit cannot hold it); scraper {} scrapes/s; churn {} pods.\n",
         run["seconds_per_throughput_run"], run["streams"], run["latency_rate_rps"], run["latency_connections"],
-        run["latency_seconds"], run["conn_threads"], run["conn_seconds"], run["churn_pods"]
+        run["latency_seconds"], run["conn_threads"], run["conn_seconds"], run["scrape_rate"], run["churn_pods"]
     );
 
     let _ = writeln!(m, "## Summary (medians)\n");
+    let _ = writeln!(
+        m,
+        "Ratios and added latency are to `direct (no proxy)` for one-node scenarios and to \
+         `direct, two nodes (no proxy)` for two-node ones.\n"
+    );
     let _ = writeln!(m, "| scenario | one stream Gbit/s | vs direct | N streams Gbit/s | vs direct | p50 µs | added p50 | p99 µs | added p99 | conn/s | vs direct | proxy CPU-s/GB | proxy KiB/idle conn |");
     let _ = writeln!(
         m,
@@ -500,6 +757,50 @@ pub fn to_markdown(doc: &Value) -> String {
             cell(s, "conn_per_s"),
             ratio_cell(s, "conn_x"),
             cell(s, "cpu_s_per_gb"),
+            cell(s, "kib_per_idle_conn"),
+        );
+    }
+
+    let _ = writeln!(
+        m,
+        "\n## HBONE next to direct and plaintext\n\n\
+         HBONE on one node runs with `sameNodeFastPath: false` in the proxy's YAML, so pod -> pod \
+         leaves as an HTTP/2 CONNECT over mutual TLS to the destination pod's 15008 on the same proxy \
+         (as the reference mesh is measured); its plaintext counterpart is `TPROXY, both hops`. \
+         Between nodes each node has its own proxy. Same medians as above.\n"
+    );
+    let _ = writeln!(
+        m,
+        "| scenario | one stream Gbit/s | vs direct | {n} streams Gbit/s | vs direct | new connections/s | vs direct | proxy CPU-s/GB (one stream) | proxy CPU-s/GB ({n} streams) | added p50 µs | proxy CPU-s per 1k requests | proxy KiB/idle conn |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        n = run["streams"]
+    );
+    for key in [
+        "direct",
+        "tproxy_fast",
+        "tproxy_2hop",
+        "hbone_1node",
+        "direct_2node",
+        "tproxy_2node",
+        "hbone_2node",
+    ] {
+        let Some(s) = scenario(&scen, key) else {
+            continue;
+        };
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s["name"].as_str().unwrap_or(""),
+            cell(s, "tput1_gbps"),
+            ratio_cell(s, "tput1_x"),
+            cell(s, "tputn_gbps"),
+            ratio_cell(s, "tputn_x"),
+            cell(s, "conn_per_s"),
+            ratio_cell(s, "conn_x"),
+            cell(s, "cpu_s_per_gb"),
+            cell(s, "cpu_s_per_gb_n"),
+            ratio_cell(s, "added_p50_us"),
+            cell(s, "cpu_s_per_1k_req"),
             cell(s, "kib_per_idle_conn"),
         );
     }
@@ -551,39 +852,92 @@ pub fn to_markdown(doc: &Value) -> String {
     );
     table(
         &mut m,
-        "Proxy cost",
+        "Proxy CPU",
         &[
             "cpu_s_per_gb",
             "cpu_s_per_gb_n",
             "cpu_s_per_1k_req",
             "cpu_us_per_conn",
+        ],
+    );
+    table(
+        &mut m,
+        "Proxy memory (idle connections each proven by a 1 B exchange)",
+        &[
             "rss_idle_mib",
             "rss_small_mib",
+            "idle_large_n",
             "rss_large_mib",
             "kib_per_idle_conn",
+            "fds_per_idle_conn",
             "rss_target_idle_mib",
         ],
     );
 
-    let _ = writeln!(m, "\n## Pod churn\n\nBare pod network namespaces (lo only) given to a fresh proxy on its command line; \
-        time from process start to every pod's listeners open, RSS against a proxy with no pods. \
-        CNI ADD latency through `ringway agent` + the plugin is not measured yet.\n");
+    let sc = &doc["scrape"];
+    let _ = writeln!(
+        m,
+        "\n## Scrape impact (metrics and admin are served by the control thread)\n\n\
+         Default scenario (TPROXY fast path), the fixed-rate latency run twice with the same proxy: \
+         alone, and while a scraper does `GET /metrics` (15020) then `GET /config_dump` (15000) {} times \
+         a second (order alternating by round). Ratios from the printed medians.\n",
+        run["scrape_rate"]
+    );
+    let _ = writeln!(
+        m,
+        "| figure | without scraper | spread | with scraper | spread | with / without |\n| --- | --- | --- | --- | --- | --- |"
+    );
+    for (title, off, on, key) in SCRAPE_ROWS {
+        let unit = fig_def(off).map(|d| d.unit).unwrap_or("");
+        let _ = writeln!(
+            m,
+            "| {title} ({unit}) | {} | {} | {} | {} | {} |",
+            stat_cell(&sc[*off], off),
+            stat_spread(&sc[*off], off),
+            stat_cell(&sc[*on], on),
+            stat_spread(&sc[*on], on),
+            x_cell(sc["with_vs_without"][*key].as_f64()),
+        );
+    }
+    let _ = writeln!(m, "\n| scraper | median | spread |\n| --- | --- | --- |");
+    for key in [
+        "scrapes_per_s",
+        "metrics_kib",
+        "scrape_ms_p50",
+        "control_cpu_ms_per_scrape",
+    ] {
+        let d = fig_def(key).expect("figure");
+        let _ = writeln!(
+            m,
+            "| {} ({}) | {} | {} |",
+            d.title,
+            d.unit,
+            stat_cell(&sc[key], key),
+            stat_spread(&sc[key], key)
+        );
+    }
+
+    let _ = writeln!(
+        m,
+        "\n## Pod churn\n\n\
+         The same bare pod network namespaces (lo only), enrolled two ways. *Command line*: given to a \
+         fresh proxy as `--pod` flags; time from process start to every pod's listeners open, RSS against \
+         a proxy with no pods. *CNI ADD*: one ADD after another through the plugin's code \
+         (`ringway_cni::run`, what the `ringway-cni` binary runs) over the node agent's socket; the agent \
+         applies the capture rules in the pod and hands its netns to a fresh proxy over ZDS, and the ADD \
+         returns once the proxy acked with the pod's listeners open. Each ADD is timed from the call to \
+         its result.\n"
+    );
     let _ = writeln!(m, "| figure | median | spread |\n| --- | --- | --- |");
     for def in CHURN_FIGURES {
         let f = &doc["churn"][def.key];
-        let (md, lo, hi) = (f["median"].as_f64(), f["min"].as_f64(), f["max"].as_f64());
-        let p = |v: Option<f64>| {
-            v.map(|v| fmt(v, def.decimals))
-                .unwrap_or_else(|| "—".into())
-        };
         let _ = writeln!(
             m,
-            "| {} ({}) | {} | {}–{} |",
+            "| {} ({}) | {} | {} |",
             def.title,
             def.unit,
-            p(md),
-            p(lo),
-            p(hi)
+            stat_cell(f, def.key),
+            stat_spread(f, def.key)
         );
     }
 
@@ -601,9 +955,11 @@ pub fn to_markdown(doc: &Value) -> String {
             let _ = writeln!(m, "- {}", e.as_str().unwrap_or("").replace('|', "/"));
         }
     }
-    let _ = writeln!(m, "\n## HBONE\n\nNot measured: HBONE scenarios (pod -> pod on one node, and between two virtual nodes) do not exist yet. Slot kept for them.\n");
 
-    let _ = writeln!(m, "## Targets (from issue 6; reported, never asserted)\n");
+    let _ = writeln!(
+        m,
+        "\n## Targets (issue 6; one-node scenarios; reported, never asserted)\n"
+    );
     let _ = writeln!(
         m,
         "| target | scenario | target | measured | met? |\n| --- | --- | --- | --- | --- |"
@@ -631,17 +987,14 @@ pub fn to_markdown(doc: &Value) -> String {
     }
     let _ = writeln!(
         m,
-        "| HBONE targets (≥ 0.4x, ≤ 0.9 CPU-s/GB, ≤ 45 µs) | — | — | not measured | — |"
-    );
-    let _ = writeln!(
-        m,
-        "\nCharts: `throughput.svg`, `latency.svg`. Every figure of every round: `results.json`."
+        "\nCharts: `throughput.svg`, `latency.svg`, `scrape.svg`, `churn.svg`. Every figure of every round: `results.json`."
     );
     m
 }
 
 const COLORS: &[&str] = &[
-    "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860",
+    "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
+    "#ccb974", "#64b5cd",
 ];
 
 fn esc(s: &str) -> String {
@@ -650,67 +1003,129 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Throughput bars (one stream and N streams per scenario).
-pub fn throughput_svg(doc: &Value) -> String {
-    let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
-    let vals: Vec<(String, f64, f64)> = scen
+/// Horizontal bar chart: one group per label, one bar per value (the bars
+/// of a group share `shades`).
+fn bars_svg(
+    title: &str,
+    groups: &[(String, Vec<f64>)],
+    shades: &[&str],
+    unit_fmt: usize,
+) -> String {
+    let max = groups
         .iter()
-        .map(|s| {
-            (
-                s["name"].as_str().unwrap_or("").to_string(),
-                s["figures"]["tput1_gbps"]["median"].as_f64().unwrap_or(0.0),
-                s["figures"]["tputn_gbps"]["median"].as_f64().unwrap_or(0.0),
-            )
-        })
-        .collect();
-    let max = vals
-        .iter()
-        .map(|v| v.1.max(v.2))
+        .flat_map(|g| g.1.iter().copied())
         .fold(0.0, f64::max)
         .max(1e-9);
-    let (w, row, left) = (900.0, 44.0, 380.0);
-    let h = 60.0 + row * vals.len() as f64 + 30.0;
+    let per = groups.iter().map(|g| g.1.len()).max().unwrap_or(1).max(1) as f64;
+    let (w, left) = (900.0, 420.0);
+    let row = 6.0 + 18.0 * per;
+    let h = 60.0 + row * groups.len() as f64 + 20.0;
     let scale = (w - left - 90.0) / max;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"22\" font-size=\"15\">Throughput, median (Gbit/s): one stream (dark), N streams (light)</text>\n"
+         <text x=\"10\" y=\"22\" font-size=\"15\">{}</text>\n",
+        esc(title)
     );
-    for (i, (name, one, n)) in vals.iter().enumerate() {
+    for (i, (name, vals)) in groups.iter().enumerate() {
         let y = 45.0 + row * i as f64;
         let _ = writeln!(
             s,
             "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
             left - 8.0,
-            y + 18.0,
+            y + 12.0 + 9.0 * (vals.len() as f64 - 1.0),
             esc(name)
         );
-        let _ = writeln!(
-            s,
-            "<rect x=\"{left}\" y=\"{y}\" width=\"{:.1}\" height=\"16\" fill=\"#4c72b0\"/>",
-            one * scale
-        );
-        let _ = writeln!(
-            s,
-            "<text x=\"{:.1}\" y=\"{}\">{one:.2}</text>",
-            left + one * scale + 4.0,
-            y + 12.0
-        );
-        let _ = writeln!(
-            s,
-            "<rect x=\"{left}\" y=\"{}\" width=\"{:.1}\" height=\"16\" fill=\"#a1c4e8\"/>",
-            y + 18.0,
-            n * scale
-        );
-        let _ = writeln!(
-            s,
-            "<text x=\"{:.1}\" y=\"{}\">{n:.2}</text>",
-            left + n * scale + 4.0,
-            y + 30.0
-        );
+        for (j, v) in vals.iter().enumerate() {
+            let yy = y + 18.0 * j as f64;
+            let _ = writeln!(
+                s,
+                "<rect x=\"{left}\" y=\"{yy}\" width=\"{:.1}\" height=\"16\" fill=\"{}\"/>",
+                v * scale,
+                shades[j % shades.len()]
+            );
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{}\">{}</text>",
+                left + v * scale + 4.0,
+                yy + 12.0,
+                fmt(*v, unit_fmt)
+            );
+        }
     }
     s.push_str("</svg>\n");
     s
+}
+
+fn median_of(f: &Value) -> f64 {
+    f["median"].as_f64().unwrap_or(0.0)
+}
+
+/// Throughput bars (one stream and N streams per scenario).
+pub fn throughput_svg(doc: &Value) -> String {
+    let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
+    let groups: Vec<(String, Vec<f64>)> = scen
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("").to_string(),
+                vec![
+                    median_of(&s["figures"]["tput1_gbps"]),
+                    median_of(&s["figures"]["tputn_gbps"]),
+                ],
+            )
+        })
+        .collect();
+    bars_svg(
+        "Throughput, median (Gbit/s): one stream (dark), N streams (light)",
+        &groups,
+        &["#4c72b0", "#a1c4e8"],
+        2,
+    )
+}
+
+/// Scrape impact bars: p50 and p99, without (dark) and with (orange) the
+/// scraper.
+pub fn scrape_svg(doc: &Value) -> String {
+    let sc = &doc["scrape"];
+    let groups: Vec<(String, Vec<f64>)> = ["p50", "p90", "p99"]
+        .iter()
+        .map(|q| {
+            (
+                q.to_string(),
+                vec![
+                    median_of(&sc[format!("scrape_off_{q}_us")]),
+                    median_of(&sc[format!("scrape_on_{q}_us")]),
+                ],
+            )
+        })
+        .collect();
+    bars_svg(
+        "Datapath latency, median (µs): without (dark) and with (orange) a /metrics + /config_dump scraper",
+        &groups,
+        &["#4c72b0", "#dd8452"],
+        1,
+    )
+}
+
+/// CNI ADD latency percentiles.
+pub fn churn_svg(doc: &Value) -> String {
+    let ch = &doc["churn"];
+    let groups: Vec<(String, Vec<f64>)> = [
+        ("CNI ADD p50", "cni_add_p50_ms"),
+        ("CNI ADD p90", "cni_add_p90_ms"),
+        ("CNI ADD p99", "cni_add_p99_ms"),
+        ("CNI ADD max", "cni_add_max_ms"),
+    ]
+    .iter()
+    .map(|(t, k)| (t.to_string(), vec![median_of(&ch[*k])]))
+    .collect();
+    bars_svg(
+        "CNI ADD latency through plugin + agent + ZDS, median of rounds (ms)",
+        &groups,
+        &["#55a868"],
+        2,
+    )
 }
 
 /// Latency percentile curves (p50, p90, p99, p99.9, max; log-scaled µs).
@@ -742,7 +1157,8 @@ pub fn latency_svg(doc: &Value) -> String {
         .log10()
         .floor()
         .min(hi - 1.0);
-    let (w, h, l, r, t, b) = (1_150.0, 420.0, 70.0, 560.0, 40.0, 50.0);
+    let (w, l, r, t, b) = (1_250.0, 70.0, 660.0, 40.0, 50.0);
+    let h = (t + 20.0 + 20.0 * series.len() as f64).max(420.0);
     let x = |i: usize| l + (w - l - r) * i as f64 / (keys.len() - 1) as f64;
     let y = |v: f64| t + (h - t - b) * (1.0 - (v.log10() - lo) / (hi - lo));
     let mut s = format!(
@@ -811,49 +1227,101 @@ pub fn latency_svg(doc: &Value) -> String {
     s
 }
 
-/// Writes `report.md`, `results.json`, `throughput.svg`, `latency.svg` to `dir`.
+/// The charts: (file name, renderer).
+type Chart = (&'static str, fn(&Value) -> String);
+
+const CHARTS: &[Chart] = &[
+    ("throughput.svg", throughput_svg),
+    ("latency.svg", latency_svg),
+    ("scrape.svg", scrape_svg),
+    ("churn.svg", churn_svg),
+];
+
+/// Renders `report.md` and the charts again from `dir/results.json` (after a
+/// change to the report's code), then checks them. Returns the problems.
+pub fn rerender(dir: &Path) -> std::io::Result<Vec<String>> {
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("results.json"))?)?;
+    write(dir, &doc)?;
+    Ok(check(dir))
+}
+
+/// Writes `report.md`, `results.json` and the charts to `dir`.
 pub fn write(dir: &Path, doc: &Value) -> std::io::Result<String> {
     std::fs::create_dir_all(dir)?;
     let md = to_markdown(doc);
     std::fs::write(dir.join("report.md"), &md)?;
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(doc)?)?;
-    std::fs::write(dir.join("throughput.svg"), throughput_svg(doc))?;
-    std::fs::write(dir.join("latency.svg"), latency_svg(doc))?;
+    for (name, render) in CHARTS {
+        std::fs::write(dir.join(name), render(doc))?;
+    }
     Ok(md)
 }
 
+/// Checks the rounds of one figure: all present and finite, median and
+/// spread as the rounds give them. Returns the problem, if any.
+fn check_stats(f: &Value, rounds: usize) -> Option<String> {
+    let vals: Vec<f64> = f["rounds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .filter(|v| v.is_finite())
+        .collect();
+    if vals.len() != rounds {
+        return Some(format!("{} finite round values, want {rounds}", vals.len()));
+    }
+    let (m, lo, hi) = (f["median"].as_f64(), f["min"].as_f64(), f["max"].as_f64());
+    let close =
+        |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() <= 1e-9 * b.abs().max(1.0));
+    if !close(m, median(&vals)) || lo.is_none() || hi.is_none() || lo > m || m > hi {
+        return Some("median/spread inconsistent with its rounds".into());
+    }
+    None
+}
+
 /// Checks a written report: complete (every scenario has every figure it
-/// should, in every round, finite), self-consistent (medians and spreads
-/// match the rounds, ratios match the printed medians, percentiles ordered,
-/// targets' met? matches their measured value, the Markdown shows what the
-/// JSON holds and no NaN/inf), files present. Returns the problems found.
+/// should, in every round, finite; the scrape and churn sections too),
+/// self-consistent (medians and spreads match the rounds, ratios match the
+/// printed medians, percentiles ordered, targets' met? matches their measured
+/// value, the Markdown shows what the JSON holds and no NaN/inf, every
+/// scenario in the charts), files present. Returns the problems found.
 pub fn check(dir: &Path) -> Vec<String> {
     let mut errs = Vec::new();
     let read = |f: &str| std::fs::read_to_string(dir.join(f));
-    let (Ok(md), Ok(js), Ok(tsvg), Ok(lsvg)) = (
-        read("report.md"),
-        read("results.json"),
-        read("throughput.svg"),
-        read("latency.svg"),
-    ) else {
+    let (Ok(md), Ok(js)) = (read("report.md"), read("results.json")) else {
         return vec![format!("missing report files in {}", dir.display())];
     };
-    for (name, svg) in [("throughput.svg", &tsvg), ("latency.svg", &lsvg)] {
-        if !svg.starts_with("<svg")
-            || !svg.trim_end().ends_with("</svg>")
-            || svg.contains("NaN")
-            || svg.contains("inf")
-        {
-            errs.push(format!("{name} is not a complete, finite SVG"));
+    let mut svgs = Vec::new();
+    for (name, _) in CHARTS {
+        match read(name) {
+            Ok(svg) => {
+                if !svg.starts_with("<svg")
+                    || !svg.trim_end().ends_with("</svg>")
+                    || svg.contains("NaN")
+                    || svg.contains("inf")
+                {
+                    errs.push(format!("{name} is not a complete, finite SVG"));
+                }
+                svgs.push((*name, svg));
+            }
+            Err(_) => errs.push(format!("{name} missing")),
         }
     }
     let doc: Value = match serde_json::from_str(&js) {
         Ok(v) => v,
         Err(e) => return vec![format!("results.json: {e}")],
     };
-    // The same document renders the same Markdown.
+    // The same document renders the same Markdown and charts.
     if to_markdown(&doc) != md {
         errs.push("report.md differs from the report rendered from results.json".into());
+    }
+    for (name, svg) in &svgs {
+        let render = CHARTS.iter().find(|c| c.0 == *name).expect("chart").1;
+        if render(&doc) != *svg {
+            errs.push(format!(
+                "{name} differs from the chart rendered from results.json"
+            ));
+        }
     }
     for c in md.split('|').map(str::trim) {
         if c.contains("NaN") || c.ends_with("inf") || c.starts_with("inf") {
@@ -865,11 +1333,8 @@ pub fn check(dir: &Path) -> Vec<String> {
         errs.push(format!("failed measurement: {}", e.as_str().unwrap_or("")));
     }
     let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
-    let Some(direct) = scen.iter().find(|s| s["key"] == "direct") else {
-        return vec!["no direct scenario".into()];
-    };
-    for want in ["direct", "tproxy_fast", "tproxy_2hop", "redirect_2hop"] {
-        if !scen.iter().any(|s| s["key"] == want) {
+    for want in REQUIRED_SCENARIOS {
+        if !scen.iter().any(|s| s["key"] == *want) {
             errs.push(format!("scenario {want} missing"));
         }
     }
@@ -878,10 +1343,15 @@ pub fn check(dir: &Path) -> Vec<String> {
         if !md.contains(&format!("| {name} |")) {
             errs.push(format!("{name}: no row in report.md"));
         }
+        for (chart, svg) in &svgs {
+            if ["throughput.svg", "latency.svg"].contains(chart) && !svg.contains(&esc(name)) {
+                errs.push(format!("{name}: not in {chart}"));
+            }
+        }
         let proxied = s["proxied"].as_bool().unwrap_or(true);
         for def in FIGURES {
             let f = &s["figures"][def.key];
-            if def.proxy_only && !proxied {
+            if !applies(def, proxied) {
                 if !f.is_null() {
                     errs.push(format!(
                         "{name}: {} should not be reported without a proxy",
@@ -890,34 +1360,11 @@ pub fn check(dir: &Path) -> Vec<String> {
                 }
                 continue;
             }
-            let vals: Vec<f64> = f["rounds"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_f64)
-                .collect();
-            if vals.len() != rounds {
-                errs.push(format!(
-                    "{name}: {} has {} finite round values, want {rounds}",
-                    def.key,
-                    vals.len()
-                ));
+            if let Some(p) = check_stats(f, rounds) {
+                errs.push(format!("{name}: {}: {p}", def.key));
                 continue;
             }
-            if vals.iter().any(|v| !v.is_finite()) {
-                errs.push(format!("{name}: {} not finite", def.key));
-            }
-            let (m, lo, hi) = (f["median"].as_f64(), f["min"].as_f64(), f["max"].as_f64());
-            let close = |a: Option<f64>, b: f64| {
-                a.is_some_and(|a| (a - b).abs() <= 1e-9 * b.abs().max(1.0))
-            };
-            if !close(m, median(&vals)) || lo.is_none() || hi.is_none() || lo > m || m > hi {
-                errs.push(format!(
-                    "{name}: {} median/spread inconsistent with its rounds",
-                    def.key
-                ));
-            }
-            if def.key != "conn_failures" && m.is_some_and(|m| m < 0.0) {
+            if def.key != "conn_failures" && f["median"].as_f64().is_some_and(|m| m < 0.0) {
                 errs.push(format!("{name}: {} negative", def.key));
             }
         }
@@ -936,51 +1383,114 @@ pub fn check(dir: &Path) -> Vec<String> {
                 "{name}: latency percentiles missing or not ordered: {p:?}"
             ));
         }
-        if proxied {
-            for (key, _, fkey, kind) in RATIOS {
-                let def = fig_def(fkey).expect("figure");
-                let pm = printed(
-                    s["figures"][fkey]["median"].as_f64().unwrap_or(f64::NAN),
-                    def.decimals,
-                );
-                let pd = printed(
-                    direct["figures"][fkey]["median"]
-                        .as_f64()
-                        .unwrap_or(f64::NAN),
-                    def.decimals,
-                );
-                let want = match kind {
-                    RatioKind::Ratio => pm / pd,
-                    RatioKind::Added => pm - pd,
-                };
-                let got = s["vs_direct"][key].as_f64().unwrap_or(f64::NAN);
-                if !want.is_finite() || (got - want).abs() > 1e-9 * want.abs().max(1.0) {
-                    errs.push(format!(
-                        "{name}: {key} = {got}, but the printed figures give {want}"
-                    ));
-                }
-                if !md.contains(&ratio_cell(s, key)) {
-                    errs.push(format!("{name}: {key} not printed"));
-                }
+        let base = s["base"].as_str().and_then(|b| scenario(&scen, b));
+        let Some(base) = base else {
+            errs.push(format!(
+                "{name}: its direct baseline {} is missing",
+                s["base"]
+            ));
+            continue;
+        };
+        if base["key"] == s["key"] {
+            continue;
+        }
+        for (key, _, fkey, kind) in RATIOS {
+            let def = fig_def(fkey).expect("figure");
+            let pm = printed(
+                s["figures"][fkey]["median"].as_f64().unwrap_or(f64::NAN),
+                def.decimals,
+            );
+            let pd = printed(
+                base["figures"][fkey]["median"].as_f64().unwrap_or(f64::NAN),
+                def.decimals,
+            );
+            let want = match kind {
+                RatioKind::Ratio => pm / pd,
+                RatioKind::Added => pm - pd,
+            };
+            let got = s["vs_direct"][key].as_f64().unwrap_or(f64::NAN);
+            if !want.is_finite() || (got - want).abs() > 1e-9 * want.abs().max(1.0) {
+                errs.push(format!(
+                    "{name}: {key} = {got}, but the printed figures give {want}"
+                ));
             }
+            if !md.contains(&ratio_cell(s, key)) {
+                errs.push(format!("{name}: {key} not printed"));
+            }
+        }
+    }
+    // Scrape impact: complete, ratios from the printed medians, printed.
+    let sc = &doc["scrape"];
+    for def in SCRAPE_FIGURES {
+        if let Some(p) = check_stats(&sc[def.key], rounds) {
+            errs.push(format!("scrape: {}: {p}", def.key));
+        }
+        if !md.contains(&stat_cell(&sc[def.key], def.key)) {
+            errs.push(format!("scrape: {} not printed", def.key));
+        }
+    }
+    for (_, off, on, key) in SCRAPE_ROWS {
+        let d = fig_def(off).expect("figure");
+        let a = printed(sc[*off]["median"].as_f64().unwrap_or(f64::NAN), d.decimals);
+        let b = printed(sc[*on]["median"].as_f64().unwrap_or(f64::NAN), d.decimals);
+        let got = sc["with_vs_without"][*key].as_f64().unwrap_or(f64::NAN);
+        if !(b / a).is_finite() || (got - b / a).abs() > 1e-9 * got.abs().max(1.0) {
+            errs.push(format!(
+                "scrape: {key} = {got}, but the printed figures give {}",
+                b / a
+            ));
+        }
+    }
+    for k in ["off", "on"] {
+        let p: Vec<f64> = ["p50", "p90", "p99", "p999", "max"]
+            .iter()
+            .filter_map(|q| sc[format!("scrape_{k}_{q}_us")]["median"].as_f64())
+            .collect();
+        if p.len() != 5 || p.windows(2).any(|w| w[0] > w[1]) {
+            errs.push(format!(
+                "scrape ({k}): percentiles missing or not ordered: {p:?}"
+            ));
         }
     }
     for def in CHURN_FIGURES {
         let f = &doc["churn"][def.key];
-        let n = f["rounds"].as_array().map(|a| {
-            a.iter()
-                .filter(|v| v.as_f64().is_some_and(f64::is_finite))
-                .count()
-        });
-        if n != Some(rounds) || !f["median"].as_f64().is_some_and(f64::is_finite) {
-            errs.push(format!("churn: {} incomplete", def.key));
+        if let Some(p) = check_stats(f, rounds) {
+            errs.push(format!("churn: {}: {p}", def.key));
+        }
+        if !md.contains(&format!(
+            "| {} ({}) | {} |",
+            def.title,
+            def.unit,
+            stat_cell(f, def.key)
+        )) {
+            errs.push(format!("churn: {} not printed", def.key));
         }
     }
+    let cni: Vec<f64> = [
+        "cni_add_p50_ms",
+        "cni_add_p90_ms",
+        "cni_add_p99_ms",
+        "cni_add_max_ms",
+    ]
+    .iter()
+    .filter_map(|k| doc["churn"][k]["median"].as_f64())
+    .collect();
+    if cni.len() != 4 || cni.windows(2).any(|w| w[0] > w[1]) {
+        errs.push(format!(
+            "churn: CNI ADD percentiles missing or not ordered: {cni:?}"
+        ));
+    }
     let targets = doc["targets"].as_array().cloned().unwrap_or_default();
-    let want_rows = TARGETS
+    let want_rows: usize = TARGETS
         .iter()
-        .map(|t| if t.churn { 1 } else { 3 })
-        .sum::<usize>();
+        .map(|t| {
+            if t.applies == For::Churn {
+                1
+            } else {
+                scen.iter().filter(|s| target_applies(t, s)).count()
+            }
+        })
+        .sum();
     if targets.len() != want_rows {
         errs.push(format!("{} target rows, want {want_rows}", targets.len()));
     }
@@ -1000,6 +1510,12 @@ pub fn check(dir: &Path) -> Vec<String> {
                 t["target"]
             ));
         }
+    }
+    if !targets
+        .iter()
+        .any(|t| t["target"].as_str().is_some_and(|s| s.starts_with("HBONE")))
+    {
+        errs.push("no HBONE target row".into());
     }
     errs
 }

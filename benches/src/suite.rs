@@ -1,17 +1,26 @@
 //! The suite: scenarios x measurements, several rounds alternating the
 //! scenarios, then the report (see `report`).
+//!
+//! Per round: every scenario (a fresh proxy each), then the scrape-impact
+//! measurement (fixed-rate latency through the fast path with and without a
+//! concurrent `/metrics` + `/config_dump` scraper), then pod churn (1,000
+//! pods given to a proxy on its command line, and 1,000 CNI ADDs through the
+//! plugin code, the node agent and ZDS).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use ringway_config::CaptureMode;
 use ringway_testbed::ns::Netns;
-use ringway_testbed::VirtualNode;
+use ringway_testbed::{NodeLink, Pod, VirtualNode};
 
-use crate::child::{haproxy_binary, haproxy_config, ProxyChild};
+use crate::child::{haproxy_binary, haproxy_config, ProxyArgs, ProxyChild};
 use crate::load::{self, Path};
 
 /// How big a run is.
@@ -37,18 +46,24 @@ pub struct Config {
     pub conn_secs: f64,
     /// Upper bound on connections in one connection-rate run.
     pub conn_max: u64,
-    /// The two idle-connection counts (RSS measured with each).
+    /// The two idle-connection counts (RSS measured with each). The large
+    /// one is lowered per scenario when the fd limit cannot hold it.
     pub idle: [usize; 2],
-    /// The idle count the RSS target speaks of (10k): measured when `idle[1]`
-    /// reaches it, else extrapolated.
+    /// The idle count the RSS target speaks of (10k).
     pub idle_target: usize,
-    /// Pods enrolled by the churn measurement.
+    /// Pods enrolled by the churn measurements.
     pub churn_pods: usize,
-    /// The proxy binary: `ringway` (run as `ringway proxy --pod ...`) or the
+    /// Scrapes per second of the scrape-impact run (each one `GET /metrics`
+    /// and one `GET /config_dump`).
+    pub scrape_rate: f64,
+    /// The proxy binary: `ringway` (run as `ringway proxy ...`) or the
     /// bench wrapper `ringway-bench-proxy`.
     pub proxy_bin: PathBuf,
     /// Include HAProxy when installed.
     pub haproxy: bool,
+    /// Pause before reading a process's RSS (after start, after opening or
+    /// closing idle connections) so it reflects the new state.
+    pub settle: Duration,
 }
 
 impl Config {
@@ -58,7 +73,7 @@ impl Config {
             label: "full".into(),
             rounds: 3,
             secs: 3.0,
-            streams: 4,
+            streams: 8,
             rps: 2000.0,
             lat_conns: 4,
             lat_secs: 3.0,
@@ -68,8 +83,10 @@ impl Config {
             idle: [1_000, 10_000],
             idle_target: 10_000,
             churn_pods: 1_000,
+            scrape_rate: 10.0,
             proxy_bin,
             haproxy: true,
+            settle: Duration::from_millis(300),
         }
     }
 
@@ -79,7 +96,7 @@ impl Config {
             label: "quick".into(),
             rounds: 2,
             secs: 0.5,
-            streams: 2,
+            streams: 8,
             rps: 1000.0,
             lat_conns: 2,
             lat_secs: 0.5,
@@ -89,8 +106,10 @@ impl Config {
             idle: [100, 1_000],
             idle_target: 10_000,
             churn_pods: 100,
+            scrape_rate: 10.0,
             proxy_bin,
             haproxy: true,
+            settle: Duration::from_millis(200),
         }
     }
 
@@ -103,15 +122,17 @@ impl Config {
             streams: 2,
             rps: 500.0,
             lat_conns: 2,
-            lat_secs: 0.2,
+            lat_secs: 0.3,
             conn_threads: 2,
             conn_secs: 0.2,
             conn_max: 500,
             idle: [20, 50],
             idle_target: 10_000,
             churn_pods: 10,
+            scrape_rate: 10.0,
             proxy_bin,
             haproxy: false,
+            settle: Duration::from_millis(100),
         }
     }
 
@@ -126,6 +147,7 @@ impl Config {
         if let Some(v) = var::<f64>("RINGWAY_BENCH_SECS") {
             self.secs = v;
             self.lat_secs = v;
+            self.conn_secs = v;
         }
         if let Some(v) = var("RINGWAY_BENCH_STREAMS") {
             self.streams = v;
@@ -142,6 +164,9 @@ impl Config {
         if let Some(v) = var("RINGWAY_BENCH_CHURN_PODS") {
             self.churn_pods = v;
         }
+        if let Some(v) = var("RINGWAY_BENCH_SCRAPE_RATE") {
+            self.scrape_rate = v;
+        }
         if std::env::var("RINGWAY_BENCH_HAPROXY").as_deref() == Ok("0") {
             self.haproxy = false;
         }
@@ -152,7 +177,7 @@ impl Config {
 /// What carries the traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// No proxy: pod a -> pod b over the bridge.
+    /// No proxy.
     Direct,
     /// ringway, capture rules in both pods.
     Ringway {
@@ -160,6 +185,9 @@ pub enum Kind {
         mode: CaptureMode,
         /// `sameNodeFastPath`.
         fast_path: bool,
+        /// HBONE (mutual TLS + HTTP/2 CONNECT to 15008): the configuration
+        /// has a `ca:` and lists both pods as tunnel workloads.
+        hbone: bool,
     },
     /// HAProxy in TCP mode in the node netns: one hop, not transparent.
     Haproxy,
@@ -174,50 +202,91 @@ pub struct Scenario {
     pub name: &'static str,
     /// What it is.
     pub kind: Kind,
+    /// Client on node 1, server on node 2 (one proxy per node), instead of
+    /// both pods on node 1.
+    pub two_nodes: bool,
+    /// The key of the no-proxy scenario its ratios are taken to.
+    pub base: &'static str,
 }
 
 /// The scenarios, in report order.
 pub fn scenarios(with_haproxy: bool) -> Vec<Scenario> {
+    let ringway = |mode, fast_path, hbone| Kind::Ringway {
+        mode,
+        fast_path,
+        hbone,
+    };
+    let one = |key, name, kind| Scenario {
+        key,
+        name,
+        kind,
+        two_nodes: false,
+        base: "direct",
+    };
+    let two = |key, name, kind| Scenario {
+        key,
+        name,
+        kind,
+        two_nodes: true,
+        base: "direct_2node",
+    };
     let mut v = vec![
-        Scenario {
-            key: "direct",
-            name: "direct (no proxy)",
-            kind: Kind::Direct,
-        },
-        Scenario {
-            key: "tproxy_fast",
-            name: "ringway TPROXY, same-node fast path (default, 1 hop)",
-            kind: Kind::Ringway {
-                mode: CaptureMode::Tproxy,
-                fast_path: true,
-            },
-        },
-        Scenario {
-            key: "tproxy_2hop",
-            name: "ringway TPROXY, both hops",
-            kind: Kind::Ringway {
-                mode: CaptureMode::Tproxy,
-                fast_path: false,
-            },
-        },
-        Scenario {
-            key: "redirect_2hop",
-            name: "ringway REDIRECT, both hops",
-            kind: Kind::Ringway {
-                mode: CaptureMode::Redirect,
-                fast_path: false,
-            },
-        },
+        one("direct", "direct (no proxy)", Kind::Direct),
+        one(
+            "tproxy_fast",
+            "ringway TPROXY, same-node fast path (default, 1 hop)",
+            ringway(CaptureMode::Tproxy, true, false),
+        ),
+        one(
+            "tproxy_2hop",
+            "ringway TPROXY, both hops",
+            ringway(CaptureMode::Tproxy, false, false),
+        ),
+        one(
+            "redirect_2hop",
+            "ringway REDIRECT, both hops",
+            ringway(CaptureMode::Redirect, false, false),
+        ),
+        one(
+            "hbone_1node",
+            "ringway HBONE, one node (fast path off, both hops, mTLS)",
+            ringway(CaptureMode::Tproxy, false, true),
+        ),
     ];
     if with_haproxy {
-        v.push(Scenario {
-            key: "haproxy",
-            name: "HAProxy TCP mode (peer, 1 hop, node netns)",
-            kind: Kind::Haproxy,
-        });
+        v.push(one(
+            "haproxy",
+            "HAProxy TCP mode (peer, 1 hop, node netns)",
+            Kind::Haproxy,
+        ));
     }
+    v.extend([
+        two("direct_2node", "direct, two nodes (no proxy)", Kind::Direct),
+        two(
+            "tproxy_2node",
+            "ringway TPROXY plaintext, two nodes (2 proxies)",
+            ringway(CaptureMode::Tproxy, true, false),
+        ),
+        two(
+            "hbone_2node",
+            "ringway HBONE, two nodes (2 proxies, mTLS)",
+            ringway(CaptureMode::Tproxy, true, true),
+        ),
+    ]);
     v
 }
+
+/// The scenario keys every report must have (HAProxy is optional).
+pub const REQUIRED_SCENARIOS: &[&str] = &[
+    "direct",
+    "tproxy_fast",
+    "tproxy_2hop",
+    "redirect_2hop",
+    "hbone_1node",
+    "direct_2node",
+    "tproxy_2node",
+    "hbone_2node",
+];
 
 /// Figures of one scenario in one round, by key (see `report::FIGURES`).
 pub type Figures = BTreeMap<String, f64>;
@@ -231,53 +300,192 @@ pub struct Results {
     pub scenarios: Vec<Scenario>,
     /// `rounds[r][s]`: figures of scenario `s` in round `r`.
     pub rounds: Vec<Vec<Figures>>,
+    /// Scrape-impact figures per round.
+    pub scrape: Vec<Figures>,
     /// Churn figures per round.
     pub churn: Vec<Figures>,
     /// Measurements that failed (the report lists them; `check` flags the holes).
     pub errors: Vec<String>,
     /// Things the reader should know (e.g. connections that failed).
     pub notes: Vec<String>,
+    /// The fd limit in force and why the large idle count was lowered, if it was.
+    pub fd_limit: FdLimit,
     /// Total wall time of the run, seconds.
     pub wall_secs: f64,
     /// Machine description lines.
     pub machine: Vec<(String, String)>,
 }
 
+/// RLIMIT_NOFILE as the run found and left it.
+#[derive(Debug, Clone, Default)]
+pub struct FdLimit {
+    /// Soft limit in force (the bench's and, inherited, the proxies').
+    pub soft: u64,
+    /// Hard limit in force.
+    pub hard: u64,
+    /// `/proc/sys/fs/nr_open`: the most any process may be given.
+    pub nr_open: u64,
+    /// Whether CAP_SYS_RESOURCE (needed to raise the hard limit) is in this
+    /// process's effective set.
+    pub cap_sys_resource: bool,
+    /// Whether it is in the bounding set (no process here can gain it otherwise).
+    pub cap_sys_resource_bounding: bool,
+}
+
 fn progress(msg: impl AsRef<str>) {
     eprintln!("[bench] {}", msg.as_ref());
 }
 
-/// Raises RLIMIT_NOFILE (soft and hard) so 10k idle connections fit on both
-/// ends in this process; the proxy child inherits it.
-/// Returns the soft limit in force afterwards.
-pub fn raise_nofile(want: u64) -> u64 {
+/// Whether capability `bit` is set in the `field` line of /proc/self/status.
+fn has_cap(field: &str, bit: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+        })
+        .is_some_and(|mask| mask & (1 << bit) != 0)
+}
+
+/// Raises RLIMIT_NOFILE, soft and hard, to `want` (at most `nr_open`) so
+/// large idle counts fit; the proxy children inherit it (and the proxy sets
+/// its soft limit to its hard one). Raising the hard limit needs
+/// CAP_SYS_RESOURCE; without it the soft limit goes up to the hard one.
+pub fn raise_nofile(want: u64) -> FdLimit {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1 << 20);
+    let want = want.min(nr_open);
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < want
-            // Raising the hard limit needs CAP_SYS_RESOURCE; else settle for it.
-            && setrlimit(Resource::RLIMIT_NOFILE, want, want.max(hard)).is_err()
-        {
+        if soft < want && setrlimit(Resource::RLIMIT_NOFILE, want, want.max(hard)).is_err() {
             let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }
-    getrlimit(Resource::RLIMIT_NOFILE)
-        .map(|(s, _)| s)
-        .unwrap_or(1024)
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((1024, 1024));
+    FdLimit {
+        soft,
+        hard,
+        nr_open,
+        cap_sys_resource: has_cap("CapEff:", CAP_SYS_RESOURCE),
+        cap_sys_resource_bounding: has_cap("CapBnd:", CAP_SYS_RESOURCE),
+    }
 }
 
-/// The most idle connections every scenario can hold under a per-process
-/// fd limit of `nofile`: a connection through both ringway hops holds 4 fds
-/// in the proxy (2 per hop), and 2 in the load generator (client + server).
-pub fn idle_cap(nofile: u64) -> usize {
-    (nofile.saturating_sub(1_000) / 4 / 100 * 100) as usize
+/// Directory on a tmpfs private to the bench's mount namespace: the test CA
+/// (key included) and the proxies' configuration files vanish with it.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> anyhow::Result<Scratch> {
+        let dir = std::env::temp_dir().join(format!("ringway-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        nix::mount::mount(
+            Some("tmpfs"),
+            &dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=0700"),
+        )
+        .context("mounting the bench's tmpfs")?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const TRUST_DOMAIN: &str = "cluster.local";
+
+/// The mesh configuration of the HBONE scenarios: a CA and the pods as tunnel
+/// workloads, the fast path off (so one node's traffic also goes through
+/// 15008, as the reference mesh is measured).
+fn hbone_yaml(ca_dir: &FsPath, pods: &[(&Pod, &str)]) -> String {
+    let mut s = format!(
+        "proxy:\n  sameNodeFastPath: false\ntrustDomain: {TRUST_DOMAIN}\nca:\n  certFile: {}\n  keyFile: {}\nworkloads:\n",
+        ca_dir.join("ca.crt").display(),
+        ca_dir.join("ca.key").display()
+    );
+    for (p, node) in pods {
+        s.push_str(&format!(
+            "  - uid: {n}\n    name: {n}\n    namespace: bench\n    serviceAccount: {n}\n    ips: [{v4}, \"{v6}\"]\n    node: {node}\n    tunnel: true\n",
+            n = p.name,
+            v4 = p.ipv4,
+            v6 = p.ipv6,
+        ));
+    }
+    s
 }
 
 struct Bed {
-    direct: Path,
-    proxied: Path,
-    proxied_pods: Vec<(String, PathBuf)>,
-    proxied_netns: Vec<Netns>,
-    haproxy: Option<(PathBuf, Netns, IpAddr, IpAddr)>,
+    /// Node 1: pods 0 -> 1 direct, 2 -> 3 through ringway.
+    n1: VirtualNode,
+    /// Node 2: pod 0 direct from node 1's pod 0, pod 1 through ringway from
+    /// node 1's pod 2.
+    n2: VirtualNode,
+    _link: NodeLink,
+    /// The HBONE configuration file.
+    hbone_config: PathBuf,
+    scratch: Scratch,
+}
+
+impl Bed {
+    fn build() -> anyhow::Result<Bed> {
+        let scratch = Scratch::new()?;
+        let n1 = VirtualNode::build(1, 4).context("virtual node 1")?;
+        let n2 = VirtualNode::build(2, 2).context("virtual node 2")?;
+        let link = ringway_testbed::link_nodes(&n1, &n2).context("linking the nodes")?;
+        // A throwaway mesh CA for this run only.
+        ringway_identity::CaSigner::generate_for_tests(TRUST_DOMAIN)
+            .write_pem_files(&scratch.0.join("ca.crt"), &scratch.0.join("ca.key"))?;
+        let hbone_config = scratch.0.join("hbone.yaml");
+        std::fs::write(
+            &hbone_config,
+            hbone_yaml(
+                &scratch.0,
+                &[
+                    (n1.pod(2), "node1"),
+                    (n1.pod(3), "node1"),
+                    (n2.pod(1), "node2"),
+                ],
+            ),
+        )?;
+        Ok(Bed {
+            n1,
+            n2,
+            _link: link,
+            hbone_config,
+            scratch,
+        })
+    }
+
+    fn path(client: &Pod, server: &Pod) -> Path {
+        let addr = SocketAddr::new(server.ip(false), PORT_BASE);
+        Path {
+            client: client.netns.clone(),
+            server: server.netns.clone(),
+            listen: addr,
+            connect: addr,
+        }
+    }
+
+    /// (client, server) of a scenario.
+    fn pods(&self, sc: &Scenario) -> (&Pod, &Pod) {
+        match (sc.kind, sc.two_nodes) {
+            (Kind::Direct | Kind::Haproxy, false) => (self.n1.pod(0), self.n1.pod(1)),
+            (Kind::Direct | Kind::Haproxy, true) => (self.n1.pod(0), self.n2.pod(0)),
+            (Kind::Ringway { .. }, false) => (self.n1.pod(2), self.n1.pod(3)),
+            (Kind::Ringway { .. }, true) => (self.n1.pod(2), self.n2.pod(1)),
+        }
+    }
 }
 
 const PORT_BASE: u16 = 20_000;
@@ -286,21 +494,12 @@ const PORT_SPAN: u16 = 999;
 /// Runs the suite. Must be called inside `ringway_testbed::run_isolated`.
 pub fn run(config: Config) -> anyhow::Result<Results> {
     let t_start = Instant::now();
-    let mut config = config;
-    let nofile = raise_nofile((4 * config.idle[1] as u64 + 10_000).max(200_000));
-    let cap = idle_cap(nofile);
+    let fd_limit = raise_nofile((6 * config.idle[1] as u64 + 10_000).max(200_000));
     let mut notes = Vec::new();
-    if config.idle[1] > cap {
-        let msg = format!(
-            "idle connections capped at {cap} (asked {}): RLIMIT_NOFILE is {nofile} here and \
-             cannot be raised (no CAP_SYS_RESOURCE); a two-hop connection holds 4 fds in the proxy. \
-             RSS at {} idle connections is extrapolated from the per-connection cost",
-            config.idle[1], config.idle_target
-        );
+    if fd_limit.soft < 6 * config.idle[1] as u64 + 2_000 {
+        let msg = fd_limit_note(&fd_limit, config.idle[1]);
         progress(&msg);
         notes.push(msg);
-        config.idle[1] = cap;
-        config.idle[0] = config.idle[0].min(cap / 2);
     }
     let with_haproxy = config.haproxy && haproxy_binary().is_some();
     if config.haproxy && !with_haproxy {
@@ -308,47 +507,15 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
     }
     let scenarios = scenarios(with_haproxy);
     progress(format!(
-        "{} run: {} rounds x {} scenarios, proxy {}",
+        "{} run: {} rounds x {} scenarios + scrape impact + pod churn, proxy {}",
         config.label,
         config.rounds,
         scenarios.len(),
         config.proxy_bin.display()
     ));
-    let vn = VirtualNode::build(1, 4).context("virtual node")?;
-    let (a, b, c, d) = (
-        vn.pod(0).clone(),
-        vn.pod(1).clone(),
-        vn.pod(2).clone(),
-        vn.pod(3).clone(),
-    );
-    let bed = Bed {
-        direct: Path {
-            client: a.netns.clone(),
-            server: b.netns.clone(),
-            listen: SocketAddr::new(b.ip(false), PORT_BASE),
-            connect: SocketAddr::new(b.ip(false), PORT_BASE),
-        },
-        proxied: Path {
-            client: c.netns.clone(),
-            server: d.netns.clone(),
-            listen: SocketAddr::new(d.ip(false), PORT_BASE),
-            connect: SocketAddr::new(d.ip(false), PORT_BASE),
-        },
-        proxied_pods: [&c, &d]
-            .iter()
-            .map(|p| (p.name.clone(), p.netns.path().to_path_buf()))
-            .collect(),
-        proxied_netns: vec![c.netns.clone(), d.netns.clone()],
-        haproxy: haproxy_binary().map(|bin| {
-            (
-                bin,
-                vn.node.clone(),
-                IpAddr::V4(std::net::Ipv4Addr::new(10, 244, vn.index, 1)),
-                b.ip(false),
-            )
-        }),
-    };
+    let bed = Bed::build()?;
     let mut rounds = Vec::new();
+    let mut scrape = Vec::new();
     let mut churn = Vec::new();
     let mut errors = Vec::new();
     let mut port = PORT_BASE;
@@ -362,7 +529,7 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
                 sc.name
             ));
             let t = Instant::now();
-            let f = match run_scenario(&config, &bed, sc, &mut port) {
+            let f = match run_scenario(&config, &fd_limit, &bed, sc, &mut port) {
                 Ok((f, errs, n)) => {
                     for e in n {
                         notes.push(format!("round {}, {e}", round + 1));
@@ -387,30 +554,75 @@ pub fn run(config: Config) -> anyhow::Result<Results> {
         }
         rounds.push(figs);
         progress(format!(
+            "round {}/{}: scrape impact ({} scrapes/s)",
+            round + 1,
+            config.rounds,
+            config.scrape_rate
+        ));
+        let t = Instant::now();
+        let f = run_scrape(&config, &bed, round, &mut port).unwrap_or_else(|e| {
+            progress(format!("  failed: {e:#}"));
+            errors.push(format!("round {}, scrape impact: {e:#}", round + 1));
+            Figures::new()
+        });
+        progress(format!(
+            "  ({:.1} s) {}",
+            t.elapsed().as_secs_f64(),
+            summary_line(&f)
+        ));
+        scrape.push(f);
+        progress(format!(
             "round {}/{}: pod churn ({} pods)",
             round + 1,
             config.rounds,
             config.churn_pods
         ));
-        let f = run_churn(&config, round).unwrap_or_else(|e| {
+        let t = Instant::now();
+        let f = run_churn(&config, &bed.scratch.0, round).unwrap_or_else(|e| {
             progress(format!("  failed: {e:#}"));
             errors.push(format!("round {}, pod churn: {e:#}", round + 1));
             Figures::new()
         });
-        progress(format!("  {}", summary_line(&f)));
+        progress(format!(
+            "  ({:.1} s) {}",
+            t.elapsed().as_secs_f64(),
+            summary_line(&f)
+        ));
         churn.push(f);
     }
-    drop(vn);
+    drop(bed);
     Ok(Results {
         machine: machine(),
         config,
         scenarios,
         rounds,
+        scrape,
         churn,
         errors,
         notes,
+        fd_limit,
         wall_secs: t_start.elapsed().as_secs_f64(),
     })
+}
+
+/// Why the large idle count may not be reachable, in one sentence.
+fn fd_limit_note(l: &FdLimit, asked: usize) -> String {
+    let why = if l.cap_sys_resource {
+        "raising it failed".to_string()
+    } else if l.cap_sys_resource_bounding {
+        "this process lacks CAP_SYS_RESOURCE, which raising a hard limit needs".to_string()
+    } else {
+        "CAP_SYS_RESOURCE, which raising a hard limit needs, is not even in this machine's \
+         capability bounding set (CapBnd), so no process here, root included, can raise it"
+            .to_string()
+    };
+    format!(
+        "RLIMIT_NOFILE is {} (hard {}; fs.nr_open {}) and cannot be raised: {why}. \
+         Every process (the load generator, each proxy) is capped at {} open fds, so the large \
+         idle count ({asked} asked) is lowered per scenario to what its proxy's measured fds per \
+         idle connection and the load generator's 2 allow (the count reached is in the table)",
+        l.soft, l.hard, l.nr_open, l.soft
+    )
 }
 
 fn summary_line(f: &Figures) -> String {
@@ -428,87 +640,167 @@ fn next_port(port: &mut u16) -> u16 {
     *port
 }
 
-fn run_scenario(
-    config: &Config,
-    bed: &Bed,
-    sc: &Scenario,
-    port: &mut u16,
-) -> anyhow::Result<(Figures, Vec<String>, Vec<String>)> {
-    let mut f = Figures::new();
-    let (path, proxy) = match sc.kind {
-        Kind::Direct => (bed.direct.clone(), None),
-        Kind::Ringway { mode, fast_path } => {
-            for ns in &bed.proxied_netns {
-                let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings {
-                    capture_mode: mode,
-                    ..ringway_config::ProxySettings::default()
-                });
-                ringway_redirect::apply(ns.fd(), &spec).context("capture rules")?;
+/// The proxies of a scenario together: CPU and RSS are their sums (one
+/// process carries both hops on one node; two nodes have one proxy each).
+struct Proxies(Vec<ProxyChild>);
+
+impl Proxies {
+    fn cpu(&self) -> Option<f64> {
+        (!self.0.is_empty()).then(|| self.0.iter().map(|p| p.cpu_seconds()).sum())
+    }
+
+    fn rss_kib(&self) -> Option<f64> {
+        (!self.0.is_empty()).then(|| self.0.iter().map(|p| p.rss_kib()).sum())
+    }
+
+    fn log_tail(&self) -> String {
+        self.0
+            .iter()
+            .map(|p| p.log_tail())
+            .collect::<Vec<_>>()
+            .join(" / ")
+    }
+}
+
+fn ringway_env(mode: CaptureMode, fast_path: Option<bool>) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        (
+            "RINGWAY_CAPTURE_MODE",
+            match mode {
+                CaptureMode::Tproxy => "tproxy",
+                CaptureMode::Redirect => "redirect",
             }
-            let env = vec![
-                (
-                    "RINGWAY_CAPTURE_MODE",
-                    match mode {
-                        CaptureMode::Tproxy => "tproxy",
-                        CaptureMode::Redirect => "redirect",
-                    }
-                    .to_string(),
-                ),
-                ("RINGWAY_SAME_NODE_FAST_PATH", fast_path.to_string()),
-                ("RINGWAY_DRAIN_PERIOD", "200ms".to_string()),
-            ];
-            let p = ProxyChild::start_ringway(
-                &config.proxy_bin,
-                &env,
-                &bed.proxied_pods,
-                Duration::from_secs(20),
-            )?;
-            (bed.proxied.clone(), Some(p))
+            .to_string(),
+        ),
+        ("RINGWAY_DRAIN_PERIOD", "200ms".to_string()),
+    ];
+    if let Some(f) = fast_path {
+        env.push(("RINGWAY_SAME_NODE_FAST_PATH", f.to_string()));
+    }
+    env
+}
+
+fn capture(pods: &[&Pod], mode: CaptureMode) -> anyhow::Result<()> {
+    let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings {
+        capture_mode: mode,
+        ..ringway_config::ProxySettings::default()
+    });
+    for p in pods {
+        ringway_redirect::apply(p.netns.fd(), &spec)
+            .with_context(|| format!("capture rules in {}", p.name))?;
+    }
+    Ok(())
+}
+
+fn pod_arg(p: &Pod) -> (String, PathBuf) {
+    (p.name.clone(), p.netns.path().to_path_buf())
+}
+
+/// Starts what carries a scenario's traffic; returns the path the load
+/// generator uses and the proxies to measure.
+fn start(config: &Config, bed: &Bed, sc: &Scenario) -> anyhow::Result<(Path, Proxies)> {
+    let (client, server) = bed.pods(sc);
+    let mut path = Bed::path(client, server);
+    let proxies = match sc.kind {
+        Kind::Direct => Vec::new(),
+        Kind::Ringway {
+            mode,
+            fast_path,
+            hbone,
+        } => {
+            capture(&[client, server], mode)?;
+            // HBONE's settings (fast path off) come from its YAML file.
+            let env = ringway_env(mode, (!hbone).then_some(fast_path));
+            let config_file = hbone.then(|| bed.hbone_config.clone());
+            let groups: Vec<Vec<&Pod>> = if sc.two_nodes {
+                vec![vec![client], vec![server]]
+            } else {
+                vec![vec![client, server]]
+            };
+            let mut v = Vec::new();
+            for (i, pods) in groups.iter().enumerate() {
+                let mut args =
+                    ProxyArgs::pods(&pods.iter().map(|p| pod_arg(p)).collect::<Vec<_>>());
+                args.config = config_file.clone();
+                // Endpoints on (the real binary always serves them): the
+                // metrics tell whether the traffic really rode HBONE.
+                args.control = true;
+                args.control_host = Ipv4Addr::new(127, 0, 0, 1 + i as u8);
+                v.push(ProxyChild::start_ringway(
+                    &config.proxy_bin,
+                    &env,
+                    &args,
+                    Duration::from_secs(20),
+                )?);
+            }
+            v
         }
         Kind::Haproxy => {
-            let (bin, node, node_ip, server_ip) =
-                bed.haproxy.clone().context("haproxy not installed")?;
-            let cfg_path = std::env::temp_dir()
-                .join(format!("ringway-bench-haproxy-{}.cfg", std::process::id()));
+            let bin = haproxy_binary().context("haproxy not installed")?;
+            let node_ip = IpAddr::V4(Ipv4Addr::new(10, 244, bed.n1.index, 1));
+            let cfg_path = bed.scratch.0.join("haproxy.cfg");
             std::fs::write(
                 &cfg_path,
                 haproxy_config(
                     node_ip,
                     (PORT_BASE, PORT_BASE + PORT_SPAN),
-                    server_ip,
-                    config.idle[1] + 1_000,
+                    server.ip(false),
+                    haproxy_maxconn(),
                 ),
             )?;
             let mut cmd = std::process::Command::new(bin);
             cmd.arg("-db").arg("-f").arg(&cfg_path);
-            let p = node.run(|| ProxyChild::spawn(cmd, None, Duration::ZERO))?;
-            let mut path = bed.direct.clone();
+            let p = bed
+                .n1
+                .node
+                .run(|| ProxyChild::spawn(cmd, None, Duration::ZERO))?;
             path.connect = SocketAddr::new(node_ip, PORT_BASE);
             // Ready once its listener accepts.
             let probe = SocketAddr::new(node_ip, PORT_BASE + PORT_SPAN);
             let t0 = Instant::now();
-            while bed
-                .direct
+            while path
                 .client
                 .run(|| std::net::TcpStream::connect_timeout(&probe, Duration::from_millis(200)))
                 .is_err()
             {
                 if t0.elapsed() > Duration::from_secs(10) {
-                    anyhow::bail!("haproxy not listening after 10 s:\n{}", p.log_tail());
+                    bail!("haproxy not listening after 10 s:\n{}", p.log_tail());
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            (path, Some(p))
+            vec![p]
         }
     };
-    let cpu = |p: &Option<ProxyChild>| p.as_ref().map(|p| p.cpu_seconds());
+    Ok((path, Proxies(proxies)))
+}
+
+/// HAProxy's maxconn: what the fd limit lets it hold. HAProxy refuses to
+/// start unless it can have 2 fds per connection plus one per listening port
+/// (1,000 here) and a few of its own.
+fn haproxy_maxconn() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(s, _)| s)
+        .unwrap_or(1024);
+    (soft.saturating_sub(u64::from(PORT_SPAN) + 1 + 200) / 2) as usize
+}
+
+fn run_scenario(
+    config: &Config,
+    limit: &FdLimit,
+    bed: &Bed,
+    sc: &Scenario,
+    port: &mut u16,
+) -> anyhow::Result<(Figures, Vec<String>, Vec<String>)> {
+    let mut f = Figures::new();
+    let (path, proxies) = start(config, bed, sc)?;
+    let proxied = !proxies.0.is_empty();
     let mut errors = Vec::new();
     let mut notes = Vec::new();
     // A failed measurement is recorded (with the proxy's last log lines) and
     // the others still run: the report shows the hole and why.
-    let mut record = |what: &str, r: anyhow::Result<()>, p: &Option<ProxyChild>| {
+    let mut record = |what: &str, r: anyhow::Result<()>, p: &Proxies| {
         if let Err(e) = r {
-            let tail = p.as_ref().map(|p| p.log_tail()).unwrap_or_default();
+            let tail = p.log_tail();
             progress(format!("  {what} failed: {e:#}"));
             errors.push(if tail.is_empty() {
                 format!("{what}: {e:#}")
@@ -517,14 +809,17 @@ fn run_scenario(
             });
         }
     };
-    if let Some(p) = &proxy {
-        std::thread::sleep(Duration::from_millis(200));
-        f.insert("rss_idle_mib".into(), p.rss_kib() / 1024.0);
+    if proxied {
+        std::thread::sleep(config.settle);
+        f.insert(
+            "rss_idle_mib".into(),
+            proxies.rss_kib().unwrap_or(f64::NAN) / 1024.0,
+        );
     }
     // Throughput, one stream and N.
     for (key, streams) in [("1", 1), ("n", config.streams)] {
         let r = (|| {
-            let c0 = cpu(&proxy);
+            let c0 = proxies.cpu();
             let t = load::throughput(
                 &path.on_port(next_port(port)),
                 streams,
@@ -535,36 +830,30 @@ fn run_scenario(
             if key == "1" {
                 f.insert("gen_cpu_s_per_gb".into(), t.gen_cpu / gb);
             }
-            if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
+            if let (Some(c0), Some(c1)) = (c0, proxies.cpu()) {
                 let k = if key == "1" { "" } else { "_n" };
                 f.insert(format!("cpu_s_per_gb{k}"), (c1 - c0) / gb);
             }
             Ok(())
         })();
-        record(&format!("throughput, {streams} stream(s)"), r, &proxy);
+        record(&format!("throughput, {streams} stream(s)"), r, &proxies);
     }
     // Latency at a fixed rate.
     let r = (|| {
-        let c0 = cpu(&proxy);
+        let c0 = proxies.cpu();
         let l = load::latency(
             &path.on_port(next_port(port)),
             config.rps,
             config.lat_conns,
             Duration::from_secs_f64(config.lat_secs),
         )?;
-        for (k, q) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
-            f.insert(
-                format!("lat_{k}_us"),
-                l.hist.value_at_quantile(q / 100.0) as f64 / 1e3,
-            );
-        }
-        f.insert("lat_max_us".into(), l.hist.max() as f64 / 1e3);
+        insert_latency(&mut f, "lat", &l);
         f.insert(
             "gen_late_p99_us".into(),
             l.lateness.value_at_quantile(0.99) as f64 / 1e3,
         );
         f.insert("lat_rps".into(), l.requests as f64 / l.secs);
-        if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
+        if let (Some(c0), Some(c1)) = (c0, proxies.cpu()) {
             f.insert(
                 "cpu_s_per_1k_req".into(),
                 (c1 - c0) / (l.requests as f64 / 1e3),
@@ -572,10 +861,10 @@ fn run_scenario(
         }
         Ok(())
     })();
-    record("latency", r, &proxy);
+    record("latency", r, &proxies);
     // Connection rate.
     let r = (|| {
-        let c0 = cpu(&proxy);
+        let c0 = proxies.cpu();
         let cr = load::conn_rate(
             &path.on_port(next_port(port)),
             config.conn_threads,
@@ -592,26 +881,45 @@ fn run_scenario(
                 cr.failures + cr.conns
             ));
         }
-        if let (Some(c0), Some(c1)) = (c0, cpu(&proxy)) {
+        if let (Some(c0), Some(c1)) = (c0, proxies.cpu()) {
             f.insert("cpu_us_per_conn".into(), (c1 - c0) / cr.conns as f64 * 1e6);
         }
         Ok(())
     })();
-    record("connection rate", r, &proxy);
-    // Idle connections: proxy RSS with each count open.
-    for (key, n) in [("small", config.idle[0]), ("large", config.idle[1])] {
+    record("connection rate", r, &proxies);
+    // Idle connections: proxy RSS with each count open. The small count also
+    // tells how many fds an idle connection holds in each proxy, which bounds
+    // the large count under the fd limit.
+    let mut large = config.idle[1];
+    for (key, asked) in [("small", config.idle[0]), ("large", config.idle[1])] {
         let r = (|| {
             // Let the proxy finish closing the previous run's sockets so
             // "before" is its idle state again.
-            std::thread::sleep(Duration::from_millis(300));
-            let before = proxy.as_ref().map(|p| p.rss_kib());
+            std::thread::sleep(config.settle);
+            let n = if key == "large" { large } else { asked };
+            let before = proxies.rss_kib();
+            let fds_before: Vec<usize> = proxies.0.iter().map(|p| p.fds()).collect();
+            let gen_before = crate::child::proc_fd_count(std::process::id());
+            let kinds_before: Vec<_> = proxies
+                .0
+                .iter()
+                .map(|p| crate::child::proc_fd_kinds(p.pid))
+                .collect();
             let idle = load::open_idle(&path.on_port(next_port(port)), n)?;
-            std::thread::sleep(Duration::from_millis(300));
-            if let (Some(p), Some(before)) = (&proxy, before) {
-                let rss = p.rss_kib();
+            std::thread::sleep(config.settle);
+            if std::env::var_os("RINGWAY_BENCH_FD_DUMP").is_some() {
+                for (p, b) in proxies.0.iter().zip(&kinds_before) {
+                    progress(format!(
+                        "  fds of {} with {n} idle: {:?} (before: {b:?})",
+                        p.pid,
+                        crate::child::proc_fd_kinds(p.pid)
+                    ));
+                }
+            }
+            if let (Some(rss), Some(before)) = (proxies.rss_kib(), before) {
                 f.insert(format!("rss_{key}_mib"), rss / 1024.0);
+                let per = (rss - before) / idle.len() as f64;
                 if key == "large" {
-                    let per = (rss - before) / idle.len() as f64;
                     f.insert("kib_per_idle_conn".into(), per);
                     let est = if idle.len() >= config.idle_target {
                         rss
@@ -621,12 +929,62 @@ fn run_scenario(
                     f.insert("rss_target_idle_mib".into(), est / 1024.0);
                 }
             }
+            if key == "small" {
+                // fds each process holds per idle connection; the large count
+                // is what the tightest process can hold under the limit.
+                let margin = 600u64;
+                let soft = limit.soft;
+                let mut cap = soft.saturating_sub(gen_before as u64 + margin) / 2;
+                let mut per_conn_total = 0.0;
+                for (p, b) in proxies.0.iter().zip(&fds_before) {
+                    let per = (p.fds().saturating_sub(*b) as f64 / n.max(1) as f64).max(1.0);
+                    per_conn_total += per;
+                    cap = cap.min((soft.saturating_sub(*b as u64 + margin) as f64 / per) as u64);
+                }
+                if sc.kind == Kind::Haproxy {
+                    cap = cap.min(haproxy_maxconn().saturating_sub(100) as u64);
+                }
+                if proxied {
+                    f.insert("fds_per_idle_conn".into(), per_conn_total);
+                }
+                let cap = (cap / 100 * 100) as usize;
+                if cap < config.idle[1] {
+                    large = cap.max(n);
+                }
+            } else {
+                f.insert("idle_large_n".into(), idle.len() as f64);
+            }
             drop(idle);
             Ok(())
         })();
-        record(&format!("{n} idle connections"), r, &proxy);
+        record(&format!("{asked} idle connections"), r, &proxies);
     }
-    if let Some(mut p) = proxy {
+    // The traffic took the path the scenario says: every connection the
+    // client-side proxy opened was mutual TLS with HBONE, none without.
+    if let Kind::Ringway { hbone, .. } = sc.kind {
+        let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
+        match opened_by_security(metrics) {
+            Ok(m) => {
+                let mtls = m.get("mutual_tls").copied().unwrap_or(0.0);
+                let plain = m.get("none").copied().unwrap_or(0.0);
+                let ok = if hbone {
+                    mtls > 0.0 && plain == 0.0
+                } else {
+                    mtls == 0.0 && plain > 0.0
+                };
+                if !ok {
+                    errors.push(format!(
+                        "connections opened by security policy, as the client-side proxy reports them: {m:?}; \
+                         want {} only",
+                        if hbone { "mutual_tls" } else { "none" }
+                    ));
+                }
+            }
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    let mut proxies = proxies;
+    for p in &mut proxies.0 {
         if !p.alive() {
             errors.push(format!(
                 "the proxy exited during the scenario: {}",
@@ -638,10 +996,214 @@ fn run_scenario(
     Ok((f, errors, notes))
 }
 
-/// Pod churn: `churn_pods` bare pod namespaces (lo only: the proxy's side of
-/// enrollment, no veth) handed to a fresh proxy on its command line; time to
-/// serving and RSS against a proxy with no pods.
-fn run_churn(config: &Config, round: usize) -> anyhow::Result<Figures> {
+fn insert_latency(f: &mut Figures, prefix: &str, l: &load::Latency) {
+    for (k, q) in [("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9)] {
+        f.insert(
+            format!("{prefix}_{k}_us"),
+            l.hist.value_at_quantile(q / 100.0) as f64 / 1e3,
+        );
+    }
+    f.insert(format!("{prefix}_max_us"), l.hist.max() as f64 / 1e3);
+}
+
+/// One HTTP/1.1 GET with `Connection: close`; returns the body's length.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    if !out.starts_with(b"HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!(
+            "GET {path}: {}",
+            String::from_utf8_lossy(&out[..out.len().min(60)])
+        )));
+    }
+    let start = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4)
+        .unwrap_or(out.len());
+    Ok(out.split_off(start))
+}
+
+/// Connections a proxy reported opening as the source side, by
+/// `connection_security_policy` (`mutual_tls`, `none`), from its `/metrics`.
+fn opened_by_security(metrics: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
+    let body = http_get(metrics, "/metrics").context("scraping the proxy's /metrics")?;
+    let mut m = BTreeMap::new();
+    for line in String::from_utf8_lossy(&body).lines() {
+        let Some(rest) = line.strip_prefix("istio_tcp_connections_opened_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        if !labels.contains("reporter=\"source\"") {
+            continue;
+        }
+        let policy = labels
+            .split("connection_security_policy=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("")
+            .to_string();
+        *m.entry(policy).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(m)
+}
+
+/// What the scraper did.
+struct Scraped {
+    scrapes: u64,
+    secs: f64,
+    metrics_bytes: usize,
+    durations_ms: Vec<f64>,
+    error: Option<String>,
+}
+
+/// Scrapes `GET /metrics` then `GET /config_dump` at `rate` per second until
+/// `stop` (and at most `max` times).
+fn scraper(
+    metrics: SocketAddr,
+    admin: SocketAddr,
+    rate: f64,
+    max: u64,
+    stop: Arc<AtomicBool>,
+) -> Scraped {
+    let interval = Duration::from_secs_f64(1.0 / rate.max(0.1));
+    let t0 = Instant::now();
+    let mut out = Scraped {
+        scrapes: 0,
+        secs: 0.0,
+        metrics_bytes: 0,
+        durations_ms: Vec::new(),
+        error: None,
+    };
+    while !stop.load(Ordering::Relaxed) && out.scrapes < max {
+        let at = t0 + interval.mul_f64(out.scrapes as f64);
+        let now = Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+        let t = Instant::now();
+        match http_get(metrics, "/metrics").and_then(|b| http_get(admin, "/config_dump").map(|_| b))
+        {
+            Ok(b) => {
+                out.metrics_bytes = b.len();
+                out.durations_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                out.scrapes += 1;
+            }
+            Err(e) => {
+                out.error.get_or_insert_with(|| e.to_string());
+                break;
+            }
+        }
+    }
+    out.secs = t0.elapsed().as_secs_f64();
+    out
+}
+
+/// Scrape impact: the default scenario (TPROXY fast path), one proxy, the
+/// same fixed-rate latency run twice: alone, and with a scraper hitting
+/// `/metrics` (15020) and `/config_dump` (15000) `scrape_rate` times a
+/// second. The order alternates with the round.
+fn run_scrape(config: &Config, bed: &Bed, round: usize, port: &mut u16) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let (client, server) = (bed.n1.pod(2), bed.n1.pod(3));
+    capture(&[client, server], CaptureMode::Tproxy)?;
+    let mut args = ProxyArgs::pods(&[pod_arg(client), pod_arg(server)]);
+    args.control = true;
+    let host = args.control_host;
+    let mut proxy = ProxyChild::start_ringway(
+        &config.proxy_bin,
+        &ringway_env(CaptureMode::Tproxy, Some(true)),
+        &args,
+        Duration::from_secs(20),
+    )?;
+    let metrics = SocketAddr::new(IpAddr::V4(host), 15020);
+    let admin = SocketAddr::new(IpAddr::V4(host), 15000);
+    let path = Bed::path(client, server);
+    // Series to encode: a few hundred connections first.
+    load::conn_rate(
+        &path.on_port(next_port(port)),
+        1,
+        Duration::from_millis(300),
+        200,
+    )?;
+    let dur = Duration::from_secs_f64(config.lat_secs);
+    let order = if round.is_multiple_of(2) {
+        [false, true]
+    } else {
+        [true, false]
+    };
+    for with in order {
+        let key = if with { "on" } else { "off" };
+        let stop = Arc::new(AtomicBool::new(false));
+        let scrape = with.then(|| {
+            let stop = stop.clone();
+            let max = (config.lat_secs * config.scrape_rate).ceil() as u64 + 5;
+            let rate = config.scrape_rate;
+            std::thread::spawn(move || scraper(metrics, admin, rate, max, stop))
+        });
+        let (c0, w0) = (
+            proxy.thread_cpu_seconds("ringway-control"),
+            proxy.thread_cpu_seconds("ringway-worker"),
+        );
+        let l = load::latency(
+            &path.on_port(next_port(port)),
+            config.rps,
+            config.lat_conns,
+            dur,
+        );
+        stop.store(true, Ordering::Relaxed);
+        let scraped = scrape.map(|h| h.join().expect("scraper thread"));
+        let (c1, w1) = (
+            proxy.thread_cpu_seconds("ringway-control"),
+            proxy.thread_cpu_seconds("ringway-worker"),
+        );
+        let l = l?;
+        insert_latency(&mut f, &format!("scrape_{key}"), &l);
+        f.insert(
+            format!("scrape_{key}_worker_cpu_s_per_1k_req"),
+            (w1 - w0) / (l.requests as f64 / 1e3),
+        );
+        if let Some(s) = scraped {
+            if let Some(e) = s.error {
+                bail!("scraper: {e}");
+            }
+            if s.scrapes == 0 {
+                bail!("no scrape completed");
+            }
+            f.insert("scrapes_per_s".into(), s.scrapes as f64 / s.secs);
+            f.insert("metrics_kib".into(), s.metrics_bytes as f64 / 1024.0);
+            f.insert("scrape_ms_p50".into(), crate::median(&s.durations_ms));
+            f.insert(
+                "control_cpu_ms_per_scrape".into(),
+                (c1 - c0) * 1e3 / s.scrapes as f64,
+            );
+        }
+    }
+    if !proxy.alive() {
+        bail!("the proxy exited: {}", proxy.log_tail());
+    }
+    proxy.stop();
+    Ok(f)
+}
+
+/// Pod churn, two ways over the same `churn_pods` bare pod namespaces (lo
+/// only):
+/// 1. handed to a fresh proxy on its command line: time from process start
+///    to every pod's listeners open, RSS against a proxy with no pods;
+/// 2. enrolled one after another by a CNI ADD through the plugin's library
+///    entry (`ringway_cni::run`, what the `ringway-cni` binary runs) over the
+///    node agent's socket: the agent (in this process) applies the capture
+///    rules in the pod and hands the netns to a fresh proxy over ZDS, which
+///    acks once the pod's listeners are open; each ADD timed end to end.
+fn run_churn(config: &Config, scratch: &FsPath, round: usize) -> anyhow::Result<Figures> {
     let mut f = Figures::new();
     let t0 = Instant::now();
     let mut pods = Vec::with_capacity(config.churn_pods);
@@ -650,20 +1212,28 @@ fn run_churn(config: &Config, round: usize) -> anyhow::Result<Figures> {
     }
     f.insert("netns_create_s".into(), t0.elapsed().as_secs_f64());
     let env = vec![("RINGWAY_DRAIN_PERIOD", "200ms".to_string())];
-    let mut empty =
-        ProxyChild::start_ringway(&config.proxy_bin, &env, &[], Duration::from_secs(20))?;
-    std::thread::sleep(Duration::from_millis(200));
+    let mut empty = ProxyChild::start_ringway(
+        &config.proxy_bin,
+        &env,
+        &ProxyArgs::pods(&[]),
+        Duration::from_secs(20),
+    )?;
+    std::thread::sleep(config.settle);
     let rss0 = empty.rss_kib();
     empty.stop();
     let specs: Vec<(String, PathBuf)> = pods
         .iter()
         .map(|p| (p.name().to_string(), p.path().to_path_buf()))
         .collect();
-    let mut full =
-        ProxyChild::start_ringway(&config.proxy_bin, &env, &specs, Duration::from_secs(120))?;
+    let mut full = ProxyChild::start_ringway(
+        &config.proxy_bin,
+        &env,
+        &ProxyArgs::pods(&specs),
+        Duration::from_secs(120),
+    )?;
     let startup = full.startup;
     let cpu = full.cpu_seconds();
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(config.settle);
     let rss = full.rss_kib();
     full.stop();
     f.insert("enroll_s".into(), startup.as_secs_f64());
@@ -674,8 +1244,244 @@ fn run_churn(config: &Config, round: usize) -> anyhow::Result<Figures> {
         "kib_per_pod".into(),
         (rss - rss0) / config.churn_pods.max(1) as f64,
     );
+    cni_churn(config, scratch, round, &pods, &mut f)?;
     drop(pods);
     Ok(f)
+}
+
+fn cni_churn(
+    config: &Config,
+    scratch: &FsPath,
+    round: usize,
+    pods: &[Netns],
+    f: &mut Figures,
+) -> anyhow::Result<()> {
+    let dir = scratch.join(format!("agent{round}"));
+    std::fs::create_dir_all(&dir)?;
+    let settings = ringway_config::ProxySettings::default();
+    let agent = ringway_cni::node::NodeAgent::start(ringway_cni::node::AgentConfig {
+        zds_socket: dir.join("zds.sock"),
+        cni_socket: dir.join("cni.sock"),
+        capture: ringway_proxy::capture_spec(&settings),
+        // Nothing to rediscover: no netns dirs, an empty procfs stand-in.
+        netns_dirs: vec![],
+        proc_root: dir.clone(),
+        node_name: "node1".into(),
+        reconcile_interval: Duration::from_secs(3600),
+        ..ringway_cni::node::AgentConfig::default()
+    })
+    .context("starting the node agent")?;
+    let mut args = ProxyArgs::pods(&[]);
+    args.zds_socket = Some(dir.join("zds.sock"));
+    let mut proxy = ProxyChild::start_ringway(
+        &config.proxy_bin,
+        &[("RINGWAY_DRAIN_PERIOD", "200ms".to_string())],
+        &args,
+        Duration::from_secs(20),
+    )?;
+    let t = Instant::now();
+    while !agent.proxies().iter().any(|p| p.ready) {
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!(
+                "the proxy never said hello to the agent: {}",
+                proxy.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(config.settle);
+    let rss0 = proxy.rss_kib();
+    let mut lat_ms = Vec::with_capacity(pods.len());
+    let t_all = Instant::now();
+    for (i, ns) in pods.iter().enumerate() {
+        let took = cni_add(&dir.join("cni.sock"), ns, i)
+            .with_context(|| format!("CNI ADD of pod {i} ({})", ns.name()))?;
+        lat_ms.push(took.as_secs_f64() * 1e3);
+    }
+    let total = t_all.elapsed().as_secs_f64();
+    std::thread::sleep(config.settle);
+    let rss = proxy.rss_kib();
+    let enrolled = agent.pods().len();
+    if enrolled != pods.len() {
+        bail!("the agent holds {enrolled} pods after {} ADDs", pods.len());
+    }
+    lat_ms.sort_by(f64::total_cmp);
+    let q = |p: f64| lat_ms[((lat_ms.len() as f64 * p).ceil() as usize).clamp(1, lat_ms.len()) - 1];
+    f.insert("cni_add_p50_ms".into(), q(0.50));
+    f.insert("cni_add_p90_ms".into(), q(0.90));
+    f.insert("cni_add_p99_ms".into(), q(0.99));
+    f.insert("cni_add_max_ms".into(), *lat_ms.last().unwrap_or(&f64::NAN));
+    f.insert("cni_add_total_s".into(), total);
+    f.insert(
+        "cni_kib_per_pod".into(),
+        (rss - rss0) / pods.len().max(1) as f64,
+    );
+    if !proxy.alive() {
+        bail!("the proxy exited: {}", proxy.log_tail());
+    }
+    proxy.stop();
+    agent.shutdown();
+    Ok(())
+}
+
+/// One CNI ADD for churn pod `i` as a container runtime makes it: `CNI_*`
+/// variables and the chained config with the primary plugin's result, through
+/// the plugin code over the agent's socket. Times the whole call.
+fn cni_add(agent_socket: &FsPath, ns: &Netns, i: usize) -> anyhow::Result<Duration> {
+    let name = ns.name().to_string();
+    let env: std::collections::HashMap<String, String> = [
+        ("CNI_COMMAND", "ADD".to_string()),
+        ("CNI_CONTAINERID", format!("bench-{name}")),
+        ("CNI_NETNS", ns.path().display().to_string()),
+        ("CNI_IFNAME", "eth0".to_string()),
+        (
+            "CNI_ARGS",
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={name};K8S_POD_UID=uid-{name}"),
+        ),
+        ("CNI_PATH", "/opt/cni/bin".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    // Addresses the primary plugin would have given (the pod holds none:
+    // only the capture rules' exclusions use them).
+    let v4 = Ipv4Addr::new(10, 250, (i / 250) as u8, (i % 250 + 2) as u8);
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "bench-net",
+        "type": "ringway-cni",
+        "agentSocket": agent_socket,
+        "prevResult": {
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": ns.path()}],
+            "ips": [{"address": format!("{v4}/16"), "interface": 0}]
+        }
+    })
+    .to_string();
+    let t0 = Instant::now();
+    let out = ringway_cni::run(
+        &env,
+        conf.as_bytes(),
+        &ringway_cni::node::UnixAgent::default(),
+    );
+    let took = t0.elapsed();
+    if out.exit_code != 0 {
+        bail!("exit {}: {}", out.exit_code, out.stdout);
+    }
+    Ok(took)
+}
+
+/// What `profile` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// The connection-rate loop through the default scenario (TPROXY fast path).
+    ConnRate,
+    /// One stream through HBONE on one node.
+    HboneStream,
+    /// `churn_pods` CNI ADDs one after another (plugin, agent, ZDS, proxy).
+    CniAdd,
+}
+
+fn start_perf(out: Option<&FsPath>, secs: f64) -> anyhow::Result<Option<std::process::Child>> {
+    let Some(out) = out else {
+        return Ok(None);
+    };
+    let mut cmd = std::process::Command::new("perf");
+    cmd.args(["record", "-a", "-g", "-o"])
+        .arg(out)
+        .args(["--", "sleep"])
+        .arg(format!("{secs}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    Ok(Some(cmd.spawn().context("starting perf record")?))
+}
+
+/// One measurement alone for `secs`, with `perf record -a -g` running beside
+/// it when `perf_out` is given (the proxy's pid is printed for `perf report
+/// --pid`; its threads are named `ringway-worker-N`). Returns a summary line.
+pub fn profile(
+    config: &Config,
+    what: Profile,
+    secs: f64,
+    perf_out: Option<&FsPath>,
+) -> anyhow::Result<String> {
+    let bed = Bed::build()?;
+    if what == Profile::CniAdd {
+        let pods = (0..config.churn_pods)
+            .map(|i| Netns::create(&format!("churn-{i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        progress(format!(
+            "profile: {} CNI ADDs (perf for {secs} s)",
+            pods.len()
+        ));
+        let mut perf = start_perf(perf_out, secs)?;
+        std::thread::sleep(Duration::from_millis(300));
+        let mut f = Figures::new();
+        cni_churn(config, &bed.scratch.0, 0, &pods, &mut f)?;
+        if let Some(p) = perf.as_mut() {
+            let _ = p.wait();
+        }
+        return Ok(summary_line(&f));
+    }
+    let all = scenarios(false);
+    let key = match what {
+        Profile::ConnRate => "tproxy_fast",
+        Profile::HboneStream => "hbone_1node",
+        Profile::CniAdd => unreachable!("measured above"),
+    };
+    let sc = all.iter().find(|s| s.key == key).expect("scenario");
+    let (path, proxies) = start(config, &bed, sc)?;
+    let proxy = &proxies.0[0];
+    progress(format!(
+        "profile: {what:?} through {} for {secs} s; proxy pid {}",
+        sc.name, proxy.pid
+    ));
+    // Warm up (pipe pool, metrics series, the HBONE pool) before recording.
+    load::conn_rate(
+        &path.on_port(PORT_BASE + 1),
+        config.conn_threads,
+        Duration::from_millis(500),
+        2_000,
+    )?;
+    let mut perf = start_perf(perf_out, secs)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let c0 = proxy.cpu_seconds();
+    let dur = Duration::from_secs_f64((secs - 0.6).max(0.5));
+    let line = match what {
+        Profile::ConnRate => {
+            let cr = load::conn_rate(
+                &path.on_port(PORT_BASE + 2),
+                config.conn_threads,
+                dur,
+                (secs * 100_000.0) as u64,
+            )?;
+            let c1 = proxy.cpu_seconds();
+            format!(
+                "{} connections in {:.1} s: {:.0} conn/s, {} failed; proxy {:.1} CPU-µs per connection",
+                cr.conns,
+                cr.secs,
+                cr.conns as f64 / cr.secs,
+                cr.failures,
+                (c1 - c0) / cr.conns as f64 * 1e6
+            )
+        }
+        Profile::CniAdd => unreachable!("measured above"),
+        Profile::HboneStream => {
+            let t = load::throughput(&path.on_port(PORT_BASE + 2), 1, dur)?;
+            let c1 = proxy.cpu_seconds();
+            format!(
+                "{:.2} Gbit/s over one stream for {:.1} s; proxy {:.3} CPU-s/GB",
+                t.gbps(),
+                t.secs,
+                (c1 - c0) / (t.bytes as f64 / 1e9)
+            )
+        }
+    };
+    if let Some(p) = perf.as_mut() {
+        let _ = p.wait();
+    }
+    drop(proxies);
+    Ok(line)
 }
 
 fn machine() -> Vec<(String, String)> {
