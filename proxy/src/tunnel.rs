@@ -330,20 +330,15 @@ pub async fn outbound_pump(
         })
         .inc();
     // Counters advance as bytes move, as on the splice path.
-    let client = Metered {
-        io: client,
-        read: Meter {
-            total: &cx.stats.bytes_to_upstream,
-            counters: vec![cx.metrics.received.get_or_create(labels).clone()],
-        },
-        write: Meter {
-            total: &cx.stats.bytes_to_client,
-            counters: vec![cx.metrics.sent.get_or_create(labels).clone()],
-        },
-        read_n: 0,
-        write_n: 0,
+    let up_meter = Meter {
+        total: &cx.stats.bytes_to_upstream,
+        counters: vec![cx.metrics.received.get_or_create(labels).clone()],
     };
-    let (up, down, end) = pump(client, stream).await;
+    let down_meter = Meter {
+        total: &cx.stats.bytes_to_client,
+        counters: vec![cx.metrics.sent.get_or_create(labels).clone()],
+    };
+    let (up, down, end) = pump(client, stream, &up_meter, &down_meter).await;
     cx.metrics.closed.get_or_create(labels).inc();
     tracing::event!(
         target: "access",
@@ -432,18 +427,144 @@ pub async fn open_outbound(
 /// Copies both ways with half-close passed on (FIN <-> END_STREAM); an error
 /// on either side resets both (TCP RST, RST_STREAM).
 async fn pump(
-    mut client: Metered<'_>,
+    client: TcpStream,
     mut stream: ringway_hbone::HboneStream,
+    up_meter: &Meter<'_>,
+    down_meter: &Meter<'_>,
 ) -> (u64, u64, String) {
-    match tokio::io::copy_bidirectional(&mut client, &mut stream).await {
-        Ok((up, down)) => (up, down, "eof".to_string()),
+    let (mut up, mut down) = (0u64, 0u64);
+    match pump_both(
+        &client,
+        &mut stream,
+        up_meter,
+        down_meter,
+        &mut up,
+        &mut down,
+    )
+    .await
+    {
+        Ok(()) => (up, down, "eof".to_string()),
         Err(e) => {
-            sys::tcp_abort(client.io.as_fd());
+            sys::tcp_abort(client.as_fd());
             stream.reset();
-            // What moved before the failure (the copy's own totals are lost).
-            (client.read_n, client.write_n, format!("reset: {e}"))
+            (up, down, format!("reset: {e}"))
         }
     }
+}
+
+/// Largest read from a client socket at once. The buffer is one per worker
+/// thread, reused: a connection holds no buffer while it waits, and bytes
+/// leave it at once as a `Bytes` handed to HTTP/2 without another copy.
+const READ_CHUNK: usize = 256 * 1024;
+
+thread_local! {
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_CHUNK]);
+}
+
+/// Both directions of a tunnelled connection in one task, driven by
+/// readiness: client -> stream reads up to [`READ_CHUNK`] per wake-up;
+/// stream -> client writes each DATA chunk as it arrived. EOF on one side
+/// becomes END_STREAM / `shutdown(SHUT_WR)` on the other; an error ends both.
+async fn pump_both(
+    client: &TcpStream,
+    stream: &mut ringway_hbone::HboneStream,
+    up_meter: &Meter<'_>,
+    down_meter: &Meter<'_>,
+    up: &mut u64,
+    down: &mut u64,
+) -> io::Result<()> {
+    use std::task::Poll;
+    let mut to_stream = bytes::Bytes::new();
+    let mut to_client = bytes::Bytes::new();
+    let (mut up_done, mut down_done) = (false, false);
+    std::future::poll_fn(|cx| {
+        // A busy connection yields after this many chunks per wake-up, so
+        // the worker's other connections get their turn.
+        let (mut up_budget, mut down_budget, mut yielded) = (16u32, 16u32, false);
+        // client -> tunnel
+        while !up_done {
+            if up_budget == 0 {
+                yielded = true;
+                break;
+            }
+            up_budget -= 1;
+            if !to_stream.is_empty() {
+                match stream.poll_send(cx, &mut to_stream) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
+                }
+            }
+            match client.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
+            }
+            let read = READ_BUF.with(|b| {
+                let mut b = b.borrow_mut();
+                client
+                    .try_read(&mut b)
+                    .map(|n| bytes::Bytes::copy_from_slice(&b[..n]))
+            });
+            match read {
+                Ok(b) if b.is_empty() => {
+                    stream.finish()?;
+                    up_done = true;
+                }
+                Ok(b) => {
+                    up_meter.add(b.len() as u64);
+                    *up += b.len() as u64;
+                    to_stream = b;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        // tunnel -> client
+        while !down_done {
+            if down_budget == 0 {
+                yielded = true;
+                break;
+            }
+            down_budget -= 1;
+            if !to_client.is_empty() {
+                match client.poll_write_ready(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
+                }
+                match client.try_write(&to_client) {
+                    Ok(n) => {
+                        let _ = to_client.split_to(n);
+                        down_meter.add(n as u64);
+                        *down += n as u64;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+                continue;
+            }
+            match stream.poll_chunk(cx) {
+                Poll::Ready(Ok(Some(b))) => to_client = b,
+                Poll::Ready(Ok(None)) => {
+                    // The client may be gone already; its own reads tell.
+                    let _ = sys::shutdown_write(client.as_fd());
+                    down_done = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
+            }
+        }
+        if up_done && down_done {
+            return Poll::Ready(Ok(()));
+        }
+        if yielded {
+            // More to do right away: come back after the others.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Serves one accepted connection of a pod's tunnel listener: TLS with the
@@ -650,63 +771,5 @@ impl Drop for InboundObserver {
             security = "mutual_tls",
             "connection closed"
         );
-    }
-}
-
-/// The client's stream, counting what is read from it (request direction)
-/// and written to it (response direction).
-struct Metered<'a> {
-    io: TcpStream,
-    read: Meter<'a>,
-    write: Meter<'a>,
-    read_n: u64,
-    write_n: u64,
-}
-
-impl tokio::io::AsyncRead for Metered<'_> {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut this.io).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            this.read.add(n as u64);
-            this.read_n += n as u64;
-        }
-        r
-    }
-}
-
-impl tokio::io::AsyncWrite for Metered<'_> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let r = std::pin::Pin::new(&mut this.io).poll_write(cx, buf);
-        if let std::task::Poll::Ready(Ok(n)) = &r {
-            this.write.add(*n as u64);
-            this.write_n += *n as u64;
-        }
-        r
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }

@@ -60,6 +60,74 @@ impl HboneStream {
         self.send.stream_id().as_u32()
     }
 
+    /// The peer's next bytes as they arrived (no copy): `None` once the peer
+    /// half-closed (END_STREAM). For pumps that write each chunk straight to
+    /// a socket instead of reading into a buffer of their own.
+    pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
+        if !self.buf.is_empty() {
+            return Poll::Ready(Ok(Some(std::mem::take(&mut self.buf))));
+        }
+        if self.read_eof {
+            return Poll::Ready(Ok(None));
+        }
+        match ready!(self.recv.poll_data(cx)) {
+            Some(Ok(data)) => {
+                let _ = self.recv.flow_control().release_capacity(data.len());
+                Poll::Ready(Ok(Some(data)))
+            }
+            Some(Err(e)) => Poll::Ready(Err(h2_to_io(e))),
+            None => {
+                self.read_eof = true;
+                Poll::Ready(Ok(None))
+            }
+        }
+    }
+
+    /// Sends `data` (no copy: the frames share it) within flow control;
+    /// ready once all of it is handed to HTTP/2, with `data` then empty.
+    pub fn poll_send(&mut self, cx: &mut Context<'_>, data: &mut Bytes) -> Poll<io::Result<()>> {
+        if self.write_closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "tunnel stream already shut down",
+            )));
+        }
+        while !data.is_empty() {
+            self.send.reserve_capacity(data.len().min(MAX_WRITE));
+            match self.send.poll_capacity(cx) {
+                Poll::Pending => {
+                    if let Poll::Ready(r) = self.send.poll_reset(cx) {
+                        return Poll::Ready(Err(match r {
+                            Ok(reason) => io::Error::new(
+                                io::ErrorKind::ConnectionReset,
+                                format!("tunnel stream reset by peer: {reason}"),
+                            ),
+                            Err(e) => h2_to_io(e),
+                        }));
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(Some(Ok(0))) => continue,
+                Poll::Ready(Some(Ok(cap))) => {
+                    let chunk = data.split_to(cap.min(data.len()));
+                    self.send.send_data(chunk, false).map_err(h2_to_io)?;
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),
+                Poll::Ready(None) => return Poll::Ready(Err(self.reset_error(cx))),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Sends END_STREAM (our half-close), once.
+    pub fn finish(&mut self) -> io::Result<()> {
+        if !self.write_closed {
+            self.write_closed = true;
+            self.send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
+        }
+        Ok(())
+    }
+
     fn reset_error(&mut self, cx: &mut Context<'_>) -> io::Error {
         match self.send.poll_reset(cx) {
             Poll::Ready(Ok(reason)) => io::Error::new(
@@ -163,12 +231,7 @@ impl AsyncWrite for HboneStream {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.write_closed {
-            this.write_closed = true;
-            this.send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
-        }
-        Poll::Ready(Ok(()))
+        Poll::Ready(self.get_mut().finish())
     }
 }
 
