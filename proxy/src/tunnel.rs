@@ -37,6 +37,11 @@ use crate::stats::Stats;
 use crate::sys;
 use crate::worker::PodShared;
 
+/// Read buffer under each tunnel's TLS: rustls reads one record (16 KiB) per
+/// call; through this, one syscall brings several. One per HTTP/2
+/// connection (shared by its streams), not per stream.
+const TLS_READ_BUF: usize = 64 * 1024;
+
 /// Bound on TCP connect + TLS handshake of a tunnel, and on connecting to the app.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -391,7 +396,10 @@ pub async fn open_outbound(
         let connector = tokio_rustls::TlsConnector::from(tls);
         let r = match tokio::time::timeout(
             CONNECT_TIMEOUT,
-            connector.connect(ringway_identity::placeholder_server_name(), tcp),
+            connector.connect(
+                ringway_identity::placeholder_server_name(),
+                tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp),
+            ),
         )
         .await
         {
@@ -457,6 +465,9 @@ async fn pump(
 /// leave it at once as a `Bytes` handed to HTTP/2 without another copy.
 const READ_CHUNK: usize = 256 * 1024;
 
+/// Size of the pieces a read is handed to HTTP/2 in.
+const PIECE: usize = 64 * 1024;
+
 thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_CHUNK]);
 }
@@ -474,7 +485,8 @@ async fn pump_both(
     down: &mut u64,
 ) -> io::Result<()> {
     use std::task::Poll;
-    let mut to_stream = bytes::Bytes::new();
+    // Read chunks still to hand to HTTP/2, oldest first.
+    let mut to_stream: std::collections::VecDeque<bytes::Bytes> = Default::default();
     let mut to_client = bytes::Bytes::new();
     let (mut up_done, mut down_done) = (false, false);
     std::future::poll_fn(|cx| {
@@ -488,9 +500,12 @@ async fn pump_both(
                 break;
             }
             up_budget -= 1;
-            if !to_stream.is_empty() {
-                match stream.poll_send(cx, &mut to_stream) {
-                    Poll::Ready(Ok(())) => continue,
+            if let Some(front) = to_stream.front_mut() {
+                match stream.poll_send(cx, front) {
+                    Poll::Ready(Ok(())) => {
+                        to_stream.pop_front();
+                        continue;
+                    }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Pending => break,
                 }
@@ -502,19 +517,22 @@ async fn pump_both(
             }
             let read = READ_BUF.with(|b| {
                 let mut b = b.borrow_mut();
-                client
-                    .try_read(&mut b)
-                    .map(|n| bytes::Bytes::copy_from_slice(&b[..n]))
+                client.try_read(&mut b).map(|n| {
+                    // Copied out in pieces below glibc's mmap threshold, so
+                    // the allocations reuse heap pages instead of faulting
+                    // in fresh ones for every read.
+                    to_stream.extend(b[..n].chunks(PIECE).map(bytes::Bytes::copy_from_slice));
+                    n
+                })
             });
             match read {
-                Ok(b) if b.is_empty() => {
+                Ok(0) => {
                     stream.finish()?;
                     up_done = true;
                 }
-                Ok(b) => {
-                    up_meter.add(b.len() as u64);
-                    *up += b.len() as u64;
-                    to_stream = b;
+                Ok(n) => {
+                    up_meter.add(n as u64);
+                    *up += n as u64;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Poll::Ready(Err(e)),
@@ -582,6 +600,7 @@ pub async fn inbound(
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp);
     let accepted = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
