@@ -191,10 +191,14 @@ impl Proxy {
         settings.validate()?;
         let backend = choose_backend(settings.datapath)?;
         match sys::raise_nofile_limit() {
-            Ok((old, new)) if old != new => {
-                tracing::info!(from = old, to = new, "raised the open-file limit")
+            Ok((old, new)) => {
+                if old != new {
+                    tracing::info!(from = old, to = new, "raised the open-file limit");
+                }
+                // Room for 16k connections' fds without a table resize on
+                // the datapath (128 KiB of kernel memory).
+                sys::reserve_fd_table(new.min(16_384));
             }
-            Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
         let stats = Arc::new(Stats::default());

@@ -124,6 +124,24 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
     Ok((soft, hard))
 }
 
+/// Grows the process's fd table to hold `fds` descriptors now, once. The
+/// kernel grows it by doubling when an fd crosses its size and waits for an
+/// RCU grace period each time (~10 ms seen), on whichever thread allocates
+/// that fd: a worker accepting a connection included. Done at start, the
+/// datapath never pays it. Best effort.
+pub fn reserve_fd_table(fds: u64) {
+    let Ok(probe) = std::fs::File::open("/dev/null") else {
+        return;
+    };
+    let target = fds.saturating_sub(1).min(i32::MAX as u64) as i32;
+    if let Ok(high) = nix::fcntl::fcntl(
+        probe.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(target),
+    ) {
+        let _ = nix::unistd::close(high);
+    }
+}
+
 /// The inode of the network namespace behind `fd` (or of the calling thread
 /// with `None`): used to refuse the host namespace where a pod's is expected.
 pub fn netns_inode(fd: Option<BorrowedFd<'_>>) -> io::Result<u64> {

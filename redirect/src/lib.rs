@@ -529,12 +529,16 @@ fn apply_steps(
         return Err(RedirectError::NotInPlace { drift });
     }
     let mut nf = open_nfnetlink()?;
-    send_apply_batch(&mut nf, chains, owner)?;
-    let drift = verify::nft_drift(&mut nf, chains)?;
-    if !drift.is_empty() {
-        return Err(RedirectError::NotInPlace { drift });
-    }
-    Ok(())
+    let result = send_apply_batch(&mut nf, chains, owner).and_then(|()| {
+        let drift = verify::nft_drift(&mut nf, chains)?;
+        if drift.is_empty() {
+            Ok(())
+        } else {
+            Err(RedirectError::NotInPlace { drift })
+        }
+    });
+    nl::close_later(nf);
+    result
 }
 
 fn send_apply_batch(

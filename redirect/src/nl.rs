@@ -262,6 +262,35 @@ const RECV_BUF: usize = 64 * 1024;
 const REPLY_TIMEOUT_SECS: i64 = 5;
 const DUMP_ATTEMPTS: usize = 5;
 
+/// Closes `sock` on a background thread. Closing a NETLINK_NETFILTER socket
+/// that ran a transaction makes nf_tables flush its destroy work, which
+/// waits for an RCU grace period (about 15 ms measured): a pod's CNI ADD must
+/// not wait for that. Falls back to closing here if the thread cannot start.
+pub(crate) fn close_later(sock: NlSocket) {
+    use std::sync::mpsc;
+    use std::sync::OnceLock;
+    static REAPER: OnceLock<Option<mpsc::Sender<NlSocket>>> = OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<NlSocket>();
+        std::thread::Builder::new()
+            .name("ringway-nl-close".into())
+            .spawn(move || {
+                for sock in rx {
+                    drop(sock);
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    match reaper {
+        Some(tx) => {
+            // On a send error the socket comes back and is dropped here.
+            let _ = tx.send(sock);
+        }
+        None => drop(sock),
+    }
+}
+
 /// A netlink socket of one protocol, created in (and bound to) the network
 /// namespace of the thread that opened it.
 #[derive(Debug)]
