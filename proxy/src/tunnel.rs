@@ -517,12 +517,11 @@ async fn pump_both(
             }
             let read = READ_BUF.with(|b| {
                 let mut b = b.borrow_mut();
-                client.try_read(&mut b).map(|n| {
+                client.try_read(&mut b).inspect(|&n| {
                     // Copied out in pieces below glibc's mmap threshold, so
                     // the allocations reuse heap pages instead of faulting
                     // in fresh ones for every read.
                     to_stream.extend(b[..n].chunks(PIECE).map(bytes::Bytes::copy_from_slice));
-                    n
                 })
             });
             match read {
