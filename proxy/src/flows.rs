@@ -4,14 +4,14 @@
 //! Every connection that was authorized against a pod's policies (plaintext
 //! inbound, same-node fast path, each HBONE stream) registers what the
 //! decision was made on (source address, verified identity, destination
-//! port) and a duplicate of the socket to reset. When a new mesh is
+//! port) and a shared handle of the sockets to reset. When a new mesh is
 //! published, [`recheck`] evaluates them again on the control thread and
 //! resets the ones the new policies deny; the datapath notices the reset on
 //! its next wake-up and tears the connection down as for any peer reset.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -41,8 +41,8 @@ pub struct FlowAuthz {
 #[derive(Debug)]
 struct Flow {
     authz: FlowAuthz,
-    /// Duplicates of the sockets whose reset ends the flow.
-    fds: Vec<OwnedFd>,
+    /// The sockets whose reset ends the flow.
+    fds: Vec<Arc<OwnedFd>>,
     /// Already reset by a re-check (not reset twice, not counted twice).
     revoked: bool,
 }
@@ -84,9 +84,10 @@ impl Drop for FlowGuard {
     }
 }
 
-/// Registers a flow authorized against `pod`'s policies; `socks` are the
-/// sockets a revocation resets. `None` (and a warning) when a socket cannot
-/// be duplicated: the flow then simply is not re-checked.
+/// Registers a flow authorized against `pod`'s policies; `fds` are the
+/// sockets a revocation resets (shared with the connection, not duplicated:
+/// no extra descriptor or syscall per connection). Returns the guard that
+/// deregisters the flow when the connection ends.
 ///
 /// A mesh published between the decision and this registration is applied
 /// here: [`crate::Proxy::set_mesh`] publishes first and re-checks second, so
@@ -94,22 +95,11 @@ impl Drop for FlowGuard {
 /// mesh now.
 pub fn register(
     pod: &Arc<PodShared>,
-    socks: &[BorrowedFd<'_>],
+    fds: Vec<Arc<OwnedFd>>,
     authz: FlowAuthz,
     state: &TunnelState,
-) -> Option<FlowGuard> {
+) -> FlowGuard {
     let decided_with = authz.decided_with.clone();
-    let fds = match socks
-        .iter()
-        .map(|s| s.try_clone_to_owned())
-        .collect::<Result<Vec<_>, _>>()
-    {
-        Ok(fds) => fds,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot duplicate a socket for policy re-checks");
-            return None;
-        }
-    };
     let id = pod.flows.next.fetch_add(1, Ordering::Relaxed);
     pod.flows
         .flows
@@ -132,7 +122,7 @@ pub fn register(
             recheck(&current, [pod], &state.metrics);
         }
     }
-    Some(guard)
+    guard
 }
 
 /// Evaluates every open flow of `pods` against `mesh` and resets those it

@@ -5,7 +5,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use socket2::{Domain, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
@@ -33,19 +33,19 @@ impl std::fmt::Display for Backend {
 /// A non-blocking socket owned by one worker, with its readiness source.
 #[derive(Debug)]
 pub struct Sock {
-    fd: Rc<OwnedFd>,
-    epoll: Option<AsyncFd<Rc<OwnedFd>>>,
+    fd: Arc<OwnedFd>,
+    epoll: Option<AsyncFd<Arc<OwnedFd>>>,
 }
 
 impl Sock {
     /// Wraps a non-blocking socket for `backend` (registers it with epoll
     /// when that is the backend).
     pub fn new(fd: OwnedFd, backend: Backend) -> io::Result<Sock> {
-        Self::from_shared(Rc::new(fd), backend)
+        Self::from_shared(Arc::new(fd), backend)
     }
 
     /// [`Sock::new`] for a socket already shared (e.g. with the pod registry).
-    pub fn from_shared(fd: Rc<OwnedFd>, backend: Backend) -> io::Result<Sock> {
+    pub fn from_shared(fd: Arc<OwnedFd>, backend: Backend) -> io::Result<Sock> {
         let epoll = match backend {
             Backend::Uring => None,
             Backend::Epoll => Some(crate::sys::register_epoll(fd.clone())?),
@@ -59,7 +59,7 @@ impl Sock {
     }
 
     /// A shared handle to the fd (for force-closing from the pod registry).
-    pub fn shared(&self) -> Rc<OwnedFd> {
+    pub fn shared(&self) -> Arc<OwnedFd> {
         self.fd.clone()
     }
 

@@ -155,11 +155,11 @@ pub fn netns_inode(fd: Option<BorrowedFd<'_>>) -> io::Result<u64> {
 
 /// Registers a socket with the current tokio (epoll) reactor.
 pub fn register_epoll(
-    fd: std::rc::Rc<OwnedFd>,
-) -> io::Result<tokio::io::unix::AsyncFd<std::rc::Rc<OwnedFd>>> {
-    // SAFETY: the AsyncFd owns an `Rc<OwnedFd>` clone, so the descriptor
+    fd: std::sync::Arc<OwnedFd>,
+) -> io::Result<tokio::io::unix::AsyncFd<std::sync::Arc<OwnedFd>>> {
+    // SAFETY: the AsyncFd owns an `Arc<OwnedFd>` clone, so the descriptor
     // stays open and refers to the same socket for the AsyncFd's whole
-    // lifetime, and `as_raw_fd` of an `Rc<OwnedFd>` always returns it.
+    // lifetime, and `as_raw_fd` of an `Arc<OwnedFd>` always returns it.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(io::Error::from)
 }
 

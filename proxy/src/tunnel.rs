@@ -685,7 +685,14 @@ async fn decide(
     match connect_in_pod(pod, mark, dst, Some(client)).await {
         Ok(s) => {
             // Re-checked when the policies change (reset if then denied).
-            let flow = flows::register(pod, &[s.as_fd()], authz, state);
+            // The stream owns the socket: the flow table gets a duplicate.
+            let flow = match s.as_fd().try_clone_to_owned() {
+                Ok(dup) => Some(flows::register(pod, vec![Arc::new(dup)], authz, state)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot duplicate a socket for policy re-checks");
+                    None
+                }
+            };
             // Counted once the stream is really served (not for a 503).
             state
                 .metrics

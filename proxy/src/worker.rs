@@ -95,8 +95,8 @@ pub enum Cmd {
 
 struct PodLocal {
     shared: Arc<PodShared>,
-    listeners: RefCell<Vec<Rc<OwnedFd>>>,
-    conns: RefCell<HashMap<u64, [Option<Rc<OwnedFd>>; 2]>>,
+    listeners: RefCell<Vec<Arc<OwnedFd>>>,
+    conns: RefCell<HashMap<u64, [Option<Arc<OwnedFd>>; 2]>>,
     next_id: Cell<u64>,
     removed: Cell<bool>,
 }
@@ -358,8 +358,8 @@ impl ConnGuard {
     /// served here (fast path), so removing either pod resets it.
     fn set_upstream(
         &mut self,
-        client: &Rc<OwnedFd>,
-        upstream: Rc<OwnedFd>,
+        client: &Arc<OwnedFd>,
+        upstream: Arc<OwnedFd>,
         target: Option<Rc<PodLocal>>,
     ) {
         if let Some((old, id)) = self.target.take() {
@@ -417,7 +417,7 @@ async fn handle_conn(
     }
     // Registered with its pod at once: removing the pod resets it, whatever
     // stage it is in.
-    let client = Rc::new(fd);
+    let client = Arc::new(fd);
     let id = pod.next_id.get();
     pod.next_id.set(id + 1);
     pod.conns
@@ -599,7 +599,7 @@ async fn outbound(
     ctx: Rc<WorkerCtx>,
     pod: Rc<PodLocal>,
     mut guard: ConnGuard,
-    client: Rc<OwnedFd>,
+    client: Arc<OwnedFd>,
     peer: SocketAddr,
     dst: SocketAddr,
     started: Instant,
@@ -683,7 +683,7 @@ async fn outbound(
 async fn tunnel_outbound(
     ctx: &WorkerCtx,
     pod: &PodLocal,
-    client: &Rc<OwnedFd>,
+    client: &Arc<OwnedFd>,
     peer: SocketAddr,
     addr: SocketAddr,
     plan: tunnel::OutboundPlan,
@@ -727,7 +727,7 @@ async fn tunnel_outbound(
 async fn connect_hop(
     ctx: &WorkerCtx,
     guard: &mut ConnGuard,
-    client: &Rc<OwnedFd>,
+    client: &Arc<OwnedFd>,
     hop: &Hop,
 ) -> io::Result<Sock> {
     let s = &ctx.settings;
@@ -803,7 +803,7 @@ fn splice_labels(
 /// with splice, then logs the connection.
 async fn splice(
     ctx: &WorkerCtx,
-    client: &Rc<OwnedFd>,
+    client: &Arc<OwnedFd>,
     upstream: Sock,
     hop: &Hop,
     labels: Vec<TcpLabels>,
@@ -819,10 +819,10 @@ async fn splice(
         }
     };
     // Authorized against the destination's policies: re-checked when they change.
-    let _flow = hop.flow.as_ref().and_then(|(pod, authz)| {
+    let _flow = hop.flow.as_ref().map(|(pod, authz)| {
         flows::register(
             pod,
-            &[client.fd(), upstream.fd()],
+            vec![client.shared(), upstream.shared()],
             authz.clone(),
             &ctx.tunnel,
         )

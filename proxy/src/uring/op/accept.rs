@@ -4,7 +4,7 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use io_uring::{cqueue, opcode, types};
 use socket2::SockAddr;
@@ -12,7 +12,7 @@ use tokio_uring::{OneshotOutputTransform, UnsubmittedOneshot};
 
 /// Kernel-written peer address storage; boxed so its address is stable.
 pub struct AcceptData {
-    _fd: Rc<OwnedFd>,
+    _fd: Arc<OwnedFd>,
     storage: Box<(MaybeUninit<libc::sockaddr_storage>, libc::socklen_t)>,
 }
 
@@ -40,7 +40,7 @@ impl OneshotOutputTransform for AcceptTransform {
 }
 
 /// Accepts one connection on the listening socket `fd`.
-pub async fn accept(fd: &Rc<OwnedFd>) -> io::Result<(OwnedFd, SockAddr)> {
+pub async fn accept(fd: &Arc<OwnedFd>) -> io::Result<(OwnedFd, SockAddr)> {
     let mut storage = Box::new((
         MaybeUninit::<libc::sockaddr_storage>::zeroed(),
         std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,

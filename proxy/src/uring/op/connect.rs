@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use io_uring::{cqueue, opcode, types};
 use socket2::SockAddr;
@@ -11,7 +11,7 @@ use tokio_uring::{OneshotOutputTransform, UnsubmittedOneshot};
 
 /// The fd and the address the kernel reads; boxed so the pointer is stable.
 pub struct ConnectData {
-    _fd: Rc<OwnedFd>,
+    _fd: Arc<OwnedFd>,
     _addr: Box<SockAddr>,
 }
 
@@ -33,7 +33,7 @@ impl OneshotOutputTransform for ConnectTransform {
 }
 
 /// Connects `fd` to `addr` through the ring.
-pub async fn connect(fd: &Rc<OwnedFd>, addr: SockAddr) -> io::Result<()> {
+pub async fn connect(fd: &Arc<OwnedFd>, addr: SockAddr) -> io::Result<()> {
     let addr = Box::new(addr);
     // The SockAddr lives in a Box owned by the op's stable data, which
     // tokio-uring keeps alive until the CQE arrives, so the pointer stays valid.

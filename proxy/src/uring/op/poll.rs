@@ -2,7 +2,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use io_uring::{cqueue, opcode, types};
 use tokio_uring::{OneshotOutputTransform, UnsubmittedOneshot};
@@ -18,7 +18,7 @@ pub enum Interest {
 
 /// Keeps the fd open until the kernel has completed the poll.
 pub struct PollData {
-    _fd: Rc<OwnedFd>,
+    _fd: Arc<OwnedFd>,
 }
 
 /// Maps the completion to the returned event mask.
@@ -40,7 +40,7 @@ impl OneshotOutputTransform for PollTransform {
 
 /// Waits until `fd` is ready for `interest`. Errors and hang-ups count as
 /// ready: the caller's next syscall reports them.
-pub async fn poll(fd: &Rc<OwnedFd>, interest: Interest) -> io::Result<u32> {
+pub async fn poll(fd: &Arc<OwnedFd>, interest: Interest) -> io::Result<u32> {
     let mask = match interest {
         Interest::Readable => libc::POLLIN | libc::POLLRDHUP,
         Interest::Writable => libc::POLLOUT,
