@@ -145,6 +145,7 @@ use nix::sys::socket::SockProtocol;
 
 pub use error::RedirectError;
 pub use netns::{check_pod_netns, open_netns};
+pub use nl::wait_closed;
 pub use ruleset::render;
 pub use tag::{PodTag, TagError, NFT_USERDATA_MAX, PIECE_MAX};
 pub use verify::Drift;

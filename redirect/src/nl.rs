@@ -267,6 +267,7 @@ const DUMP_ATTEMPTS: usize = 5;
 /// waits for an RCU grace period (about 15 ms measured): a pod's CNI ADD must
 /// not wait for that. Falls back to closing here if the thread cannot start.
 pub(crate) fn close_later(sock: NlSocket) {
+    use std::sync::atomic::Ordering;
     use std::sync::mpsc;
     use std::sync::OnceLock;
     static REAPER: OnceLock<Option<mpsc::Sender<NlSocket>>> = OnceLock::new();
@@ -277,6 +278,7 @@ pub(crate) fn close_later(sock: NlSocket) {
             .spawn(move || {
                 for sock in rx {
                     drop(sock);
+                    PENDING_CLOSES.fetch_sub(1, Ordering::SeqCst);
                 }
             })
             .ok()
@@ -284,11 +286,31 @@ pub(crate) fn close_later(sock: NlSocket) {
     });
     match reaper {
         Some(tx) => {
-            // On a send error the socket comes back and is dropped here.
-            let _ = tx.send(sock);
+            PENDING_CLOSES.fetch_add(1, Ordering::SeqCst);
+            if let Err(back) = tx.send(sock) {
+                drop(back.0);
+                PENDING_CLOSES.fetch_sub(1, Ordering::SeqCst);
+            }
         }
         None => drop(sock),
     }
+}
+
+/// Sockets handed to [`close_later`] and not closed yet.
+static PENDING_CLOSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Waits (at most `timeout`) until every socket handed to the background
+/// closer is closed; returns whether they all are. For callers that count
+/// their process's descriptors.
+pub fn wait_closed(timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while PENDING_CLOSES.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    true
 }
 
 /// A netlink socket of one protocol, created in (and bound to) the network

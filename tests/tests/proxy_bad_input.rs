@@ -275,6 +275,9 @@ fn out_of_fds(mode: CaptureMode, datapath: Datapath) {
         .collect();
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     let before = mn.proxy.stats();
+    // Capture rules close their netlink sockets in the background: let them
+    // go first, or their fds free up under the full table below.
+    assert!(ringway_redirect::wait_closed(Duration::from_secs(5)));
     let mut ballast = exhaust_fds();
 
     // 1. No fd left.
