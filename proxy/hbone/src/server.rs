@@ -328,6 +328,9 @@ enum PumpErr {
 
 const READ_CHUNK: usize = 64 * 1024;
 
+/// The first (and after a short read, the next) read size from the app.
+const MIN_READ: usize = 4 * 1024;
+
 /// Pumps bytes between an accepted stream and its upstream.
 pub(crate) async fn pump(
     mut h2r: RecvStream,
@@ -355,9 +358,12 @@ pub(crate) async fn pump(
     };
     let to_peer = async {
         let mut n = 0u64;
-        let mut buf = BytesMut::new();
+        // Reads start small and double while they fill their buffer, back to
+        // small after a short one: a stream waiting on a quiet app holds a
+        // small buffer, a busy one reads big.
+        let mut want = MIN_READ;
         loop {
-            buf.reserve(READ_CHUNK);
+            let mut buf = BytesMut::with_capacity(want);
             let read = tokio::select! {
                 r = ur.read_buf(&mut buf) => r.map_err(PumpErr::Upstream)?,
                 r = poll_fn(|cx| h2w.poll_reset(cx)) => return Err(match r {
@@ -371,7 +377,12 @@ pub(crate) async fn pump(
                 return Ok(n);
             }
             n += read as u64;
-            send_all(&mut h2w, buf.split().freeze()).await?;
+            want = if read == want {
+                (want * 2).min(READ_CHUNK)
+            } else {
+                MIN_READ
+            };
+            send_all(&mut h2w, buf.freeze()).await?;
         }
     };
     let result = tokio::try_join!(to_upstream, to_peer);
