@@ -60,25 +60,26 @@ impl HboneStream {
         self.send.stream_id().as_u32()
     }
 
-    /// The peer's next bytes as they arrived (no copy): `None` once the peer
-    /// half-closed (END_STREAM). For pumps that write each chunk straight to
-    /// a socket instead of reading into a buffer of their own.
+    /// The peer's next bytes as they arrived (no copy, never empty): `None`
+    /// once the peer half-closed (END_STREAM). For pumps that write each
+    /// chunk straight to a socket instead of reading into a buffer of their own.
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
         if !self.buf.is_empty() {
             return Poll::Ready(Ok(Some(std::mem::take(&mut self.buf))));
         }
-        if self.read_eof {
-            return Poll::Ready(Ok(None));
-        }
-        match ready!(self.recv.poll_data(cx)) {
-            Some(Ok(data)) => {
-                let _ = self.recv.flow_control().release_capacity(data.len());
-                Poll::Ready(Ok(Some(data)))
+        loop {
+            if self.read_eof {
+                return Poll::Ready(Ok(None));
             }
-            Some(Err(e)) => Poll::Ready(Err(h2_to_io(e))),
-            None => {
-                self.read_eof = true;
-                Poll::Ready(Ok(None))
+            match ready!(self.recv.poll_data(cx)) {
+                // An empty DATA frame is not an EOF: wait for the next one.
+                Some(Ok(data)) if data.is_empty() => {}
+                Some(Ok(data)) => {
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Ok(Some(data)));
+                }
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => self.read_eof = true,
             }
         }
     }
@@ -86,14 +87,26 @@ impl HboneStream {
     /// Sends `data` (no copy: the frames share it) within flow control;
     /// ready once all of it is handed to HTTP/2, with `data` then empty.
     pub fn poll_send(&mut self, cx: &mut Context<'_>, data: &mut Bytes) -> Poll<io::Result<()>> {
+        while !data.is_empty() {
+            let cap = ready!(self.poll_window(cx, data.len()))?;
+            let chunk = data.split_to(cap.min(data.len()));
+            self.send.send_data(chunk, false).map_err(h2_to_io)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Waits for send window for up to `want` bytes (at most one max-size
+    /// frame); ready with the window granted (never 0). A reset while waiting
+    /// ends the wait with its error.
+    fn poll_window(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<usize>> {
         if self.write_closed {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "tunnel stream already shut down",
             )));
         }
-        while !data.is_empty() {
-            self.send.reserve_capacity(data.len().min(MAX_WRITE));
+        self.send.reserve_capacity(want.min(MAX_WRITE));
+        loop {
             match self.send.poll_capacity(cx) {
                 Poll::Pending => {
                     if let Poll::Ready(r) = self.send.poll_reset(cx) {
@@ -108,15 +121,11 @@ impl HboneStream {
                     return Poll::Pending;
                 }
                 Poll::Ready(Some(Ok(0))) => continue,
-                Poll::Ready(Some(Ok(cap))) => {
-                    let chunk = data.split_to(cap.min(data.len()));
-                    self.send.send_data(chunk, false).map_err(h2_to_io)?;
-                }
+                Poll::Ready(Some(Ok(cap))) => return Poll::Ready(Ok(cap)),
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),
                 Poll::Ready(None) => return Poll::Ready(Err(self.reset_error(cx))),
             }
         }
-        Poll::Ready(Ok(()))
     }
 
     /// Sends END_STREAM (our half-close), once.
@@ -157,25 +166,16 @@ impl AsyncRead for HboneStream {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        loop {
-            if !this.buf.is_empty() {
-                let n = this.buf.len().min(out.remaining());
-                out.put_slice(&this.buf.split_to(n));
-                return Poll::Ready(Ok(()));
-            }
-            if this.read_eof {
-                return Poll::Ready(Ok(()));
-            }
-            match ready!(this.recv.poll_data(cx)) {
-                Some(Ok(data)) => {
-                    // At most one frame is held here, so the window still bounds memory.
-                    let _ = this.recv.flow_control().release_capacity(data.len());
-                    this.buf = data;
-                }
-                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
-                None => this.read_eof = true,
+        if this.buf.is_empty() {
+            match ready!(this.poll_chunk(cx))? {
+                Some(chunk) => this.buf = chunk,
+                None => return Poll::Ready(Ok(())),
             }
         }
+        // At most one frame is held here, so the window still bounds memory.
+        let n = this.buf.len().min(out.remaining());
+        out.put_slice(&this.buf.split_to(n));
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -189,40 +189,12 @@ impl AsyncWrite for HboneStream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        if this.write_closed {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "tunnel stream already shut down",
-            )));
-        }
-        this.send.reserve_capacity(buf.len().min(MAX_WRITE));
-        loop {
-            match this.send.poll_capacity(cx) {
-                Poll::Pending => {
-                    // A reset while we wait for window must not leave us waiting forever.
-                    if let Poll::Ready(r) = this.send.poll_reset(cx) {
-                        return Poll::Ready(Err(match r {
-                            Ok(reason) => io::Error::new(
-                                io::ErrorKind::ConnectionReset,
-                                format!("tunnel stream reset by peer: {reason}"),
-                            ),
-                            Err(e) => h2_to_io(e),
-                        }));
-                    }
-                    return Poll::Pending;
-                }
-                Poll::Ready(Some(Ok(0))) => continue,
-                Poll::Ready(Some(Ok(cap))) => {
-                    let n = cap.min(buf.len());
-                    this.send
-                        .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                        .map_err(h2_to_io)?;
-                    return Poll::Ready(Ok(n));
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),
-                Poll::Ready(None) => return Poll::Ready(Err(this.reset_error(cx))),
-            }
-        }
+        let cap = ready!(this.poll_window(cx, buf.len()))?;
+        let n = cap.min(buf.len());
+        this.send
+            .send_data(Bytes::copy_from_slice(&buf[..n]), false)
+            .map_err(h2_to_io)?;
+        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
