@@ -50,6 +50,12 @@ pub enum ProxyError {
     /// The settings are not usable.
     #[error("invalid settings: {0}")]
     Settings(#[from] ringway_config::ConfigError),
+    /// The configuration's CA could not be loaded (HBONE).
+    #[error("loading the mesh CA: {0}")]
+    Ca(#[from] ringway_identity::IdentityError),
+    /// The certificate refresher thread could not start.
+    #[error("starting the certificate refresher: {0}")]
+    Refresher(std::io::Error),
     /// io_uring was required but is not available.
     #[error("io_uring is required (datapath: uring) but unavailable: {0}")]
     UringUnavailable(#[source] io::Error),
@@ -259,6 +265,31 @@ impl Proxy {
         self.tunnel.set_identity(ids);
     }
 
+    /// Turns HBONE on as `mesh` says: with a `ca:` section, an identity
+    /// manager over that CA issuing workload certificates (refreshed by the
+    /// returned thread every minute); without one, HBONE stays off (`None`).
+    /// `ringway proxy` and the bench's proxy both start HBONE this way.
+    pub fn enable_hbone(
+        &self,
+        mesh: &ringway_config::Mesh,
+    ) -> Result<Option<ringway_identity::Refresher>, ProxyError> {
+        let Some(ca) = mesh.ca() else {
+            tracing::info!("HBONE off: no `ca:` in the configuration");
+            return Ok(None);
+        };
+        let ids = Arc::new(ringway_identity::IdentityManager::from_config(
+            ca,
+            mesh.trust_domain(),
+            ringway_identity::DEFAULT_CERT_LIFETIME,
+        )?);
+        let refresher = ids
+            .spawn_refresher(Duration::from_secs(60))
+            .map_err(ProxyError::Refresher)?;
+        self.set_identity(Some(ids));
+        tracing::info!("HBONE on: workload certificates issued by the configured CA");
+        Ok(Some(refresher))
+    }
+
     /// Publishes the mesh (workloads, policies, trust domain): which
     /// destinations are tunnelled and what authorization allows. Swappable
     /// at any time (hot reload); connections opened afterwards use it.
@@ -341,7 +372,7 @@ impl Proxy {
 
     /// Sets the trust domain of the pods' SPIFFE principals (metrics labels),
     /// for the pods served now and those added later.
-    pub fn set_trust_domain(&self, td: &str) {
+    fn set_trust_domain(&self, td: &str) {
         {
             let mut cur = self.trust_domain.write().unwrap_or_else(|p| p.into_inner());
             if *cur == td {

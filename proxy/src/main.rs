@@ -524,30 +524,8 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let settings = mesh.proxy().clone();
     let drain_period = settings.drain_period;
     let proxy = Arc::new(Proxy::start(settings)?);
-    proxy.set_trust_domain(mesh.trust_domain());
     // HBONE: on when the config has a CA (`ca:`); off otherwise.
-    let _refresher = match mesh.ca() {
-        Some(ca) => {
-            let ids = Arc::new(
-                ringway_identity::IdentityManager::from_config(
-                    ca,
-                    mesh.trust_domain(),
-                    ringway_identity::DEFAULT_CERT_LIFETIME,
-                )
-                .context("loading the mesh CA")?,
-            );
-            let refresher = ids
-                .spawn_refresher(Duration::from_secs(60))
-                .context("starting the certificate refresher")?;
-            proxy.set_identity(Some(ids));
-            tracing::info!("HBONE on: workload certificates issued by the configured CA");
-            Some(refresher)
-        }
-        None => {
-            tracing::info!("HBONE off: no `ca:` in the configuration");
-            None
-        }
-    };
+    let _refresher = proxy.enable_hbone(&mesh)?;
     let mesh = Arc::new(mesh);
     proxy.set_mesh(mesh.clone());
     // `--mesh-source kubernetes`: the cluster's workloads and services are

@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use nix::sys::signal::{SigSet, Signal};
@@ -92,24 +91,7 @@ fn main() -> anyhow::Result<()> {
         ringway_config::MeshConfig::load(args.config.as_deref(), &ringway_config::ProcessEnv)?;
     let proxy = Arc::new(ringway_proxy::Proxy::start(mesh.proxy().clone())?);
     // HBONE exactly as `ringway proxy` turns it on: a `ca:` section.
-    let _refresher = match mesh.ca() {
-        Some(ca) => {
-            let ids = Arc::new(
-                ringway_identity::IdentityManager::from_config(
-                    ca,
-                    mesh.trust_domain(),
-                    ringway_identity::DEFAULT_CERT_LIFETIME,
-                )
-                .context("loading the mesh CA")?,
-            );
-            let r = ids
-                .spawn_refresher(Duration::from_secs(60))
-                .context("starting the certificate refresher")?;
-            proxy.set_identity(Some(ids));
-            Some(r)
-        }
-        None => None,
-    };
+    let _refresher = proxy.enable_hbone(&mesh)?;
     proxy.set_mesh(Arc::new(mesh));
     let ready = Arc::new(Readiness::default());
     let mut servers: Vec<ControlServer> = Vec::new();
