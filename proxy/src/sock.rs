@@ -115,13 +115,16 @@ impl Sock {
                 Err(e) => return Err(e),
             }
         }
+        // Connected (the common case: one syscall): done. Not connected:
+        // the pending error, if any, is why; without one it is still in
+        // SYN-SENT, so wait.
         loop {
-            if let Some(e) = sock.take_error()? {
-                return Err(e);
-            }
             match sock.peer_addr() {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                    if let Some(e) = sock.take_error()? {
+                        return Err(e);
+                    }
                     self.wait(Interest::Writable).await?
                 }
                 Err(e) => return Err(e),
