@@ -67,7 +67,7 @@ pub struct TcpLabels {
 }
 
 /// One side of a connection as the labels describe it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Peer {
     /// Workload (pod) name.
     pub workload: String,

@@ -25,6 +25,7 @@ use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
 use crate::sys;
 use crate::tunnel::{self, TunnelState};
+use prometheus_client::metrics::counter::Counter;
 
 /// A pod as every worker sees it (immutable, shared).
 #[derive(Debug)]
@@ -135,6 +136,8 @@ struct WorkerCtx {
     hbone_pool: Rc<ringway_hbone::Pool>,
     /// Round robin over service endpoints.
     next_endpoint: Cell<usize>,
+    /// istio_tcp_* series already resolved by this worker.
+    series: SeriesCache,
 }
 
 fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
@@ -191,6 +194,7 @@ pub fn run(
         tunnel,
         hbone_pool: Rc::new(hbone_pool),
         next_endpoint: Cell::new(0),
+        series: RefCell::default(),
     });
     match backend {
         Backend::Uring => {
@@ -479,13 +483,13 @@ async fn handle_conn(
                 spoof: Some(peer.ip()),
                 flow: flow.map(|f| (pod.shared.clone(), f)),
             };
-            let labels = splice_labels(&ctx, &pod, kind, peer, &hop);
+            let series = splice_labels(&ctx, &pod, kind, peer, &hop);
             let mut guard = guard;
             match connect_hop(&ctx, &mut guard, &client, &hop).await {
                 Ok(upstream) => {
-                    splice(&ctx, &client, upstream, &hop, labels, started).await;
+                    splice(&ctx, &client, upstream, &hop, series, started).await;
                 }
-                Err(e) => connect_failed(&ctx, &client, &labels, &e.to_string()),
+                Err(e) => connect_failed(&ctx, &client, &failed_labels(&series), &e.to_string()),
             }
         }
         _ => outbound(ctx.clone(), pod, guard, client, peer, dst, started).await,
@@ -500,6 +504,12 @@ fn deny(ctx: &WorkerCtx, client: &OwnedFd, path: &'static str, why: &str) {
         .inc();
     tracing::info!(target: "access", path, reason = %why, "connection denied by policy; reset");
     refuse(ctx, client);
+}
+
+/// The labels of a connection that failed before it opened (rare: built
+/// from the cached series only then).
+fn failed_labels(series: &[Rc<Series>]) -> Vec<TcpLabels> {
+    series.iter().map(|s| s.labels.clone()).collect()
 }
 
 /// Counts and logs a connection whose destination could not be reached
@@ -640,10 +650,10 @@ async fn outbound(
                     spoof: Some(peer.ip()),
                     flow,
                 };
-                let labels = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
+                let series = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
                 match connect_hop(&ctx, &mut guard, &client, &hop).await {
-                    Ok(up) => return splice(&ctx, &client, up, &hop, labels, started).await,
-                    Err(e) => failed = Some((labels, e.to_string())),
+                    Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
+                    Err(e) => failed = Some((failed_labels(&series), e.to_string())),
                 }
             }
             Route::Direct => {
@@ -653,10 +663,10 @@ async fn outbound(
                     spoof: None,
                     flow: None,
                 };
-                let labels = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
+                let series = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
                 match connect_hop(&ctx, &mut guard, &client, &hop).await {
-                    Ok(up) => return splice(&ctx, &client, up, &hop, labels, started).await,
-                    Err(e) => failed = Some((labels, e.to_string())),
+                    Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
+                    Err(e) => failed = Some((failed_labels(&series), e.to_string())),
                 }
             }
             Route::Tunnel(plan) => {
@@ -774,7 +784,7 @@ fn splice_labels(
     kind: ListenerKind,
     peer: SocketAddr,
     hop: &Hop,
-) -> Vec<TcpLabels> {
+) -> Vec<Rc<Series>> {
     let local = |ip: IpAddr| {
         ctx.local_pods
             .read()
@@ -795,8 +805,50 @@ fn splice_labels(
     };
     reporters
         .iter()
-        .map(|r| TcpLabels::new(r, &src, &dst_peer, "none", "-"))
+        .map(|r| series(ctx, r, &src, &dst_peer))
         .collect()
+}
+
+/// One reporter's istio_tcp_* series of a plaintext connection, with its
+/// counter handles.
+#[derive(Debug)]
+struct Series {
+    labels: TcpLabels,
+    opened: Counter,
+    closed: Counter,
+    sent: Counter,
+    received: Counter,
+}
+
+/// Resolved series per worker, keyed by what the labels are made of: a
+/// connection between pods seen before costs one small hash, not ~20 label
+/// strings built and hashed four times.
+type SeriesCache = RefCell<HashMap<(&'static str, Peer, Peer), Rc<Series>>>;
+
+/// Pod pairs remembered per worker; past this the cache starts over (the
+/// metrics themselves are kept).
+const SERIES_CACHE_MAX: usize = 16_384;
+
+fn series(ctx: &WorkerCtx, reporter: &'static str, src: &Peer, dst: &Peer) -> Rc<Series> {
+    let key = (reporter, src.clone(), dst.clone());
+    if let Some(s) = ctx.series.borrow().get(&key) {
+        return s.clone();
+    }
+    let labels = TcpLabels::new(reporter, src, dst, "none", "-");
+    let m = &ctx.metrics;
+    let s = Rc::new(Series {
+        opened: m.opened.get_or_create(&labels).clone(),
+        closed: m.closed.get_or_create(&labels).clone(),
+        sent: m.sent.get_or_create(&labels).clone(),
+        received: m.received.get_or_create(&labels).clone(),
+        labels,
+    });
+    let mut cache = ctx.series.borrow_mut();
+    if cache.len() >= SERIES_CACHE_MAX {
+        cache.clear();
+    }
+    cache.insert(key, s.clone());
+    s
 }
 
 /// Moves bytes both ways between the client and its connected upstream
@@ -806,7 +858,7 @@ async fn splice(
     client: &Arc<OwnedFd>,
     upstream: Sock,
     hop: &Hop,
-    labels: Vec<TcpLabels>,
+    series: Vec<Rc<Series>>,
     started: Instant,
 ) {
     let client = match Sock::from_shared(client.clone(), ctx.backend) {
@@ -827,29 +879,23 @@ async fn splice(
             &ctx.tunnel,
         )
     });
-    for l in &labels {
-        ctx.metrics.opened.get_or_create(l).inc();
+    for s in &series {
+        s.opened.inc();
     }
     let up_meter = Meter {
         total: &ctx.stats.bytes_to_upstream,
-        counters: labels
-            .iter()
-            .map(|l| ctx.metrics.received.get_or_create(l).clone())
-            .collect(),
+        counters: series.iter().map(|s| s.received.clone()).collect(),
     };
     let down_meter = Meter {
         total: &ctx.stats.bytes_to_client,
-        counters: labels
-            .iter()
-            .map(|l| ctx.metrics.sent.get_or_create(l).clone())
-            .collect(),
+        counters: series.iter().map(|s| s.sent.clone()).collect(),
     };
     let (up_end, down_end) = tokio::join!(
         copy_one_way(&client, &upstream, &ctx.pool, &up_meter),
         copy_one_way(&upstream, &client, &ctx.pool, &down_meter),
     );
-    for l in &labels {
-        ctx.metrics.closed.get_or_create(l).inc();
+    for s in &series {
+        s.closed.inc();
     }
     let reason = |e: &DirEnd| match e {
         DirEnd::Eof => "eof".to_string(),
@@ -859,7 +905,7 @@ async fn splice(
     let (sent, received) = (up_end.1, down_end.1);
     let upstream_end = reason(&up_end.0);
     let downstream_end = reason(&down_end.0);
-    let who = labels.first();
+    let who = series.first().map(|s| &s.labels);
     tracing::event!(
         target: "access",
         tracing::Level::INFO,
@@ -939,6 +985,7 @@ mod tests {
                 ringway_hbone::PoolConfig::default(),
             )),
             next_endpoint: Cell::new(0),
+            series: RefCell::default(),
         });
         let pod = Rc::new(PodLocal {
             shared: Arc::new(PodShared {
