@@ -326,6 +326,19 @@ fn hbone_pooling() {
     });
 }
 
+/// A 10-byte exchange from the client pod to a fresh listener on the
+/// server pod's `port` goes through.
+fn expect_exchange(t: &TwoNodes, port: u16) {
+    let addr = SocketAddr::new(t.server().ip(false), port);
+    let l = t.server().netns.run(|| listen(addr)).unwrap();
+    let srv = PayloadServer::start(l, 1);
+    t.client()
+        .netns
+        .run(|| client_exchange(connect(addr, TIMEOUT)?, 10, 10))
+        .unwrap_or_else(|e| panic!("exchange to port {port}: {e}"));
+    assert!(srv.next_report(TIMEOUT).unwrap().received.is_ok());
+}
+
 /// Connects from the client pod and expects a reset with nothing
 /// delivered to the app.
 fn expect_refused(t: &TwoNodes, port: u16) {
@@ -371,14 +384,7 @@ fn hbone_denied_principal() {
         );
         // Lifting the policy (hot reload) lets new connections through.
         t.set_mesh(mesh(""));
-        let addr = SocketAddr::new(t.server().ip(false), APP_PORT + 1);
-        let l = t.server().netns.run(|| listen(addr)).unwrap();
-        let srv = PayloadServer::start(l, 1);
-        t.client()
-            .netns
-            .run(|| client_exchange(connect(addr, TIMEOUT)?, 10, 10))
-            .unwrap();
-        assert!(srv.next_report(TIMEOUT).unwrap().received.is_ok());
+        expect_exchange(&t, APP_PORT + 1);
     });
 }
 
@@ -391,14 +397,7 @@ fn hbone_denied_port() {
         let t = two_nodes("hbone_port", Datapath::Uring, &policies);
         expect_refused(&t, APP_PORT);
         // The allowed port works.
-        let addr = SocketAddr::new(t.server().ip(false), 9000);
-        let l = t.server().netns.run(|| listen(addr)).unwrap();
-        let srv = PayloadServer::start(l, 1);
-        t.client()
-            .netns
-            .run(|| client_exchange(connect(addr, TIMEOUT)?, 10, 10))
-            .unwrap();
-        assert!(srv.next_report(TIMEOUT).unwrap().received.is_ok());
+        expect_exchange(&t, 9000);
     });
 }
 
@@ -556,13 +555,6 @@ fn plaintext_denied_by_policy() {
         expect_refused_from(&t, &t.n1.node, APP_PORT);
         assert!(t.p2.stats().refused >= 1, "{:?}", t.p2.stats());
         // The mesh client still gets through, over HBONE with its identity.
-        let addr = SocketAddr::new(t.server().ip(false), APP_PORT + 2);
-        let l = t.server().netns.run(|| listen(addr)).unwrap();
-        let srv = PayloadServer::start(l, 1);
-        t.client()
-            .netns
-            .run(|| client_exchange(connect(addr, TIMEOUT)?, 10, 10))
-            .unwrap();
-        assert!(srv.next_report(TIMEOUT).unwrap().received.is_ok());
+        expect_exchange(&t, APP_PORT + 2);
     });
 }
