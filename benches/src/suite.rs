@@ -383,15 +383,7 @@ struct Scratch(PathBuf);
 impl Scratch {
     fn new() -> anyhow::Result<Scratch> {
         let dir = std::env::temp_dir().join(format!("ringway-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        nix::mount::mount(
-            Some("tmpfs"),
-            &dir,
-            Some("tmpfs"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some("mode=0700"),
-        )
-        .context("mounting the bench's tmpfs")?;
+        ringway_testbed::private_tmpfs(&dir).context("mounting the bench's tmpfs")?;
         Ok(Scratch(dir))
     }
 }

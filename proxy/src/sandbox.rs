@@ -237,14 +237,7 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
     let _cleanup = Cleanup(dir.clone());
     // A tmpfs in the sandbox's private mount namespace: the CA key and the
     // sockets vanish with the namespace, even if this process crashes.
-    nix::mount::mount(
-        Some("tmpfs"),
-        &dir,
-        Some("tmpfs"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-        Some("mode=0700"),
-    )
-    .context("mounting the sandbox's tmpfs")?;
+    ringway_testbed::private_tmpfs(&dir).context("mounting the sandbox's tmpfs")?;
     let mut n1 = VirtualNode::build(1, opts.pods).context("building node 1")?;
     let n2 = VirtualNode::build(2, 1).context("building node 2")?;
     let _link = ringway_testbed::link_nodes(&n1, &n2).context("linking the nodes")?;

@@ -17,7 +17,7 @@ pub mod ns;
 pub mod traffic;
 
 pub use node::{link_nodes, NodeLink, PauseProcess, Pod, VirtualNode};
-pub use ns::Netns;
+pub use ns::{private_tmpfs, Netns};
 
 /// Errors of the test bed.
 #[derive(Debug, thiserror::Error)]

@@ -216,17 +216,29 @@ pub(crate) fn isolate_current_thread() -> Result<(), Error> {
         None::<&str>,
     )
     .map_err(|e| Error::Sys("make mounts private", e))?;
-    std::fs::create_dir_all(NETNS_RUN_DIR).map_err(|e| Error::Io("mkdir /run/netns", e))?;
-    mount(
-        Some("tmpfs"),
-        NETNS_RUN_DIR,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755"),
-    )
-    .map_err(|e| Error::Sys("mount tmpfs on /run/netns", e))?;
+    tmpfs(std::path::Path::new(NETNS_RUN_DIR), "mode=0755")?;
     run_cmd("ip", &["link", "set", "lo", "up"])?;
     Ok(())
+}
+
+/// Mounts a tmpfs only the owner can enter (mode 0700) on `dir`, creating
+/// it. Called inside the isolated mount namespace, whatever is written there
+/// (a CA key, sockets, configuration) vanishes with the namespace, even if
+/// the process crashes.
+pub fn private_tmpfs(dir: &std::path::Path) -> Result<(), Error> {
+    tmpfs(dir, "mode=0700")
+}
+
+fn tmpfs(dir: &std::path::Path, mode: &str) -> Result<(), Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io("creating a tmpfs mount point", e))?;
+    mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(mode),
+    )
+    .map_err(|e| Error::Sys("mounting a tmpfs", e))
 }
 
 /// The inode of the calling thread's current network namespace.
