@@ -14,6 +14,7 @@
 //! ([`crate::Proxy::set_identity`]) and a mesh ([`crate::Proxy::set_mesh`]);
 //! without them every connection takes the plaintext path as before.
 
+use std::borrow::Cow;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
@@ -153,12 +154,13 @@ pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
 
 /// The workload of a pod for authorization: the mesh's, else one made from
 /// what the agent told us.
-pub(crate) fn pod_workload(mesh: &Mesh, pod: &PodShared) -> Workload {
+pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workload> {
     if let Some(w) = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)) {
-        return w.clone();
+        // Borrowed: authorizing a connection copies nothing.
+        return Cow::Borrowed(w);
     }
     let who = pod.who.read().unwrap_or_else(|p| p.into_inner());
-    Workload {
+    Cow::Owned(Workload {
         uid: pod.uid.to_string(),
         name: who.0.name.clone(),
         namespace: who.0.namespace.clone(),
@@ -167,7 +169,7 @@ pub(crate) fn pod_workload(mesh: &Mesh, pod: &PodShared) -> Workload {
         node: String::new(),
         tunnel: true,
         healthy: true,
-    }
+    })
 }
 
 /// How an outbound connection will be tunnelled.
