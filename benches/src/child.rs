@@ -21,8 +21,6 @@ pub struct ProxyArgs {
     pub config: Option<PathBuf>,
     /// `--zds-socket PATH`: pods from the node agent.
     pub zds_socket: Option<PathBuf>,
-    /// Serve the control endpoints (always on with the real binary).
-    pub control: bool,
     /// Loopback address of this proxy's control endpoints (15021, 15020, 15000).
     pub control_host: std::net::Ipv4Addr,
 }
@@ -34,7 +32,6 @@ impl ProxyArgs {
             pods: pods.to_vec(),
             config: None,
             zds_socket: None,
-            control: false,
             control_host: std::net::Ipv4Addr::new(127, 0, 0, 1),
         }
     }
@@ -52,9 +49,10 @@ pub struct ProxyChild {
 }
 
 impl ProxyChild {
-    /// Starts `bin proxy ...` (or the bench wrapper, which takes the same
-    /// flags) with `env` and `args`, and waits up to `timeout` for its
-    /// `serving` log line.
+    /// Starts `bin proxy ...` (`bin` is the `ringway` program: the real
+    /// binary or the suite's `ringway-bench-proxy`, which runs the same
+    /// `ringway::main`) with `env` and `args`, and waits up to `timeout` for
+    /// its `serving` log line.
     pub fn start_ringway(
         bin: &Path,
         env: &[(&str, String)],
@@ -62,9 +60,7 @@ impl ProxyChild {
         timeout: Duration,
     ) -> anyhow::Result<ProxyChild> {
         let mut cmd = Command::new(bin);
-        if bin.file_name().is_some_and(|n| n == "ringway") {
-            cmd.arg("proxy");
-        }
+        cmd.arg("proxy");
         for (uid, path) in &args.pods {
             cmd.arg("--pod").arg(format!("{uid}={}", path.display()));
         }
@@ -74,18 +70,16 @@ impl ProxyChild {
         if let Some(z) = &args.zds_socket {
             cmd.arg("--zds-socket").arg(z);
         }
-        // The real binary always serves its endpoints (defaults 15021,
+        // `ringway proxy` always serves its endpoints (defaults 15021,
         // 15020, 127.0.0.1:15000); the bench gives each proxy its own
         // loopback address so two proxies never share a port.
         let host = args.control_host;
-        if args.control || bin.file_name().is_some_and(|n| n == "ringway") {
-            cmd.arg("--readiness-addr")
-                .arg(format!("{host}:15021"))
-                .arg("--metrics-addr")
-                .arg(format!("{host}:15020"))
-                .arg("--admin-addr")
-                .arg(format!("{host}:15000"));
-        }
+        cmd.arg("--readiness-addr")
+            .arg(format!("{host}:15021"))
+            .arg("--metrics-addr")
+            .arg(format!("{host}:15020"))
+            .arg("--admin-addr")
+            .arg(format!("{host}:15000"));
         cmd.env("RINGWAY_LOG", "info,access=off")
             .env("RINGWAY_LOG_FORMAT", "text")
             .envs(env.iter().map(|(k, v)| (k, v)));

@@ -14,32 +14,15 @@ pub mod suite;
 
 pub use report::median;
 
-/// The proxy binary the suite runs: `RINGWAY_BENCH_PROXY_BIN` when set, else
-/// the real `ringway` binary beside `wrapper` (built by `cargo build
-/// --release --bin ringway`) when it is at least as new as `wrapper`, else
-/// `wrapper` (the crate's `ringway-bench-proxy`, rebuilt by every `cargo
-/// bench`: the same proxy library behind the flags of `ringway proxy` the
-/// suite uses). A `ringway` older than the wrapper was built from older
-/// sources and would be measured in their place.
-pub fn proxy_binary(wrapper: &std::path::Path) -> std::path::PathBuf {
-    if let Ok(p) = std::env::var("RINGWAY_BENCH_PROXY_BIN") {
-        return p.into();
+/// The `ringway` program the suite runs (as `BIN proxy ...`):
+/// `RINGWAY_BENCH_PROXY_BIN` when set (to measure another build), else
+/// `own`, the crate's `ringway-bench-proxy`: `ringway::main` itself, rebuilt
+/// from the current sources by every `cargo bench`.
+pub fn proxy_binary(own: &std::path::Path) -> std::path::PathBuf {
+    match std::env::var("RINGWAY_BENCH_PROXY_BIN") {
+        Ok(p) => p.into(),
+        Err(_) => own.to_path_buf(),
     }
-    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    if let Some(real) = wrapper.parent().map(|d| d.join("ringway")) {
-        match (modified(&real), modified(wrapper)) {
-            (Some(r), Some(w)) if r >= w => return real,
-            (Some(_), Some(_)) => eprintln!(
-                "[bench] {} is older than the bench's own proxy build; measuring {} instead \
-                 (cargo build --release --bin ringway to measure the real binary)",
-                real.display(),
-                wrapper.display()
-            ),
-            (Some(_), None) => return real,
-            _ => {}
-        }
-    }
-    wrapper.to_path_buf()
 }
 
 /// Runs the suite in isolated namespaces, writes the report to `out` and

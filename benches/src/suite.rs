@@ -56,8 +56,9 @@ pub struct Config {
     /// Scrapes per second of the scrape-impact run (each one `GET /metrics`
     /// and one `GET /config_dump`).
     pub scrape_rate: f64,
-    /// The proxy binary: `ringway` (run as `ringway proxy ...`) or the
-    /// bench wrapper `ringway-bench-proxy`.
+    /// The `ringway` program under test, run as `BIN proxy ...`: the suite's
+    /// `ringway-bench-proxy` (which is `ringway::main`) or
+    /// `RINGWAY_BENCH_PROXY_BIN`.
     pub proxy_bin: PathBuf,
     /// Include HAProxy when installed.
     pub haproxy: bool,
@@ -714,9 +715,8 @@ fn start(config: &Config, bed: &Bed, sc: &Scenario) -> anyhow::Result<(Path, Pro
                 let mut args =
                     ProxyArgs::pods(&pods.iter().map(|p| pod_arg(p)).collect::<Vec<_>>());
                 args.config = config_file.clone();
-                // Endpoints on (the real binary always serves them): the
+                // Each proxy's endpoints on its own loopback address: the
                 // metrics tell whether the traffic really rode HBONE.
-                args.control = true;
                 args.control_host = Ipv4Addr::new(127, 0, 0, 1 + i as u8);
                 v.push(ProxyChild::start_ringway(
                     &config.proxy_bin,
@@ -1107,8 +1107,7 @@ fn run_scrape(config: &Config, bed: &Bed, round: usize, port: &mut u16) -> anyho
     let mut f = Figures::new();
     let (client, server) = (bed.n1.pod(2), bed.n1.pod(3));
     capture(&[client, server], CaptureMode::Tproxy)?;
-    let mut args = ProxyArgs::pods(&[pod_arg(client), pod_arg(server)]);
-    args.control = true;
+    let args = ProxyArgs::pods(&[pod_arg(client), pod_arg(server)]);
     let host = args.control_host;
     let mut proxy = ProxyChild::start_ringway(
         &config.proxy_bin,

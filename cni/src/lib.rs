@@ -63,7 +63,6 @@ pub mod node;
 pub mod result;
 mod run;
 pub mod version;
-pub mod zds;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

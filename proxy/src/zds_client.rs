@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
-use ringway_cni::zds::{self, Request, ZdsError, ZdsHello};
+use ringway_zds::{self as zds, Request, ZdsError, ZdsHello};
 
 use crate::{PodIdentity, Proxy};
 

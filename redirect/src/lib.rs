@@ -605,8 +605,9 @@ fn rollback(rt: &mut NlSocket, spec: &CaptureSpec, added: &[Undo]) -> Result<(),
     first_err.map_or(Ok(()), Err)
 }
 
-/// A deliberately invalid rule for [`apply_with_extra_rule_for_test`].
-#[doc(hidden)]
+/// A deliberately invalid rule for [`apply_with_extra_rule_for_test`]
+/// (feature `testing`).
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InjectedFault {
     /// An expression type the kernel does not know (ENOENT).
@@ -615,9 +616,10 @@ pub enum InjectedFault {
     BadRegister,
 }
 
-/// Test-only: like [`apply`], with one invalid rule appended to chain
-/// `output`, to prove that a refused batch applies nothing at all.
-#[doc(hidden)]
+/// Like [`apply`], with one invalid rule appended to chain `output`, to prove
+/// that a refused batch applies nothing at all (feature `testing`: never in a
+/// product build).
+#[cfg(feature = "testing")]
 pub fn apply_with_extra_rule_for_test(
     netns: BorrowedFd<'_>,
     spec: &CaptureSpec,

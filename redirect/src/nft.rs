@@ -44,7 +44,8 @@ pub(crate) enum Expr {
     TproxyPort,
     /// `redir proto_min reg 1 flags PROTO_SPECIFIED`
     RedirPort,
-    /// Any expression, raw (test-only fault injection).
+    /// Any expression, raw (fault injection for tests; feature `testing`).
+    #[cfg(feature = "testing")]
     Raw { name: String, data: Vec<u8> },
 }
 
@@ -60,6 +61,7 @@ impl Expr {
             Expr::Payload { .. } => "payload",
             Expr::TproxyPort => "tproxy",
             Expr::RedirPort => "redir",
+            #[cfg(feature = "testing")]
             Expr::Raw { name, .. } => name,
         }
     }
@@ -131,6 +133,7 @@ impl Expr {
                 a.u32_be(NFTA_REDIR_REG_PROTO_MIN, NFT_REG_1)
                     .u32_be(NFTA_REDIR_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED);
             }
+            #[cfg(feature = "testing")]
             Expr::Raw { data, .. } => {
                 a.put_raw(data);
             }

@@ -12,8 +12,8 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use agent_support::*;
-use ringway_cni::zds;
 use ringway_testbed::{run_isolated, VirtualNode};
+use ringway_zds as zds;
 
 #[test]
 fn snapshot_is_adds_one_ack_each_keep_for_gone_netns_then_snapshot_sent() {

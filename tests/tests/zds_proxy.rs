@@ -14,15 +14,15 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, MsgFlags, SockFlag, SockType, UnixAddr,
 };
-use ringway_cni::zds::{
-    self, workload_request::Payload, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent,
-    WorkloadInfo,
-};
 use ringway_config::{CaptureMode, Datapath};
 use ringway_proxy::control::ControlServer;
 use ringway_proxy::zds_client::{self, Readiness, ZdsClientConfig};
 use ringway_proxy::Proxy;
 use ringway_testbed::{run_isolated, VirtualNode};
+use ringway_zds::{
+    self as zds, workload_request::Payload, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent,
+    WorkloadInfo,
+};
 
 struct FakeAgent {
     listener: OwnedFd,

@@ -193,7 +193,7 @@ impl Selection {
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
-            zds_socket: PathBuf::from(crate::zds::DEFAULT_SOCKET),
+            zds_socket: PathBuf::from(ringway_zds::DEFAULT_SOCKET),
             cni_socket: PathBuf::from(crate::conf::DEFAULT_AGENT_SOCKET),
             capture: CaptureSpec::default(),
             netns_dirs: vec![PathBuf::from(DEFAULT_NETNS_DIR)],

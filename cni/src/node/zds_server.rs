@@ -15,7 +15,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::state::{lock, Core, SnapItem};
 use super::{Pod, StartError, ACK_TIMEOUT};
-use crate::zds::{self, workload_request::Payload, WorkloadRequest, ZdsError};
+use ringway_zds::{self as zds, workload_request::Payload, WorkloadRequest, ZdsError};
 
 /// How often idle loops look at the shutdown flag.
 const TICK_MS: u16 = 200;

@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ringway_cni::node::{AgentConfig, AgentHandle, NodeAgent, Selection, UnixAgent};
-use ringway_cni::zds::{self, Request, ZdsError, ZdsHello};
 use ringway_cni::Outcome;
 use ringway_redirect::CaptureSpec;
 use ringway_testbed::Pod;
+use ringway_zds::{self as zds, Request, ZdsError, ZdsHello};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 pub const WAIT: Duration = Duration::from_secs(10);

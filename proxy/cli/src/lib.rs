@@ -1,9 +1,20 @@
-//! The `ringway` binary: one executable, several roles.
+//! The `ringway` binary: one executable, several roles, each composed here from
+//! the product libraries.
 //!
-//! - `ringway sandbox`: build an isolated virtual node on this machine, capture
-//!   its pods, run the proxy and a short demo (the README's first command).
-//! - `ringway proxy`: the node proxy, serving the pods named on the command line.
+//! - `ringway proxy`: the node proxy (`ringway-proxy`), pods from the node agent
+//!   over ZDS (`ringway-zds`) or named on the command line; the mesh from the
+//!   configuration (`ringway-config`) and optionally the Kubernetes API.
+//! - `ringway agent`: the node agent (`ringway-cni`'s `node`): CNI events,
+//!   capture rules (`ringway-redirect`), the ZDS server.
 //! - `ringway redirect apply|verify|remove`: manage one pod's capture rules.
+//! - `ringway-cni` (this binary under that name): the chained CNI plugin.
+//! - `ringway sandbox` (feature `sandbox`, on by default, off in the image):
+//!   build an isolated virtual node on this machine, capture its pods, run the
+//!   proxy and a short demo (the README's first command). Only this feature
+//!   reaches the test bed (`ringway-testbed`) and the test CA.
+//!
+//! [`main`] is the whole program; `src/main.rs` only calls it, and the benches'
+//! proxy child calls it too.
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -12,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+#[cfg(feature = "sandbox")]
 mod sandbox;
 use clap::{Parser, Subcommand, ValueEnum};
 use ringway_config::{CaptureMode, ProxySettings};
@@ -48,6 +60,7 @@ enum LogFormat {
 enum Command {
     /// Build an isolated virtual node here, capture its pods, run the proxy
     /// and a demo, then clean up (root, or CAP_NET_ADMIN + CAP_SYS_ADMIN).
+    #[cfg(feature = "sandbox")]
     Sandbox(SandboxArgs),
     /// Run the node proxy for the given pods until SIGTERM/SIGINT.
     Proxy(ProxyArgs),
@@ -61,6 +74,7 @@ enum Command {
     },
 }
 
+#[cfg(feature = "sandbox")]
 #[derive(clap::Args, Debug)]
 struct SandboxArgs {
     /// Number of pods on the virtual node.
@@ -125,7 +139,7 @@ enum MeshSource {
 #[derive(clap::Args, Debug)]
 struct AgentArgs {
     /// ZDS socket the proxy connects to.
-    #[arg(long, env = "RINGWAY_ZDS_SOCKET", default_value = ringway_cni::zds::DEFAULT_SOCKET)]
+    #[arg(long, env = "RINGWAY_ZDS_SOCKET", default_value = ringway_zds::DEFAULT_SOCKET)]
     zds_socket: PathBuf,
     /// Socket the CNI plugin talks to (the plugin config's `agentSocket`).
     #[arg(long, env = "RINGWAY_CNI_SOCKET", default_value = ringway_cni::conf::DEFAULT_AGENT_SOCKET)]
@@ -177,9 +191,15 @@ struct RedirectArgs {
     /// The pod's network namespace (e.g. /var/run/netns/cni-1234 or /proc/PID/ns/net).
     #[arg(long)]
     netns: PathBuf,
-    /// Capture mode.
-    #[arg(long, default_value = "tproxy")]
-    mode: CaptureMode,
+    /// Capture mode; the configuration's `proxy.captureMode` (or
+    /// `RINGWAY_CAPTURE_MODE`) otherwise.
+    #[arg(long)]
+    mode: Option<CaptureMode>,
+    /// Proxy/capture settings file (YAML), the same file the proxy and the
+    /// agent read (ports, mark, capture mode); the embedded defaults
+    /// otherwise. `RINGWAY_*` variables override single settings.
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 /// Changes the log filter at run time (the admin endpoint's `/logging`).
@@ -300,7 +320,9 @@ fn capture_spec(mode: CaptureMode, settings: &ProxySettings) -> ringway_redirect
     })
 }
 
-fn main() -> anyhow::Result<()> {
+/// The `ringway` program: parses the command line (or, run as `ringway-cni`,
+/// the CNI call) and runs the command.
+pub fn main() -> anyhow::Result<()> {
     // Installed as /opt/cni/bin/ringway-cni, the same binary is the CNI
     // plugin: the runtime passes the call in CNI_* variables and stdin.
     let argv0 = std::env::args_os().next().unwrap_or_default();
@@ -310,6 +332,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logs(&cli.log, cli.log_format);
     match cli.command {
+        #[cfg(feature = "sandbox")]
         Command::Sandbox(args) => sandbox(args),
         Command::Proxy(args) => run_proxy(args),
         Command::Agent(args) => run_agent(args),
@@ -470,15 +493,18 @@ fn redirect(action: RedirectAction) -> anyhow::Result<()> {
         RedirectAction::Verify(a) => (a, "verify"),
         RedirectAction::Remove(a) => (a, "remove"),
     };
-    let settings = ProxySettings::default();
-    let spec = capture_spec(args.mode, &settings);
+    // The same settings (file + environment) as `ringway proxy` and `ringway
+    // agent`: ports and mark differ from the defaults on some nodes.
+    let settings = load_settings(args.config.as_ref())?;
+    let mode = args.mode.unwrap_or(settings.capture_mode);
+    let spec = capture_spec(mode, &settings);
     let fd = ringway_redirect::open_netns(&args.netns)?;
     match what {
         "apply" => {
             ringway_redirect::apply(fd.as_fd(), &spec)?;
             println!(
                 "capture rules ({}) in place in {}",
-                args.mode,
+                mode,
                 args.netns.display()
             );
         }
@@ -487,7 +513,7 @@ fn redirect(action: RedirectAction) -> anyhow::Result<()> {
             if drift.is_empty() {
                 println!(
                     "capture rules ({}) in place in {}",
-                    args.mode,
+                    mode,
                     args.netns.display()
                 );
             } else {
@@ -661,6 +687,7 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "sandbox")]
 fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     if let Some(why) = ringway_testbed::missing_privileges() {
         bail!(

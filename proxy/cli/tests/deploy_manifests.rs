@@ -64,8 +64,9 @@ const BINARY_IN_IMAGE: &str = "/usr/local/bin/ringway";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
+        .ancestors()
+        .nth(2)
+        .expect("proxy/cli/ is two levels below the workspace root")
         .to_path_buf()
 }
 
@@ -93,37 +94,9 @@ fn yaml_to_json(text: &str, what: &str) -> Json {
 // The ringway binary and its flags
 // ---------------------------------------------------------------------------------------
 
-/// The `ringway` binary of this workspace. Cargo sets `CARGO_BIN_EXE_*` only for the
-/// binary's own package, so it is looked up in the target directory; `cargo test
-/// --workspace` builds it before any test runs.
+/// The `ringway` binary of this package, built by cargo for this test.
 fn ringway_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("CARGO_BIN_EXE_ringway") {
-        return PathBuf::from(p);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|p| if p.is_absolute() { p } else { root().join(p) })
-        .unwrap_or_else(|| root().join("target"));
-    let bin = target.join("debug/ringway");
-    assert!(
-        bin.is_file(),
-        "{} is missing: the deploy checks read the flags from the binary's --help. \
-         Build it first: cargo build -p ringway-proxy",
-        bin.display()
-    );
-    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).unwrap();
-    let source = root().join("proxy/src/main.rs");
-    let edited = std::fs::metadata(&source)
-        .and_then(|m| m.modified())
-        .unwrap();
-    assert!(
-        built >= edited,
-        "{} is older than {}: its --help may not list the current flags. \
-         Rebuild it: cargo build -p ringway-proxy",
-        bin.display(),
-        source.display()
-    );
-    bin
+    PathBuf::from(env!("CARGO_BIN_EXE_ringway"))
 }
 
 /// What `ringway [SUBCOMMAND] --help` says.
@@ -1358,7 +1331,7 @@ fn manifests_are_the_chart_rendered_with_default_values() {
             .unwrap_or(committed.lines().count().min(rendered.lines().count()));
         panic!(
             "{} differs from the chart's rendering from line {}:\n  committed: {:?}\n  rendered:  {:?}\n\
-             Regenerate it: RINGWAY_UPDATE_MANIFESTS=1 cargo test -p ringway-testbed --test deploy_manifests \
+             Regenerate it: RINGWAY_UPDATE_MANIFESTS=1 cargo test -p ringway --test deploy_manifests \
              manifests_are_the_chart_rendered_with_default_values (or helm template, deploy/README.md)",
             path.display(),
             first + 1,
@@ -1641,7 +1614,7 @@ fn dockerfile_builds_with_the_pinned_toolchain_and_the_documented_command() {
         dockerfile.contains(&format!("ARG RUST_VERSION={channel}\n")),
         "deploy/Dockerfile: ARG RUST_VERSION must be {channel} (rust-toolchain.toml)"
     );
-    let build = "cargo build --release --locked -p ringway-proxy";
+    let build = "cargo build --release --locked -p ringway --no-default-features";
     assert!(dockerfile.contains(build), "deploy/Dockerfile: `{build}`");
     let readme = read(&deploy().join("README.md"));
     assert!(

@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
 };
-use ringway_cni::zds::{self, workload_request::Payload, AddWorkload, SnapshotSent, WorkloadInfo};
 use ringway_config::ProxySettings;
+use ringway_zds::{
+    self as zds, workload_request::Payload, AddWorkload, SnapshotSent, WorkloadInfo,
+};
 mod support;
 
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
