@@ -1,8 +1,8 @@
 //! The node-agent client abstraction: what the plugin asks of ringway's node agent.
 //!
-//! The real client (HTTP over the agent's unix socket) comes later; the driver only
-//! sees this trait, so every decision is testable with `testing::FakeAgent`
-//! (the `testing` feature).
+//! The real client is [`crate::node::UnixAgent`] (one JSON line each way over the
+//! agent's unix socket); the driver only sees this trait, so every decision is
+//! testable with `testing::FakeAgent` (the `testing` feature).
 //! Each request carries the socket path from the config (`agentSocket`), so one
 //! client value serves any config.
 

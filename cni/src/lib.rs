@@ -5,9 +5,9 @@
 //! `CNI_*` environment variables ([`env`](mod@env)) and the network config on stdin
 //! ([`conf`]). [`run`] turns both into what the binary prints and its exit code
 //! ([`Outcome`]), talking to ringway's node agent only through the [`Agent`] trait.
-//! The plugin binary (a later step) is to do no more than gather the inputs
-//! ([`ProcessEnv`], stdin), pick the real agent client, print `stdout` with a newline
-//! and exit with `exit_code`.
+//! The plugin binary (`ringway` run as `ringway-cni`, in the `ringway` crate) does no
+//! more than gather the inputs ([`ProcessEnv`], stdin), pick the real agent client
+//! ([`node::UnixAgent`]), print `stdout` with a newline and exit with `exit_code`.
 //!
 //! | command | what happens | stdout |
 //! | --- | --- | --- |

@@ -1,6 +1,7 @@
 //! Thin syscall layer: entering a pod's network namespace, splice between
 //! sockets and pipes, aborting a TCP connection with a reset, and raising
-//! the fd limit. The one `unsafe` block (the reset) is explained in place.
+//! the fd limit. Four `unsafe` blocks (the reset, epoll registration,
+//! adopting an SCM_RIGHTS fd, IP_LOCAL_PORT_RANGE), each explained in place.
 
 use std::cell::OnceCell;
 use std::fs::File;

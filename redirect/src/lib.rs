@@ -150,7 +150,9 @@ pub use ruleset::render;
 pub use tag::{PodTag, TagError, NFT_USERDATA_MAX, PIECE_MAX};
 pub use verify::Drift;
 
-use nft::{Chain, Expr, Rule};
+use nft::Chain;
+#[cfg(feature = "testing")]
+use nft::{Expr, Rule};
 use nl::NlSocket;
 use route::{Added, Family};
 

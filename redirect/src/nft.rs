@@ -188,6 +188,7 @@ fn payload_eq(x: &[u8], y: &[u8]) -> bool {
 
 impl Attrs {
     /// Appends pre-encoded attributes.
+    #[cfg(feature = "testing")]
     pub(crate) fn put_raw(&mut self, raw: &[u8]) -> &mut Attrs {
         // Reuse `put`'s padding by splitting into attributes when possible.
         match nl::parse_attrs(raw) {

@@ -22,6 +22,8 @@
 //! The message types below are this project's own definitions of that
 //! schema; [`Request`] is the validated form a receiver works with.
 
+#![forbid(unsafe_code)]
+
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 

@@ -16,6 +16,8 @@
 //! [`main`] is the whole program; `src/main.rs` only calls it, and the benches'
 //! proxy child calls it too.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
