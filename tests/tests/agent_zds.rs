@@ -282,17 +282,27 @@ fn health_check_names_what_is_wrong() {
         let cfg = config("agent_health", &dir.0);
         let agent = start(&cfg);
         let health = agent.health_source();
-        let ok = health().expect("a fresh agent is ready");
-        assert!(ok.contains("0 pods enrolled"), "{ok}");
+        let live = agent.liveness_source();
+        // Without a proxy every ADD of a pod to capture fails (code 11): not
+        // ready, saying why; but live (a restart would not help).
+        let why = health().expect_err("an agent without a proxy is not ready");
+        assert!(why.contains("no proxy has taken the snapshot"), "{why}");
+        live().expect("an agent waiting for its proxy is live");
         let _p = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        assert!(health().unwrap().contains("1 proxies connected"));
+        let ok = health().expect("ready once a proxy took the snapshot");
+        assert!(
+            ok.contains("0 pods enrolled") && ok.contains("1 proxies connected"),
+            "{ok}"
+        );
         std::fs::remove_file(&cfg.cni_socket).unwrap();
         let err = health().expect_err("CNI socket removed");
         assert!(
             err.contains("CNI event socket") && err.contains("is gone"),
             "{err}"
         );
+        let err = live().expect_err("CNI socket removed: not live either");
+        assert!(err.contains("is gone"), "{err}");
         agent.shutdown();
         let err = health().expect_err("stopped");
         assert!(err.contains("shutting down"), "{err}");

@@ -433,31 +433,40 @@ impl AgentHandle {
         })
     }
 
+    /// A liveness check that can live on another thread (for the agent's
+    /// `/healthz/live`): `Ok` while the agent serves, `Err` naming what is wrong
+    /// otherwise (shutting down; a socket file the CNI plugin or the proxies
+    /// connect to has disappeared). It does not depend on a proxy: an agent
+    /// waiting for its proxy is healthy and must not be restarted.
+    pub fn liveness_source(
+        &self,
+    ) -> std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync> {
+        let core = self.core.clone();
+        std::sync::Arc::new(move || live(&core).map(|()| "serving".to_owned()))
+    }
+
     /// A readiness check that can live on another thread (for the agent's
-    /// `/healthz/ready`): `Ok` with a summary while the agent serves, `Err`
-    /// naming what is wrong otherwise (shutting down; a socket file the CNI
-    /// plugin or the proxies connect to has disappeared).
+    /// `/healthz/ready`): [`AgentHandle::liveness_source`], and a proxy has taken
+    /// the snapshot. Until one has, every CNI ADD of a pod to capture fails with
+    /// code 11 (try again later), so the agent does not claim to be ready.
     pub fn health_source(
         &self,
     ) -> std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync> {
         let core = self.core.clone();
         std::sync::Arc::new(move || {
-            if core.is_stopping() {
-                return Err("the agent is shutting down".into());
-            }
-            let cfg = core.config();
-            for (what, path) in [
-                ("ZDS socket", &cfg.zds_socket),
-                ("CNI event socket", &cfg.cni_socket),
-            ] {
-                if !path.exists() {
-                    return Err(format!("{what} {} is gone", path.display()));
-                }
+            live(&core)?;
+            let proxies = core.proxies();
+            let ready = proxies.iter().filter(|p| p.ready).count();
+            if ready == 0 {
+                return Err(format!(
+                    "no proxy has taken the snapshot ({} connected): pods to capture cannot be added",
+                    proxies.len()
+                ));
             }
             Ok(format!(
-                "ready: {} pods enrolled, {} proxies connected",
+                "ready: {} pods enrolled, {} proxies connected, {ready} with the snapshot",
                 core.pod_count(),
-                core.proxies().len()
+                proxies.len()
             ))
         })
     }
@@ -513,6 +522,23 @@ impl Drop for AgentHandle {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// See [`AgentHandle::liveness_source`].
+fn live(core: &Core) -> Result<(), String> {
+    if core.is_stopping() {
+        return Err("the agent is shutting down".into());
+    }
+    let cfg = core.config();
+    for (what, path) in [
+        ("ZDS socket", &cfg.zds_socket),
+        ("CNI event socket", &cfg.cni_socket),
+    ] {
+        if !path.exists() {
+            return Err(format!("{what} {} is gone", path.display()));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -163,6 +163,10 @@ struct AgentArgs {
     /// With --install-cni: the CNI conf dir.
     #[arg(long, default_value = "/etc/cni/net.d")]
     cni_conf_dir: PathBuf,
+    /// With --install-cni: the plugin's `logFile` (a path on the node; runtimes
+    /// mostly swallow the plugin's stderr).
+    #[arg(long, env = "RINGWAY_CNI_LOG_FILE")]
+    cni_log_file: Option<PathBuf>,
     /// Directory holding bind-mounted pod namespaces (scanned at start).
     #[arg(long, default_value = "/var/run/netns")]
     netns_dir: Vec<PathBuf>,
@@ -342,20 +346,36 @@ pub fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The CNI plugin: result or error JSON on stdout, logs on stderr, exit code
-/// as the spec says. Never returns.
+/// The CNI plugin: result or error JSON on stdout, exit code as the spec says,
+/// logs to the config's `logFile` (appended; stderr when unset or when it cannot
+/// be opened) at its `logLevel` (`RINGWAY_CNI_LOG`, a tracing filter, overrides
+/// the level when set). Never returns.
 fn cni_plugin_main() -> ! {
     use std::io::{Read, Write};
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RINGWAY_CNI_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
     let mut stdin = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut stdin);
+    let (log_file, level) = ringway_cni::conf::log_settings(&stdin);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RINGWAY_CNI_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.as_str()));
+    let file = log_file.as_ref().map(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("ringway-cni: cannot open logFile {}: {e}", path.display()))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
+    let _ = match file {
+        Some(Ok(f)) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
+        other => {
+            if let Some(Err(why)) = other {
+                eprintln!("{why}; logging to stderr");
+            }
+            builder.with_writer(std::io::stderr).try_init()
+        }
+    };
     let out = ringway_cni::run(
         &ringway_cni::ProcessEnv,
         &stdin,
@@ -414,6 +434,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         cfg.bin_dir = args.cni_bin_dir.clone();
         cfg.conf_dir = args.cni_conf_dir.clone();
         cfg.agent_socket = args.cni_socket.clone();
+        cfg.log_file = args.cni_log_file.clone();
         let installer = ringway_cni::install::Installer::new(cfg);
         installer
             .install_binary()
@@ -445,6 +466,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     };
     let source = agent.metrics_source();
     let health = agent.health_source();
+    let live = agent.liveness_source();
     let metrics_server = ringway_proxy::control::ControlServer::serve(
         args.metrics_addr,
         std::sync::Arc::new(move |method, path, _, _| match (method, path) {
@@ -461,6 +483,14 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                     format!("not ready: {e}\n"),
                 ),
             },
+            (&hyper::Method::GET, "/healthz/live") => match live() {
+                Ok(s) => (hyper::StatusCode::OK, "text/plain; charset=utf-8", s + "\n"),
+                Err(e) => (
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain; charset=utf-8",
+                    format!("not live: {e}\n"),
+                ),
+            },
             (_, path) => (
                 hyper::StatusCode::NOT_FOUND,
                 "text/plain; charset=utf-8",
@@ -474,7 +504,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             args.metrics_addr
         )
     })?;
-    tracing::info!(addr = %metrics_server.addr, "agent endpoint: GET /metrics, GET /healthz/ready");
+    tracing::info!(addr = %metrics_server.addr, "agent endpoint: GET /metrics, GET /healthz/ready, GET /healthz/live");
     let sig = stop.wait()?;
     drop(metrics_server);
     tracing::info!(signal = ?sig, "node agent stopping; pods, rules and the proxy are left as they are");

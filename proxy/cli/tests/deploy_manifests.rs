@@ -940,22 +940,24 @@ fn check_invariants(o: &Objects, text: &str) {
         ru.max_unavailable.is_some(),
         "agent: maxUnavailable (old agent stops first)"
     );
-    // Readiness and liveness: the agent's /healthz/ready, on its metrics port
-    // (--metrics-addr, whose default is 0.0.0.0:15022).
+    // Readiness (/healthz/ready: a proxy took the snapshot) and liveness
+    // (/healthz/live: the agent serves, whatever the proxy does, so a proxy that is
+    // down never gets the agent restarted), on its metrics port (--metrics-addr,
+    // whose default is 0.0.0.0:15022).
     let agent_port = agent_args.get("--metrics-addr").map_or(15022, |a| {
         a.parse::<std::net::SocketAddr>()
             .expect("agent: --metrics-addr is an address")
             .port()
     });
-    for (what, probe) in [
-        ("readiness", &agent.readiness_probe),
-        ("liveness", &agent.liveness_probe),
+    for (what, probe, path) in [
+        ("readiness", &agent.readiness_probe, "/healthz/ready"),
+        ("liveness", &agent.liveness_probe, "/healthz/live"),
     ] {
         let get = probe
             .as_ref()
             .and_then(|p| p.http_get.as_ref())
             .unwrap_or_else(|| panic!("agent: HTTP {what} probe"));
-        assert_eq!(get.path.as_deref(), Some("/healthz/ready"), "agent: {what}");
+        assert_eq!(get.path.as_deref(), Some(path), "agent: {what}");
         assert_eq!(
             serde_json::to_value(&get.port).unwrap(),
             Json::from(agent_port),
