@@ -534,3 +534,51 @@ fn adds_right_after_an_agent_restart_succeed_after_at_most_one_retry() {
         },
     );
 }
+
+/// A DEL that arrives while no proxy is connected reaches the proxy as a
+/// removal in the next snapshot: proxy down, DEL, proxy up, and the pod's
+/// listeners do not come back while the other pod's do.
+#[test]
+fn a_del_missed_by_the_proxy_is_in_the_next_snapshot() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated("a_del_missed_by_the_proxy_is_in_the_next_snapshot", || {
+        let env = Env::new("drill-missed-del");
+        let vn = VirtualNode::build(1, 2).unwrap();
+        let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+        let _pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
+        let _agent = env.agent();
+        let (proxy, _) = env.proxy("127.0.0.1:15021");
+        for (p, uid) in [(&a, "uid-a"), (&b, "uid-b")] {
+            let out = env.cni_call("ADD", p, uid);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        assert!(listeners(&a) > 0 && listeners(&b) > 0);
+
+        let status = proxy.sigterm_and_wait();
+        assert!(status.success(), "proxy exit: {status}");
+        let out = env.cni_call("DEL", &a, "uid-a");
+        assert!(
+            out.status.success(),
+            "DEL without a proxy: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+
+        let (_proxy2, log) = env.proxy("127.0.0.1:15021");
+        // Ready means the snapshot is applied and no pod is pending.
+        let log = std::fs::read_to_string(log).unwrap();
+        assert!(listeners(&b) > 0, "pod b is served again:\n{log}");
+        assert_eq!(
+            listeners(&a),
+            0,
+            "the deleted pod's listeners came back:\n{log}"
+        );
+        assert!(
+            !log.contains("uid-a"),
+            "the new proxy heard of pod a:\n{log}"
+        );
+    });
+}
