@@ -69,11 +69,60 @@ enum Command {
     /// The node agent: CNI events, capture rules, and the pods' handoff to
     /// the proxy over ZDS. SIGTERM stops it and leaves pods and rules alone.
     Agent(AgentArgs),
+    /// The certificate service: signs workload certificates from CSRs for
+    /// callers authenticated by Kubernetes TokenReview (the mesh's
+    /// IstioCertificateService over gRPC/TLS). The only component that holds
+    /// the root key.
+    Ca(CaArgs),
     /// Manage one pod's capture rules.
     Redirect {
         #[command(subcommand)]
         action: RedirectAction,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct CaArgs {
+    /// Where the gRPC/TLS service listens (the reference control plane uses 15012).
+    #[arg(long, env = "RINGWAY_CA_LISTEN", default_value = "0.0.0.0:15012")]
+    listen: std::net::SocketAddr,
+    /// The service's own serving certificate (PEM chain), valid for the name
+    /// proxies dial.
+    #[arg(long, env = "RINGWAY_CA_TLS_CERT")]
+    tls_cert: PathBuf,
+    /// Its key (PEM).
+    #[arg(long, env = "RINGWAY_CA_TLS_KEY")]
+    tls_key: PathBuf,
+    /// A signing CA certificate (PEM); repeat with --root-key for each root
+    /// during a rotation: the newest valid one signs.
+    #[arg(long = "root-cert", required = true)]
+    root_certs: Vec<PathBuf>,
+    /// The key of the --root-cert at the same position.
+    #[arg(long = "root-key", required = true)]
+    root_keys: Vec<PathBuf>,
+    /// The mesh's trust domain.
+    #[arg(long, env = "RINGWAY_TRUST_DOMAIN", default_value = "cluster.local")]
+    trust_domain: String,
+    /// `namespace/serviceAccount` of the node proxies: the only callers that
+    /// may ask for the identity of a pod on their node.
+    #[arg(
+        long,
+        env = "RINGWAY_CA_NODE_PROXY_SA",
+        default_value = "ringway-system/ringway-proxy"
+    )]
+    node_proxy_sa: String,
+    /// The audience callers' tokens must be bound to.
+    #[arg(long, env = "RINGWAY_CA_AUDIENCE", default_value = "istio-ca")]
+    audience: String,
+    /// The longest certificate lifetime granted, in seconds.
+    #[arg(long, default_value_t = 86400)]
+    max_lifetime_secs: u64,
+    /// Requests per second per caller (service account).
+    #[arg(long, default_value_t = 20.0)]
+    rate_per_caller: f64,
+    /// Metrics (`/metrics`) and readiness (`/healthz/ready`).
+    #[arg(long, env = "RINGWAY_CA_METRICS_ADDR", default_value = "0.0.0.0:15014")]
+    metrics_addr: std::net::SocketAddr,
 }
 
 #[cfg(feature = "sandbox")]
@@ -342,6 +391,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Sandbox(args) => sandbox(args),
         Command::Proxy(args) => run_proxy(args),
         Command::Agent(args) => run_agent(args),
+        Command::Ca(args) => run_ca(args),
         Command::Redirect { action } => redirect(action),
     }
 }
@@ -560,6 +610,122 @@ fn redirect(action: RedirectAction) -> anyhow::Result<()> {
             println!("capture rules removed from {}", args.netns.display());
         }
     }
+    Ok(())
+}
+
+fn run_ca(args: CaArgs) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    let stop = block_stop_signals();
+    if args.root_certs.len() != args.root_keys.len() {
+        bail!(
+            "{} --root-cert but {} --root-key: give them in pairs",
+            args.root_certs.len(),
+            args.root_keys.len()
+        );
+    }
+    let (np_ns, np_sa) = args
+        .node_proxy_sa
+        .split_once('/')
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .with_context(|| {
+            format!(
+                "--node-proxy-sa {:?} is not namespace/serviceAccount",
+                args.node_proxy_sa
+            )
+        })?;
+    let signers = args
+        .root_certs
+        .iter()
+        .zip(&args.root_keys)
+        .map(|(c, k)| ringway_identity::CaSigner::load(c, k).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .context("loading a signing root")?;
+    let tls = ringway_ca::server::tls_config_from_files(&args.tls_cert, &args.tls_key)
+        .context("loading the CA service's serving certificate")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ringway-ca")
+        .enable_all()
+        .build()
+        .context("starting the CA runtime")?;
+    let client = rt
+        .block_on(kube::Client::try_default())
+        .context("the certificate service needs the Kubernetes API (TokenReview, pods)")?;
+    let pods = {
+        let _guard = rt.enter();
+        Arc::new(ringway_ca::pods::WatchedPods::start(client.clone()))
+    };
+    let limits = ringway_ca::Limits {
+        max_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
+        default_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
+        rate_per_caller: args.rate_per_caller,
+        ..ringway_ca::Limits::default()
+    };
+    let service = Arc::new(ringway_ca::CaService::new(
+        ringway_ca::Policy {
+            trust_domain: args.trust_domain.clone(),
+            node_proxy: (np_ns.to_owned(), np_sa.to_owned()),
+        },
+        limits,
+        Arc::new(ringway_ca::KubeTokenReviewer::new(
+            client,
+            args.audience.clone(),
+        )),
+        pods.clone(),
+        signers,
+    )?);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(args.listen))
+        .with_context(|| format!("binding the certificate service on {}", args.listen))?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(ringway_ca::server::serve(
+        listener,
+        tls,
+        service.clone(),
+        ringway_ca::server::ServerLimits::default(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let metrics = service.clone();
+    let ready_pods = pods;
+    let control = ringway_proxy::control::ControlServer::serve(
+        args.metrics_addr,
+        Arc::new(move |method, path, _, _| match (method, path) {
+            (&hyper::Method::GET, "/metrics") => (
+                hyper::StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                metrics.encode_metrics(),
+            ),
+            (&hyper::Method::GET, "/healthz/ready") => {
+                use ringway_ca::PodDirectory;
+                match ready_pods.ready() {
+                    Ok(()) => (
+                        hyper::StatusCode::OK,
+                        "text/plain; charset=utf-8",
+                        "ready\n".into(),
+                    ),
+                    Err(e) => (
+                        hyper::StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain; charset=utf-8",
+                        format!("not ready: {e}\n"),
+                    ),
+                }
+            }
+            (_, path) => (
+                hyper::StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                format!("no such endpoint: {path}\n"),
+            ),
+        }),
+    )
+    .with_context(|| format!("binding the CA's metrics endpoint on {}", args.metrics_addr))?;
+    tracing::info!(listen = %args.listen, metrics = %control.addr, trust_domain = %args.trust_domain, "certificate service serving");
+    let sig = stop.wait()?;
+    tracing::info!(signal = ?sig, "certificate service stopping");
+    let _ = stop_tx.send(());
+    let _ = rt.block_on(server);
+    drop(control);
     Ok(())
 }
 

@@ -300,6 +300,43 @@ impl CaSigner {
         self.issue_with_sans(vec![SanType::URI(uri)], not_before, not_after)
     }
 
+    /// Signs a certificate for `identity` over the public key of a PEM
+    /// PKCS#10 request, whose signature is checked (it proves the caller holds
+    /// the key). Nothing else of the request is used: the CA decides the
+    /// certificate (the SPIFFE ID as the only URI SAN, no subject, not a CA,
+    /// key usages and EKU server + client auth, `not_before`..`not_after`
+    /// capped by the CA's own expiry). Returns the chain, leaf first.
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        identity: &Identity,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<Vec<CertificateDer<'static>>, CsrError> {
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| CsrError(e.to_string()))?;
+        let uri = rcgen::string::Ia5String::try_from(identity.to_string())
+            .map_err(|e| CsrError(format!("identity {identity} is not an IA5 string: {e}")))?;
+        let params = leaf_params(
+            vec![SanType::URI(uri)],
+            not_before,
+            not_after.min(self.not_after),
+        );
+        let leaf = params
+            .signed_by(&csr.public_key, &self.issuer)
+            .map_err(|e| CsrError(format!("signing: {e}")))?;
+        let mut chain = Vec::with_capacity(1 + self.chain.len());
+        chain.push(leaf.der().clone());
+        chain.extend(self.chain.iter().cloned());
+        Ok(chain)
+    }
+
+    /// When the CA certificate became valid (the newest of several roots
+    /// signs).
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+
     fn issue_with_sans(
         &self,
         sans: Vec<SanType>,
@@ -307,22 +344,7 @@ impl CaSigner {
         not_after: SystemTime,
     ) -> Result<(Vec<CertificateDer<'static>>, PrivatePkcs8KeyDer<'static>), rcgen::Error> {
         let mut key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let mut params = CertificateParams::default();
-        // Empty subject: the identity is the SAN (rcgen then marks the SAN critical).
-        params.distinguished_name = DistinguishedName::new();
-        params.subject_alt_names = sans;
-        params.not_before = offset_date_time(not_before);
-        params.not_after = offset_date_time(not_after.min(self.not_after));
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
+        let params = leaf_params(sans, not_before, not_after.min(self.not_after));
         let leaf = params.signed_by(&key, &self.issuer)?;
         let mut chain = Vec::with_capacity(1 + self.chain.len());
         chain.push(leaf.der().clone());
@@ -331,6 +353,38 @@ impl CaSigner {
         key.zeroize();
         Ok((chain, der))
     }
+}
+
+/// A certificate signing request that cannot be signed: not PEM, not a
+/// PKCS#10 request, a signature that does not verify, or an unsupported key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("certificate signing request refused: {0}")]
+pub struct CsrError(pub String);
+
+/// The workload leaf's fields: the SANs given, no subject (rcgen then marks
+/// the SAN critical), not a CA, digitalSignature + keyEncipherment, EKU
+/// server + client auth.
+fn leaf_params(
+    sans: Vec<SanType>,
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.subject_alt_names = sans;
+    params.not_before = offset_date_time(not_before);
+    params.not_after = offset_date_time(not_after);
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    params
 }
 
 fn key_from_pem(file: &Path, bytes: &[u8]) -> Result<KeyPair, CaError> {

@@ -80,7 +80,7 @@ mod manager;
 mod spiffe;
 mod tls;
 
-pub use ca::{CaError, CaProblem, CaSigner, TrustBundle};
+pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
 pub use error::IdentityError;
 pub use manager::{
     Clock, IdentityManager, ManualClock, Refresher, SystemClock, WorkloadCert, DEFAULT_BACKDATE,
