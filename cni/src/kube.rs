@@ -255,12 +255,19 @@ pub async fn run_watch_with(
         {
             // Only buffers the listed pod: no agent call, no need for a blocking thread.
             reconciler.pod_event(event, now);
+            reconciler.event_applied();
             continue;
         }
         let task = tokio::task::spawn_blocking(move || {
             match input {
-                Input::Pod(Ok(event)) => reconciler.pod_event(event, now),
-                Input::Namespace(Ok(event)) => reconciler.namespace_event(event, now),
+                Input::Pod(Ok(event)) => {
+                    reconciler.pod_event(event, now);
+                    reconciler.event_applied();
+                }
+                Input::Namespace(Ok(event)) => {
+                    reconciler.namespace_event(event, now);
+                    reconciler.event_applied();
+                }
                 Input::Tick => reconciler.tick(now),
                 Input::Pod(Err(_)) | Input::Namespace(Err(_)) => {}
             }

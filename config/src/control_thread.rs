@@ -29,6 +29,12 @@ impl<S> ControlThread<S> {
         })
     }
 
+    /// The stop signal while the thread runs (a channel's sender may carry
+    /// requests to the body too).
+    pub(crate) fn signal(&self) -> Option<&S> {
+        self.stop.as_ref()
+    }
+
     /// Drops the stop signal and waits for the thread (and whatever callback
     /// it is running). Idempotent.
     pub(crate) fn stop(&mut self) {

@@ -16,6 +16,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -37,7 +38,9 @@ const RACY_WINDOW: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct ConfigWatcher {
     current: Arc<Mutex<Arc<Mesh>>>,
-    thread: ControlThread<mpsc::Sender<()>>,
+    polls: Arc<AtomicU64>,
+    /// Each message asks for one poll now and carries its acknowledgement.
+    thread: ControlThread<mpsc::Sender<mpsc::Sender<()>>>,
 }
 
 impl ConfigWatcher {
@@ -91,15 +94,45 @@ impl ConfigWatcher {
             on_change,
             on_error,
         };
-        let (stop, stopped) = mpsc::channel::<()>();
-        let thread = ControlThread::spawn("ringway-config", stop, move || {
+        let polls = Arc::new(AtomicU64::new(0));
+        let counted = polls.clone();
+        let (requests, requested) = mpsc::channel::<mpsc::Sender<()>>();
+        let thread = ControlThread::spawn("ringway-config", requests, move || loop {
             // Stops when the watcher (the sender) is gone.
-            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                poller.poll();
+            let ack = match requested.recv_timeout(interval) {
+                Ok(ack) => Some(ack),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            poller.poll();
+            counted.fetch_add(1, Ordering::Release);
+            if let Some(ack) = ack {
+                let _ = ack.send(());
             }
         })
         .map_err(|e| ConfigError::io("spawning the ringway-config thread", e))?;
-        Ok(ConfigWatcher { current, thread })
+        Ok(ConfigWatcher {
+            current,
+            polls,
+            thread,
+        })
+    }
+
+    /// How many polls have completed (timed ones and [`ConfigWatcher::poll_now`]).
+    pub fn polls(&self) -> u64 {
+        self.polls.load(Ordering::Acquire)
+    }
+
+    /// Checks the file now, on the watcher's thread, and returns once that
+    /// poll (and any callback it ran) has completed. Lets a caller (a
+    /// reload signal, a test) observe exactly what one poll saw; `false`
+    /// when the watcher has stopped.
+    pub fn poll_now(&self) -> bool {
+        let Some(requests) = self.thread.signal() else {
+            return false;
+        };
+        let (ack, acked) = mpsc::channel();
+        requests.send(ack).is_ok() && acked.recv().is_ok()
     }
 
     /// The snapshot in force: the first load, or the last valid edit.

@@ -1,7 +1,9 @@
 //! Hot reload: `ConfigWatcher` against real files, symlink swaps and renames.
 //!
 //! Waits are for an event with a generous timeout (`WAIT`), never fixed
-//! sleeps, except where the point is that nothing happens.
+//! sleeps. Where the point is that nothing happens, the watcher polls only
+//! when asked (`ConfigWatcher::poll_now`), so the test knows exactly which
+//! contents a poll saw.
 
 use std::fs;
 use std::os::unix::fs::symlink;
@@ -55,11 +57,22 @@ struct Watched {
 }
 
 fn watch(path: &Path) -> Watched {
+    watch_every(path, ringway_config::POLL_INTERVAL)
+}
+
+/// A watcher whose timed polls never come within a test: it polls only on
+/// `poll_now`.
+fn watch_on_demand(path: &Path) -> Watched {
+    watch_every(path, Duration::from_secs(3600))
+}
+
+fn watch_every(path: &Path, interval: Duration) -> Watched {
     let (change_tx, changes) = mpsc::channel();
     let (error_tx, errors) = mpsc::channel();
-    let watcher = ConfigWatcher::spawn(
+    let watcher = ConfigWatcher::spawn_with_interval(
         path,
         NoEnv,
+        interval,
         move |mesh| change_tx.send(mesh).unwrap(),
         move |err| error_tx.send(err).unwrap(),
     )
@@ -281,22 +294,38 @@ fn a_truncate_then_write_editor_causes_no_error() {
     let dir = Scratch::new("truncate");
     let file = dir.path("config.yaml");
     fs::write(&file, config(1)).unwrap();
-    let w = watch(&file);
+    let w = watch_on_demand(&file);
+    // One poll sees the truncated (empty, invalid) file...
     fs::write(&file, "").unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(w.watcher.poll_now());
+    assert_eq!(w.watcher.polls(), 1);
+    // ...and the next one the finished write.
     fs::write(&file, config(6)).unwrap();
-    assert_eq!(
-        w.changes
-            .recv_timeout(WAIT)
-            .expect("published")
-            .proxy()
-            .workers,
-        6
-    );
+    assert!(w.watcher.poll_now());
+    assert_eq!(w.changes.try_recv().expect("published").proxy().workers, 6);
     assert!(
         w.errors.try_recv().is_err(),
-        "the empty moment was not reported"
+        "the empty moment, seen by one poll, was not reported"
     );
+}
+
+#[test]
+fn an_empty_file_seen_by_two_polls_is_reported() {
+    // The counterpart of the test above: the same empty file, left in
+    // place for a second poll, is a broken edit and is reported once.
+    let dir = Scratch::new("empty");
+    let file = dir.path("config.yaml");
+    fs::write(&file, config(1)).unwrap();
+    let w = watch_on_demand(&file);
+    fs::write(&file, "").unwrap();
+    assert!(w.watcher.poll_now());
+    assert!(w.errors.try_recv().is_err(), "held back after one poll");
+    assert!(w.watcher.poll_now());
+    w.errors.try_recv().expect("reported after the second poll");
+    assert!(w.watcher.poll_now());
+    assert!(w.errors.try_recv().is_err(), "reported once");
+    assert!(w.changes.try_recv().is_err());
+    assert_eq!(w.watcher.current().proxy().workers, 1);
 }
 
 #[test]
@@ -304,12 +333,14 @@ fn reverting_a_broken_edit_publishes_nothing() {
     let dir = Scratch::new("revert");
     let file = dir.path("config.yaml");
     fs::write(&file, config(1)).unwrap();
-    let w = watch(&file);
+    let w = watch_on_demand(&file);
     fs::write(&file, "proxy: {workers: many}\n").unwrap();
-    w.errors.recv_timeout(WAIT).expect("rejected");
+    assert!(w.watcher.poll_now() && w.watcher.poll_now());
+    w.errors.try_recv().expect("rejected");
     fs::write(&file, config(1)).unwrap();
+    assert!(w.watcher.poll_now() && w.watcher.poll_now());
     // The content in force is back: no new snapshot, no error.
-    assert!(w.changes.recv_timeout(Duration::from_millis(800)).is_err());
+    assert!(w.changes.try_recv().is_err());
     assert!(w.errors.try_recv().is_err());
     assert_eq!(w.watcher.current().proxy().workers, 1);
 }

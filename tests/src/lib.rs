@@ -8,7 +8,8 @@
 //! machine's root namespace. Everything is torn down when the thread ends.
 //!
 //! Privileged tests never pass silently: without the needed privileges the
-//! test prints a loud banner, and under `CI=true` it fails.
+//! test fails, unless [`ALLOW_UNPRIVILEGED_SKIP`]` = 1` is set (never under
+//! `CI=true`), in which case it prints a loud banner and returns early.
 
 #![forbid(unsafe_code)]
 
@@ -62,21 +63,44 @@ pub fn under_ci() -> bool {
         .unwrap_or(false)
 }
 
+/// The opt-out environment variable: `RINGWAY_ALLOW_UNPRIVILEGED_SKIP=1`
+/// lets a privileged test that cannot run here return after a banner
+/// instead of failing. Ignored under `CI=true`.
+pub const ALLOW_UNPRIVILEGED_SKIP: &str = "RINGWAY_ALLOW_UNPRIVILEGED_SKIP";
+
+/// Decides for a privileged test: `false` when it can run here; `true`
+/// (after a loud banner) when it cannot and the caller opted out with
+/// [`ALLOW_UNPRIVILEGED_SKIP`]` = 1` outside CI, so the test must return
+/// without running. Panics when it cannot run otherwise: a test that did
+/// not run must not look like a test that passed.
+pub fn skip_privileged(test: &str) -> bool {
+    let Some(why) = missing_privileges() else {
+        return false;
+    };
+    let opted_out = std::env::var(ALLOW_UNPRIVILEGED_SKIP).is_ok_and(|v| v == "1");
+    if under_ci() {
+        panic!("privileged test `{test}` cannot run under CI=true: {why}");
+    }
+    if !opted_out {
+        panic!(
+            "privileged test `{test}` cannot run: {why} \
+             (run as root, or set {ALLOW_UNPRIVILEGED_SKIP}=1 to skip it knowingly)"
+        );
+    }
+    eprintln!(
+        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+         !!! PRIVILEGED TEST `{test}` SKIPPED ({ALLOW_UNPRIVILEGED_SKIP}=1): {why}\n\
+         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+    );
+    true
+}
+
 /// Runs `body` on a fresh thread inside new network and mount namespaces.
 ///
-/// Returns `None` (after a loud banner) when privileges are missing outside CI;
-/// panics when they are missing under `CI=true`.
+/// Without the privileges this needs, see [`skip_privileged`]: panics,
+/// or returns `None` after a banner when the caller opted out.
 pub fn run_isolated<T: Send, F: FnOnce() -> T + Send>(test: &str, body: F) -> Option<T> {
-    if let Some(why) = missing_privileges() {
-        let banner = format!(
-            "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-             !!! PRIVILEGED TEST `{test}` DID NOT RUN: {why}\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-        );
-        eprintln!("{banner}");
-        if under_ci() {
-            panic!("privileged test `{test}` cannot run under CI=true: {why}");
-        }
+    if skip_privileged(test) {
         return None;
     }
     let out = std::thread::scope(|s| {

@@ -111,8 +111,19 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         let mut gone = CniPod::of(pod, "uid-never-seen");
         gone.netns = "".into();
         ok(plugin("DEL", &gone, &cfg.cni_socket));
-        std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(proxy.log().len(), 4, "{:?}", proxy.kinds());
+        // A barrier instead of a pause: the proxy's connection is ordered,
+        // so once the next request that does reach it (a new ADD) is there,
+        // anything those DELs sent would be there before it.
+        ok(plugin("ADD", &p, &cfg.cni_socket));
+        let log = proxy.wait_for(5);
+        assert_eq!(
+            proxy.kinds()[3..],
+            [("Del", "uid-a".to_string()), ("Add", "uid-a".to_string())],
+            "the repeated DELs reached the proxy"
+        );
+        assert_eq!(log.len(), 5);
+        ok(plugin("DEL", &p, &cfg.cni_socket));
+        proxy.wait_for(6);
 
         // CHECK of a pod that is not enrolled: code 3 (unknown container).
         let o = plugin("CHECK", &p, &cfg.cni_socket);

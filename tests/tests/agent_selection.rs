@@ -168,8 +168,20 @@ fn cni_add_captures_only_what_the_labels_select() {
         }
         assert_uncaptured(vn.pod(1));
         assert_uncaptured(vn.pod(2));
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
+        // A barrier instead of a pause: the proxy's connection is ordered,
+        // so once a request that does reach it (the captured pod's ADD
+        // again) is there, anything the pass-through pods caused would be
+        // there before it.
+        ok(plugin("ADD", &labelled, &cfg.cni_socket));
+        proxy.wait_for(3);
+        assert_eq!(
+            proxy.kinds()[1..],
+            [
+                ("Add", "uid-shop".to_string()),
+                ("Add", "uid-shop".to_string())
+            ],
+            "the pass-through pods reached the proxy"
+        );
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
         assert_eq!(held, ["uid-shop"]);
 
@@ -309,13 +321,19 @@ fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
         assert_eq!(tag.container_id, "sandbox-uid-m");
 
         // More updates of both pods: no more calls, no flapping.
+        let applied = kube.selector.events_applied();
         let mut again = running(&meshed).json();
         again["metadata"]["annotations"] = serde_json::json!({"touched": "1"});
         api.apply_pod(again);
         let mut again = running(&plain).json();
         again["metadata"]["annotations"] = serde_json::json!({"touched": "1"});
         api.apply_pod(again);
-        std::thread::sleep(Duration::from_millis(500));
+        // The watch has applied both updates (and made any call they lead to).
+        assert!(
+            wait_until(WAIT, || kube.selector.events_applied() >= applied + 2),
+            "the watch did not apply the two updates: {} events",
+            kube.selector.events_applied() - applied
+        );
         assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
         assert_eq!(held, ["uid-m"]);

@@ -350,6 +350,7 @@ fn expect_refused_from(t: &TwoNodes, from: &ringway_testbed::Netns, port: u16) {
     let addr = SocketAddr::new(t.server().ip(false), port);
     let l = t.server().netns.run(|| listen(addr)).unwrap();
     l.set_nonblocking(true).unwrap();
+    let denied_before = denials(t);
     let res = from.run(|| -> std::io::Result<usize> {
         let mut s = connect(addr, TIMEOUT)?;
         s.set_read_timeout(Some(TIMEOUT))?;
@@ -362,11 +363,33 @@ fn expect_refused_from(t: &TwoNodes, from: &ringway_testbed::Netns, port: u16) {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
         other => panic!("denied connection: expected a reset, got {other:?}"),
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // The denial is counted when it is decided, and a denied connection is
+    // never connected to the app afterwards: once counted, a connection the
+    // proxies had made to the app would already be in its accept queue.
+    assert!(
+        wait_until(TIMEOUT, || denials(t) > denied_before),
+        "the refusal was not counted as a policy denial: {}{}",
+        metrics_text(&t.p1),
+        metrics_text(&t.p2)
+    );
     assert!(
         matches!(l.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
         "the app must see no connection"
     );
+}
+
+/// `ringway_authorization_denials_total` of both proxies, all paths.
+fn denials(t: &TwoNodes) -> f64 {
+    [&t.p1, &t.p2]
+        .iter()
+        .flat_map(|p| {
+            metrics_text(p)
+                .lines()
+                .filter(|l| l.starts_with("ringway_authorization_denials_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 #[test]

@@ -113,10 +113,56 @@ fn exchange(t: &TwoNodes, addr: SocketAddr) -> std::io::Result<()> {
     })
 }
 
-/// Expects the connection to be reset (or closed) without an echo.
+/// Expects the connection to be reset (or closed) without an echo: a
+/// refusal, not a timeout or any other failure.
 fn expect_no_echo(t: &TwoNodes, addr: SocketAddr) {
-    let r = exchange(t, addr);
-    assert!(r.is_err(), "connection to {addr} should have been refused");
+    let e = exchange(t, addr).expect_err(&format!("connection to {addr} should have been refused"));
+    assert!(
+        is_refusal(&e),
+        "connection to {addr} failed, but not by a reset or close: {:?}: {e}",
+        e.kind()
+    );
+}
+
+/// A reset or an orderly close by the peer (what a refusal looks like to
+/// the app), as opposed to a timeout or a local failure.
+fn is_refusal(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+    )
+}
+
+/// Failed server-side handshakes on `p`: with the `outcome` given, or
+/// (`None`) with any outcome but `ok` and `timeout`.
+fn server_failures(p: &ringway_proxy::Proxy, outcome: Option<&str>) -> f64 {
+    if let Some(outcome) = outcome {
+        return handshakes(p, "server", outcome);
+    }
+    common::hbone::metrics_text(p)
+        .lines()
+        .filter(|l| {
+            l.starts_with("ringway_tls_handshakes_total{")
+                && l.contains("side=\"server\"")
+                && !l.contains("outcome=\"ok\"")
+                && !l.contains("outcome=\"timeout\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of `ringway_tls_handshakes_total{side, outcome}` on `p`.
+fn handshakes(p: &ringway_proxy::Proxy, side: &str, outcome: &str) -> f64 {
+    common::sample(
+        &common::hbone::metrics_text(p),
+        "ringway_tls_handshakes_total",
+        &[
+            &format!("side=\"{side}\""),
+            &format!("outcome=\"{outcome}\""),
+        ],
+    )
+    .unwrap_or(0.0)
 }
 
 #[test]
@@ -458,22 +504,47 @@ fn hbone_refuses_expired_and_wrong_san_clients() {
                     now - Duration::from_secs(7200),
                     now - Duration::from_secs(3600),
                 ),
+                rustls::AlertDescription::CertificateExpired,
+                Some("expired"),
             ),
             (
                 "another trust domain",
                 ca.issue_with_uris_for_tests(&["spiffe://other.example/ns/front/sa/frontend"]),
+                rustls::AlertDescription::CertificateUnknown,
+                None,
             ),
             (
                 "not SPIFFE",
                 ca.issue_with_uris_for_tests(&["https://front.example/frontend"]),
+                rustls::AlertDescription::CertificateUnknown,
+                None,
             ),
-            ("no URI SAN", ca.issue_with_uris_for_tests(&[])),
+            (
+                "no URI SAN",
+                ca.issue_with_uris_for_tests(&[]),
+                rustls::AlertDescription::CertificateUnknown,
+                None,
+            ),
         ];
-        for (what, leaf) in cases {
+        for (what, leaf, alert, reason) in cases {
+            let before = server_failures(&t.p2, reason);
             let r = common::hbone::raw_tls(&t, config(leaf));
+            // The server's refusal is the TLS alert for the certificate,
+            // never a timeout (raw_tls's read timeout) or a bare close.
+            let got = r
+                .as_ref()
+                .err()
+                .and_then(|e| e.get_ref()?.downcast_ref::<rustls::Error>().cloned());
+            assert_eq!(
+                got,
+                Some(rustls::Error::AlertReceived(alert)),
+                "{what} client certificate: not refused by the server's alert: {r:?}"
+            );
+            // ...and the server counted the failed handshake.
             assert!(
-                matches!(r, Ok(0) | Err(_)),
-                "{what} client certificate: got {r:?}"
+                wait_until(TIMEOUT, || server_failures(&t.p2, reason) > before),
+                "{what} client certificate: no server handshake failure ({reason:?}): {}",
+                common::hbone::metrics_text(&t.p2)
             );
         }
         assert!(wait_until(TIMEOUT, || t.p2.stats().active == 0));
@@ -493,16 +564,34 @@ fn hbone_refuses_wrong_server_identity() {
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
         let app = Echo::start(&t.server().netns, addr);
         expect_no_echo(&t, addr);
-        std::thread::sleep(Duration::from_millis(200));
+        // The client's proxy refused the server's identity (the tunnel
+        // never opened, so nothing can reach the app after this). Its
+        // reason is `other` until the metric classifies rustls' errors by
+        // type; it must at least be a failure, not a timeout.
+        let client_failures = || {
+            common::hbone::metrics_text(&t.p1)
+                .lines()
+                .filter(|l| {
+                    l.starts_with("ringway_tls_handshakes_total{")
+                        && l.contains("side=\"client\"")
+                        && !l.contains("outcome=\"ok\"")
+                        && !l.contains("outcome=\"timeout\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        assert!(
+            wait_until(TIMEOUT, || client_failures() >= 1.0),
+            "client-side handshake failure counted: {}",
+            common::hbone::metrics_text(&t.p1)
+        );
+        assert_eq!(
+            handshakes(&t.p2, "server", "ok"),
+            0.0,
+            "{}",
+            common::hbone::metrics_text(&t.p2)
+        );
         assert_eq!(app.connections(), 0, "nothing reaches the app");
-        let text = common::hbone::metrics_text(&t.p1);
-        let failed = text.lines().any(|l| {
-            l.starts_with("ringway_tls_handshakes_total{")
-                && l.contains("side=\"client\"")
-                && !l.contains("outcome=\"ok\"")
-                && !l.ends_with(" 0")
-        });
-        assert!(failed, "client-side handshake failure counted: {text}");
     });
 }
 
@@ -537,12 +626,31 @@ fn hbone_refuses_forged_forwarded_from_non_mesh_client() {
                     tokio::time::timeout(TIMEOUT, pool.connect(key, dial, headers)).await
                 })
             });
+            // Refused by the TLS server before any HTTP/2: what comes back
+            // is not HTTP/2 (a TLS alert record, which the client's HTTP/2
+            // library rejects as a frame, or a close), so the tunnel fails
+            // at the HTTP/2 layer: not the dial, not a timeout, not a status.
+            use ringway_hbone::HboneError;
             assert!(
-                matches!(r, Ok(Err(_))),
-                "plaintext CONNECT must be refused, got {:?}",
+                match &r {
+                    Ok(Err(
+                        HboneError::Handshake(e)
+                        | HboneError::Connection(e)
+                        | HboneError::Refused(e),
+                    )) => {
+                        e.is_io() || (e.is_go_away() && e.is_library())
+                    }
+                    _ => false,
+                },
+                "plaintext CONNECT must be refused by the server, got {:?}",
                 r.map(|x| x.map(|_| "a stream"))
             );
-            std::thread::sleep(Duration::from_millis(200));
+            assert!(
+                wait_until(TIMEOUT, || server_failures(&t.p2, None) >= 1.0),
+                "the server counted the failed handshake: {}",
+                common::hbone::metrics_text(&t.p2)
+            );
+            assert_eq!(handshakes(&t.p2, "server", "ok"), 0.0);
             assert_eq!(app.connections(), 0, "nothing reaches the app");
         },
     );

@@ -120,9 +120,7 @@ fn in_child(name: &str, body: impl FnOnce() + Send) {
         });
         return;
     }
-    if ringway_testbed::missing_privileges().is_some() {
-        // Same banner (or CI failure) as every other privileged test.
-        run_isolated(name, || ());
+    if ringway_testbed::skip_privileged(name) {
         return;
     }
     let mut child = Command::new(std::env::current_exe().unwrap())

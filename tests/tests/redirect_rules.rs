@@ -882,10 +882,15 @@ fn app_can_rebind_during_inbound_connection(p0: &Pod, p1: &Pod, v6: bool) {
 }
 
 /// No listener on 15006: the SYN is dropped; nothing reaches the app.
+///
+/// The drop is proven by the kernel, not by the client's timeout (which
+/// only says no answer came): a probe table in pod1 counts the SYNs to the
+/// app's port before the capture chain (prerouting, priority raw) and after
+/// it (input); they arrived, and none went past the capture chain.
 fn inbound_fails_closed(p0: &Pod, p1: &Pod, v6: bool) {
     let app_addr = SocketAddr::new(p1.ip(v6), 8080);
     let app = p1.netns.run(|| listen(app_addr)).unwrap();
-    let t0 = Instant::now();
+    let probe = SynProbe::install(p1, 8080);
     let r = p0
         .netns
         .run(|| TcpStream::connect_timeout(&app_addr, DROPPED));
@@ -895,8 +900,94 @@ fn inbound_fails_closed(p0: &Pod, p1: &Pod, v6: bool) {
         ErrorKind::TimedOut,
         "SYN must be dropped, not refused: {e}"
     );
-    assert!(t0.elapsed() >= DROPPED);
+    let (arrived, delivered) = probe.counts();
+    assert!(
+        arrived >= 1,
+        "no SYN to {app_addr} reached pod1: the timeout proves nothing"
+    );
+    assert_eq!(
+        delivered, 0,
+        "{delivered} of {arrived} SYNs to {app_addr} went past the capture chain"
+    );
+    probe.remove();
     assert_nothing_accepted(&app, "the app on 8080 with no proxy");
+}
+
+/// Counters on a pod's SYNs to one port: at prerouting before the capture
+/// chain (`raw`, -300 < mangle -150) and at input (after it).
+struct SynProbe<'a> {
+    pod: &'a Pod,
+}
+
+impl<'a> SynProbe<'a> {
+    const TABLE: &'static str = "syn_probe";
+
+    fn install(pod: &'a Pod, port: u16) -> SynProbe<'a> {
+        let port = port.to_string();
+        nft(pod, &["add", "table", "inet", Self::TABLE]);
+        for (chain, hook, prio) in [
+            ("arrived", "prerouting", "raw"),
+            ("delivered", "input", "filter"),
+        ] {
+            nft(
+                pod,
+                &[
+                    "add",
+                    "chain",
+                    "inet",
+                    Self::TABLE,
+                    chain,
+                    "{",
+                    "type",
+                    "filter",
+                    "hook",
+                    hook,
+                    "priority",
+                    prio,
+                    ";",
+                    "}",
+                ],
+            );
+            nft(
+                pod,
+                &[
+                    "add",
+                    "rule",
+                    "inet",
+                    Self::TABLE,
+                    chain,
+                    "tcp",
+                    "dport",
+                    &port,
+                    "tcp",
+                    "flags",
+                    "&",
+                    "(syn|ack)",
+                    "==",
+                    "syn",
+                    "counter",
+                ],
+            );
+        }
+        SynProbe { pod }
+    }
+
+    fn count(&self, chain: &str) -> u64 {
+        let text = nft(self.pod, &["list", "chain", "inet", Self::TABLE, chain]);
+        text.split_once("counter packets ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counter in the probe chain {chain}: {text}"))
+    }
+
+    /// (SYNs seen at prerouting, SYNs seen at input).
+    fn counts(&self) -> (u64, u64) {
+        (self.count("arrived"), self.count("delivered"))
+    }
+
+    fn remove(self) {
+        nft(self.pod, &["delete", "table", "inet", Self::TABLE]);
+    }
 }
 
 /// pod1 -> pod0:9000 lands on 15001 in pod1 with SO_ORIGINAL_DST pod0:9000;

@@ -47,3 +47,59 @@ fn pods_talk_directly_over_v4_and_v6() {
         }
     });
 }
+
+/// Set in the unprivileged child of the test below.
+const PROBE_CHILD: &str = "RINGWAY_TESTBED_UNPRIVILEGED_PROBE";
+
+/// A privileged test run without root must not look like a pass: it fails,
+/// unless `RINGWAY_ALLOW_UNPRIVILEGED_SKIP=1` says the skip is wanted, and
+/// that opt-out does nothing under `CI=true`.
+#[test]
+fn adversarial_unprivileged_run_fails_unless_the_skip_is_opted_out() {
+    const NAME: &str = "adversarial_unprivileged_run_fails_unless_the_skip_is_opted_out";
+    if std::env::var_os(PROBE_CHILD).is_some() {
+        // The child, as `nobody`: this is the privileged test that cannot run.
+        let ran = run_isolated("unprivileged_probe", || ());
+        assert!(ran.is_none(), "ran without privileges");
+        println!("probe returned");
+        return;
+    }
+    if ringway_testbed::skip_privileged(NAME) {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let probe = |env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env(PROBE_CHILD, "1")
+            .env_remove("CI")
+            .env_remove(ringway_testbed::ALLOW_UNPRIVILEGED_SKIP)
+            .uid(65534)
+            .gid(65534);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (passed, text) = probe(&[]);
+    assert!(!passed, "reported as passed without root:\n{text}");
+    assert!(text.contains("cannot run: not root"), "{text}");
+    assert!(!text.contains("probe returned"), "{text}");
+
+    let (passed, text) = probe(&[(ringway_testbed::ALLOW_UNPRIVILEGED_SKIP, "1")]);
+    assert!(passed, "the opt-out did not skip:\n{text}");
+    assert!(text.contains("SKIPPED"), "{text}");
+
+    let (passed, text) = probe(&[
+        (ringway_testbed::ALLOW_UNPRIVILEGED_SKIP, "1"),
+        ("CI", "true"),
+    ]);
+    assert!(!passed, "skipped under CI=true:\n{text}");
+    assert!(text.contains("cannot run under CI=true"), "{text}");
+}

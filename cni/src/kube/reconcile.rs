@@ -85,6 +85,12 @@ impl Reconciler {
         self.selector.cache().synced()
     }
 
+    /// Counts one pod or namespace event as applied (see
+    /// [`Selector::events_applied`]).
+    pub(crate) fn event_applied(&self) {
+        self.selector.event_applied();
+    }
+
     /// When [`Reconciler::tick`] has work.
     pub(crate) fn next_due(&self) -> Option<Instant> {
         if !self.ready() {

@@ -107,6 +107,8 @@ struct Inner {
     runtime: tokio::runtime::Handle,
     lookup_timeout: Duration,
     cache: Mutex<Cache>,
+    /// Pod and namespace watch events the watch has finished applying.
+    events: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Selector {
@@ -139,6 +141,7 @@ impl Selector {
             runtime,
             lookup_timeout,
             cache: Mutex::new(Cache::default()),
+            events: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -150,6 +153,19 @@ impl Selector {
     /// Whether the watch has listed both pods and namespaces (the cache answers).
     pub fn synced(&self) -> bool {
         self.cache().synced()
+    }
+
+    /// How many pod and namespace watch events the watch on this selector
+    /// has finished applying (enrollment calls included): an observer that
+    /// must know the watch caught up with the API server waits on it.
+    pub fn events_applied(&self) -> u64 {
+        self.0.events.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(crate) fn event_applied(&self) {
+        self.0
+            .events
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     pub(crate) fn cache(&self) -> MutexGuard<'_, Cache> {

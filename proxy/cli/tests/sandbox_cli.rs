@@ -21,14 +21,7 @@ fn run_sandbox(extra: &[&str]) -> String {
 
 #[test]
 fn sandbox_runs_the_datapath_twice_in_a_row() {
-    if let Some(why) = ringway_testbed::missing_privileges() {
-        eprintln!(
-            "!!! PRIVILEGED TEST sandbox_runs_the_datapath_twice_in_a_row DID NOT RUN: {why}"
-        );
-        assert!(
-            !ringway_testbed::under_ci(),
-            "cannot run under CI=true: {why}"
-        );
+    if ringway_testbed::skip_privileged("sandbox_runs_the_datapath_twice_in_a_row") {
         return;
     }
     for mode in ["tproxy", "redirect"] {

@@ -178,6 +178,38 @@ impl Pool {
         self.shared.counters.opened.load(Ordering::Relaxed)
     }
 
+    /// How many of `key`'s pooled connections would take a new stream now:
+    /// not retired, and their peer has neither sent GOAWAY nor failed (as
+    /// far as the connection task has read). Lets an observer (a test of a
+    /// drain) wait until the client has seen a GOAWAY instead of guessing.
+    pub fn accepting_connections(&self, key: &PoolKey) -> usize {
+        let Some(slot) = self
+            .shared
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+        else {
+            return 0;
+        };
+        let conns: Vec<_> = slot.conns.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        conns
+            .iter()
+            .filter(|conn| {
+                if conn.state.lock().unwrap_or_else(|p| p.into_inner()).dead {
+                    return false;
+                }
+                // A clone has no pending stream: polling it only checks the
+                // connection's error (set by a received GOAWAY) and registers
+                // no waker worth keeping.
+                let mut send = conn.send.clone();
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                !matches!(send.poll_ready(&mut cx), std::task::Poll::Ready(Err(_)))
+            })
+            .count()
+    }
+
     /// Closes every connection whose key matches `evict` now (their streams
     /// are reset), e.g. those dialled from a pod that is gone. Returns how
     /// many were closed.

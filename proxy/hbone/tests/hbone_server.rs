@@ -311,8 +311,16 @@ async fn goaway_on_drain_moves_new_streams_to_new_connection() {
     old_up.read_exact(&mut b).await.unwrap();
 
     let drained = server.drain_current();
-    // Let GOAWAY (and h2's PING round trip before the final GOAWAY) reach the client.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The client has read the GOAWAY: the old connection takes no new stream.
+    eventually("GOAWAY seen by the client", || {
+        pool.accepting_connections(&server.key()) == 0
+    })
+    .await;
+    assert_eq!(
+        pool.connections(),
+        1,
+        "the old connection stays for its stream"
+    );
 
     let mut new = server.open(&pool, dst()).await.unwrap();
     let mut new_up = backend.next().await;
