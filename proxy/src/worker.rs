@@ -801,8 +801,26 @@ async fn connect_hop(
         t
     };
     guard.set_upstream(client, upstream.shared(), target);
-    upstream.connect(hop.addr.into()).await?;
-    Ok(upstream)
+    let limit = s.connect_timeout;
+    let r = match tokio::time::timeout(limit, upstream.connect(hop.addr.into())).await {
+        Ok(r) => r,
+        Err(_) => {
+            // Given up: reset the socket so an io_uring connect still in
+            // flight completes now and the fd goes, not after the SYN retries.
+            sys::tcp_abort(upstream.fd());
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {} timed out after {limit:?}", hop.addr),
+            ))
+        }
+    };
+    if let Err(e) = &r {
+        ctx.metrics
+            .connect_failures
+            .get_or_create(&crate::metrics::ConnectFailLabels::of(e))
+            .inc();
+    }
+    r.map(|()| upstream)
 }
 
 /// Metrics labels of a spliced connection, as each reporting side sees it:
