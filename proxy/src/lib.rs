@@ -465,7 +465,19 @@ impl Proxy {
             })?;
         {
             let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(rec) = pods.get_mut(uid).filter(|p| p.info.netns_inode == ino) {
+            let sent = canonical(addresses);
+            let same = pods
+                .get_mut(uid)
+                .filter(|p| p.info.netns_inode == ino)
+                // Addresses taken from the netns (an older agent) give way
+                // to the agent's when they differ: the pod is served anew
+                // below (its connections reset), as for another netns.
+                .filter(|p| {
+                    sent.is_empty()
+                        || sent == p.info.ips
+                        || p.info.ips_source == AddressSource::Agent
+                });
+            if let Some(rec) = same {
                 // Same pod, same netns: keep listeners and connections; take
                 // a fuller identity if the agent now knows one.
                 if identity != rec.info.identity && !identity.namespace.is_empty() {
@@ -475,8 +487,9 @@ impl Proxy {
                     rec.info.identity = identity;
                     tracing::info!(pod.uid = uid, "pod identity updated");
                 }
-                let sent = canonical(addresses);
-                if !sent.is_empty() && sent != rec.info.ips {
+                if !sent.is_empty() && sent == rec.info.ips {
+                    rec.info.ips_source = AddressSource::Agent;
+                } else if !sent.is_empty() {
                     tracing::warn!(
                         pod.uid = uid,
                         pod.addresses = ?rec.info.ips,

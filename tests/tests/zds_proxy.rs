@@ -439,3 +439,42 @@ fn adversarial_conflicting_add_is_nacked() {
         }
     });
 }
+
+/// A pod first added without addresses (an older agent: the netns's, which
+/// here include a neighbour's address the pod put on its eth0) takes the
+/// agent's once it sends them for the same netns; the same addresses again
+/// change nothing.
+#[test]
+fn agent_addresses_replace_the_netns_fallback() {
+    run_isolated("agent_addresses_replace_the_netns_fallback", || {
+        let dir = tempdir("zds6");
+        let vn = VirtualNode::build(1, 2).unwrap();
+        let (a, b) = (vn.pod(0), vn.pod(1));
+        a.netns
+            .ip(&["addr", "add", &format!("{}/32", b.ipv4), "dev", "eth0"])
+            .unwrap();
+        let agent = FakeAgent::new(&dir);
+        let run = start_proxy(agent.path.clone());
+        let conn = agent.accept();
+        conn.ask(add("a"), Some(&a.netns.dup_fd().unwrap()))
+            .unwrap();
+        let pod = &run.proxy.pods()[0];
+        assert_eq!(pod.ips_source, ringway_proxy::AddressSource::Netns);
+        assert!(pod.ips.contains(&b.ip(false)), "{:?}", pod.ips);
+        let mine = [a.ip(false), a.ip(true)];
+        for _ in 0..2 {
+            conn.ask(add_with("a", &mine), Some(&a.netns.dup_fd().unwrap()))
+                .unwrap();
+            let pod = &run.proxy.pods()[0];
+            assert_eq!(pod.ips, mine.to_vec());
+            assert_eq!(pod.ips_source, ringway_proxy::AddressSource::Agent);
+        }
+        // Now b's address is free for b.
+        conn.ask(
+            add_with("b", &[b.ip(false)]),
+            Some(&b.netns.dup_fd().unwrap()),
+        )
+        .unwrap();
+        assert_eq!(run.proxy.pods().len(), 2);
+    });
+}
