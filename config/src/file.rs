@@ -229,6 +229,28 @@ pub struct OperationConfig {
     pub not_ports: Vec<i64>,
 }
 
+/// The largest configuration file read (4 MiB): a bigger one (a runaway
+/// ConfigMap, a path naming a device or a FIFO) is refused, not read whole.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// Reads a configuration file, at most [`MAX_FILE_BYTES`] of it; `origin`
+/// names it in errors.
+pub(crate) fn read_file(path: &Path, origin: &str) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| ConfigError::io(origin, e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ConfigError::io(origin, e))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(ConfigError::TooLarge {
+            origin: origin.to_string(),
+            limit: MAX_FILE_BYTES,
+        });
+    }
+    Ok(bytes)
+}
+
 /// Top-level names that used to be the whole file before the mesh model
 /// (they now live under `proxy:`).
 pub(crate) const PROXY_FIELDS: &[&str] = &[
@@ -242,6 +264,7 @@ pub(crate) const PROXY_FIELDS: &[&str] = &[
     "backlog",
     "sameNodeFastPath",
     "drainPeriod",
+    "connectTimeout",
 ];
 
 impl MeshConfig {
@@ -300,7 +323,16 @@ impl MeshConfig {
             None => MeshConfig::load_str(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, env),
             Some(p) => {
                 let origin = p.display().to_string();
-                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::io(&origin, e))?;
+                let bytes = read_file(p, &origin)?;
+                let text = String::from_utf8(bytes).map_err(|_| {
+                    ConfigError::io(
+                        &origin,
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            "stream did not contain valid UTF-8",
+                        ),
+                    )
+                })?;
                 MeshConfig::load_str(&text, &origin, env)
             }
         }

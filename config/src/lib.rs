@@ -78,7 +78,7 @@ pub use error::{ConfigError, IoError};
 pub use file::{
     CaConfig, MeshConfig, OperationConfig, PolicyConfig, PortMapConfig, RuleConfig, SelectorConfig,
     ServiceConfig, SourceConfig, WorkloadConfig, DEFAULT_ROOT_NAMESPACE, DEFAULT_TRUST_DOMAIN,
-    EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
+    EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN, MAX_FILE_BYTES,
 };
 pub use mesh::{
     Action, AuthorizationPolicy, CaPaths, Mesh, Operation, Rule, Service, ServiceAccountRef,

@@ -358,7 +358,7 @@ impl Mesh {
             s,
             " trustDomain={} rootNamespace={} captureMode={} datapath={} workers={} (effective {}) \
              ports=outbound:{},inbound:{},tunnel:{} proxyMark={:#x} pipeSize={} pipePool={} \
-             backlog={} sameNodeFastPath={} drainPeriod={}s",
+             backlog={} sameNodeFastPath={} drainPeriod={}s connectTimeout={}s",
             self.trust_domain,
             self.root_namespace,
             p.capture_mode,
@@ -374,6 +374,7 @@ impl Mesh {
             p.backlog,
             p.same_node_fast_path,
             p.drain_period.as_secs_f64(),
+            p.connect_timeout.as_secs_f64(),
         );
         match &self.ca {
             None => s.push_str(" ca=none"),

@@ -130,6 +130,11 @@ pub struct ProxySettings {
     /// was asked to stop.
     #[serde(with = "duration_secs")]
     pub drain_period: Duration,
+    /// How long a plaintext upstream connect may take before it is given up
+    /// (the client is reset, or a service's next endpoint is tried) instead
+    /// of waiting for the kernel's SYN retries (about two minutes).
+    #[serde(with = "duration_secs")]
+    pub connect_timeout: Duration,
 }
 
 /// Overrides `proxy.captureMode` (`tproxy` or `redirect`).
@@ -165,6 +170,7 @@ impl Default for ProxySettings {
             backlog: 4096,
             same_node_fast_path: true,
             drain_period: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -210,6 +216,12 @@ impl ProxySettings {
             return Err(ConfigError::Invalid {
                 field: "workers",
                 problem: format!("{} workers is more than 1024", self.workers),
+            });
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                field: "connectTimeout",
+                problem: "a connect timeout of 0 s gives up every upstream connect".into(),
             });
         }
         if self.backlog == 0 {
@@ -304,6 +316,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("invalid `proxyMark`"));
+        let s = ProxySettings {
+            connect_timeout: Duration::ZERO,
+            ..ProxySettings::default()
+        };
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid `connectTimeout`: a connect timeout of 0 s gives up every upstream connect"
+        );
         assert_eq!(
             "nat".parse::<CaptureMode>().unwrap_err().to_string(),
             "invalid `captureMode`: \"nat\" is not one of \"tproxy\", \"redirect\""
@@ -317,6 +337,9 @@ mod tests {
         assert_eq!(s.capture_mode, CaptureMode::Redirect);
         assert_eq!(s.workers, 2);
         assert_eq!(s.drain_period, Duration::from_millis(1500));
+        assert_eq!(s.connect_timeout, Duration::from_secs(10), "the default");
+        let s: ProxySettings = serde_yaml::from_str("connectTimeout: 2.5\n").unwrap();
+        assert_eq!(s.connect_timeout, Duration::from_millis(2500));
         let err = serde_yaml::from_str::<ProxySettings>("wokers: 2\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `wokers`"), "{err}");
     }

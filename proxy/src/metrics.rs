@@ -152,6 +152,37 @@ pub struct DenyLabels {
     pub path: &'static str,
 }
 
+/// Labels of `ringway_connections_refused_total`: connections reset before
+/// any upstream was dialled because what the pod sent cannot be its own.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefuseLabels {
+    /// `source_not_pod_address` (outbound from an address that is not the
+    /// pod's) or `destination_not_pod_address` (plaintext inbound to one).
+    pub reason: &'static str,
+}
+
+/// Labels of `ringway_upstream_connect_failures_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectFailLabels {
+    /// `timeout` (no answer within `connectTimeout`), `refused`,
+    /// `unreachable` or `other`.
+    pub reason: &'static str,
+}
+
+impl ConnectFailLabels {
+    /// The label for a failed connect's error.
+    pub fn of(e: &std::io::Error) -> ConnectFailLabels {
+        use std::io::ErrorKind;
+        let reason = match e.kind() {
+            ErrorKind::TimedOut => "timeout",
+            ErrorKind::ConnectionRefused => "refused",
+            ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => "unreachable",
+            _ => "other",
+        };
+        ConnectFailLabels { reason }
+    }
+}
+
 /// A short, bounded reason for a TLS failure (metric label).
 pub fn tls_failure_reason(e: &dyn std::fmt::Display) -> &'static str {
     let s = e.to_string();
@@ -215,6 +246,11 @@ pub struct Metrics {
     pub hbone_pool_connections: Gauge,
     /// `ringway_hbone_pool_streams`: outbound tunnel streams open on them.
     pub hbone_pool_streams: Gauge,
+    /// `ringway_connections_refused_total{reason}`.
+    pub refused: Family<RefuseLabels, Counter>,
+    /// `ringway_upstream_connect_failures_total{reason}`: plaintext
+    /// upstream connect attempts that failed.
+    pub connect_failures: Family<ConnectFailLabels, Counter>,
     /// The workers' tunnel pools, read at scrape time.
     pub hbone_pools: std::sync::OnceLock<Vec<ringway_hbone::Pool>>,
 }
@@ -322,6 +358,16 @@ impl Metrics {
             "ringway_hbone_pool_streams",
             "Outbound HBONE streams open on pooled connections",
             self.hbone_pool_streams.clone(),
+        );
+        r.register(
+            "ringway_connections_refused",
+            "Connections reset because their source (outbound) or destination (plaintext inbound) is not an address of the pod",
+            self.refused.clone(),
+        );
+        r.register(
+            "ringway_upstream_connect_failures",
+            "Plaintext upstream connect attempts that failed, by reason (timeout: no answer within connectTimeout)",
+            self.connect_failures.clone(),
         );
         r.register(
             "ringway_datapath_io_uring",

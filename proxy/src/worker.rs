@@ -34,7 +34,8 @@ pub struct PodShared {
     pub uid: Arc<str>,
     /// The pod's network namespace.
     pub netns: OwnedFd,
-    /// The pod's addresses (found inside its netns when it was added).
+    /// The pod's addresses (the agent's, else its netns's at add; see
+    /// [`crate::PodInfo::ips`]).
     pub ips: Vec<IpAddr>,
     /// The pod's ephemeral port range, split between own and spoofed sockets.
     pub ports: sock::PortSplit,
@@ -448,7 +449,17 @@ async fn handle_conn(
             }
             return;
         }
-        ListenerKind::Outbound => true,
+        ListenerKind::Outbound => {
+            // Only the pod's own addresses may leave through its proxy: a
+            // pod that puts a neighbour's address on an interface must not
+            // reach anyone (or spoof it on the fast path, or claim it in
+            // `forwarded`) with it.
+            if !pod.shared.ips.contains(&peer.ip().to_canonical()) {
+                refuse_foreign(&ctx, &client, "source_not_pod_address", peer.ip());
+                return;
+            }
+            true
+        }
         ListenerKind::Inbound => s.capture_mode == CaptureMode::Redirect,
     };
     let dst = match sock::original_dst(client.as_fd(), nat, peer.is_ipv6()) {
@@ -470,6 +481,14 @@ async fn handle_conn(
     }
     match kind {
         ListenerKind::Inbound => {
+            // Relay only to the pod's own addresses (HBONE checks
+            // `:authority` likewise): anything else routed into the pod
+            // (REDIRECT captures every destination; TPROXY every local one,
+            // e.g. on the pod's `lo`) is not the pod's service.
+            if !pod.shared.ips.contains(&dst.ip().to_canonical()) {
+                refuse_foreign(&ctx, &client, "destination_not_pod_address", dst.ip());
+                return;
+            }
             let flow = match tunnel::authorize_plaintext(&ctx.tunnel, &pod.shared, peer.ip(), dst) {
                 Ok(flow) => flow,
                 Err(why) => {
@@ -494,6 +513,17 @@ async fn handle_conn(
         }
         _ => outbound(ctx.clone(), pod, guard, client, peer, dst, started).await,
     }
+}
+
+/// Counts and logs a connection whose source (outbound) or destination
+/// (inbound) is not an address of the pod, and resets it.
+fn refuse_foreign(ctx: &WorkerCtx, client: &OwnedFd, reason: &'static str, addr: IpAddr) {
+    ctx.metrics
+        .refused
+        .get_or_create(&crate::metrics::RefuseLabels { reason })
+        .inc();
+    tracing::warn!(target: "access", reason, addr = %addr, "connection refused: not an address of the pod; reset");
+    refuse(ctx, client);
 }
 
 /// Counts and logs a connection refused by policy, and resets it.
@@ -771,8 +801,26 @@ async fn connect_hop(
         t
     };
     guard.set_upstream(client, upstream.shared(), target);
-    upstream.connect(hop.addr.into()).await?;
-    Ok(upstream)
+    let limit = s.connect_timeout;
+    let r = match tokio::time::timeout(limit, upstream.connect(hop.addr.into())).await {
+        Ok(r) => r,
+        Err(_) => {
+            // Given up: reset the socket so an io_uring connect still in
+            // flight completes now and the fd goes, not after the SYN retries.
+            sys::tcp_abort(upstream.fd());
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {} timed out after {limit:?}", hop.addr),
+            ))
+        }
+    };
+    if let Err(e) = &r {
+        ctx.metrics
+            .connect_failures
+            .get_or_create(&crate::metrics::ConnectFailLabels::of(e))
+            .inc();
+    }
+    r.map(|()| upstream)
 }
 
 /// Metrics labels of a spliced connection, as each reporting side sees it:

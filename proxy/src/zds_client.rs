@@ -108,6 +108,7 @@ impl ZdsClientConfig {
 
 struct Pending {
     info: PodIdentity,
+    addresses: Vec<std::net::IpAddr>,
     netns: OwnedFd,
     last_error: String,
 }
@@ -243,7 +244,12 @@ fn session(
         };
         tracing::debug!(request = req.kind(), "ZDS request");
         match req {
-            Request::Add { uid, info, netns } => {
+            Request::Add {
+                uid,
+                info,
+                addresses,
+                netns,
+            } => {
                 if in_snapshot {
                     named.insert(uid.clone());
                 }
@@ -252,13 +258,14 @@ fn session(
                     namespace: info.namespace,
                     service_account: info.service_account,
                 };
-                match proxy.add_pod_with_identity(
+                match proxy.add_pod_with_addresses(
                     &uid,
                     netns.try_clone().map_err(|e| ZdsError::Io {
                         op: "dup netns fd",
                         source: e,
                     })?,
                     identity.clone(),
+                    &addresses,
                 ) {
                     Ok(()) => {
                         pending.remove(&uid);
@@ -266,7 +273,13 @@ fn session(
                         reply(sock, &proxy.metrics(), None)?;
                     }
                     Err(e) => {
-                        tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
+                        if matches!(e, crate::ProxyError::AddressConflict { .. }) {
+                            // Loud: two pods claim one address. Retried, so
+                            // the pod is served once the holder is deleted.
+                            tracing::error!(pod.uid = %uid, error = %e, "address conflict: pod refused (nacked), will retry");
+                        } else {
+                            tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
+                        }
                         let text = e.to_string();
                         // A fd that is not a usable netns will never work: do not retry it.
                         if matches!(
@@ -281,6 +294,7 @@ fn session(
                             uid.clone(),
                             Pending {
                                 info: identity,
+                                addresses,
                                 netns,
                                 last_error: text.clone(),
                             },
@@ -365,7 +379,7 @@ fn retry_pending(proxy: &Proxy, ready: &Readiness, pending: &mut HashMap<String,
                 continue;
             }
         };
-        match proxy.add_pod_with_identity(&uid, fd, p.info.clone()) {
+        match proxy.add_pod_with_addresses(&uid, fd, p.info.clone(), &p.addresses) {
             Ok(()) => {
                 tracing::info!(pod.uid = %uid, "pending pod now served");
                 pending.remove(&uid);

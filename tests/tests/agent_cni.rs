@@ -68,6 +68,8 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         );
         assert_eq!(add.netns_inode, Some(pod.netns.inode()));
         assert_eq!(add.is_pod_netns, Some(true));
+        // The pod's addresses from the CNI result, for the proxy to hold.
+        assert_eq!(add.addresses, vec![pod.ip(false), pod.ip(true)]);
         // Reopened from inside the namespace: its link names the namespace,
         // not the runtime's bind-mount path (proxies may check that).
         assert_eq!(

@@ -82,6 +82,8 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
         assert_eq!((add.kind, add.uid.as_str()), ("Add", u0));
         assert_eq!(add.netns_inode, Some(vn.pod(0).netns.inode()));
         assert_eq!(add.info.as_ref().unwrap().2, "web");
+        // The pod's addresses from its status, for the proxy to hold.
+        assert_eq!(add.addresses, vec![vn.pod(0).ip(false)]);
         assert_eq!(
             read_tag(vn.pod(0).netns.fd())
                 .unwrap()

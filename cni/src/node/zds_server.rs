@@ -132,6 +132,10 @@ pub(super) fn add_request(pod: &Pod) -> WorkloadRequest {
             namespace: pod.namespace.clone(),
             service_account: pod.service_account.clone(),
         }),
+        // ringway's extension (field 1001): the pod's addresses from the
+        // CNI result or the pod's status, so the proxy never takes them from
+        // the pod's own netns.
+        addresses: pod.ips.iter().map(|ip| ip.to_string()).collect(),
     }))
 }
 

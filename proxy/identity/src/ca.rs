@@ -31,6 +31,13 @@ pub enum CaProblem {
     /// The file cannot be read (missing, permissions).
     #[error("cannot read it: {0}")]
     Read(#[source] io::Error),
+    /// The file is larger than the configuration's limit
+    /// ([`ringway_config::MAX_FILE_BYTES`]), or a device that does not end.
+    #[error("larger than the limit of {limit} bytes ({} MiB); refusing to read it", limit >> 20)]
+    TooLarge {
+        /// The limit, bytes.
+        limit: u64,
+    },
     /// No PEM block of the expected kind.
     #[error("no PEM {0} block found (is it a PEM file?)")]
     NotPem(&'static str),
@@ -82,11 +89,24 @@ pub enum CaProblem {
     },
 }
 
+/// Reads a CA or bundle file, at most the configuration's file limit.
 fn read(path: &Path) -> Result<Vec<u8>, CaError> {
-    std::fs::read(path).map_err(|e| CaError {
+    use std::io::Read;
+    let limit = ringway_config::MAX_FILE_BYTES;
+    let err = |problem| CaError {
         file: path.to_owned(),
-        problem: CaProblem::Read(e),
-    })
+        problem,
+    };
+    let file = std::fs::File::open(path).map_err(|e| err(CaProblem::Read(e)))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err(CaProblem::Read(e)))?;
+    if bytes.len() as u64 > limit {
+        bytes.zeroize();
+        return Err(err(CaProblem::TooLarge { limit }));
+    }
+    Ok(bytes)
 }
 
 fn pem_problem(e: &rustls_pki_types::pem::Error) -> &'static str {

@@ -107,6 +107,8 @@ pub struct Received {
     pub uid: String,
     /// (name, namespace, service account) of an Add.
     pub info: Option<(String, String, String)>,
+    /// The addresses an Add carried (ringway's field 1001).
+    pub addresses: Vec<std::net::IpAddr>,
     /// Inode of the namespace fd an Add carried.
     pub netns_inode: Option<u64>,
     /// Whether that fd passed `check_pod_netns` in the receiving process
@@ -201,10 +203,16 @@ impl FakeProxy {
             None => (None, None, None),
         };
         Ok(Some(match req {
-            Request::Add { uid, info, .. } => Received {
+            Request::Add {
+                uid,
+                info,
+                addresses,
+                ..
+            } => Received {
                 kind: "Add",
                 uid,
                 info: Some((info.name, info.namespace, info.service_account)),
+                addresses,
                 netns_inode,
                 is_pod_netns,
                 netns_link,
@@ -213,6 +221,7 @@ impl FakeProxy {
                 kind: "Keep",
                 uid,
                 info: None,
+                addresses: Vec::new(),
                 netns_inode,
                 is_pod_netns,
                 netns_link,
@@ -221,6 +230,7 @@ impl FakeProxy {
                 kind: "Del",
                 uid,
                 info: None,
+                addresses: Vec::new(),
                 netns_inode,
                 is_pod_netns,
                 netns_link,
@@ -229,6 +239,7 @@ impl FakeProxy {
                 kind: "SnapshotSent",
                 uid: String::new(),
                 info: None,
+                addresses: Vec::new(),
                 netns_inode,
                 is_pod_netns,
                 netns_link,
