@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
-use crate::metrics::{encode, Metrics};
+use crate::metrics::{content_type, encode, Metrics};
 use crate::stats::Stats;
 use crate::zds_client::Readiness;
 
@@ -58,12 +58,7 @@ pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
             // the workers count each event once.
             metrics.refresh(&stats);
             let body = encode(&registry, openmetrics);
-            let ct = if openmetrics {
-                "application/openmetrics-text; version=1.0.0; charset=utf-8"
-            } else {
-                "text/plain; version=0.0.4; charset=utf-8"
-            };
-            (StatusCode::OK, ct, body)
+            (StatusCode::OK, content_type(openmetrics), body)
         }
         (_, path) => (
             StatusCode::NOT_FOUND,

@@ -709,8 +709,45 @@ impl Proxy {
         for rx in waits {
             total += rx.recv_timeout(Duration::from_secs(5)).unwrap_or(0);
         }
-        tracing::info!(pod.uid = %rec.info.uid, connections_reset = total, "pod removed");
+        // Its istio_tcp_* series go with it (after its connections were
+        // reset and counted), unless another pod still serving reports
+        // under the same workload and namespace.
+        let series = self.forget_series_of(&rec.shared);
+        tracing::info!(pod.uid = %rec.info.uid, connections_reset = total, metrics.series_dropped = series, "pod removed");
         Some(total)
+    }
+
+    /// Drops the metric series `removed` reported, under its current name
+    /// and under its UID (its name before the agent sent it), skipping a
+    /// name another served pod reports under.
+    fn forget_series_of(&self, removed: &PodShared) -> usize {
+        let peer = removed.peer();
+        let by_uid = metrics::Peer {
+            workload: removed.uid.to_string(),
+            namespace: peer.namespace.clone(),
+            principal: String::new(),
+        };
+        let by_uid_no_ns = metrics::Peer {
+            namespace: String::new(),
+            ..by_uid.clone()
+        };
+        let live: Vec<metrics::Peer> = self
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|r| r.shared.peer())
+            .collect();
+        let mut dropped = 0;
+        for p in [peer, by_uid, by_uid_no_ns] {
+            let shared = live
+                .iter()
+                .any(|l| l.workload == p.workload && l.namespace == p.namespace);
+            if !shared {
+                dropped += self.metrics.forget_workload(&p);
+            }
+        }
+        dropped
     }
 
     /// The pods being served.

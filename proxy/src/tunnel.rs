@@ -406,10 +406,7 @@ pub async fn open_outbound(
         .await
         {
             Ok(r) => r,
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "TLS handshake timed out",
-            )),
+            Err(_) => Err(crate::metrics::HandshakeTimeout::io(CONNECT_TIMEOUT)),
         };
         let outcome = match &r {
             Ok(_) => "ok",
@@ -604,10 +601,7 @@ pub async fn inbound(
     let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp);
     let accepted = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "TLS handshake timed out",
-        )),
+        Err(_) => Err(crate::metrics::HandshakeTimeout::io(CONNECT_TIMEOUT)),
     };
     let outcome = match &accepted {
         Ok(_) => "ok",

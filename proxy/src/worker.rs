@@ -137,8 +137,11 @@ struct WorkerCtx {
     hbone_pool: Rc<ringway_hbone::Pool>,
     /// Round robin over service endpoints.
     next_endpoint: Cell<usize>,
-    /// istio_tcp_* series already resolved by this worker.
+    /// istio_tcp_* series already resolved by this worker, valid while
+    /// `Metrics::series_epoch` equals the second field (removed pods' series
+    /// are dropped from the metrics; their handles must not be reused).
     series: SeriesCache,
+    series_epoch: Cell<u64>,
 }
 
 fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
@@ -196,6 +199,7 @@ pub fn run(
         hbone_pool: Rc::new(hbone_pool),
         next_endpoint: Cell::new(0),
         series: RefCell::default(),
+        series_epoch: Cell::new(0),
     });
     match backend {
         Backend::Uring => {
@@ -878,6 +882,14 @@ type SeriesCache = RefCell<HashMap<(&'static str, Peer, Peer), Rc<Series>>>;
 const SERIES_CACHE_MAX: usize = 16_384;
 
 fn series(ctx: &WorkerCtx, reporter: &'static str, src: &Peer, dst: &Peer) -> Rc<Series> {
+    let epoch = ctx
+        .metrics
+        .series_epoch
+        .load(std::sync::atomic::Ordering::Acquire);
+    if ctx.series_epoch.get() != epoch {
+        ctx.series.borrow_mut().clear();
+        ctx.series_epoch.set(epoch);
+    }
     let key = (reporter, src.clone(), dst.clone());
     if let Some(s) = ctx.series.borrow().get(&key) {
         return s.clone();
@@ -885,10 +897,10 @@ fn series(ctx: &WorkerCtx, reporter: &'static str, src: &Peer, dst: &Peer) -> Rc
     let labels = TcpLabels::new(reporter, src, dst, "none", "-");
     let m = &ctx.metrics;
     let s = Rc::new(Series {
-        opened: m.opened.get_or_create(&labels).clone(),
-        closed: m.closed.get_or_create(&labels).clone(),
-        sent: m.sent.get_or_create(&labels).clone(),
-        received: m.received.get_or_create(&labels).clone(),
+        opened: m.opened.get_or_create(&labels),
+        closed: m.closed.get_or_create(&labels),
+        sent: m.sent.get_or_create(&labels),
+        received: m.received.get_or_create(&labels),
         labels,
     });
     let mut cache = ctx.series.borrow_mut();
@@ -1034,6 +1046,7 @@ mod tests {
             )),
             next_endpoint: Cell::new(0),
             series: RefCell::default(),
+            series_epoch: Cell::new(0),
         });
         let pod = Rc::new(PodLocal {
             shared: Arc::new(PodShared {

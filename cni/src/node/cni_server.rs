@@ -325,7 +325,6 @@ pub(super) fn dispatch(core: &Core, line: &str) -> Response {
     };
     core.metrics
         .observe(op, outcome, started.elapsed().as_secs_f64());
-    core.metrics.pods.set(core.pod_count() as i64);
     resp
 }
 

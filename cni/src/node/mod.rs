@@ -418,19 +418,13 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
-    /// The agent's metrics as OpenMetrics text (for `/metrics`).
-    pub fn metrics_text(&self) -> String {
-        self.core.metrics.pods.set(self.core.pod_count() as i64);
-        self.core.metrics.encode()
-    }
-
-    /// A source of [`AgentHandle::metrics_text`] that can live on another thread.
-    pub fn metrics_source(&self) -> std::sync::Arc<dyn Fn() -> String + Send + Sync> {
-        let core = self.core.clone();
-        std::sync::Arc::new(move || {
-            core.metrics.pods.set(core.pod_count() as i64);
-            core.metrics.encode()
-        })
+    /// A registry of the agent's metrics (for `/metrics`): CNI request
+    /// latency and outcomes, and the enrolled pods read at scrape time.
+    /// It can live on another thread; encode it with prometheus-client.
+    pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
+        let mut r = self.core.metrics.registry();
+        r.register_collector(Box::new(metrics::EnrolledPods(self.core.clone())));
+        r
     }
 
     /// A liveness check that can live on another thread (for the agent's

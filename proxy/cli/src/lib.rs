@@ -514,16 +514,20 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let source = agent.metrics_source();
+    // The agent's metrics and the process's, encoded by prometheus-client
+    // in the format the scraper asked for.
+    let mut registry = agent.metrics_registry();
+    registry.register_collector(Box::new(ringway_proxy::metrics::ProcessCollector));
+    let registry = std::sync::Arc::new(registry);
     let health = agent.health_source();
     let live = agent.liveness_source();
     let metrics_server = ringway_proxy::control::ControlServer::serve(
         args.metrics_addr,
-        std::sync::Arc::new(move |method, path, _, _| match (method, path) {
+        std::sync::Arc::new(move |method, path, _, openmetrics| match (method, path) {
             (&hyper::Method::GET, "/metrics") => (
                 hyper::StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                source(),
+                ringway_proxy::metrics::content_type(openmetrics),
+                ringway_proxy::metrics::encode(&registry, openmetrics),
             ),
             (&hyper::Method::GET, "/healthz/ready") => match health() {
                 Ok(s) => (hyper::StatusCode::OK, "text/plain; charset=utf-8", s + "\n"),
