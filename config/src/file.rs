@@ -62,18 +62,38 @@ impl Default for MeshConfig {
     }
 }
 
-/// `ca`: files of the CA that issues workload certificates (mounted from a
-/// Secret). Only paths: the key is never read by this crate.
+/// `ca`: where workload certificates come from. Either the CA's own files
+/// (`certFile`, `keyFile`: the local-key mode, every node holds the root key)
+/// or a certificate service (`address`, `rootCertFile`, `tokenFile`: the
+/// root key stays in the CA's pods). Only paths: the key is never read by
+/// this crate.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CaConfig {
-    /// The CA certificate (PEM), absolute path.
-    pub cert_file: String,
-    /// The CA private key (PEM), absolute path.
-    pub key_file: String,
+    /// The CA certificate (PEM), absolute path (local-key mode).
+    #[serde(default)]
+    pub cert_file: Option<String>,
+    /// The CA private key (PEM), absolute path (local-key mode).
+    #[serde(default)]
+    pub key_file: Option<String>,
     /// Extra trusted roots (PEM), absolute paths.
     #[serde(default)]
     pub bundle_files: Vec<String>,
+    /// The certificate service, `host:port` (service mode).
+    #[serde(default)]
+    pub address: Option<String>,
+    /// The name the service's certificate must be valid for (default: the
+    /// host of `address`).
+    #[serde(default)]
+    pub server_name: Option<String>,
+    /// The mesh root (PEM) that the service's certificate and the issued
+    /// certificates chain to (service mode), absolute path.
+    #[serde(default)]
+    pub root_cert_file: Option<String>,
+    /// The proxy's service-account token for the service (service mode),
+    /// absolute path; read again for every request (projected tokens rotate).
+    #[serde(default)]
+    pub token_file: Option<String>,
 }
 
 /// `workloads[]`: one pod.

@@ -81,8 +81,8 @@ pub use file::{
     EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN, MAX_FILE_BYTES,
 };
 pub use mesh::{
-    Action, AuthorizationPolicy, CaPaths, Mesh, Operation, Rule, Service, ServiceAccountRef,
-    Source, Workload,
+    Action, AuthorizationPolicy, CaPaths, CaService, Mesh, Operation, Rule, Service,
+    ServiceAccountRef, Source, Workload, DEFAULT_CA_TOKEN_FILE,
 };
 pub use names::{Cidr, StringMatch};
 pub use settings::{

@@ -599,11 +599,13 @@ impl Proxy {
                 shared: shared.clone(),
             },
         );
-        // Issue the pod's certificate now, on the control thread, so the
-        // datapath seldom has to (key generation takes milliseconds).
+        // Get the pod's certificate now, on the control thread, so the
+        // datapath seldom has to (key generation takes milliseconds; a
+        // certificate service one round trip, waited for at most 2 s: the
+        // agent waits for this Add's ack).
         if let Some((ids, mesh)) = self.tunnel.enabled() {
             if let Some(id) = tunnel::pod_identity(&mesh, &shared) {
-                if let Err(e) = ids.fetch(&id) {
+                if let Err(e) = ids.prefetch(&id, Duration::from_secs(2)) {
                     tracing::warn!(pod.uid = uid, error = %e, "cannot issue the pod's certificate");
                 }
             }
@@ -713,6 +715,21 @@ impl Proxy {
         // reset and counted), unless another pod still serving reports
         // under the same workload and namespace.
         let series = self.forget_series_of(&rec.shared);
+        // Its certificate goes too, unless another pod here has the same
+        // identity (open connections keep theirs).
+        if let Some((ids, mesh)) = self.tunnel.enabled() {
+            if let Some(id) = tunnel::pod_identity(&mesh, &rec.shared) {
+                let shared_by_another = self
+                    .pods
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                    .any(|other| tunnel::pod_identity(&mesh, &other.shared).as_ref() == Some(&id));
+                if !shared_by_another {
+                    ids.forget(&id);
+                }
+            }
+        }
         tracing::info!(pod.uid = %rec.info.uid, connections_reset = total, metrics.series_dropped = series, "pod removed");
         Some(total)
     }

@@ -224,3 +224,88 @@ fn grpc_status(h: &HeaderMap) -> Option<Status> {
         message,
     ))
 }
+
+/// A [`ringway_identity::CertSource`] backed by a certificate service: a new
+/// P-256 key per certificate (it never leaves the process), a CSR over it,
+/// the node proxy's token read from its file for every request (projected
+/// tokens rotate), and `ImpersonatedIdentity` for the pod's identity.
+pub struct RemoteSource {
+    client: CaClient,
+    token_file: std::path::PathBuf,
+    rt: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for RemoteSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSource")
+            .field("ca", &self.client.addr)
+            .field("token_file", &self.token_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteSource {
+    /// A source asking `client`, with the token in `token_file`.
+    pub fn new(
+        client: CaClient,
+        token_file: impl Into<std::path::PathBuf>,
+    ) -> std::io::Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("ringway-ca-client")
+            .enable_all()
+            .build()?;
+        Ok(RemoteSource {
+            client,
+            token_file: token_file.into(),
+            rt,
+        })
+    }
+}
+
+impl ringway_identity::CertSource for RemoteSource {
+    fn issue(
+        &self,
+        identity: &Identity,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> Result<
+        (
+            Vec<CertificateDer<'static>>,
+            rustls_pki_types::PrivatePkcs8KeyDer<'static>,
+        ),
+        String,
+    > {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err("a certificate cannot be requested from inside an async runtime".into());
+        }
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| format!("generating a key: {e}"))?;
+        let csr = rcgen::CertificateParams::default()
+            .serialize_request(&key)
+            .and_then(|r| r.pem())
+            .map_err(|e| format!("building the CSR: {e}"))?;
+        let token = std::fs::read_to_string(&self.token_file)
+            .map_err(|e| format!("reading the token {}: {e}", self.token_file.display()))?;
+        let validity = not_after.duration_since(not_before).unwrap_or_default();
+        let chain = self
+            .rt
+            .block_on(
+                self.client
+                    .create_certificate(token.trim(), &csr, identity, true, validity),
+            )
+            .map_err(|e| e.to_string())?;
+        Ok((
+            chain,
+            rustls_pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()),
+        ))
+    }
+
+    fn expires(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+}

@@ -760,3 +760,138 @@ fn the_grpc_server_refuses_other_methods_and_garbage_with_a_status() {
         assert_eq!(s.bed.service.count(Code::InvalidArgument, "bad_csr"), 1);
     });
 }
+
+// ------------------------------------------------- the node proxy as a client
+
+/// A CA server on `addr` in a runtime of its own thread; stopped on drop.
+struct Background {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
+fn serve_on(
+    addr: std::net::SocketAddr,
+    service: Arc<CaService>,
+    tls: Arc<rustls::ServerConfig>,
+) -> Background {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+                ready_tx.send(()).unwrap();
+                ringway_ca::server::serve(
+                    listener,
+                    tls,
+                    service,
+                    ringway_ca::server::ServerLimits::default(),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await;
+            });
+    });
+    ready_rx.recv().unwrap();
+    Background {
+        stop: Some(stop),
+        thread: Some(thread),
+    }
+}
+
+#[test]
+fn a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_without_it() {
+    ringway_testbed::run_isolated("ca_remote_source", || {
+        use ringway_identity::{IdentityManager, TrustBundle};
+        let bed = bed();
+        // The service's serving certificate, issued by the mesh root (the
+        // proxy trusts only that root).
+        let serving = bed.ca.issue_dns_for_tests("ringway-ca.test");
+        let mut tls =
+            rustls::ServerConfig::builder_with_provider(ringway_identity::crypto_provider())
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(serving.chain.clone(), serving.key.clone_key())
+                .unwrap();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let tls = Arc::new(tls);
+        // A port to use later; nothing listens yet.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+
+        let dir = std::env::temp_dir().join(format!("ringway-ca-remote-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "proxy-a\n").unwrap();
+        let mut bundle = TrustBundle::new();
+        bundle.add(bed.ca.cert().clone());
+        let client = CaClient::new(
+            addr,
+            rustls_pki_types::ServerName::try_from("ringway-ca.test").unwrap(),
+            CaClient::tls_config(bundle.roots()).unwrap(),
+        );
+        let source = ringway_ca::client::RemoteSource::new(client, &token).unwrap();
+        let ids = Arc::new(
+            IdentityManager::with_source(Arc::new(source), bundle, TD, Duration::from_secs(3600))
+                .unwrap(),
+        );
+        let cart = Identity::new(TD, "shop", "cart");
+        let web = Identity::new(TD, "shop", "web");
+
+        // The service is down: no certificate, and the datapath fails closed
+        // (never another identity, never a wait).
+        let e = ids.prefetch(&cart, Duration::from_secs(2)).unwrap_err();
+        assert!(e.to_string().contains("cart"), "{e}");
+        let e = ids.server_config(&cart).unwrap_err();
+        assert!(
+            matches!(e, ringway_identity::IdentityError::NotIssued { .. }),
+            "fail closed while the CA is down: {e}"
+        );
+
+        // The service comes up: the refresher gets the wanted certificate
+        // on its own (after its backoff), with the pod's identity.
+        let _server = serve_on(addr, bed.service.clone(), tls.clone());
+        let _refresher = ids.spawn_refresher(Duration::from_millis(100)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while ids.server_config(&cart).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the refresher never got the certificate"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let cert = ids.cached(&cart).unwrap();
+        assert_eq!(
+            uris(&cert.chain()[0]),
+            ["spiffe://cluster.local/ns/shop/sa/cart"]
+        );
+        // A second pod's identity on this node: prefetched at once.
+        ids.prefetch(&web, Duration::from_secs(5)).unwrap();
+
+        // A pod on another node: the CA refuses, nothing is served for it.
+        let vault = Identity::new(TD, "bank", "vault");
+        let e = ids.prefetch(&vault, Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("node-a"), "{e}");
+        assert!(ids.server_config(&vault).is_err());
+
+        // The service goes away again: the certificates in hand keep working.
+        drop(_server);
+        ids.server_config(&cart)
+            .expect("a valid certificate outlives a CA outage");
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

@@ -712,4 +712,22 @@ impl CaSigner {
             key: key.into(),
         }
     }
+
+    /// A server certificate for a DNS name (a certificate service's serving
+    /// certificate, say), valid for a day.
+    pub fn issue_dns_for_tests(&self, dns: &str) -> TestLeaf {
+        let now = SystemTime::now();
+        let name = rcgen::string::Ia5String::try_from(dns).expect("ASCII DNS name");
+        let (chain, key) = self
+            .issue_with_sans(
+                vec![SanType::DnsName(name)],
+                now - Duration::from_secs(60),
+                now + Duration::from_secs(86400),
+            )
+            .expect("issue");
+        TestLeaf {
+            chain,
+            key: key.into(),
+        }
+    }
 }
