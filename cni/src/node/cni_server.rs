@@ -84,15 +84,26 @@ pub(super) fn accept_loop(core: Arc<Core>, listener: UnixListener) {
             let _ = (&stream).write_all(format!("{}\n", resp.to_line()).as_bytes());
             continue;
         }
-        let c = core.clone();
+        // The slot is given back when the guard drops: after the request,
+        // when the handler panics, or with the closure if no thread starts.
+        let slot = HandlerSlot(core.clone());
         let spawned = core.spawn_worker("ringway-cni".into(), move || {
-            handle(&c, stream);
-            c.cni_handlers.fetch_sub(1, Ordering::SeqCst);
+            handle(&slot.0, stream);
+            drop(slot);
         });
         if let Err(e) = spawned {
-            core.cni_handlers.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(error = %e, "no thread for a CNI request; dropped");
         }
+    }
+}
+
+/// One of the [`MAX_CNI_HANDLERS`] request slots, given back on drop (also
+/// when a handler panics, so a bad request can never use slots up).
+struct HandlerSlot(Arc<Core>);
+
+impl Drop for HandlerSlot {
+    fn drop(&mut self) {
+        self.0.cni_handlers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -484,4 +495,22 @@ fn gc(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
     let removed = core.gc(&valid);
     tracing::info!(valid = valid.len(), removed = ?removed, "CNI GC");
     Ok(Response::ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adversarial_a_panicking_handler_gives_its_slot_back() {
+        let core = Arc::new(Core::new(super::super::AgentConfig::default()));
+        core.cni_handlers.fetch_add(1, Ordering::SeqCst);
+        let slot = HandlerSlot(core.clone());
+        let t = std::thread::spawn(move || {
+            let _slot = slot;
+            panic!("a handler bug");
+        });
+        assert!(t.join().is_err());
+        assert_eq!(core.cni_handlers.load(Ordering::SeqCst), 0);
+    }
 }

@@ -63,14 +63,23 @@
 //! closes that connection only.
 //!
 //! # Restart
-//! [`NodeAgent::start`] first rebuilds the pods from the kernel: it scans
+//! The agent records every pod it enrolls in its state file
+//! ([`AgentConfig::state_file`], rewritten atomically after every enroll and
+//! unenroll), on the node where pods cannot write. [`NodeAgent::start`] first
+//! rebuilds the pods from the kernel and that record: it scans
 //! `proc_root/*/ns/net` and `netns_dirs`, dedupes by namespace inode, skips
-//! the agent's own and the host's namespace, and adopts every namespace whose
+//! the agent's own and the host's namespace, and adopts a namespace whose
 //! `inet ringway` table carries an owner tag ([`ringway_redirect::read_tag`])
-//! for this node. Each adopted pod's rules are verified; only on drift are
+//! for this node only when the record holds that pod UID *with that
+//! namespace inode* and the tag agrees with the record on namespace, name,
+//! service account, sandbox id and IPs. The owner tag is pod-writable (a
+//! container with CAP_NET_ADMIN in its own netns rewrites it): it is a hint,
+//! the pod's identity comes from the record; a tag that cannot be read (or
+//! asks for more than [`ringway_redirect::MAX_PIECES`] pieces) is skipped,
+//! never a crash. Each adopted pod's rules are verified; only on drift are
 //! they re-applied (an atomic table replacement that keeps connections).
-//! Rediscovery never removes rules. The first proxy to connect then gets the
-//! full snapshot.
+//! Rediscovery never removes rules; the record is then rewritten with the
+//! adopted pods. The first proxy to connect gets the full snapshot.
 //!
 //! # Gone namespaces
 //! A pod's namespace is *live* while a process is in it, it is mounted in one
@@ -101,6 +110,7 @@ mod error;
 mod kube_bridge;
 pub mod metrics;
 pub mod protocol;
+mod record;
 mod state;
 mod zds_server;
 
@@ -128,6 +138,10 @@ pub const CNI_IO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_CNI_HANDLERS: usize = 64;
 /// Default `netns_dirs`: where containerd and CRI-O bind-mount pod namespaces.
 pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
+/// The `ringway agent`'s default [`AgentConfig::state_file`].
+pub const DEFAULT_STATE_FILE: &str = "/var/run/ringway-agent/pods.json";
+
+pub use record::{RecordError, RecordedPod, MAX_RECORD_BYTES};
 
 /// The agent's settings.
 #[derive(Debug, Clone)]
@@ -153,6 +167,11 @@ pub struct AgentConfig {
     pub reconcile_interval: Duration,
     /// Which pods the agent captures (besides `exclude_namespaces`, never).
     pub selection: Selection,
+    /// The agent's own record of its enrolled pods (see the module docs,
+    /// "Restart"), on the node where pods cannot write. `None`: nothing is
+    /// recorded and rediscovery adopts no pod (owner tags in the pods'
+    /// namespaces are pod-writable and never trusted alone).
+    pub state_file: Option<PathBuf>,
 }
 
 /// Which pods the node agent captures: the one rule of the CNI ADD and the
@@ -205,6 +224,7 @@ impl Default for AgentConfig {
             node_name: String::new(),
             reconcile_interval: Duration::from_secs(30),
             selection: Selection::All,
+            state_file: None,
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use ringway_redirect::PodTag;
 
+use super::record::RecordedPod;
 use super::zds_server::{self, Conn};
 use super::{discover, AgentConfig, EnrollError, Pod, PodSource, PodStatus, ProxyStatus};
 
@@ -97,6 +98,9 @@ pub(super) struct Core {
     sockets: Mutex<Vec<(PathBuf, u64)>>,
     /// Prometheus metrics of the agent.
     pub(super) metrics: super::metrics::AgentMetrics,
+    /// Serialises writes of the state file (snapshot and write together, so
+    /// an older snapshot never overwrites a newer one).
+    record_lock: Mutex<()>,
 }
 
 /// Held while one enroll/unenroll of a pod runs.
@@ -136,6 +140,37 @@ impl Core {
             cni_handlers: AtomicUsize::new(0),
             sockets: Mutex::new(Vec::new()),
             metrics: super::metrics::AgentMetrics::default(),
+            record_lock: Mutex::new(()),
+        }
+    }
+
+    /// Rewrites the state file with the pods held now (no-op without one).
+    /// A failure is logged: the pods stay enrolled, but a restarted agent
+    /// will not adopt the ones missing from the file.
+    pub(super) fn persist(&self) {
+        let Some(path) = self.config.state_file.as_deref() else {
+            return;
+        };
+        let _serial = lock(&self.record_lock);
+        let pods: Vec<RecordedPod> = lock(&self.state)
+            .pods
+            .values()
+            .map(|e| RecordedPod {
+                uid: e.pod.uid.clone(),
+                namespace: e.pod.namespace.clone(),
+                name: e.pod.name.clone(),
+                service_account: e.pod.service_account.clone(),
+                container_id: e.pod.container_id.clone(),
+                ips: e.pod.ips.clone(),
+                netns_inode: e.inode,
+            })
+            .collect();
+        let n = pods.len();
+        match super::record::store(path, &self.config.node_name, pods) {
+            Ok(()) => tracing::debug!(state_file = %path.display(), pods = n, "state file written"),
+            Err(e) => {
+                tracing::error!(error = %e, "the agent's record of its pods is not up to date: a restarted agent will not adopt the pods missing from it")
+            }
         }
     }
 
@@ -424,6 +459,7 @@ impl Core {
                 },
             )
         };
+        self.persist();
         match self.add_to_newest(&pod, send_fd.as_fd()) {
             Ok(conn) => {
                 tracing::info!(
@@ -445,6 +481,7 @@ impl Core {
                     st.gen += 1;
                     st.pods.remove(&uid)
                 };
+                self.persist();
                 if let Some(conn) = fail.nacked_by {
                     // The proxy keeps retrying a nacked pod: tell it we gave up.
                     if let Err(e) = conn.exchange(&zds_server::del_request(&uid), None) {
@@ -566,6 +603,7 @@ impl Core {
                 .collect();
             (entry, conns)
         };
+        self.persist();
         let req = zds_server::del_request(uid);
         for conn in conns {
             match conn.exchange(&req, None) {
@@ -707,13 +745,17 @@ impl Core {
         released
     }
 
-    /// Records pods rebuilt at start.
+    /// Records pods rebuilt at start, and rewrites the state file with them
+    /// (pods recorded but not found are gone: dropped from it).
     pub(super) fn insert_rediscovered(&self, entries: Vec<Entry>) {
-        let mut st = lock(&self.state);
-        for e in entries {
-            st.pods.insert(e.pod.uid.clone(), e);
+        {
+            let mut st = lock(&self.state);
+            for e in entries {
+                st.pods.insert(e.pod.uid.clone(), e);
+            }
+            st.gen += 1;
         }
-        st.gen += 1;
+        self.persist();
     }
 
     /// A duplicate of the netns fd held for `uid`, with its path.

@@ -166,6 +166,11 @@ struct AgentArgs {
     /// Directory holding bind-mounted pod namespaces (scanned at start).
     #[arg(long, default_value = "/var/run/netns")]
     netns_dir: Vec<PathBuf>,
+    /// The agent's record of its enrolled pods, on the node where pods
+    /// cannot write (rewritten atomically). At restart a pod is adopted only
+    /// when the owner tag in its namespace agrees with this record.
+    #[arg(long, env = "RINGWAY_AGENT_STATE_FILE", default_value = ringway_cni::node::DEFAULT_STATE_FILE)]
+    state_file: PathBuf,
     /// Proxy/capture settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -404,6 +409,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         netns_dirs: args.netns_dir.clone(),
         node_name: args.node_name.clone(),
         selection,
+        state_file: Some(args.state_file.clone()),
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;

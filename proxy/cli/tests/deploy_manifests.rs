@@ -1078,6 +1078,27 @@ fn check_invariants(o: &Objects, text: &str) {
         mount, host,
         "agent: the CNI socket's path is the node's path"
     );
+    // The agent's record of its pods (what a restart adopts) is on the node, in a
+    // directory no other container of the chart mounts: pods write their own netns's
+    // owner tag, never this.
+    let state = &agent_args["--state-file"];
+    let (mount, host) =
+        host_path_of(agent_spec, agent, state).expect("agent: --state-file on a hostPath mount");
+    assert_eq!(mount, host, "agent: the state dir is the node's path");
+    assert!(
+        Path::new(state).starts_with("/var/run/"),
+        "agent: the state file is on the node's tmpfs (gone with a reboot, as netns are)"
+    );
+    for v in proxy_spec.volumes.iter().flatten() {
+        if let Some(hp) = &v.host_path {
+            assert!(
+                !Path::new(&host).starts_with(&hp.path) && !Path::new(&hp.path).starts_with(&host),
+                "proxy: volume {} ({}) must not reach the agent's state dir {host}",
+                v.name,
+                hp.path
+            );
+        }
+    }
     // Both read the ConfigMap.
     for (spec, c, args) in [
         (agent_spec, agent, &agent_args),

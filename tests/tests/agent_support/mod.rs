@@ -78,6 +78,7 @@ pub fn config(test: &str, dir: &Path) -> AgentConfig {
         node_name: format!("{test}-{}", std::process::id()),
         reconcile_interval: Duration::from_secs(3600),
         selection: Selection::All,
+        state_file: Some(dir.join("state/pods.json")),
     }
 }
 
