@@ -22,7 +22,7 @@ fn tag(cfg: &ringway_cni::node::AgentConfig, p: &CniPod, pod: &ringway_testbed::
         uid: p.uid.clone(),
         name: p.name.clone(),
         namespace: p.namespace.clone(),
-        service_account: String::new(),
+        service_account: "shop-sa".into(),
         node: cfg.node_name.clone(),
         container_id: p.container_id.clone(),
         ips: vec![pod.ipv4.into(), pod.ipv6.into()],
@@ -64,7 +64,7 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         assert_eq!(add.uid, "uid-a");
         assert_eq!(
             add.info,
-            Some((pod.name.clone(), "shop".to_string(), String::new()))
+            Some((pod.name.clone(), "shop".to_string(), "shop-sa".to_string()))
         );
         assert_eq!(add.netns_inode, Some(pod.netns.inode()));
         assert_eq!(add.is_pod_netns, Some(true));
@@ -320,7 +320,7 @@ fn bad_cni_requests_get_exact_errors_and_the_agent_keeps_serving() {
         );
         let add = |netns: &str| {
             format!(
-                "{{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"{netns}\",\"pod\":{{\"name\":\"a\",\"namespace\":\"b\",\"uid\":\"u\"}}}}\n"
+                "{{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"{netns}\",\"pod\":{{\"name\":\"a\",\"namespace\":\"shop\",\"uid\":\"u\"}}}}\n"
             )
         };
         // The host's (the agent process's own) namespace.
@@ -434,5 +434,52 @@ fn start_refuses_a_served_socket_and_replaces_a_stale_one() {
         );
         assert_eq!(std::fs::read(&cfg.cni_socket).unwrap(), b"precious");
         assert!(!cfg.zds_socket.exists());
+    });
+}
+
+/// Without an API server (file mode) the service account comes from the
+/// agent's configuration (`--pod-service-account`), a pod's own rule before
+/// its namespace's; a pod no rule covers is refused, never enrolled as
+/// `default` (or as nothing, which the proxy used to turn into `default`).
+#[test]
+fn adversarial_file_mode_add_without_a_configured_service_account_is_refused() {
+    run_isolated("adversarial_file_mode_sa", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_file_mode_sa");
+        let vn = VirtualNode::build(33, 3).unwrap();
+        let mut cfg = config("adversarial_file_mode_sa", &dir.0);
+        cfg.service_accounts = vec![
+            "shop=shop-sa".parse().unwrap(),
+            format!("shop/{}=web", vn.pod(1).name).parse().unwrap(),
+        ];
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        // Namespace "bank" has no rule: refused (not retryable), nothing done.
+        let mut bank = CniPod::of(vn.pod(0), "uid-bank");
+        bank.namespace = "bank".into();
+        let out = plugin("ADD", &bank, &cfg.cni_socket);
+        assert!(out.exit_code != 0, "{out:?}");
+        assert!(
+            out.stdout
+                .contains("no service account is configured for pod bank/")
+                && out.stdout.contains("never guesses one"),
+            "{}",
+            out.stdout
+        );
+        assert_eq!(read_tag(vn.pod(0).netns.fd()).unwrap(), None);
+        assert!(agent.pods().is_empty());
+
+        // The pod's own rule wins over its namespace's.
+        let web = CniPod::of(vn.pod(1), "uid-web");
+        ok(plugin("ADD", &web, &cfg.cni_socket));
+        let other = CniPod::of(vn.pod(2), "uid-other");
+        ok(plugin("ADD", &other, &cfg.cni_socket));
+        let log = proxy.wait_for(3);
+        assert_eq!(log[1].info.as_ref().unwrap().2, "web");
+        assert_eq!(log[2].info.as_ref().unwrap().2, "shop-sa");
+        assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
+        agent.shutdown();
     });
 }

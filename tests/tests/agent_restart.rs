@@ -100,7 +100,11 @@ fn a_restarted_agent_rebuilds_its_pods_from_the_kernel_and_resends_the_snapshot(
             assert_eq!(r.netns_inode, Some(vn.pod(i).netns.inode()));
             assert_eq!(
                 r.info,
-                Some((vn.pod(i).name.clone(), "shop".to_string(), String::new()))
+                Some((
+                    vn.pod(i).name.clone(),
+                    "shop".to_string(),
+                    "shop-sa".to_string()
+                ))
             );
             p.ack();
         }

@@ -32,9 +32,22 @@
 //! A CHECK for a pod the agent does not hold succeeds when the rule passes over
 //! it.
 //!
+//! # The pod's identity
+//! CNI passes a pod's namespace, name and uid, never its service account,
+//! and the agent never guesses one: the first `Add` a proxy gets must carry
+//! the pod's real identity (a proxy may keep the first `Add` of a netns and
+//! ignore later ones). The CNI ADD takes it from [`Selection::select`]:
+//! with [`Selection::Kubernetes`] from the watch's cache or the API server,
+//! only for the pod of that uid (or the mirror pod of that static pod); a pod
+//! the API server does not know under that uid is "try again later". With
+//! [`Selection::All`] (no API) from [`AgentConfig::service_accounts`]
+//! (`--pod-service-account NS=SA` or `NS/POD=SA`); a pod no rule covers is
+//! refused. A request that names another service account than the one found
+//! is refused, and [`Enrollment::enroll`] refuses a pod without one.
+//!
 //! # Enrollment
 //! [`Enrollment::enroll`] (CNI ADD, and the Kubernetes watch) refuses bad
-//! input and the host's netns, fails fast with [`EnrollError::NoProxy`] when
+//! input (an empty uid, name, namespace or service account) and the host's netns, fails fast with [`EnrollError::NoProxy`] when
 //! no proxy is ready, applies the capture rules tagged with the pod's identity
 //! ([`ringway_redirect::apply_for`]), records the pod (pinning its netns with
 //! an open fd), and sends `Add` with the netns fd to the newest ready proxy,
@@ -98,11 +111,12 @@
 //! already holds for the UID, else finds it among the processes whose
 //! `<proc_root>/<pid>/cgroup` names the UID (oldest first, never the host's
 //! namespace, confirmed by one of the pod's IPs). The watch calls it again for
-//! a held pod whose identity differs from the one the agent holds (a pod
-//! enrolled by CNI ADD has no service account): the agent re-tags the rules
+//! a held pod whose identity differs from the one the agent holds (e.g. a
+//! file-mode rule that disagrees with the API server): the agent re-tags the rules
 //! (an atomic replacement that keeps connections) and re-sends `Add` with the
 //! full `WorkloadInfo` for the same netns.
 
+mod accounts;
 mod client;
 mod cni_server;
 mod discover;
@@ -126,7 +140,7 @@ use ringway_redirect::CaptureSpec;
 pub use client::UnixAgent;
 pub use error::{EnrollError, StartError};
 
-use crate::kube::{SelectError, Selector, UnenrollReason, Verdict};
+use crate::kube::{SelectError, Selected, Selector, UnenrollReason, Verdict};
 
 use self::state::Core;
 
@@ -141,6 +155,7 @@ pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
 /// The `ringway agent`'s default [`AgentConfig::state_file`].
 pub const DEFAULT_STATE_FILE: &str = "/var/run/ringway-agent/pods.json";
 
+pub use accounts::{service_account_of, ServiceAccountRule, ServiceAccountRuleError};
 pub use record::{RecordError, RecordedPod, MAX_RECORD_BYTES};
 
 /// The agent's settings.
@@ -172,6 +187,11 @@ pub struct AgentConfig {
     /// recorded and rediscovery adopts no pod (owner tags in the pods'
     /// namespaces are pod-writable and never trusted alone).
     pub state_file: Option<PathBuf>,
+    /// With [`Selection::All`] (no API server): the service accounts of pods
+    /// enrolled through CNI, which passes none. A CNI ADD for a pod no rule
+    /// covers is refused: the agent never guesses an identity. Unused with
+    /// [`Selection::Kubernetes`], where the API server says it.
+    pub service_accounts: Vec<ServiceAccountRule>,
 }
 
 /// Which pods the node agent captures: the one rule of the CNI ADD and the
@@ -207,6 +227,31 @@ impl Selection {
             }
         }
     }
+
+    /// [`Selection::selects`], with the pod's service account when known: from
+    /// the API server (or the watch's cache) with [`Selection::Kubernetes`], from
+    /// `accounts` (the configured rules) with [`Selection::All`]. Never a guess.
+    pub fn select(
+        &self,
+        pod: &Pod,
+        exclude_namespaces: &[String],
+        accounts: &[ServiceAccountRule],
+    ) -> Result<Selected, SelectError> {
+        if exclude_namespaces.contains(&pod.namespace) {
+            return Ok(Selected {
+                verdict: Verdict::PassThrough(UnenrollReason::Excluded),
+                service_account: None,
+            });
+        }
+        match self {
+            Selection::All => Ok(Selected {
+                verdict: Verdict::Capture,
+                service_account: service_account_of(accounts, &pod.namespace, &pod.name)
+                    .map(str::to_string),
+            }),
+            Selection::Kubernetes(selector) => selector.select(&pod.uid, &pod.namespace, &pod.name),
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -225,6 +270,7 @@ impl Default for AgentConfig {
             reconcile_interval: Duration::from_secs(30),
             selection: Selection::All,
             state_file: None,
+            service_accounts: Vec::new(),
         }
     }
 }
@@ -238,8 +284,9 @@ pub struct Pod {
     pub name: String,
     /// Pod namespace (required).
     pub namespace: String,
-    /// Service account; empty when the enroller does not know it (CNI does not
-    /// pass it).
+    /// Service account (required: the CNI ADD gets it from the API server or
+    /// [`AgentConfig::service_accounts`], never by guessing; an enroll without
+    /// one is refused).
     pub service_account: String,
     /// The pod's IPs.
     pub ips: Vec<IpAddr>,

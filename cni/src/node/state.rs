@@ -188,6 +188,19 @@ impl Core {
             .selects(pod, &self.config.exclude_namespaces)
     }
 
+    /// The selection rule for `pod`, with its service account when known (see
+    /// [`super::Selection::select`]).
+    pub(super) fn select(
+        &self,
+        pod: &Pod,
+    ) -> Result<crate::kube::Selected, crate::kube::SelectError> {
+        self.config.selection.select(
+            pod,
+            &self.config.exclude_namespaces,
+            &self.config.service_accounts,
+        )
+    }
+
     pub(super) fn next_conn_id(&self) -> u64 {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
@@ -311,6 +324,7 @@ impl Core {
             ("uid", &pod.uid),
             ("name", &pod.name),
             ("namespace", &pod.namespace),
+            ("service account", &pod.service_account),
         ] {
             if v.trim().is_empty() {
                 return Err(EnrollError::BadInput(format!("pod {field} is empty")));
@@ -862,7 +876,7 @@ impl Core {
 }
 
 /// A repeated enroll of the same pod and netns: what the new call does not
-/// know (CNI knows no service account, the Kubernetes watch no sandbox id) is
+/// know (the Kubernetes watch knows no sandbox id) is
 /// kept from the earlier one.
 fn merge(mut new: Pod, old: &Pod) -> Pod {
     if new.container_id.is_none() {

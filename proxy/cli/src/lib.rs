@@ -171,6 +171,12 @@ struct AgentArgs {
     /// when the owner tag in its namespace agrees with this record.
     #[arg(long, env = "RINGWAY_AGENT_STATE_FILE", default_value = ringway_cni::node::DEFAULT_STATE_FILE)]
     state_file: PathBuf,
+    /// Without --kube: the service account of the pods of namespace NS (or
+    /// of pod NS/POD), which CNI does not pass (repeatable; a pod's own rule
+    /// wins). A CNI ADD for a pod no rule covers is refused: the agent never
+    /// guesses an identity. With --kube the API server says it.
+    #[arg(long, value_name = "NS=SA|NS/POD=SA")]
+    pod_service_account: Vec<ringway_cni::node::ServiceAccountRule>,
     /// Proxy/capture settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -410,6 +416,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         node_name: args.node_name.clone(),
         selection,
         state_file: Some(args.state_file.clone()),
+        service_accounts: args.pod_service_account.clone(),
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;

@@ -1667,3 +1667,28 @@ fn renderer_matches_helm_semantics() {
         "\"x\" 30 40 d b.json a\n  a\n  b"
     );
 }
+
+/// Without the API (`agent.kube: false`) the service accounts of CNI-enrolled pods come
+/// from `agent.podServiceAccounts`, one `--pod-service-account` each.
+#[test]
+fn file_mode_agent_gets_the_pod_service_accounts() {
+    let text = render_chart(
+        "agent: {kube: false, podServiceAccounts: [\"shop=web\", \"bank/vault=vault\"]}\n",
+        NAMESPACE,
+    )
+    .unwrap();
+    let o = typed_objects(&text);
+    let agent = container(pod_spec(&o, "ringway-agent"), "agent");
+    let args = agent.args.clone().unwrap_or_default();
+    assert!(!args.contains(&"--kube".to_string()), "{args:?}");
+    let rules: Vec<&String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--pod-service-account")
+        .map(|w| &w[1])
+        .collect();
+    assert_eq!(rules, ["shop=web", "bank/vault=vault"]);
+    for r in rules {
+        r.parse::<ringway_cni::node::ServiceAccountRule>()
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
