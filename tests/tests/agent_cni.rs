@@ -483,3 +483,50 @@ fn adversarial_file_mode_add_without_a_configured_service_account_is_refused() {
         agent.shutdown();
     });
 }
+
+/// CNI GC names the attachments that are still valid; anything that can
+/// reach the CNI socket can send an empty list. GC removes only the capture
+/// of pods whose network namespace is gone: a live pod stays captured (its
+/// policy never fails open), and its DEL is what releases it.
+#[test]
+fn adversarial_gc_with_an_empty_attachment_list_keeps_live_pods_captured() {
+    run_isolated("adversarial_gc_empty", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_gc_empty");
+        let mut vn = VirtualNode::build(34, 2).unwrap();
+        let cfg = config("adversarial_gc_empty", &dir.0);
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        let pods: Vec<CniPod> = (0..2)
+            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
+            .collect();
+        for p in &pods {
+            ok(plugin("ADD", p, &cfg.cni_socket));
+        }
+        proxy.wait_for(3);
+        let gc = b"{\"op\":\"gc\",\"validAttachments\":[]}\n";
+        assert_eq!(cni_line(&cfg.cni_socket, gc), r#"{"ok":true}"#);
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-0", "uid-1"], "live pods stay enrolled");
+        for i in 0..2 {
+            assert!(
+                read_tag(vn.pod(i).netns.fd()).unwrap().is_some(),
+                "pod {i} still captured"
+            );
+        }
+        assert_eq!(proxy.log().len(), 3, "no Del: {:?}", proxy.kinds());
+
+        // Pod 1's sandbox is gone (its netns unmounted, no process): now GC
+        // releases it.
+        let gone = vn.pod(1).name.clone();
+        vn.remove_pod(&gone).unwrap();
+        assert_eq!(cni_line(&cfg.cni_socket, gc), r#"{"ok":true}"#);
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-0"]);
+        let del = &proxy.wait_for(4)[3];
+        assert_eq!((del.kind, del.uid.as_str()), ("Del", "uid-1"));
+        assert!(read_tag(vn.pod(0).netns.fd()).unwrap().is_some());
+        agent.shutdown();
+    });
+}

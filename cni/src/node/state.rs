@@ -853,16 +853,31 @@ impl Core {
     }
 
     /// GC: unenrolls every pod enrolled through CNI whose sandbox is not in
-    /// `valid`. Returns the UIDs removed.
+    /// `valid` *and whose network namespace is gone*. Returns the UIDs removed.
+    ///
+    /// A GC request is only a claim (anything that reaches the CNI socket can
+    /// send an empty list): removing the capture of a pod that still runs
+    /// would let its traffic bypass its policy. A live pod left out of the
+    /// list keeps its capture (warned about) until its DEL, or until its
+    /// namespace is gone and a later GC or DEL comes.
     pub(super) fn gc(&self, valid: &HashSet<String>) -> Vec<String> {
-        let stale: Vec<(String, String)> = lock(&self.state)
+        self.release_gone_netns();
+        let unlisted: Vec<(String, String, bool)> = lock(&self.state)
             .pods
             .values()
             .filter_map(|e| {
                 let cid = e.pod.container_id.as_ref()?;
-                (!valid.contains(cid)).then(|| (e.pod.uid.clone(), cid.clone()))
+                (!valid.contains(cid)).then(|| (e.pod.uid.clone(), cid.clone(), e.netns.is_some()))
             })
             .collect();
+        let mut stale = Vec::new();
+        for (uid, cid, live) in unlisted {
+            if live {
+                tracing::warn!(pod.uid = %uid, container_id = %cid, "GC: a pod missing from the valid attachments still has its network namespace: its capture is kept");
+            } else {
+                stale.push((uid, cid));
+            }
+        }
         let mut removed = Vec::new();
         for (uid, cid) in stale {
             match self.unenroll_matching(&uid, Some(&cid), None) {
