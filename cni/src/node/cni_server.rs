@@ -160,6 +160,18 @@ fn read_line(stream: &mut UnixStream) -> Result<String, ReadError> {
 fn handle(core: &Core, mut stream: UnixStream) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(CNI_IO_TIMEOUT));
+    // The peer's uid first: nothing it sent is read before it is allowed.
+    if let Err(why) = core.check_peer(&stream, "cni") {
+        tracing::warn!(reason = %why, "CNI connection refused");
+        let resp = Response::err(Kind::Rejected, why);
+        if stream
+            .write_all(format!("{}\n", resp.to_line()).as_bytes())
+            .is_ok()
+        {
+            linger(&mut stream);
+        }
+        return;
+    }
     let resp = match read_line(&mut stream) {
         Ok(line) => dispatch(core, &line),
         Err(ReadError::Empty) => {

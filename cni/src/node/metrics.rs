@@ -17,6 +17,16 @@ pub struct CniLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of refused connections.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `zds` or `cni`.
+    pub socket: &'static str,
+    /// `peer_uid` (SO_PEERCRED not allowed), `peer_unknown` (no credentials),
+    /// `connection_cap` (too many ZDS connections).
+    pub reason: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~4 s.
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -33,6 +43,8 @@ pub struct AgentMetrics {
     pub requests: Family<CniLabels, Counter>,
     /// `ringway_agent_pods_enrolled`.
     pub pods: Gauge,
+    /// `ringway_agent_connections_refused_total{socket,reason}`.
+    pub refused: Family<RefusedLabels, Counter>,
 }
 
 impl Default for AgentMetrics {
@@ -41,6 +53,7 @@ impl Default for AgentMetrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             requests: Family::default(),
             pods: Gauge::default(),
+            refused: Family::default(),
         }
     }
 }
@@ -54,6 +67,13 @@ impl AgentMetrics {
         };
         self.latency.get_or_create(&l).observe(seconds);
         self.requests.get_or_create(&l).inc();
+    }
+
+    /// Counts one refused connection.
+    pub fn refuse(&self, socket: &'static str, reason: &'static str) {
+        self.refused
+            .get_or_create(&RefusedLabels { socket, reason })
+            .inc();
     }
 
     /// OpenMetrics text of every agent metric.
@@ -73,6 +93,11 @@ impl AgentMetrics {
             "ringway_agent_pods_enrolled",
             "Pods this agent has enrolled",
             self.pods.clone(),
+        );
+        r.register(
+            "ringway_agent_connections_refused",
+            "Connections to the agent's sockets refused (peer credentials, connection cap)",
+            self.refused.clone(),
         );
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &r);

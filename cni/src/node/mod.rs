@@ -6,9 +6,9 @@
 //!
 //! | thread | owns |
 //! | --- | --- |
-//! | `ringway-zds-accept` | the ZDS listener (`zds_socket`, SOCK_SEQPACKET, mode 0600) |
+//! | `ringway-zds-accept` | the ZDS listener (`zds_socket`, SOCK_SEQPACKET, mode 0600; peers checked against `peer_uids` with SO_PEERCRED; at most [`MAX_ZDS_CONNECTIONS`]) |
 //! | `ringway-zds-<n>` (one per proxy connection) | hello, snapshot, catch-up, then an idle watch for hang-ups |
-//! | `ringway-cni-accept` | the CNI event socket (`cni_socket`, unix stream, mode 0600) |
+//! | `ringway-cni-accept` | the CNI event socket (`cni_socket`, unix stream, mode 0600; peers checked against `peer_uids` before a byte is read) |
 //! | `ringway-cni` (one per request, at most [`MAX_CNI_HANDLERS`]) | one request line, one response line |
 //! | `ringway-reconcile` | every `reconcile_interval`: releases the netns of pods whose namespace is gone |
 //!
@@ -150,6 +150,9 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CNI_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Requests on the CNI socket served at once; more wait in the listen backlog.
 pub const MAX_CNI_HANDLERS: usize = 64;
+/// ZDS connections served at once (a node runs one proxy, two during an
+/// upgrade); more are closed at accept.
+pub const MAX_ZDS_CONNECTIONS: usize = 8;
 /// Default `netns_dirs`: where containerd and CRI-O bind-mount pod namespaces.
 pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
 /// The `ringway agent`'s default [`AgentConfig::state_file`].
@@ -192,6 +195,10 @@ pub struct AgentConfig {
     /// covers is refused: the agent never guesses an identity. Unused with
     /// [`Selection::Kubernetes`], where the API server says it.
     pub service_accounts: Vec<ServiceAccountRule>,
+    /// The uids whose processes may use the ZDS and CNI sockets (checked
+    /// with SO_PEERCRED at accept, on top of the sockets' mode 0600). Default:
+    /// root only.
+    pub peer_uids: Vec<u32>,
 }
 
 /// Which pods the node agent captures: the one rule of the CNI ADD and the
@@ -271,6 +278,7 @@ impl Default for AgentConfig {
             selection: Selection::All,
             state_file: None,
             service_accounts: Vec::new(),
+            peer_uids: vec![0],
         }
     }
 }

@@ -94,6 +94,8 @@ pub(super) struct Core {
     next_conn: AtomicU64,
     workers: Mutex<Vec<JoinHandle<()>>>,
     pub(super) cni_handlers: AtomicUsize,
+    /// ZDS connections being served (at most [`super::MAX_ZDS_CONNECTIONS`]).
+    pub(super) zds_conns: AtomicUsize,
     /// Socket files this agent created, with their inodes, removed at shutdown.
     sockets: Mutex<Vec<(PathBuf, u64)>>,
     /// Prometheus metrics of the agent.
@@ -138,6 +140,7 @@ impl Core {
             next_conn: AtomicU64::new(1),
             workers: Mutex::new(Vec::new()),
             cni_handlers: AtomicUsize::new(0),
+            zds_conns: AtomicUsize::new(0),
             sockets: Mutex::new(Vec::new()),
             metrics: super::metrics::AgentMetrics::default(),
             record_lock: Mutex::new(()),
@@ -199,6 +202,28 @@ impl Core {
             &self.config.exclude_namespaces,
             &self.config.service_accounts,
         )
+    }
+
+    /// Whether the peer of `sock` may use the agent's sockets: its uid
+    /// (SO_PEERCRED) is one of [`AgentConfig::peer_uids`]. `Err` names why not
+    /// (and is counted as refused on `socket`).
+    pub(super) fn check_peer(&self, sock: &impl AsFd, socket: &'static str) -> Result<(), String> {
+        match nix::sys::socket::getsockopt(sock, nix::sys::socket::sockopt::PeerCredentials) {
+            Ok(c) if self.config.peer_uids.contains(&c.uid()) => Ok(()),
+            Ok(c) => {
+                self.metrics.refuse(socket, "peer_uid");
+                Err(format!(
+                    "peer uid {} (pid {}) is not allowed on the {socket} socket (allowed uids: {:?})",
+                    c.uid(),
+                    c.pid(),
+                    self.config.peer_uids
+                ))
+            }
+            Err(e) => {
+                self.metrics.refuse(socket, "peer_unknown");
+                Err(format!("cannot read the peer's credentials: {e}"))
+            }
+        }
     }
 
     pub(super) fn next_conn_id(&self) -> u64 {

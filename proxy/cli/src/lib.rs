@@ -177,6 +177,10 @@ struct AgentArgs {
     /// guesses an identity. With --kube the API server says it.
     #[arg(long, value_name = "NS=SA|NS/POD=SA")]
     pod_service_account: Vec<ringway_cni::node::ServiceAccountRule>,
+    /// The uids whose processes may use the ZDS and CNI sockets (checked with
+    /// SO_PEERCRED, on top of the sockets' mode 0600; repeatable).
+    #[arg(long = "peer-uid", value_name = "UID", default_values_t = [0u32])]
+    peer_uids: Vec<u32>,
     /// Proxy/capture settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -417,6 +421,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         selection,
         state_file: Some(args.state_file.clone()),
         service_accounts: args.pod_service_account.clone(),
+        peer_uids: args.peer_uids.clone(),
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;

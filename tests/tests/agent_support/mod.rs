@@ -81,6 +81,7 @@ pub fn config(test: &str, dir: &Path) -> AgentConfig {
         state_file: Some(dir.join("state/pods.json")),
         // The pods of `CniPod::of` (file mode: CNI passes no service account).
         service_accounts: vec!["shop=shop-sa".parse().unwrap()],
+        peer_uids: vec![0],
     }
 }
 
