@@ -195,13 +195,20 @@ pub(super) fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
+/// Creates the socket's directory (mode 0700 for what it creates: each
+/// socket has a directory of its own, mounted only by who may use it).
 pub(super) fn create_parent(path: &Path) -> Result<(), StartError> {
+    use std::os::unix::fs::DirBuilderExt;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| StartError::Socket {
-            what: "creating the directory of",
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StartError::Socket {
+                what: "creating the directory of",
+                path: path.to_path_buf(),
+                source: e,
+            })?;
     }
     Ok(())
 }
