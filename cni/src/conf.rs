@@ -10,7 +10,7 @@ use crate::result::json_type;
 use crate::version::CniVersion;
 
 /// Where the node agent listens for the plugin, when `agentSocket` is not set.
-pub const DEFAULT_AGENT_SOCKET: &str = "/var/run/ringway/cni.sock";
+pub const DEFAULT_AGENT_SOCKET: &str = "/var/run/ringway/cni/cni.sock";
 /// Namespaces whose pods are never captured, when `excludeNamespaces` is not set:
 /// ringway's own (the node agent must start without waiting for itself). The same
 /// list marks those pods `tunnel: false` in the proxy's Kubernetes mesh source.

@@ -614,19 +614,17 @@ impl Proxy {
         Ok(())
     }
 
+    /// The pod's SPIFFE principal, empty when the agent did not say both its
+    /// namespace and service account (never a guessed `sa/default`).
     fn principal_of(&self, identity: &PodIdentity) -> String {
-        if identity.namespace.is_empty() {
+        if identity.namespace.is_empty() || identity.service_account.is_empty() {
             return String::new();
         }
-        let sa = if identity.service_account.is_empty() {
-            "default"
-        } else {
-            identity.service_account.as_str()
-        };
         format!(
-            "spiffe://{}/ns/{}/sa/{sa}",
+            "spiffe://{}/ns/{}/sa/{}",
             self.trust_domain.read().unwrap_or_else(|p| p.into_inner()),
-            identity.namespace
+            identity.namespace,
+            identity.service_account
         )
     }
 

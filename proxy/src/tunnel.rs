@@ -132,24 +132,27 @@ impl TunnelState {
     }
 }
 
-/// A pod's SPIFFE identity: from the agent's record, else the mesh's workload.
+/// A pod's SPIFFE identity: from the agent's record when it names both the
+/// namespace and the service account, else the mesh's workload of the pod's
+/// IPs (when the agent named a namespace, only a workload of that namespace).
+/// Never a guess: `None` (no certificate, no HBONE for the pod) when neither
+/// says it.
 pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
     let td = mesh.trust_domain();
-    {
+    let namespace = {
         let who = pod.who.read().unwrap_or_else(|p| p.into_inner());
-        if !who.0.namespace.is_empty() {
-            let sa = if who.0.service_account.is_empty() {
-                "default"
-            } else {
-                who.0.service_account.as_str()
-            };
-            return Some(Identity::new(td, &who.0.namespace, sa));
+        if !who.0.namespace.is_empty() && !who.0.service_account.is_empty() {
+            return Some(Identity::new(td, &who.0.namespace, &who.0.service_account));
         }
+        who.0.namespace.clone()
+    };
+    let w = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip))?;
+    if !namespace.is_empty() && w.namespace != namespace {
+        tracing::warn!(pod.uid = %pod.uid, pod.namespace = %namespace, workload.namespace = %w.namespace,
+            "the agent sent no service account and the mesh's workload of the pod's IPs is of another namespace: no identity");
+        return None;
     }
-    pod.ips
-        .iter()
-        .find_map(|ip| mesh.workload_by_ip(*ip))
-        .map(|w| w.identity(td))
+    Some(w.identity(td))
 }
 
 /// The workload of a pod for authorization: the mesh's, else one made from
@@ -791,6 +794,64 @@ impl Drop for InboundObserver {
             duration.ms = self.started.elapsed().as_millis() as u64,
             security = "mutual_tls",
             "connection closed"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh() -> Mesh {
+        ringway_config::MeshConfig::parse(
+            "trustDomain: cluster.local\nworkloads:\n  - uid: uid-web\n    name: web\n    namespace: shop\n    serviceAccount: web\n    ips: [10.0.0.2]\n    node: n1\n    tunnel: true\n",
+            "test",
+        )
+        .unwrap()
+        .validate("test")
+        .unwrap()
+    }
+
+    fn pod(ip: &str, namespace: &str, service_account: &str) -> PodShared {
+        PodShared {
+            uid: Arc::from("uid"),
+            netns: std::fs::File::open("/dev/null").unwrap().into(),
+            ips: vec![ip.parse().unwrap()],
+            ports: sock::PortSplit::default(),
+            who: RwLock::new((
+                crate::PodIdentity {
+                    name: "p".into(),
+                    namespace: namespace.into(),
+                    service_account: service_account.into(),
+                },
+                String::new(),
+            )),
+            flows: flows::FlowTable::default(),
+        }
+    }
+
+    /// The agent's info without a service account must never become
+    /// `sa/default` (a DENY on the real account would miss the pod, an ALLOW
+    /// for `default` would admit it): the mesh's record of the pod, when it
+    /// agrees on the namespace, else no identity at all (no certificate, no
+    /// HBONE).
+    #[test]
+    fn adversarial_proxy_never_guesses_a_pods_service_account() {
+        let mesh = mesh();
+        let id = |p: &PodShared| pod_identity(&mesh, p).map(|i| i.to_string());
+        // No service account from the agent, no workload in the mesh: none.
+        assert_eq!(id(&pod("10.0.0.9", "shop", "")), None);
+        // No service account from the agent: the mesh's record of the pod.
+        assert_eq!(
+            id(&pod("10.0.0.2", "shop", "")).as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/web")
+        );
+        // ... but not when it names another namespace than the agent's.
+        assert_eq!(id(&pod("10.0.0.2", "bank", "")), None);
+        // The agent's full identity wins.
+        assert_eq!(
+            id(&pod("10.0.0.9", "shop", "cart")).as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/cart")
         );
     }
 }

@@ -308,3 +308,89 @@ fn health_check_names_what_is_wrong() {
         assert!(err.contains("shutting down"), "{err}");
     });
 }
+
+/// Any process that reaches the ZDS socket and says hello gets every pod's
+/// netns fd. Connections beyond `MAX_ZDS_CONNECTIONS` are closed at once (a
+/// node runs one proxy, two during an upgrade), and the slot of a closed
+/// connection is given back.
+#[test]
+fn adversarial_zds_connections_beyond_the_cap_are_refused() {
+    run_isolated("adversarial_zds_cap", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_zds_cap");
+        let cfg = config("adversarial_zds_cap", &dir.0);
+        let agent = start(&cfg);
+        // Hold every slot with connections that never say hello.
+        let mut held: Vec<FakeProxy> = (0..ringway_cni::node::MAX_ZDS_CONNECTIONS)
+            .map(|_| FakeProxy::connect_raw(&cfg.zds_socket))
+            .collect();
+        // The next one is closed without a word (well before the 5 s hello
+        // deadline that closes the silent ones).
+        let extra = FakeProxy::connect_raw(&cfg.zds_socket);
+        assert!(
+            extra.closed_within(Duration::from_secs(3)),
+            "a connection beyond the cap was served"
+        );
+        assert!(agent.proxies().is_empty());
+        // One slot is given back: a real proxy gets in.
+        drop(held.pop());
+        let deadline = Instant::now() + WAIT;
+        let p = loop {
+            let p = FakeProxy::connect_raw(&cfg.zds_socket);
+            // Refused while the slot is not back yet: the send may fail.
+            let _ = zds::send(p.sock.as_fd(), &zds::ZdsHello { version: 1 }, None);
+            match p.recv_within(Duration::from_secs(1)) {
+                Ok(Some(r)) => {
+                    assert_eq!(r.kind, "SnapshotSent");
+                    break p;
+                }
+                _ => assert!(Instant::now() < deadline, "the slot never came back"),
+            }
+        };
+        p.ack();
+        wait_ready_proxies(&agent, 1);
+        assert!(agent.metrics_text().contains(
+            r#"ringway_agent_connections_refused_total{socket="zds",reason="connection_cap"}"#
+        ));
+        drop(held);
+        agent.shutdown();
+    });
+}
+
+/// Both sockets check the peer's uid (SO_PEERCRED) against the configured
+/// ones, on top of the files' mode: here only uid 4242 may connect, and the
+/// test runs as root.
+#[test]
+fn adversarial_peers_whose_uid_is_not_allowed_are_refused_on_both_sockets() {
+    run_isolated("adversarial_peer_uid", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_peer_uid");
+        let mut cfg = config("adversarial_peer_uid", &dir.0);
+        cfg.peer_uids = vec![4242];
+        let agent = start(&cfg);
+        let p = FakeProxy::connect_raw(&cfg.zds_socket);
+        let _ = zds::send(p.sock.as_fd(), &zds::ZdsHello { version: 1 }, None);
+        assert!(
+            p.closed_within(Duration::from_secs(3)),
+            "ZDS served a peer whose uid is not allowed"
+        );
+        assert!(agent.proxies().is_empty());
+        let resp = cni_line(&cfg.cni_socket, b"{\"op\":\"status\"}\n");
+        assert!(
+            resp.contains(r#""kind":"rejected""#)
+                && resp.contains("peer uid 0 (pid ")
+                && resp.contains("is not allowed on the cni socket (allowed uids: [4242])"),
+            "{resp}"
+        );
+        let m = agent.metrics_text();
+        for socket in ["zds", "cni"] {
+            assert!(
+                m.contains(&format!(
+                    r#"ringway_agent_connections_refused_total{{socket="{socket}",reason="peer_uid"}} 1"#
+                )),
+                "{m}"
+            );
+        }
+        agent.shutdown();
+    });
+}

@@ -17,6 +17,16 @@ pub struct CniLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of refused connections.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `zds` or `cni`.
+    pub socket: &'static str,
+    /// `peer_uid` (SO_PEERCRED not allowed), `peer_unknown` (no credentials),
+    /// `connection_cap` (too many ZDS connections).
+    pub reason: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~4 s.
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -31,6 +41,8 @@ pub struct AgentMetrics {
     pub latency: Family<CniLabels, Histogram, fn() -> Histogram>,
     /// `ringway_cni_requests_total{op,outcome}`.
     pub requests: Family<CniLabels, Counter>,
+    /// `ringway_agent_connections_refused_total{socket,reason}`.
+    pub refused: Family<RefusedLabels, Counter>,
 }
 
 impl Default for AgentMetrics {
@@ -38,6 +50,7 @@ impl Default for AgentMetrics {
         AgentMetrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             requests: Family::default(),
+            refused: Family::default(),
         }
     }
 }
@@ -51,6 +64,13 @@ impl AgentMetrics {
         };
         self.latency.get_or_create(&l).observe(seconds);
         self.requests.get_or_create(&l).inc();
+    }
+
+    /// Counts one refused connection.
+    pub fn refuse(&self, socket: &'static str, reason: &'static str) {
+        self.refused
+            .get_or_create(&RefusedLabels { socket, reason })
+            .inc();
     }
 
     /// A registry of the request metrics (the agent's handle adds the
@@ -67,6 +87,11 @@ impl AgentMetrics {
             "ringway_cni_requests",
             "CNI plugin requests by op and outcome",
             self.requests.clone(),
+        );
+        r.register(
+            "ringway_agent_connections_refused",
+            "Connections to the agent's sockets refused (peer credentials, connection cap)",
+            self.refused.clone(),
         );
         r
     }

@@ -194,11 +194,11 @@ fn add_without_prev_result_is_code_7() {
 
 #[test]
 fn add_with_agent_unavailable_is_try_again_later() {
-    let agent = FakeAgent::unavailable("connect /var/run/ringway/cni.sock: connection refused");
+    let agent = FakeAgent::unavailable("connect /var/run/ringway/cni/cni.sock: connection refused");
     let out = run(&env("ADD"), &conf("1.1.0", Some(prev_100())), &agent);
     assert_eq!(
         failed(&out),
-        r#"{"cniVersion":"1.1.0","code":11,"msg":"try again later: node agent unavailable: connect /var/run/ringway/cni.sock: connection refused","details":"agentSocket /var/run/ringway/cni.sock; a pod does not start before ringway captures its traffic, the runtime retries"}"#
+        r#"{"cniVersion":"1.1.0","code":11,"msg":"try again later: node agent unavailable: connect /var/run/ringway/cni/cni.sock: connection refused","details":"agentSocket /var/run/ringway/cni/cni.sock; a pod does not start before ringway captures its traffic, the runtime retries"}"#
     );
     assert_eq!(agent.calls().len(), 1);
 }
@@ -246,7 +246,7 @@ fn add_rejected_or_garbled_by_the_agent() {
             (v["code"].as_u64(), v["msg"].as_str()),
             (Some(code), Some(msg))
         );
-        assert_eq!(v["details"], "agentSocket /var/run/ringway/cni.sock");
+        assert_eq!(v["details"], "agentSocket /var/run/ringway/cni/cni.sock");
     }
 }
 
@@ -661,7 +661,7 @@ fn check_of_an_unknown_container_is_code_3() {
     let out = run(&env("CHECK"), &conf("1.0.0", Some(prev_100())), &agent);
     assert_eq!(
         failed(&out),
-        r#"{"cniVersion":"1.0.0","code":3,"msg":"node agent does not know container f00dcafe01","details":"agentSocket /var/run/ringway/cni.sock"}"#
+        r#"{"cniVersion":"1.0.0","code":3,"msg":"node agent does not know container f00dcafe01","details":"agentSocket /var/run/ringway/cni/cni.sock"}"#
     );
 }
 
@@ -720,7 +720,7 @@ fn status_is_code_50_when_the_agent_is_unreachable() {
     let out = run(&env("STATUS"), &conf("1.1.0", None), &agent);
     assert_eq!(
         failed(&out),
-        r#"{"cniVersion":"1.1.0","code":50,"msg":"plugin not available: node agent unavailable: connect: no such file or directory","details":"agentSocket /var/run/ringway/cni.sock"}"#
+        r#"{"cniVersion":"1.1.0","code":50,"msg":"plugin not available: node agent unavailable: connect: no such file or directory","details":"agentSocket /var/run/ringway/cni/cni.sock"}"#
     );
 }
 

@@ -40,7 +40,7 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 use prost::Message;
 
 /// Default socket path (the reference mesh's is `/var/run/ztunnel/ztunnel.sock`).
-pub const DEFAULT_SOCKET: &str = "/var/run/ringway/zds.sock";
+pub const DEFAULT_SOCKET: &str = "/var/run/ringway/zds/zds.sock";
 
 /// Receive buffer size: larger packets are refused as truncated.
 pub const MAX_PACKET: usize = 1024;

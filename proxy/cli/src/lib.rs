@@ -219,6 +219,21 @@ struct AgentArgs {
     /// Directory holding bind-mounted pod namespaces (scanned at start).
     #[arg(long, default_value = "/var/run/netns")]
     netns_dir: Vec<PathBuf>,
+    /// The agent's record of its enrolled pods, on the node where pods
+    /// cannot write (rewritten atomically). At restart a pod is adopted only
+    /// when the owner tag in its namespace agrees with this record.
+    #[arg(long, env = "RINGWAY_AGENT_STATE_FILE", default_value = ringway_cni::node::DEFAULT_STATE_FILE)]
+    state_file: PathBuf,
+    /// Without --kube: the service account of the pods of namespace NS (or
+    /// of pod NS/POD), which CNI does not pass (repeatable; a pod's own rule
+    /// wins). A CNI ADD for a pod no rule covers is refused: the agent never
+    /// guesses an identity. With --kube the API server says it.
+    #[arg(long, value_name = "NS=SA|NS/POD=SA")]
+    pod_service_account: Vec<ringway_cni::node::ServiceAccountRule>,
+    /// The uids whose processes may use the ZDS and CNI sockets (checked with
+    /// SO_PEERCRED, on top of the sockets' mode 0600; repeatable).
+    #[arg(long = "peer-uid", value_name = "UID", default_values_t = [0u32])]
+    peer_uids: Vec<u32>,
     /// Proxy/capture settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -474,6 +489,9 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         netns_dirs: args.netns_dir.clone(),
         node_name: args.node_name.clone(),
         selection,
+        state_file: Some(args.state_file.clone()),
+        service_accounts: args.pod_service_account.clone(),
+        peer_uids: args.peer_uids.clone(),
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;

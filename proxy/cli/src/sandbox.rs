@@ -106,6 +106,8 @@ fn start_node(
         capture: ringway_proxy::capture_spec(&settings),
         netns_dirs: vec![PathBuf::from(ringway_testbed::ns::NETNS_RUN_DIR)],
         node_name: format!("node{index}"),
+        // The mesh's workloads of the demo namespace run as `default`.
+        service_accounts: vec!["demo=default".parse()?],
         ..ringway_cni::node::AgentConfig::default()
     })
     .with_context(|| format!("starting node{index}'s agent"))?;

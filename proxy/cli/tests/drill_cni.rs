@@ -76,6 +76,7 @@ impl Env {
             .arg("--cni-socket")
             .arg(self.cni())
             .args(["--netns-dir", "/run/netns", "--node-name", "node1"])
+            .args(["--pod-service-account", "default=default"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

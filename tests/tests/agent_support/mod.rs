@@ -78,6 +78,10 @@ pub fn config(test: &str, dir: &Path) -> AgentConfig {
         node_name: format!("{test}-{}", std::process::id()),
         reconcile_interval: Duration::from_secs(3600),
         selection: Selection::All,
+        state_file: Some(dir.join("state/pods.json")),
+        // The pods of `CniPod::of` (file mode: CNI passes no service account).
+        service_accounts: vec!["shop=shop-sa".parse().unwrap()],
+        peer_uids: vec![0],
     }
 }
 
