@@ -5,6 +5,12 @@
 //! | --- | --- | --- |
 //! | 15021 | `GET /healthz/ready` | 200 `ready` once the node agent's snapshot is applied and no pod is pending; 503 with the reason otherwise |
 //! | 15020 | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics when the `Accept` header asks for `application/openmetrics-text` |
+//!
+//! Every server is bounded ([`ControlLimits`]): a connection cap with
+//! eviction of the longest-idle connection when full, a header-read (and
+//! keep-alive idle) timeout and a write-stall timeout, so neither a flood
+//! of idle connections nor a client that never reads can take its fds or
+//! keep the probes out.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
