@@ -456,6 +456,15 @@ fn cni_plugin_main() -> ! {
 
 fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let stop = block_stop_signals();
+    // As the proxy: the soft fd limit (often 1024) up to the hard one, so
+    // connections to the control port, pods and proxies cannot run the
+    // agent out of fds before its own caps apply.
+    match ringway_proxy::sys::raise_nofile_limit() {
+        Ok((old, new)) => {
+            tracing::info!(rlimit.nofile.old = old, rlimit.nofile.new = new, "fd limit")
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the fd limit"),
+    }
     let settings = load_settings(args.config.as_ref())?;
     // With --kube the CNI ADD and the watch follow one rule (the
     // `ringway.io/dataplane-mode` labels), answered from the watch's caches or
