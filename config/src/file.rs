@@ -242,6 +242,7 @@ pub(crate) const PROXY_FIELDS: &[&str] = &[
     "backlog",
     "sameNodeFastPath",
     "drainPeriod",
+    "hbone",
 ];
 
 impl MeshConfig {

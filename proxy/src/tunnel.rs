@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ringway_config::authz::{self, ConnInfo, Identity};
-use ringway_config::{Mesh, Workload};
+use ringway_config::{HboneSettings, Mesh, ProxySettings, Workload};
 use ringway_hbone::{
     Baggage, ConnectHeaders, ConnectRequest, Decision, DrainSignal, DrainTrigger, PeerInfo, Pool,
     PoolKey, Upstream,
@@ -80,18 +80,37 @@ pub struct TunnelState {
     current: RwLock<Current>,
     drain: DrainTrigger,
     signal: DrainSignal,
+    /// The limits of the tunnel listener (`proxy.hbone`).
+    pub limits: HboneSettings,
+    /// Ports a CONNECT may never target in a pod: the proxy's listeners
+    /// and `limits.reserved_ports`.
+    proxy_ports: Vec<u16>,
 }
 
 impl TunnelState {
-    /// A state counting into `metrics`, with HBONE off until configured.
-    pub fn new(metrics: Arc<crate::metrics::Metrics>) -> Self {
+    /// A state counting into `metrics`, with HBONE off until configured,
+    /// holding the tunnel limits of `settings`.
+    pub fn new(metrics: Arc<crate::metrics::Metrics>, settings: &ProxySettings) -> Self {
         let (drain, signal) = ringway_hbone::drain_channel();
+        let p = settings.ports;
+        let mut proxy_ports = vec![p.outbound, p.inbound, p.tunnel];
+        proxy_ports.extend(&settings.hbone.reserved_ports);
         TunnelState {
             metrics,
             current: RwLock::new((None, None)),
             drain,
             signal,
+            limits: settings.hbone.clone(),
+            proxy_ports,
         }
+    }
+
+    /// Counts one refusal of the tunnel listener.
+    pub fn refused(&self, reason: &'static str) {
+        self.metrics
+            .hbone_refused
+            .get_or_create(&crate::metrics::RefusedLabels { reason })
+            .inc();
     }
 }
 
@@ -663,9 +682,23 @@ async fn decide(
     let Some(mesh) = state.mesh() else {
         return Decision::Unavailable503("no mesh configuration".into());
     };
-    // `forwarded` is trusted: the peer is an authenticated mesh proxy.
+    if state.proxy_ports.contains(&dst.port()) {
+        state.refused("proxy_port");
+        return deny_401(
+            state,
+            format!("{dst} is a port of the proxy, not of the app"),
+        );
+    }
+    // The client address the app will see and policies judge: the peer's
+    // claim (`forwarded`), else its own TCP address. Accepted only when it
+    // is an address of a workload whose identity is the one the peer
+    // proved; never a loopback, unspecified, multicast or link-local one.
     let client_addr = req.forwarded_for.unwrap_or(req.peer.addr);
-    let client = client_addr.ip();
+    let client = client_addr.ip().to_canonical();
+    if let Err(why) = check_client_claim(&mesh, peer_id, client) {
+        state.refused(why.reason());
+        return deny_401(state, format!("client address {client}: {why}"));
+    }
     let authz = match authorize(
         &mesh,
         pod,
@@ -675,14 +708,7 @@ async fn decide(
         "hbone",
     ) {
         Ok(a) => a,
-        Err(why) => {
-            state
-                .metrics
-                .denials
-                .get_or_create(&crate::metrics::DenyLabels { path: "hbone" })
-                .inc();
-            return Decision::Deny401(why);
-        }
+        Err(why) => return deny_401(state, why),
     };
     match connect_in_pod(pod, mark, dst, Some(client)).await {
         Ok(s) => {
@@ -710,6 +736,83 @@ async fn decide(
         }
         Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),
     }
+}
+
+/// Answers 401 and counts the denial.
+fn deny_401(state: &TunnelState, why: String) -> Decision {
+    state
+        .metrics
+        .denials
+        .get_or_create(&crate::metrics::DenyLabels { path: "hbone" })
+        .inc();
+    Decision::Deny401(why)
+}
+
+/// Why a peer's client address claim is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClaimError {
+    /// Loopback, unspecified, multicast, broadcast or link-local.
+    #[error("{0} is never a client of a tunnel")]
+    Reserved(&'static str),
+    /// No workload holds the address.
+    #[error("no mesh workload holds this address; the peer is {peer}")]
+    NoWorkload {
+        /// The identity the peer proved.
+        peer: String,
+    },
+    /// The workload holding the address has another identity.
+    #[error("it belongs to {owner}, not to the peer {peer}")]
+    OtherIdentity {
+        /// The identity of the address's workload.
+        owner: String,
+        /// The identity the peer proved.
+        peer: String,
+    },
+}
+
+impl ClaimError {
+    /// The `ringway_hbone_refused_total` reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ClaimError::Reserved(_) => "forwarded_reserved",
+            _ => "forwarded_not_peer",
+        }
+    }
+}
+
+/// Whether `ip`, claimed as the client of a tunnel by a peer that proved
+/// `peer_id`, may be used: not a special address, and an address of a
+/// workload with exactly that identity.
+pub fn check_client_claim(mesh: &Mesh, peer_id: &Identity, ip: IpAddr) -> Result<(), ClaimError> {
+    let ip = ip.to_canonical();
+    let special = match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => Some("loopback"),
+        IpAddr::V4(v4) if v4.is_unspecified() => Some("unspecified"),
+        IpAddr::V4(v4) if v4.is_multicast() => Some("multicast"),
+        IpAddr::V4(v4) if v4.is_broadcast() => Some("broadcast"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V6(v6) if v6.is_loopback() => Some("loopback"),
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("unspecified"),
+        IpAddr::V6(v6) if v6.is_multicast() => Some("multicast"),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("link-local"),
+        _ => None,
+    };
+    if let Some(what) = special {
+        return Err(ClaimError::Reserved(what));
+    }
+    let Some(w) = mesh.workload_by_ip(ip) else {
+        return Err(ClaimError::NoWorkload {
+            peer: peer_id.to_string(),
+        });
+    };
+    let owner = w.identity(mesh.trust_domain());
+    if &owner != peer_id {
+        return Err(ClaimError::OtherIdentity {
+            owner: owner.to_string(),
+            peer: peer_id.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// The destination side's view of a tunnelled connection: its istio_tcp_*
