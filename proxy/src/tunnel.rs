@@ -657,14 +657,24 @@ pub async fn inbound(
             async move { decide(&state, &pod, mark, &peer_id, req).await }
         }
     };
-    ringway_hbone::serve_connection(
-        tls,
-        info,
-        &ringway_hbone::ServerConfig::default(),
-        state.signal.clone(),
-        handler,
-    )
-    .await?;
+    let l = &state.limits;
+    let config = ringway_hbone::ServerConfig {
+        max_header_list_size: l.max_header_list_size,
+        max_connecting_streams: l.max_connecting_streams,
+        max_early_resets: l.max_early_resets,
+        preface_timeout: l.preface_timeout,
+        idle_timeout: l.idle_timeout,
+        ..ringway_hbone::ServerConfig::default()
+    };
+    let served =
+        ringway_hbone::serve_connection(tls, info, &config, state.signal.clone(), handler).await;
+    match &served {
+        Err(ringway_hbone::HboneError::RapidReset(_)) => state.refused("rapid_reset"),
+        Err(ringway_hbone::HboneError::PrefaceTimeout(_)) => state.refused("preface_timeout"),
+        Err(ringway_hbone::HboneError::Idle(_)) => state.refused("idle"),
+        _ => {}
+    }
+    served?;
     Ok(())
 }
 

@@ -238,3 +238,253 @@ fn adversarial_hbone_connect_to_proxy_ports_refused() {
         assert!(refused(&t, "proxy_port") >= 6.0);
     });
 }
+
+/// Raw HTTP/2 frames for peers that misbehave below what the h2 crate lets
+/// a client do.
+mod frames {
+    pub const HEADERS: u8 = 1;
+    pub const RST_STREAM: u8 = 3;
+    pub const SETTINGS: u8 = 4;
+    pub const GOAWAY: u8 = 7;
+    pub const CONTINUATION: u8 = 9;
+    pub const END_HEADERS: u8 = 0x4;
+    pub const ACK: u8 = 0x1;
+    pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    pub fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let len = payload.len() as u32;
+        out.extend_from_slice(&len.to_be_bytes()[1..]);
+        out.push(kind);
+        out.push(flags);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+    }
+
+    /// An HPACK string literal (no Huffman), 7-bit prefixed length.
+    fn string(out: &mut Vec<u8>, s: &[u8]) {
+        int(out, 0, 7, s.len());
+        out.extend_from_slice(s);
+    }
+
+    fn int(out: &mut Vec<u8>, first: u8, prefix: u32, mut n: usize) {
+        let max = (1usize << prefix) - 1;
+        if n < max {
+            out.push(first | n as u8);
+            return;
+        }
+        out.push(first | max as u8);
+        n -= max;
+        while n >= 128 {
+            out.push((n % 128) as u8 | 0x80);
+            n /= 128;
+        }
+        out.push(n as u8);
+    }
+
+    /// A literal header without indexing, new name.
+    pub fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+        out.push(0);
+        string(out, name);
+        string(out, value);
+    }
+
+    /// The header block of a CONNECT to `authority` claiming `forwarded`.
+    pub fn connect_block(authority: &str, forwarded: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        // Literal without indexing, indexed name: :method (2), :authority (1).
+        b.push(0x02);
+        string(&mut b, b"CONNECT");
+        b.push(0x01);
+        string(&mut b, authority.as_bytes());
+        header(&mut b, b"forwarded", forwarded.as_bytes());
+        b
+    }
+}
+
+type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// The server's side of a raw session, read frame by frame.
+struct FrameReader(tokio::io::ReadHalf<TlsStream>);
+
+impl FrameReader {
+    /// The next frame: (type, flags, stream, payload).
+    async fn next(&mut self) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+        let mut head = [0u8; 9];
+        self.0.read_exact(&mut head).await?;
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let stream = u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        self.0.read_exact(&mut payload).await?;
+        Ok((head[3], head[4], stream, payload))
+    }
+
+    /// Reads until the server closes; the GOAWAY error code it sent, if any.
+    async fn until_closed(mut self) -> Option<u32> {
+        let mut goaway = None;
+        while let Ok((kind, _, _, payload)) = self.next().await {
+            if kind == frames::GOAWAY && payload.len() >= 8 {
+                goaway = Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+            }
+        }
+        goaway
+    }
+}
+
+/// A hostile peer's raw HTTP/2 session over real mutual TLS (a certificate
+/// for front/frontend) to the server pod's 15008, from node 1: the preface
+/// and the SETTINGS exchange done, then `session` drives both halves.
+fn raw_h2_session<T, F, Fut>(t: &TwoNodes, session: F) -> T
+where
+    T: Send,
+    F: FnOnce(FrameReader, tokio::io::WriteHalf<TlsStream>) -> Fut + Send,
+    Fut: std::future::Future<Output = T>,
+{
+    let ids = t.ids1.clone().expect("HBONE on");
+    let tls = ids.client_config(&frontend(), &web()).unwrap();
+    let tunnel = SocketAddr::new(t.server().ip(false), 15008);
+    t.n1.node.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let tcp = tokio::net::TcpStream::connect(tunnel).await.unwrap();
+            let s = tokio_rustls::TlsConnector::from(tls)
+                .connect(ringway_identity::placeholder_server_name(), tcp)
+                .await
+                .expect("mutual TLS with a valid certificate");
+            let (r, mut w) = tokio::io::split(s);
+            let mut r = FrameReader(r);
+            let mut hello = frames::PREFACE.to_vec();
+            frames::frame(&mut hello, frames::SETTINGS, 0, 0, &[]);
+            w.write_all(&hello).await.unwrap();
+            // The server's SETTINGS, then our ACK.
+            loop {
+                let (kind, flags, _, _) = r.next().await.expect("server SETTINGS");
+                if kind == frames::SETTINGS && flags & frames::ACK == 0 {
+                    break;
+                }
+            }
+            let mut ack = Vec::new();
+            frames::frame(&mut ack, frames::SETTINGS, frames::ACK, 0, &[]);
+            w.write_all(&ack).await.unwrap();
+            session(r, w).await
+        })
+    })
+}
+
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// "Rapid reset": 10,000 CONNECTs on one authenticated HTTP/2 connection,
+/// each reset right after its HEADERS. The streams are cancelled with their
+/// authorization and upstream connect, the connection gets GOAWAY, and the
+/// app behind sees at most `maxConnectingStreams` connections.
+#[test]
+fn adversarial_hbone_rapid_reset_bounded() {
+    run_isolated("adversarial_hbone_rapid_reset_bounded", || {
+        let t = two_nodes(Opts::new("hbone_rapid_reset"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let app = App::start(&t.server().netns, addr);
+        let cap = ringway_config::HboneSettings::default().max_connecting_streams as usize;
+        let authority = addr.to_string();
+        let forwarded = format!("for=\"{}:40000\"", t.client().ip(false));
+        let block = frames::connect_block(&authority, &forwarded);
+        // Rounds of 100 CONNECTs; once the server answers any of them (its
+        // decisions are under way), all 100 are reset. 100 rounds.
+        let goaway = raw_h2_session(&t, |mut r, mut w| async move {
+            let flood = async {
+                for round in 0..100u32 {
+                    let ids: Vec<u32> = (0..100).map(|i| 2 * (round * 100 + i) + 1).collect();
+                    let mut out = Vec::new();
+                    for &id in &ids {
+                        frames::frame(&mut out, frames::HEADERS, frames::END_HEADERS, id, &block);
+                    }
+                    w.write_all(&out).await?;
+                    loop {
+                        let (kind, _, stream, payload) = r.next().await?;
+                        if kind == frames::GOAWAY {
+                            return Ok(Some(u32::from_be_bytes(payload[4..8].try_into().unwrap())));
+                        }
+                        if ids.contains(&stream) {
+                            break;
+                        }
+                    }
+                    let mut out = Vec::new();
+                    for &id in &ids {
+                        frames::frame(&mut out, frames::RST_STREAM, 0, id, &8u32.to_be_bytes());
+                    }
+                    w.write_all(&out).await?;
+                }
+                Ok::<_, std::io::Error>(None)
+            };
+            match tokio::time::timeout(TIMEOUT * 3, flood).await {
+                Ok(Ok(Some(code))) => Some(code),
+                Ok(Ok(None)) => {
+                    // Not refused during the flood: the server must still
+                    // end the session.
+                    let _ = w.shutdown().await;
+                    tokio::time::timeout(TIMEOUT, r.until_closed())
+                        .await
+                        .ok()
+                        .flatten()
+                }
+                _ => None,
+            }
+        });
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 0));
+        let seen = app.connections();
+        println!("rapid reset: {seen} upstream connects, GOAWAY {goaway:?}");
+        assert_eq!(goaway, Some(ENHANCE_YOUR_CALM), "abusive peer gets GOAWAY");
+        assert!(seen <= cap, "{seen} upstream connects, cap {cap}");
+        assert!(refused(&t, "rapid_reset") >= 1.0);
+    });
+}
+
+/// A CONNECT whose header block never ends: HEADERS without END_HEADERS,
+/// then CONTINUATION frames of 64 KiB up to 1 MiB. The server answers with
+/// GOAWAY before the block ends instead of buffering it.
+#[test]
+fn adversarial_hbone_continuation_flood_refused() {
+    run_isolated("adversarial_hbone_continuation_flood_refused", || {
+        let t = two_nodes(Opts::new("hbone_continuation"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let app = App::start(&t.server().netns, addr);
+        let authority = addr.to_string();
+        let forwarded = format!("for=\"{}:40000\"", t.client().ip(false));
+        let mut block = frames::connect_block(&authority, &forwarded);
+        // Pad with whole header fields so every frame decodes.
+        let value = vec![b'a'; 1000];
+        while block.len() < (1 << 20) {
+            frames::header(&mut block, b"x-pad", &value);
+        }
+        let goaway = raw_h2_session(&t, |r, mut w| async move {
+            let writer = async move {
+                for (i, piece) in block.chunks(64 * 1024).enumerate() {
+                    let mut out = Vec::new();
+                    let kind = if i == 0 {
+                        frames::HEADERS
+                    } else {
+                        frames::CONTINUATION
+                    };
+                    // Never END_HEADERS: the block is left open.
+                    frames::frame(&mut out, kind, 0, 1, piece);
+                    if w.write_all(&out).await.is_err() {
+                        break;
+                    }
+                }
+                // Our side stays open: the server must be the one to end it.
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                g = r.until_closed() => g,
+                _ = writer => None,
+                _ = tokio::time::sleep(TIMEOUT) => None,
+            }
+        });
+        assert!(
+            goaway.is_some(),
+            "an endless header block must get GOAWAY, not be buffered"
+        );
+        assert_eq!(app.connections(), 0);
+    });
+}

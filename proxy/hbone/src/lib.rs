@@ -20,7 +20,9 @@
 //!
 //! HTTP/2 settings are the reference's: stream window 4 MiB, connection window 16 MiB, max
 //! frame 1 MiB, 200 concurrent streams (server), PING every 10 s, closed after 20 s without
-//! an answer.
+//! an answer. Against hostile peers the server also bounds the header list, the streams
+//! authorizing/connecting at once, the streams reset before their answer (rapid reset:
+//! GOAWAY), the wait for the preface and the time without streams ([`ServerConfig`]).
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
