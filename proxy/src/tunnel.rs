@@ -64,6 +64,9 @@ pub enum TunnelError {
     /// A socket operation failed.
     #[error("socket: {0}")]
     Io(#[from] io::Error),
+    /// The tunnel listener refused the connection before authentication.
+    #[error("refused before authentication: {0}")]
+    Refused(&'static str),
 }
 
 /// The identity manager and the mesh in force (either may be unset).
@@ -85,6 +88,68 @@ pub struct TunnelState {
     /// Ports a CONNECT may never target in a pod: the proxy's listeners
     /// and `limits.reserved_ports`.
     proxy_ports: Vec<u16>,
+    /// Tunnel connections not yet past TLS and the HTTP/2 preface, per pod.
+    preauth: std::sync::Mutex<std::collections::HashMap<Arc<str>, PodPreauth>>,
+}
+
+/// A pod's connections before authentication, in total and per source.
+#[derive(Debug, Default)]
+struct PodPreauth {
+    total: u32,
+    by_source: std::collections::HashMap<IpAddr, u32>,
+}
+
+/// One admitted pre-authentication connection; dropping it (once the
+/// preface arrived, or the connection ended) gives the place back.
+#[derive(Debug)]
+pub struct PreauthGuard {
+    state: Arc<TunnelState>,
+    pod: Arc<str>,
+    src: IpAddr,
+}
+
+impl Drop for PreauthGuard {
+    fn drop(&mut self) {
+        let mut map = self.state.preauth.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = map.get_mut(&self.pod) {
+            p.total = p.total.saturating_sub(1);
+            if let Some(n) = p.by_source.get_mut(&self.src) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    p.by_source.remove(&self.src);
+                }
+            }
+            if p.total == 0 {
+                map.remove(&self.pod);
+            }
+        }
+    }
+}
+
+/// Admits one more connection of `src` to `pod` before authentication, or
+/// names the cap it would pass (`per_source`, `per_pod`).
+pub fn admit_preauth(
+    state: &Arc<TunnelState>,
+    pod: &Arc<str>,
+    src: IpAddr,
+) -> Result<PreauthGuard, &'static str> {
+    let src = src.to_canonical();
+    let mut map = state.preauth.lock().unwrap_or_else(|p| p.into_inner());
+    let p = map.entry(pod.clone()).or_default();
+    if p.total >= state.limits.max_preauth_per_pod {
+        return Err("per_pod");
+    }
+    let n = p.by_source.entry(src).or_default();
+    if *n >= state.limits.max_preauth_per_source {
+        return Err("per_source");
+    }
+    *n += 1;
+    p.total += 1;
+    Ok(PreauthGuard {
+        state: state.clone(),
+        pod: pod.clone(),
+        src,
+    })
 }
 
 impl TunnelState {
@@ -102,6 +167,7 @@ impl TunnelState {
             signal,
             limits: settings.hbone.clone(),
             proxy_ports,
+            preauth: Default::default(),
         }
     }
 
@@ -313,6 +379,102 @@ pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true)?;
     TcpStream::from_std(std)
+}
+
+/// The accepted tunnel socket under TLS: reads go straight to the socket
+/// until [`LazyBufIo::buffer`] (after the handshake), then through a
+/// [`TLS_READ_BUF`] buffer allocated at the first read that needs it. A
+/// connection that never authenticates holds no read buffer.
+#[derive(Debug)]
+pub struct LazyBufIo {
+    tcp: TcpStream,
+    buffered: bool,
+    buf: Vec<u8>,
+    pos: usize,
+    filled: usize,
+}
+
+impl LazyBufIo {
+    fn new(tcp: TcpStream) -> Self {
+        LazyBufIo {
+            tcp,
+            buffered: false,
+            buf: Vec::new(),
+            pos: 0,
+            filled: 0,
+        }
+    }
+
+    /// Reads through the buffer from now on.
+    fn buffer(&mut self) {
+        self.buffered = true;
+    }
+}
+
+impl tokio::io::AsyncRead for LazyBufIo {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        out: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if !this.buffered || (this.pos == this.filled && out.remaining() >= TLS_READ_BUF) {
+            return std::pin::Pin::new(&mut this.tcp).poll_read(cx, out);
+        }
+        if this.pos == this.filled {
+            if this.buf.is_empty() {
+                this.buf = vec![0; TLS_READ_BUF];
+            }
+            let mut rb = tokio::io::ReadBuf::new(&mut this.buf);
+            match std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+            this.filled = rb.filled().len();
+            this.pos = 0;
+        }
+        let n = (this.filled - this.pos).min(out.remaining());
+        out.put_slice(&this.buf[this.pos..this.pos + n]);
+        this.pos += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for LazyBufIo {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
 }
 
 /// Per-connection context the worker hands in.
@@ -616,17 +778,32 @@ pub async fn inbound(
     tcp: TcpStream,
     peer_addr: SocketAddr,
 ) -> Result<(), TunnelError> {
+    // Before authentication a connection costs a task, an fd and the TLS
+    // state only (no read buffer), for a bounded time, and only so many
+    // per source and per pod.
+    let preauth = match admit_preauth(&state, &pod.uid, peer_addr.ip()) {
+        Ok(g) => g,
+        Err(reason) => {
+            tracing::debug!(src.addr = %peer_addr, %reason, "tunnel connection over the pre-auth cap; resetting");
+            sys::tcp_abort(tcp.as_fd());
+            state.refused(reason);
+            return Err(TunnelError::Refused(reason));
+        }
+    };
     let (ids, mesh) = state.enabled().ok_or(TunnelError::Disabled)?;
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp);
-    let accepted = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(tcp)).await {
+    let timeout = state.limits.handshake_timeout;
+    let accepted = match tokio::time::timeout(timeout, acceptor.accept(LazyBufIo::new(tcp))).await {
         Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "TLS handshake timed out",
-        )),
+        Err(_) => {
+            state.refused("handshake_timeout");
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "TLS handshake timed out",
+            ))
+        }
     };
     let outcome = match &accepted {
         Ok(_) => "ok",
@@ -640,7 +817,9 @@ pub async fn inbound(
             outcome,
         })
         .inc();
-    let tls = accepted?;
+    let mut tls = accepted?;
+    // Authenticated: from now on TLS reads go through the buffer.
+    tls.get_mut().0.buffer();
     let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
     tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
     let info = PeerInfo {
@@ -666,8 +845,15 @@ pub async fn inbound(
         idle_timeout: l.idle_timeout,
         ..ringway_hbone::ServerConfig::default()
     };
-    let served =
-        ringway_hbone::serve_connection(tls, info, &config, state.signal.clone(), handler).await;
+    let served = ringway_hbone::serve_connection_with(
+        tls,
+        info,
+        &config,
+        state.signal.clone(),
+        handler,
+        move || drop(preauth),
+    )
+    .await;
     match &served {
         Err(ringway_hbone::HboneError::RapidReset(_)) => state.refused("rapid_reset"),
         Err(ringway_hbone::HboneError::PrefaceTimeout(_)) => state.refused("preface_timeout"),

@@ -488,3 +488,171 @@ fn adversarial_hbone_continuation_flood_refused() {
         assert_eq!(app.connections(), 0);
     });
 }
+
+/// A TCP connection to the server pod's 15008 from `ns` (node 1 or a pod).
+fn tcp_to_tunnel(t: &TwoNodes, ns: &Netns) -> std::net::TcpStream {
+    let tunnel = SocketAddr::new(t.server().ip(false), 15008);
+    // No socket options after connect: a refused connection may be reset
+    // before the caller looks.
+    ns.run(|| std::net::TcpStream::connect_timeout(&tunnel, TIMEOUT))
+        .expect("TCP to 15008")
+}
+
+/// A new connection from `ns` to the server pod's 15008 is reset at once
+/// (the reset may beat the connect's own completion check).
+fn expect_reset(t: &TwoNodes, ns: &Netns, what: &str) {
+    let tunnel = SocketAddr::new(t.server().ip(false), 15008);
+    let r = ns
+        .run(|| std::net::TcpStream::connect_timeout(&tunnel, TIMEOUT))
+        .and_then(|mut s| wait_closed(&mut s, TIMEOUT));
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "{what}"
+    );
+}
+
+/// Reads until the server ends the connection: `Ok(())` on FIN, the error
+/// on reset, `TimedOut` when `within` passes first.
+fn wait_closed(s: &mut std::net::TcpStream, within: Duration) -> std::io::Result<()> {
+    use std::io::Read;
+    s.set_read_timeout(Some(within))?;
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::ErrorKind::TimedOut.into())
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A full mutual TLS handshake from `ns` to the server pod's 15008 (a
+/// valid front/frontend certificate): proof that the connection was served.
+fn tls_handshake_from(t: &TwoNodes, ns: &Netns) -> std::io::Result<()> {
+    use std::io::Write;
+    let ids = t.ids1.clone().unwrap();
+    let cfg = ids.client_config(&frontend(), &web()).unwrap();
+    let mut tcp = tcp_to_tunnel(t, ns);
+    tcp.set_read_timeout(Some(TIMEOUT))?;
+    let conn = rustls::ClientConnection::new(cfg, ringway_identity::placeholder_server_name())
+        .map_err(std::io::Error::other)?;
+    let mut tls = rustls::StreamOwned::new(conn, &mut tcp);
+    tls.write_all(frames::PREFACE)?;
+    tls.flush()?;
+    Ok(())
+}
+
+/// A client that opens TCP to 15008 and never starts TLS is closed after
+/// `handshakeTimeout` (1 s here; it used to be held 10 s) and counted.
+#[test]
+fn adversarial_hbone_stalled_handshake_closed() {
+    run_isolated("adversarial_hbone_stalled_handshake_closed", || {
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                handshake_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..Opts::new("hbone_stalled_handshake")
+        });
+        let mut silent = tcp_to_tunnel(&t, &t.n1.node);
+        // A ClientHello cut short: the server waits for the rest.
+        let mut half = tcp_to_tunnel(&t, &t.n1.node);
+        std::io::Write::write_all(&mut half, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).unwrap();
+        for s in [&mut silent, &mut half] {
+            let r = wait_closed(s, Duration::from_secs(8));
+            assert!(
+                !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+                "a stalled handshake must be closed after handshakeTimeout"
+            );
+        }
+        assert!(wait_until(TIMEOUT, || refused(&t, "handshake_timeout") >= 2.0));
+    });
+}
+
+/// Connections that have not authenticated yet are capped per source
+/// address and per pod: the next one is reset at once and counted, while
+/// another source (below the pod's cap) is still served.
+#[test]
+fn adversarial_hbone_preauth_caps_per_source_and_pod() {
+    run_isolated("adversarial_hbone_preauth_caps_per_source_and_pod", || {
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                max_preauth_per_source: 4,
+                max_preauth_per_pod: 6,
+                handshake_timeout: Duration::from_secs(60),
+                ..Default::default()
+            },
+            ..Opts::new("hbone_preauth_caps")
+        });
+        let node = &t.n1.node;
+        // Node 2 reaches its pod from another address.
+        let other = &t.n2.node;
+        // Four stalled connections from node 1: its source is at the cap.
+        let held: Vec<_> = (0..4).map(|_| tcp_to_tunnel(&t, node)).collect();
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active >= 4));
+        expect_reset(
+            &t,
+            node,
+            "the fifth pre-auth connection of one source is reset",
+        );
+        assert!(wait_until(TIMEOUT, || refused(&t, "per_source") >= 1.0));
+        // Another source is served: a full handshake (it leaves the
+        // pre-auth count at the preface), then two stalled connections put
+        // the pod at its cap of six.
+        tls_handshake_from(&t, other).expect("another source is served");
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 4));
+        let _more: Vec<_> = (0..2).map(|_| tcp_to_tunnel(&t, other)).collect();
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 6));
+        expect_reset(&t, other, "the pod's seventh pre-auth connection is reset");
+        assert!(wait_until(TIMEOUT, || refused(&t, "per_pod") >= 1.0));
+        drop(held);
+    });
+}
+
+/// After TLS, a client that never sends the HTTP/2 preface is closed after
+/// `prefaceTimeout`; an HTTP/2 connection that never opens a stream is
+/// closed after `idleTimeout`. Both are counted.
+#[test]
+fn adversarial_hbone_preface_and_idle_timeouts() {
+    run_isolated("adversarial_hbone_preface_and_idle_timeouts", || {
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                preface_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..Opts::new("hbone_preface_idle")
+        });
+        // TLS, then silence.
+        let ids = t.ids1.clone().unwrap();
+        let cfg = ids.client_config(&frontend(), &web()).unwrap();
+        let mut tcp = tcp_to_tunnel(&t, &t.n1.node);
+        let mut conn =
+            rustls::ClientConnection::new(cfg, ringway_identity::placeholder_server_name())
+                .unwrap();
+        while conn.is_handshaking() || conn.wants_write() {
+            conn.complete_io(&mut tcp).expect("mutual TLS");
+        }
+        let r = wait_closed(&mut tcp, Duration::from_secs(8));
+        assert!(
+            !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+            "no preface: closed after prefaceTimeout"
+        );
+        assert_eq!(refused(&t, "handshake_timeout"), 0.0, "TLS completed");
+        assert!(wait_until(TIMEOUT, || refused(&t, "preface_timeout") >= 1.0));
+        // A complete HTTP/2 session without streams.
+        let goaway = raw_h2_session(&t, |r, _w| async move {
+            tokio::time::timeout(TIMEOUT, r.until_closed()).await
+        });
+        assert_eq!(
+            goaway,
+            Ok(Some(0)),
+            "an idle HTTP/2 connection gets GOAWAY and is closed"
+        );
+        assert!(wait_until(TIMEOUT, || refused(&t, "idle") >= 1.0));
+    });
+}

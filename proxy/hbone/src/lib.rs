@@ -38,8 +38,8 @@ pub use error::HboneError;
 pub use headers::{Baggage, ConnectHeaders, TraceParent};
 pub use pool::{Pool, PoolConfig, PoolKey};
 pub use server::{
-    drain_channel, serve_connection, ConnectRequest, Decision, DrainSignal, DrainTrigger, PeerInfo,
-    ServerConfig,
+    drain_channel, serve_connection, serve_connection_with, ConnectRequest, Decision, DrainSignal,
+    DrainTrigger, PeerInfo, ServerConfig,
 };
 pub use stream::HboneStream;
 pub use upstream::{AsyncIo, Observer, Upstream};

@@ -215,8 +215,27 @@ pub async fn serve_connection<IO, H, Fut>(
     io: IO,
     peer: PeerInfo,
     config: &ServerConfig,
+    drain: DrainSignal,
+    handler: H,
+) -> Result<(), HboneError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Decision> + Send + 'static,
+{
+    serve_connection_with(io, peer, config, drain, handler, || ()).await
+}
+
+/// [`serve_connection`], calling `on_preface` once the client's HTTP/2
+/// preface has arrived (the caller's pre-authentication accounting ends
+/// there).
+pub async fn serve_connection_with<IO, H, Fut>(
+    io: IO,
+    peer: PeerInfo,
+    config: &ServerConfig,
     mut drain: DrainSignal,
     handler: H,
+    on_preface: impl FnOnce(),
 ) -> Result<(), HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -239,6 +258,7 @@ where
         Ok(r) => r.map_err(HboneError::Handshake)?,
         Err(_) => return Err(HboneError::PrefaceTimeout(config.preface_timeout)),
     };
+    on_preface();
     conn.set_target_window_size(crate::CONNECTION_WINDOW);
     let ping = conn.ping_pong().expect("ping_pong is taken once");
     let keepalive = keepalive(ping, config.ping_interval, config.ping_timeout);
@@ -308,7 +328,9 @@ where
                     && tokio::time::Instant::now() >= quiet_until
                 {
                     debug!(peer.addr = %peer.addr, "idle hbone connection: GOAWAY");
-                    conn.graceful_shutdown();
+                    // No stream to finish: GOAWAY and close now (a graceful
+                    // shutdown would wait for the peer's PING answer).
+                    conn.abrupt_shutdown(Reason::NO_ERROR);
                     ending = Some(HboneError::Idle(config.idle_timeout));
                 } else {
                     let now = tokio::time::Instant::now();
