@@ -418,6 +418,53 @@ mod tests {
     }
 
     #[test]
+    fn hbone_limits_are_validated_naming_the_field() {
+        let bad = |h: HboneSettings| {
+            ProxySettings {
+                hbone: h,
+                ..ProxySettings::default()
+            }
+            .validate()
+            .unwrap_err()
+            .to_string()
+        };
+        let d = HboneSettings::default;
+        assert!(bad(HboneSettings {
+            max_header_list_size: 100,
+            ..d()
+        })
+        .starts_with("invalid `hbone.maxHeaderListSize`"));
+        assert!(bad(HboneSettings {
+            max_connecting_streams: 0,
+            ..d()
+        })
+        .starts_with("invalid `hbone.maxConnectingStreams`"));
+        assert!(bad(HboneSettings {
+            max_preauth_per_source: 2000,
+            ..d()
+        })
+        .starts_with("invalid `hbone.maxPreauthPerSource`"));
+        assert!(bad(HboneSettings {
+            idle_timeout: Duration::ZERO,
+            ..d()
+        })
+        .starts_with("invalid `hbone.idleTimeout`"));
+        assert!(bad(HboneSettings {
+            reserved_ports: vec![0],
+            ..d()
+        })
+        .starts_with("invalid `hbone.reservedPorts`"));
+        let s: ProxySettings =
+            serde_yaml::from_str("hbone: {handshakeTimeout: 1.5, maxPreauthPerSource: 8}\n")
+                .unwrap();
+        assert_eq!(s.hbone.handshake_timeout, Duration::from_millis(1500));
+        assert_eq!(s.hbone.max_preauth_per_source, 8);
+        assert_eq!(s.hbone.max_preauth_per_pod, 1024);
+        let err = serde_yaml::from_str::<ProxySettings>("hbone: {idle: 1}\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `idle`"), "{err}");
+    }
+
+    #[test]
     fn yaml_round_trip_and_unknown_fields() {
         let s: ProxySettings =
             serde_yaml::from_str("captureMode: redirect\nworkers: 2\ndrainPeriod: 1.5\n").unwrap();
