@@ -285,6 +285,7 @@ pub(crate) const PROXY_FIELDS: &[&str] = &[
     "sameNodeFastPath",
     "drainPeriod",
     "connectTimeout",
+    "hbone",
 ];
 
 impl MeshConfig {

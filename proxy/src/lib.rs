@@ -250,7 +250,7 @@ impl Proxy {
             .datapath_uring
             .set(i64::from(backend == Backend::Uring));
         let n = settings.effective_workers();
-        let tunnel = Arc::new(tunnel::TunnelState::new(metrics.clone()));
+        let tunnel = Arc::new(tunnel::TunnelState::new(metrics.clone(), &settings));
         let mut workers = Vec::with_capacity(n);
         let mut hbone_pools = Vec::with_capacity(n);
         for id in 0..n {

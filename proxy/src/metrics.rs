@@ -366,6 +366,15 @@ impl TcpFamily {
     }
 }
 
+/// Labels of what the tunnel listener (15008) refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// Why, from a fixed set: `forwarded_not_peer`, `forwarded_reserved`,
+    /// `proxy_port`, `rapid_reset`, `handshake_timeout`, `preface_timeout`,
+    /// `idle`, `per_source`, `per_pod`.
+    pub reason: &'static str,
+}
+
 /// `state` label of `ringway_pipes`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PipeLabels {
@@ -400,6 +409,8 @@ pub struct Metrics {
     pub tls_handshakes: Family<TlsLabels, Counter>,
     /// `ringway_authorization_denials_total{path}`.
     pub denials: Family<DenyLabels, Counter>,
+    /// `ringway_hbone_refused_total{reason}`: what the tunnel listener refused.
+    pub hbone_refused: Family<RefusedLabels, Counter>,
     /// `ringway_hbone_streams_total{side}`: tunnel streams opened.
     pub hbone_streams: Family<TlsLabels, Counter>,
     /// `ringway_pipes{state}`: splice pipes (the datapath's buffers), set
@@ -528,6 +539,11 @@ impl Metrics {
             "ringway_authorization_denials",
             "Connections denied by L4 authorization policy",
             self.denials.clone(),
+        );
+        r.register(
+            "ringway_hbone_refused",
+            "Tunnel (15008) connections and streams refused, by reason",
+            self.hbone_refused.clone(),
         );
         r.register(
             "ringway_hbone_streams",

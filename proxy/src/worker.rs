@@ -1040,7 +1040,7 @@ mod tests {
             local_pods: LocalPods::default(),
             metrics: metrics.clone(),
             last_fd_warning: Cell::new(None),
-            tunnel: Arc::new(TunnelState::new(metrics)),
+            tunnel: Arc::new(TunnelState::new(metrics, &ProxySettings::default())),
             hbone_pool: Rc::new(ringway_hbone::Pool::new(
                 ringway_hbone::PoolConfig::default(),
             )),

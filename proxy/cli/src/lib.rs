@@ -819,7 +819,14 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     use std::sync::Arc;
     let stop = block_stop_signals();
     let mesh = load_mesh(args.config.as_ref())?;
-    let settings = mesh.proxy().clone();
+    let mut settings = mesh.proxy().clone();
+    // A tunnel may never target the proxy's own control ports in a pod,
+    // wherever they were moved to.
+    for addr in [args.readiness_addr, args.metrics_addr, args.admin_addr] {
+        if !settings.hbone.reserved_ports.contains(&addr.port()) {
+            settings.hbone.reserved_ports.push(addr.port());
+        }
+    }
     let drain_period = settings.drain_period;
     let proxy = Arc::new(Proxy::start(settings)?);
     // HBONE: on when the config has a CA (`ca:`); off otherwise.
