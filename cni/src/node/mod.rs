@@ -122,6 +122,7 @@ mod cni_server;
 mod discover;
 mod error;
 mod kube_bridge;
+pub mod legacy;
 pub mod metrics;
 pub mod protocol;
 mod record;

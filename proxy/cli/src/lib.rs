@@ -504,6 +504,35 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;
+    // The previous release's socket paths, for its proxies and CNI entries
+    // during a rolling upgrade (see `ringway_cni::node::legacy`).
+    // Only for the default paths: an agent given paths of its own (tests, odd
+    // installs) never touches the node's /var/run/ringway.
+    for (socket, default, legacy) in [
+        (
+            &args.zds_socket,
+            ringway_zds::DEFAULT_SOCKET,
+            ringway_cni::node::legacy::LEGACY_ZDS_SOCKET,
+        ),
+        (
+            &args.cni_socket,
+            ringway_cni::conf::DEFAULT_AGENT_SOCKET,
+            ringway_cni::node::legacy::LEGACY_CNI_SOCKET,
+        ),
+    ] {
+        if socket.as_path() != std::path::Path::new(default) {
+            continue;
+        }
+        match ringway_cni::node::legacy::link_legacy_socket(socket, std::path::Path::new(legacy)) {
+            Ok(true) => {
+                tracing::info!(legacy, socket = %socket.display(), "previous release's socket path linked")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(legacy, error = %e, "cannot link the previous release's socket path")
+            }
+        }
+    }
     tracing::info!(zds = %args.zds_socket.display(), cni = %args.cni_socket.display(), pods = agent.pods().len(), kube = args.kube, "node agent serving");
     let install = if args.install_cni {
         let exe = std::env::current_exe().context("locating the ringway binary to install")?;

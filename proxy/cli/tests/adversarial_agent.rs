@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 mod support;
 
 use ringway_testbed::{run_isolated, VirtualNode};
-use support::ready;
+use support::live;
 
 /// The tag of the issue: a piece count of u64::MAX (the agent used to size a
 /// vector with it and exit with code 101 at every start).
@@ -50,7 +50,8 @@ fn start_agent(dir: &Path, metrics: SocketAddr) -> Agent {
     Agent(child)
 }
 
-/// Waits (bounded) for the agent's `/healthz/ready`; panics with its log
+/// Waits (bounded) for the agent's `/healthz/live` (no proxy here, so it is
+/// never ready); panics with its log
 /// when it exits or never answers.
 fn wait_serving(agent: &mut Agent, dir: &Path, metrics: SocketAddr) {
     let t0 = Instant::now();
@@ -61,12 +62,12 @@ fn wait_serving(agent: &mut Agent, dir: &Path, metrics: SocketAddr) {
                 std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
             );
         }
-        if ready(metrics) {
+        if live(metrics) {
             return;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the agent never became ready; its log:\n{}",
+            "the agent never served; its log:\n{}",
             std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -136,7 +137,7 @@ fn adversarial_forged_owner_tag_neither_crashes_the_agent_nor_uses_up_its_handle
             agent.0.try_wait().unwrap().is_none(),
             "the agent is still running"
         );
-        assert!(ready(metrics), "and still ready");
+        assert!(live(metrics), "and still serving");
 
         // A restarted agent finds the forged tag in its scan: it starts and
         // serves all the same.

@@ -1,7 +1,7 @@
 //! A slowloris against the real `ringway agent`'s control port (15022,
 //! the kubelet's probes and Prometheus), inside the test's own network
 //! namespace: thousands of connections that send nothing or half a request
-//! must not run the agent out of fds nor keep `/healthz/ready` from
+//! must not run the agent out of fds nor keep `/healthz/live` from
 //! answering, and the idle ones must be closed after the header timeout.
 
 use std::io::{ErrorKind, Read, Write};
@@ -92,10 +92,12 @@ fn start_agent(addr: SocketAddr) -> Agent {
         dir,
     };
     let t0 = Instant::now();
-    while !support::ready(addr) {
+    // No proxy connects in this test: the agent serves (live) but is not
+    // ready; its liveness probe is what the kubelet restarts it by.
+    while !support::live(addr) {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the agent's /healthz/ready never answered 200"
+            "the agent's /healthz/live never answered 200"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -108,7 +110,7 @@ fn probe(addr: SocketAddr) -> Result<String, String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
         .map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    s.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /healthz/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .map_err(|e| format!("write: {e}"))?;
     let mut out = String::new();
     s.read_to_string(&mut out)
@@ -177,7 +179,7 @@ fn adversarial_control_port_slowloris() {
         eprintln!("agent: {fds} fds open, RLIMIT_NOFILE {soft} / {hard}");
         assert!(
             ok,
-            "/healthz/ready did not answer 200 during the flood: {answers:?} (agent fds {fds})"
+            "/healthz/live did not answer 200 during the flood: {answers:?} (agent fds {fds})"
         );
         assert!(
             agent.child.try_wait().unwrap().is_none(),

@@ -10,11 +10,23 @@ use std::time::Duration;
 
 /// Whether the readiness endpoint at `addr` answers 200.
 pub fn ready(addr: SocketAddr) -> bool {
+    answers_200(addr, "/healthz/ready")
+}
+
+/// Whether the agent's liveness endpoint at `addr` answers 200 (it serves,
+/// with or without a proxy).
+pub fn live(addr: SocketAddr) -> bool {
+    answers_200(addr, "/healthz/live")
+}
+
+fn answers_200(addr: SocketAddr, path: &str) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out.starts_with("HTTP/1.1 200")
