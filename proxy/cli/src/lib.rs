@@ -850,9 +850,10 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let mesh = load_mesh(args.config.as_ref())?;
     let mut settings = mesh.proxy().clone();
     // A tunnel may never target the proxy's own control ports in a pod,
-    // wherever they were moved to.
+    // wherever they were moved to (port 0, an ephemeral port the kernel
+    // picks at bind, names no port to reserve).
     for addr in [args.readiness_addr, args.metrics_addr, args.admin_addr] {
-        if !settings.hbone.reserved_ports.contains(&addr.port()) {
+        if addr.port() != 0 && !settings.hbone.reserved_ports.contains(&addr.port()) {
             settings.hbone.reserved_ports.push(addr.port());
         }
     }
