@@ -87,7 +87,11 @@ pub fn skip_privileged(test: &str) -> bool {
              (run as root, or set {ALLOW_UNPRIVILEGED_SKIP}=1 to skip it knowingly)"
         );
     }
-    eprintln!(
+    // Straight to the process's stderr: libtest's capture (which hides
+    // `eprintln!` of passing tests) does not hold it back.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
         "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
          !!! PRIVILEGED TEST `{test}` SKIPPED ({ALLOW_UNPRIVILEGED_SKIP}=1): {why}\n\
          !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
