@@ -13,12 +13,18 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cni;
+pub mod http;
 pub mod node;
 pub mod ns;
+mod tempdir;
 pub mod traffic;
+mod wait;
 
 pub use node::{link_nodes, NodeLink, PauseProcess, Pod, VirtualNode};
 pub use ns::{private_tmpfs, Netns};
+pub use tempdir::TempDir;
+pub use wait::wait_until;
 
 /// Errors of the test bed.
 #[derive(Debug, thiserror::Error)]

@@ -233,3 +233,34 @@ pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     s.set_nodelay(true)?;
     Ok(s)
 }
+
+/// An echo server on `l`: every connection, on a thread of its own, gets
+/// back what it sends until EOF; stops accepting once `stop` is set.
+pub fn echo_server(
+    l: TcpListener,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    l.set_nonblocking(true)
+        .expect("echo server: nonblocking listener");
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    if s.set_nonblocking(false).is_err() {
+                        continue;
+                    }
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(n) = s.read(&mut buf) {
+                            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    })
+}

@@ -49,7 +49,7 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         wait_ready_proxies(&agent, 1);
         assert_eq!(proxy.kinds(), vec![("SnapshotSent", String::new())]);
 
-        let p = CniPod::of(pod, "uid-a");
+        let p = cni_pod(pod, "uid-a");
         let out = ok(plugin("ADD", &p, &cfg.cni_socket));
         assert!(
             out.stdout.contains("\"ips\""),
@@ -108,7 +108,7 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         // DEL again, and DEL of a pod never seen, with or without a netns:
         // success, and nothing reaches the proxy.
         ok(plugin("DEL", &p, &cfg.cni_socket));
-        let mut gone = CniPod::of(pod, "uid-never-seen");
+        let mut gone = cni_pod(pod, "uid-never-seen");
         gone.netns = "".into();
         ok(plugin("DEL", &gone, &cfg.cni_socket));
         // A barrier instead of a pause: the proxy's connection is ordered,
@@ -142,7 +142,7 @@ fn add_without_a_proxy_is_retryable_and_succeeds_once_one_connects() {
         let cfg = config("agent_cni_no_proxy", &dir.0);
         let vn = VirtualNode::build(12, 1).unwrap();
         let pod = vn.pod(0);
-        let p = CniPod::of(pod, "uid-b");
+        let p = cni_pod(pod, "uid-b");
 
         // No agent at all: "try again later" too.
         let o = plugin("ADD", &p, &cfg.cni_socket);
@@ -195,7 +195,7 @@ fn a_nack_is_retryable_and_leaves_nothing_behind() {
         let agent = start(&cfg);
         let proxy = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        let p = CniPod::of(pod, "uid-c");
+        let p = cni_pod(pod, "uid-c");
         proxy.refuse("uid-c", "cannot bind 15001: address in use");
 
         let o = plugin("ADD", &p, &cfg.cni_socket);
@@ -240,7 +240,7 @@ fn add_goes_to_the_newest_proxy_del_to_all_and_dead_ones_are_dropped() {
         let new = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 2);
 
-        let p0 = CniPod::of(vn.pod(0), "uid-d0");
+        let p0 = cni_pod(vn.pod(0), "uid-d0");
         ok(plugin("ADD", &p0, &cfg.cni_socket));
         assert_eq!(
             new.wait_for(2)[1..]
@@ -265,7 +265,7 @@ fn add_goes_to_the_newest_proxy_del_to_all_and_dead_ones_are_dropped() {
         // goes to the remaining one.
         new.disconnect();
         wait_ready_proxies(&agent, 1);
-        let p1 = CniPod::of(vn.pod(1), "uid-d1");
+        let p1 = cni_pod(vn.pod(1), "uid-d1");
         ok(plugin("ADD", &p1, &cfg.cni_socket));
         let log = old.wait_for(3);
         assert_eq!((log[2].kind, log[2].uid.as_str()), ("Add", "uid-d1"));
@@ -392,7 +392,7 @@ fn bad_cni_requests_get_exact_errors_and_the_agent_keeps_serving() {
         assert!(agent.pods().is_empty());
         assert_eq!(proxy.kinds(), [("SnapshotSent", String::new())]);
         assert_eq!(cni_line(sock, b"{\"op\":\"status\"}\n"), r#"{"ok":true}"#);
-        let p = CniPod::of(vn.pod(0), "uid-e");
+        let p = cni_pod(vn.pod(0), "uid-e");
         ok(plugin("ADD", &p, &cfg.cni_socket));
     });
 }

@@ -117,7 +117,7 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
 
         // A pod the CNI plugin enrolled (no service account): the watch's
         // enroll fills it in, keeping the sandbox id.
-        let cni = CniPod::of(vn.pod(2), "uid-cni");
+        let cni = cni_pod(vn.pod(2), "uid-cni");
         ok(plugin("ADD", &cni, &cfg.cni_socket));
         proxy.wait_for(4);
         WatchEnrollment::enroll(&watch, &ident("uid-cni", 2, "cart")).unwrap();

@@ -30,7 +30,7 @@ fn a_restarted_agent_rebuilds_its_pods_from_the_kernel_and_resends_the_snapshot(
         let proxy = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
         let uids = ["uid-0", "uid-1", "uid-2"];
-        let cni: Vec<CniPod> = (0..3).map(|i| CniPod::of(vn.pod(i), uids[i])).collect();
+        let cni: Vec<CniPod> = (0..3).map(|i| cni_pod(vn.pod(i), uids[i])).collect();
         for p in &cni {
             ok(plugin("ADD", p, &cfg.cni_socket));
         }

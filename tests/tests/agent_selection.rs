@@ -119,7 +119,7 @@ fn cni_add_captures_only_what_the_labels_select() {
         api.apply_namespace("shop", Some("enabled"));
         api.apply_namespace("plain", None);
         let pod = |i: usize, uid: &str, ns: &str| {
-            let mut p = CniPod::of(vn.pod(i), uid);
+            let mut p = cni_pod(vn.pod(i), uid);
             p.namespace = ns.into();
             p
         };
@@ -219,7 +219,7 @@ fn cni_add_is_try_again_later_when_the_api_server_cannot_be_read() {
         let cfg = config_with("agent_selection_api_down", &dir, &kube);
         let vn = VirtualNode::build(62, 1).unwrap();
         kube.api.apply_namespace("shop", Some("enabled"));
-        let p = CniPod::of(vn.pod(0), "uid-a");
+        let p = cni_pod(vn.pod(0), "uid-a");
         kube.api
             .apply_pod(FakePod::new(&p.uid, "shop", &p.name, &cfg.node_name).json());
         let agent = start(&cfg);
@@ -267,8 +267,8 @@ fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
         let api = &kube.api;
         api.apply_namespace("shop", Some("enabled"));
         api.apply_namespace("plain", None);
-        let meshed = CniPod::of(vn.pod(0), "uid-m");
-        let mut plain = CniPod::of(vn.pod(1), "uid-p");
+        let meshed = cni_pod(vn.pod(0), "uid-m");
+        let mut plain = cni_pod(vn.pod(1), "uid-p");
         plain.namespace = "plain".into();
         let fake = |p: &CniPod| {
             FakePod::new(&p.uid, &p.namespace, &p.name, &cfg.node_name).service_account("cart")

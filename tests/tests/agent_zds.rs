@@ -27,7 +27,7 @@ fn snapshot_is_adds_one_ack_each_keep_for_gone_netns_then_snapshot_sent() {
         wait_ready_proxies(&agent, 1);
         let inodes: Vec<u64> = vn.pods.iter().map(|p| p.netns.inode()).collect();
         for (i, uid) in ["uid-0", "uid-1", "uid-2"].iter().enumerate() {
-            ok(plugin("ADD", &CniPod::of(vn.pod(i), uid), &cfg.cni_socket));
+            ok(plugin("ADD", &cni_pod(vn.pod(i), uid), &cfg.cni_socket));
         }
         first.wait_for(4);
 
@@ -97,27 +97,15 @@ fn changes_during_the_snapshot_are_caught_up_before_ready() {
         let agent = start(&cfg);
         let old = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        ok(plugin(
-            "ADD",
-            &CniPod::of(vn.pod(0), "uid-0"),
-            &cfg.cni_socket,
-        ));
+        ok(plugin("ADD", &cni_pod(vn.pod(0), "uid-0"), &cfg.cni_socket));
 
         // A new proxy is mid-snapshot (Add uid-0 not acked yet) when pod 1
         // is added and pod 0 deleted: both go to the old, ready proxy...
         let new = FakeProxy::connect(&cfg.zds_socket);
         let r = new.recv();
         assert_eq!((r.kind, r.uid.as_str()), ("Add", "uid-0"));
-        ok(plugin(
-            "ADD",
-            &CniPod::of(vn.pod(1), "uid-1"),
-            &cfg.cni_socket,
-        ));
-        ok(plugin(
-            "DEL",
-            &CniPod::of(vn.pod(0), "uid-0"),
-            &cfg.cni_socket,
-        ));
+        ok(plugin("ADD", &cni_pod(vn.pod(1), "uid-1"), &cfg.cni_socket));
+        ok(plugin("DEL", &cni_pod(vn.pod(0), "uid-0"), &cfg.cni_socket));
         assert_eq!(
             old.kinds()[1..],
             [
@@ -186,11 +174,7 @@ fn garbage_from_a_proxy_closes_only_its_connection() {
         let agent = start(&cfg);
         let good = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        ok(plugin(
-            "ADD",
-            &CniPod::of(vn.pod(0), "uid-0"),
-            &cfg.cni_socket,
-        ));
+        ok(plugin("ADD", &cni_pod(vn.pod(0), "uid-0"), &cfg.cni_socket));
         let quick = Duration::from_secs(2);
         let deadline = Duration::from_secs(7);
 
@@ -261,11 +245,7 @@ fn garbage_from_a_proxy_closes_only_its_connection() {
         });
 
         // Still serving: a pod goes to the good proxy.
-        ok(plugin(
-            "ADD",
-            &CniPod::of(vn.pod(1), "uid-1"),
-            &cfg.cni_socket,
-        ));
+        ok(plugin("ADD", &cni_pod(vn.pod(1), "uid-1"), &cfg.cni_socket));
         let kinds = good.kinds();
         assert_eq!(kinds.last().unwrap(), &("Add", "uid-1".to_string()));
     });

@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, MsgFlags, SockFlag, SockType, UnixAddr,
@@ -100,31 +99,15 @@ fn add(uid: &str) -> Payload {
 }
 
 fn http_ready(addr: SocketAddr) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: ringway\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("0")
-        .parse()
-        .unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (code, body)
+    let r = ringway_testbed::http::get(addr, "/healthz/ready").unwrap();
+    (r.status, r.body)
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    assert!(
+        ringway_testbed::wait_until(Duration::from_secs(10), f),
+        "timed out waiting for {what}"
+    );
 }
 
 struct Running {

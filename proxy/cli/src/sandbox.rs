@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -142,41 +142,16 @@ fn start_node(
 /// the chained config with the primary plugin's result on stdin, through the
 /// plugin code the `ringway-cni` binary runs.
 fn cni_add(rig: &NodeRig, pod: &Pod) -> anyhow::Result<Duration> {
-    let env: HashMap<String, String> = [
-        ("CNI_COMMAND", "ADD".to_string()),
-        ("CNI_CONTAINERID", format!("sandbox-{}", pod.name)),
-        ("CNI_NETNS", pod.netns.path().display().to_string()),
-        ("CNI_IFNAME", "eth0".to_string()),
-        (
-            "CNI_ARGS",
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME={n};K8S_POD_UID=uid-{n}",
-                n = pod.name
-            ),
-        ),
-        ("CNI_PATH", "/opt/cni/bin".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "sandbox-net",
-        "type": "ringway-cni",
-        "agentSocket": rig.cni_socket,
-        "prevResult": {
-            "cniVersion": "1.0.0",
-            "interfaces": [{"name": "eth0", "sandbox": pod.netns.path()}],
-            "ips": [
-                {"address": format!("{}/24", pod.ipv4), "interface": 0},
-                {"address": format!("{}/64", pod.ipv6), "interface": 0}
-            ]
-        }
-    });
+    let call = ringway_testbed::cni::CniPod::of(pod, &format!("uid-{}", pod.name), "demo");
+    let env: HashMap<String, String> = call
+        .env("ADD", Path::new("/opt/cni/bin"))
+        .into_iter()
+        .collect();
+    let conf = call.netconf("1.0.0", "sandbox-net", &rig.cni_socket);
     let t0 = Instant::now();
     let out = ringway_cni::run(
         &env,
-        conf.to_string().as_bytes(),
+        conf.as_bytes(),
         &ringway_cni::node::UnixAgent::default(),
     );
     if out.exit_code != 0 {
@@ -215,14 +190,9 @@ fn listen_in(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
 }
 
 fn scrape(addr: SocketAddr) -> String {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+    ringway_testbed::http::get(addr, "/metrics")
+        .map(|r| r.body)
+        .unwrap_or_default()
 }
 
 /// Runs the sandbox; `wait` keeps it up until `stop` is signalled.

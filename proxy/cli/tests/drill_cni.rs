@@ -123,37 +123,10 @@ impl Env {
 
     /// Runs the plugin as a runtime does.
     fn cni_call(&self, command: &str, pod: &Pod, uid: &str) -> Output {
-        let prev = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "interfaces": [{"name": "eth0", "sandbox": pod.netns.path()}],
-            "ips": [
-                {"address": format!("{}/24", pod.ipv4), "interface": 0},
-                {"address": format!("{}/64", pod.ipv6), "interface": 0}
-            ],
-            "routes": [{"dst": "0.0.0.0/0"}],
-            "dns": {}
-        });
-        let conf = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": "k8s-pod-network",
-            "type": "ringway-cni",
-            "agentSocket": self.cni(),
-            "prevResult": prev,
-        });
+        let call = ringway_testbed::cni::CniPod::of(pod, uid, "default");
         let mut child = Command::new(&self.plugin)
             .env_clear()
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", format!("sandbox-{uid}"))
-            .env("CNI_NETNS", pod.netns.path())
-            .env("CNI_IFNAME", "eth0")
-            .env(
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID=sandbox-{uid};K8S_POD_UID={uid}",
-                    pod.name
-                ),
-            )
-            .env("CNI_PATH", &self.dir)
+            .envs(call.env(command, &self.dir))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -163,7 +136,10 @@ impl Env {
             .stdin
             .take()
             .unwrap()
-            .write_all(conf.to_string().as_bytes())
+            .write_all(
+                call.netconf("1.0.0", "k8s-pod-network", &self.cni())
+                    .as_bytes(),
+            )
             .unwrap();
         child.wait_with_output().unwrap()
     }
@@ -306,19 +282,9 @@ fn cni_add_captures_the_app_from_its_first_connection() {
         );
 
         // The agent's histogram saw every ADD (the failed first one included).
-        let metrics = {
-            let mut s = TcpStream::connect_timeout(
-                &"127.0.0.1:15022".parse().unwrap(),
-                Duration::from_secs(5),
-            )
-            .unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        };
+        let metrics = ringway_testbed::http::get("127.0.0.1:15022".parse().unwrap(), "/metrics")
+            .unwrap()
+            .body;
         let adds_ok = metrics
             .lines()
             .find(|l| {

@@ -69,20 +69,7 @@ impl MeshNode {
     }
 }
 
-/// Polls `cond` every 10 ms until it holds or `timeout` passes; returns
-/// whether it held. Bounded: never waits longer than `timeout`.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use ringway_testbed::wait_until;
 
 /// Asserts that the proxy's `active` gauge drops back to 0 (within 10 s).
 pub fn wait_no_active(proxy: &Proxy) {
