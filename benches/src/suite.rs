@@ -401,20 +401,18 @@ const TRUST_DOMAIN: &str = "cluster.local";
 /// workloads, the fast path off (so one node's traffic also goes through
 /// 15008, as the reference mesh is measured).
 fn hbone_yaml(ca_dir: &FsPath, pods: &[(&Pod, &str)]) -> String {
-    let mut s = format!(
-        "proxy:\n  sameNodeFastPath: false\ntrustDomain: {TRUST_DOMAIN}\nca:\n  certFile: {}\n  keyFile: {}\nworkloads:\n",
+    let ws: Vec<_> = pods
+        .iter()
+        .map(|(p, node)| {
+            ringway_testbed::mesh::WorkloadYaml::of_pod(p, &p.name, "bench", &p.name, node)
+        })
+        .collect();
+    format!(
+        "proxy:\n  sameNodeFastPath: false\ntrustDomain: {TRUST_DOMAIN}\nca:\n  certFile: {}\n  keyFile: {}\n{}",
         ca_dir.join("ca.crt").display(),
-        ca_dir.join("ca.key").display()
-    );
-    for (p, node) in pods {
-        s.push_str(&format!(
-            "  - uid: {n}\n    name: {n}\n    namespace: bench\n    serviceAccount: {n}\n    ips: [{v4}, \"{v6}\"]\n    node: {node}\n    tunnel: true\n",
-            n = p.name,
-            v4 = p.ipv4,
-            v6 = p.ipv6,
-        ));
-    }
-    s
+        ca_dir.join("ca.key").display(),
+        ringway_testbed::mesh::workloads_yaml(&ws)
+    )
 }
 
 struct Bed {

@@ -15,6 +15,7 @@
 
 pub mod cni;
 pub mod http;
+pub mod mesh;
 pub mod node;
 pub mod ns;
 mod tempdir;

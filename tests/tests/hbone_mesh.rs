@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 use common::hbone::{two_nodes, Opts, TwoNodes, APP_PORT, CLIENT_ID, TD};
 use common::{wait_until, TIMEOUT};
 use ringway_identity::{CaSigner, Identity};
+use ringway_testbed::mesh::{workloads_yaml, WorkloadYaml};
 use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
 use ringway_testbed::{run_isolated, Netns};
 
@@ -243,21 +244,21 @@ fn service_vip_load_balancing() {
 /// `m` with workloads `uids` marked `healthy: false` (rebuilt from YAML,
 /// as the Kubernetes source does when an endpoint is not ready).
 fn mark_unhealthy(m: &ringway_config::Mesh, uids: &[&str]) -> Arc<ringway_config::Mesh> {
-    let mut yaml = String::from("workloads:\n");
-    for w in m.workloads() {
-        let ips: Vec<String> = w.ips.iter().map(|ip| format!("\"{ip}\"")).collect();
-        yaml.push_str(&format!(
-            "  - uid: {}\n    name: {}\n    namespace: {}\n    serviceAccount: {}\n    ips: [{}]\n    node: {}\n    tunnel: {}\n    healthy: {}\n",
-            w.uid,
-            w.name,
-            w.namespace,
-            w.service_account,
-            ips.join(", "),
-            w.node,
-            w.tunnel,
-            w.healthy && !uids.contains(&w.uid.as_str())
-        ));
-    }
+    let ws: Vec<WorkloadYaml> = m
+        .workloads()
+        .iter()
+        .map(|w| WorkloadYaml {
+            uid: w.uid.to_string(),
+            name: w.name.to_string(),
+            namespace: w.namespace.to_string(),
+            service_account: w.service_account.to_string(),
+            ips: w.ips.clone(),
+            node: w.node.to_string(),
+            tunnel: w.tunnel,
+            healthy: w.healthy && !uids.contains(&w.uid.as_str()),
+        })
+        .collect();
+    let mut yaml = workloads_yaml(&ws);
     yaml.push_str(&service_yaml());
     Arc::new(
         ringway_config::MeshConfig::load_str(&yaml, "unhealthy", &ringway_config::NoEnv)

@@ -66,15 +66,22 @@ const TD: &str = "cluster.local";
 /// The mesh the demo runs with: every pod speaks the tunnel; port 9090 is
 /// denied by policy.
 fn mesh_yaml(pods: &[(&Pod, &str)]) -> String {
-    let mut s = String::from("trustDomain: cluster.local\nworkloads:\n");
-    for (p, node) in pods {
-        s.push_str(&format!(
-            "  - uid: uid-{name}\n    name: {name}\n    namespace: demo\n    serviceAccount: default\n    ips: [{v4}, \"{v6}\"]\n    node: {node}\n    tunnel: true\n",
-            name = p.name,
-            v4 = p.ipv4,
-            v6 = p.ipv6,
-        ));
-    }
+    let ws: Vec<_> = pods
+        .iter()
+        .map(|(p, node)| {
+            ringway_testbed::mesh::WorkloadYaml::of_pod(
+                p,
+                &format!("uid-{}", p.name),
+                "demo",
+                "default",
+                node,
+            )
+        })
+        .collect();
+    let mut s = format!(
+        "trustDomain: cluster.local\n{}",
+        ringway_testbed::mesh::workloads_yaml(&ws)
+    );
     s.push_str(
         "policies:\n  - name: no-admin-port\n    namespace: demo\n    action: Deny\n    rules:\n      - to:\n          - ports: [9090]\n",
     );

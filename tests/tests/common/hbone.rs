@@ -11,6 +11,7 @@ use std::time::Duration;
 use ringway_config::{CaptureMode, Datapath, Mesh, MeshConfig, NoEnv, ProxySettings};
 use ringway_identity::{CaSigner, IdentityManager, TrustBundle};
 use ringway_proxy::{PodIdentity, Proxy};
+use ringway_testbed::mesh::{workloads_yaml, WorkloadYaml};
 use ringway_testbed::{link_nodes, NodeLink, Pod, VirtualNode};
 
 use super::{capture, init_logs};
@@ -90,16 +91,35 @@ impl Drop for TwoNodes {
 /// The mesh: `client-0` (front/frontend) on node1, `server-i` (shop/web)
 /// on node2, all tunnel workloads, then `extra`.
 pub fn mesh_of(server_pods: usize, extra: &str) -> Arc<Mesh> {
-    let mut yaml = String::from(
-        "workloads:\n  - uid: client-0\n    name: client-0\n    namespace: front\n    serviceAccount: frontend\n    ips: [10.244.1.2, \"fd00:244:1::2\"]\n    node: node1\n    tunnel: true\n",
-    );
+    let workload =
+        |name: &str, namespace: &str, sa: &str, node: &str, ips: [&str; 2]| WorkloadYaml {
+            uid: name.into(),
+            name: name.into(),
+            namespace: namespace.into(),
+            service_account: sa.into(),
+            ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            node: node.into(),
+            tunnel: true,
+            healthy: true,
+        };
+    let mut ws = vec![workload(
+        "client-0",
+        "front",
+        "frontend",
+        "node1",
+        ["10.244.1.2", "fd00:244:1::2"],
+    )];
     for i in 0..server_pods {
-        yaml.push_str(&format!(
-            "  - uid: server-{i}\n    name: server-{i}\n    namespace: shop\n    serviceAccount: web\n    ips: [10.244.2.{h}, \"fd00:244:2::{h}\"]\n    node: node2\n    tunnel: true\n",
-            h = i + 2
+        let h = i + 2;
+        ws.push(workload(
+            &format!("server-{i}"),
+            "shop",
+            "web",
+            "node2",
+            [&format!("10.244.2.{h}"), &format!("fd00:244:2::{h}")],
         ));
     }
-    yaml.push_str(extra);
+    let yaml = workloads_yaml(&ws) + extra;
     Arc::new(MeshConfig::load_str(&yaml, "hbone test mesh", &NoEnv).expect("test mesh"))
 }
 
