@@ -449,16 +449,14 @@ fn hbone_tls_refusals() {
         assert!(matches!(r, Ok(0) | Err(_)), "no-cert client got {r:?}");
         // A certificate from another CA (which trusts our CA, so only the
         // server's check can refuse it).
-        let other =
-            std::env::temp_dir().join(format!("ringway-hbone-other-{}", std::process::id()));
-        std::fs::create_dir_all(&other).unwrap();
+        let other = ringway_testbed::TempDir::new("hbone-other");
         CaSigner::generate_for_tests(TD)
             .write_pem_files(&other.join("ca.crt"), &other.join("ca.key"))
             .unwrap();
-        let foreign = manager(&other, &[&t.dir.join("ca.crt")]);
+        let foreign = manager(other.path(), &[&t.dir.join("ca.crt")]);
         let cfg = (*foreign.client_config(&client_id, &server_id).unwrap()).clone();
         let r = raw_tls(&t, cfg);
-        let _ = std::fs::remove_dir_all(&other);
+        drop(other);
         assert!(matches!(r, Ok(0) | Err(_)), "foreign-CA client got {r:?}");
         // Nothing was tunnelled by those.
         assert!(wait_until(Duration::from_secs(5), || t.p2.stats().active == 0));

@@ -17,7 +17,7 @@ use ringway_config::{CaptureMode, Datapath};
 use ringway_proxy::control::ControlServer;
 use ringway_proxy::zds_client::{self, Readiness, ZdsClientConfig};
 use ringway_proxy::Proxy;
-use ringway_testbed::{run_isolated, VirtualNode};
+use ringway_testbed::{run_isolated, TempDir, VirtualNode};
 use ringway_zds::{
     self as zds, workload_request::Payload, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent,
     WorkloadInfo,
@@ -150,7 +150,7 @@ fn start_proxy(socket: PathBuf) -> Running {
 #[test]
 fn snapshot_then_live_add_and_del_with_readiness() {
     run_isolated("snapshot_then_live_add_and_del_with_readiness", || {
-        let dir = tempdir("zds1");
+        let dir = TempDir::new("zds1");
         let vn = VirtualNode::build(1, 3).unwrap();
         for p in &vn.pods {
             common::capture(p, CaptureMode::Tproxy);
@@ -217,7 +217,7 @@ fn snapshot_then_live_add_and_del_with_readiness() {
 #[test]
 fn a_new_snapshot_tears_down_pods_it_does_not_name() {
     run_isolated("a_new_snapshot_tears_down_pods_it_does_not_name", || {
-        let dir = tempdir("zds2");
+        let dir = TempDir::new("zds2");
         let vn = VirtualNode::build(1, 2).unwrap();
         let agent = FakeAgent::new(&dir);
         let run = start_proxy(agent.path.clone());
@@ -245,7 +245,7 @@ fn a_new_snapshot_tears_down_pods_it_does_not_name() {
 #[test]
 fn bad_input_is_nacked_never_crashes() {
     run_isolated("bad_input_is_nacked_never_crashes", || {
-        let dir = tempdir("zds3");
+        let dir = TempDir::new("zds3");
         let vn = VirtualNode::build(1, 1).unwrap();
         let agent = FakeAgent::new(&dir);
         let run = start_proxy(agent.path.clone());
@@ -301,7 +301,7 @@ fn bad_input_is_nacked_never_crashes() {
 #[test]
 fn a_pod_whose_listeners_fail_is_nacked_and_retried() {
     run_isolated("a_pod_whose_listeners_fail_is_nacked_and_retried", || {
-        let dir = tempdir("zds4");
+        let dir = TempDir::new("zds4");
         let vn = VirtualNode::build(1, 1).unwrap();
         let pod = vn.pod(0).clone();
         // Something else holds 15001 in the pod without SO_REUSEPORT.
@@ -328,10 +328,4 @@ fn a_pod_whose_listeners_fail_is_nacked_and_retried() {
         wait_for("the pending pod to be retried", || run.ready.is_ready());
         assert_eq!(run.proxy.pods().len(), 1);
     });
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringway-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }

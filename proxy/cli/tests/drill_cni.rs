@@ -39,15 +39,13 @@ impl Proc {
 }
 
 struct Env {
-    dir: PathBuf,
+    dir: ringway_testbed::TempDir,
     plugin: PathBuf,
 }
 
 impl Env {
     fn new(name: &str) -> Env {
-        let dir = std::env::temp_dir().join(format!("ringway-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = ringway_testbed::TempDir::new(name);
         let plugin = dir.join("ringway-cni");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ringway"), &plugin).unwrap();
         Env { dir, plugin }
@@ -126,7 +124,7 @@ impl Env {
         let call = ringway_testbed::cni::CniPod::of(pod, uid, "default");
         let mut child = Command::new(&self.plugin)
             .env_clear()
-            .envs(call.env(command, &self.dir))
+            .envs(call.env(command, self.dir.path()))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -142,12 +140,6 @@ impl Env {
             )
             .unwrap();
         child.wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

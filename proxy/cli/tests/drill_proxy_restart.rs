@@ -196,8 +196,7 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn drill(mode: ringway_config::CaptureMode) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     {
-        let dir = std::env::temp_dir().join(format!("ringway-drill-{mode}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = ringway_testbed::TempDir::new(&format!("drill-{mode}"));
         let vn = VirtualNode::build(1, 2).unwrap();
         let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
         let settings = ProxySettings {
@@ -314,6 +313,6 @@ fn drill(mode: ringway_config::CaptureMode) {
         assert!(n >= 40, "long-lived connection exchanged only {n} messages");
         assert!(status.success(), "old proxy exit: {status}");
         drop(new);
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(dir);
     }
 }
