@@ -135,22 +135,26 @@ fn is_refusal(e: &std::io::Error) -> bool {
     )
 }
 
-/// Failed server-side handshakes on `p`: with the `outcome` given, or
-/// (`None`) with any outcome but `ok` and `timeout`.
-fn server_failures(p: &ringway_proxy::Proxy, outcome: Option<&str>) -> f64 {
+/// Failed `side` handshakes on `p`: with the `outcome` given, or (`None`)
+/// with any outcome but `ok` and `timeout`.
+fn handshake_failures(p: &ringway_proxy::Proxy, side: &str, outcome: Option<&str>) -> f64 {
     if let Some(outcome) = outcome {
-        return handshakes(p, "server", outcome);
+        return handshakes(p, side, outcome);
     }
     common::hbone::metrics_text(p)
         .lines()
         .filter(|l| {
             l.starts_with("ringway_tls_handshakes_total{")
-                && l.contains("side=\"server\"")
+                && l.contains(&format!("side=\"{side}\""))
                 && !l.contains("outcome=\"ok\"")
                 && !l.contains("outcome=\"timeout\"")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+fn server_failures(p: &ringway_proxy::Proxy, outcome: Option<&str>) -> f64 {
+    handshake_failures(p, "server", outcome)
 }
 
 /// The value of `ringway_tls_handshakes_total{side, outcome}` on `p`.
@@ -569,18 +573,7 @@ fn hbone_refuses_wrong_server_identity() {
         // never opened, so nothing can reach the app after this). Its
         // reason is `other` until the metric classifies rustls' errors by
         // type; it must at least be a failure, not a timeout.
-        let client_failures = || {
-            common::hbone::metrics_text(&t.p1)
-                .lines()
-                .filter(|l| {
-                    l.starts_with("ringway_tls_handshakes_total{")
-                        && l.contains("side=\"client\"")
-                        && !l.contains("outcome=\"ok\"")
-                        && !l.contains("outcome=\"timeout\"")
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        };
+        let client_failures = || handshake_failures(&t.p1, "client", None);
         assert!(
             wait_until(TIMEOUT, || client_failures() >= 1.0),
             "client-side handshake failure counted: {}",
