@@ -17,7 +17,7 @@ use common::{wait_until, TIMEOUT};
 use ringway_config::{Datapath, Mesh};
 use ringway_identity::{CaSigner, Identity};
 use ringway_testbed::run_isolated;
-use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
+use ringway_testbed::traffic::{client_exchange, connect, listen, EchoServer, PayloadServer};
 
 fn mesh(policies: &str) -> Arc<Mesh> {
     mesh_of(1, policies)
@@ -122,30 +122,8 @@ fn server_addr(t: &TwoNodes, v6: bool) -> SocketAddr {
 }
 
 /// An echo app in the server pod: echoes everything, reports the peer.
-fn echo_server(t: &TwoNodes, v6: bool) -> std::sync::mpsc::Receiver<(SocketAddr, u64)> {
-    let l = t.server().netns.run(|| listen(server_addr(t, v6))).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for _ in 0..8 {
-            let Ok((mut s, peer)) = l.accept() else { break };
-            let mut buf = vec![0u8; 65536];
-            let mut n = 0u64;
-            loop {
-                match s.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => {
-                        n += k as u64;
-                        if s.write_all(&buf[..k]).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-            let _ = s.shutdown(std::net::Shutdown::Write);
-            let _ = tx.send((peer, n));
-        }
-    });
-    rx
+fn echo_server(t: &TwoNodes, v6: bool) -> EchoServer {
+    EchoServer::start(t.server().netns.run(|| listen(server_addr(t, v6))).unwrap())
 }
 
 fn hbone_on_the_wire(datapath: Datapath) {
@@ -180,7 +158,7 @@ fn hbone_on_the_wire(datapath: Datapath) {
         .unwrap();
     let frames = sniffer.finish();
     assert!(echoed == payload, "echo differs ({} bytes)", echoed.len());
-    let (peer, n) = rx.recv_timeout(TIMEOUT).expect("server report");
+    let (peer, n) = rx.next_closed(TIMEOUT).expect("server report");
     assert_eq!(n, payload.len() as u64);
     assert_eq!(
         peer.ip(),

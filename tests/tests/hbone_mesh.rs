@@ -16,7 +16,7 @@ use common::hbone::{two_nodes, Opts, TwoNodes, APP_PORT, CLIENT_ID, TD};
 use common::{wait_until, TIMEOUT};
 use ringway_identity::{CaSigner, Identity};
 use ringway_testbed::mesh::{workloads_yaml, WorkloadYaml};
-use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
+use ringway_testbed::traffic::{client_exchange, connect, listen, EchoServer, PayloadServer};
 use ringway_testbed::{run_isolated, Netns};
 
 const VIP4: &str = "10.96.0.10";
@@ -31,67 +31,9 @@ fn service_yaml() -> String {
 /// An echo app (tokio, any number of connections) listening on `addr` in
 /// `ns` until the returned guard is dropped; counts connections and keeps
 /// their peers.
-struct Echo {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: Option<std::thread::JoinHandle<()>>,
-    peers: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
-}
-
-impl Echo {
-    fn start(ns: &Netns, addr: SocketAddr) -> Echo {
-        let l = ns.run(|| listen(addr)).expect("listen");
-        l.set_nonblocking(true).unwrap();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let peers = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let p = peers.clone();
-        let join = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::from_std(l).unwrap();
-                let deadline = tokio::time::sleep(Duration::from_secs(120));
-                tokio::pin!(deadline);
-                loop {
-                    tokio::select! {
-                        _ = &mut stopped => break,
-                        _ = &mut deadline => break,
-                        r = l.accept() => {
-                            let Ok((mut s, peer)) = r else { continue };
-                            p.lock().unwrap().push(peer);
-                            tokio::spawn(async move {
-                                let (mut r, mut w) = s.split();
-                                let _ = tokio::io::copy(&mut r, &mut w).await;
-                                use tokio::io::AsyncWriteExt;
-                                let _ = w.shutdown().await;
-                            });
-                        }
-                    }
-                }
-            });
-        });
-        Echo {
-            stop: Some(stop),
-            join: Some(join),
-            peers,
-        }
-    }
-
-    fn connections(&self) -> usize {
-        self.peers.lock().unwrap().len()
-    }
-}
-
-impl Drop for Echo {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(j) = self.join.take() {
-            let _ = j.join();
-        }
-    }
+/// The echo app on `addr` in `ns`.
+fn echo_app(ns: &Netns, addr: SocketAddr) -> EchoServer {
+    EchoServer::start(ns.run(|| listen(addr)).expect("listen"))
 }
 
 /// One round trip of `msg` on an open connection.
@@ -180,7 +122,7 @@ fn service_vip_load_balancing() {
         });
         let app = |i: usize, v6: bool| {
             let pod = t.n2.pod(i);
-            Echo::start(&pod.netns, SocketAddr::new(pod.ip(v6), APP_PORT))
+            echo_app(&pod.netns, SocketAddr::new(pod.ip(v6), APP_PORT))
         };
         let s0 = app(0, false);
         let s1 = app(1, false);
@@ -192,13 +134,7 @@ fn service_vip_load_balancing() {
         assert!(wait_until(TIMEOUT, || s0.connections() + s1.connections() == 20));
         let (a, b) = (s0.connections(), s1.connections());
         assert!(a >= 3 && b >= 3, "round robin over 2 endpoints: {a} / {b}");
-        for p in s0
-            .peers
-            .lock()
-            .unwrap()
-            .iter()
-            .chain(s1.peers.lock().unwrap().iter())
-        {
+        for p in s0.peers().iter().chain(s1.peers().iter()) {
             assert_eq!(p.ip(), t.client().ip(false), "the app sees the client's IP");
         }
         assert!(
@@ -312,7 +248,7 @@ fn thousand_connections_and_policy_changes() {
     run_isolated("thousand_connections_and_policy_changes", || {
         let t = two_nodes(Opts::new("hbone_1000"));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let app = Echo::start(&t.server().netns, addr);
+        let app = echo_app(&t.server().netns, addr);
         let mut conns = open_many(&t, addr, 1000);
         echo_all(&mut conns, 0).unwrap();
         assert!(wait_until(TIMEOUT, || t.p1.hbone_streams() == 1000));
@@ -386,7 +322,7 @@ fn cert_rotation_during_long_transfer() {
         };
         let (c0, s0) = (serial(&ids1, &client_id), serial(&ids2, &server_id));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let _app = Echo::start(&t.server().netns, addr);
+        let _app = echo_app(&t.server().netns, addr);
         let chunk: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
         let chunks = 320; // 20 MiB, one every 25 ms
                           // Whether both certificates had rotated while the transfer still had
@@ -567,7 +503,7 @@ fn hbone_refuses_wrong_server_identity() {
             ..Opts::new("hbone_impostor")
         });
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let app = Echo::start(&t.server().netns, addr);
+        let app = echo_app(&t.server().netns, addr);
         expect_no_echo(&t, addr);
         // The client's proxy refused the server's identity (the tunnel
         // never opened, so nothing can reach the app after this). Its
@@ -599,7 +535,7 @@ fn hbone_refuses_forged_forwarded_from_non_mesh_client() {
         || {
             let t = two_nodes(Opts::new("hbone_forged"));
             let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-            let app = Echo::start(&t.server().netns, addr);
+            let app = echo_app(&t.server().netns, addr);
             let tunnel = SocketAddr::new(t.server().ip(false), 15008);
             let forged = SocketAddr::new(t.client().ip(false), 40000);
             let r = t.n1.node.run(|| {
@@ -659,7 +595,7 @@ fn hbone_metrics_both_reporters_mid_connection() {
     run_isolated("hbone_metrics_both_reporters_mid_connection", || {
         let t = two_nodes(Opts::new("hbone_metrics"));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let _app = Echo::start(&t.server().netns, addr);
+        let _app = echo_app(&t.server().netns, addr);
         let mut s = t.client().netns.run(|| {
             let s = connect(addr, TIMEOUT).unwrap();
             s.set_read_timeout(Some(TIMEOUT)).unwrap();

@@ -7,14 +7,15 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod support;
 
+use ringway_testbed::traffic::EchoServer;
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
-use support::{echo_server, ready};
+use support::ready;
 
 struct Proc(Child);
 
@@ -201,13 +202,12 @@ fn cni_add_captures_the_app_from_its_first_connection() {
         let env = Env::new("drill-cni");
         let mut vn = VirtualNode::build(1, 1).unwrap();
         let server = vn.pod(0).clone();
-        let stop = Arc::new(AtomicBool::new(false));
         let addr = SocketAddr::new(server.ip(false), 8080);
         let l = server
             .netns
             .run(|| ringway_testbed::traffic::listen(addr))
             .unwrap();
-        let srv = echo_server(l, stop.clone());
+        let srv = EchoServer::start(l);
         let _agent = env.agent();
 
         // No proxy yet: ADD must fail, retryably (code 11).
@@ -315,8 +315,7 @@ fn cni_add_captures_the_app_from_its_first_connection() {
         assert_eq!(ok, Ok(()));
         // DEL again: idempotent.
         assert!(env.cni_call("DEL", &victim, "uid-0").status.success());
-        stop.store(true, Ordering::SeqCst);
-        let _ = srv.join();
+        drop(srv);
     });
 }
 
@@ -330,13 +329,12 @@ fn agent_restart_under_load_is_invisible_to_traffic() {
         let vn = VirtualNode::build(1, 2).unwrap();
         let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
         let _pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
-        let stop = Arc::new(AtomicBool::new(false));
         let addr = SocketAddr::new(b.ip(false), 8080);
         let l = b
             .netns
             .run(|| ringway_testbed::traffic::listen(addr))
             .unwrap();
-        let srv = echo_server(l, stop.clone());
+        let srv = EchoServer::start(l);
         let agent = env.agent();
         let (_proxy, proxy_log) = env.proxy("127.0.0.1:15021");
         for (i, p) in [&a, &b].into_iter().enumerate() {
@@ -426,7 +424,6 @@ fn agent_restart_under_load_is_invisible_to_traffic() {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        stop.store(true, Ordering::SeqCst);
-        let _ = srv.join();
+        drop(srv);
     });
 }

@@ -23,8 +23,9 @@ use ringway_zds::{
 };
 mod support;
 
+use ringway_testbed::traffic::EchoServer;
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
-use support::{echo_server, ready};
+use support::ready;
 
 /// A minimal agent: every proxy that connects gets the same snapshot.
 fn serve_snapshots(
@@ -223,7 +224,7 @@ fn drill(mode: ringway_config::CaptureMode) {
             .netns
             .run(|| ringway_testbed::traffic::listen(addr))
             .unwrap();
-        let server = echo_server(l, stop.clone());
+        let server = EchoServer::start(l);
 
         let old = ProxyProc::start(&sock, "127.0.0.1:15021", &config);
         old.wait_ready();
@@ -292,7 +293,7 @@ fn drill(mode: ringway_config::CaptureMode) {
         let status = old.child.wait().unwrap();
         stop.store(true, Ordering::SeqCst);
         let _ = agent.join();
-        let _ = server.join();
+        drop(server);
         let attempted = attempted.load(Ordering::Relaxed);
         let failed = failed.load(Ordering::Relaxed);
         eprintln!(

@@ -8,5 +8,3 @@ use std::net::SocketAddr;
 pub fn ready(addr: SocketAddr) -> bool {
     ringway_testbed::http::get(addr, "/healthz/ready").is_ok_and(|r| r.status == 200)
 }
-
-pub use ringway_testbed::traffic::echo_server;
