@@ -49,6 +49,15 @@ pub enum Error {
     Capacity(&'static str),
 }
 
+/// Logs to the test output (libtest's capture) when `RUST_LOG` is set.
+/// Idempotent: the first call in a test binary installs the subscriber.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 /// Why privileged tests cannot run here, or `None` when they can.
 pub fn missing_privileges() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {

@@ -23,13 +23,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-}
+pub use ringway_testbed::init_logs;
 
 pub use ringway_testbed::{wait_until, TempDir};
 

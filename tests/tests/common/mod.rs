@@ -24,13 +24,7 @@ pub fn capture(pod: &Pod, mode: CaptureMode) {
         .unwrap_or_else(|e| panic!("capturing pod {}: {e}", pod.name));
 }
 
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-}
+pub use ringway_testbed::init_logs;
 
 pub fn settings(mode: CaptureMode, datapath: Datapath) -> ProxySettings {
     ProxySettings {
