@@ -15,7 +15,7 @@ use common::hbone::{
 };
 use common::{wait_until, TIMEOUT};
 use ringway_config::{Datapath, Mesh};
-use ringway_identity::{CaSigner, Identity};
+use ringway_identity::Identity;
 use ringway_testbed::run_isolated;
 use ringway_testbed::traffic::{client_exchange, connect, listen, EchoServer, PayloadServer};
 
@@ -427,10 +427,7 @@ fn hbone_tls_refusals() {
         assert!(matches!(r, Ok(0) | Err(_)), "no-cert client got {r:?}");
         // A certificate from another CA (which trusts our CA, so only the
         // server's check can refuse it).
-        let other = ringway_testbed::TempDir::new("hbone-other");
-        CaSigner::generate_for_tests(TD)
-            .write_pem_files(&other.join("ca.crt"), &other.join("ca.key"))
-            .unwrap();
+        let other = common::hbone::ca_dir("hbone-other");
         let foreign = manager(other.path(), &[&t.dir.join("ca.crt")]);
         let cfg = (*foreign.client_config(&client_id, &server_id).unwrap()).clone();
         let r = raw_tls(&t, cfg);

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use ringway_config::{CaptureMode, Datapath, Mesh, MeshConfig, NoEnv, ProxySettin
 use ringway_identity::{CaSigner, IdentityManager, TrustBundle};
 use ringway_proxy::{PodIdentity, Proxy};
 use ringway_testbed::mesh::{workloads_yaml, WorkloadYaml};
-use ringway_testbed::{link_nodes, NodeLink, Pod, VirtualNode};
+use ringway_testbed::{link_nodes, NodeLink, Pod, TempDir, VirtualNode};
 
 use super::{capture, init_logs};
 
@@ -60,7 +60,7 @@ pub struct TwoNodes {
     pub p2: Proxy,
     pub ids1: Option<Arc<IdentityManager>>,
     pub ids2: Option<Arc<IdentityManager>>,
-    pub dir: PathBuf,
+    pub dir: TempDir,
     server_pods: usize,
 }
 
@@ -79,12 +79,6 @@ impl TwoNodes {
     /// This bed's workloads followed by `extra` (services, policies).
     pub fn mesh(&self, extra: &str) -> Arc<Mesh> {
         mesh_of(self.server_pods, extra)
-    }
-}
-
-impl Drop for TwoNodes {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -123,9 +117,9 @@ pub fn mesh_of(server_pods: usize, extra: &str) -> Arc<Mesh> {
     Arc::new(MeshConfig::load_str(&yaml, "hbone test mesh", &NoEnv).expect("test mesh"))
 }
 
-pub fn ca_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringway-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A scratch dir holding a fresh test CA (`ca.crt`, `ca.key`) of `TD`.
+pub fn ca_dir(test: &str) -> TempDir {
+    let dir = TempDir::new(test);
     CaSigner::generate_for_tests(TD)
         .write_pem_files(&dir.join("ca.crt"), &dir.join("ca.key"))
         .unwrap();
