@@ -369,18 +369,7 @@ pub fn inode(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
 }
 
-/// The table's handle, then its rules' handles, in listing order. Rule
-/// handles count from 1 again in a re-created table; the table handle does
-/// not (a namespace's table handles only grow), so a re-apply shows there.
+/// See `Netns::ringway_handles`.
 pub fn handles(pod: &Pod) -> Vec<String> {
-    pod.netns
-        .exec("nft", &["-a", "list", "table", "inet", "ringway"])
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("table ") || l.contains("comment \"ringway:v1:"))
-        .filter_map(|l| {
-            l.rsplit_once("# handle ")
-                .map(|(_, h)| h.trim().to_string())
-        })
-        .collect()
+    pod.netns.ringway_handles()
 }
