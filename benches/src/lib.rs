@@ -40,7 +40,7 @@ pub fn run_and_report(
         return Ok(None);
     };
     let results = results?;
-    let doc = report::to_json(&results);
+    let doc = report::to_report(&results);
     let md = report::write(out, &doc)?;
     let problems = report::check(out);
     eprintln!(

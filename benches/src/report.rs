@@ -3,10 +3,11 @@
 //! `scrape.svg`, `churn.svg`). `check` verifies a written report is complete
 //! and self-consistent; it never judges the numbers.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use crate::suite::{Figures, Kind, Results, REQUIRED_SCENARIOS};
 
@@ -303,6 +304,265 @@ pub enum RatioKind {
     Added,
 }
 
+/// A measured value. Not finite (not measured, or a failed measurement) is
+/// written as `null` and read back as NaN; the field itself is required
+/// (a document without it is refused, naming it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Num(pub f64);
+
+impl Num {
+    /// The value when it is finite.
+    pub fn finite(self) -> Option<f64> {
+        self.0.is_finite().then_some(self.0)
+    }
+}
+
+impl Serialize for Num {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0.is_finite() {
+            s.serialize_f64(self.0)
+        } else {
+            s.serialize_none()
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Num, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Num;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number, or null for a value that was not measured")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Num, E> {
+                Ok(Num(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_unit<E>(self) -> Result<Num, E> {
+                Ok(Num(f64::NAN))
+            }
+            fn visit_none<E>(self) -> Result<Num, E> {
+                Ok(Num(f64::NAN))
+            }
+        }
+        // `deserialize_any`, not `Option`'s: a missing field is an error.
+        d.deserialize_any(V)
+    }
+}
+
+/// One figure over the rounds: median, spread, every round's value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stat {
+    /// Median of the finite round values.
+    pub median: Num,
+    /// Smallest finite round value.
+    pub min: Num,
+    /// Largest finite round value.
+    pub max: Num,
+    /// Every round's value, in round order.
+    pub rounds: Vec<Num>,
+}
+
+/// The run's parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    /// `quick`, `full`, `tiny`.
+    pub label: String,
+    /// Rounds.
+    pub rounds: usize,
+    /// Seconds per throughput run.
+    pub seconds_per_throughput_run: f64,
+    /// Streams of the N-streams run.
+    pub streams: usize,
+    /// Request rate of the latency run.
+    pub latency_rate_rps: f64,
+    /// Connections of the latency run.
+    pub latency_connections: usize,
+    /// Seconds of the latency run.
+    pub latency_seconds: f64,
+    /// Request size of the latency run.
+    pub request_bytes: u64,
+    /// Client threads of the connection-rate run.
+    pub conn_threads: usize,
+    /// Seconds of the connection-rate run.
+    pub conn_seconds: f64,
+    /// The small and large idle-connection counts.
+    pub idle_connections: [usize; 2],
+    /// The idle count the memory target speaks of.
+    pub idle_target: usize,
+    /// Pods of the churn runs.
+    pub churn_pods: usize,
+    /// Scrapes per second of the scrape-impact run.
+    pub scrape_rate: f64,
+    /// The proxy program measured.
+    pub proxy_binary: String,
+    /// Wall time of the run, seconds.
+    pub wall_seconds: f64,
+}
+
+/// RLIMIT_NOFILE of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FdLimitDoc {
+    /// Soft limit.
+    pub soft: u64,
+    /// Hard limit.
+    pub hard: u64,
+    /// fs.nr_open.
+    pub nr_open: u64,
+    /// CAP_SYS_RESOURCE held.
+    pub cap_sys_resource: bool,
+    /// CAP_SYS_RESOURCE in the bounding set.
+    pub cap_sys_resource_in_bounding_set: bool,
+}
+
+/// One scenario's figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioDoc {
+    /// Key (`direct`, `tproxy_fast`, ...).
+    pub key: String,
+    /// Display name.
+    pub name: String,
+    /// `direct`, `plaintext`, `hbone` or `peer`.
+    pub class: String,
+    /// Virtual nodes (1 or 2).
+    pub nodes: u8,
+    /// Key of its direct baseline.
+    pub base: String,
+    /// Whether a proxy is in the path.
+    pub proxied: bool,
+    /// Every figure that applies, by key.
+    pub figures: BTreeMap<String, Stat>,
+    /// Ratios and differences to the baseline, by key (empty for a baseline).
+    pub vs_direct: BTreeMap<String, Num>,
+}
+
+/// The scrape-impact section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScrapeDoc {
+    /// With / without the scraper, from the printed medians, by row key.
+    pub with_vs_without: BTreeMap<String, Num>,
+    /// Every scrape figure, by key.
+    #[serde(flatten)]
+    pub figures: BTreeMap<String, Stat>,
+}
+
+/// One row of the targets table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetRow {
+    /// What the target says.
+    pub target: String,
+    /// The figure or ratio it reads.
+    pub key: String,
+    /// The scenario it was measured in.
+    pub scenario: String,
+    /// The limit.
+    pub limit: Num,
+    /// `measured <= limit` when true, `>=` otherwise.
+    pub at_most: bool,
+    /// The measured value.
+    pub measured: Num,
+    /// Whether it was met.
+    pub met: bool,
+}
+
+/// The whole report document (`results.json`). Every field is required:
+/// reading a document without one fails with an error that names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Parameters.
+    pub run: Run,
+    /// The fd limit.
+    pub fd_limit: FdLimitDoc,
+    /// Machine description.
+    pub machine: BTreeMap<String, String>,
+    /// Scenarios, in run order.
+    pub scenarios: Vec<ScenarioDoc>,
+    /// Scrape impact.
+    pub scrape: ScrapeDoc,
+    /// Pod churn figures, by key.
+    pub churn: BTreeMap<String, Stat>,
+    /// Failed measurements.
+    pub errors: Vec<String>,
+    /// Notes for the reader.
+    pub notes: Vec<String>,
+    /// Target rows.
+    pub targets: Vec<TargetRow>,
+}
+
+/// Why a report document cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// Not JSON, or a field missing or of the wrong type (serde names it).
+    #[error("results.json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A figure the report shows is not in the document.
+    #[error("results.json: {section}: figure `{key}` missing")]
+    MissingFigure {
+        /// Where (a scenario's name, `scrape`, `churn`).
+        section: String,
+        /// The figure's key.
+        key: String,
+    },
+}
+
+impl Report {
+    /// Reads a document, refusing one with a missing field or figure.
+    pub fn from_json(text: &str) -> Result<Report, ReportError> {
+        let r: Report = serde_json::from_str(text)?;
+        r.validate()?;
+        Ok(r)
+    }
+
+    /// Every figure the report renders is present.
+    fn validate(&self) -> Result<(), ReportError> {
+        let missing = |section: &str, key: &str| ReportError::MissingFigure {
+            section: section.to_string(),
+            key: key.to_string(),
+        };
+        for s in &self.scenarios {
+            for def in FIGURES.iter().filter(|d| applies(d, s.proxied)) {
+                if !s.figures.contains_key(def.key) {
+                    return Err(missing(&s.name, def.key));
+                }
+            }
+            if s.base != s.key {
+                for (key, ..) in RATIOS {
+                    if !s.vs_direct.contains_key(*key) {
+                        return Err(missing(&s.name, key));
+                    }
+                }
+            }
+        }
+        for def in SCRAPE_FIGURES {
+            if !self.scrape.figures.contains_key(def.key) {
+                return Err(missing("scrape", def.key));
+            }
+        }
+        for (_, _, _, key) in SCRAPE_ROWS {
+            if !self.scrape.with_vs_without.contains_key(*key) {
+                return Err(missing("scrape", key));
+            }
+        }
+        for def in CHURN_FIGURES {
+            if !self.churn.contains_key(def.key) {
+                return Err(missing("churn", def.key));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The median of a figure of a map, NaN when absent.
+fn med(figs: &BTreeMap<String, Stat>, key: &str) -> f64 {
+    figs.get(key).map_or(f64::NAN, |f| f.median.0)
+}
+
 /// Median (mean of the middle two for an even count); NaN when empty.
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
@@ -324,18 +584,23 @@ fn printed(v: f64, decimals: usize) -> f64 {
     fmt(v, decimals).parse().unwrap_or(f64::NAN)
 }
 
-fn stats(vals: &[f64]) -> Value {
-    let rounds = vals.to_vec();
+fn stats(vals: &[f64]) -> Stat {
+    let rounds = vals.iter().copied().map(Num).collect();
     let vals: Vec<f64> = vals.iter().copied().filter(|v| v.is_finite()).collect();
     let vals = &vals[..];
     let lo = vals.iter().cloned().fold(f64::INFINITY, f64::min);
     let hi = vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    json!({"median": median(vals), "min": lo, "max": hi, "rounds": rounds})
+    Stat {
+        median: Num(median(vals)),
+        min: Num(lo),
+        max: Num(hi),
+        rounds,
+    }
 }
 
 /// Every figure of `defs` over the rounds of a section (scrape, churn).
-fn section(rounds: &[Figures], defs: &[FigureDef]) -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
+fn section(rounds: &[Figures], defs: &[FigureDef]) -> BTreeMap<String, Stat> {
+    let mut m = BTreeMap::new();
     for def in defs {
         let v: Vec<f64> = rounds
             .iter()
@@ -478,9 +743,9 @@ const TARGETS: &[Target] = &[
     },
 ];
 
-/// Builds the JSON document of a run: every figure of every round, medians,
-/// spreads, ratios, targets.
-pub fn to_json(r: &Results) -> Value {
+/// Builds the report document of a run: every figure of every round,
+/// medians, spreads, ratios, targets.
+pub fn to_report(r: &Results) -> Report {
     let series = |s: usize, key: &str| -> Vec<f64> {
         r.rounds
             .iter()
@@ -490,11 +755,11 @@ pub fn to_json(r: &Results) -> Value {
     let mut scenarios = Vec::new();
     for (i, sc) in r.scenarios.iter().enumerate() {
         let proxied = sc.kind != Kind::Direct;
-        let mut figs = serde_json::Map::new();
+        let mut figs = BTreeMap::new();
         for def in FIGURES.iter().filter(|d| applies(d, proxied)) {
             figs.insert(def.key.into(), stats(&series(i, def.key)));
         }
-        let mut ratios = serde_json::Map::new();
+        let mut ratios = BTreeMap::new();
         let base = r.scenarios.iter().position(|s| s.key == sc.base);
         if let Some(base) = base.filter(|b| *b != i) {
             for (key, _, fkey, kind) in RATIOS {
@@ -506,87 +771,96 @@ pub fn to_json(r: &Results) -> Value {
                     RatioKind::Ratio => m / d,
                     RatioKind::Added => m - d,
                 };
-                ratios.insert((*key).into(), json!(v));
+                ratios.insert((*key).into(), Num(v));
             }
         }
-        scenarios.push(json!({
-            "key": sc.key, "name": sc.name, "class": class(sc.kind),
-            "nodes": if sc.two_nodes { 2 } else { 1 }, "base": sc.base,
-            "proxied": proxied,
-            "figures": figs, "vs_direct": ratios,
-        }));
+        scenarios.push(ScenarioDoc {
+            key: sc.key.to_string(),
+            name: sc.name.to_string(),
+            class: class(sc.kind).to_string(),
+            nodes: if sc.two_nodes { 2 } else { 1 },
+            base: sc.base.to_string(),
+            proxied,
+            figures: figs,
+            vs_direct: ratios,
+        });
     }
-    let mut scrape = section(&r.scrape, SCRAPE_FIGURES);
-    let mut scrape_ratios = serde_json::Map::new();
+    let scrape = section(&r.scrape, SCRAPE_FIGURES);
+    let mut scrape_ratios = BTreeMap::new();
     for (_, off, on, key) in SCRAPE_ROWS {
         let d = SCRAPE_FIGURES
             .iter()
             .find(|d| d.key == *off)
             .expect("figure");
-        let a = printed(
-            scrape[*off]["median"].as_f64().unwrap_or(f64::NAN),
-            d.decimals,
-        );
-        let b = printed(
-            scrape[*on]["median"].as_f64().unwrap_or(f64::NAN),
-            d.decimals,
-        );
-        scrape_ratios.insert((*key).into(), json!(b / a));
+        let a = printed(med(&scrape, off), d.decimals);
+        let b = printed(med(&scrape, on), d.decimals);
+        scrape_ratios.insert((*key).into(), Num(b / a));
     }
-    scrape.insert("with_vs_without".into(), Value::Object(scrape_ratios));
     let l = &r.fd_limit;
-    let mut doc = json!({
-        "run": {
-            "label": r.config.label, "rounds": r.config.rounds,
-            "seconds_per_throughput_run": r.config.secs, "streams": r.config.streams,
-            "latency_rate_rps": r.config.rps, "latency_connections": r.config.lat_conns,
-            "latency_seconds": r.config.lat_secs, "request_bytes": 64,
-            "conn_threads": r.config.conn_threads, "conn_seconds": r.config.conn_secs,
-            "idle_connections": r.config.idle, "idle_target": r.config.idle_target, "churn_pods": r.config.churn_pods,
-            "scrape_rate": r.config.scrape_rate,
-            "proxy_binary": r.config.proxy_bin.display().to_string(),
-            "wall_seconds": r.wall_secs,
+    let mut doc = Report {
+        run: Run {
+            label: r.config.label.clone(),
+            rounds: r.config.rounds,
+            seconds_per_throughput_run: r.config.secs,
+            streams: r.config.streams,
+            latency_rate_rps: r.config.rps,
+            latency_connections: r.config.lat_conns,
+            latency_seconds: r.config.lat_secs,
+            request_bytes: 64,
+            conn_threads: r.config.conn_threads,
+            conn_seconds: r.config.conn_secs,
+            idle_connections: r.config.idle,
+            idle_target: r.config.idle_target,
+            churn_pods: r.config.churn_pods,
+            scrape_rate: r.config.scrape_rate,
+            proxy_binary: r.config.proxy_bin.display().to_string(),
+            wall_seconds: r.wall_secs,
         },
-        "fd_limit": {
-            "soft": l.soft, "hard": l.hard, "nr_open": l.nr_open,
-            "cap_sys_resource": l.cap_sys_resource,
-            "cap_sys_resource_in_bounding_set": l.cap_sys_resource_bounding,
+        fd_limit: FdLimitDoc {
+            soft: l.soft,
+            hard: l.hard,
+            nr_open: l.nr_open,
+            cap_sys_resource: l.cap_sys_resource,
+            cap_sys_resource_in_bounding_set: l.cap_sys_resource_bounding,
         },
-        "machine": r.machine.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
-        "scenarios": scenarios,
-        "scrape": scrape,
-        "churn": section(&r.churn, CHURN_FIGURES),
-        "errors": r.errors,
-        "notes": r.notes,
-    });
-    let targets = targets(&doc);
-    doc["targets"] = targets;
+        machine: r.machine.iter().cloned().collect(),
+        scenarios,
+        scrape: ScrapeDoc {
+            with_vs_without: scrape_ratios,
+            figures: scrape,
+        },
+        churn: section(&r.churn, CHURN_FIGURES),
+        errors: r.errors.clone(),
+        notes: r.notes.clone(),
+        targets: Vec::new(),
+    };
+    doc.targets = targets(&doc);
     doc
 }
 
-fn scenario_value(s: &Value, key: &str) -> f64 {
+fn scenario_value(s: &ScenarioDoc, key: &str) -> f64 {
     if key == "p99_over_p50" {
         return scenario_value(s, "lat_p99_us") / scenario_value(s, "lat_p50_us");
     }
-    s["vs_direct"][key]
-        .as_f64()
-        .or_else(|| s["figures"][key]["median"].as_f64())
+    s.vs_direct
+        .get(key)
+        .and_then(|v| v.finite())
+        .or_else(|| s.figures.get(key).and_then(|f| f.median.finite()))
         .unwrap_or(f64::NAN)
 }
 
 /// Whether a target row is for scenario `s` (targets speak of one node).
-fn target_applies(t: &Target, s: &Value) -> bool {
-    if s["nodes"].as_u64() != Some(1) {
+fn target_applies(t: &Target, s: &ScenarioDoc) -> bool {
+    if s.nodes != 1 {
         return false;
     }
     matches!(
-        (t.applies, s["class"].as_str()),
-        (For::Plaintext | For::Ringway, Some("plaintext"))
-            | (For::Hbone | For::Ringway, Some("hbone"))
+        (t.applies, s.class.as_str()),
+        (For::Plaintext | For::Ringway, "plaintext") | (For::Hbone | For::Ringway, "hbone")
     )
 }
 
-fn targets(doc: &Value) -> Value {
+fn targets(doc: &Report) -> Vec<TargetRow> {
     let mut rows = Vec::new();
     for t in TARGETS {
         let mut push = |scenario: &str, measured: f64| {
@@ -595,25 +869,27 @@ fn targets(doc: &Value) -> Value {
             } else {
                 measured >= t.limit
             };
-            rows.push(json!({
-                "target": t.text, "key": t.key, "scenario": scenario,
-                "limit": t.limit, "at_most": t.le, "measured": measured, "met": met,
-            }));
+            rows.push(TargetRow {
+                target: t.text.to_string(),
+                key: t.key.to_string(),
+                scenario: scenario.to_string(),
+                limit: Num(t.limit),
+                at_most: t.le,
+                measured: Num(measured),
+                met,
+            });
         };
         if t.applies == For::Churn {
-            push(
-                "pod churn",
-                doc["churn"][t.key]["median"].as_f64().unwrap_or(f64::NAN),
-            );
+            push("pod churn", med(&doc.churn, t.key));
         } else {
-            for s in doc["scenarios"].as_array().into_iter().flatten() {
+            for s in &doc.scenarios {
                 if target_applies(t, s) {
-                    push(s["name"].as_str().unwrap_or(""), scenario_value(s, t.key));
+                    push(&s.name, scenario_value(s, t.key));
                 }
             }
         }
     }
-    json!(rows)
+    rows
 }
 
 fn fig_def(key: &str) -> Option<&'static FigureDef> {
@@ -624,34 +900,37 @@ fn fig_def(key: &str) -> Option<&'static FigureDef> {
         .find(|d| d.key == key)
 }
 
-/// Median cell as printed (`f` is the figure's stats object).
-fn stat_cell(f: &Value, key: &str) -> String {
-    match (fig_def(key), f["median"].as_f64()) {
+/// Median cell as printed (`f` is the figure's stats, absent when the
+/// figure does not apply).
+fn stat_cell(f: Option<&Stat>, key: &str) -> String {
+    match (fig_def(key), f.and_then(|f| f.median.finite())) {
         (Some(def), Some(m)) => fmt(m, def.decimals),
         _ => "—".into(),
     }
 }
 
-fn stat_spread(f: &Value, key: &str) -> String {
+fn stat_spread(f: Option<&Stat>, key: &str) -> String {
     let Some(def) = fig_def(key) else {
         return "—".into();
     };
-    match (f["min"].as_f64(), f["max"].as_f64()) {
-        (Some(lo), Some(hi)) => format!("{}–{}", fmt(lo, def.decimals), fmt(hi, def.decimals)),
+    match f.map(|f| (f.min.finite(), f.max.finite())) {
+        Some((Some(lo), Some(hi))) => {
+            format!("{}–{}", fmt(lo, def.decimals), fmt(hi, def.decimals))
+        }
         _ => "—".into(),
     }
 }
 
-fn cell(s: &Value, key: &str) -> String {
-    stat_cell(&s["figures"][key], key)
+fn cell(s: &ScenarioDoc, key: &str) -> String {
+    stat_cell(s.figures.get(key), key)
 }
 
-fn spread(s: &Value, key: &str) -> String {
-    stat_spread(&s["figures"][key], key)
+fn spread(s: &ScenarioDoc, key: &str) -> String {
+    stat_spread(s.figures.get(key), key)
 }
 
-fn ratio_cell(s: &Value, key: &str) -> String {
-    match s["vs_direct"][key].as_f64() {
+fn ratio_cell(s: &ScenarioDoc, key: &str) -> String {
+    match s.vs_direct.get(key).and_then(|v| v.finite()) {
         Some(v) if key.starts_with("added") => format!("{v:+.1}"),
         Some(v) => format!("{v:.2}x"),
         None => "—".into(),
@@ -666,28 +945,17 @@ fn x_cell(v: Option<f64>) -> String {
 }
 
 /// The scenario of `key`, if measured.
-fn scenario<'a>(scen: &'a [Value], key: &str) -> Option<&'a Value> {
-    scen.iter().find(|s| s["key"] == key)
+fn scenario<'a>(scen: &'a [ScenarioDoc], key: &str) -> Option<&'a ScenarioDoc> {
+    scen.iter().find(|s| s.key == key)
 }
 
 /// The Markdown report.
-pub fn to_markdown(doc: &Value) -> String {
+pub fn to_markdown(doc: &Report) -> String {
     let mut m = String::new();
-    let run = &doc["run"];
-    let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
-    let idle = run["idle_connections"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let (small, large) = (
-        idle.first().and_then(Value::as_u64).unwrap_or(0),
-        idle.get(1).and_then(Value::as_u64).unwrap_or(0),
-    );
-    let _ = writeln!(
-        m,
-        "# ringway benchmark report ({} run)\n",
-        run["label"].as_str().unwrap_or("")
-    );
+    let run = &doc.run;
+    let scen = &doc.scenarios;
+    let [small, large] = run.idle_connections;
+    let _ = writeln!(m, "# ringway benchmark report ({} run)\n", run.label);
     let _ = writeln!(
         m,
         "Median of {} rounds alternating the scenarios; spread is min–max over the rounds. \
@@ -695,27 +963,22 @@ pub fn to_markdown(doc: &Value) -> String {
          (two virtual nodes joined by a veth, one proxy each), inside private namespaces. \
          Proxy: `{}` as a child process (its CPU from /proc/<pid>/task/*/schedstat, its RSS from \
          /proc/<pid>/status; with two proxies, their sum). Wall time {:.0} s.\n",
-        run["rounds"],
-        run["proxy_binary"].as_str().unwrap_or(""),
-        run["wall_seconds"].as_f64().unwrap_or(0.0)
+        run.rounds, run.proxy_binary, run.wall_seconds
     );
     let _ = writeln!(m, "| machine | |\n| --- | --- |");
-    for (k, v) in doc["machine"].as_object().into_iter().flatten() {
-        let _ = writeln!(m, "| {k} | {} |", v.as_str().unwrap_or(""));
+    for (k, v) in &doc.machine {
+        let _ = writeln!(m, "| {k} | {v} |");
     }
-    let fl = &doc["fd_limit"];
+    let fl = &doc.fd_limit;
     let _ = writeln!(
         m,
         "| RLIMIT_NOFILE (soft / hard / fs.nr_open) | {} / {} / {}; CAP_SYS_RESOURCE {} |",
-        fl["soft"],
-        fl["hard"],
-        fl["nr_open"],
-        if fl["cap_sys_resource"].as_bool().unwrap_or(false) {
+        fl.soft,
+        fl.hard,
+        fl.nr_open,
+        if fl.cap_sys_resource {
             "held"
-        } else if fl["cap_sys_resource_in_bounding_set"]
-            .as_bool()
-            .unwrap_or(false)
-        {
+        } else if fl.cap_sys_resource_in_bounding_set {
             "not held"
         } else {
             "not in the bounding set"
@@ -726,8 +989,8 @@ pub fn to_markdown(doc: &Value) -> String {
         "\nParameters: throughput {} s per run, N = {} streams; latency {} req/s of 64 B over {} connections for {} s (open loop); \
          connection rate {} client threads for {} s; idle connections {small} and {large} (the large count lowered per scenario \
          when the fd limit cannot hold it); scraper {} scrapes/s; churn {} pods.\n",
-        run["seconds_per_throughput_run"], run["streams"], run["latency_rate_rps"], run["latency_connections"],
-        run["latency_seconds"], run["conn_threads"], run["conn_seconds"], run["scrape_rate"], run["churn_pods"]
+        run.seconds_per_throughput_run, run.streams, run.latency_rate_rps, run.latency_connections,
+        run.latency_seconds, run.conn_threads, run.conn_seconds, run.scrape_rate, run.churn_pods
     );
 
     let _ = writeln!(m, "## Summary (medians)\n");
@@ -741,11 +1004,11 @@ pub fn to_markdown(doc: &Value) -> String {
         m,
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
-    for s in &scen {
+    for s in scen {
         let _ = writeln!(
             m,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            s["name"].as_str().unwrap_or(""),
+            s.name,
             cell(s, "tput1_gbps"),
             ratio_cell(s, "tput1_x"),
             cell(s, "tputn_gbps"),
@@ -773,7 +1036,7 @@ pub fn to_markdown(doc: &Value) -> String {
         m,
         "| scenario | one stream Gbit/s | vs direct | {n} streams Gbit/s | vs direct | new connections/s | vs direct | proxy CPU-s/GB (one stream) | proxy CPU-s/GB ({n} streams) | added p50 µs | proxy CPU-s per 1k requests | proxy KiB/idle conn |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        n = run["streams"]
+        n = run.streams
     );
     for key in [
         "direct",
@@ -784,13 +1047,13 @@ pub fn to_markdown(doc: &Value) -> String {
         "tproxy_2node",
         "hbone_2node",
     ] {
-        let Some(s) = scenario(&scen, key) else {
+        let Some(s) = scenario(scen, key) else {
             continue;
         };
         let _ = writeln!(
             m,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            s["name"].as_str().unwrap_or(""),
+            s.name,
             cell(s, "tput1_gbps"),
             ratio_cell(s, "tput1_x"),
             cell(s, "tputn_gbps"),
@@ -819,8 +1082,8 @@ pub fn to_markdown(doc: &Value) -> String {
             sep.push_str(" --- | --- |");
         }
         let _ = writeln!(m, "{head}\n{sep}");
-        for s in &scen {
-            let mut row = format!("| {} |", s["name"].as_str().unwrap_or(""));
+        for s in scen {
+            let mut row = format!("| {} |", s.name);
             for k in keys {
                 let _ = write!(row, " {} | {} |", cell(s, k), spread(s, k));
             }
@@ -874,14 +1137,14 @@ pub fn to_markdown(doc: &Value) -> String {
         ],
     );
 
-    let sc = &doc["scrape"];
+    let sc = &doc.scrape;
     let _ = writeln!(
         m,
         "\n## Scrape impact (metrics and admin are served by the control thread)\n\n\
          Default scenario (TPROXY fast path), the fixed-rate latency run twice with the same proxy: \
          alone, and while a scraper does `GET /metrics` (15020) then `GET /config_dump` (15000) {} times \
          a second (order alternating by round). Ratios from the printed medians.\n",
-        run["scrape_rate"]
+        run.scrape_rate
     );
     let _ = writeln!(
         m,
@@ -892,11 +1155,11 @@ pub fn to_markdown(doc: &Value) -> String {
         let _ = writeln!(
             m,
             "| {title} ({unit}) | {} | {} | {} | {} | {} |",
-            stat_cell(&sc[*off], off),
-            stat_spread(&sc[*off], off),
-            stat_cell(&sc[*on], on),
-            stat_spread(&sc[*on], on),
-            x_cell(sc["with_vs_without"][*key].as_f64()),
+            stat_cell(sc.figures.get(*off), off),
+            stat_spread(sc.figures.get(*off), off),
+            stat_cell(sc.figures.get(*on), on),
+            stat_spread(sc.figures.get(*on), on),
+            x_cell(sc.with_vs_without.get(*key).and_then(|v| v.finite())),
         );
     }
     let _ = writeln!(m, "\n| scraper | median | spread |\n| --- | --- | --- |");
@@ -912,8 +1175,8 @@ pub fn to_markdown(doc: &Value) -> String {
             "| {} ({}) | {} | {} |",
             d.title,
             d.unit,
-            stat_cell(&sc[key], key),
-            stat_spread(&sc[key], key)
+            stat_cell(sc.figures.get(key), key),
+            stat_spread(sc.figures.get(key), key)
         );
     }
 
@@ -930,7 +1193,7 @@ pub fn to_markdown(doc: &Value) -> String {
     );
     let _ = writeln!(m, "| figure | median | spread |\n| --- | --- | --- |");
     for def in CHURN_FIGURES {
-        let f = &doc["churn"][def.key];
+        let f = doc.churn.get(def.key);
         let _ = writeln!(
             m,
             "| {} ({}) | {} | {} |",
@@ -941,18 +1204,16 @@ pub fn to_markdown(doc: &Value) -> String {
         );
     }
 
-    let errors = doc["errors"].as_array().cloned().unwrap_or_default();
-    if !errors.is_empty() {
-        let _ = writeln!(m, "\n## Failed measurements ({})\n", errors.len());
-        for e in &errors {
-            let _ = writeln!(m, "- {}", e.as_str().unwrap_or("").replace('|', "/"));
+    if !doc.errors.is_empty() {
+        let _ = writeln!(m, "\n## Failed measurements ({})\n", doc.errors.len());
+        for e in &doc.errors {
+            let _ = writeln!(m, "- {}", e.replace('|', "/"));
         }
     }
-    let notes = doc["notes"].as_array().cloned().unwrap_or_default();
-    if !notes.is_empty() {
+    if !doc.notes.is_empty() {
         let _ = writeln!(m, "\n## Notes\n");
-        for e in &notes {
-            let _ = writeln!(m, "- {}", e.as_str().unwrap_or("").replace('|', "/"));
+        for e in &doc.notes {
+            let _ = writeln!(m, "- {}", e.replace('|', "/"));
         }
     }
 
@@ -964,25 +1225,16 @@ pub fn to_markdown(doc: &Value) -> String {
         m,
         "| target | scenario | target | measured | met? |\n| --- | --- | --- | --- | --- |"
     );
-    for t in doc["targets"].as_array().into_iter().flatten() {
-        let lim = t["limit"].as_f64().unwrap_or(f64::NAN);
-        let op = if t["at_most"].as_bool().unwrap_or(true) {
-            "≤"
-        } else {
-            "≥"
-        };
+    for t in &doc.targets {
+        let op = if t.at_most { "≤" } else { "≥" };
         let _ = writeln!(
             m,
             "| {} | {} | {op} {} | {} | {} |",
-            t["target"].as_str().unwrap_or(""),
-            t["scenario"].as_str().unwrap_or(""),
-            lim,
-            fmt(t["measured"].as_f64().unwrap_or(f64::NAN), 3),
-            if t["met"].as_bool().unwrap_or(false) {
-                "yes"
-            } else {
-                "**no**"
-            },
+            t.target,
+            t.scenario,
+            t.limit.0,
+            fmt(t.measured.0, 3),
+            if t.met { "yes" } else { "**no**" },
         );
     }
     let _ = writeln!(
@@ -1057,21 +1309,22 @@ fn bars_svg(
     s
 }
 
-fn median_of(f: &Value) -> f64 {
-    f["median"].as_f64().unwrap_or(0.0)
+/// A bar's length: the figure's median, 0 when absent or not finite.
+fn median_of(figs: &BTreeMap<String, Stat>, key: &str) -> f64 {
+    figs.get(key).and_then(|f| f.median.finite()).unwrap_or(0.0)
 }
 
 /// Throughput bars (one stream and N streams per scenario).
-pub fn throughput_svg(doc: &Value) -> String {
-    let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
-    let groups: Vec<(String, Vec<f64>)> = scen
+pub fn throughput_svg(doc: &Report) -> String {
+    let groups: Vec<(String, Vec<f64>)> = doc
+        .scenarios
         .iter()
         .map(|s| {
             (
-                s["name"].as_str().unwrap_or("").to_string(),
+                s.name.clone(),
                 vec![
-                    median_of(&s["figures"]["tput1_gbps"]),
-                    median_of(&s["figures"]["tputn_gbps"]),
+                    median_of(&s.figures, "tput1_gbps"),
+                    median_of(&s.figures, "tputn_gbps"),
                 ],
             )
         })
@@ -1086,16 +1339,16 @@ pub fn throughput_svg(doc: &Value) -> String {
 
 /// Scrape impact bars: p50 and p99, without (dark) and with (orange) the
 /// scraper.
-pub fn scrape_svg(doc: &Value) -> String {
-    let sc = &doc["scrape"];
+pub fn scrape_svg(doc: &Report) -> String {
+    let sc = &doc.scrape.figures;
     let groups: Vec<(String, Vec<f64>)> = ["p50", "p90", "p99"]
         .iter()
         .map(|q| {
             (
                 q.to_string(),
                 vec![
-                    median_of(&sc[format!("scrape_off_{q}_us")]),
-                    median_of(&sc[format!("scrape_on_{q}_us")]),
+                    median_of(sc, &format!("scrape_off_{q}_us")),
+                    median_of(sc, &format!("scrape_on_{q}_us")),
                 ],
             )
         })
@@ -1109,8 +1362,8 @@ pub fn scrape_svg(doc: &Value) -> String {
 }
 
 /// CNI ADD latency percentiles.
-pub fn churn_svg(doc: &Value) -> String {
-    let ch = &doc["churn"];
+pub fn churn_svg(doc: &Report) -> String {
+    let ch = &doc.churn;
     let groups: Vec<(String, Vec<f64>)> = [
         ("CNI ADD p50", "cni_add_p50_ms"),
         ("CNI ADD p90", "cni_add_p90_ms"),
@@ -1118,7 +1371,7 @@ pub fn churn_svg(doc: &Value) -> String {
         ("CNI ADD max", "cni_add_max_ms"),
     ]
     .iter()
-    .map(|(t, k)| (t.to_string(), vec![median_of(&ch[*k])]))
+    .map(|(t, k)| (t.to_string(), vec![median_of(ch, k)]))
     .collect();
     bars_svg(
         "CNI ADD latency through plugin + agent + ZDS, median of rounds (ms)",
@@ -1129,8 +1382,8 @@ pub fn churn_svg(doc: &Value) -> String {
 }
 
 /// Latency percentile curves (p50, p90, p99, p99.9, max; log-scaled µs).
-pub fn latency_svg(doc: &Value) -> String {
-    let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
+pub fn latency_svg(doc: &Report) -> String {
+    let scen = &doc.scenarios;
     let keys = [
         "lat_p50_us",
         "lat_p90_us",
@@ -1143,9 +1396,15 @@ pub fn latency_svg(doc: &Value) -> String {
         .iter()
         .map(|s| {
             (
-                s["name"].as_str().unwrap_or("").to_string(),
+                s.name.clone(),
                 keys.iter()
-                    .map(|k| s["figures"][k]["median"].as_f64().unwrap_or(1.0).max(1.0))
+                    .map(|k| {
+                        s.figures
+                            .get(*k)
+                            .and_then(|f| f.median.finite())
+                            .unwrap_or(1.0)
+                            .max(1.0)
+                    })
                     .collect(),
             )
         })
@@ -1228,7 +1487,7 @@ pub fn latency_svg(doc: &Value) -> String {
 }
 
 /// The charts: (file name, renderer).
-type Chart = (&'static str, fn(&Value) -> String);
+type Chart = (&'static str, fn(&Report) -> String);
 
 const CHARTS: &[Chart] = &[
     ("throughput.svg", throughput_svg),
@@ -1240,13 +1499,14 @@ const CHARTS: &[Chart] = &[
 /// Renders `report.md` and the charts again from `dir/results.json` (after a
 /// change to the report's code), then checks them. Returns the problems.
 pub fn rerender(dir: &Path) -> std::io::Result<Vec<String>> {
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("results.json"))?)?;
+    let doc = Report::from_json(&std::fs::read_to_string(dir.join("results.json"))?)
+        .map_err(std::io::Error::other)?;
     write(dir, &doc)?;
     Ok(check(dir))
 }
 
 /// Writes `report.md`, `results.json` and the charts to `dir`.
-pub fn write(dir: &Path, doc: &Value) -> std::io::Result<String> {
+pub fn write(dir: &Path, doc: &Report) -> std::io::Result<String> {
     std::fs::create_dir_all(dir)?;
     let md = to_markdown(doc);
     std::fs::write(dir.join("report.md"), &md)?;
@@ -1259,18 +1519,15 @@ pub fn write(dir: &Path, doc: &Value) -> std::io::Result<String> {
 
 /// Checks the rounds of one figure: all present and finite, median and
 /// spread as the rounds give them. Returns the problem, if any.
-fn check_stats(f: &Value, rounds: usize) -> Option<String> {
-    let vals: Vec<f64> = f["rounds"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_f64)
-        .filter(|v| v.is_finite())
-        .collect();
+fn check_stats(f: Option<&Stat>, rounds: usize) -> Option<String> {
+    let Some(f) = f else {
+        return Some("missing".into());
+    };
+    let vals: Vec<f64> = f.rounds.iter().filter_map(|v| v.finite()).collect();
     if vals.len() != rounds {
         return Some(format!("{} finite round values, want {rounds}", vals.len()));
     }
-    let (m, lo, hi) = (f["median"].as_f64(), f["min"].as_f64(), f["max"].as_f64());
+    let (m, lo, hi) = (f.median.finite(), f.min.finite(), f.max.finite());
     let close =
         |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() <= 1e-9 * b.abs().max(1.0));
     if !close(m, median(&vals)) || lo.is_none() || hi.is_none() || lo > m || m > hi {
@@ -1307,9 +1564,9 @@ pub fn check(dir: &Path) -> Vec<String> {
             Err(_) => errs.push(format!("{name} missing")),
         }
     }
-    let doc: Value = match serde_json::from_str(&js) {
+    let doc = match Report::from_json(&js) {
         Ok(v) => v,
-        Err(e) => return vec![format!("results.json: {e}")],
+        Err(e) => return vec![e.to_string()],
     };
     // The same document renders the same Markdown and charts.
     if to_markdown(&doc) != md {
@@ -1328,18 +1585,18 @@ pub fn check(dir: &Path) -> Vec<String> {
             errs.push(format!("report.md has a non-finite cell: {c:?}"));
         }
     }
-    let rounds = doc["run"]["rounds"].as_u64().unwrap_or(0) as usize;
-    for e in doc["errors"].as_array().into_iter().flatten() {
-        errs.push(format!("failed measurement: {}", e.as_str().unwrap_or("")));
+    let rounds = doc.run.rounds;
+    for e in &doc.errors {
+        errs.push(format!("failed measurement: {e}"));
     }
-    let scen = doc["scenarios"].as_array().cloned().unwrap_or_default();
+    let scen = &doc.scenarios;
     for want in REQUIRED_SCENARIOS {
-        if !scen.iter().any(|s| s["key"] == *want) {
+        if !scen.iter().any(|s| s.key == *want) {
             errs.push(format!("scenario {want} missing"));
         }
     }
-    for s in &scen {
-        let name = s["name"].as_str().unwrap_or("?");
+    for s in scen {
+        let name = s.name.as_str();
         if !md.contains(&format!("| {name} |")) {
             errs.push(format!("{name}: no row in report.md"));
         }
@@ -1348,11 +1605,11 @@ pub fn check(dir: &Path) -> Vec<String> {
                 errs.push(format!("{name}: not in {chart}"));
             }
         }
-        let proxied = s["proxied"].as_bool().unwrap_or(true);
+        let proxied = s.proxied;
         for def in FIGURES {
-            let f = &s["figures"][def.key];
+            let f = s.figures.get(def.key);
             if !applies(def, proxied) {
-                if !f.is_null() {
+                if f.is_some() {
                     errs.push(format!(
                         "{name}: {} should not be reported without a proxy",
                         def.key
@@ -1364,7 +1621,9 @@ pub fn check(dir: &Path) -> Vec<String> {
                 errs.push(format!("{name}: {}: {p}", def.key));
                 continue;
             }
-            if def.key != "conn_failures" && f["median"].as_f64().is_some_and(|m| m < 0.0) {
+            if def.key != "conn_failures"
+                && f.and_then(|f| f.median.finite()).is_some_and(|m| m < 0.0)
+            {
                 errs.push(format!("{name}: {} negative", def.key));
             }
         }
@@ -1376,39 +1635,29 @@ pub fn check(dir: &Path) -> Vec<String> {
             "lat_max_us",
         ]
         .iter()
-        .filter_map(|k| s["figures"][k]["median"].as_f64())
+        .filter_map(|k| s.figures.get(*k).and_then(|f| f.median.finite()))
         .collect();
         if p.len() != 5 || p.windows(2).any(|w| w[0] > w[1]) {
             errs.push(format!(
                 "{name}: latency percentiles missing or not ordered: {p:?}"
             ));
         }
-        let base = s["base"].as_str().and_then(|b| scenario(&scen, b));
-        let Some(base) = base else {
-            errs.push(format!(
-                "{name}: its direct baseline {} is missing",
-                s["base"]
-            ));
+        let Some(base) = scenario(scen, &s.base) else {
+            errs.push(format!("{name}: its direct baseline {} is missing", s.base));
             continue;
         };
-        if base["key"] == s["key"] {
+        if base.key == s.key {
             continue;
         }
         for (key, _, fkey, kind) in RATIOS {
             let def = fig_def(fkey).expect("figure");
-            let pm = printed(
-                s["figures"][fkey]["median"].as_f64().unwrap_or(f64::NAN),
-                def.decimals,
-            );
-            let pd = printed(
-                base["figures"][fkey]["median"].as_f64().unwrap_or(f64::NAN),
-                def.decimals,
-            );
+            let pm = printed(med(&s.figures, fkey), def.decimals);
+            let pd = printed(med(&base.figures, fkey), def.decimals);
             let want = match kind {
                 RatioKind::Ratio => pm / pd,
                 RatioKind::Added => pm - pd,
             };
-            let got = s["vs_direct"][key].as_f64().unwrap_or(f64::NAN);
+            let got = s.vs_direct.get(*key).map_or(f64::NAN, |v| v.0);
             if !want.is_finite() || (got - want).abs() > 1e-9 * want.abs().max(1.0) {
                 errs.push(format!(
                     "{name}: {key} = {got}, but the printed figures give {want}"
@@ -1420,20 +1669,20 @@ pub fn check(dir: &Path) -> Vec<String> {
         }
     }
     // Scrape impact: complete, ratios from the printed medians, printed.
-    let sc = &doc["scrape"];
+    let sc = &doc.scrape;
     for def in SCRAPE_FIGURES {
-        if let Some(p) = check_stats(&sc[def.key], rounds) {
+        if let Some(p) = check_stats(sc.figures.get(def.key), rounds) {
             errs.push(format!("scrape: {}: {p}", def.key));
         }
-        if !md.contains(&stat_cell(&sc[def.key], def.key)) {
+        if !md.contains(&stat_cell(sc.figures.get(def.key), def.key)) {
             errs.push(format!("scrape: {} not printed", def.key));
         }
     }
     for (_, off, on, key) in SCRAPE_ROWS {
         let d = fig_def(off).expect("figure");
-        let a = printed(sc[*off]["median"].as_f64().unwrap_or(f64::NAN), d.decimals);
-        let b = printed(sc[*on]["median"].as_f64().unwrap_or(f64::NAN), d.decimals);
-        let got = sc["with_vs_without"][*key].as_f64().unwrap_or(f64::NAN);
+        let a = printed(med(&sc.figures, off), d.decimals);
+        let b = printed(med(&sc.figures, on), d.decimals);
+        let got = sc.with_vs_without.get(*key).map_or(f64::NAN, |v| v.0);
         if !(b / a).is_finite() || (got - b / a).abs() > 1e-9 * got.abs().max(1.0) {
             errs.push(format!(
                 "scrape: {key} = {got}, but the printed figures give {}",
@@ -1444,7 +1693,11 @@ pub fn check(dir: &Path) -> Vec<String> {
     for k in ["off", "on"] {
         let p: Vec<f64> = ["p50", "p90", "p99", "p999", "max"]
             .iter()
-            .filter_map(|q| sc[format!("scrape_{k}_{q}_us")]["median"].as_f64())
+            .filter_map(|q| {
+                sc.figures
+                    .get(&format!("scrape_{k}_{q}_us"))
+                    .and_then(|f| f.median.finite())
+            })
             .collect();
         if p.len() != 5 || p.windows(2).any(|w| w[0] > w[1]) {
             errs.push(format!(
@@ -1453,7 +1706,7 @@ pub fn check(dir: &Path) -> Vec<String> {
         }
     }
     for def in CHURN_FIGURES {
-        let f = &doc["churn"][def.key];
+        let f = doc.churn.get(def.key);
         if let Some(p) = check_stats(f, rounds) {
             errs.push(format!("churn: {}: {p}", def.key));
         }
@@ -1473,14 +1726,14 @@ pub fn check(dir: &Path) -> Vec<String> {
         "cni_add_max_ms",
     ]
     .iter()
-    .filter_map(|k| doc["churn"][k]["median"].as_f64())
+    .filter_map(|k| doc.churn.get(*k).and_then(|f| f.median.finite()))
     .collect();
     if cni.len() != 4 || cni.windows(2).any(|w| w[0] > w[1]) {
         errs.push(format!(
             "churn: CNI ADD percentiles missing or not ordered: {cni:?}"
         ));
     }
-    let targets = doc["targets"].as_array().cloned().unwrap_or_default();
+    let targets = &doc.targets;
     let want_rows: usize = TARGETS
         .iter()
         .map(|t| {
@@ -1494,27 +1747,17 @@ pub fn check(dir: &Path) -> Vec<String> {
     if targets.len() != want_rows {
         errs.push(format!("{} target rows, want {want_rows}", targets.len()));
     }
-    for t in &targets {
-        let (v, lim) = (
-            t["measured"].as_f64().unwrap_or(f64::NAN),
-            t["limit"].as_f64().unwrap_or(f64::NAN),
-        );
-        let met = if t["at_most"].as_bool().unwrap_or(true) {
-            v <= lim
-        } else {
-            v >= lim
-        };
-        if !v.is_finite() || t["met"].as_bool() != Some(met) {
+    for t in targets {
+        let (v, lim) = (t.measured.0, t.limit.0);
+        let met = if t.at_most { v <= lim } else { v >= lim };
+        if !v.is_finite() || t.met != met {
             errs.push(format!(
-                "target {}: measured {v}, met? inconsistent",
-                t["target"]
+                "target {:?}: measured {v}, met? inconsistent",
+                t.target
             ));
         }
     }
-    if !targets
-        .iter()
-        .any(|t| t["target"].as_str().is_some_and(|s| s.starts_with("HBONE")))
-    {
+    if !targets.iter().any(|t| t.target.starts_with("HBONE")) {
         errs.push("no HBONE target row".into());
     }
     errs

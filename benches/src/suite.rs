@@ -1244,6 +1244,8 @@ fn cni_churn(
         proc_root: dir.clone(),
         node_name: "node1".into(),
         reconcile_interval: Duration::from_secs(3600),
+        // The churn pods' identity (CNI passes no service account).
+        service_accounts: vec!["bench=churn".parse()?],
         ..ringway_cni::node::AgentConfig::default()
     })
     .context("starting the node agent")?;

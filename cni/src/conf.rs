@@ -10,7 +10,7 @@ use crate::result::json_type;
 use crate::version::CniVersion;
 
 /// Where the node agent listens for the plugin, when `agentSocket` is not set.
-pub const DEFAULT_AGENT_SOCKET: &str = "/var/run/ringway/cni.sock";
+pub const DEFAULT_AGENT_SOCKET: &str = "/var/run/ringway/cni/cni.sock";
 /// Namespaces whose pods are never captured, when `excludeNamespaces` is not set:
 /// ringway's own (the node agent must start without waiting for itself). The same
 /// list marks those pods `tunnel: false` in the proxy's Kubernetes mesh source.
@@ -162,10 +162,7 @@ impl NetConf {
                 })?,
         };
         let exclude_namespaces = match take_string_list(&mut map, "excludeNamespaces")? {
-            None => DEFAULT_EXCLUDE_NAMESPACES
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect(),
+            None => default_excludes(),
             Some(list) => {
                 if list.iter().any(String::is_empty) {
                     return Err(invalid(
@@ -209,6 +206,182 @@ impl NetConf {
     pub fn is_excluded(&self, namespace: &str) -> bool {
         self.exclude_namespaces.iter().any(|n| n == namespace)
     }
+}
+
+/// Keys of a network config that the CNI spec defines or that runtimes are
+/// known to add, besides those [`NetConf`] decodes. Anything else in
+/// [`NetConf::extra`] is reported by [`NetConf::unknown_keys`].
+pub const SPEC_KEYS: &[&str] = &[
+    "ipam",
+    "dns",
+    "args",
+    "capabilities",
+    "ipMasq",
+    "disableCheck",
+    VALID_ATTACHMENTS_KEY,
+    ATTACHMENTS_KEY,
+];
+
+/// ringway's own config keys (documented in the crate docs).
+pub const RINGWAY_KEYS: &[&str] = &["agentSocket", "logFile", "logLevel", "excludeNamespaces"];
+
+/// A key of the plugin's config that neither the spec nor ringway defines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownKey {
+    /// The key as written.
+    pub key: String,
+    /// The known key it differs from only in case or punctuation, if any
+    /// (`agentsocket` for `agentSocket`).
+    pub did_you_mean: Option<&'static str>,
+}
+
+impl std::fmt::Display for UnknownKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.key)?;
+        if let Some(k) = self.did_you_mean {
+            write!(f, " (did you mean {k:?}?)")?;
+        }
+        Ok(())
+    }
+}
+
+fn fold_key(k: &str) -> String {
+    k.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+impl NetConf {
+    /// The keys of [`NetConf::extra`] that neither the spec nor ringway defines,
+    /// sorted. Not an error (runtimes add keys of their own), but a misspelled
+    /// `agentSocket` silently means the default socket, so the plugin logs each.
+    pub fn unknown_keys(&self) -> Vec<UnknownKey> {
+        let mut out: Vec<UnknownKey> = self
+            .extra
+            .keys()
+            .filter(|k| !SPEC_KEYS.contains(&k.as_str()))
+            .map(|k| UnknownKey {
+                key: k.clone(),
+                did_you_mean: RINGWAY_KEYS
+                    .iter()
+                    .chain(SPEC_KEYS)
+                    .chain(["cniVersion", "cniVersions", "name", "type", "disableGC"].iter())
+                    .find(|known| fold_key(known) == fold_key(k))
+                    .copied(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
+    /// What DEL works with when [`NetConf::parse`] refused the config: every
+    /// field that can still be read on its own, defaults for the rest
+    /// (`agentSocket`, `excludeNamespaces`), and what could not be read. DEL must
+    /// not fail on a config it cannot fully parse: runtimes run DEL through the
+    /// chain in reverse order, so a failing ringway-cni would keep the primary
+    /// plugin from releasing the pod's interface and address.
+    pub fn best_effort(stdin: &[u8]) -> (NetConf, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut map = match serde_json::from_slice::<Value>(stdin) {
+            Ok(Value::Object(map)) => map,
+            Ok(other) => {
+                problems.push(format!(
+                    "network config is {}, expected a JSON object",
+                    json_type(&other)
+                ));
+                Map::new()
+            }
+            Err(e) => {
+                problems.push(format!("network config is not valid JSON: {e}"));
+                Map::new()
+            }
+        };
+        let mut field = |name: &str, problems: &mut Vec<String>| match take_string(&mut map, name) {
+            Ok(v) => v,
+            Err(e) => {
+                problems.push(e.msg);
+                None
+            }
+        };
+        let cni_version = field("cniVersion", &mut problems)
+            .and_then(|v| CniVersion::from_str_exact(&v))
+            .unwrap_or(CniVersion::LATEST);
+        let name = field("name", &mut problems).unwrap_or_default();
+        let plugin_type = field("type", &mut problems).unwrap_or_default();
+        let agent_socket =
+            match field("agentSocket", &mut problems).map(|p| absolute_path("agentSocket", p)) {
+                None => PathBuf::from(DEFAULT_AGENT_SOCKET),
+                Some(Ok(p)) => p,
+                Some(Err(e)) => {
+                    problems.push(e.msg);
+                    PathBuf::from(DEFAULT_AGENT_SOCKET)
+                }
+            };
+        let (log_file, log_level) = log_settings(stdin);
+        let exclude_namespaces = match take_string_list(&mut map, "excludeNamespaces") {
+            Ok(Some(list)) if !list.iter().any(String::is_empty) => list,
+            Ok(None) => default_excludes(),
+            Ok(Some(_)) => {
+                problems.push(
+                    "network config field \"excludeNamespaces\" has an empty namespace".into(),
+                );
+                default_excludes()
+            }
+            Err(e) => {
+                problems.push(e.msg);
+                default_excludes()
+            }
+        };
+        let conf = NetConf {
+            cni_version,
+            name,
+            plugin_type,
+            prev_result: None,
+            runtime_config: None,
+            cni_versions: None,
+            disable_gc: false,
+            agent_socket,
+            log_file,
+            log_level,
+            exclude_namespaces,
+            valid_attachments: None,
+            extra: Map::new(),
+        };
+        (conf, problems)
+    }
+}
+
+fn default_excludes() -> Vec<String> {
+    DEFAULT_EXCLUDE_NAMESPACES
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+}
+
+/// `logFile` and `logLevel` read on their own, before (and whatever) the rest of
+/// the config decodes, so the plugin can log to its file why the config was
+/// refused. A value that is not valid is ignored here (stderr, `warn`);
+/// [`NetConf::parse`] reports it.
+pub fn log_settings(stdin: &[u8]) -> (Option<PathBuf>, LogLevel) {
+    let Ok(value) = serde_json::from_slice::<Value>(stdin) else {
+        return (None, LogLevel::default());
+    };
+    let file = value
+        .get("logFile")
+        .and_then(Value::as_str)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
+    let level = value
+        .get("logLevel")
+        .and_then(Value::as_str)
+        .and_then(|l| {
+            LogLevel::ALL
+                .into_iter()
+                .find(|x| x.as_str().eq_ignore_ascii_case(l))
+        })
+        .unwrap_or_default();
+    (file, level)
 }
 
 /// The `cniVersion` of stdin if it can be read and is supported, for the version of

@@ -98,6 +98,9 @@ pub struct InstallConfig {
     pub agent_socket: PathBuf,
     /// `logLevel` of our entry.
     pub log_level: LogLevel,
+    /// `logFile` of our entry (a path on the node; the plugin logs to the
+    /// runtime's stderr, which runtimes mostly swallow, when `None`).
+    pub log_file: Option<PathBuf>,
     /// The watch's re-check period when no inotify event comes.
     pub recheck_interval: Duration,
 }
@@ -111,6 +114,7 @@ impl InstallConfig {
             plugin_binary: plugin_binary.into(),
             agent_socket: PathBuf::from(DEFAULT_AGENT_SOCKET),
             log_level: LogLevel::default(),
+            log_file: None,
             recheck_interval: DEFAULT_RECHECK_INTERVAL,
         }
     }
@@ -124,6 +128,9 @@ impl InstallConfig {
             self.agent_socket.to_string_lossy().into_owned().into(),
         );
         m.insert("logLevel".into(), self.log_level.as_str().into());
+        if let Some(f) = &self.log_file {
+            m.insert("logFile".into(), f.to_string_lossy().into_owned().into());
+        }
         m
     }
 

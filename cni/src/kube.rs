@@ -55,7 +55,7 @@
 //! - The agent's [`Enrollment::enrolled`] set is the truth (the CNI plugin enrolls pods
 //!   too): `enroll` is called only for a pod to enroll that is not in it, or that the
 //!   agent holds with another identity (name, namespace, service account: a pod the CNI
-//!   ADD enrolled has no service account, the watch fills it in), `unenroll` only for one
+//!   ADD enrolled from a file-mode rule that the API server contradicts), `unenroll` only for one
 //!   that is in it, so repeated MODIFIED events (status updates, annotation changes)
 //!   cost nothing.
 //! - Nothing is called before both the pod and the namespace lists are in.
@@ -91,7 +91,7 @@ pub use self::decide::{
     DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
 };
 use self::reconcile::Reconciler;
-pub use self::select::{SelectError, Selector, Verdict, LOOKUP_TIMEOUT};
+pub use self::select::{SelectError, Selected, Selector, Verdict, LOOKUP_TIMEOUT};
 use ::kube::runtime::utils::Backoff;
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::Api;

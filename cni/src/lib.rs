@@ -49,7 +49,20 @@
 //! Besides the spec's fields: `agentSocket` (absolute path, default
 //! [`conf::DEFAULT_AGENT_SOCKET`]), `logFile` (absolute path), `logLevel`
 //! (`error`..`trace`, default `warn`), `excludeNamespaces` (list of namespaces).
-//! Unknown fields are kept in [`NetConf::extra`].
+//! The binary appends its log to `logFile` (stderr when unset, which runtimes
+//! mostly swallow) at `logLevel`; `RINGWAY_CNI_LOG` (a tracing filter) overrides
+//! the level. Unknown fields are kept in [`NetConf::extra`], and each one that
+//! neither the spec nor ringway defines is named in a warning in the log
+//! ([`NetConf::unknown_keys`]): runtimes add keys of their own, so it is not an
+//! error, but a misspelled `agentSocket` would otherwise silently mean the
+//! default socket.
+//!
+//! # DEL with a config that cannot be fully parsed
+//! DEL does not fail on such a config: runtimes run DEL through the chain in
+//! reverse order, so a failing ringway-cni would keep the primary plugin from
+//! releasing the pod's interface and address lease. It uses the fields it can
+//! read, the defaults for the rest, and logs what it could not read
+//! ([`NetConf::best_effort`]).
 
 #![forbid(unsafe_code)]
 

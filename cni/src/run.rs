@@ -68,8 +68,10 @@ pub fn capture_target(args: &CniArgs, conf: &NetConf) -> Result<PodRef, PassThro
 ///   pod over; an agent that is unavailable or not ready (which includes "cannot tell
 ///   whether to capture the pod") gives code 11, so the runtime retries and a pod the
 ///   rule selects never runs uncaptured.
-/// - DEL: always succeeds once the environment and config are valid (see "Why DEL
-///   never fails on the agent" in the crate docs).
+/// - DEL: always succeeds once the environment is valid (see "Why DEL never fails
+///   on the agent" in the crate docs), even with a config it cannot fully parse: it
+///   then uses the fields it could read and the defaults (`agentSocket`,
+///   `excludeNamespaces`), and logs what it could not read.
 /// - CHECK: asks the agent; an unknown container is code 3.
 /// - STATUS: code 50 when the agent cannot capture a pod now.
 /// - GC: hands the valid attachments to the agent.
@@ -99,7 +101,23 @@ fn dispatch(env: &dyn EnvSource, stdin: &[u8], agent: &dyn Agent) -> Result<Stri
     if env.command == Command::Version {
         return version(stdin);
     }
-    let conf = NetConf::parse(stdin)?;
+    let conf = match NetConf::parse(stdin) {
+        Ok(conf) => conf,
+        // DEL still does what it can: see [`NetConf::best_effort`].
+        Err(err) if env.command == Command::Del => {
+            let (conf, problems) = NetConf::best_effort(stdin);
+            tracing::warn!(
+                cni.command = %env.command,
+                cni.container_id = env.container_id.as_deref().unwrap_or(""),
+                cni.error = %err.msg,
+                cni.unreadable = %problems.join("; "),
+                agent.socket = %conf.agent_socket.display(),
+                "network config cannot be fully read: DEL goes on with the fields it could read and defaults for the rest"
+            );
+            conf
+        }
+        Err(err) => return Err(err),
+    };
     let span = tracing::info_span!(
         "cni",
         cni.command = %env.command,
@@ -107,6 +125,12 @@ fn dispatch(env: &dyn EnvSource, stdin: &[u8], agent: &dyn Agent) -> Result<Stri
         cni.network = %conf.name,
     );
     let _enter = span.enter();
+    for unknown in conf.unknown_keys() {
+        tracing::warn!(
+            cni.config_key = %unknown,
+            "unknown key in ringway-cni's network config, ignored"
+        );
+    }
     match env.command {
         Command::Add => add(&env, &conf, agent),
         Command::Del => del(&env, &conf, agent),

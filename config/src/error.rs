@@ -49,6 +49,15 @@ pub enum ConfigError {
         /// What is wrong (quotes the value).
         problem: String,
     },
+    /// The file is larger than [`MAX_FILE_BYTES`](crate::MAX_FILE_BYTES)
+    /// (or a device or FIFO that does not end): not read past the limit.
+    #[error("{origin}: larger than the limit of {limit} bytes ({} MiB); refusing to read it", limit >> 20)]
+    TooLarge {
+        /// The file.
+        origin: String,
+        /// The limit, bytes.
+        limit: u64,
+    },
     /// The file cannot be read.
     #[error("{origin}: {source}")]
     Io {

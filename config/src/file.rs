@@ -62,18 +62,38 @@ impl Default for MeshConfig {
     }
 }
 
-/// `ca`: files of the CA that issues workload certificates (mounted from a
-/// Secret). Only paths: the key is never read by this crate.
+/// `ca`: where workload certificates come from. Either the CA's own files
+/// (`certFile`, `keyFile`: the local-key mode, every node holds the root key)
+/// or a certificate service (`address`, `rootCertFile`, `tokenFile`: the
+/// root key stays in the CA's pods). Only paths: the key is never read by
+/// this crate.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CaConfig {
-    /// The CA certificate (PEM), absolute path.
-    pub cert_file: String,
-    /// The CA private key (PEM), absolute path.
-    pub key_file: String,
+    /// The CA certificate (PEM), absolute path (local-key mode).
+    #[serde(default)]
+    pub cert_file: Option<String>,
+    /// The CA private key (PEM), absolute path (local-key mode).
+    #[serde(default)]
+    pub key_file: Option<String>,
     /// Extra trusted roots (PEM), absolute paths.
     #[serde(default)]
     pub bundle_files: Vec<String>,
+    /// The certificate service, `host:port` (service mode).
+    #[serde(default)]
+    pub address: Option<String>,
+    /// The name the service's certificate must be valid for (default: the
+    /// host of `address`).
+    #[serde(default)]
+    pub server_name: Option<String>,
+    /// The mesh root (PEM) that the service's certificate and the issued
+    /// certificates chain to (service mode), absolute path.
+    #[serde(default)]
+    pub root_cert_file: Option<String>,
+    /// The proxy's service-account token for the service (service mode),
+    /// absolute path; read again for every request (projected tokens rotate).
+    #[serde(default)]
+    pub token_file: Option<String>,
 }
 
 /// `workloads[]`: one pod.
@@ -229,6 +249,28 @@ pub struct OperationConfig {
     pub not_ports: Vec<i64>,
 }
 
+/// The largest configuration file read (4 MiB): a bigger one (a runaway
+/// ConfigMap, a path naming a device or a FIFO) is refused, not read whole.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// Reads a configuration file, at most [`MAX_FILE_BYTES`] of it; `origin`
+/// names it in errors.
+pub(crate) fn read_file(path: &Path, origin: &str) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| ConfigError::io(origin, e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ConfigError::io(origin, e))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(ConfigError::TooLarge {
+            origin: origin.to_string(),
+            limit: MAX_FILE_BYTES,
+        });
+    }
+    Ok(bytes)
+}
+
 /// Top-level names that used to be the whole file before the mesh model
 /// (they now live under `proxy:`).
 pub(crate) const PROXY_FIELDS: &[&str] = &[
@@ -242,6 +284,8 @@ pub(crate) const PROXY_FIELDS: &[&str] = &[
     "backlog",
     "sameNodeFastPath",
     "drainPeriod",
+    "connectTimeout",
+    "hbone",
 ];
 
 impl MeshConfig {
@@ -300,7 +344,16 @@ impl MeshConfig {
             None => MeshConfig::load_str(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, env),
             Some(p) => {
                 let origin = p.display().to_string();
-                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::io(&origin, e))?;
+                let bytes = read_file(p, &origin)?;
+                let text = String::from_utf8(bytes).map_err(|_| {
+                    ConfigError::io(
+                        &origin,
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            "stream did not contain valid UTF-8",
+                        ),
+                    )
+                })?;
                 MeshConfig::load_str(&text, &origin, env)
             }
         }

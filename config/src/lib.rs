@@ -78,17 +78,17 @@ pub use error::{ConfigError, IoError};
 pub use file::{
     CaConfig, MeshConfig, OperationConfig, PolicyConfig, PortMapConfig, RuleConfig, SelectorConfig,
     ServiceConfig, SourceConfig, WorkloadConfig, DEFAULT_ROOT_NAMESPACE, DEFAULT_TRUST_DOMAIN,
-    EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
+    EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN, MAX_FILE_BYTES,
 };
 pub use mesh::{
-    Action, AuthorizationPolicy, CaPaths, Mesh, Operation, Rule, Service, ServiceAccountRef,
-    Source, Workload,
+    Action, AuthorizationPolicy, CaPaths, CaService, Mesh, Operation, Rule, Service,
+    ServiceAccountRef, Source, Workload, DEFAULT_CA_TOKEN_FILE,
 };
 pub use names::{Cidr, StringMatch};
 pub use settings::{
-    CaptureMode, Datapath, Ports, ProxySettings, ENV_BACKLOG, ENV_CAPTURE_MODE, ENV_DATAPATH,
-    ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH,
-    ENV_WORKERS,
+    CaptureMode, Datapath, HboneSettings, Ports, ProxySettings, ENV_BACKLOG, ENV_CAPTURE_MODE,
+    ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE, ENV_PROXY_MARK,
+    ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
 };
 pub use watch::{ConfigWatcher, POLL_INTERVAL};
 

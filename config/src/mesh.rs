@@ -174,6 +174,25 @@ pub struct CaPaths {
     pub bundle_files: Vec<PathBuf>,
 }
 
+/// A certificate service to get workload certificates from (`ca.address`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaService {
+    /// `host:port`.
+    pub address: String,
+    /// The name its serving certificate must be valid for.
+    pub server_name: String,
+    /// The mesh root (PEM).
+    pub root_cert_file: PathBuf,
+    /// The proxy's token (read per request).
+    pub token_file: PathBuf,
+    /// Extra trusted roots.
+    pub bundle_files: Vec<PathBuf>,
+}
+
+/// The token a node proxy presents to the certificate service by default
+/// (the reference's projected token path).
+pub const DEFAULT_CA_TOKEN_FILE: &str = "/var/run/secrets/tokens/istio-token";
+
 /// An immutable, validated configuration with lookup indexes. Build one
 /// with [`crate::MeshConfig::load`] or [`crate::MeshConfig::validate`];
 /// share it as `Arc<Mesh>`.
@@ -183,6 +202,7 @@ pub struct Mesh {
     pub(crate) trust_domain: String,
     pub(crate) root_namespace: String,
     pub(crate) ca: Option<CaPaths>,
+    pub(crate) ca_service: Option<CaService>,
     pub(crate) workloads: Vec<Workload>,
     pub(crate) services: Vec<Service>,
     pub(crate) policies: Vec<AuthorizationPolicy>,
@@ -234,6 +254,12 @@ impl Mesh {
     /// CA file paths, if configured.
     pub fn ca(&self) -> Option<&CaPaths> {
         self.ca.as_ref()
+    }
+
+    /// The certificate service workload certificates come from (`ca.address`);
+    /// `None` in the local-key mode or without `ca`.
+    pub fn ca_service(&self) -> Option<&CaService> {
+        self.ca_service.as_ref()
     }
 
     /// Every workload, in file order.
@@ -358,7 +384,7 @@ impl Mesh {
             s,
             " trustDomain={} rootNamespace={} captureMode={} datapath={} workers={} (effective {}) \
              ports=outbound:{},inbound:{},tunnel:{} proxyMark={:#x} pipeSize={} pipePool={} \
-             backlog={} sameNodeFastPath={} drainPeriod={}s",
+             backlog={} sameNodeFastPath={} drainPeriod={}s connectTimeout={}s",
             self.trust_domain,
             self.root_namespace,
             p.capture_mode,
@@ -374,10 +400,21 @@ impl Mesh {
             p.backlog,
             p.same_node_fast_path,
             p.drain_period.as_secs_f64(),
+            p.connect_timeout.as_secs_f64(),
         );
-        match &self.ca {
-            None => s.push_str(" ca=none"),
-            Some(ca) => {
+        match (&self.ca, &self.ca_service) {
+            (None, Some(svc)) => {
+                let _ = write!(
+                    s,
+                    " ca.address={} ca.serverName={} ca.rootCertFile={} ca.tokenFile={}",
+                    svc.address,
+                    svc.server_name,
+                    svc.root_cert_file.display(),
+                    svc.token_file.display()
+                );
+            }
+            (None, None) => s.push_str(" ca=none"),
+            (Some(ca), _) => {
                 let _ = write!(
                     s,
                     " ca.certFile={} ca.keyFile={} ca.bundleFiles={:?}",

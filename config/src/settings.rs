@@ -130,6 +130,116 @@ pub struct ProxySettings {
     /// was asked to stop.
     #[serde(with = "duration_secs")]
     pub drain_period: Duration,
+    /// How long a plaintext upstream connect may take before it is given up
+    /// (the client is reset, or a service's next endpoint is tried) instead
+    /// of waiting for the kernel's SYN retries (about two minutes).
+    #[serde(with = "duration_secs")]
+    pub connect_timeout: Duration,
+    /// Limits of the tunnel listener (15008) against hostile peers.
+    pub hbone: HboneSettings,
+}
+
+/// Limits of the tunnel listener (`proxy.hbone`): what a connection to a
+/// pod's port 15008 may cost before and after it authenticates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct HboneSettings {
+    /// Ports of the proxy a CONNECT may never target in the destination pod,
+    /// besides `ports.*` (always refused): its control endpoints.
+    pub reserved_ports: Vec<u16>,
+    /// Largest request header list accepted on a tunnel (HTTP/2
+    /// SETTINGS_MAX_HEADER_LIST_SIZE), bytes.
+    pub max_header_list_size: u32,
+    /// Streams of one HTTP/2 connection whose authorization and upstream
+    /// connect may be under way at once; more wait.
+    pub max_connecting_streams: u32,
+    /// Streams of one HTTP/2 connection the peer may reset before they are
+    /// answered; one more and the connection gets GOAWAY (rapid reset).
+    pub max_early_resets: u32,
+    /// Bound on the TLS handshake of an accepted tunnel connection.
+    #[serde(with = "duration_secs")]
+    pub handshake_timeout: Duration,
+    /// Bound on the HTTP/2 preface and SETTINGS after TLS.
+    #[serde(with = "duration_secs")]
+    pub preface_timeout: Duration,
+    /// An HTTP/2 connection without streams for this long is closed.
+    #[serde(with = "duration_secs")]
+    pub idle_timeout: Duration,
+    /// Tunnel connections not yet authenticated (TLS + HTTP/2 preface) at
+    /// once from one source address, per pod; more are reset.
+    pub max_preauth_per_source: u32,
+    /// Tunnel connections not yet authenticated at once per pod; more are
+    /// reset.
+    pub max_preauth_per_pod: u32,
+}
+
+impl Default for HboneSettings {
+    fn default() -> Self {
+        HboneSettings {
+            reserved_ports: vec![15000, 15020, 15021],
+            max_header_list_size: 16 * 1024,
+            max_connecting_streams: 16,
+            max_early_resets: 64,
+            handshake_timeout: Duration::from_secs(5),
+            preface_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(300),
+            max_preauth_per_source: 64,
+            max_preauth_per_pod: 1024,
+        }
+    }
+}
+
+impl HboneSettings {
+    /// Checks the values; the error names the field (under `hbone.`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid =
+            |field: &'static str, problem: String| Err(ConfigError::Invalid { field, problem });
+        if self.reserved_ports.contains(&0) {
+            return invalid("hbone.reservedPorts", "port 0 is no port".into());
+        }
+        if !(4096..=(1 << 20)).contains(&self.max_header_list_size) {
+            return invalid(
+                "hbone.maxHeaderListSize",
+                format!(
+                    "{} is outside 4096..=1048576 bytes",
+                    self.max_header_list_size
+                ),
+            );
+        }
+        if self.max_connecting_streams == 0 {
+            return invalid(
+                "hbone.maxConnectingStreams",
+                "0 would never connect a stream".into(),
+            );
+        }
+        for (field, n) in [
+            ("hbone.maxPreauthPerSource", self.max_preauth_per_source),
+            ("hbone.maxPreauthPerPod", self.max_preauth_per_pod),
+        ] {
+            if n == 0 {
+                return invalid(field, "0 would refuse every tunnel connection".into());
+            }
+        }
+        if self.max_preauth_per_source > self.max_preauth_per_pod {
+            return invalid(
+                "hbone.maxPreauthPerSource",
+                format!(
+                    "{} is more than maxPreauthPerPod ({})",
+                    self.max_preauth_per_source, self.max_preauth_per_pod
+                ),
+            );
+        }
+        for (field, d) in [
+            ("hbone.handshakeTimeout", self.handshake_timeout),
+            ("hbone.prefaceTimeout", self.preface_timeout),
+            ("hbone.idleTimeout", self.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return invalid(field, "0 seconds would close every connection".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Overrides `proxy.captureMode` (`tproxy` or `redirect`).
@@ -165,6 +275,8 @@ impl Default for ProxySettings {
             backlog: 4096,
             same_node_fast_path: true,
             drain_period: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            hbone: HboneSettings::default(),
         }
     }
 }
@@ -212,6 +324,13 @@ impl ProxySettings {
                 problem: format!("{} workers is more than 1024", self.workers),
             });
         }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                field: "connectTimeout",
+                problem: "a connect timeout of 0 s gives up every upstream connect".into(),
+            });
+        }
+        self.hbone.validate()?;
         if self.backlog == 0 {
             return Err(ConfigError::Invalid {
                 field: "backlog",
@@ -304,10 +423,65 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("invalid `proxyMark`"));
+        let s = ProxySettings {
+            connect_timeout: Duration::ZERO,
+            ..ProxySettings::default()
+        };
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid `connectTimeout`: a connect timeout of 0 s gives up every upstream connect"
+        );
         assert_eq!(
             "nat".parse::<CaptureMode>().unwrap_err().to_string(),
             "invalid `captureMode`: \"nat\" is not one of \"tproxy\", \"redirect\""
         );
+    }
+
+    #[test]
+    fn hbone_limits_are_validated_naming_the_field() {
+        let bad = |h: HboneSettings| {
+            ProxySettings {
+                hbone: h,
+                ..ProxySettings::default()
+            }
+            .validate()
+            .unwrap_err()
+            .to_string()
+        };
+        let d = HboneSettings::default;
+        assert!(bad(HboneSettings {
+            max_header_list_size: 100,
+            ..d()
+        })
+        .starts_with("invalid `hbone.maxHeaderListSize`"));
+        assert!(bad(HboneSettings {
+            max_connecting_streams: 0,
+            ..d()
+        })
+        .starts_with("invalid `hbone.maxConnectingStreams`"));
+        assert!(bad(HboneSettings {
+            max_preauth_per_source: 2000,
+            ..d()
+        })
+        .starts_with("invalid `hbone.maxPreauthPerSource`"));
+        assert!(bad(HboneSettings {
+            idle_timeout: Duration::ZERO,
+            ..d()
+        })
+        .starts_with("invalid `hbone.idleTimeout`"));
+        assert!(bad(HboneSettings {
+            reserved_ports: vec![0],
+            ..d()
+        })
+        .starts_with("invalid `hbone.reservedPorts`"));
+        let s: ProxySettings =
+            serde_yaml::from_str("hbone: {handshakeTimeout: 1.5, maxPreauthPerSource: 8}\n")
+                .unwrap();
+        assert_eq!(s.hbone.handshake_timeout, Duration::from_millis(1500));
+        assert_eq!(s.hbone.max_preauth_per_source, 8);
+        assert_eq!(s.hbone.max_preauth_per_pod, 1024);
+        let err = serde_yaml::from_str::<ProxySettings>("hbone: {idle: 1}\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `idle`"), "{err}");
     }
 
     #[test]
@@ -317,6 +491,9 @@ mod tests {
         assert_eq!(s.capture_mode, CaptureMode::Redirect);
         assert_eq!(s.workers, 2);
         assert_eq!(s.drain_period, Duration::from_millis(1500));
+        assert_eq!(s.connect_timeout, Duration::from_secs(10), "the default");
+        let s: ProxySettings = serde_yaml::from_str("connectTimeout: 2.5\n").unwrap();
+        assert_eq!(s.connect_timeout, Duration::from_millis(2500));
         let err = serde_yaml::from_str::<ProxySettings>("wokers: 2\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `wokers`"), "{err}");
     }

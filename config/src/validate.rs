@@ -11,8 +11,8 @@ use crate::authz::Identity;
 use crate::env::EnvOverride;
 use crate::file::{CaConfig, OperationConfig, PolicyConfig, SourceConfig};
 use crate::mesh::{
-    Action, AuthorizationPolicy, CaPaths, Operation, Rule, Service, ServiceAccountRef, Source,
-    Workload,
+    Action, AuthorizationPolicy, CaPaths, CaService, Operation, Rule, Service, ServiceAccountRef,
+    Source, Workload,
 };
 use crate::names::{check_label, check_subdomain, check_trust_domain, Cidr, StringMatch};
 use crate::{ConfigError, Mesh, MeshConfig};
@@ -63,7 +63,10 @@ pub(crate) fn validate(
     })?;
     check_trust_domain(&cfg.trust_domain).map_err(|p| cx.err("trustDomain", p))?;
     check_label("namespace", &cfg.root_namespace).map_err(|p| cx.err("rootNamespace", p))?;
-    let ca = cfg.ca.as_ref().map(|ca| ca_paths(&cx, ca)).transpose()?;
+    let (ca, ca_service) = match cfg.ca.as_ref() {
+        None => (None, None),
+        Some(ca) => ca_source(&cx, ca)?,
+    };
 
     let mut workloads = Vec::with_capacity(cfg.workloads.len());
     let mut workload_by_uid: HashMap<String, usize> = HashMap::new();
@@ -224,6 +227,7 @@ pub(crate) fn validate(
         trust_domain: cfg.trust_domain.clone(),
         root_namespace: cfg.root_namespace.clone(),
         ca,
+        ca_service,
         workloads,
         services,
         policies,
@@ -240,7 +244,9 @@ pub(crate) fn validate(
     })
 }
 
-fn ca_paths(cx: &Ctx<'_>, ca: &CaConfig) -> Result<CaPaths> {
+/// `ca`: the local-key mode (`certFile` + `keyFile`) or the service mode
+/// (`address` + `rootCertFile`, `tokenFile`), never a mix.
+fn ca_source(cx: &Ctx<'_>, ca: &CaConfig) -> Result<(Option<CaPaths>, Option<CaService>)> {
     let file = |path: String, text: &str| -> Result<PathBuf> {
         if text.is_empty() {
             return Err(cx.err(path, "must not be empty"));
@@ -253,16 +259,84 @@ fn ca_paths(cx: &Ctx<'_>, ca: &CaConfig) -> Result<CaPaths> {
         }
         Ok(PathBuf::from(text))
     };
-    Ok(CaPaths {
-        cert_file: file("ca.certFile".into(), &ca.cert_file)?,
-        key_file: file("ca.keyFile".into(), &ca.key_file)?,
-        bundle_files: ca
-            .bundle_files
-            .iter()
-            .enumerate()
-            .map(|(i, f)| file(format!("ca.bundleFiles[{i}]"), f))
-            .collect::<Result<_>>()?,
-    })
+    let bundle_files = ca
+        .bundle_files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| file(format!("ca.bundleFiles[{i}]"), f))
+        .collect::<Result<Vec<_>>>()?;
+    let local = ca.cert_file.is_some() || ca.key_file.is_some();
+    let service = ca.address.is_some()
+        || ca.server_name.is_some()
+        || ca.root_cert_file.is_some()
+        || ca.token_file.is_some();
+    match (local, service) {
+        (true, true) => Err(cx.err(
+            String::from("ca"),
+            "certFile/keyFile (the local CA) and address/serverName/rootCertFile/tokenFile \
+             (a certificate service) exclude each other: choose one mode",
+        )),
+        (false, false) => Err(cx.err(
+            String::from("ca"),
+            "needs certFile and keyFile (the local CA) or address and rootCertFile (a certificate service)",
+        )),
+        (true, false) => {
+            let cert = ca
+                .cert_file
+                .as_deref()
+                .ok_or_else(|| cx.err(String::from("ca.certFile"), "is required with ca.keyFile"))?;
+            let key = ca
+                .key_file
+                .as_deref()
+                .ok_or_else(|| cx.err(String::from("ca.keyFile"), "is required with ca.certFile"))?;
+            Ok((
+                Some(CaPaths {
+                    cert_file: file("ca.certFile".into(), cert)?,
+                    key_file: file("ca.keyFile".into(), key)?,
+                    bundle_files,
+                }),
+                None,
+            ))
+        }
+        (false, true) => {
+            let address = ca
+                .address
+                .as_deref()
+                .filter(|a| !a.is_empty())
+                .ok_or_else(|| cx.err(String::from("ca.address"), "is required for a certificate service"))?;
+            let (host, port) = address.rsplit_once(':').ok_or_else(|| {
+                cx.err(String::from("ca.address"), format!("{address:?} is not host:port"))
+            })?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(cx.err(String::from("ca.address"), format!("{address:?} is not host:port")));
+            }
+            let root = ca.root_cert_file.as_deref().ok_or_else(|| {
+                cx.err(
+                    "ca.rootCertFile",
+                    "is required for a certificate service (the root its certificate chains to)",
+                )
+            })?;
+            let server_name = match ca.server_name.as_deref() {
+                Some("") => return Err(cx.err(String::from("ca.serverName"), "must not be empty")),
+                Some(n) => n.to_owned(),
+                None => host.to_owned(),
+            };
+            Ok((
+                None,
+                Some(CaService {
+                    address: address.to_owned(),
+                    server_name,
+                    root_cert_file: file("ca.rootCertFile".into(), root)?,
+                    token_file: file(
+                        "ca.tokenFile".to_owned(),
+                        ca.token_file.as_deref().unwrap_or(crate::mesh::DEFAULT_CA_TOKEN_FILE),
+                    )?,
+                    bundle_files,
+                }),
+            ))
+        }
+    }
 }
 
 /// A workload address or VIP: an IP, not unspecified, multicast or broadcast.

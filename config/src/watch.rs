@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::control_thread::ControlThread;
 use crate::env::EnvSource;
-use crate::file::content_hash;
+use crate::file::{content_hash, read_file};
 use crate::{ConfigError, Mesh, MeshConfig};
 
 /// How often the file is checked.
@@ -78,7 +78,7 @@ impl ConfigWatcher {
         let path = path.into();
         let origin = path.display().to_string();
         let fingerprint = Fingerprint::of(&path).map_err(|e| ConfigError::io(&origin, e))?;
-        let bytes = std::fs::read(&path).map_err(|e| ConfigError::io(&origin, e))?;
+        let bytes = read_file(&path, &origin)?;
         let hash = content_hash(&bytes);
         let mesh = Arc::new(load(&bytes, &origin, &env)?);
         let current = Arc::new(Mutex::new(mesh));
@@ -225,7 +225,7 @@ where
             return;
         }
         self.fingerprint = fingerprint;
-        let (hash, outcome) = match std::fs::read(&self.path) {
+        let (hash, outcome) = match read_file(&self.path, &self.origin) {
             Ok(bytes) => {
                 let hash = content_hash(&bytes);
                 if Some(hash) == self.handled && self.pending.is_none() {
@@ -239,10 +239,7 @@ where
                 }
                 (hash, load(&bytes, &self.origin, &self.env))
             }
-            Err(e) => {
-                let err = ConfigError::io(&self.origin, e);
-                (content_hash(err.to_string().as_bytes()) ^ 1, Err(err))
-            }
+            Err(err) => (content_hash(err.to_string().as_bytes()) ^ 1, Err(err)),
         };
         match outcome {
             Ok(mesh) => {

@@ -107,6 +107,17 @@ pub enum ProxyError {
     /// The datapath is shutting down.
     #[error("the datapath is stopped")]
     Stopped,
+    /// The pod claims an address another served pod holds: refused, never
+    /// resolved by letting the last one win.
+    #[error("pod {uid}: address {addr} is already held by pod {holder}; refusing the pod")]
+    AddressConflict {
+        /// The pod refused.
+        uid: String,
+        /// The contested address.
+        addr: IpAddr,
+        /// The pod that holds it.
+        holder: String,
+    },
 }
 
 /// Who a pod is (from the node agent).
@@ -129,13 +140,35 @@ pub struct PodInfo {
     pub netns_inode: u64,
     /// Listener addresses (each is bound once per worker).
     pub listeners: Vec<(ListenerKind, SocketAddr)>,
-    /// The pod's IP addresses.
+    /// The pod's IP addresses: the agent's (ZDS `addresses`), else, from
+    /// agents that send none, those its netns held when it was added.
     pub ips: Vec<IpAddr>,
+    /// Where `ips` came from.
+    pub ips_source: AddressSource,
     /// Identity, when the agent sent one.
     pub identity: PodIdentity,
     /// Connections open to the pod that its policies authorized (re-checked
     /// on policy changes); filled in by [`Proxy::pods`].
     pub authorized_flows: usize,
+}
+
+/// Where the proxy took a pod's addresses from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressSource {
+    /// The node agent sent them (CNI result or the pod's status in the API).
+    Agent,
+    /// The agent sent none (an older agent, or a pod added by hand): read
+    /// from the pod's netns, which the pod can write. Logged at add.
+    Netns,
+}
+
+impl std::fmt::Display for AddressSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AddressSource::Agent => "agent",
+            AddressSource::Netns => "netns",
+        })
+    }
 }
 
 struct PodRecord {
@@ -154,6 +187,9 @@ pub struct Proxy {
     backend: Backend,
     workers: Vec<WorkerHandle>,
     pods: Mutex<HashMap<String, PodRecord>>,
+    /// Held for a whole add, so the address-conflict check and the insert
+    /// are one step.
+    adding: Mutex<()>,
     local_pods: LocalPods,
     stats: Arc<Stats>,
     metrics: Arc<metrics::Metrics>,
@@ -214,7 +250,7 @@ impl Proxy {
             .datapath_uring
             .set(i64::from(backend == Backend::Uring));
         let n = settings.effective_workers();
-        let tunnel = Arc::new(tunnel::TunnelState::new(metrics.clone()));
+        let tunnel = Arc::new(tunnel::TunnelState::new(metrics.clone(), &settings));
         let mut workers = Vec::with_capacity(n);
         let mut hbone_pools = Vec::with_capacity(n);
         for id in 0..n {
@@ -249,6 +285,7 @@ impl Proxy {
             backend,
             workers,
             pods: Mutex::new(HashMap::new()),
+            adding: Mutex::new(()),
             local_pods,
             stats,
             metrics,
@@ -394,13 +431,32 @@ impl Proxy {
         self.add_pod_with_identity(uid, netns, PodIdentity::default())
     }
 
-    /// [`Proxy::add_pod`] with the pod's identity.
+    /// [`Proxy::add_pod`] with the pod's identity (addresses from its netns).
     pub fn add_pod_with_identity(
         &self,
         uid: &str,
         netns: OwnedFd,
         identity: PodIdentity,
     ) -> Result<(), ProxyError> {
+        self.add_pod_with_addresses(uid, netns, identity, &[])
+    }
+
+    /// [`Proxy::add_pod`] with the pod's identity and its addresses as the
+    /// node agent knows them. Those addresses are the pod's: outbound
+    /// connections from any other source are reset, and inbound ones to any
+    /// other destination. With none (an older agent) they are read from the
+    /// pod's netns, with a warning: the pod can write those.
+    ///
+    /// A pod that claims an address another served pod holds is refused
+    /// ([`ProxyError::AddressConflict`]); nothing of it is left.
+    pub fn add_pod_with_addresses(
+        &self,
+        uid: &str,
+        netns: OwnedFd,
+        identity: PodIdentity,
+        addresses: &[IpAddr],
+    ) -> Result<(), ProxyError> {
+        let _adding = self.adding.lock().unwrap_or_else(|p| p.into_inner());
         check_pod_netns(uid, netns.as_fd())?;
         let ino =
             sys::netns_inode(Some(netns.as_fd())).map_err(|source| ProxyError::EnterNetns {
@@ -409,7 +465,19 @@ impl Proxy {
             })?;
         {
             let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(rec) = pods.get_mut(uid).filter(|p| p.info.netns_inode == ino) {
+            let sent = canonical(addresses);
+            let same = pods
+                .get_mut(uid)
+                .filter(|p| p.info.netns_inode == ino)
+                // Addresses taken from the netns (an older agent) give way
+                // to the agent's when they differ: the pod is served anew
+                // below (its connections reset), as for another netns.
+                .filter(|p| {
+                    sent.is_empty()
+                        || sent == p.info.ips
+                        || p.info.ips_source == AddressSource::Agent
+                });
+            if let Some(rec) = same {
                 // Same pod, same netns: keep listeners and connections; take
                 // a fuller identity if the agent now knows one.
                 if identity != rec.info.identity && !identity.namespace.is_empty() {
@@ -419,10 +487,54 @@ impl Proxy {
                     rec.info.identity = identity;
                     tracing::info!(pod.uid = uid, "pod identity updated");
                 }
+                if !sent.is_empty() && sent == rec.info.ips {
+                    rec.info.ips_source = AddressSource::Agent;
+                } else if !sent.is_empty() {
+                    tracing::warn!(
+                        pod.uid = uid,
+                        pod.addresses = ?rec.info.ips,
+                        sent.addresses = ?sent,
+                        "the agent sent other addresses for a pod already served in the same netns; keeping the first"
+                    );
+                }
                 return Ok(());
             }
         }
-        let (per_worker, addrs, ips) = self.make_listeners(uid, netns.as_fd())?;
+        let (ips, ips_source) = if addresses.is_empty() {
+            let ips = sys::in_netns(netns.as_fd(), pod_addresses).map_err(|source| {
+                ProxyError::EnterNetns {
+                    uid: uid.to_string(),
+                    source,
+                }
+            })?;
+            tracing::warn!(
+                pod.uid = uid,
+                pod.addresses = ?ips,
+                "the agent sent no addresses for the pod; taking those its netns holds (the pod can write them)"
+            );
+            (ips, AddressSource::Netns)
+        } else {
+            (canonical(addresses), AddressSource::Agent)
+        };
+        if ips.is_empty() {
+            tracing::warn!(
+                pod.uid = uid,
+                "the pod has no addresses: its outbound connections will be refused"
+            );
+        }
+        {
+            let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            for (other, rec) in pods.iter().filter(|(other, _)| other.as_str() != uid) {
+                if let Some(addr) = ips.iter().find(|ip| rec.info.ips.contains(ip)) {
+                    return Err(ProxyError::AddressConflict {
+                        uid: uid.to_string(),
+                        addr: *addr,
+                        holder: other.clone(),
+                    });
+                }
+            }
+        }
+        let (per_worker, addrs) = self.make_listeners(uid, netns.as_fd())?;
         let ports = sys::in_netns(netns.as_fd(), sock::PortSplit::current).unwrap_or_default();
         let principal = self.principal_of(&identity);
         let shared = Arc::new(PodShared {
@@ -480,17 +592,20 @@ impl Proxy {
                     netns_inode: ino,
                     listeners: addrs,
                     ips,
+                    ips_source,
                     identity,
                     authorized_flows: 0,
                 },
                 shared: shared.clone(),
             },
         );
-        // Issue the pod's certificate now, on the control thread, so the
-        // datapath seldom has to (key generation takes milliseconds).
+        // Get the pod's certificate now, on the control thread, so the
+        // datapath seldom has to (key generation takes milliseconds; a
+        // certificate service one round trip, waited for at most 2 s: the
+        // agent waits for this Add's ack).
         if let Some((ids, mesh)) = self.tunnel.enabled() {
             if let Some(id) = tunnel::pod_identity(&mesh, &shared) {
-                if let Err(e) = ids.fetch(&id) {
+                if let Err(e) = ids.prefetch(&id, Duration::from_secs(2)) {
                     tracing::warn!(pod.uid = uid, error = %e, "cannot issue the pod's certificate");
                 }
             }
@@ -499,19 +614,17 @@ impl Proxy {
         Ok(())
     }
 
+    /// The pod's SPIFFE principal, empty when the agent did not say both its
+    /// namespace and service account (never a guessed `sa/default`).
     fn principal_of(&self, identity: &PodIdentity) -> String {
-        if identity.namespace.is_empty() {
+        if identity.namespace.is_empty() || identity.service_account.is_empty() {
             return String::new();
         }
-        let sa = if identity.service_account.is_empty() {
-            "default"
-        } else {
-            identity.service_account.as_str()
-        };
         format!(
-            "spiffe://{}/ns/{}/sa/{sa}",
+            "spiffe://{}/ns/{}/sa/{}",
             self.trust_domain.read().unwrap_or_else(|p| p.into_inner()),
-            identity.namespace
+            identity.namespace,
+            identity.service_account
         )
     }
 
@@ -551,7 +664,7 @@ impl Proxy {
                     addrs.push((kind, addr));
                 }
             }
-            Ok((per_worker, addrs, pod_addresses()))
+            Ok((per_worker, addrs))
         })
         .map_err(|source| ProxyError::EnterNetns {
             uid: uid.to_string(),
@@ -596,8 +709,60 @@ impl Proxy {
         for rx in waits {
             total += rx.recv_timeout(Duration::from_secs(5)).unwrap_or(0);
         }
-        tracing::info!(pod.uid = %rec.info.uid, connections_reset = total, "pod removed");
+        // Its istio_tcp_* series go with it (after its connections were
+        // reset and counted), unless another pod still serving reports
+        // under the same workload and namespace.
+        let series = self.forget_series_of(&rec.shared);
+        // Its certificate goes too, unless another pod here has the same
+        // identity (open connections keep theirs).
+        if let Some((ids, mesh)) = self.tunnel.enabled() {
+            if let Some(id) = tunnel::pod_identity(&mesh, &rec.shared) {
+                let shared_by_another = self
+                    .pods
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                    .any(|other| tunnel::pod_identity(&mesh, &other.shared).as_ref() == Some(&id));
+                if !shared_by_another {
+                    ids.forget(&id);
+                }
+            }
+        }
+        tracing::info!(pod.uid = %rec.info.uid, connections_reset = total, metrics.series_dropped = series, "pod removed");
         Some(total)
+    }
+
+    /// Drops the metric series `removed` reported, under its current name
+    /// and under its UID (its name before the agent sent it), skipping a
+    /// name another served pod reports under.
+    fn forget_series_of(&self, removed: &PodShared) -> usize {
+        let peer = removed.peer();
+        let by_uid = metrics::Peer {
+            workload: removed.uid.to_string(),
+            namespace: peer.namespace.clone(),
+            principal: String::new(),
+        };
+        let by_uid_no_ns = metrics::Peer {
+            namespace: String::new(),
+            ..by_uid.clone()
+        };
+        let live: Vec<metrics::Peer> = self
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|r| r.shared.peer())
+            .collect();
+        let mut dropped = 0;
+        for p in [peer, by_uid, by_uid_no_ns] {
+            let shared = live
+                .iter()
+                .any(|l| l.workload == p.workload && l.namespace == p.namespace);
+            if !shared {
+                dropped += self.metrics.forget_workload(&p);
+            }
+        }
+        dropped
     }
 
     /// The pods being served.
@@ -665,18 +830,34 @@ impl Drop for Proxy {
     }
 }
 
-/// Listeners per worker, their addresses, and the pod's IPs.
+/// Listeners per worker and their addresses.
 type ListenerSet = (
     Vec<Vec<(ListenerKind, OwnedFd)>>,
     Vec<(ListenerKind, SocketAddr)>,
-    Vec<IpAddr>,
 );
 
-/// The calling thread's netns addresses, loopback and link-local excluded.
+/// Addresses in canonical form (IPv4-mapped IPv6 as IPv4), deduplicated.
+fn canonical(addresses: &[IpAddr]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::with_capacity(addresses.len());
+    for ip in addresses.iter().map(|ip| ip.to_canonical()) {
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
+/// The calling thread's netns addresses, loopback and link-local excluded,
+/// and nothing on a loopback interface (a pod's address is never there).
 fn pod_addresses() -> Vec<IpAddr> {
     let mut ips = Vec::new();
     if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
         for a in addrs {
+            if a.flags
+                .contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK)
+            {
+                continue;
+            }
             let Some(sa) = a.address else { continue };
             let ip = if let Some(v4) = sa.as_sockaddr_in() {
                 IpAddr::V4(v4.ip())

@@ -6,6 +6,7 @@
 //! adds to them as bytes move, so byte counters advance during a long
 //! connection); encoding happens on the control thread at scrape time.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
 
@@ -152,24 +153,226 @@ pub struct DenyLabels {
     pub path: &'static str,
 }
 
-/// A short, bounded reason for a TLS failure (metric label).
-pub fn tls_failure_reason(e: &dyn std::fmt::Display) -> &'static str {
-    let s = e.to_string();
-    if s.contains("timed out") {
-        "timeout"
-    } else if s.contains("UnknownIssuer") || s.contains("UnknownCA") || s.contains("unknown CA") {
-        "unknown_ca"
-    } else if s.contains("Expired") || s.contains("expired") {
-        "expired"
-    } else if s.contains("CertificateRequired") || s.contains("NoCertificatesPresented") {
-        "no_client_cert"
-    } else if s.contains("NotValidForName") || s.contains("identity") || s.contains("SAN") {
-        "wrong_identity"
-    } else if s.contains("ProtocolVersion") || s.contains("version") {
-        "protocol_version"
-    } else {
-        "other"
+/// Labels of `ringway_connections_refused_total`: connections reset before
+/// any upstream was dialled because what the pod sent cannot be its own.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefuseLabels {
+    /// `source_not_pod_address` (outbound from an address that is not the
+    /// pod's) or `destination_not_pod_address` (plaintext inbound to one).
+    pub reason: &'static str,
+}
+
+/// Labels of `ringway_upstream_connect_failures_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectFailLabels {
+    /// `timeout` (no answer within `connectTimeout`), `refused`,
+    /// `unreachable` or `other`.
+    pub reason: &'static str,
+}
+
+impl ConnectFailLabels {
+    /// The label for a failed connect's error.
+    pub fn of(e: &std::io::Error) -> ConnectFailLabels {
+        use std::io::ErrorKind;
+        let reason = match e.kind() {
+            ErrorKind::TimedOut => "timeout",
+            ErrorKind::ConnectionRefused => "refused",
+            ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => "unreachable",
+            _ => "other",
+        };
+        ConnectFailLabels { reason }
     }
+}
+
+/// A TLS handshake that did not finish within its deadline. Carried inside
+/// the `io::Error` (kind `TimedOut`) that the handshake returns, so
+/// [`tls_failure_reason`] tells it from every other failure by type.
+#[derive(Debug, thiserror::Error)]
+#[error("TLS handshake timed out after {0:?}")]
+pub struct HandshakeTimeout(pub std::time::Duration);
+
+impl HandshakeTimeout {
+    /// The `io::Error` a timed-out handshake returns.
+    pub fn io(after: std::time::Duration) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, HandshakeTimeout(after))
+    }
+}
+
+/// A short, bounded reason for a failed TLS handshake (the `outcome` label
+/// of `ringway_tls_handshakes_total`), from the error's type: a
+/// [`HandshakeTimeout`], the `rustls::Error` tokio-rustls wraps in the
+/// `io::Error` (ours, or the alert the peer sent), else the I/O error kind.
+/// Never from the message text.
+pub fn tls_failure_reason(e: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    if let Some(inner) = e.get_ref() {
+        if inner.is::<HandshakeTimeout>() {
+            return "timeout";
+        }
+        if let Some(tls) = inner.downcast_ref::<tokio_rustls::rustls::Error>() {
+            return rustls_reason(tls);
+        }
+    }
+    match e.kind() {
+        ErrorKind::UnexpectedEof => "peer_closed",
+        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+            "peer_reset"
+        }
+        _ => "io",
+    }
+}
+
+fn rustls_reason(e: &tokio_rustls::rustls::Error) -> &'static str {
+    use tokio_rustls::rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    match e {
+        E::InvalidCertificate(c) => match c {
+            C::UnknownIssuer | C::BadSignature => "unknown_ca",
+            C::Expired | C::ExpiredContext { .. } => "expired",
+            C::NotValidYet | C::NotValidYetContext { .. } => "not_yet_valid",
+            C::NotValidForName | C::NotValidForNameContext { .. } => "wrong_identity",
+            // Our verifiers' SPIFFE checks (`ringway_identity`): a chain
+            // that verified but names another, or no, SPIFFE identity.
+            C::Other(o) if o.0.is::<ringway_identity::IdentityError>() => "wrong_identity",
+            _ => "bad_certificate",
+        },
+        E::NoCertificatesPresented => "no_client_cert",
+        E::AlertReceived(a) => match a {
+            A::UnknownCA => "unknown_ca",
+            A::CertificateExpired => "expired",
+            A::CertificateRequired => "no_client_cert",
+            A::BadCertificate | A::UnsupportedCertificate | A::CertificateUnknown => {
+                "bad_certificate"
+            }
+            A::ProtocolVersion => "protocol_version",
+            A::NoApplicationProtocol => "no_alpn",
+            _ => "alert",
+        },
+        E::PeerIncompatible(p) => {
+            use tokio_rustls::rustls::PeerIncompatible as P;
+            match p {
+                P::ServerDoesNotSupportTls12Or13
+                | P::ServerTlsVersionIsDisabledByOurConfig
+                | P::SupportedVersionsExtensionRequired
+                | P::Tls12NotOffered
+                | P::Tls12NotOfferedOrEnabled => "protocol_version",
+                _ => "incompatible",
+            }
+        }
+        E::NoApplicationProtocol => "no_alpn",
+        E::InvalidMessage(_)
+        | E::InappropriateMessage { .. }
+        | E::InappropriateHandshakeMessage { .. }
+        | E::PeerMisbehaved(_)
+        | E::PeerSentOversizedRecord
+        | E::DecryptError => "protocol_error",
+        _ => "other",
+    }
+}
+
+/// A pod as the labels spell it: (namespace, workload).
+type Owner = (String, String);
+
+impl TcpLabels {
+    /// The two pods of the series: source and destination.
+    fn owners(&self) -> [Owner; 2] {
+        [
+            (
+                self.source_workload_namespace.clone(),
+                self.source_workload.clone(),
+            ),
+            (
+                self.destination_workload_namespace.clone(),
+                self.destination_workload.clone(),
+            ),
+        ]
+    }
+}
+
+/// What every unnamed side is labelled: never an owner to forget.
+const UNKNOWN: (&str, &str) = ("unknown", "unknown");
+
+/// An `istio_tcp_*` family that indexes its series by the pods on either
+/// side, so the series of a removed pod can be dropped
+/// ([`Metrics::forget_workload`]): with pod churn the exposition (and the
+/// proxy's memory) would otherwise grow with every pod that ever ran here
+/// or talked to a pod here.
+#[derive(Debug, Default)]
+pub struct TcpFamily {
+    family: Family<TcpLabels, Counter>,
+    owners: std::sync::Mutex<HashMap<Owner, HashSet<TcpLabels>>>,
+}
+
+impl TcpFamily {
+    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, HashSet<TcpLabels>>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The counter of `labels`, created (and indexed under its pods) on
+    /// first use. A series seen before costs a read lock, as a plain family.
+    pub fn get_or_create(&self, labels: &TcpLabels) -> Counter {
+        if let Some(c) = self.family.get(labels) {
+            return c.clone();
+        }
+        let mut owners = self.index();
+        let c = self.family.get_or_create_owned(labels);
+        for o in labels.owners() {
+            owners.entry(o).or_default().insert(labels.clone());
+        }
+        c
+    }
+
+    /// The family, for registration.
+    pub fn family(&self) -> &Family<TcpLabels, Counter> {
+        &self.family
+    }
+
+    /// Series in the family (every one is created through
+    /// [`TcpFamily::get_or_create`], so the index holds them all).
+    pub fn len(&self) -> usize {
+        let owners = self.index();
+        let mut all: HashSet<&TcpLabels> = HashSet::new();
+        for set in owners.values() {
+            all.extend(set.iter());
+        }
+        all.len()
+    }
+
+    /// Whether the family has no series.
+    pub fn is_empty(&self) -> bool {
+        self.index().is_empty()
+    }
+
+    /// Drops every series with `owner` on either side; returns how many.
+    fn forget(&self, owner: &Owner) -> usize {
+        if (owner.0.as_str(), owner.1.as_str()) == UNKNOWN {
+            return 0;
+        }
+        let mut owners = self.index();
+        let Some(set) = owners.remove(owner) else {
+            return 0;
+        };
+        for labels in &set {
+            self.family.remove(labels);
+            for other in labels.owners() {
+                if let Some(s) = owners.get_mut(&other) {
+                    s.remove(labels);
+                    if s.is_empty() {
+                        owners.remove(&other);
+                    }
+                }
+            }
+        }
+        set.len()
+    }
+}
+
+/// Labels of what the tunnel listener (15008) refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// Why, from a fixed set: `forwarded_not_peer`, `forwarded_reserved`,
+    /// `proxy_port`, `rapid_reset`, `handshake_timeout`, `preface_timeout`,
+    /// `idle`, `per_source`, `per_pod`.
+    pub reason: &'static str,
 }
 
 /// `state` label of `ringway_pipes`.
@@ -183,13 +386,13 @@ pub struct PipeLabels {
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// `istio_tcp_connections_opened_total`.
-    pub opened: Family<TcpLabels, Counter>,
+    pub opened: TcpFamily,
     /// `istio_tcp_connections_closed_total`.
-    pub closed: Family<TcpLabels, Counter>,
+    pub closed: TcpFamily,
     /// `istio_tcp_sent_bytes_total` (destination -> source).
-    pub sent: Family<TcpLabels, Counter>,
+    pub sent: TcpFamily,
     /// `istio_tcp_received_bytes_total` (source -> destination).
-    pub received: Family<TcpLabels, Counter>,
+    pub received: TcpFamily,
     /// `ringway_pods_enrolled`.
     pub pods: Gauge,
     /// `ringway_listeners`.
@@ -206,6 +409,8 @@ pub struct Metrics {
     pub tls_handshakes: Family<TlsLabels, Counter>,
     /// `ringway_authorization_denials_total{path}`.
     pub denials: Family<DenyLabels, Counter>,
+    /// `ringway_hbone_refused_total{reason}`: what the tunnel listener refused.
+    pub hbone_refused: Family<RefusedLabels, Counter>,
     /// `ringway_hbone_streams_total{side}`: tunnel streams opened.
     pub hbone_streams: Family<TlsLabels, Counter>,
     /// `ringway_pipes{state}`: splice pipes (the datapath's buffers), set
@@ -215,8 +420,16 @@ pub struct Metrics {
     pub hbone_pool_connections: Gauge,
     /// `ringway_hbone_pool_streams`: outbound tunnel streams open on them.
     pub hbone_pool_streams: Gauge,
+    /// `ringway_connections_refused_total{reason}`.
+    pub refused: Family<RefuseLabels, Counter>,
+    /// `ringway_upstream_connect_failures_total{reason}`: plaintext
+    /// upstream connect attempts that failed.
+    pub connect_failures: Family<ConnectFailLabels, Counter>,
     /// The workers' tunnel pools, read at scrape time.
     pub hbone_pools: std::sync::OnceLock<Vec<ringway_hbone::Pool>>,
+    /// Bumped each time series are dropped ([`Metrics::forget_workload`]):
+    /// workers that cache counter handles start their cache over.
+    pub series_epoch: AtomicU64,
 }
 
 impl Metrics {
@@ -245,28 +458,52 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// Drops the `istio_tcp_*` series with `peer` on either side (the
+    /// series of a removed pod), so memory and the exposition do not grow
+    /// with pod churn. Returns how many series went. Workers see
+    /// [`Metrics::series_epoch`] move and drop their cached handles.
+    pub fn forget_workload(&self, peer: &Peer) -> usize {
+        let labels = TcpLabels::new("source", peer, &Peer::default(), "none", "-");
+        let [owner, _] = labels.owners();
+        let n = [&self.opened, &self.closed, &self.sent, &self.received]
+            .iter()
+            .map(|f| f.forget(&owner))
+            .sum();
+        self.series_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        n
+    }
+
+    /// `istio_tcp_*` series currently exported, over the four families.
+    pub fn tcp_series(&self) -> usize {
+        [&self.opened, &self.closed, &self.sent, &self.received]
+            .iter()
+            .map(|f| f.len())
+            .sum()
+    }
+
     /// Builds the registry that exports these metrics.
     pub fn registry(self: &Arc<Self>) -> Registry {
         let mut r = Registry::default();
         r.register(
             "istio_tcp_connections_opened",
             "Total number of TCP connections opened",
-            self.opened.clone(),
+            self.opened.family().clone(),
         );
         r.register(
             "istio_tcp_connections_closed",
             "Total number of TCP connections closed",
-            self.closed.clone(),
+            self.closed.family().clone(),
         );
         r.register(
             "istio_tcp_sent_bytes",
             "Total number of bytes sent during response of a TCP connection",
-            self.sent.clone(),
+            self.sent.family().clone(),
         );
         r.register(
             "istio_tcp_received_bytes",
             "Total number of bytes received during request of a TCP connection",
-            self.received.clone(),
+            self.received.family().clone(),
         );
         r.register(
             "ringway_pods_enrolled",
@@ -304,6 +541,11 @@ impl Metrics {
             self.denials.clone(),
         );
         r.register(
+            "ringway_hbone_refused",
+            "Tunnel (15008) connections and streams refused, by reason",
+            self.hbone_refused.clone(),
+        );
+        r.register(
             "ringway_hbone_streams",
             "HBONE CONNECT streams opened (side client: outbound, server: inbound)",
             self.hbone_streams.clone(),
@@ -324,75 +566,302 @@ impl Metrics {
             self.hbone_pool_streams.clone(),
         );
         r.register(
+            "ringway_connections_refused",
+            "Connections reset because their source (outbound) or destination (plaintext inbound) is not an address of the pod",
+            self.refused.clone(),
+        );
+        r.register(
+            "ringway_upstream_connect_failures",
+            "Plaintext upstream connect attempts that failed, by reason (timeout: no answer within connectTimeout)",
+            self.connect_failures.clone(),
+        );
+        r.register(
             "ringway_datapath_io_uring",
             "1 when the datapath runs on io_uring, 0 on the epoll fallback",
             self.datapath_uring.clone(),
         );
+        r.register_collector(Box::new(ProcessCollector));
         r
     }
 }
 
-/// Encodes `registry` as OpenMetrics text, or as Prometheus text 0.0.4
-/// (counter families named with `_total`, no `# EOF`/`# UNIT`) when
-/// `openmetrics` is false.
+/// Encodes `registry` with prometheus-client's own encoders: OpenMetrics
+/// text when `openmetrics`, else Prometheus text 0.0.4. The exposition is
+/// never edited as text.
 pub fn encode(registry: &Registry, openmetrics: bool) -> String {
     let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
-        return String::new();
-    }
-    append_process_metrics(&mut out);
-    if openmetrics {
-        return out;
-    }
-    // Counter families are named with `_total` in Prometheus text: collect
-    // them first (HELP lines come before TYPE lines), then rewrite.
-    let counters: std::collections::HashSet<&str> = out
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
-    let mut prom = String::with_capacity(out.len());
-    for line in out.lines() {
-        if line.starts_with("# EOF") || line.starts_with("# UNIT") {
-            continue;
+    let done = if openmetrics {
+        prometheus_client::encoding::text::encode(&mut out, registry)
+    } else {
+        prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
+    };
+    match done {
+        Ok(()) => out,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the metrics");
+            String::new()
         }
-        let renamed = ["# TYPE ", "# HELP "].iter().find_map(|tag| {
-            let rest = line.strip_prefix(tag)?;
-            let name = rest.split(' ').next()?;
-            counters
-                .contains(name)
-                .then(|| format!("{tag}{name}_total{}", &rest[name.len()..]))
-        });
-        prom.push_str(renamed.as_deref().unwrap_or(line));
-        prom.push('\n');
     }
-    prom
 }
 
-/// Process metrics read at scrape time (before `# EOF`).
-fn append_process_metrics(out: &mut String) {
-    let fds = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0);
-    let rss_pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(0);
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .unwrap_or(4096) as u64;
-    let extra = format!(
-        "# HELP process_open_fds Open file descriptors\n# TYPE process_open_fds gauge\nprocess_open_fds {fds}\n\
-         # HELP process_resident_memory_bytes Resident memory\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {}\n",
-        rss_pages * page
-    );
-    if let Some(pos) = out.rfind("# EOF") {
-        out.insert_str(pos, &extra);
+/// The `Content-Type` of what [`encode`] returns.
+pub fn content_type(openmetrics: bool) -> &'static str {
+    if openmetrics {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
     } else {
-        out.push_str(&extra);
+        prometheus_client::encoding::prometheus_text::CONTENT_TYPE
+    }
+}
+
+/// The standard process metrics of the running process, read from
+/// `/proc/self` at scrape time: `process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
+/// `process_open_fds`, `process_max_fds`, `process_start_time_seconds`.
+/// Register it with [`Registry::register_collector`]; the proxy's registry
+/// has it, and the binary adds it to the agent's. A value that cannot be
+/// read is left out of that scrape.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessCollector;
+
+/// What [`ProcessCollector`] reads from `/proc/self`.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct ProcessSample {
+    /// User + system CPU time, seconds.
+    pub cpu_seconds: Option<f64>,
+    /// Resident set size, bytes.
+    pub resident_bytes: Option<i64>,
+    /// Virtual memory size, bytes.
+    pub virtual_bytes: Option<i64>,
+    /// Open file descriptors.
+    pub open_fds: Option<i64>,
+    /// The soft RLIMIT_NOFILE.
+    pub max_fds: Option<i64>,
+    /// Start time, seconds since the Unix epoch.
+    pub start_time_seconds: Option<f64>,
+}
+
+impl ProcessSample {
+    /// Reads the running process's figures.
+    pub fn read() -> ProcessSample {
+        use nix::unistd::{sysconf, SysconfVar};
+        let ticks = sysconf(SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .filter(|t| *t > 0)
+            .unwrap_or(100) as f64;
+        let page = sysconf(SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .filter(|p| *p > 0)
+            .unwrap_or(4096) as i64;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok();
+        // Fields after the command name (which may hold spaces and ')'):
+        // index 0 is field 3 (state) of proc(5), so field N is at N - 3.
+        let fields: Vec<&str> = stat
+            .as_deref()
+            .and_then(|s| s.rsplit_once(')'))
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+        let cpu_seconds = match (field(14), field(15)) {
+            (Some(u), Some(s)) => Some((u + s) as f64 / ticks),
+            _ => None,
+        };
+        let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        });
+        let start_time_seconds = match (boot, field(22)) {
+            (Some(b), Some(st)) => Some(b as f64 + st as f64 / ticks),
+            _ => None,
+        };
+        let statm = std::fs::read_to_string("/proc/self/statm").ok();
+        let statm_field = |i: usize| {
+            statm
+                .as_deref()
+                .and_then(|s| s.split_whitespace().nth(i))
+                .and_then(|v| v.parse::<i64>().ok())
+                .map(|pages| pages.saturating_mul(page))
+        };
+        let open_fds = std::fs::read_dir("/proc/self/fd")
+            .ok()
+            .map(|d| d.count() as i64);
+        let max_fds = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .ok()
+            .map(|(soft, _)| i64::try_from(soft).unwrap_or(i64::MAX));
+        ProcessSample {
+            cpu_seconds,
+            resident_bytes: statm_field(1),
+            virtual_bytes: statm_field(0),
+            open_fds,
+            max_fds,
+            start_time_seconds,
+        }
+    }
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let p = ProcessSample::read();
+        if let Some(v) = p.cpu_seconds {
+            let c = ConstCounter::new(v);
+            c.encode(encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds",
+                None,
+                c.metric_type(),
+            )?)?;
+        }
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                p.resident_bytes,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                p.virtual_bytes,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                p.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors (soft RLIMIT_NOFILE)",
+                p.max_fds,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            if let Some(v) = v {
+                let g = ConstGauge::new(v);
+                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+            }
+        }
+        if let Some(v) = p.start_time_seconds {
+            let g = ConstGauge::new(v);
+            g.encode(encoder.encode_descriptor(
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch in seconds",
+                None,
+                g.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(ns: &str, name: &str) -> Peer {
+        Peer {
+            workload: name.into(),
+            namespace: ns.into(),
+            principal: format!("spiffe://cluster.local/ns/{ns}/sa/{name}"),
+        }
+    }
+
+    #[test]
+    fn both_formats_come_from_the_encoders_with_process_metrics() {
+        let m = Arc::new(Metrics::default());
+        let l = TcpLabels::new("source", &peer("a", "x"), &peer("b", "y"), "none", "-");
+        m.opened.get_or_create(&l).inc();
+        let r = m.registry();
+        let om = encode(&r, true);
+        let prom = encode(&r, false);
+        assert!(om.trim_end().ends_with("# EOF"), "{om}");
+        assert!(!prom.contains("# EOF"), "{prom}");
+        assert!(
+            om.contains("# TYPE istio_tcp_connections_opened counter"),
+            "{om}"
+        );
+        assert!(
+            prom.contains("# TYPE istio_tcp_connections_opened_total counter"),
+            "{prom}"
+        );
+        for text in [&om, &prom] {
+            assert!(
+                text.contains("istio_tcp_connections_opened_total{"),
+                "{text}"
+            );
+            for name in [
+                "process_cpu_seconds_total ",
+                "process_resident_memory_bytes ",
+                "process_virtual_memory_bytes ",
+                "process_open_fds ",
+                "process_max_fds ",
+                "process_start_time_seconds ",
+            ] {
+                assert!(
+                    text.lines().any(|l| l.starts_with(name)),
+                    "{name}missing: {text}"
+                );
+            }
+        }
+        assert!(om.contains("# TYPE process_cpu_seconds counter"), "{om}");
+        assert!(
+            prom.contains("# TYPE process_cpu_seconds_total counter"),
+            "{prom}"
+        );
+        let p = ProcessSample::read();
+        let (soft, _) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        assert_eq!(p.max_fds, Some(soft as i64));
+        assert!(p.open_fds.unwrap() >= 3, "{p:?}");
+        assert!(p.resident_bytes.unwrap() > 0, "{p:?}");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = p.start_time_seconds.unwrap();
+        assert!(
+            started <= now + 1.0 && started > now - 86400.0 * 365.0,
+            "{started} vs {now}"
+        );
+        assert!(p.cpu_seconds.unwrap() >= 0.0);
+        assert_eq!(
+            content_type(false),
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+    }
+
+    #[test]
+    fn forgetting_a_workload_drops_its_series_on_both_sides() {
+        let m = Arc::new(Metrics::default());
+        let (a, b, c) = (peer("ns", "a"), peer("ns", "b"), peer("ns", "c"));
+        for (rep, s, d) in [
+            ("source", &a, &b),
+            ("destination", &a, &b),
+            ("source", &c, &b),
+            ("destination", &b, &c),
+        ] {
+            let l = TcpLabels::new(rep, s, d, "none", "-");
+            m.opened.get_or_create(&l).inc();
+            m.closed.get_or_create(&l.with_flags("UF")).inc();
+        }
+        assert_eq!(m.tcp_series(), 8);
+        let epoch = m.series_epoch.load(std::sync::atomic::Ordering::Acquire);
+        assert_eq!(m.forget_workload(&a), 4);
+        assert_eq!(m.tcp_series(), 4);
+        assert!(m.series_epoch.load(std::sync::atomic::Ordering::Acquire) > epoch);
+        // Unknown sides are never an owner.
+        let unknown = Peer::default();
+        let l = TcpLabels::new("destination", &unknown, &c, "none", "-");
+        m.opened.get_or_create(&l).inc();
+        assert_eq!(m.forget_workload(&unknown), 0);
+        assert_eq!(m.forget_workload(&c), 5);
+        assert_eq!(m.tcp_series(), 0);
+        assert!(!encode(&m.registry(), false).contains("istio_tcp_connections_opened_total{"));
     }
 }

@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ringway_config::authz::{self, ConnInfo, Identity};
-use ringway_config::{Mesh, Workload};
+use ringway_config::{HboneSettings, Mesh, ProxySettings, Workload};
 use ringway_hbone::{
     Baggage, ConnectHeaders, ConnectRequest, Decision, DrainSignal, DrainTrigger, PeerInfo, Pool,
     PoolKey, Upstream,
@@ -64,6 +64,9 @@ pub enum TunnelError {
     /// A socket operation failed.
     #[error("socket: {0}")]
     Io(#[from] io::Error),
+    /// The tunnel listener refused the connection before authentication.
+    #[error("refused before authentication: {0}")]
+    Refused(&'static str),
 }
 
 /// The identity manager and the mesh in force (either may be unset).
@@ -80,18 +83,100 @@ pub struct TunnelState {
     current: RwLock<Current>,
     drain: DrainTrigger,
     signal: DrainSignal,
+    /// The limits of the tunnel listener (`proxy.hbone`).
+    pub limits: HboneSettings,
+    /// Ports a CONNECT may never target in a pod: the proxy's listeners
+    /// and `limits.reserved_ports`.
+    proxy_ports: Vec<u16>,
+    /// Tunnel connections not yet past TLS and the HTTP/2 preface, per pod.
+    preauth: std::sync::Mutex<std::collections::HashMap<Arc<str>, PodPreauth>>,
+}
+
+/// A pod's connections before authentication, in total and per source.
+#[derive(Debug, Default)]
+struct PodPreauth {
+    total: u32,
+    by_source: std::collections::HashMap<IpAddr, u32>,
+}
+
+/// One admitted pre-authentication connection; dropping it (once the
+/// preface arrived, or the connection ended) gives the place back.
+#[derive(Debug)]
+pub struct PreauthGuard {
+    state: Arc<TunnelState>,
+    pod: Arc<str>,
+    src: IpAddr,
+}
+
+impl Drop for PreauthGuard {
+    fn drop(&mut self) {
+        let mut map = self.state.preauth.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = map.get_mut(&self.pod) {
+            p.total = p.total.saturating_sub(1);
+            if let Some(n) = p.by_source.get_mut(&self.src) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    p.by_source.remove(&self.src);
+                }
+            }
+            if p.total == 0 {
+                map.remove(&self.pod);
+            }
+        }
+    }
+}
+
+/// Admits one more connection of `src` to `pod` before authentication, or
+/// names the cap it would pass (`per_source`, `per_pod`).
+pub fn admit_preauth(
+    state: &Arc<TunnelState>,
+    pod: &Arc<str>,
+    src: IpAddr,
+) -> Result<PreauthGuard, &'static str> {
+    let src = src.to_canonical();
+    let mut map = state.preauth.lock().unwrap_or_else(|p| p.into_inner());
+    let p = map.entry(pod.clone()).or_default();
+    if p.total >= state.limits.max_preauth_per_pod {
+        return Err("per_pod");
+    }
+    let n = p.by_source.entry(src).or_default();
+    if *n >= state.limits.max_preauth_per_source {
+        return Err("per_source");
+    }
+    *n += 1;
+    p.total += 1;
+    Ok(PreauthGuard {
+        state: state.clone(),
+        pod: pod.clone(),
+        src,
+    })
 }
 
 impl TunnelState {
-    /// A state counting into `metrics`, with HBONE off until configured.
-    pub fn new(metrics: Arc<crate::metrics::Metrics>) -> Self {
+    /// A state counting into `metrics`, with HBONE off until configured,
+    /// holding the tunnel limits of `settings`.
+    pub fn new(metrics: Arc<crate::metrics::Metrics>, settings: &ProxySettings) -> Self {
         let (drain, signal) = ringway_hbone::drain_channel();
+        let p = settings.ports;
+        let mut proxy_ports = vec![p.outbound, p.inbound, p.tunnel];
+        proxy_ports.extend(&settings.hbone.reserved_ports);
         TunnelState {
             metrics,
             current: RwLock::new((None, None)),
             drain,
             signal,
+            limits: settings.hbone.clone(),
+            proxy_ports,
+            preauth: Default::default(),
         }
+    }
+
+    /// Counts one refusal of the tunnel listener.
+    pub fn refused(&self, reason: &'static str) {
+        self.metrics
+            .hbone_refused
+            .get_or_create(&crate::metrics::RefusedLabels { reason })
+            .inc();
     }
 }
 
@@ -132,24 +217,27 @@ impl TunnelState {
     }
 }
 
-/// A pod's SPIFFE identity: from the agent's record, else the mesh's workload.
+/// A pod's SPIFFE identity: from the agent's record when it names both the
+/// namespace and the service account, else the mesh's workload of the pod's
+/// IPs (when the agent named a namespace, only a workload of that namespace).
+/// Never a guess: `None` (no certificate, no HBONE for the pod) when neither
+/// says it.
 pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
     let td = mesh.trust_domain();
-    {
+    let namespace = {
         let who = pod.who.read().unwrap_or_else(|p| p.into_inner());
-        if !who.0.namespace.is_empty() {
-            let sa = if who.0.service_account.is_empty() {
-                "default"
-            } else {
-                who.0.service_account.as_str()
-            };
-            return Some(Identity::new(td, &who.0.namespace, sa));
+        if !who.0.namespace.is_empty() && !who.0.service_account.is_empty() {
+            return Some(Identity::new(td, &who.0.namespace, &who.0.service_account));
         }
+        who.0.namespace.clone()
+    };
+    let w = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip))?;
+    if !namespace.is_empty() && w.namespace != namespace {
+        tracing::warn!(pod.uid = %pod.uid, pod.namespace = %namespace, workload.namespace = %w.namespace,
+            "the agent sent no service account and the mesh's workload of the pod's IPs is of another namespace: no identity");
+        return None;
     }
-    pod.ips
-        .iter()
-        .find_map(|ip| mesh.workload_by_ip(*ip))
-        .map(|w| w.identity(td))
+    Some(w.identity(td))
 }
 
 /// The workload of a pod for authorization: the mesh's, else one made from
@@ -296,6 +384,102 @@ pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
     TcpStream::from_std(std)
 }
 
+/// The accepted tunnel socket under TLS: reads go straight to the socket
+/// until [`LazyBufIo::buffer`] (after the handshake), then through a
+/// [`TLS_READ_BUF`] buffer allocated at the first read that needs it. A
+/// connection that never authenticates holds no read buffer.
+#[derive(Debug)]
+pub struct LazyBufIo {
+    tcp: TcpStream,
+    buffered: bool,
+    buf: Vec<u8>,
+    pos: usize,
+    filled: usize,
+}
+
+impl LazyBufIo {
+    fn new(tcp: TcpStream) -> Self {
+        LazyBufIo {
+            tcp,
+            buffered: false,
+            buf: Vec::new(),
+            pos: 0,
+            filled: 0,
+        }
+    }
+
+    /// Reads through the buffer from now on.
+    fn buffer(&mut self) {
+        self.buffered = true;
+    }
+}
+
+impl tokio::io::AsyncRead for LazyBufIo {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        out: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if !this.buffered || (this.pos == this.filled && out.remaining() >= TLS_READ_BUF) {
+            return std::pin::Pin::new(&mut this.tcp).poll_read(cx, out);
+        }
+        if this.pos == this.filled {
+            if this.buf.is_empty() {
+                this.buf = vec![0; TLS_READ_BUF];
+            }
+            let mut rb = tokio::io::ReadBuf::new(&mut this.buf);
+            match std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+            this.filled = rb.filled().len();
+            this.pos = 0;
+        }
+        let n = (this.filled - this.pos).min(out.remaining());
+        out.put_slice(&this.buf[this.pos..this.pos + n]);
+        this.pos += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for LazyBufIo {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
+
 /// Per-connection context the worker hands in.
 #[derive(Debug)]
 pub struct ConnCtx<'a> {
@@ -406,10 +590,7 @@ pub async fn open_outbound(
         .await
         {
             Ok(r) => r,
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "TLS handshake timed out",
-            )),
+            Err(_) => Err(crate::metrics::HandshakeTimeout::io(CONNECT_TIMEOUT)),
         };
         let outcome = match &r {
             Ok(_) => "ok",
@@ -597,17 +778,29 @@ pub async fn inbound(
     tcp: TcpStream,
     peer_addr: SocketAddr,
 ) -> Result<(), TunnelError> {
+    // Before authentication a connection costs a task, an fd and the TLS
+    // state only (no read buffer), for a bounded time, and only so many
+    // per source and per pod.
+    let preauth = match admit_preauth(&state, &pod.uid, peer_addr.ip()) {
+        Ok(g) => g,
+        Err(reason) => {
+            tracing::debug!(src.addr = %peer_addr, %reason, "tunnel connection over the pre-auth cap; resetting");
+            sys::tcp_abort(tcp.as_fd());
+            state.refused(reason);
+            return Err(TunnelError::Refused(reason));
+        }
+    };
     let (ids, mesh) = state.enabled().ok_or(TunnelError::Disabled)?;
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp);
-    let accepted = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(tcp)).await {
+    let timeout = state.limits.handshake_timeout;
+    let accepted = match tokio::time::timeout(timeout, acceptor.accept(LazyBufIo::new(tcp))).await {
         Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "TLS handshake timed out",
-        )),
+        Err(_) => {
+            state.refused("handshake_timeout");
+            Err(crate::metrics::HandshakeTimeout::io(timeout))
+        }
     };
     let outcome = match &accepted {
         Ok(_) => "ok",
@@ -621,7 +814,9 @@ pub async fn inbound(
             outcome,
         })
         .inc();
-    let tls = accepted?;
+    let mut tls = accepted?;
+    // Authenticated: from now on TLS reads go through the buffer.
+    tls.get_mut().0.buffer();
     let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
     tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
     let info = PeerInfo {
@@ -638,14 +833,31 @@ pub async fn inbound(
             async move { decide(&state, &pod, mark, &peer_id, req).await }
         }
     };
-    ringway_hbone::serve_connection(
+    let l = &state.limits;
+    let config = ringway_hbone::ServerConfig {
+        max_header_list_size: l.max_header_list_size,
+        max_connecting_streams: l.max_connecting_streams,
+        max_early_resets: l.max_early_resets,
+        preface_timeout: l.preface_timeout,
+        idle_timeout: l.idle_timeout,
+        ..ringway_hbone::ServerConfig::default()
+    };
+    let served = ringway_hbone::serve_connection_with(
         tls,
         info,
-        &ringway_hbone::ServerConfig::default(),
+        &config,
         state.signal.clone(),
         handler,
+        move || drop(preauth),
     )
-    .await?;
+    .await;
+    match &served {
+        Err(ringway_hbone::HboneError::RapidReset(_)) => state.refused("rapid_reset"),
+        Err(ringway_hbone::HboneError::PrefaceTimeout(_)) => state.refused("preface_timeout"),
+        Err(ringway_hbone::HboneError::Idle(_)) => state.refused("idle"),
+        _ => {}
+    }
+    served?;
     Ok(())
 }
 
@@ -663,9 +875,23 @@ async fn decide(
     let Some(mesh) = state.mesh() else {
         return Decision::Unavailable503("no mesh configuration".into());
     };
-    // `forwarded` is trusted: the peer is an authenticated mesh proxy.
+    if state.proxy_ports.contains(&dst.port()) {
+        state.refused("proxy_port");
+        return deny_401(
+            state,
+            format!("{dst} is a port of the proxy, not of the app"),
+        );
+    }
+    // The client address the app will see and policies judge: the peer's
+    // claim (`forwarded`), else its own TCP address. Accepted only when it
+    // is an address of a workload whose identity is the one the peer
+    // proved; never a loopback, unspecified, multicast or link-local one.
     let client_addr = req.forwarded_for.unwrap_or(req.peer.addr);
-    let client = client_addr.ip();
+    let client = client_addr.ip().to_canonical();
+    if let Err(why) = check_client_claim(&mesh, peer_id, client) {
+        state.refused(why.reason());
+        return deny_401(state, format!("client address {client}: {why}"));
+    }
     let authz = match authorize(
         &mesh,
         pod,
@@ -675,14 +901,7 @@ async fn decide(
         "hbone",
     ) {
         Ok(a) => a,
-        Err(why) => {
-            state
-                .metrics
-                .denials
-                .get_or_create(&crate::metrics::DenyLabels { path: "hbone" })
-                .inc();
-            return Decision::Deny401(why);
-        }
+        Err(why) => return deny_401(state, why),
     };
     match connect_in_pod(pod, mark, dst, Some(client)).await {
         Ok(s) => {
@@ -710,6 +929,83 @@ async fn decide(
         }
         Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),
     }
+}
+
+/// Answers 401 and counts the denial.
+fn deny_401(state: &TunnelState, why: String) -> Decision {
+    state
+        .metrics
+        .denials
+        .get_or_create(&crate::metrics::DenyLabels { path: "hbone" })
+        .inc();
+    Decision::Deny401(why)
+}
+
+/// Why a peer's client address claim is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClaimError {
+    /// Loopback, unspecified, multicast, broadcast or link-local.
+    #[error("{0} is never a client of a tunnel")]
+    Reserved(&'static str),
+    /// No workload holds the address.
+    #[error("no mesh workload holds this address; the peer is {peer}")]
+    NoWorkload {
+        /// The identity the peer proved.
+        peer: String,
+    },
+    /// The workload holding the address has another identity.
+    #[error("it belongs to {owner}, not to the peer {peer}")]
+    OtherIdentity {
+        /// The identity of the address's workload.
+        owner: String,
+        /// The identity the peer proved.
+        peer: String,
+    },
+}
+
+impl ClaimError {
+    /// The `ringway_hbone_refused_total` reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ClaimError::Reserved(_) => "forwarded_reserved",
+            _ => "forwarded_not_peer",
+        }
+    }
+}
+
+/// Whether `ip`, claimed as the client of a tunnel by a peer that proved
+/// `peer_id`, may be used: not a special address, and an address of a
+/// workload with exactly that identity.
+pub fn check_client_claim(mesh: &Mesh, peer_id: &Identity, ip: IpAddr) -> Result<(), ClaimError> {
+    let ip = ip.to_canonical();
+    let special = match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => Some("loopback"),
+        IpAddr::V4(v4) if v4.is_unspecified() => Some("unspecified"),
+        IpAddr::V4(v4) if v4.is_multicast() => Some("multicast"),
+        IpAddr::V4(v4) if v4.is_broadcast() => Some("broadcast"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("link-local"),
+        IpAddr::V6(v6) if v6.is_loopback() => Some("loopback"),
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("unspecified"),
+        IpAddr::V6(v6) if v6.is_multicast() => Some("multicast"),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("link-local"),
+        _ => None,
+    };
+    if let Some(what) = special {
+        return Err(ClaimError::Reserved(what));
+    }
+    let Some(w) = mesh.workload_by_ip(ip) else {
+        return Err(ClaimError::NoWorkload {
+            peer: peer_id.to_string(),
+        });
+    };
+    let owner = w.identity(mesh.trust_domain());
+    if &owner != peer_id {
+        return Err(ClaimError::OtherIdentity {
+            owner: owner.to_string(),
+            peer: peer_id.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// The destination side's view of a tunnelled connection: its istio_tcp_*
@@ -797,6 +1093,64 @@ impl Drop for InboundObserver {
             duration.ms = self.started.elapsed().as_millis() as u64,
             security = "mutual_tls",
             "connection closed"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh() -> Mesh {
+        ringway_config::MeshConfig::parse(
+            "trustDomain: cluster.local\nworkloads:\n  - uid: uid-web\n    name: web\n    namespace: shop\n    serviceAccount: web\n    ips: [10.0.0.2]\n    node: n1\n    tunnel: true\n",
+            "test",
+        )
+        .unwrap()
+        .validate("test")
+        .unwrap()
+    }
+
+    fn pod(ip: &str, namespace: &str, service_account: &str) -> PodShared {
+        PodShared {
+            uid: Arc::from("uid"),
+            netns: std::fs::File::open("/dev/null").unwrap().into(),
+            ips: vec![ip.parse().unwrap()],
+            ports: sock::PortSplit::default(),
+            who: RwLock::new((
+                crate::PodIdentity {
+                    name: "p".into(),
+                    namespace: namespace.into(),
+                    service_account: service_account.into(),
+                },
+                String::new(),
+            )),
+            flows: flows::FlowTable::default(),
+        }
+    }
+
+    /// The agent's info without a service account must never become
+    /// `sa/default` (a DENY on the real account would miss the pod, an ALLOW
+    /// for `default` would admit it): the mesh's record of the pod, when it
+    /// agrees on the namespace, else no identity at all (no certificate, no
+    /// HBONE).
+    #[test]
+    fn adversarial_proxy_never_guesses_a_pods_service_account() {
+        let mesh = mesh();
+        let id = |p: &PodShared| pod_identity(&mesh, p).map(|i| i.to_string());
+        // No service account from the agent, no workload in the mesh: none.
+        assert_eq!(id(&pod("10.0.0.9", "shop", "")), None);
+        // No service account from the agent: the mesh's record of the pod.
+        assert_eq!(
+            id(&pod("10.0.0.2", "shop", "")).as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/web")
+        );
+        // ... but not when it names another namespace than the agent's.
+        assert_eq!(id(&pod("10.0.0.2", "bank", "")), None);
+        // The agent's full identity wins.
+        assert_eq!(
+            id(&pod("10.0.0.9", "shop", "cart")).as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/cart")
         );
     }
 }

@@ -34,7 +34,8 @@ pub struct PodShared {
     pub uid: Arc<str>,
     /// The pod's network namespace.
     pub netns: OwnedFd,
-    /// The pod's addresses (found inside its netns when it was added).
+    /// The pod's addresses (the agent's, else its netns's at add; see
+    /// [`crate::PodInfo::ips`]).
     pub ips: Vec<IpAddr>,
     /// The pod's ephemeral port range, split between own and spoofed sockets.
     pub ports: sock::PortSplit,
@@ -136,8 +137,11 @@ struct WorkerCtx {
     hbone_pool: Rc<ringway_hbone::Pool>,
     /// Round robin over service endpoints.
     next_endpoint: Cell<usize>,
-    /// istio_tcp_* series already resolved by this worker.
+    /// istio_tcp_* series already resolved by this worker, valid while
+    /// `Metrics::series_epoch` equals the second field (removed pods' series
+    /// are dropped from the metrics; their handles must not be reused).
     series: SeriesCache,
+    series_epoch: Cell<u64>,
 }
 
 fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
@@ -195,6 +199,7 @@ pub fn run(
         hbone_pool: Rc::new(hbone_pool),
         next_endpoint: Cell::new(0),
         series: RefCell::default(),
+        series_epoch: Cell::new(0),
     });
     match backend {
         Backend::Uring => {
@@ -448,7 +453,17 @@ async fn handle_conn(
             }
             return;
         }
-        ListenerKind::Outbound => true,
+        ListenerKind::Outbound => {
+            // Only the pod's own addresses may leave through its proxy: a
+            // pod that puts a neighbour's address on an interface must not
+            // reach anyone (or spoof it on the fast path, or claim it in
+            // `forwarded`) with it.
+            if !pod.shared.ips.contains(&peer.ip().to_canonical()) {
+                refuse_foreign(&ctx, &client, "source_not_pod_address", peer.ip());
+                return;
+            }
+            true
+        }
         ListenerKind::Inbound => s.capture_mode == CaptureMode::Redirect,
     };
     let dst = match sock::original_dst(client.as_fd(), nat, peer.is_ipv6()) {
@@ -470,6 +485,14 @@ async fn handle_conn(
     }
     match kind {
         ListenerKind::Inbound => {
+            // Relay only to the pod's own addresses (HBONE checks
+            // `:authority` likewise): anything else routed into the pod
+            // (REDIRECT captures every destination; TPROXY every local one,
+            // e.g. on the pod's `lo`) is not the pod's service.
+            if !pod.shared.ips.contains(&dst.ip().to_canonical()) {
+                refuse_foreign(&ctx, &client, "destination_not_pod_address", dst.ip());
+                return;
+            }
             let flow = match tunnel::authorize_plaintext(&ctx.tunnel, &pod.shared, peer.ip(), dst) {
                 Ok(flow) => flow,
                 Err(why) => {
@@ -494,6 +517,17 @@ async fn handle_conn(
         }
         _ => outbound(ctx.clone(), pod, guard, client, peer, dst, started).await,
     }
+}
+
+/// Counts and logs a connection whose source (outbound) or destination
+/// (inbound) is not an address of the pod, and resets it.
+fn refuse_foreign(ctx: &WorkerCtx, client: &OwnedFd, reason: &'static str, addr: IpAddr) {
+    ctx.metrics
+        .refused
+        .get_or_create(&crate::metrics::RefuseLabels { reason })
+        .inc();
+    tracing::warn!(target: "access", reason, addr = %addr, "connection refused: not an address of the pod; reset");
+    refuse(ctx, client);
 }
 
 /// Counts and logs a connection refused by policy, and resets it.
@@ -771,8 +805,26 @@ async fn connect_hop(
         t
     };
     guard.set_upstream(client, upstream.shared(), target);
-    upstream.connect(hop.addr.into()).await?;
-    Ok(upstream)
+    let limit = s.connect_timeout;
+    let r = match tokio::time::timeout(limit, upstream.connect(hop.addr.into())).await {
+        Ok(r) => r,
+        Err(_) => {
+            // Given up: reset the socket so an io_uring connect still in
+            // flight completes now and the fd goes, not after the SYN retries.
+            sys::tcp_abort(upstream.fd());
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {} timed out after {limit:?}", hop.addr),
+            ))
+        }
+    };
+    if let Err(e) = &r {
+        ctx.metrics
+            .connect_failures
+            .get_or_create(&crate::metrics::ConnectFailLabels::of(e))
+            .inc();
+    }
+    r.map(|()| upstream)
 }
 
 /// Metrics labels of a spliced connection, as each reporting side sees it:
@@ -830,6 +882,14 @@ type SeriesCache = RefCell<HashMap<(&'static str, Peer, Peer), Rc<Series>>>;
 const SERIES_CACHE_MAX: usize = 16_384;
 
 fn series(ctx: &WorkerCtx, reporter: &'static str, src: &Peer, dst: &Peer) -> Rc<Series> {
+    let epoch = ctx
+        .metrics
+        .series_epoch
+        .load(std::sync::atomic::Ordering::Acquire);
+    if ctx.series_epoch.get() != epoch {
+        ctx.series.borrow_mut().clear();
+        ctx.series_epoch.set(epoch);
+    }
     let key = (reporter, src.clone(), dst.clone());
     if let Some(s) = ctx.series.borrow().get(&key) {
         return s.clone();
@@ -837,10 +897,10 @@ fn series(ctx: &WorkerCtx, reporter: &'static str, src: &Peer, dst: &Peer) -> Rc
     let labels = TcpLabels::new(reporter, src, dst, "none", "-");
     let m = &ctx.metrics;
     let s = Rc::new(Series {
-        opened: m.opened.get_or_create(&labels).clone(),
-        closed: m.closed.get_or_create(&labels).clone(),
-        sent: m.sent.get_or_create(&labels).clone(),
-        received: m.received.get_or_create(&labels).clone(),
+        opened: m.opened.get_or_create(&labels),
+        closed: m.closed.get_or_create(&labels),
+        sent: m.sent.get_or_create(&labels),
+        received: m.received.get_or_create(&labels),
         labels,
     });
     let mut cache = ctx.series.borrow_mut();
@@ -980,12 +1040,13 @@ mod tests {
             local_pods: LocalPods::default(),
             metrics: metrics.clone(),
             last_fd_warning: Cell::new(None),
-            tunnel: Arc::new(TunnelState::new(metrics)),
+            tunnel: Arc::new(TunnelState::new(metrics, &ProxySettings::default())),
             hbone_pool: Rc::new(ringway_hbone::Pool::new(
                 ringway_hbone::PoolConfig::default(),
             )),
             next_endpoint: Cell::new(0),
             series: RefCell::default(),
+            series_epoch: Cell::new(0),
         });
         let pod = Rc::new(PodLocal {
             shared: Arc::new(PodShared {

@@ -2,7 +2,7 @@
 //! (with their network namespaces) and answer every request with one ack.
 //!
 //! Runs on its own control thread, never on a datapath worker. Flow per
-//! connection: connect (backoff 10 ms doubling to 15 s), send `ZdsHello{V1}`,
+//! connection: connect (backoff 10 ms doubling to 200 ms), send `ZdsHello{V1}`,
 //! apply the snapshot (`Add`/`Keep` ... `SnapshotSent`, after which pods the
 //! snapshot did not name are torn down), then live `Add`/`Del`. A pod whose
 //! listeners cannot be created is nacked and retried every second until it
@@ -97,7 +97,10 @@ impl ZdsClientConfig {
         ZdsClientConfig {
             socket: socket.into(),
             backoff_min: Duration::from_millis(10),
-            backoff_max: Duration::from_secs(15),
+            // Capped low: a failed connect to a unix socket costs microseconds,
+            // and every CNI ADD fails while the proxy is away from a restarted
+            // agent (it took up to 15 s with a longer cap).
+            backoff_max: Duration::from_millis(200),
             retry_every: Duration::from_secs(1),
         }
     }
@@ -105,6 +108,7 @@ impl ZdsClientConfig {
 
 struct Pending {
     info: PodIdentity,
+    addresses: Vec<std::net::IpAddr>,
     netns: OwnedFd,
     last_error: String,
 }
@@ -113,9 +117,14 @@ struct Pending {
 pub fn run(proxy: Arc<Proxy>, cfg: ZdsClientConfig, ready: Arc<Readiness>, stop: Arc<AtomicBool>) {
     let mut backoff = cfg.backoff_min;
     let mut pending: HashMap<String, Pending> = HashMap::new();
+    // Since when the agent has been unreachable, and whether that was logged.
+    let mut outage: Option<(Instant, bool)> = None;
     while !stop.load(Ordering::SeqCst) {
         match connect_agent(&cfg.socket) {
             Ok(sock) => {
+                if let Some((since, _)) = outage.take() {
+                    tracing::info!(socket = %cfg.socket.display(), unreachable_for = ?since.elapsed(), "node agent reachable again");
+                }
                 backoff = cfg.backoff_min;
                 tracing::info!(socket = %cfg.socket.display(), "connected to the node agent");
                 match session(&proxy, &cfg, &ready, &stop, &sock, &mut pending) {
@@ -125,6 +134,11 @@ pub fn run(proxy: Arc<Proxy>, cfg: ZdsClientConfig, ready: Arc<Readiness>, stop:
             }
             Err(e) => {
                 tracing::debug!(socket = %cfg.socket.display(), error = %e, ?backoff, "node agent not reachable");
+                let (since, warned) = outage.get_or_insert((Instant::now(), false));
+                if !*warned && since.elapsed() >= Duration::from_secs(10) {
+                    *warned = true;
+                    tracing::warn!(socket = %cfg.socket.display(), error = %e, "node agent unreachable for 10 s: no pod can be added on this node until it is back");
+                }
                 sleep_unless_stopped(backoff, &stop);
                 backoff = (backoff * 2).min(cfg.backoff_max);
             }
@@ -230,7 +244,12 @@ fn session(
         };
         tracing::debug!(request = req.kind(), "ZDS request");
         match req {
-            Request::Add { uid, info, netns } => {
+            Request::Add {
+                uid,
+                info,
+                addresses,
+                netns,
+            } => {
                 if in_snapshot {
                     named.insert(uid.clone());
                 }
@@ -239,13 +258,14 @@ fn session(
                     namespace: info.namespace,
                     service_account: info.service_account,
                 };
-                match proxy.add_pod_with_identity(
+                match proxy.add_pod_with_addresses(
                     &uid,
                     netns.try_clone().map_err(|e| ZdsError::Io {
                         op: "dup netns fd",
                         source: e,
                     })?,
                     identity.clone(),
+                    &addresses,
                 ) {
                     Ok(()) => {
                         pending.remove(&uid);
@@ -253,7 +273,13 @@ fn session(
                         reply(sock, &proxy.metrics(), None)?;
                     }
                     Err(e) => {
-                        tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
+                        if matches!(e, crate::ProxyError::AddressConflict { .. }) {
+                            // Loud: two pods claim one address. Retried, so
+                            // the pod is served once the holder is deleted.
+                            tracing::error!(pod.uid = %uid, error = %e, "address conflict: pod refused (nacked), will retry");
+                        } else {
+                            tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
+                        }
                         let text = e.to_string();
                         // A fd that is not a usable netns will never work: do not retry it.
                         if matches!(
@@ -268,6 +294,7 @@ fn session(
                             uid.clone(),
                             Pending {
                                 info: identity,
+                                addresses,
                                 netns,
                                 last_error: text.clone(),
                             },
@@ -352,7 +379,7 @@ fn retry_pending(proxy: &Proxy, ready: &Readiness, pending: &mut HashMap<String,
                 continue;
             }
         };
-        match proxy.add_pod_with_identity(&uid, fd, p.info.clone()) {
+        match proxy.add_pod_with_addresses(&uid, fd, p.info.clone(), &p.addresses) {
             Ok(()) => {
                 tracing::info!(pod.uid = %uid, "pending pod now served");
                 pending.remove(&uid);

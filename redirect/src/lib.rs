@@ -147,7 +147,7 @@ pub use error::RedirectError;
 pub use netns::{check_pod_netns, open_netns};
 pub use nl::wait_closed;
 pub use ruleset::render;
-pub use tag::{PodTag, TagError, NFT_USERDATA_MAX, PIECE_MAX};
+pub use tag::{PodTag, TagError, MAX_PIECES, NFT_USERDATA_MAX, PIECE_MAX};
 pub use verify::Drift;
 
 use nft::Chain;
@@ -299,7 +299,7 @@ pub fn apply_for(
 ) -> Result<(), RedirectError> {
     let chains = ruleset::chains(spec);
     let pieces = owner
-        .pieces(chains.len() + 1)
+        .pieces((chains.len() + 1).min(tag::MAX_PIECES))
         .map_err(RedirectError::TagTooLong)?;
     apply_chains(netns, spec, chains, pieces)
 }

@@ -16,6 +16,13 @@
 //! (`nft list` shows it): piece 0 on the table, piece `i` on the `i`-th base
 //! chain in creation order. A tag that needs more pieces than the rule set has
 //! objects is refused ([`PodTag::pieces`]).
+//!
+//! The table lives in the pod's own network namespace: a container with
+//! CAP_NET_ADMIN there can rewrite the tag. Reading it back never trusts it
+//! for sizes (a count above [`MAX_PIECES`], an index past the count, a piece
+//! stored twice: [`TagError`], never a panic), and it is only ever a hint: the
+//! node agent adopts a pod at restart only when the tag agrees with its own
+//! record, kept where pods cannot write.
 
 use std::net::IpAddr;
 
@@ -28,6 +35,10 @@ pub const NFT_USERDATA_MAX: usize = 256;
 /// The longest piece of the line stored in one object: the comment TLV (2
 /// bytes of header, the NUL) and the `ringway-pod:i/n:` prefix must fit too.
 pub const PIECE_MAX: usize = 224;
+/// The most pieces a tag is ever cut into (the rule set has fewer objects).
+/// A stored count above it is refused: the tag is pod-writable, so no count
+/// read back may size an allocation.
+pub const MAX_PIECES: usize = 16;
 
 /// The pod that owns a namespace's capture.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -181,12 +192,16 @@ impl PodTag {
 /// not one of ours.
 pub(crate) fn parse_piece(comment: &str) -> Option<Result<(usize, usize, &str), TagError>> {
     let rest = comment.strip_prefix(PIECE_PREFIX)?;
-    let bad = || TagError(format!("malformed piece {comment:?}"));
+    let bad = || {
+        TagError(format!(
+            "malformed piece {comment:?} (want {PIECE_PREFIX}<i>/<n>:<text>, i < n <= {MAX_PIECES})"
+        ))
+    };
     let parsed = (|| {
         let (pos, piece) = rest.split_once(':')?;
         let (i, n) = pos.split_once('/')?;
         let (i, n): (usize, usize) = (i.parse().ok()?, n.parse().ok()?);
-        (i < n).then_some((i, n, piece))
+        (i < n && n <= MAX_PIECES).then_some((i, n, piece))
     })();
     Some(parsed.ok_or_else(bad))
 }
@@ -203,7 +218,9 @@ pub(crate) fn assemble(
     if i != 0 {
         return Err(TagError(format!("the table holds piece {i}, want 0")));
     }
-    let mut pieces: Vec<Option<&str>> = vec![None; n];
+    // `parse_piece` bounds `n` by MAX_PIECES and `i` by `n`: the tag is
+    // pod-writable, so nothing read from it sizes more than that.
+    let mut pieces: [Option<&str>; MAX_PIECES] = [None; MAX_PIECES];
     pieces[0] = Some(piece);
     for c in chain_comments {
         if let Some(p) = parse_piece(c) {
@@ -213,11 +230,17 @@ pub(crate) fn assemble(
                     "a chain holds piece {i}/{m}, the table says {n} pieces"
                 )));
             }
-            pieces[i] = Some(piece);
+            let slot = pieces
+                .get_mut(i)
+                .ok_or_else(|| TagError(format!("piece {i} of {n} is out of range")))?;
+            if slot.is_some() {
+                return Err(TagError(format!("piece {i} of {n} is stored twice")));
+            }
+            *slot = Some(piece);
         }
     }
     let mut line = String::new();
-    for (i, p) in pieces.iter().enumerate() {
+    for (i, p) in pieces.iter().take(n).enumerate() {
         line.push_str(p.ok_or_else(|| TagError(format!("piece {i} of {n} is missing")))?);
     }
     PodTag::decode(&line).map(Some)
@@ -300,5 +323,36 @@ mod tests {
         let e = PodTag::decode("v1|u|n").unwrap_err();
         assert!(e.0.starts_with("3 fields, want 8"), "{e}");
         assert!(parse_piece("ringway-pod:3/2:x").unwrap().is_err());
+    }
+
+    /// The tag lives in the pod's own netns: a pod with CAP_NET_ADMIN writes
+    /// whatever it likes there. No piece count may size an allocation or index
+    /// past what the rule set can hold.
+    #[test]
+    fn adversarial_forged_piece_counts_are_refused_without_panic() {
+        for forged in [
+            "ringway-pod:0/18446744073709551615:x",
+            "ringway-pod:0/4294967296:x",
+            "ringway-pod:0/17:x",
+            "ringway-pod:0/0:x",
+            "ringway-pod:0/99999999999999999999999:x",
+        ] {
+            let e = assemble(Some(forged), &[]).unwrap_err();
+            assert!(e.0.contains("malformed piece"), "{forged}: {e}");
+        }
+        // A chain's piece with an index past the table's count.
+        let e = assemble(
+            Some("ringway-pod:0/2:v1|u|ns|n|sa|node|c|"),
+            &["ringway-pod:7/2:x".into()],
+        )
+        .unwrap_err();
+        assert!(e.0.contains("malformed piece"), "{e}");
+        // A well-formed count is still read.
+        let t = PodTag {
+            uid: "u".into(),
+            ..PodTag::default()
+        };
+        let p = t.pieces(MAX_PIECES).unwrap();
+        assert_eq!(assemble(Some(&p[0]), &[]).unwrap(), Some(t));
     }
 }

@@ -24,17 +24,24 @@ pub struct CniPod {
 }
 
 impl CniPod {
-    /// Test bed pod `pod` as pod `uid` of namespace `namespace`, sandbox
-    /// `sandbox-<uid>`, with its IPv4 (/24) and IPv6 (/64) addresses.
-    pub fn of(pod: &Pod, uid: &str, namespace: &str) -> CniPod {
+    /// Test bed pod `pod` as pod `uid` of namespace `shop` (see
+    /// [`CniPod::in_namespace`]), sandbox `sandbox-<uid>`, with its IPv4
+    /// (/24) and IPv6 (/64) addresses.
+    pub fn of(pod: &Pod, uid: &str) -> CniPod {
         CniPod {
             uid: uid.into(),
             name: pod.name.clone(),
-            namespace: namespace.into(),
+            namespace: "shop".into(),
             container_id: format!("sandbox-{uid}"),
             netns: pod.netns.path().to_path_buf(),
             ips: vec![format!("{}/24", pod.ipv4), format!("{}/64", pod.ipv6)],
         }
+    }
+
+    /// The same pod in namespace `namespace`.
+    pub fn in_namespace(mut self, namespace: &str) -> CniPod {
+        self.namespace = namespace.into();
+        self
     }
 
     /// The `CNI_*` variables of `command` (`ADD`, `DEL`, ...), plugins

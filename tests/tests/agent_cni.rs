@@ -22,7 +22,7 @@ fn tag(cfg: &ringway_cni::node::AgentConfig, p: &CniPod, pod: &ringway_testbed::
         uid: p.uid.clone(),
         name: p.name.clone(),
         namespace: p.namespace.clone(),
-        service_account: String::new(),
+        service_account: "shop-sa".into(),
         node: cfg.node_name.clone(),
         container_id: p.container_id.clone(),
         ips: vec![pod.ipv4.into(), pod.ipv6.into()],
@@ -49,7 +49,7 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         wait_ready_proxies(&agent, 1);
         assert_eq!(proxy.kinds(), vec![("SnapshotSent", String::new())]);
 
-        let p = cni_pod(pod, "uid-a");
+        let p = CniPod::of(pod, "uid-a");
         let out = ok(plugin("ADD", &p, &cfg.cni_socket));
         assert!(
             out.stdout.contains("\"ips\""),
@@ -64,10 +64,12 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         assert_eq!(add.uid, "uid-a");
         assert_eq!(
             add.info,
-            Some((pod.name.clone(), "shop".to_string(), String::new()))
+            Some((pod.name.clone(), "shop".to_string(), "shop-sa".to_string()))
         );
         assert_eq!(add.netns_inode, Some(pod.netns.inode()));
         assert_eq!(add.is_pod_netns, Some(true));
+        // The pod's addresses from the CNI result, for the proxy to hold.
+        assert_eq!(add.addresses, vec![pod.ip(false), pod.ip(true)]);
         // Reopened from inside the namespace: its link names the namespace,
         // not the runtime's bind-mount path (proxies may check that).
         assert_eq!(
@@ -108,7 +110,7 @@ fn cni_add_captures_the_pod_and_hands_its_netns_to_the_proxy() {
         // DEL again, and DEL of a pod never seen, with or without a netns:
         // success, and nothing reaches the proxy.
         ok(plugin("DEL", &p, &cfg.cni_socket));
-        let mut gone = cni_pod(pod, "uid-never-seen");
+        let mut gone = CniPod::of(pod, "uid-never-seen");
         gone.netns = "".into();
         ok(plugin("DEL", &gone, &cfg.cni_socket));
         // A barrier instead of a pause: the proxy's connection is ordered,
@@ -142,7 +144,7 @@ fn add_without_a_proxy_is_retryable_and_succeeds_once_one_connects() {
         let cfg = config("agent_cni_no_proxy", &dir.0);
         let vn = VirtualNode::build(12, 1).unwrap();
         let pod = vn.pod(0);
-        let p = cni_pod(pod, "uid-b");
+        let p = CniPod::of(pod, "uid-b");
 
         // No agent at all: "try again later" too.
         let o = plugin("ADD", &p, &cfg.cni_socket);
@@ -195,7 +197,7 @@ fn a_nack_is_retryable_and_leaves_nothing_behind() {
         let agent = start(&cfg);
         let proxy = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        let p = cni_pod(pod, "uid-c");
+        let p = CniPod::of(pod, "uid-c");
         proxy.refuse("uid-c", "cannot bind 15001: address in use");
 
         let o = plugin("ADD", &p, &cfg.cni_socket);
@@ -240,7 +242,7 @@ fn add_goes_to_the_newest_proxy_del_to_all_and_dead_ones_are_dropped() {
         let new = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 2);
 
-        let p0 = cni_pod(vn.pod(0), "uid-d0");
+        let p0 = CniPod::of(vn.pod(0), "uid-d0");
         ok(plugin("ADD", &p0, &cfg.cni_socket));
         assert_eq!(
             new.wait_for(2)[1..]
@@ -265,7 +267,7 @@ fn add_goes_to_the_newest_proxy_del_to_all_and_dead_ones_are_dropped() {
         // goes to the remaining one.
         new.disconnect();
         wait_ready_proxies(&agent, 1);
-        let p1 = cni_pod(vn.pod(1), "uid-d1");
+        let p1 = CniPod::of(vn.pod(1), "uid-d1");
         ok(plugin("ADD", &p1, &cfg.cni_socket));
         let log = old.wait_for(3);
         assert_eq!((log[2].kind, log[2].uid.as_str()), ("Add", "uid-d1"));
@@ -331,7 +333,7 @@ fn bad_cni_requests_get_exact_errors_and_the_agent_keeps_serving() {
         );
         let add = |netns: &str| {
             format!(
-                "{{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"{netns}\",\"pod\":{{\"name\":\"a\",\"namespace\":\"b\",\"uid\":\"u\"}}}}\n"
+                "{{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"{netns}\",\"pod\":{{\"name\":\"a\",\"namespace\":\"shop\",\"uid\":\"u\"}}}}\n"
             )
         };
         // The host's (the agent process's own) namespace.
@@ -392,7 +394,7 @@ fn bad_cni_requests_get_exact_errors_and_the_agent_keeps_serving() {
         assert!(agent.pods().is_empty());
         assert_eq!(proxy.kinds(), [("SnapshotSent", String::new())]);
         assert_eq!(cni_line(sock, b"{\"op\":\"status\"}\n"), r#"{"ok":true}"#);
-        let p = cni_pod(vn.pod(0), "uid-e");
+        let p = CniPod::of(vn.pod(0), "uid-e");
         ok(plugin("ADD", &p, &cfg.cni_socket));
     });
 }
@@ -445,5 +447,99 @@ fn start_refuses_a_served_socket_and_replaces_a_stale_one() {
         );
         assert_eq!(std::fs::read(&cfg.cni_socket).unwrap(), b"precious");
         assert!(!cfg.zds_socket.exists());
+    });
+}
+
+/// Without an API server (file mode) the service account comes from the
+/// agent's configuration (`--pod-service-account`), a pod's own rule before
+/// its namespace's; a pod no rule covers is refused, never enrolled as
+/// `default` (or as nothing, which the proxy used to turn into `default`).
+#[test]
+fn adversarial_file_mode_add_without_a_configured_service_account_is_refused() {
+    run_isolated("adversarial_file_mode_sa", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_file_mode_sa");
+        let vn = VirtualNode::build(33, 3).unwrap();
+        let mut cfg = config("adversarial_file_mode_sa", &dir.0);
+        cfg.service_accounts = vec![
+            "shop=shop-sa".parse().unwrap(),
+            format!("shop/{}=web", vn.pod(1).name).parse().unwrap(),
+        ];
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        // Namespace "bank" has no rule: refused (not retryable), nothing done.
+        let mut bank = CniPod::of(vn.pod(0), "uid-bank");
+        bank.namespace = "bank".into();
+        let out = plugin("ADD", &bank, &cfg.cni_socket);
+        assert!(out.exit_code != 0, "{out:?}");
+        assert!(
+            out.stdout
+                .contains("no service account is configured for pod bank/")
+                && out.stdout.contains("never guesses one"),
+            "{}",
+            out.stdout
+        );
+        assert_eq!(read_tag(vn.pod(0).netns.fd()).unwrap(), None);
+        assert!(agent.pods().is_empty());
+
+        // The pod's own rule wins over its namespace's.
+        let web = CniPod::of(vn.pod(1), "uid-web");
+        ok(plugin("ADD", &web, &cfg.cni_socket));
+        let other = CniPod::of(vn.pod(2), "uid-other");
+        ok(plugin("ADD", &other, &cfg.cni_socket));
+        let log = proxy.wait_for(3);
+        assert_eq!(log[1].info.as_ref().unwrap().2, "web");
+        assert_eq!(log[2].info.as_ref().unwrap().2, "shop-sa");
+        assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
+        agent.shutdown();
+    });
+}
+
+/// CNI GC names the attachments that are still valid; anything that can
+/// reach the CNI socket can send an empty list. GC removes only the capture
+/// of pods whose network namespace is gone: a live pod stays captured (its
+/// policy never fails open), and its DEL is what releases it.
+#[test]
+fn adversarial_gc_with_an_empty_attachment_list_keeps_live_pods_captured() {
+    run_isolated("adversarial_gc_empty", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_gc_empty");
+        let mut vn = VirtualNode::build(34, 2).unwrap();
+        let cfg = config("adversarial_gc_empty", &dir.0);
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        let pods: Vec<CniPod> = (0..2)
+            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
+            .collect();
+        for p in &pods {
+            ok(plugin("ADD", p, &cfg.cni_socket));
+        }
+        proxy.wait_for(3);
+        let gc = b"{\"op\":\"gc\",\"validAttachments\":[]}\n";
+        assert_eq!(cni_line(&cfg.cni_socket, gc), r#"{"ok":true}"#);
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-0", "uid-1"], "live pods stay enrolled");
+        for i in 0..2 {
+            assert!(
+                read_tag(vn.pod(i).netns.fd()).unwrap().is_some(),
+                "pod {i} still captured"
+            );
+        }
+        assert_eq!(proxy.log().len(), 3, "no Del: {:?}", proxy.kinds());
+
+        // Pod 1's sandbox is gone (its netns unmounted, no process): now GC
+        // releases it.
+        let gone = vn.pod(1).name.clone();
+        vn.remove_pod(&gone).unwrap();
+        assert_eq!(cni_line(&cfg.cni_socket, gc), r#"{"ok":true}"#);
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-0"]);
+        let del = &proxy.wait_for(4)[3];
+        assert_eq!((del.kind, del.uid.as_str()), ("Del", "uid-1"));
+        assert!(read_tag(vn.pod(0).netns.fd()).unwrap().is_some());
+        agent.shutdown();
     });
 }

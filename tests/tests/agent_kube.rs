@@ -82,6 +82,8 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
         assert_eq!((add.kind, add.uid.as_str()), ("Add", u0));
         assert_eq!(add.netns_inode, Some(vn.pod(0).netns.inode()));
         assert_eq!(add.info.as_ref().unwrap().2, "web");
+        // The pod's addresses from its status, for the proxy to hold.
+        assert_eq!(add.addresses, vec![vn.pod(0).ip(false)]);
         assert_eq!(
             read_tag(vn.pod(0).netns.fd())
                 .unwrap()
@@ -117,7 +119,7 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
 
         // A pod the CNI plugin enrolled (no service account): the watch's
         // enroll fills it in, keeping the sandbox id.
-        let cni = cni_pod(vn.pod(2), "uid-cni");
+        let cni = CniPod::of(vn.pod(2), "uid-cni");
         ok(plugin("ADD", &cni, &cfg.cni_socket));
         proxy.wait_for(4);
         WatchEnrollment::enroll(&watch, &ident("uid-cni", 2, "cart")).unwrap();

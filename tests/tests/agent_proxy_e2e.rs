@@ -46,7 +46,7 @@ fn agent_and_proxy_capture_pods_and_survive_an_agent_restart() {
         wait_ready_proxies(&agent, 1);
         assert!(wait_until(WAIT, || ready.is_ready()), "{}", ready.reason());
 
-        let pods = [cni_pod(&a, "uid-a"), cni_pod(&b, "uid-b")];
+        let pods = [CniPod::of(&a, "uid-a"), CniPod::of(&b, "uid-b")];
         for p in &pods {
             ok(plugin("ADD", p, &cfg.cni_socket));
         }

@@ -30,7 +30,7 @@ fn a_restarted_agent_rebuilds_its_pods_from_the_kernel_and_resends_the_snapshot(
         let proxy = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
         let uids = ["uid-0", "uid-1", "uid-2"];
-        let cni: Vec<CniPod> = (0..3).map(|i| cni_pod(vn.pod(i), uids[i])).collect();
+        let cni: Vec<CniPod> = (0..3).map(|i| CniPod::of(vn.pod(i), uids[i])).collect();
         for p in &cni {
             ok(plugin("ADD", p, &cfg.cni_socket));
         }
@@ -100,7 +100,11 @@ fn a_restarted_agent_rebuilds_its_pods_from_the_kernel_and_resends_the_snapshot(
             assert_eq!(r.netns_inode, Some(vn.pod(i).netns.inode()));
             assert_eq!(
                 r.info,
-                Some((vn.pod(i).name.clone(), "shop".to_string(), String::new()))
+                Some((
+                    vn.pod(i).name.clone(),
+                    "shop".to_string(),
+                    "shop-sa".to_string()
+                ))
             );
             p.ack();
         }
@@ -140,5 +144,92 @@ fn a_restarted_agent_rebuilds_its_pods_from_the_kernel_and_resends_the_snapshot(
             "{r:?}"
         );
         drop(pauses);
+    });
+}
+
+/// Owner tags are pod-writable: a pod with CAP_NET_ADMIN in its own netns
+/// rewrites its `inet ringway` table at will. A restarted agent adopts a
+/// namespace only when its tag agrees with the agent's own record (the state
+/// file), and takes the identity from the record.
+#[test]
+fn adversarial_restart_does_not_adopt_forged_owner_tags() {
+    run_isolated("adversarial_restart_forged_tags", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_restart_forged_tags");
+        let cfg = config("adversarial_restart_forged_tags", &dir.0);
+        let vn = VirtualNode::build(32, 4).unwrap();
+        let spec = CaptureSpec::default();
+
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        let cni: Vec<CniPod> = (0..2)
+            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
+            .collect();
+        for p in &cni {
+            ok(plugin("ADD", p, &cfg.cni_socket));
+        }
+        proxy.wait_for(3);
+        let enrolled = agent.pods();
+        let honest = read_tag(vn.pod(0).netns.fd()).unwrap().unwrap();
+        agent.shutdown();
+        proxy.disconnect();
+
+        // Pod 1 (enrolled) rewrites its own tag: another namespace and
+        // service account, its own uid.
+        let tag1 = read_tag(vn.pod(1).netns.fd()).unwrap().unwrap();
+        let forged_identity = PodTag {
+            namespace: "bank".into(),
+            service_account: "admin".into(),
+            ..tag1
+        };
+        apply_for(vn.pod(1).netns.fd(), &spec, &forged_identity).unwrap();
+        // Pod 2 (never enrolled) copies pod 0's tag byte for byte.
+        apply_for(vn.pod(2).netns.fd(), &spec, &honest).unwrap();
+        // Pod 3 (never enrolled) tags itself as a pod the agent never saw.
+        let stranger = PodTag {
+            uid: "uid-stranger".into(),
+            namespace: "bank".into(),
+            name: "vault".into(),
+            service_account: "admin".into(),
+            ..honest.clone()
+        };
+        apply_for(vn.pod(3).netns.fd(), &spec, &stranger).unwrap();
+
+        let agent = start(&cfg);
+        let r = agent.rediscovery();
+        assert_eq!(r.adopted, ["uid-0"], "{r:?}");
+        let skipped = r.skipped.join("\n");
+        for want in [
+            format!(
+                "pod uid-1 in net:[{}] disagrees with the agent's record: its tag says namespace \"bank\", the agent recorded \"shop\"",
+                vn.pod(1).netns.inode()
+            ),
+            format!(
+                "pod uid-0 in net:[{}] disagrees with the agent's record: the agent enrolled it in net:[{}]",
+                vn.pod(2).netns.inode(),
+                vn.pod(0).netns.inode()
+            ),
+            format!(
+                "pod uid-stranger in net:[{}] is not in the agent's record",
+                vn.pod(3).netns.inode()
+            ),
+        ] {
+            assert!(skipped.contains(&want), "want {want:?} in:\n{skipped}");
+        }
+        let pods = agent.pods();
+        assert_eq!(pods.len(), 1, "{pods:?}");
+        assert_eq!(pods[0].pod, enrolled[0].pod, "identity from the record");
+        assert_eq!(pods[0].netns_inode, Some(vn.pod(0).netns.inode()));
+        // The proxy hears of the honest pod only.
+        let p = FakeProxy::connect(&cfg.zds_socket);
+        let r = p.recv();
+        assert_eq!((r.kind, r.uid.as_str()), ("Add", "uid-0"));
+        assert_eq!(r.netns_inode, Some(vn.pod(0).netns.inode()));
+        p.ack();
+        assert_eq!(p.recv().kind, "SnapshotSent");
+        p.ack();
+        wait_ready_proxies(&agent, 1);
+        agent.shutdown();
     });
 }

@@ -119,7 +119,7 @@ fn cni_add_captures_only_what_the_labels_select() {
         api.apply_namespace("shop", Some("enabled"));
         api.apply_namespace("plain", None);
         let pod = |i: usize, uid: &str, ns: &str| {
-            let mut p = cni_pod(vn.pod(i), uid);
+            let mut p = CniPod::of(vn.pod(i), uid);
             p.namespace = ns.into();
             p
         };
@@ -219,7 +219,7 @@ fn cni_add_is_try_again_later_when_the_api_server_cannot_be_read() {
         let cfg = config_with("agent_selection_api_down", &dir, &kube);
         let vn = VirtualNode::build(62, 1).unwrap();
         kube.api.apply_namespace("shop", Some("enabled"));
-        let p = cni_pod(vn.pod(0), "uid-a");
+        let p = CniPod::of(vn.pod(0), "uid-a");
         kube.api
             .apply_pod(FakePod::new(&p.uid, "shop", &p.name, &cfg.node_name).json());
         let agent = start(&cfg);
@@ -253,11 +253,11 @@ fn cni_add_is_try_again_later_when_the_api_server_cannot_be_read() {
 }
 
 /// A pod captured by CNI ADD while the watch runs: the ADD is answered from
-/// the watch's cache, the watch never unenrolls it, and once the pod runs the
-/// watch hands the proxy its service account (same netns, the rules re-tagged,
-/// no Del). A pod passed through is not enrolled by the watch either.
+/// the watch's cache, with the pod's service account in its first `Add`; the
+/// watch never unenrolls it nor re-sends it once the pod runs (same
+/// identity). A pod passed through is not enrolled by the watch either.
 #[test]
-fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
+fn the_watch_and_cni_agree_and_the_first_add_carries_the_service_account() {
     run_isolated("agent_selection_watch", || {
         init_logs();
         let dir = TempDir::new("agent_selection_watch");
@@ -267,8 +267,8 @@ fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
         let api = &kube.api;
         api.apply_namespace("shop", Some("enabled"));
         api.apply_namespace("plain", None);
-        let meshed = cni_pod(vn.pod(0), "uid-m");
-        let mut plain = cni_pod(vn.pod(1), "uid-p");
+        let meshed = CniPod::of(vn.pod(0), "uid-m");
+        let mut plain = CniPod::of(vn.pod(1), "uid-p");
         plain.namespace = "plain".into();
         let fake = |p: &CniPod| {
             FakePod::new(&p.uid, &p.namespace, &p.name, &cfg.node_name).service_account("cart")
@@ -289,13 +289,18 @@ fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
         // Both answered from the watch's cache.
         assert_eq!(api.gets(), Vec::<String>::new());
         let add = &proxy.wait_for(2)[1];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-m"));
         assert_eq!(
-            add.info.as_ref().unwrap().2,
-            "",
-            "CNI knows no service account"
+            add.info,
+            Some((meshed.name.clone(), "shop".into(), "cart".into())),
+            "the first Add carries the pod's real identity"
         );
+        assert_eq!(add.netns_inode, Some(vn.pod(0).netns.inode()));
+        let tag = read_tag(vn.pod(0).netns.fd()).unwrap().unwrap();
+        assert_eq!(tag.service_account, "cart");
+        assert_eq!(tag.container_id, "sandbox-uid-m");
 
-        // The pods run: the watch re-sends the meshed pod with its identity.
+        // The pods run: the watch sees the identity the agent holds.
         let ip = |p: &CniPod| {
             p.ips
                 .iter()
@@ -313,16 +318,6 @@ fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
         let applied = kube.selector.events_applied();
         api.apply_pod(running(&meshed).json());
         api.apply_pod(running(&plain).json());
-        let add = &proxy.wait_for(3)[2];
-        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-m"));
-        assert_eq!(
-            add.info,
-            Some((meshed.name.clone(), "shop".into(), "cart".into()))
-        );
-        assert_eq!(add.netns_inode, Some(vn.pod(0).netns.inode()));
-        let tag = read_tag(vn.pod(0).netns.fd()).unwrap().unwrap();
-        assert_eq!(tag.service_account, "cart");
-        assert_eq!(tag.container_id, "sandbox-uid-m");
 
         // More updates of both pods: no more calls, no flapping.
         let mut again = running(&meshed).json();
@@ -338,16 +333,99 @@ fn the_watch_and_cni_agree_and_the_watch_fills_in_the_service_account() {
             "the watch did not apply the four updates: {} events",
             kube.selector.events_applied() - applied
         );
-        assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
+        assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
         assert_eq!(held, ["uid-m"]);
         assert_uncaptured(vn.pod(1));
 
         // The namespace loses its label: the same rule now releases the pod.
         api.apply_namespace("shop", None);
-        let del = &proxy.wait_for(4)[3];
+        let del = &proxy.wait_for(3)[2];
         assert_eq!((del.kind, del.uid.as_str()), ("Del", "uid-m"));
         assert_uncaptured(vn.pod(0));
+        agent.shutdown();
+    });
+}
+
+/// CNI passes no service account. The first `Add` must still carry the pod's
+/// real one (looked up before the ADD is acked), never a default and never
+/// one the request or the agent's file-mode rules claim; a pod whose service
+/// account the API server cannot vouch for (unknown there, or known under
+/// another uid: a pod re-created under the same name) is not captured yet.
+#[test]
+fn adversarial_cni_add_enrolls_only_with_the_pods_real_service_account() {
+    run_isolated("adversarial_cni_add_sa", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_cni_add_sa");
+        let kube = Kube::start(Duration::from_secs(2));
+        // config() also holds the file-mode rule shop=shop-sa: unused with the API.
+        let cfg = config_with("adversarial_cni_add_sa", &dir, &kube);
+        let vn = VirtualNode::build(64, 3).unwrap();
+        let api = &kube.api;
+        api.apply_namespace("shop", Some("enabled"));
+        let web = CniPod::of(vn.pod(0), "uid-web");
+        let recreated = CniPod::of(vn.pod(1), "uid-new");
+        let unknown = CniPod::of(vn.pod(2), "uid-unknown");
+        api.apply_pod(
+            FakePod::new(&web.uid, "shop", &web.name, &cfg.node_name)
+                .service_account("web")
+                .json(),
+        );
+        // The API server holds another pod of that name (the old one).
+        api.apply_pod(
+            FakePod::new("uid-old", "shop", &recreated.name, &cfg.node_name)
+                .service_account("admin")
+                .json(),
+        );
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        // A request that claims another service account is refused.
+        let line = format!(
+            r#"{{"op":"add","containerId":"c-1","netns":"{}","pod":{{"name":"{}","namespace":"shop","uid":"uid-web","serviceAccount":"admin"}}}}"#,
+            web.netns.display(),
+            web.name
+        );
+        let resp = cni_line(&cfg.cni_socket, format!("{line}\n").as_bytes());
+        assert!(
+            resp.contains(r#""kind":"rejected""#)
+                && resp.contains(r#"runs as service account \"admin\", the agent knows \"web\""#),
+            "{resp}"
+        );
+        assert_uncaptured(vn.pod(0));
+
+        // The plugin's ADD: the first Add carries the API server's answer.
+        ok(plugin("ADD", &web, &cfg.cni_socket));
+        let add = &proxy.wait_for(2)[1];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-web"));
+        assert_eq!(
+            add.info,
+            Some((web.name.clone(), "shop".into(), "web".into()))
+        );
+        assert_eq!(
+            read_tag(vn.pod(0).netns.fd())
+                .unwrap()
+                .unwrap()
+                .service_account,
+            "web"
+        );
+
+        // Unknown to the API server, or known under another uid: try again
+        // later (code 11), nothing captured, nothing sent.
+        for (p, i) in [(&recreated, 1), (&unknown, 2)] {
+            let out = plugin("ADD", p, &cfg.cni_socket);
+            assert_eq!(cni_code(&out), Some(11), "{}: {}", p.uid, out.stdout);
+            assert!(
+                out.stdout.contains("its service account is unknown"),
+                "{}",
+                out.stdout
+            );
+            assert_uncaptured(vn.pod(i));
+        }
+        assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-web"]);
         agent.shutdown();
     });
 }

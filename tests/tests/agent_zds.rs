@@ -27,7 +27,7 @@ fn snapshot_is_adds_one_ack_each_keep_for_gone_netns_then_snapshot_sent() {
         wait_ready_proxies(&agent, 1);
         let inodes: Vec<u64> = vn.pods.iter().map(|p| p.netns.inode()).collect();
         for (i, uid) in ["uid-0", "uid-1", "uid-2"].iter().enumerate() {
-            ok(plugin("ADD", &cni_pod(vn.pod(i), uid), &cfg.cni_socket));
+            ok(plugin("ADD", &CniPod::of(vn.pod(i), uid), &cfg.cni_socket));
         }
         first.wait_for(4);
 
@@ -97,15 +97,27 @@ fn changes_during_the_snapshot_are_caught_up_before_ready() {
         let agent = start(&cfg);
         let old = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        ok(plugin("ADD", &cni_pod(vn.pod(0), "uid-0"), &cfg.cni_socket));
+        ok(plugin(
+            "ADD",
+            &CniPod::of(vn.pod(0), "uid-0"),
+            &cfg.cni_socket,
+        ));
 
         // A new proxy is mid-snapshot (Add uid-0 not acked yet) when pod 1
         // is added and pod 0 deleted: both go to the old, ready proxy...
         let new = FakeProxy::connect(&cfg.zds_socket);
         let r = new.recv();
         assert_eq!((r.kind, r.uid.as_str()), ("Add", "uid-0"));
-        ok(plugin("ADD", &cni_pod(vn.pod(1), "uid-1"), &cfg.cni_socket));
-        ok(plugin("DEL", &cni_pod(vn.pod(0), "uid-0"), &cfg.cni_socket));
+        ok(plugin(
+            "ADD",
+            &CniPod::of(vn.pod(1), "uid-1"),
+            &cfg.cni_socket,
+        ));
+        ok(plugin(
+            "DEL",
+            &CniPod::of(vn.pod(0), "uid-0"),
+            &cfg.cni_socket,
+        ));
         assert_eq!(
             old.kinds()[1..],
             [
@@ -174,7 +186,11 @@ fn garbage_from_a_proxy_closes_only_its_connection() {
         let agent = start(&cfg);
         let good = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        ok(plugin("ADD", &cni_pod(vn.pod(0), "uid-0"), &cfg.cni_socket));
+        ok(plugin(
+            "ADD",
+            &CniPod::of(vn.pod(0), "uid-0"),
+            &cfg.cni_socket,
+        ));
         let quick = Duration::from_secs(2);
         let deadline = Duration::from_secs(7);
 
@@ -245,7 +261,11 @@ fn garbage_from_a_proxy_closes_only_its_connection() {
         });
 
         // Still serving: a pod goes to the good proxy.
-        ok(plugin("ADD", &cni_pod(vn.pod(1), "uid-1"), &cfg.cni_socket));
+        ok(plugin(
+            "ADD",
+            &CniPod::of(vn.pod(1), "uid-1"),
+            &cfg.cni_socket,
+        ));
         let kinds = good.kinds();
         assert_eq!(kinds.last().unwrap(), &("Add", "uid-1".to_string()));
     });
@@ -262,19 +282,115 @@ fn health_check_names_what_is_wrong() {
         let cfg = config("agent_health", &dir.0);
         let agent = start(&cfg);
         let health = agent.health_source();
-        let ok = health().expect("a fresh agent is ready");
-        assert!(ok.contains("0 pods enrolled"), "{ok}");
+        let live = agent.liveness_source();
+        // Without a proxy every ADD of a pod to capture fails (code 11): not
+        // ready, saying why; but live (a restart would not help).
+        let why = health().expect_err("an agent without a proxy is not ready");
+        assert!(why.contains("no proxy has taken the snapshot"), "{why}");
+        live().expect("an agent waiting for its proxy is live");
         let _p = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        assert!(health().unwrap().contains("1 proxies connected"));
+        let ok = health().expect("ready once a proxy took the snapshot");
+        assert!(
+            ok.contains("0 pods enrolled") && ok.contains("1 proxies connected"),
+            "{ok}"
+        );
         std::fs::remove_file(&cfg.cni_socket).unwrap();
         let err = health().expect_err("CNI socket removed");
         assert!(
             err.contains("CNI event socket") && err.contains("is gone"),
             "{err}"
         );
+        let err = live().expect_err("CNI socket removed: not live either");
+        assert!(err.contains("is gone"), "{err}");
         agent.shutdown();
         let err = health().expect_err("stopped");
         assert!(err.contains("shutting down"), "{err}");
+    });
+}
+
+/// Any process that reaches the ZDS socket and says hello gets every pod's
+/// netns fd. Connections beyond `MAX_ZDS_CONNECTIONS` are closed at once (a
+/// node runs one proxy, two during an upgrade), and the slot of a closed
+/// connection is given back.
+#[test]
+fn adversarial_zds_connections_beyond_the_cap_are_refused() {
+    run_isolated("adversarial_zds_cap", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_zds_cap");
+        let cfg = config("adversarial_zds_cap", &dir.0);
+        let agent = start(&cfg);
+        // Hold every slot with connections that never say hello.
+        let mut held: Vec<FakeProxy> = (0..ringway_cni::node::MAX_ZDS_CONNECTIONS)
+            .map(|_| FakeProxy::connect_raw(&cfg.zds_socket))
+            .collect();
+        // The next one is closed without a word (well before the 5 s hello
+        // deadline that closes the silent ones).
+        let extra = FakeProxy::connect_raw(&cfg.zds_socket);
+        assert!(
+            extra.closed_within(Duration::from_secs(3)),
+            "a connection beyond the cap was served"
+        );
+        assert!(agent.proxies().is_empty());
+        // One slot is given back: a real proxy gets in.
+        drop(held.pop());
+        let deadline = Instant::now() + WAIT;
+        let p = loop {
+            let p = FakeProxy::connect_raw(&cfg.zds_socket);
+            // Refused while the slot is not back yet: the send may fail.
+            let _ = zds::send(p.sock.as_fd(), &zds::ZdsHello { version: 1 }, None);
+            match p.recv_within(Duration::from_secs(1)) {
+                Ok(Some(r)) => {
+                    assert_eq!(r.kind, "SnapshotSent");
+                    break p;
+                }
+                _ => assert!(Instant::now() < deadline, "the slot never came back"),
+            }
+        };
+        p.ack();
+        wait_ready_proxies(&agent, 1);
+        assert!(agent.metrics_text().contains(
+            r#"ringway_agent_connections_refused_total{socket="zds",reason="connection_cap"}"#
+        ));
+        drop(held);
+        agent.shutdown();
+    });
+}
+
+/// Both sockets check the peer's uid (SO_PEERCRED) against the configured
+/// ones, on top of the files' mode: here only uid 4242 may connect, and the
+/// test runs as root.
+#[test]
+fn adversarial_peers_whose_uid_is_not_allowed_are_refused_on_both_sockets() {
+    run_isolated("adversarial_peer_uid", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_peer_uid");
+        let mut cfg = config("adversarial_peer_uid", &dir.0);
+        cfg.peer_uids = vec![4242];
+        let agent = start(&cfg);
+        let p = FakeProxy::connect_raw(&cfg.zds_socket);
+        let _ = zds::send(p.sock.as_fd(), &zds::ZdsHello { version: 1 }, None);
+        assert!(
+            p.closed_within(Duration::from_secs(3)),
+            "ZDS served a peer whose uid is not allowed"
+        );
+        assert!(agent.proxies().is_empty());
+        let resp = cni_line(&cfg.cni_socket, b"{\"op\":\"status\"}\n");
+        assert!(
+            resp.contains(r#""kind":"rejected""#)
+                && resp.contains("peer uid 0 (pid ")
+                && resp.contains("is not allowed on the cni socket (allowed uids: [4242])"),
+            "{resp}"
+        );
+        let m = agent.metrics_text();
+        for socket in ["zds", "cni"] {
+            assert!(
+                m.contains(&format!(
+                    r#"ringway_agent_connections_refused_total{{socket="{socket}",reason="peer_uid"}} 1"#
+                )),
+                "{m}"
+            );
+        }
+        agent.shutdown();
     });
 }

@@ -182,6 +182,110 @@ fn scrape_during_traffic_both_hops() {
     });
 }
 
+/// The `istio_tcp_*` sample lines of a Prometheus text scrape.
+fn tcp_series(body: &str) -> usize {
+    body.lines().filter(|l| l.starts_with("istio_tcp_")).count()
+}
+
+/// Pod churn: clients come and go (a new pod, a connection to a pod that
+/// stays, the pod removed) and the proxy's series must go with them, or
+/// its memory and every scrape grow with each pod that ever ran. A client
+/// name that comes back (a StatefulSet's pod) starts its series afresh.
+fn pod_churn_drops_series(fast_path: bool) {
+    let vn = VirtualNode::build(1, 2).unwrap();
+    let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Auto);
+    settings.same_node_fast_path = fast_path;
+    let proxy = ringway_proxy::Proxy::start(settings).unwrap();
+    let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+    common::capture(&a, CaptureMode::Tproxy);
+    common::capture(&b, CaptureMode::Tproxy);
+    let identity = |name: &str| PodIdentity {
+        name: name.into(),
+        namespace: "shop".into(),
+        service_account: name.into(),
+    };
+    proxy
+        .add_pod_with_identity(&b.name, b.netns.dup_fd().unwrap(), identity("server"))
+        .unwrap();
+    let server = ControlServer::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        metrics_handler(proxy.metrics(), proxy.stats_handle()),
+    )
+    .unwrap();
+    let addr = SocketAddr::new(b.ip(false), 8080);
+    let l = b
+        .netns
+        .run(|| ringway_testbed::traffic::listen(addr))
+        .unwrap();
+    const ROUNDS: usize = 24;
+    let echo = std::thread::spawn(move || {
+        for _ in 0..ROUNDS {
+            let Ok((mut s, _)) = l.accept() else { return };
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 || s.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let baseline = tcp_series(&scrape(server.addr, false).1);
+    for round in 0..ROUNDS {
+        // Names repeat every 3 rounds, UIDs never.
+        let name = format!("client-{}", round % 3);
+        let uid = format!("churn-{round}");
+        proxy
+            .add_pod_with_identity(&uid, a.netns.dup_fd().unwrap(), identity(&name))
+            .unwrap();
+        let mut c = a
+            .netns
+            .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut back = [0u8; 4];
+        c.read_exact(&mut back).unwrap();
+        drop(c);
+        common::wait_no_active(&proxy);
+        let body = scrape(server.addr, false).1;
+        let who = format!("source_workload=\"{name}\"");
+        assert_eq!(
+            sample(
+                &body,
+                "istio_tcp_connections_opened_total",
+                &["reporter=\"source\"", &who]
+            ),
+            Some(1.0),
+            "round {round}: {name}'s one connection, counted once, in a series of its own\n{body}"
+        );
+        assert!(tcp_series(&body) > baseline, "round {round}: {body}");
+        proxy.remove_pod(&uid).unwrap();
+    }
+    echo.join().unwrap();
+    let body = scrape(server.addr, false).1;
+    assert_eq!(
+        tcp_series(&body),
+        baseline,
+        "{ROUNDS} pods came and went; their series must have gone with them:\n{body}"
+    );
+}
+
+#[test]
+fn adversarial_pod_churn_drops_metric_series_fast_path() {
+    run_isolated(
+        "adversarial_pod_churn_drops_metric_series_fast_path",
+        || pod_churn_drops_series(true),
+    );
+}
+
+#[test]
+fn adversarial_pod_churn_drops_metric_series_both_hops() {
+    run_isolated(
+        "adversarial_pod_churn_drops_metric_series_both_hops",
+        || pod_churn_drops_series(false),
+    );
+}
+
 #[test]
 fn failed_upstream_connect_is_flagged() {
     run_isolated("failed_upstream_connect_is_flagged", || {
@@ -295,7 +399,7 @@ fn grafana_dashboard_reads_exported_metrics() {
     let mut exported = encode(&m.registry(), false);
     let agent = ringway_cni::node::metrics::AgentMetrics::default();
     agent.observe("ADD", "ok", 0.01);
-    exported.push_str(&agent.encode());
+    exported.push_str(&encode(&agent.registry(), false));
     let names: std::collections::HashSet<&str> = exported
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -95,6 +95,8 @@ fn add(uid: &str) -> Payload {
             namespace: "default".into(),
             service_account: "sa".into(),
         }),
+        // None: the proxy falls back to the netns's addresses.
+        addresses: Vec::new(),
     })
 }
 
@@ -327,5 +329,129 @@ fn a_pod_whose_listeners_fail_is_nacked_and_retried() {
         drop(blocker);
         wait_for("the pending pod to be retried", || run.ready.is_ready());
         assert_eq!(run.proxy.pods().len(), 1);
+    });
+}
+
+fn add_with(uid: &str, addresses: &[std::net::IpAddr]) -> Payload {
+    let Payload::Add(mut a) = add(uid) else {
+        unreachable!()
+    };
+    a.addresses = addresses.iter().map(|ip| ip.to_string()).collect();
+    Payload::Add(a)
+}
+
+/// The pod's addresses come from the agent's `Add` (ringway's field 1001),
+/// not from the netns the pod controls; a second pod claiming an address
+/// another holds is nacked with `AddressConflict`, also when a restarted
+/// proxy replays the snapshot, and is served once the holder is deleted.
+#[test]
+fn adversarial_conflicting_add_is_nacked() {
+    run_isolated("adversarial_conflicting_add_is_nacked", || {
+        let dir = TempDir::new("zds5");
+        let vn = VirtualNode::build(1, 2).unwrap();
+        let (a, b) = (vn.pod(0), vn.pod(1));
+        // Pod a's netns also holds b's address: ignored, the agent says.
+        a.netns
+            .ip(&["addr", "add", &format!("{}/32", b.ipv4), "dev", "eth0"])
+            .unwrap();
+        let agent = FakeAgent::new(&dir);
+        for round in 0..2 {
+            // Round 1 is a restarted proxy replaying the agent's snapshot.
+            let run = start_proxy(agent.path.clone());
+            let conn = agent.accept();
+            conn.ask(
+                add_with("a", &[a.ip(false), a.ip(true)]),
+                Some(&a.netns.dup_fd().unwrap()),
+            )
+            .unwrap();
+            // The agent's own record is wrong (stale): b claims a's address.
+            let e = conn
+                .ask(
+                    add_with("b", &[b.ip(false), a.ip(true)]),
+                    Some(&b.netns.dup_fd().unwrap()),
+                )
+                .unwrap_err();
+            assert_eq!(
+                e,
+                format!(
+                    "pod b: address {} is already held by pod a; refusing the pod",
+                    a.ip(true)
+                ),
+                "round {round}"
+            );
+            conn.ask(Payload::SnapshotSent(SnapshotSent {}), None)
+                .unwrap();
+            let (code, body) = http_ready(run.control.addr);
+            assert_eq!(code, 503, "round {round}");
+            assert!(body.contains("pods pending: b"), "round {round}: {body}");
+            let pods = run.proxy.pods();
+            assert_eq!(pods.len(), 1, "round {round}: {pods:?}");
+            assert_eq!(
+                pods[0].ips,
+                vec![a.ip(false), a.ip(true)],
+                "the agent's, not the netns's"
+            );
+            assert_eq!(pods[0].ips_source, ringway_proxy::AddressSource::Agent);
+            // Junk in the addresses is named in the nack.
+            let Payload::Add(mut junk) = add("c") else {
+                unreachable!()
+            };
+            junk.addresses = vec!["10.0.0.0/8".into()];
+            let e = conn
+                .ask(Payload::Add(junk), Some(&b.netns.dup_fd().unwrap()))
+                .unwrap_err();
+            assert_eq!(
+                e,
+                "ZDS Add for pod c: addresses[0] \"10.0.0.0/8\" is not an IP address"
+            );
+            if round == 1 {
+                // The holder goes: the refused pod is retried and served.
+                conn.ask(Payload::Del(DelWorkload { uid: "a".into() }), None)
+                    .unwrap();
+                wait_for("the conflicting pod to be served", || run.ready.is_ready());
+                let uids: Vec<_> = run.proxy.pods().into_iter().map(|p| p.uid).collect();
+                assert_eq!(uids, vec!["b".to_string()]);
+            }
+            drop(conn);
+        }
+    });
+}
+
+/// A pod first added without addresses (an older agent: the netns's, which
+/// here include a neighbour's address the pod put on its eth0) takes the
+/// agent's once it sends them for the same netns; the same addresses again
+/// change nothing.
+#[test]
+fn agent_addresses_replace_the_netns_fallback() {
+    run_isolated("agent_addresses_replace_the_netns_fallback", || {
+        let dir = TempDir::new("zds6");
+        let vn = VirtualNode::build(1, 2).unwrap();
+        let (a, b) = (vn.pod(0), vn.pod(1));
+        a.netns
+            .ip(&["addr", "add", &format!("{}/32", b.ipv4), "dev", "eth0"])
+            .unwrap();
+        let agent = FakeAgent::new(&dir);
+        let run = start_proxy(agent.path.clone());
+        let conn = agent.accept();
+        conn.ask(add("a"), Some(&a.netns.dup_fd().unwrap()))
+            .unwrap();
+        let pod = &run.proxy.pods()[0];
+        assert_eq!(pod.ips_source, ringway_proxy::AddressSource::Netns);
+        assert!(pod.ips.contains(&b.ip(false)), "{:?}", pod.ips);
+        let mine = [a.ip(false), a.ip(true)];
+        for _ in 0..2 {
+            conn.ask(add_with("a", &mine), Some(&a.netns.dup_fd().unwrap()))
+                .unwrap();
+            let pod = &run.proxy.pods()[0];
+            assert_eq!(pod.ips, mine.to_vec());
+            assert_eq!(pod.ips_source, ringway_proxy::AddressSource::Agent);
+        }
+        // Now b's address is free for b.
+        conn.ask(
+            add_with("b", &[b.ip(false)]),
+            Some(&b.netns.dup_fd().unwrap()),
+        )
+        .unwrap();
+        assert_eq!(run.proxy.pods().len(), 2);
     });
 }

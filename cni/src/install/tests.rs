@@ -633,3 +633,24 @@ fn watch_of_a_missing_dir_is_an_error() {
         )
     );
 }
+
+#[test]
+fn a_configured_log_file_goes_into_our_entry() {
+    let mut c = InstallConfig::new("/bin/ringway");
+    assert!(!c.entry().contains_key("logFile"), "no logFile by default");
+    c.log_file = Some(PathBuf::from("/var/log/ringway-cni.log"));
+    assert_eq!(
+        c.entry().get("logFile"),
+        Some(&json!("/var/log/ringway-cni.log"))
+    );
+    // And the plugin reads it back as its log file.
+    let mut entry = c.entry();
+    entry.insert("cniVersion".into(), json!("1.0.0"));
+    entry.insert("name".into(), json!("k8s-pod-network"));
+    let conf = crate::NetConf::parse(&serde_json::to_vec(&entry).unwrap()).unwrap();
+    assert_eq!(
+        conf.log_file,
+        Some(PathBuf::from("/var/log/ringway-cni.log"))
+    );
+    assert!(conf.unknown_keys().is_empty(), "{:?}", conf.unknown_keys());
+}

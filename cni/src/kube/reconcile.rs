@@ -281,7 +281,7 @@ impl Reconciler {
 
     /// Decides for one pod (absent: gone) and calls the agent if its state differs:
     /// enroll a pod to enroll that the agent does not hold, or holds with another
-    /// identity (a pod enrolled by CNI ADD has no service account); unenroll a pod
+    /// identity (another service account than the watch sees); unenroll a pod
     /// to unenroll that it holds.
     ///
     /// The decision is the CNI path's rule ([`super::Verdict`]): an excluded namespace

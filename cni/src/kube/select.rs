@@ -38,6 +38,21 @@ impl Verdict {
     }
 }
 
+/// What [`Selector::select`] found out about a pod: whether to capture it and,
+/// when the watch or the API server knows the pod under that uid, its service
+/// account (`spec.serviceAccountName`). `None` when nothing says it: the CNI
+/// ADD then never guesses one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    /// Capture or pass through.
+    pub verdict: Verdict,
+    /// The pod's service account, when known for this uid.
+    pub service_account: Option<String>,
+}
+
+/// The annotation a mirror pod carries with its static pod's uid.
+const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
 /// Why [`Selector::selects`] has no answer. Every case is "try again later": the CNI
 /// ADD fails with code 11 rather than guess (see the module docs of [`super`]).
 #[derive(Debug, thiserror::Error)]
@@ -177,18 +192,34 @@ impl Selector {
     /// Blocking (at most the lookup timeout): call it from a thread that is not one of
     /// the runtime's own (the agent's CNI threads), never from async code.
     pub fn selects(&self, uid: &str, namespace: &str, name: &str) -> Result<Verdict, SelectError> {
+        self.select(uid, namespace, name).map(|s| s.verdict)
+    }
+
+    /// [`Selector::selects`], with the pod's service account when the watch's cache or
+    /// the API server holds the pod under `uid` (or its mirror pod, for a static pod).
+    pub fn select(&self, uid: &str, namespace: &str, name: &str) -> Result<Selected, SelectError> {
         let cached = {
             let cache = self.cache();
             if cache.synced() {
-                cache.decide(uid)
+                cache.decide(uid).map(|d| {
+                    let sa = cache
+                        .pods
+                        .get(uid)
+                        .map(|p| p.service_account.clone())
+                        .filter(|sa| !sa.is_empty());
+                    (d, sa)
+                })
             } else {
                 None
             }
         };
-        if let Some(decision) = cached {
+        if let Some((decision, service_account)) = cached {
             let verdict = Verdict::of(&decision);
             debug!(pod.uid = %uid, ?verdict, source = "watch cache", "capture rule");
-            return Ok(verdict);
+            return Ok(Selected {
+                verdict,
+                service_account,
+            });
         }
         let started = Instant::now();
         let (tx, rx) = sync_channel(1);
@@ -213,8 +244,10 @@ impl Selector {
             // The task was dropped unrun: the runtime is shut down.
             Err(RecvTimeoutError::Disconnected) => Err(SelectError::Stopped),
         };
-        if let Ok(verdict) = &answer {
-            info!(pod.uid = %uid, pod.namespace = %namespace, pod.name = %name, ?verdict, source = "API server", took = ?started.elapsed(), "capture rule");
+        if let Ok(selected) = &answer {
+            info!(pod.uid = %uid, pod.namespace = %namespace, pod.name = %name, verdict = ?selected.verdict,
+                pod.service_account = selected.service_account.as_deref().unwrap_or(""),
+                source = "API server", took = ?started.elapsed(), "capture rule");
         }
         answer
     }
@@ -226,12 +259,21 @@ async fn lookup(
     uid: &str,
     namespace: &str,
     name: &str,
-) -> Result<Verdict, SelectError> {
+) -> Result<Selected, SelectError> {
     let api_error = |what: String| move |source: kube::Error| SelectError::Api { what, source };
     let pod = Api::<Pod>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await
         .map_err(api_error(format!("pod {namespace}/{name}")))?;
+    // The service account counts only for this very pod: a pod re-created under the
+    // same name may run as another one.
+    let mirror_of = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(MIRROR_ANNOTATION))
+            .is_some_and(|m| m == uid)
+    };
     let facts = match pod.as_ref().and_then(PodFacts::from_pod) {
         Some(facts) => {
             if facts.uid != uid {
@@ -248,20 +290,32 @@ async fn lookup(
             PodFacts::unknown(uid, namespace, name)
         }
     };
+    let service_account = pod
+        .as_ref()
+        .filter(|p| facts.uid == uid || mirror_of(p))
+        .map(|_| facts.service_account.clone())
+        .filter(|sa| !sa.is_empty());
     let (plain, enabled) = (
         Verdict::of(&decide_facts(&facts, false)),
         Verdict::of(&decide_facts(&facts, true)),
     );
     if plain == enabled {
-        return Ok(plain);
+        return Ok(Selected {
+            verdict: plain,
+            service_account,
+        });
     }
     let ns = Api::<Namespace>::all(client)
         .get_opt(namespace)
         .await
         .map_err(api_error(format!("namespace {namespace}")))?;
-    Ok(if ns.as_ref().is_some_and(namespace_enabled) {
+    let verdict = if ns.as_ref().is_some_and(namespace_enabled) {
         enabled
     } else {
         plain
+    };
+    Ok(Selected {
+        verdict,
+        service_account,
     })
 }

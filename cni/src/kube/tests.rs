@@ -908,6 +908,70 @@ mod selector {
         assert!(started.elapsed() < Duration::from_secs(10));
     }
 
+    async fn ask_sa(s: &Selector, uid: &str, ns: &str, name: &str) -> Option<String> {
+        let (s, uid, ns, name) = (s.clone(), uid.to_owned(), ns.to_owned(), name.to_owned());
+        tokio::task::spawn_blocking(move || s.select(&uid, &ns, &name))
+            .await
+            .unwrap()
+            .unwrap()
+            .service_account
+    }
+
+    /// The CNI ADD takes the pod's service account from the selector: only for the
+    /// very pod (its uid, or the mirror pod of that static pod), never for a pod that
+    /// was re-created under the same name, never a default for a pod the API server
+    /// does not know. From the watch's cache once it has listed.
+    #[tokio::test]
+    async fn adversarial_the_service_account_is_only_the_pods_own() {
+        let (s, api) = start();
+        api.apply_pod(
+            FakePod::new("u-web", "mesh", "web", NODE)
+                .service_account("web")
+                .json(),
+        );
+        api.apply_pod(
+            FakePod::new("u-old", "mesh", "reused", NODE)
+                .service_account("admin")
+                .json(),
+        );
+        api.apply_pod(
+            FakePod::new("u-mirror", "mesh", "static", NODE)
+                .service_account("node-agent")
+                .annotate("kubernetes.io/config.mirror", "u-static")
+                .json(),
+        );
+        assert_eq!(
+            ask_sa(&s, "u-web", "mesh", "web").await.as_deref(),
+            Some("web")
+        );
+        assert_eq!(ask_sa(&s, "u-new", "mesh", "reused").await, None);
+        assert_eq!(ask_sa(&s, "u-none", "mesh", "ghost").await, None);
+        assert_eq!(
+            ask_sa(&s, "u-static", "mesh", "static").await.as_deref(),
+            Some("node-agent")
+        );
+        // The verdict is unchanged by it: the namespace still captures.
+        assert_eq!(
+            ask(&s, "u-none", "mesh", "ghost").await.unwrap(),
+            Verdict::Capture
+        );
+
+        let agent = Arc::new(FakeAgent::default());
+        let task = spawn_with(s.clone(), &agent, fast());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.synced() {
+            assert!(Instant::now() < deadline, "the watch did not list");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let gets = api.gets().len();
+        assert_eq!(
+            ask_sa(&s, "u-web", "mesh", "web").await.as_deref(),
+            Some("web")
+        );
+        assert_eq!(api.gets().len(), gets, "answered from the cache");
+        task.abort();
+    }
+
     /// Once the watch has listed pods and namespaces, the selector answers from its
     /// caches (no GET) and follows what the watch sees.
     #[tokio::test]
@@ -1000,7 +1064,7 @@ mod selector {
         task.abort();
     }
 
-    /// A pod the CNI ADD enrolled has no service account: the watch enrolls it again
+    /// A pod the agent holds with another identity (here: none): the watch enrolls it again
     /// with its identity once, then leaves it.
     #[tokio::test]
     async fn the_watch_fills_in_the_service_account_once() {

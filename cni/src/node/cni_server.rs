@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use super::protocol::{ErrorKind as Kind, Response, MAX_LINE};
 use super::state::{CheckError, Core};
 use super::zds_server::{chmod_600, clear_stale, create_parent, temp_path};
-use super::{EnrollError, Pod, StartError, CNI_IO_TIMEOUT, MAX_CNI_HANDLERS};
+use super::{EnrollError, Pod, Selection, StartError, CNI_IO_TIMEOUT, MAX_CNI_HANDLERS};
 use crate::kube::Verdict;
 use crate::result::PodIp;
 
@@ -84,15 +84,26 @@ pub(super) fn accept_loop(core: Arc<Core>, listener: UnixListener) {
             let _ = (&stream).write_all(format!("{}\n", resp.to_line()).as_bytes());
             continue;
         }
-        let c = core.clone();
+        // The slot is given back when the guard drops: after the request,
+        // when the handler panics, or with the closure if no thread starts.
+        let slot = HandlerSlot(core.clone());
         let spawned = core.spawn_worker("ringway-cni".into(), move || {
-            handle(&c, stream);
-            c.cni_handlers.fetch_sub(1, Ordering::SeqCst);
+            handle(&slot.0, stream);
+            drop(slot);
         });
         if let Err(e) = spawned {
-            core.cni_handlers.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!(error = %e, "no thread for a CNI request; dropped");
         }
+    }
+}
+
+/// One of the [`MAX_CNI_HANDLERS`] request slots, given back on drop (also
+/// when a handler panics, so a bad request can never use slots up).
+struct HandlerSlot(Arc<Core>);
+
+impl Drop for HandlerSlot {
+    fn drop(&mut self) {
+        self.0.cni_handlers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -149,6 +160,18 @@ fn read_line(stream: &mut UnixStream) -> Result<String, ReadError> {
 fn handle(core: &Core, mut stream: UnixStream) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(CNI_IO_TIMEOUT));
+    // The peer's uid first: nothing it sent is read before it is allowed.
+    if let Err(why) = core.check_peer(&stream, "cni") {
+        tracing::warn!(reason = %why, "CNI connection refused");
+        let resp = Response::err(Kind::Rejected, why);
+        if stream
+            .write_all(format!("{}\n", resp.to_line()).as_bytes())
+            .is_ok()
+        {
+            linger(&mut stream);
+        }
+        return;
+    }
     let resp = match read_line(&mut stream) {
         Ok(line) => dispatch(core, &line),
         Err(ReadError::Empty) => {
@@ -325,7 +348,6 @@ pub(super) fn dispatch(core: &Core, line: &str) -> Response {
     };
     core.metrics
         .observe(op, outcome, started.elapsed().as_secs_f64());
-    core.metrics.pods.set(core.pod_count() as i64);
     resp
 }
 
@@ -375,11 +397,51 @@ fn selection(core: &Core, pod: &Pod) -> Result<Option<Response>, Response> {
 fn add(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
-    let pod = pod_of(f, &container_id)?;
+    let mut pod = pod_of(f, &container_id)?;
     tracing::info!(pod.uid = %pod.uid, pod.name = %pod.name, pod.namespace = %pod.namespace, container_id = %container_id, netns = %netns, "CNI ADD");
-    if let Some(pass) = selection(core, &pod)? {
-        return Ok(pass);
+    let selected = match core.select(&pod) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(pod.uid = %pod.uid, error = %e, "cannot tell whether to capture the pod: the runtime is to retry");
+            return Err(Response::err(
+                Kind::NotReady,
+                format!("cannot tell whether to capture pod {pod}: {e}"),
+            ));
+        }
+    };
+    if let Verdict::PassThrough(reason) = selected.verdict {
+        tracing::info!(pod.uid = %pod.uid, %reason, "the selection rule passes the pod over: not captured");
+        return Ok(Response::pass_through(reason.to_string()));
     }
+    // The pod's identity: never a guess, never the request's word alone.
+    let Some(sa) = selected.service_account else {
+        return Err(match core.config().selection {
+            Selection::All => rejected(format!(
+                "no service account is configured for pod {pod}: without the Kubernetes API \
+                 the agent takes it from --pod-service-account {ns}=SA or {ns}/{name}=SA, \
+                 and never guesses one",
+                ns = pod.namespace,
+                name = pod.name
+            )),
+            Selection::Kubernetes(_) => {
+                tracing::warn!(pod.uid = %pod.uid, "the API server has no pod of this uid: its service account is unknown; the runtime is to retry");
+                Response::err(
+                    Kind::NotReady,
+                    format!(
+                        "the Kubernetes API server has no pod {}/{} with uid {}: its service account is unknown",
+                        pod.namespace, pod.name, pod.uid
+                    ),
+                )
+            }
+        });
+    };
+    if !pod.service_account.is_empty() && pod.service_account != sa {
+        return Err(rejected(format!(
+            "the request says pod {pod} runs as service account {:?}, the agent knows {sa:?}",
+            pod.service_account
+        )));
+    }
+    pod.service_account = sa;
     let fd =
         ringway_redirect::open_netns(Path::new(&netns)).map_err(|e| rejected(e.to_string()))?;
     Ok(match core.enroll(pod, fd, Some(PathBuf::from(&netns))) {
@@ -484,4 +546,22 @@ fn gc(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
     let removed = core.gc(&valid);
     tracing::info!(valid = valid.len(), removed = ?removed, "CNI GC");
     Ok(Response::ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adversarial_a_panicking_handler_gives_its_slot_back() {
+        let core = Arc::new(Core::new(super::super::AgentConfig::default()));
+        core.cni_handlers.fetch_add(1, Ordering::SeqCst);
+        let slot = HandlerSlot(core.clone());
+        let t = std::thread::spawn(move || {
+            let _slot = slot;
+            panic!("a handler bug");
+        });
+        assert!(t.join().is_err());
+        assert_eq!(core.cni_handlers.load(Ordering::SeqCst), 0);
+    }
 }

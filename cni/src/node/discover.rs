@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use ringway_redirect::PodTag;
 
+use super::record::{self, RecordedPod};
 use super::state::{canonical_netns, Core, Entry};
 use super::{AgentConfig, Pod, PodSource, Rediscovery};
 
@@ -114,27 +115,82 @@ fn scan(cfg: &AgentConfig) -> Vec<Found> {
     out
 }
 
-fn pod_from_tag(tag: &PodTag) -> Pod {
+fn pod_from_record(rec: &RecordedPod) -> Pod {
     Pod {
-        uid: tag.uid.clone(),
-        name: tag.name.clone(),
-        namespace: tag.namespace.clone(),
-        service_account: tag.service_account.clone(),
-        ips: tag.ips.clone(),
-        container_id: (!tag.container_id.is_empty()).then(|| tag.container_id.clone()),
+        uid: rec.uid.clone(),
+        name: rec.name.clone(),
+        namespace: rec.namespace.clone(),
+        service_account: rec.service_account.clone(),
+        ips: rec.ips.clone(),
+        container_id: rec.container_id.clone(),
     }
 }
 
-/// Rebuilds the enrolled pods from the owner tags in the kernel. Verifies
-/// each pod's rules and re-applies them only on drift; never removes any.
+/// Why an owner tag found in namespace `inode` does not match the agent's
+/// record (`None`: it matches). The tag is pod-writable: every field the
+/// pod's identity is made of must agree, and the namespace must be the one
+/// the pod was enrolled with.
+fn disagreement(tag: &PodTag, rec: &RecordedPod, inode: u64) -> Option<String> {
+    if rec.netns_inode != Some(inode) {
+        return Some(format!(
+            "the agent enrolled it in {}",
+            rec.netns_inode
+                .map(|i| format!("net:[{i}]"))
+                .unwrap_or_else(|| "a namespace that is gone".into())
+        ));
+    }
+    let rec_cid = rec.container_id.as_deref().unwrap_or("");
+    for (field, tagged, recorded) in [
+        ("namespace", tag.namespace.as_str(), rec.namespace.as_str()),
+        ("name", tag.name.as_str(), rec.name.as_str()),
+        (
+            "service account",
+            tag.service_account.as_str(),
+            rec.service_account.as_str(),
+        ),
+        ("sandbox id", tag.container_id.as_str(), rec_cid),
+    ] {
+        if tagged != recorded {
+            return Some(format!(
+                "its tag says {field} {tagged:?}, the agent recorded {recorded:?}"
+            ));
+        }
+    }
+    if tag.ips != rec.ips {
+        return Some(format!(
+            "its tag says IPs {:?}, the agent recorded {:?}",
+            tag.ips, rec.ips
+        ));
+    }
+    None
+}
+
+/// Rebuilds the enrolled pods from the owner tags in the kernel that agree
+/// with the agent's record (see the module docs, "Restart"). Verifies each
+/// pod's rules and re-applies them only on drift; never removes any.
 pub(super) fn rediscover(core: &Core) -> Rediscovery {
     let cfg = core.config();
+    let recorded = match cfg.state_file.as_deref().map(record::load) {
+        None => {
+            tracing::info!("no state file configured: no pod is adopted at start");
+            BTreeMap::new()
+        }
+        Some(Ok(Some(pods))) => pods,
+        Some(Ok(None)) => {
+            tracing::info!("no state file yet: no pod to adopt");
+            BTreeMap::new()
+        }
+        Some(Err(e)) => {
+            tracing::error!(error = %e, "the agent's record is unreadable: no pod is adopted (their rules stay in place)");
+            BTreeMap::new()
+        }
+    };
     let found = scan(cfg);
     let mut report = Rediscovery {
         namespaces: found.len(),
         ..Rediscovery::default()
     };
-    let mut adopted: BTreeMap<String, (PodTag, OwnedFd, Found)> = BTreeMap::new();
+    let mut adopted: BTreeMap<String, (RecordedPod, OwnedFd, Found)> = BTreeMap::new();
     for f in found {
         let fd = match File::open(&f.path) {
             Ok(file) => OwnedFd::from(file),
@@ -167,6 +223,22 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
             ));
             continue;
         }
+        let Some(rec) = recorded.get(&tag.uid) else {
+            tracing::warn!(pod.uid = %tag.uid, netns.inode = f.inode, "owner tag of a pod the agent has no record of: not adopted");
+            report.skipped.push(format!(
+                "pod {} in net:[{}] is not in the agent's record",
+                tag.uid, f.inode
+            ));
+            continue;
+        };
+        if let Some(why) = disagreement(&tag, rec, f.inode) {
+            tracing::warn!(pod.uid = %tag.uid, netns.inode = f.inode, reason = %why, "owner tag disagrees with the agent's record: not adopted");
+            report.skipped.push(format!(
+                "pod {} in net:[{}] disagrees with the agent's record: {why}",
+                tag.uid, f.inode
+            ));
+            continue;
+        }
         match adopted.get(&tag.uid) {
             Some((_, _, prev)) if prev.via_process || !f.via_process => {
                 tracing::warn!(pod.uid = %tag.uid, kept = prev.inode, other = f.inode, "two namespaces carry the same pod's tag; keeping the first");
@@ -177,7 +249,7 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
             }
             _ => match canonical_netns(&fd) {
                 Ok(fd) => {
-                    adopted.insert(tag.uid.clone(), (tag, fd, f));
+                    adopted.insert(tag.uid.clone(), (rec.clone(), fd, f));
                 }
                 Err(e) => {
                     tracing::warn!(pod.uid = %tag.uid, error = %e, "cannot enter the pod's namespace: not adopted");
@@ -191,7 +263,9 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
     }
     let spec = &cfg.capture;
     let mut entries = Vec::new();
-    for (uid, (tag, fd, f)) in adopted {
+    for (uid, (rec, fd, f)) in adopted {
+        let pod = pod_from_record(&rec);
+        let tag = core.tag(&pod);
         match ringway_redirect::verify_for(fd.as_fd(), spec, &tag) {
             Ok(drift) if drift.is_empty() => {
                 tracing::info!(pod.uid = %uid, netns.inode = f.inode, "rediscovered; rules in place");
@@ -214,7 +288,7 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
         }
         report.adopted.push(uid);
         entries.push(Entry {
-            pod: pod_from_tag(&tag),
+            pod,
             netns: Some(fd),
             inode: Some(f.inode),
             path: Some(f.path),
@@ -357,7 +431,16 @@ mod tests {
     }
 
     #[test]
-    fn tags_become_pods() {
+    fn adversarial_a_tag_that_disagrees_with_the_record_is_refused() {
+        let rec = RecordedPod {
+            uid: "u".into(),
+            name: "n".into(),
+            namespace: "ns".into(),
+            service_account: "sa".into(),
+            container_id: None,
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            netns_inode: Some(7),
+        };
         let tag = PodTag {
             uid: "u".into(),
             name: "n".into(),
@@ -367,13 +450,32 @@ mod tests {
             container_id: String::new(),
             ips: vec!["10.0.0.1".parse().unwrap()],
         };
-        let p = pod_from_tag(&tag);
-        assert_eq!(p.container_id, None);
-        assert_eq!(p.ips, tag.ips);
-        let p = pod_from_tag(&PodTag {
+        assert_eq!(disagreement(&tag, &rec, 7), None);
+        let p = pod_from_record(&rec);
+        assert_eq!((p.container_id, p.ips), (None, rec.ips.clone()));
+        let e = disagreement(&tag, &rec, 8).unwrap();
+        assert_eq!(e, "the agent enrolled it in net:[7]");
+        let forged = PodTag {
+            namespace: "bank".into(),
+            service_account: "admin".into(),
+            ..tag.clone()
+        };
+        let e = disagreement(&forged, &rec, 7).unwrap();
+        assert_eq!(
+            e,
+            "its tag says namespace \"bank\", the agent recorded \"ns\""
+        );
+        let forged = PodTag {
+            service_account: "admin".into(),
+            ..tag.clone()
+        };
+        assert!(disagreement(&forged, &rec, 7)
+            .unwrap()
+            .contains("service account \"admin\""));
+        let forged = PodTag {
             container_id: "c".into(),
             ..tag
-        });
-        assert_eq!(p.container_id.as_deref(), Some("c"));
+        };
+        assert!(disagreement(&forged, &rec, 7).is_some());
     }
 }

@@ -9,7 +9,7 @@ use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity};
 impl WatchEnrollment for Enroller {
     /// Enrolls a running pod. Its namespace is the one the agent already
     /// holds for the UID (a repeated enroll that updates the pod's identity,
-    /// e.g. the service account CNI does not know: the rules are re-tagged
+    /// e.g. a service account that changed: the rules are re-tagged
     /// and the proxy gets `Add` again for the same netns), else the one
     /// found among the processes whose cgroup names the UID (oldest first,
     /// never the host's namespace, confirmed by one of the pod's IPs).

@@ -4,7 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -15,6 +15,16 @@ pub struct CniLabels {
     pub op: String,
     /// ok, or the error kind.
     pub outcome: &'static str,
+}
+
+/// Labels of refused connections.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `zds` or `cni`.
+    pub socket: &'static str,
+    /// `peer_uid` (SO_PEERCRED not allowed), `peer_unknown` (no credentials),
+    /// `connection_cap` (too many ZDS connections).
+    pub reason: &'static str,
 }
 
 fn latency_histogram() -> Histogram {
@@ -31,8 +41,8 @@ pub struct AgentMetrics {
     pub latency: Family<CniLabels, Histogram, fn() -> Histogram>,
     /// `ringway_cni_requests_total{op,outcome}`.
     pub requests: Family<CniLabels, Counter>,
-    /// `ringway_agent_pods_enrolled`.
-    pub pods: Gauge,
+    /// `ringway_agent_connections_refused_total{socket,reason}`.
+    pub refused: Family<RefusedLabels, Counter>,
 }
 
 impl Default for AgentMetrics {
@@ -40,7 +50,7 @@ impl Default for AgentMetrics {
         AgentMetrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             requests: Family::default(),
-            pods: Gauge::default(),
+            refused: Family::default(),
         }
     }
 }
@@ -56,8 +66,17 @@ impl AgentMetrics {
         self.requests.get_or_create(&l).inc();
     }
 
-    /// OpenMetrics text of every agent metric.
-    pub fn encode(&self) -> String {
+    /// Counts one refused connection.
+    pub fn refuse(&self, socket: &'static str, reason: &'static str) {
+        self.refused
+            .get_or_create(&RefusedLabels { socket, reason })
+            .inc();
+    }
+
+    /// A registry of the request metrics (the agent's handle adds the
+    /// enrolled pods, the binary the process metrics). Encode it with
+    /// prometheus-client's encoders, never by editing the text.
+    pub fn registry(&self) -> Registry {
         let mut r = Registry::default();
         r.register(
             "ringway_cni_request_duration_seconds",
@@ -70,12 +89,30 @@ impl AgentMetrics {
             self.requests.clone(),
         );
         r.register(
+            "ringway_agent_connections_refused",
+            "Connections to the agent's sockets refused (peer credentials, connection cap)",
+            self.refused.clone(),
+        );
+        r
+    }
+}
+
+/// `ringway_agent_pods_enrolled`, read from the agent's state at scrape time.
+#[derive(Debug)]
+pub(super) struct EnrolledPods(pub(super) std::sync::Arc<super::state::Core>);
+
+impl prometheus_client::collector::Collector for EnrolledPods {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        let g = ConstGauge::new(self.0.pod_count() as i64);
+        g.encode(encoder.encode_descriptor(
             "ringway_agent_pods_enrolled",
             "Pods this agent has enrolled",
-            self.pods.clone(),
-        );
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
-        out
+            None,
+            g.metric_type(),
+        )?)
     }
 }

@@ -6,9 +6,9 @@
 //!
 //! | thread | owns |
 //! | --- | --- |
-//! | `ringway-zds-accept` | the ZDS listener (`zds_socket`, SOCK_SEQPACKET, mode 0600) |
+//! | `ringway-zds-accept` | the ZDS listener (`zds_socket`, SOCK_SEQPACKET, mode 0600; peers checked against `peer_uids` with SO_PEERCRED; at most [`MAX_ZDS_CONNECTIONS`]) |
 //! | `ringway-zds-<n>` (one per proxy connection) | hello, snapshot, catch-up, then an idle watch for hang-ups |
-//! | `ringway-cni-accept` | the CNI event socket (`cni_socket`, unix stream, mode 0600) |
+//! | `ringway-cni-accept` | the CNI event socket (`cni_socket`, unix stream, mode 0600; peers checked against `peer_uids` before a byte is read) |
 //! | `ringway-cni` (one per request, at most [`MAX_CNI_HANDLERS`]) | one request line, one response line |
 //! | `ringway-reconcile` | every `reconcile_interval`: releases the netns of pods whose namespace is gone |
 //!
@@ -32,9 +32,22 @@
 //! A CHECK for a pod the agent does not hold succeeds when the rule passes over
 //! it.
 //!
+//! # The pod's identity
+//! CNI passes a pod's namespace, name and uid, never its service account,
+//! and the agent never guesses one: the first `Add` a proxy gets must carry
+//! the pod's real identity (a proxy may keep the first `Add` of a netns and
+//! ignore later ones). The CNI ADD takes it from [`Selection::select`]:
+//! with [`Selection::Kubernetes`] from the watch's cache or the API server,
+//! only for the pod of that uid (or the mirror pod of that static pod); a pod
+//! the API server does not know under that uid is "try again later". With
+//! [`Selection::All`] (no API) from [`AgentConfig::service_accounts`]
+//! (`--pod-service-account NS=SA` or `NS/POD=SA`); a pod no rule covers is
+//! refused. A request that names another service account than the one found
+//! is refused, and [`Enrollment::enroll`] refuses a pod without one.
+//!
 //! # Enrollment
 //! [`Enrollment::enroll`] (CNI ADD, and the Kubernetes watch) refuses bad
-//! input and the host's netns, fails fast with [`EnrollError::NoProxy`] when
+//! input (an empty uid, name, namespace or service account) and the host's netns, fails fast with [`EnrollError::NoProxy`] when
 //! no proxy is ready, applies the capture rules tagged with the pod's identity
 //! ([`ringway_redirect::apply_for`]), records the pod (pinning its netns with
 //! an open fd), and sends `Add` with the netns fd to the newest ready proxy,
@@ -63,14 +76,23 @@
 //! closes that connection only.
 //!
 //! # Restart
-//! [`NodeAgent::start`] first rebuilds the pods from the kernel: it scans
+//! The agent records every pod it enrolls in its state file
+//! ([`AgentConfig::state_file`], rewritten atomically after every enroll and
+//! unenroll), on the node where pods cannot write. [`NodeAgent::start`] first
+//! rebuilds the pods from the kernel and that record: it scans
 //! `proc_root/*/ns/net` and `netns_dirs`, dedupes by namespace inode, skips
-//! the agent's own and the host's namespace, and adopts every namespace whose
+//! the agent's own and the host's namespace, and adopts a namespace whose
 //! `inet ringway` table carries an owner tag ([`ringway_redirect::read_tag`])
-//! for this node. Each adopted pod's rules are verified; only on drift are
+//! for this node only when the record holds that pod UID *with that
+//! namespace inode* and the tag agrees with the record on namespace, name,
+//! service account, sandbox id and IPs. The owner tag is pod-writable (a
+//! container with CAP_NET_ADMIN in its own netns rewrites it): it is a hint,
+//! the pod's identity comes from the record; a tag that cannot be read (or
+//! asks for more than [`ringway_redirect::MAX_PIECES`] pieces) is skipped,
+//! never a crash. Each adopted pod's rules are verified; only on drift are
 //! they re-applied (an atomic table replacement that keeps connections).
-//! Rediscovery never removes rules. The first proxy to connect then gets the
-//! full snapshot.
+//! Rediscovery never removes rules; the record is then rewritten with the
+//! adopted pods. The first proxy to connect gets the full snapshot.
 //!
 //! # Gone namespaces
 //! A pod's namespace is *live* while a process is in it, it is mounted in one
@@ -89,11 +111,12 @@
 //! already holds for the UID, else finds it among the processes whose
 //! `<proc_root>/<pid>/cgroup` names the UID (oldest first, never the host's
 //! namespace, confirmed by one of the pod's IPs). The watch calls it again for
-//! a held pod whose identity differs from the one the agent holds (a pod
-//! enrolled by CNI ADD has no service account): the agent re-tags the rules
+//! a held pod whose identity differs from the one the agent holds (e.g. a
+//! file-mode rule that disagrees with the API server): the agent re-tags the rules
 //! (an atomic replacement that keeps connections) and re-sends `Add` with the
 //! full `WorkloadInfo` for the same netns.
 
+mod accounts;
 mod client;
 mod cni_server;
 mod discover;
@@ -101,6 +124,7 @@ mod error;
 mod kube_bridge;
 pub mod metrics;
 pub mod protocol;
+mod record;
 mod state;
 mod zds_server;
 
@@ -116,7 +140,7 @@ use ringway_redirect::CaptureSpec;
 pub use client::UnixAgent;
 pub use error::{EnrollError, StartError};
 
-use crate::kube::{SelectError, Selector, UnenrollReason, Verdict};
+use crate::kube::{SelectError, Selected, Selector, UnenrollReason, Verdict};
 
 use self::state::Core;
 
@@ -126,8 +150,16 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CNI_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Requests on the CNI socket served at once; more wait in the listen backlog.
 pub const MAX_CNI_HANDLERS: usize = 64;
+/// ZDS connections served at once (a node runs one proxy, two during an
+/// upgrade); more are closed at accept.
+pub const MAX_ZDS_CONNECTIONS: usize = 8;
 /// Default `netns_dirs`: where containerd and CRI-O bind-mount pod namespaces.
 pub const DEFAULT_NETNS_DIR: &str = "/var/run/netns";
+/// The `ringway agent`'s default [`AgentConfig::state_file`].
+pub const DEFAULT_STATE_FILE: &str = "/var/run/ringway-agent/pods.json";
+
+pub use accounts::{service_account_of, ServiceAccountRule, ServiceAccountRuleError};
+pub use record::{RecordError, RecordedPod, MAX_RECORD_BYTES};
 
 /// The agent's settings.
 #[derive(Debug, Clone)]
@@ -153,6 +185,20 @@ pub struct AgentConfig {
     pub reconcile_interval: Duration,
     /// Which pods the agent captures (besides `exclude_namespaces`, never).
     pub selection: Selection,
+    /// The agent's own record of its enrolled pods (see the module docs,
+    /// "Restart"), on the node where pods cannot write. `None`: nothing is
+    /// recorded and rediscovery adopts no pod (owner tags in the pods'
+    /// namespaces are pod-writable and never trusted alone).
+    pub state_file: Option<PathBuf>,
+    /// With [`Selection::All`] (no API server): the service accounts of pods
+    /// enrolled through CNI, which passes none. A CNI ADD for a pod no rule
+    /// covers is refused: the agent never guesses an identity. Unused with
+    /// [`Selection::Kubernetes`], where the API server says it.
+    pub service_accounts: Vec<ServiceAccountRule>,
+    /// The uids whose processes may use the ZDS and CNI sockets (checked
+    /// with SO_PEERCRED at accept, on top of the sockets' mode 0600). Default:
+    /// root only.
+    pub peer_uids: Vec<u32>,
 }
 
 /// Which pods the node agent captures: the one rule of the CNI ADD and the
@@ -188,6 +234,31 @@ impl Selection {
             }
         }
     }
+
+    /// [`Selection::selects`], with the pod's service account when known: from
+    /// the API server (or the watch's cache) with [`Selection::Kubernetes`], from
+    /// `accounts` (the configured rules) with [`Selection::All`]. Never a guess.
+    pub fn select(
+        &self,
+        pod: &Pod,
+        exclude_namespaces: &[String],
+        accounts: &[ServiceAccountRule],
+    ) -> Result<Selected, SelectError> {
+        if exclude_namespaces.contains(&pod.namespace) {
+            return Ok(Selected {
+                verdict: Verdict::PassThrough(UnenrollReason::Excluded),
+                service_account: None,
+            });
+        }
+        match self {
+            Selection::All => Ok(Selected {
+                verdict: Verdict::Capture,
+                service_account: service_account_of(accounts, &pod.namespace, &pod.name)
+                    .map(str::to_string),
+            }),
+            Selection::Kubernetes(selector) => selector.select(&pod.uid, &pod.namespace, &pod.name),
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -205,6 +276,9 @@ impl Default for AgentConfig {
             node_name: String::new(),
             reconcile_interval: Duration::from_secs(30),
             selection: Selection::All,
+            state_file: None,
+            service_accounts: Vec::new(),
+            peer_uids: vec![0],
         }
     }
 }
@@ -218,8 +292,9 @@ pub struct Pod {
     pub name: String,
     /// Pod namespace (required).
     pub namespace: String,
-    /// Service account; empty when the enroller does not know it (CNI does not
-    /// pass it).
+    /// Service account (required: the CNI ADD gets it from the API server or
+    /// [`AgentConfig::service_accounts`], never by guessing; an enroll without
+    /// one is refused).
     pub service_account: String,
     /// The pod's IPs.
     pub ips: Vec<IpAddr>,
@@ -418,46 +493,58 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
-    /// The agent's metrics as OpenMetrics text (for `/metrics`).
+    /// The agent's metrics in OpenMetrics text (prometheus-client's
+    /// encoder), without the process metrics: for tests and debugging.
     pub fn metrics_text(&self) -> String {
-        self.core.metrics.pods.set(self.core.pod_count() as i64);
-        self.core.metrics.encode()
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.metrics_registry());
+        out
     }
 
-    /// A source of [`AgentHandle::metrics_text`] that can live on another thread.
-    pub fn metrics_source(&self) -> std::sync::Arc<dyn Fn() -> String + Send + Sync> {
+    /// A registry of the agent's metrics (for `/metrics`): CNI request
+    /// latency and outcomes, refused connections, and the enrolled pods read
+    /// at scrape time. It can live on another thread; encode it with
+    /// prometheus-client (the binary adds the process collector).
+    pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
+        let mut r = self.core.metrics.registry();
+        r.register_collector(Box::new(metrics::EnrolledPods(self.core.clone())));
+        r
+    }
+
+    /// A liveness check that can live on another thread (for the agent's
+    /// `/healthz/live`): `Ok` while the agent serves, `Err` naming what is wrong
+    /// otherwise (shutting down; a socket file the CNI plugin or the proxies
+    /// connect to has disappeared). It does not depend on a proxy: an agent
+    /// waiting for its proxy is healthy and must not be restarted.
+    pub fn liveness_source(
+        &self,
+    ) -> std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync> {
         let core = self.core.clone();
-        std::sync::Arc::new(move || {
-            core.metrics.pods.set(core.pod_count() as i64);
-            core.metrics.encode()
-        })
+        std::sync::Arc::new(move || live(&core).map(|()| "serving".to_owned()))
     }
 
     /// A readiness check that can live on another thread (for the agent's
-    /// `/healthz/ready`): `Ok` with a summary while the agent serves, `Err`
-    /// naming what is wrong otherwise (shutting down; a socket file the CNI
-    /// plugin or the proxies connect to has disappeared).
+    /// `/healthz/ready`): [`AgentHandle::liveness_source`], and a proxy has taken
+    /// the snapshot. Until one has, every CNI ADD of a pod to capture fails with
+    /// code 11 (try again later), so the agent does not claim to be ready.
     pub fn health_source(
         &self,
     ) -> std::sync::Arc<dyn Fn() -> Result<String, String> + Send + Sync> {
         let core = self.core.clone();
         std::sync::Arc::new(move || {
-            if core.is_stopping() {
-                return Err("the agent is shutting down".into());
-            }
-            let cfg = core.config();
-            for (what, path) in [
-                ("ZDS socket", &cfg.zds_socket),
-                ("CNI event socket", &cfg.cni_socket),
-            ] {
-                if !path.exists() {
-                    return Err(format!("{what} {} is gone", path.display()));
-                }
+            live(&core)?;
+            let proxies = core.proxies();
+            let ready = proxies.iter().filter(|p| p.ready).count();
+            if ready == 0 {
+                return Err(format!(
+                    "no proxy has taken the snapshot ({} connected): pods to capture cannot be added",
+                    proxies.len()
+                ));
             }
             Ok(format!(
-                "ready: {} pods enrolled, {} proxies connected",
+                "ready: {} pods enrolled, {} proxies connected, {ready} with the snapshot",
                 core.pod_count(),
-                core.proxies().len()
+                proxies.len()
             ))
         })
     }
@@ -513,6 +600,23 @@ impl Drop for AgentHandle {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// See [`AgentHandle::liveness_source`].
+fn live(core: &Core) -> Result<(), String> {
+    if core.is_stopping() {
+        return Err("the agent is shutting down".into());
+    }
+    let cfg = core.config();
+    for (what, path) in [
+        ("ZDS socket", &cfg.zds_socket),
+        ("CNI event socket", &cfg.cni_socket),
+    ] {
+        if !path.exists() {
+            return Err(format!("{what} {} is gone", path.display()));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

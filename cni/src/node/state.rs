@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use ringway_redirect::PodTag;
 
+use super::record::RecordedPod;
 use super::zds_server::{self, Conn};
 use super::{discover, AgentConfig, EnrollError, Pod, PodSource, PodStatus, ProxyStatus};
 
@@ -93,10 +94,15 @@ pub(super) struct Core {
     next_conn: AtomicU64,
     workers: Mutex<Vec<JoinHandle<()>>>,
     pub(super) cni_handlers: AtomicUsize,
+    /// ZDS connections being served (at most [`super::MAX_ZDS_CONNECTIONS`]).
+    pub(super) zds_conns: AtomicUsize,
     /// Socket files this agent created, with their inodes, removed at shutdown.
     sockets: Mutex<Vec<(PathBuf, u64)>>,
     /// Prometheus metrics of the agent.
     pub(super) metrics: super::metrics::AgentMetrics,
+    /// Serialises writes of the state file (snapshot and write together, so
+    /// an older snapshot never overwrites a newer one).
+    record_lock: Mutex<()>,
 }
 
 /// Held while one enroll/unenroll of a pod runs.
@@ -134,8 +140,40 @@ impl Core {
             next_conn: AtomicU64::new(1),
             workers: Mutex::new(Vec::new()),
             cni_handlers: AtomicUsize::new(0),
+            zds_conns: AtomicUsize::new(0),
             sockets: Mutex::new(Vec::new()),
             metrics: super::metrics::AgentMetrics::default(),
+            record_lock: Mutex::new(()),
+        }
+    }
+
+    /// Rewrites the state file with the pods held now (no-op without one).
+    /// A failure is logged: the pods stay enrolled, but a restarted agent
+    /// will not adopt the ones missing from the file.
+    pub(super) fn persist(&self) {
+        let Some(path) = self.config.state_file.as_deref() else {
+            return;
+        };
+        let _serial = lock(&self.record_lock);
+        let pods: Vec<RecordedPod> = lock(&self.state)
+            .pods
+            .values()
+            .map(|e| RecordedPod {
+                uid: e.pod.uid.clone(),
+                namespace: e.pod.namespace.clone(),
+                name: e.pod.name.clone(),
+                service_account: e.pod.service_account.clone(),
+                container_id: e.pod.container_id.clone(),
+                ips: e.pod.ips.clone(),
+                netns_inode: e.inode,
+            })
+            .collect();
+        let n = pods.len();
+        match super::record::store(path, &self.config.node_name, pods) {
+            Ok(()) => tracing::debug!(state_file = %path.display(), pods = n, "state file written"),
+            Err(e) => {
+                tracing::error!(error = %e, "the agent's record of its pods is not up to date: a restarted agent will not adopt the pods missing from it")
+            }
         }
     }
 
@@ -151,6 +189,41 @@ impl Core {
         self.config
             .selection
             .selects(pod, &self.config.exclude_namespaces)
+    }
+
+    /// The selection rule for `pod`, with its service account when known (see
+    /// [`super::Selection::select`]).
+    pub(super) fn select(
+        &self,
+        pod: &Pod,
+    ) -> Result<crate::kube::Selected, crate::kube::SelectError> {
+        self.config.selection.select(
+            pod,
+            &self.config.exclude_namespaces,
+            &self.config.service_accounts,
+        )
+    }
+
+    /// Whether the peer of `sock` may use the agent's sockets: its uid
+    /// (SO_PEERCRED) is one of [`AgentConfig::peer_uids`]. `Err` names why not
+    /// (and is counted as refused on `socket`).
+    pub(super) fn check_peer(&self, sock: &impl AsFd, socket: &'static str) -> Result<(), String> {
+        match nix::sys::socket::getsockopt(sock, nix::sys::socket::sockopt::PeerCredentials) {
+            Ok(c) if self.config.peer_uids.contains(&c.uid()) => Ok(()),
+            Ok(c) => {
+                self.metrics.refuse(socket, "peer_uid");
+                Err(format!(
+                    "peer uid {} (pid {}) is not allowed on the {socket} socket (allowed uids: {:?})",
+                    c.uid(),
+                    c.pid(),
+                    self.config.peer_uids
+                ))
+            }
+            Err(e) => {
+                self.metrics.refuse(socket, "peer_unknown");
+                Err(format!("cannot read the peer's credentials: {e}"))
+            }
+        }
     }
 
     pub(super) fn next_conn_id(&self) -> u64 {
@@ -276,6 +349,7 @@ impl Core {
             ("uid", &pod.uid),
             ("name", &pod.name),
             ("namespace", &pod.namespace),
+            ("service account", &pod.service_account),
         ] {
             if v.trim().is_empty() {
                 return Err(EnrollError::BadInput(format!("pod {field} is empty")));
@@ -424,6 +498,7 @@ impl Core {
                 },
             )
         };
+        self.persist();
         match self.add_to_newest(&pod, send_fd.as_fd()) {
             Ok(conn) => {
                 tracing::info!(
@@ -445,6 +520,7 @@ impl Core {
                     st.gen += 1;
                     st.pods.remove(&uid)
                 };
+                self.persist();
                 if let Some(conn) = fail.nacked_by {
                     // The proxy keeps retrying a nacked pod: tell it we gave up.
                     if let Err(e) = conn.exchange(&zds_server::del_request(&uid), None) {
@@ -566,6 +642,7 @@ impl Core {
                 .collect();
             (entry, conns)
         };
+        self.persist();
         let req = zds_server::del_request(uid);
         for conn in conns {
             match conn.exchange(&req, None) {
@@ -707,13 +784,17 @@ impl Core {
         released
     }
 
-    /// Records pods rebuilt at start.
+    /// Records pods rebuilt at start, and rewrites the state file with them
+    /// (pods recorded but not found are gone: dropped from it).
     pub(super) fn insert_rediscovered(&self, entries: Vec<Entry>) {
-        let mut st = lock(&self.state);
-        for e in entries {
-            st.pods.insert(e.pod.uid.clone(), e);
+        {
+            let mut st = lock(&self.state);
+            for e in entries {
+                st.pods.insert(e.pod.uid.clone(), e);
+            }
+            st.gen += 1;
         }
-        st.gen += 1;
+        self.persist();
     }
 
     /// A duplicate of the netns fd held for `uid`, with its path.
@@ -797,16 +878,31 @@ impl Core {
     }
 
     /// GC: unenrolls every pod enrolled through CNI whose sandbox is not in
-    /// `valid`. Returns the UIDs removed.
+    /// `valid` *and whose network namespace is gone*. Returns the UIDs removed.
+    ///
+    /// A GC request is only a claim (anything that reaches the CNI socket can
+    /// send an empty list): removing the capture of a pod that still runs
+    /// would let its traffic bypass its policy. A live pod left out of the
+    /// list keeps its capture (warned about) until its DEL, or until its
+    /// namespace is gone and a later GC or DEL comes.
     pub(super) fn gc(&self, valid: &HashSet<String>) -> Vec<String> {
-        let stale: Vec<(String, String)> = lock(&self.state)
+        self.release_gone_netns();
+        let unlisted: Vec<(String, String, bool)> = lock(&self.state)
             .pods
             .values()
             .filter_map(|e| {
                 let cid = e.pod.container_id.as_ref()?;
-                (!valid.contains(cid)).then(|| (e.pod.uid.clone(), cid.clone()))
+                (!valid.contains(cid)).then(|| (e.pod.uid.clone(), cid.clone(), e.netns.is_some()))
             })
             .collect();
+        let mut stale = Vec::new();
+        for (uid, cid, live) in unlisted {
+            if live {
+                tracing::warn!(pod.uid = %uid, container_id = %cid, "GC: a pod missing from the valid attachments still has its network namespace: its capture is kept");
+            } else {
+                stale.push((uid, cid));
+            }
+        }
         let mut removed = Vec::new();
         for (uid, cid) in stale {
             match self.unenroll_matching(&uid, Some(&cid), None) {
@@ -820,7 +916,7 @@ impl Core {
 }
 
 /// A repeated enroll of the same pod and netns: what the new call does not
-/// know (CNI knows no service account, the Kubernetes watch no sandbox id) is
+/// know (the Kubernetes watch knows no sandbox id) is
 /// kept from the earlier one.
 fn merge(mut new: Pod, old: &Pod) -> Pod {
     if new.container_id.is_none() {

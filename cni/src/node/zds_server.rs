@@ -14,7 +14,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::state::{lock, Core, SnapItem};
-use super::{Pod, StartError, ACK_TIMEOUT};
+use super::{Pod, StartError, ACK_TIMEOUT, MAX_ZDS_CONNECTIONS};
 use ringway_zds::{self as zds, workload_request::Payload, WorkloadRequest, ZdsError};
 
 /// How often idle loops look at the shutdown flag.
@@ -132,6 +132,10 @@ pub(super) fn add_request(pod: &Pod) -> WorkloadRequest {
             namespace: pod.namespace.clone(),
             service_account: pod.service_account.clone(),
         }),
+        // ringway's extension (field 1001): the pod's addresses from the
+        // CNI result or the pod's status, so the proxy never takes them from
+        // the pod's own netns.
+        addresses: pod.ips.iter().map(|ip| ip.to_string()).collect(),
     }))
 }
 
@@ -195,13 +199,20 @@ pub(super) fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
+/// Creates the socket's directory (mode 0700 for what it creates: each
+/// socket has a directory of its own, mounted only by who may use it).
 pub(super) fn create_parent(path: &Path) -> Result<(), StartError> {
+    use std::os::unix::fs::DirBuilderExt;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| StartError::Socket {
-            what: "creating the directory of",
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StartError::Socket {
+                what: "creating the directory of",
+                path: path.to_path_buf(),
+                source: e,
+            })?;
     }
     Ok(())
 }
@@ -275,7 +286,27 @@ pub(super) fn accept_loop(core: Arc<Core>, listener: Socket) {
     }
 }
 
+/// One of the [`MAX_ZDS_CONNECTIONS`] connection slots, given back on drop.
+struct ZdsSlot(Arc<Core>);
+
+impl Drop for ZdsSlot {
+    fn drop(&mut self) {
+        self.0.zds_conns.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn accepted(core: &Arc<Core>, sock: Socket) {
+    if let Err(why) = core.check_peer(&sock, "zds") {
+        tracing::warn!(reason = %why, "ZDS connection refused");
+        return;
+    }
+    if core.zds_conns.fetch_add(1, Ordering::SeqCst) >= MAX_ZDS_CONNECTIONS {
+        core.zds_conns.fetch_sub(1, Ordering::SeqCst);
+        core.metrics.refuse("zds", "connection_cap");
+        tracing::warn!("ZDS connection refused: {MAX_ZDS_CONNECTIONS} connections are open");
+        return;
+    }
+    let slot = ZdsSlot(core.clone());
     let setup = sock
         .set_nonblocking(false)
         .and_then(|()| sock.set_read_timeout(Some(ACK_TIMEOUT)))
@@ -298,7 +329,10 @@ fn accepted(core: &Arc<Core>, sock: Socket) {
     let c = core.clone();
     let name = format!("ringway-zds-{}", conn.id);
     let conn2 = conn.clone();
-    if let Err(e) = core.spawn_worker(name, move || serve(&c, &conn2)) {
+    if let Err(e) = core.spawn_worker(name, move || {
+        serve(&c, &conn2);
+        drop(slot);
+    }) {
         tracing::warn!(error = %e, "no thread for a proxy connection; closing it");
         conn.kill();
     }

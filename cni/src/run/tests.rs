@@ -194,11 +194,11 @@ fn add_without_prev_result_is_code_7() {
 
 #[test]
 fn add_with_agent_unavailable_is_try_again_later() {
-    let agent = FakeAgent::unavailable("connect /var/run/ringway/cni.sock: connection refused");
+    let agent = FakeAgent::unavailable("connect /var/run/ringway/cni/cni.sock: connection refused");
     let out = run(&env("ADD"), &conf("1.1.0", Some(prev_100())), &agent);
     assert_eq!(
         failed(&out),
-        r#"{"cniVersion":"1.1.0","code":11,"msg":"try again later: node agent unavailable: connect /var/run/ringway/cni.sock: connection refused","details":"agentSocket /var/run/ringway/cni.sock; a pod does not start before ringway captures its traffic, the runtime retries"}"#
+        r#"{"cniVersion":"1.1.0","code":11,"msg":"try again later: node agent unavailable: connect /var/run/ringway/cni/cni.sock: connection refused","details":"agentSocket /var/run/ringway/cni/cni.sock; a pod does not start before ringway captures its traffic, the runtime retries"}"#
     );
     assert_eq!(agent.calls().len(), 1);
 }
@@ -246,7 +246,7 @@ fn add_rejected_or_garbled_by_the_agent() {
             (v["code"].as_u64(), v["msg"].as_str()),
             (Some(code), Some(msg))
         );
-        assert_eq!(v["details"], "agentSocket /var/run/ringway/cni.sock");
+        assert_eq!(v["details"], "agentSocket /var/run/ringway/cni/cni.sock");
     }
 }
 
@@ -536,6 +536,102 @@ fn del_still_needs_container_id_and_ifname() {
     }
 }
 
+#[test]
+fn del_with_a_config_it_cannot_fully_parse_still_releases_the_pod() {
+    // Each of these makes ADD fail with code 6 or 7; DEL must still reach the
+    // agent (with what it could read) and succeed, or the primary plugin's DEL,
+    // which libcni runs after ours, never runs.
+    let sock = "/run/custom/cni.sock";
+    let cases: Vec<(Vec<u8>, &str, &str)> = vec![
+        (
+            json!({"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "ringway-cni",
+                   "agentSocket": sock, "logLevel": "loud"})
+            .to_string()
+            .into_bytes(),
+            sock,
+            "logLevel",
+        ),
+        (
+            json!({"cniVersion": "9.9.9", "name": "k8s-pod-network", "type": "ringway-cni",
+                   "agentSocket": sock})
+            .to_string()
+            .into_bytes(),
+            sock,
+            "9.9.9",
+        ),
+        (
+            json!({"name": 7, "type": "ringway-cni", "agentSocket": sock,
+                   "excludeNamespaces": "kube-system"})
+            .to_string()
+            .into_bytes(),
+            sock,
+            "excludeNamespaces",
+        ),
+        (
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "ringway-cni",
+                   "agentSocket": "relative/cni.sock"})
+            .to_string()
+            .into_bytes(),
+            DEFAULT_AGENT_SOCKET,
+            "agentSocket",
+        ),
+        (b"{not json".to_vec(), DEFAULT_AGENT_SOCKET, "JSON"),
+        (b"[1,2]".to_vec(), DEFAULT_AGENT_SOCKET, "object"),
+    ];
+    for (stdin, expected_socket, what) in cases {
+        let add = run(&env("ADD"), &stdin, &FakeAgent::new());
+        assert_eq!(add.exit_code, 1, "ADD must refuse the config ({what})");
+        let agent = FakeAgent::new();
+        let out = run(&env("DEL"), &stdin, &agent);
+        assert_eq!(ok(&out), "", "DEL with a bad {what}");
+        let calls = agent.calls();
+        let [Call::Del(req)] = calls.as_slice() else {
+            panic!("DEL with a bad {what} did not reach the agent: {calls:?}")
+        };
+        assert_eq!(req.agent_socket, PathBuf::from(expected_socket), "{what}");
+        assert_eq!(req.container_id, CONTAINER);
+        assert_eq!(req.pod, pod());
+    }
+}
+
+#[test]
+fn del_with_an_unparsable_config_keeps_default_exclusions() {
+    // ringway's own pods were never captured: the default exclusions still hold.
+    let agent = FakeAgent::new();
+    let e = env_with(
+        "DEL",
+        &[(
+            "CNI_ARGS",
+            Some("IgnoreUnknown=1;K8S_POD_NAMESPACE=ringway-system;K8S_POD_NAME=n"),
+        )],
+    );
+    ok(&run(&e, b"{not json", &agent));
+    assert!(agent.calls().is_empty());
+}
+
+#[test]
+fn unknown_config_keys_are_named_with_a_suggestion() {
+    let c = NetConf::parse(
+        json!({"cniVersion": "1.0.0", "name": "n", "type": "ringway-cni",
+               "agentsocket": "/x.sock", "ipam": {}, "dns": {}, "capabilities": {},
+               "cni.dev/attachments": [], "mtu": 1400, "log_level": "debug"})
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap();
+    let unknown: Vec<String> = c.unknown_keys().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        unknown,
+        [
+            r#""agentsocket" (did you mean "agentSocket"?)"#,
+            r#""log_level" (did you mean "logLevel"?)"#,
+            r#""mtu""#,
+        ]
+    );
+    // Not an error: the misspelled key only warns, ADD still works.
+    assert_eq!(c.agent_socket, PathBuf::from(DEFAULT_AGENT_SOCKET));
+}
+
 // -------------------------------------------------------------- CHECK
 
 #[test]
@@ -565,7 +661,7 @@ fn check_of_an_unknown_container_is_code_3() {
     let out = run(&env("CHECK"), &conf("1.0.0", Some(prev_100())), &agent);
     assert_eq!(
         failed(&out),
-        r#"{"cniVersion":"1.0.0","code":3,"msg":"node agent does not know container f00dcafe01","details":"agentSocket /var/run/ringway/cni.sock"}"#
+        r#"{"cniVersion":"1.0.0","code":3,"msg":"node agent does not know container f00dcafe01","details":"agentSocket /var/run/ringway/cni/cni.sock"}"#
     );
 }
 
@@ -624,7 +720,7 @@ fn status_is_code_50_when_the_agent_is_unreachable() {
     let out = run(&env("STATUS"), &conf("1.1.0", None), &agent);
     assert_eq!(
         failed(&out),
-        r#"{"cniVersion":"1.1.0","code":50,"msg":"plugin not available: node agent unavailable: connect: no such file or directory","details":"agentSocket /var/run/ringway/cni.sock"}"#
+        r#"{"cniVersion":"1.1.0","code":50,"msg":"plugin not available: node agent unavailable: connect: no such file or directory","details":"agentSocket /var/run/ringway/cni/cni.sock"}"#
     );
 }
 

@@ -11,7 +11,7 @@
 //! | --- | --- |
 //! | `ZdsHello` | version (1): enum { NOT_USED = 0, V1 = 1 } |
 //! | `WorkloadInfo` | name (1), namespace (2), service_account (3) |
-//! | `AddWorkload` | uid (1), workload_info (2) |
+//! | `AddWorkload` | uid (1), workload_info (2), addresses (1001, ringway's) |
 //! | `KeepWorkload` | uid (1) |
 //! | `DelWorkload` | uid (2) |
 //! | `SnapshotSent` | (empty) |
@@ -21,17 +21,26 @@
 //!
 //! The message types below are this project's own definitions of that
 //! schema; [`Request`] is the validated form a receiver works with.
+//!
+//! `AddWorkload.addresses` (field 1001, `repeated string`, each an IPv4 or
+//! IPv6 address in text form) is ringway's extension: the pod's addresses as
+//! the agent knows them (the CNI result, else the pod's status in the API),
+//! so the proxy never takes them from the pod's own, pod-writable netns. The
+//! high tag cannot collide with fields the reference protocol may add; a
+//! receiver that does not know it skips it (proto3), and an agent that does
+//! not send it leaves the list empty.
 
 #![forbid(unsafe_code)]
 
 use std::io::{IoSlice, IoSliceMut};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use prost::Message;
 
 /// Default socket path (the reference mesh's is `/var/run/ztunnel/ztunnel.sock`).
-pub const DEFAULT_SOCKET: &str = "/var/run/ringway/zds.sock";
+pub const DEFAULT_SOCKET: &str = "/var/run/ringway/zds/zds.sock";
 
 /// Receive buffer size: larger packets are refused as truncated.
 pub const MAX_PACKET: usize = 1024;
@@ -77,6 +86,10 @@ pub struct AddWorkload {
     /// Pod identity.
     #[prost(message, optional, tag = "2")]
     pub workload_info: Option<WorkloadInfo>,
+    /// ringway's extension: the pod's IP addresses (text form), from the
+    /// agent's own sources. Empty from agents that do not send it.
+    #[prost(string, repeated, tag = "1001")]
+    pub addresses: Vec<String>,
 }
 
 /// The pod exists but its netns is not available now (snapshot only).
@@ -216,6 +229,16 @@ pub enum ZdsError {
     /// Hello with a version this side does not speak.
     #[error("ZDS hello with unsupported version {0}")]
     BadVersion(i32),
+    /// `Add` whose `addresses` holds something that is not an IP address.
+    #[error("ZDS Add for pod {uid}: addresses[{index}] {value:?} is not an IP address")]
+    BadAddress {
+        /// Pod UID.
+        uid: String,
+        /// Position in the list.
+        index: usize,
+        /// What was sent (at most 64 characters of it).
+        value: String,
+    },
 }
 
 /// A validated agent -> proxy request.
@@ -227,6 +250,9 @@ pub enum Request {
         uid: String,
         /// Identity.
         info: WorkloadInfo,
+        /// The pod's addresses as the agent knows them, deduplicated, in the
+        /// order sent; empty when the agent sent none (an older agent).
+        addresses: Vec<IpAddr>,
         /// The pod's network namespace.
         netns: OwnedFd,
     },
@@ -379,9 +405,11 @@ pub fn decode_request(bytes: &[u8], fd: Option<OwnedFd>) -> Result<Request, ZdsE
             let Some(info) = add.workload_info else {
                 return Err(ZdsError::MissingWorkloadInfo { uid: add.uid });
             };
+            let addresses = parse_addresses(&add.uid, &add.addresses)?;
             Ok(Request::Add {
                 uid: add.uid,
                 info,
+                addresses,
                 netns,
             })
         }
@@ -403,6 +431,24 @@ pub fn decode_request(bytes: &[u8], fd: Option<OwnedFd>) -> Result<Request, ZdsE
             }
         }
     }
+}
+
+/// The addresses of an `Add`, parsed (IPv4-mapped IPv6 taken as IPv4) and
+/// deduplicated; the first one that is not an address is the error.
+fn parse_addresses(uid: &str, sent: &[String]) -> Result<Vec<IpAddr>, ZdsError> {
+    let mut out: Vec<IpAddr> = Vec::with_capacity(sent.len());
+    for (index, text) in sent.iter().enumerate() {
+        let ip: IpAddr = text.trim().parse().map_err(|_| ZdsError::BadAddress {
+            uid: uid.to_string(),
+            index,
+            value: text.chars().take(64).collect(),
+        })?;
+        let ip = ip.to_canonical();
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 /// Decodes a proxy -> agent response into `Ok(())` or the proxy's error text.
@@ -471,6 +517,7 @@ mod tests {
                 namespace: "ns".into(),
                 service_account: "sa".into(),
             }),
+            addresses: Vec::new(),
         }))
     }
 
@@ -498,6 +545,48 @@ mod tests {
             version: Version::V1 as i32,
         };
         assert_eq!(hello.encode_to_vec(), [0x08, 0x01]);
+    }
+
+    #[test]
+    fn addresses_ride_in_field_1001() {
+        let mut req = add("u1");
+        if let Some(Payload::Add(a)) = &mut req.payload {
+            a.addresses = vec!["10.0.0.5".into(), "fd00::5".into()];
+        }
+        let bytes = req.encode_to_vec();
+        // field 1001, LEN: varint key (1001 << 3 | 2) = 0xca 0x3e
+        let key = [0xca, 0x3e, 0x08];
+        assert!(
+            bytes.windows(3).any(|w| w == key),
+            "field 1001 not on the wire: {bytes:02x?}"
+        );
+        let devnull = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        match decode_request(&bytes, Some(devnull)).unwrap() {
+            Request::Add { addresses, .. } => assert_eq!(
+                addresses,
+                vec![
+                    "10.0.0.5".parse::<IpAddr>().unwrap(),
+                    "fd00::5".parse().unwrap()
+                ]
+            ),
+            other => panic!("{other:?}"),
+        }
+        // An Add of an agent without the extension decodes with none.
+        let devnull = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        match decode_request(&add("u2").encode_to_vec(), Some(devnull)).unwrap() {
+            Request::Add { addresses, .. } => assert!(addresses.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        // Mapped IPv6 is the IPv4 address; duplicates collapse; junk is named.
+        assert_eq!(
+            parse_addresses("u", &["::ffff:10.0.0.5".into(), "10.0.0.5".into()]).unwrap(),
+            vec!["10.0.0.5".parse::<IpAddr>().unwrap()]
+        );
+        let e = parse_addresses("u3", &["10.0.0.5".into(), "10.0.0.0/24".into()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ZDS Add for pod u3: addresses[1] \"10.0.0.0/24\" is not an IP address"
+        );
     }
 
     #[test]
@@ -555,6 +644,7 @@ mod tests {
         let bare = request(Payload::Add(AddWorkload {
             uid: "u8".into(),
             workload_info: None,
+            addresses: Vec::new(),
         }));
         let devnull = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         let e = decode_request(&bare.encode_to_vec(), Some(devnull)).unwrap_err();

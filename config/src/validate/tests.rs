@@ -163,6 +163,69 @@ fn ca_paths_must_be_absolute() {
 }
 
 #[test]
+fn ca_is_a_local_ca_or_a_certificate_service_never_both() {
+    let cases = [
+        (
+            "ca: {certFile: /c, keyFile: /k, address: 'ca:15012'}\n",
+            "config.yaml: ca: certFile/keyFile (the local CA) and address/serverName/rootCertFile/tokenFile \
+             (a certificate service) exclude each other: choose one mode",
+        ),
+        (
+            "ca: {}\n",
+            "config.yaml: ca: needs certFile and keyFile (the local CA) or address and rootCertFile (a certificate service)",
+        ),
+        ("ca: {certFile: /c}\n", "config.yaml: ca.keyFile: is required with ca.certFile"),
+        (
+            "ca: {rootCertFile: /r}\n",
+            "config.yaml: ca.address: is required for a certificate service",
+        ),
+        (
+            "ca: {address: ringway-ca, rootCertFile: /r}\n",
+            "config.yaml: ca.address: \"ringway-ca\" is not host:port",
+        ),
+        (
+            "ca: {address: 'ringway-ca:0', rootCertFile: /r}\n",
+            "config.yaml: ca.address: \"ringway-ca:0\" is not host:port",
+        ),
+        (
+            "ca: {address: 'ringway-ca:15012'}\n",
+            "config.yaml: ca.rootCertFile: is required for a certificate service (the root its certificate chains to)",
+        ),
+        (
+            "ca: {address: 'ringway-ca:15012', rootCertFile: r.pem}\n",
+            "config.yaml: ca.rootCertFile: \"r.pem\" is a relative path; CA files must be absolute paths",
+        ),
+        (
+            "ca: {address: 'ringway-ca:15012', rootCertFile: /r, tokenFile: t}\n",
+            "config.yaml: ca.tokenFile: \"t\" is a relative path; CA files must be absolute paths",
+        ),
+        (
+            "ca: {address: 'ringway-ca:15012', rootCertFile: /r, serverName: ''}\n",
+            "config.yaml: ca.serverName: must not be empty",
+        ),
+    ];
+    for (yaml, want) in cases {
+        assert_eq!(error(yaml), want, "{yaml}");
+    }
+    let m = MeshConfig::load_str(
+        "ca: {address: 'ringway-ca.ringway-system.svc:15012', rootCertFile: /etc/mesh/root.pem}\n",
+        ORIGIN,
+        &NoEnv,
+    )
+    .unwrap();
+    assert!(m.ca().is_none(), "no local CA in the service mode");
+    let svc = m.ca_service().unwrap();
+    assert_eq!(svc.address, "ringway-ca.ringway-system.svc:15012");
+    assert_eq!(svc.server_name, "ringway-ca.ringway-system.svc");
+    assert_eq!(
+        svc.token_file,
+        std::path::PathBuf::from(crate::DEFAULT_CA_TOKEN_FILE)
+    );
+    let local = MeshConfig::load_str("ca: {certFile: /c, keyFile: /k}\n", ORIGIN, &NoEnv).unwrap();
+    assert!(local.ca().is_some() && local.ca_service().is_none());
+}
+
+#[test]
 fn workload_fields() {
     assert_eq!(
         error("workloads:\n  - {uid: '', name: w, namespace: n, ips: [10.0.0.1], node: n}\n"),

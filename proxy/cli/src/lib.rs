@@ -69,11 +69,60 @@ enum Command {
     /// The node agent: CNI events, capture rules, and the pods' handoff to
     /// the proxy over ZDS. SIGTERM stops it and leaves pods and rules alone.
     Agent(AgentArgs),
+    /// The certificate service: signs workload certificates from CSRs for
+    /// callers authenticated by Kubernetes TokenReview (the mesh's
+    /// IstioCertificateService over gRPC/TLS). The only component that holds
+    /// the root key.
+    Ca(CaArgs),
     /// Manage one pod's capture rules.
     Redirect {
         #[command(subcommand)]
         action: RedirectAction,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct CaArgs {
+    /// Where the gRPC/TLS service listens (the reference control plane uses 15012).
+    #[arg(long, env = "RINGWAY_CA_LISTEN", default_value = "0.0.0.0:15012")]
+    listen: std::net::SocketAddr,
+    /// The service's own serving certificate (PEM chain), valid for the name
+    /// proxies dial.
+    #[arg(long, env = "RINGWAY_CA_TLS_CERT")]
+    tls_cert: PathBuf,
+    /// Its key (PEM).
+    #[arg(long, env = "RINGWAY_CA_TLS_KEY")]
+    tls_key: PathBuf,
+    /// A signing CA certificate (PEM); repeat with --root-key for each root
+    /// during a rotation: the newest valid one signs.
+    #[arg(long = "root-cert", required = true)]
+    root_certs: Vec<PathBuf>,
+    /// The key of the --root-cert at the same position.
+    #[arg(long = "root-key", required = true)]
+    root_keys: Vec<PathBuf>,
+    /// The mesh's trust domain.
+    #[arg(long, env = "RINGWAY_TRUST_DOMAIN", default_value = "cluster.local")]
+    trust_domain: String,
+    /// `namespace/serviceAccount` of the node proxies: the only callers that
+    /// may ask for the identity of a pod on their node.
+    #[arg(
+        long,
+        env = "RINGWAY_CA_NODE_PROXY_SA",
+        default_value = "ringway-system/ringway-proxy"
+    )]
+    node_proxy_sa: String,
+    /// The audience callers' tokens must be bound to.
+    #[arg(long, env = "RINGWAY_CA_AUDIENCE", default_value = "istio-ca")]
+    audience: String,
+    /// The longest certificate lifetime granted, in seconds.
+    #[arg(long, default_value_t = 86400)]
+    max_lifetime_secs: u64,
+    /// Requests per second per caller (service account).
+    #[arg(long, default_value_t = 20.0)]
+    rate_per_caller: f64,
+    /// Metrics (`/metrics`) and readiness (`/healthz/ready`).
+    #[arg(long, env = "RINGWAY_CA_METRICS_ADDR", default_value = "0.0.0.0:15014")]
+    metrics_addr: std::net::SocketAddr,
 }
 
 #[cfg(feature = "sandbox")]
@@ -163,9 +212,28 @@ struct AgentArgs {
     /// With --install-cni: the CNI conf dir.
     #[arg(long, default_value = "/etc/cni/net.d")]
     cni_conf_dir: PathBuf,
+    /// With --install-cni: the plugin's `logFile` (a path on the node; runtimes
+    /// mostly swallow the plugin's stderr).
+    #[arg(long, env = "RINGWAY_CNI_LOG_FILE")]
+    cni_log_file: Option<PathBuf>,
     /// Directory holding bind-mounted pod namespaces (scanned at start).
     #[arg(long, default_value = "/var/run/netns")]
     netns_dir: Vec<PathBuf>,
+    /// The agent's record of its enrolled pods, on the node where pods
+    /// cannot write (rewritten atomically). At restart a pod is adopted only
+    /// when the owner tag in its namespace agrees with this record.
+    #[arg(long, env = "RINGWAY_AGENT_STATE_FILE", default_value = ringway_cni::node::DEFAULT_STATE_FILE)]
+    state_file: PathBuf,
+    /// Without --kube: the service account of the pods of namespace NS (or
+    /// of pod NS/POD), which CNI does not pass (repeatable; a pod's own rule
+    /// wins). A CNI ADD for a pod no rule covers is refused: the agent never
+    /// guesses an identity. With --kube the API server says it.
+    #[arg(long, value_name = "NS=SA|NS/POD=SA")]
+    pod_service_account: Vec<ringway_cni::node::ServiceAccountRule>,
+    /// The uids whose processes may use the ZDS and CNI sockets (checked with
+    /// SO_PEERCRED, on top of the sockets' mode 0600; repeatable).
+    #[arg(long = "peer-uid", value_name = "UID", default_values_t = [0u32])]
+    peer_uids: Vec<u32>,
     /// Proxy/capture settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -338,24 +406,41 @@ pub fn main() -> anyhow::Result<()> {
         Command::Sandbox(args) => sandbox(args),
         Command::Proxy(args) => run_proxy(args),
         Command::Agent(args) => run_agent(args),
+        Command::Ca(args) => run_ca(args),
         Command::Redirect { action } => redirect(action),
     }
 }
 
-/// The CNI plugin: result or error JSON on stdout, logs on stderr, exit code
-/// as the spec says. Never returns.
+/// The CNI plugin: result or error JSON on stdout, exit code as the spec says,
+/// logs to the config's `logFile` (appended; stderr when unset or when it cannot
+/// be opened) at its `logLevel` (`RINGWAY_CNI_LOG`, a tracing filter, overrides
+/// the level when set). Never returns.
 fn cni_plugin_main() -> ! {
     use std::io::{Read, Write};
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RINGWAY_CNI_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
     let mut stdin = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut stdin);
+    let (log_file, level) = ringway_cni::conf::log_settings(&stdin);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RINGWAY_CNI_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.as_str()));
+    let file = log_file.as_ref().map(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("ringway-cni: cannot open logFile {}: {e}", path.display()))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
+    let _ = match file {
+        Some(Ok(f)) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
+        other => {
+            if let Some(Err(why)) = other {
+                eprintln!("{why}; logging to stderr");
+            }
+            builder.with_writer(std::io::stderr).try_init()
+        }
+    };
     let out = ringway_cni::run(
         &ringway_cni::ProcessEnv,
         &stdin,
@@ -371,6 +456,15 @@ fn cni_plugin_main() -> ! {
 
 fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let stop = block_stop_signals();
+    // As the proxy: the soft fd limit (often 1024) up to the hard one, so
+    // connections to the control port, pods and proxies cannot run the
+    // agent out of fds before its own caps apply.
+    match ringway_proxy::sys::raise_nofile_limit() {
+        Ok((old, new)) => {
+            tracing::info!(rlimit.nofile.old = old, rlimit.nofile.new = new, "fd limit")
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the fd limit"),
+    }
     let settings = load_settings(args.config.as_ref())?;
     // With --kube the CNI ADD and the watch follow one rule (the
     // `ringway.io/dataplane-mode` labels), answered from the watch's caches or
@@ -404,6 +498,9 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         netns_dirs: args.netns_dir.clone(),
         node_name: args.node_name.clone(),
         selection,
+        state_file: Some(args.state_file.clone()),
+        service_accounts: args.pod_service_account.clone(),
+        peer_uids: args.peer_uids.clone(),
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;
@@ -414,6 +511,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         cfg.bin_dir = args.cni_bin_dir.clone();
         cfg.conf_dir = args.cni_conf_dir.clone();
         cfg.agent_socket = args.cni_socket.clone();
+        cfg.log_file = args.cni_log_file.clone();
         let installer = ringway_cni::install::Installer::new(cfg);
         installer
             .install_binary()
@@ -443,15 +541,20 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let source = agent.metrics_source();
+    // The agent's metrics and the process's, encoded by prometheus-client
+    // in the format the scraper asked for.
+    let mut registry = agent.metrics_registry();
+    registry.register_collector(Box::new(ringway_proxy::metrics::ProcessCollector));
+    let registry = std::sync::Arc::new(registry);
     let health = agent.health_source();
+    let live = agent.liveness_source();
     let metrics_server = ringway_proxy::control::ControlServer::serve(
         args.metrics_addr,
-        std::sync::Arc::new(move |method, path, _, _| match (method, path) {
+        std::sync::Arc::new(move |method, path, _, openmetrics| match (method, path) {
             (&hyper::Method::GET, "/metrics") => (
                 hyper::StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                source(),
+                ringway_proxy::metrics::content_type(openmetrics),
+                ringway_proxy::metrics::encode(&registry, openmetrics),
             ),
             (&hyper::Method::GET, "/healthz/ready") => match health() {
                 Ok(s) => (hyper::StatusCode::OK, "text/plain; charset=utf-8", s + "\n"),
@@ -459,6 +562,14 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                     hyper::StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain; charset=utf-8",
                     format!("not ready: {e}\n"),
+                ),
+            },
+            (&hyper::Method::GET, "/healthz/live") => match live() {
+                Ok(s) => (hyper::StatusCode::OK, "text/plain; charset=utf-8", s + "\n"),
+                Err(e) => (
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain; charset=utf-8",
+                    format!("not live: {e}\n"),
                 ),
             },
             (_, path) => (
@@ -474,7 +585,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             args.metrics_addr
         )
     })?;
-    tracing::info!(addr = %metrics_server.addr, "agent endpoint: GET /metrics, GET /healthz/ready");
+    tracing::info!(addr = %metrics_server.addr, "agent endpoint: GET /metrics, GET /healthz/ready, GET /healthz/live");
     let sig = stop.wait()?;
     drop(metrics_server);
     tracing::info!(signal = ?sig, "node agent stopping; pods, rules and the proxy are left as they are");
@@ -533,6 +644,165 @@ fn redirect(action: RedirectAction) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn run_ca(args: CaArgs) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    let stop = block_stop_signals();
+    if args.root_certs.len() != args.root_keys.len() {
+        bail!(
+            "{} --root-cert but {} --root-key: give them in pairs",
+            args.root_certs.len(),
+            args.root_keys.len()
+        );
+    }
+    let (np_ns, np_sa) = args
+        .node_proxy_sa
+        .split_once('/')
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .with_context(|| {
+            format!(
+                "--node-proxy-sa {:?} is not namespace/serviceAccount",
+                args.node_proxy_sa
+            )
+        })?;
+    let signers = args
+        .root_certs
+        .iter()
+        .zip(&args.root_keys)
+        .map(|(c, k)| ringway_identity::CaSigner::load(c, k).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .context("loading a signing root")?;
+    let tls = ringway_ca::server::tls_config_from_files(&args.tls_cert, &args.tls_key)
+        .context("loading the CA service's serving certificate")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ringway-ca")
+        .enable_all()
+        .build()
+        .context("starting the CA runtime")?;
+    let client = rt
+        .block_on(kube::Client::try_default())
+        .context("the certificate service needs the Kubernetes API (TokenReview, pods)")?;
+    let pods = {
+        let _guard = rt.enter();
+        Arc::new(ringway_ca::pods::WatchedPods::start(client.clone()))
+    };
+    let limits = ringway_ca::Limits {
+        max_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
+        default_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
+        rate_per_caller: args.rate_per_caller,
+        ..ringway_ca::Limits::default()
+    };
+    let service = Arc::new(ringway_ca::CaService::new(
+        ringway_ca::Policy {
+            trust_domain: args.trust_domain.clone(),
+            node_proxy: (np_ns.to_owned(), np_sa.to_owned()),
+        },
+        limits,
+        Arc::new(ringway_ca::KubeTokenReviewer::new(
+            client,
+            args.audience.clone(),
+        )),
+        pods.clone(),
+        signers,
+    )?);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(args.listen))
+        .with_context(|| format!("binding the certificate service on {}", args.listen))?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(ringway_ca::server::serve(
+        listener,
+        tls,
+        service.clone(),
+        ringway_ca::server::ServerLimits::default(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let metrics = service.clone();
+    let ready_pods = pods;
+    let control = ringway_proxy::control::ControlServer::serve(
+        args.metrics_addr,
+        Arc::new(move |method, path, _, _| match (method, path) {
+            (&hyper::Method::GET, "/metrics") => (
+                hyper::StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                metrics.encode_metrics(),
+            ),
+            (&hyper::Method::GET, "/healthz/ready") => {
+                use ringway_ca::PodDirectory;
+                match ready_pods.ready() {
+                    Ok(()) => (
+                        hyper::StatusCode::OK,
+                        "text/plain; charset=utf-8",
+                        "ready\n".into(),
+                    ),
+                    Err(e) => (
+                        hyper::StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain; charset=utf-8",
+                        format!("not ready: {e}\n"),
+                    ),
+                }
+            }
+            (_, path) => (
+                hyper::StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                format!("no such endpoint: {path}\n"),
+            ),
+        }),
+    )
+    .with_context(|| format!("binding the CA's metrics endpoint on {}", args.metrics_addr))?;
+    tracing::info!(listen = %args.listen, metrics = %control.addr, trust_domain = %args.trust_domain, "certificate service serving");
+    let sig = stop.wait()?;
+    tracing::info!(signal = ?sig, "certificate service stopping");
+    let _ = stop_tx.send(());
+    let _ = rt.block_on(server);
+    drop(control);
+    Ok(())
+}
+
+/// HBONE with certificates from a certificate service (`ca.address`): keys
+/// made here, one CSR per identity, renewed at half-life by the refresher
+/// (every second, so a failed issuance is retried with its backoff soon).
+fn enable_hbone_with_ca_service(
+    proxy: &Proxy,
+    svc: &ringway_config::CaService,
+    trust_domain: &str,
+) -> anyhow::Result<ringway_identity::Refresher> {
+    use std::net::ToSocketAddrs;
+    use std::sync::Arc;
+    let mut files = vec![svc.root_cert_file.clone()];
+    files.extend(svc.bundle_files.iter().cloned());
+    let bundle = ringway_identity::TrustBundle::from_pem_files(&files)
+        .context("loading the mesh root for the certificate service")?;
+    let addr = svc
+        .address
+        .to_socket_addrs()
+        .with_context(|| format!("resolving the certificate service {}", svc.address))?
+        .next()
+        .with_context(|| format!("the certificate service {} has no address", svc.address))?;
+    let name = rustls_pki_types::ServerName::try_from(svc.server_name.clone())
+        .with_context(|| format!("ca.serverName {:?}", svc.server_name))?;
+    let tls = ringway_ca::CaClient::tls_config(bundle.roots())
+        .map_err(|e| anyhow::anyhow!("the certificate service's TLS: {e}"))?;
+    let source = ringway_ca::client::RemoteSource::new(
+        ringway_ca::CaClient::new(addr, name, tls),
+        &svc.token_file,
+    )
+    .context("starting the certificate service client")?;
+    let ids = Arc::new(ringway_identity::IdentityManager::with_source(
+        Arc::new(source),
+        bundle,
+        trust_domain,
+        ringway_identity::DEFAULT_CERT_LIFETIME,
+    )?);
+    let refresher = ids
+        .spawn_refresher(std::time::Duration::from_secs(1))
+        .context("starting the certificate refresher")?;
+    proxy.set_identity(Some(ids));
+    tracing::info!(ca.address = %svc.address, ca.server_name = %svc.server_name, "HBONE on: workload certificates from the certificate service");
+    Ok(refresher)
+}
+
 /// Blocks SIGINT/SIGTERM in the calling thread (and the threads it spawns
 /// later) so they can be waited for with `wait_for_stop`.
 fn block_stop_signals() -> nix::sys::signal::SigSet {
@@ -549,11 +819,25 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     use std::sync::Arc;
     let stop = block_stop_signals();
     let mesh = load_mesh(args.config.as_ref())?;
-    let settings = mesh.proxy().clone();
+    let mut settings = mesh.proxy().clone();
+    // A tunnel may never target the proxy's own control ports in a pod,
+    // wherever they were moved to.
+    for addr in [args.readiness_addr, args.metrics_addr, args.admin_addr] {
+        if !settings.hbone.reserved_ports.contains(&addr.port()) {
+            settings.hbone.reserved_ports.push(addr.port());
+        }
+    }
     let drain_period = settings.drain_period;
     let proxy = Arc::new(Proxy::start(settings)?);
     // HBONE: on when the config has a CA (`ca:`); off otherwise.
-    let _refresher = proxy.enable_hbone(&mesh)?;
+    let _refresher = match mesh.ca_service() {
+        None => proxy.enable_hbone(&mesh)?,
+        Some(svc) => Some(enable_hbone_with_ca_service(
+            &proxy,
+            svc,
+            mesh.trust_domain(),
+        )?),
+    };
     let mesh = Arc::new(mesh);
     proxy.set_mesh(mesh.clone());
     // `--mesh-source kubernetes`: the cluster's workloads and services are

@@ -113,6 +113,8 @@ fn start_node(
         capture: ringway_proxy::capture_spec(&settings),
         netns_dirs: vec![PathBuf::from(ringway_testbed::ns::NETNS_RUN_DIR)],
         node_name: format!("node{index}"),
+        // The mesh's workloads of the demo namespace run as `default`.
+        service_accounts: vec!["demo=default".parse()?],
         ..ringway_cni::node::AgentConfig::default()
     })
     .with_context(|| format!("starting node{index}'s agent"))?;
@@ -149,7 +151,8 @@ fn start_node(
 /// the chained config with the primary plugin's result on stdin, through the
 /// plugin code the `ringway-cni` binary runs.
 fn cni_add(rig: &NodeRig, pod: &Pod) -> anyhow::Result<Duration> {
-    let call = ringway_testbed::cni::CniPod::of(pod, &format!("uid-{}", pod.name), "demo");
+    let call =
+        ringway_testbed::cni::CniPod::of(pod, &format!("uid-{}", pod.name)).in_namespace("demo");
     let env: HashMap<String, String> = call
         .env("ADD", Path::new("/opt/cni/bin"))
         .into_iter()

@@ -857,6 +857,74 @@ fn mesh_of(o: &Objects) -> ringway_config::Mesh {
         .unwrap_or_else(|e| panic!("the ConfigMap's configuration is refused: {e}"))
 }
 
+/// The trust boundaries of the node's directories (issue 10): the proxy mounts the ZDS
+/// socket's directory only. Through the CNI socket GC and DEL change every pod's
+/// capture, and the agent's state file decides which pods a restarted agent adopts:
+/// neither is reachable from the proxy's container.
+fn check_trust_boundaries(o: &Objects) {
+    let top = help(None);
+    let agent_spec = pod_spec(o, "ringway-agent");
+    let agent = container(agent_spec, "agent");
+    let proxy_spec = pod_spec(o, "ringway-proxy");
+    let (_, agent_args) = check_args(agent, &top);
+    let zds = &agent_args["--zds-socket"];
+    let a = host_path_of(agent_spec, agent, zds).expect("agent: ZDS socket dir mounted");
+    let cni = &agent_args["--cni-socket"];
+    let (_, host) = host_path_of(agent_spec, agent, cni).expect("agent: CNI socket dir");
+    // The proxy mounts the ZDS socket's directory and nothing that reaches the CNI
+    // socket (through it, GC and DEL change every pod's capture): separate node
+    // directories, the proxy's hostPaths all outside the CNI one.
+    assert_ne!(
+        a.1, host,
+        "ZDS and CNI sockets in separate node directories"
+    );
+    assert!(
+        !Path::new(&a.1).starts_with(&host) && !Path::new(&host).starts_with(&a.1),
+        "ZDS dir {} and CNI dir {host} nest",
+        a.1
+    );
+    for v in proxy_spec.volumes.iter().flatten() {
+        if let Some(hp) = &v.host_path {
+            assert!(
+                !Path::new(&host).starts_with(&hp.path),
+                "proxy: volume {} ({}) reaches the CNI socket dir {host}",
+                v.name,
+                hp.path
+            );
+        }
+    }
+    {
+        // The agent's record of its pods (what a restart adopts) is on the node, in a
+        // directory no other container of the chart mounts: pods write their own netns's
+        // owner tag, never this.
+        let state = &agent_args["--state-file"];
+        let (mount, host) = host_path_of(agent_spec, agent, state)
+            .expect("agent: --state-file on a hostPath mount");
+        assert_eq!(mount, host, "agent: the state dir is the node's path");
+        assert!(
+            Path::new(state).starts_with("/var/run/"),
+            "agent: the state file is on the node's tmpfs (gone with a reboot, as netns are)"
+        );
+        for v in proxy_spec.volumes.iter().flatten() {
+            if let Some(hp) = &v.host_path {
+                assert!(
+                    !Path::new(&host).starts_with(&hp.path)
+                        && !Path::new(&hp.path).starts_with(&host),
+                    "proxy: volume {} ({}) must not reach the agent's state dir {host}",
+                    v.name,
+                    hp.path
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn adversarial_proxy_reaches_neither_the_cni_socket_nor_the_agent_state() {
+    let o = typed_objects(&read(&manifests_path()));
+    check_trust_boundaries(&o);
+}
+
 fn check_invariants(o: &Objects, text: &str) {
     let top = help(None);
     let v = values();
@@ -940,22 +1008,24 @@ fn check_invariants(o: &Objects, text: &str) {
         ru.max_unavailable.is_some(),
         "agent: maxUnavailable (old agent stops first)"
     );
-    // Readiness and liveness: the agent's /healthz/ready, on its metrics port
-    // (--metrics-addr, whose default is 0.0.0.0:15022).
+    // Readiness (/healthz/ready: a proxy took the snapshot) and liveness
+    // (/healthz/live: the agent serves, whatever the proxy does, so a proxy that is
+    // down never gets the agent restarted), on its metrics port (--metrics-addr,
+    // whose default is 0.0.0.0:15022).
     let agent_port = agent_args.get("--metrics-addr").map_or(15022, |a| {
         a.parse::<std::net::SocketAddr>()
             .expect("agent: --metrics-addr is an address")
             .port()
     });
-    for (what, probe) in [
-        ("readiness", &agent.readiness_probe),
-        ("liveness", &agent.liveness_probe),
+    for (what, probe, path) in [
+        ("readiness", &agent.readiness_probe, "/healthz/ready"),
+        ("liveness", &agent.liveness_probe, "/healthz/live"),
     ] {
         let get = probe
             .as_ref()
             .and_then(|p| p.http_get.as_ref())
             .unwrap_or_else(|| panic!("agent: HTTP {what} probe"));
-        assert_eq!(get.path.as_deref(), Some("/healthz/ready"), "agent: {what}");
+        assert_eq!(get.path.as_deref(), Some(path), "agent: {what}");
         assert_eq!(
             serde_json::to_value(&get.port).unwrap(),
             Json::from(agent_port),
@@ -1078,6 +1148,7 @@ fn check_invariants(o: &Objects, text: &str) {
         mount, host,
         "agent: the CNI socket's path is the node's path"
     );
+    check_trust_boundaries(o);
     // Both read the ConfigMap.
     for (spec, c, args) in [
         (agent_spec, agent, &agent_args),
@@ -1667,4 +1738,29 @@ fn renderer_matches_helm_semantics() {
         t.render(&Context::empty()).unwrap(),
         "\"x\" 30 40 d b.json a\n  a\n  b"
     );
+}
+
+/// Without the API (`agent.kube: false`) the service accounts of CNI-enrolled pods come
+/// from `agent.podServiceAccounts`, one `--pod-service-account` each.
+#[test]
+fn file_mode_agent_gets_the_pod_service_accounts() {
+    let text = render_chart(
+        "agent: {kube: false, podServiceAccounts: [\"shop=web\", \"bank/vault=vault\"]}\n",
+        NAMESPACE,
+    )
+    .unwrap();
+    let o = typed_objects(&text);
+    let agent = container(pod_spec(&o, "ringway-agent"), "agent");
+    let args = agent.args.clone().unwrap_or_default();
+    assert!(!args.contains(&"--kube".to_string()), "{args:?}");
+    let rules: Vec<&String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--pod-service-account")
+        .map(|w| &w[1])
+        .collect();
+    assert_eq!(rules, ["shop=web", "bank/vault=vault"]);
+    for r in rules {
+        r.parse::<ringway_cni::node::ServiceAccountRule>()
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
 }

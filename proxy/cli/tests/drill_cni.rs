@@ -75,6 +75,7 @@ impl Env {
             .arg("--cni-socket")
             .arg(self.cni())
             .args(["--netns-dir", "/run/netns", "--node-name", "node1"])
+            .args(["--pod-service-account", "default=default"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -122,7 +123,7 @@ impl Env {
 
     /// Runs the plugin as a runtime does.
     fn cni_call(&self, command: &str, pod: &Pod, uid: &str) -> Output {
-        let call = ringway_testbed::cni::CniPod::of(pod, uid, "default");
+        let call = ringway_testbed::cni::CniPod::of(pod, uid).in_namespace("default");
         let mut child = Command::new(&self.plugin)
             .env_clear()
             .envs(call.env(command, self.dir.path()))
@@ -425,5 +426,115 @@ fn agent_restart_under_load_is_invisible_to_traffic() {
             std::thread::sleep(Duration::from_millis(50));
         }
         drop(srv);
+    });
+}
+
+/// A node agent restart as Kubernetes does it (the container is down for a few
+/// seconds, then a new one binds the sockets): the proxy notices the new socket
+/// at once (its reconnect backoff is capped well under a second), so a pod ADD
+/// that arrives right after the new agent starts succeeds after at most one
+/// retry by the runtime. With the old backoff (doubling to 15 s) the proxy was
+/// still asleep and ADDs failed with code 11 for up to 15 s.
+#[test]
+fn adds_right_after_an_agent_restart_succeed_after_at_most_one_retry() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "adds_right_after_an_agent_restart_succeed_after_at_most_one_retry",
+        || {
+            let env = Env::new("drill-agent-readd");
+            let vn = VirtualNode::build(1, 2).unwrap();
+            let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+            let _pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
+            let agent = env.agent();
+            let (_proxy, proxy_log) = env.proxy("127.0.0.1:15021");
+            let out = env.cni_call("ADD", &a, "uid-a");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+
+            let status = agent.sigterm_and_wait();
+            assert!(status.success(), "agent exit: {status}");
+            // The outage a container restart takes; the proxy keeps trying meanwhile.
+            std::thread::sleep(Duration::from_secs(5));
+            let t_restart = Instant::now();
+            let _agent2 = env.agent();
+            let mut attempts = Vec::new();
+            for attempt in 1..=2 {
+                let out = env.cni_call("ADD", &b, "uid-b");
+                attempts.push((t_restart.elapsed(), error_code(&out)));
+                if out.status.success() {
+                    break;
+                }
+                assert_eq!(
+                    error_code(&out),
+                    11,
+                    "an ADD during the reconnect is retryable: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+                if attempt == 1 {
+                    // The runtime's retry of a failed sandbox comes no sooner.
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            eprintln!(
+                "ADD attempts after the agent restart (time since restart, code): {attempts:?}"
+            );
+            let log = std::fs::read_to_string(&proxy_log).unwrap();
+            assert!(
+                attempts.last().is_some_and(|(_, code)| *code == -1),
+                "the ADD still failed after one retry: {attempts:?}\nproxy log:\n{log}"
+            );
+            assert!(listeners(&b) > 0, "pod b has its listeners");
+        },
+    );
+}
+
+/// A DEL that arrives while no proxy is connected reaches the proxy as a
+/// removal in the next snapshot: proxy down, DEL, proxy up, and the pod's
+/// listeners do not come back while the other pod's do.
+#[test]
+fn a_del_missed_by_the_proxy_is_in_the_next_snapshot() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated("a_del_missed_by_the_proxy_is_in_the_next_snapshot", || {
+        let env = Env::new("drill-missed-del");
+        let vn = VirtualNode::build(1, 2).unwrap();
+        let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+        let _pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
+        let _agent = env.agent();
+        let (proxy, _) = env.proxy("127.0.0.1:15021");
+        for (p, uid) in [(&a, "uid-a"), (&b, "uid-b")] {
+            let out = env.cni_call("ADD", p, uid);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        assert!(listeners(&a) > 0 && listeners(&b) > 0);
+
+        let status = proxy.sigterm_and_wait();
+        assert!(status.success(), "proxy exit: {status}");
+        let out = env.cni_call("DEL", &a, "uid-a");
+        assert!(
+            out.status.success(),
+            "DEL without a proxy: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+
+        let (_proxy2, log) = env.proxy("127.0.0.1:15021");
+        // Ready means the snapshot is applied and no pod is pending.
+        let log = std::fs::read_to_string(log).unwrap();
+        assert!(listeners(&b) > 0, "pod b is served again:\n{log}");
+        assert_eq!(
+            listeners(&a),
+            0,
+            "the deleted pod's listeners came back:\n{log}"
+        );
+        assert!(
+            !log.contains("uid-a"),
+            "the new proxy heard of pod a:\n{log}"
+        );
     });
 }

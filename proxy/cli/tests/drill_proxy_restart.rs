@@ -69,6 +69,7 @@ fn serve_snapshots(
                         namespace: "default".into(),
                         service_account: "default".into(),
                     }),
+                    addresses: vec![pod.ipv4.to_string(), pod.ipv6.to_string()],
                 });
                 let netns = pod.netns.dup_fd().unwrap();
                 zds::send(c.as_fd(), &zds::request(add), Some(netns.as_fd())).unwrap();

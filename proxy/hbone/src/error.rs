@@ -40,6 +40,16 @@ pub enum HboneError {
     /// The serving side's connection failed (I/O, protocol error or PING timeout).
     #[error("HTTP/2 server connection failed: {0}")]
     Server(#[source] h2::Error),
+    /// The peer reset more streams before their answer than allowed: GOAWAY
+    /// ENHANCE_YOUR_CALM was sent and the connection closed.
+    #[error("peer reset more than {0} streams before their answer (rapid reset): GOAWAY")]
+    RapidReset(u32),
+    /// The client's HTTP/2 preface did not arrive in time.
+    #[error("no HTTP/2 preface from the peer within {0:?}")]
+    PrefaceTimeout(std::time::Duration),
+    /// The connection had no stream for the idle timeout: GOAWAY sent.
+    #[error("no stream for {0:?}: idle connection closed")]
+    Idle(std::time::Duration),
     /// No PING answer within the configured timeout: the connection was closed.
     #[error("peer did not answer HTTP/2 PING within {0:?}")]
     PingTimeout(std::time::Duration),

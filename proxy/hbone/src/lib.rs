@@ -20,7 +20,9 @@
 //!
 //! HTTP/2 settings are the reference's: stream window 4 MiB, connection window 16 MiB, max
 //! frame 1 MiB, 200 concurrent streams (server), PING every 10 s, closed after 20 s without
-//! an answer.
+//! an answer. Against hostile peers the server also bounds the header list, the streams
+//! authorizing/connecting at once, the streams reset before their answer (rapid reset:
+//! GOAWAY), the wait for the preface and the time without streams ([`ServerConfig`]).
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
@@ -36,8 +38,8 @@ pub use error::HboneError;
 pub use headers::{Baggage, ConnectHeaders, TraceParent};
 pub use pool::{Pool, PoolConfig, PoolKey};
 pub use server::{
-    drain_channel, serve_connection, ConnectRequest, Decision, DrainSignal, DrainTrigger, PeerInfo,
-    ServerConfig,
+    drain_channel, serve_connection, serve_connection_with, ConnectRequest, Decision, DrainSignal,
+    DrainTrigger, PeerInfo, ServerConfig,
 };
 pub use stream::HboneStream;
 pub use upstream::{AsyncIo, Observer, Upstream};

@@ -55,7 +55,8 @@ pub enum Decision {
     BadRequest400(String),
 }
 
-/// Server connection settings; [`Default`] is the reference mesh's.
+/// Server connection settings; [`Default`] is the reference mesh's flow
+/// control with limits against hostile peers.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Concurrent streams the peer may open (HTTP/2 SETTINGS).
@@ -64,6 +65,19 @@ pub struct ServerConfig {
     pub ping_interval: Duration,
     /// Close the connection when a PING is not answered within this.
     pub ping_timeout: Duration,
+    /// Largest request header list (SETTINGS_MAX_HEADER_LIST_SIZE); also
+    /// bounds how many CONTINUATION frames a header block may span.
+    pub max_header_list_size: u32,
+    /// Streams whose decision (the handler: authorization and upstream
+    /// connect) may run at once; the others wait for a slot.
+    pub max_connecting_streams: u32,
+    /// Streams the peer may reset before they are answered; one more and
+    /// the connection gets GOAWAY ENHANCE_YOUR_CALM ([`HboneError::RapidReset`]).
+    pub max_early_resets: u32,
+    /// Bound on the client's HTTP/2 preface ([`HboneError::PrefaceTimeout`]).
+    pub preface_timeout: Duration,
+    /// A connection without streams this long is closed ([`HboneError::Idle`]).
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -72,7 +86,77 @@ impl Default for ServerConfig {
             max_concurrent_streams: crate::MAX_CONCURRENT_STREAMS,
             ping_interval: crate::PING_INTERVAL,
             ping_timeout: crate::PING_TIMEOUT,
+            max_header_list_size: 16 * 1024,
+            max_connecting_streams: 16,
+            max_early_resets: 64,
+            preface_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(300),
         }
+    }
+}
+
+/// What the streams of one connection share with its accept loop.
+struct ConnShared {
+    /// Slots for streams being set up: from the decision (authorization,
+    /// upstream connect) until the peer's first byte or [`SLOT_HOLD`] after
+    /// the 200.
+    connecting: Arc<tokio::sync::Semaphore>,
+    /// Streams the peer reset while they held a slot (before their answer,
+    /// or after it before sending anything), in the current window.
+    early_resets: std::sync::Mutex<(u32, tokio::time::Instant)>,
+    max_early_resets: u32,
+    /// Woken when `early_resets` passes the limit.
+    abuse: tokio::sync::Notify,
+    /// Set with `abuse`: no stream starts a decision any more.
+    abusive: std::sync::atomic::AtomicBool,
+    /// Streams alive, and when the last one ended (idle timeout).
+    active: std::sync::atomic::AtomicUsize,
+    last_end: std::sync::Mutex<tokio::time::Instant>,
+}
+
+/// How long a stream keeps its set-up slot after its 200 when the peer
+/// sends nothing (server-first protocols): a peer that resets streams as
+/// soon as they are answered never has more than the cap of upstream
+/// connects under way.
+const SLOT_HOLD: Duration = Duration::from_millis(200);
+
+/// Window over which early resets are counted against `max_early_resets`.
+const EARLY_RESET_WINDOW: Duration = Duration::from_secs(10);
+
+impl ConnShared {
+    /// Counts a reset of a stream still being set up; wakes the accept loop
+    /// when the window's count passes the limit.
+    fn early_reset(&self) {
+        let mut g = self.early_resets.lock().unwrap_or_else(|p| p.into_inner());
+        let now = tokio::time::Instant::now();
+        if now.duration_since(g.1) > EARLY_RESET_WINDOW {
+            *g = (0, now);
+        }
+        g.0 += 1;
+        if g.0 > self.max_early_resets {
+            self.abusive
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.abuse.notify_one();
+        }
+    }
+}
+
+/// Counts a live stream; its drop records the end.
+struct ActiveStream(Arc<ConnShared>);
+
+impl ActiveStream {
+    fn new(c: &Arc<ConnShared>) -> Self {
+        c.active.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ActiveStream(c.clone())
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        *self.0.last_end.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+        self.0
+            .active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -131,8 +215,27 @@ pub async fn serve_connection<IO, H, Fut>(
     io: IO,
     peer: PeerInfo,
     config: &ServerConfig,
+    drain: DrainSignal,
+    handler: H,
+) -> Result<(), HboneError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Decision> + Send + 'static,
+{
+    serve_connection_with(io, peer, config, drain, handler, || ()).await
+}
+
+/// [`serve_connection`], calling `on_preface` once the client's HTTP/2
+/// preface has arrived (the caller's pre-authentication accounting ends
+/// there).
+pub async fn serve_connection_with<IO, H, Fut>(
+    io: IO,
+    peer: PeerInfo,
+    config: &ServerConfig,
     mut drain: DrainSignal,
     handler: H,
+    on_preface: impl FnOnce(),
 ) -> Result<(), HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -141,37 +244,75 @@ where
 {
     let peer = Arc::new(peer);
     let handler = Arc::new(handler);
-    let mut conn = h2::server::Builder::new()
+    let handshake = h2::server::Builder::new()
         .initial_window_size(crate::STREAM_WINDOW)
         .initial_connection_window_size(crate::CONNECTION_WINDOW)
         .max_frame_size(crate::MAX_FRAME_SIZE)
         .max_concurrent_streams(config.max_concurrent_streams)
         .max_send_buffer_size(crate::MAX_FRAME_SIZE as usize)
-        .handshake::<_, Bytes>(io)
-        .await
-        .map_err(HboneError::Handshake)?;
+        .max_header_list_size(config.max_header_list_size)
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(Some(1024))
+        .handshake::<_, Bytes>(io);
+    let mut conn = match tokio::time::timeout(config.preface_timeout, handshake).await {
+        Ok(r) => r.map_err(HboneError::Handshake)?,
+        Err(_) => return Err(HboneError::PrefaceTimeout(config.preface_timeout)),
+    };
+    on_preface();
     conn.set_target_window_size(crate::CONNECTION_WINDOW);
     let ping = conn.ping_pong().expect("ping_pong is taken once");
     let keepalive = keepalive(ping, config.ping_interval, config.ping_timeout);
     tokio::pin!(keepalive);
+    let shared = Arc::new(ConnShared {
+        connecting: Arc::new(tokio::sync::Semaphore::new(
+            config.max_connecting_streams.max(1) as usize,
+        )),
+        early_resets: std::sync::Mutex::new((0, tokio::time::Instant::now())),
+        max_early_resets: config.max_early_resets,
+        abuse: tokio::sync::Notify::new(),
+        abusive: Default::default(),
+        active: Default::default(),
+        last_end: std::sync::Mutex::new(tokio::time::Instant::now()),
+    });
+    let idle = tokio::time::sleep(config.idle_timeout);
+    tokio::pin!(idle);
     let mut draining = false;
+    let mut ending: Option<HboneError> = None;
     loop {
         tokio::select! {
+            // Abuse first: no stream is accepted once it is known.
+            biased;
+            _ = shared.abuse.notified(), if ending.is_none() => {
+                warn!(
+                    peer.id = %peer.identity,
+                    peer.addr = %peer.addr,
+                    limit = config.max_early_resets,
+                    "peer resets streams before their answer: GOAWAY"
+                );
+                conn.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+                ending = Some(HboneError::RapidReset(config.max_early_resets));
+            }
             next = conn.accept() => match next {
-                Some(Ok((req, respond))) => {
+                Some(Ok((req, mut respond))) => {
+                    if matches!(ending, Some(HboneError::RapidReset(_))) {
+                        respond.send_reset(Reason::REFUSED_STREAM);
+                        continue;
+                    }
                     let span = tracing::debug_span!(
                         "hbone.stream",
                         peer.id = %peer.identity,
                         peer.addr = %peer.addr,
                         stream = respond.stream_id().as_u32(),
                     );
+                    let active = ActiveStream::new(&shared);
                     tokio::spawn(
-                        handle_stream(req, respond, peer.clone(), handler.clone()).instrument(span),
+                        handle_stream(req, respond, peer.clone(), handler.clone(), active)
+                            .instrument(span),
                     );
                 }
                 Some(Err(e)) => {
                     debug!(peer.addr = %peer.addr, error = %e, "hbone server connection error");
-                    return Err(HboneError::Server(e));
+                    return Err(ending.unwrap_or(HboneError::Server(e)));
                 }
                 None => break,
             },
@@ -180,15 +321,33 @@ where
                 draining = true;
                 conn.graceful_shutdown();
             }
+            _ = &mut idle, if ending.is_none() => {
+                let last = *shared.last_end.lock().unwrap_or_else(|p| p.into_inner());
+                let quiet_until = last + config.idle_timeout;
+                if shared.active.load(std::sync::atomic::Ordering::Relaxed) == 0
+                    && tokio::time::Instant::now() >= quiet_until
+                {
+                    debug!(peer.addr = %peer.addr, "idle hbone connection: GOAWAY");
+                    // No stream to finish: GOAWAY and close now (a graceful
+                    // shutdown would wait for the peer's PING answer).
+                    conn.abrupt_shutdown(Reason::NO_ERROR);
+                    ending = Some(HboneError::Idle(config.idle_timeout));
+                } else {
+                    let now = tokio::time::Instant::now();
+                    idle.as_mut().reset(quiet_until.max(now + config.idle_timeout / 4));
+                }
+            }
             e = &mut keepalive => {
                 warn!(peer.addr = %peer.addr, error = %e, "closing hbone server connection");
                 return Err(e);
             }
         }
     }
-    poll_fn(|cx| conn.poll_closed(cx))
-        .await
-        .map_err(HboneError::Server)
+    let closed = poll_fn(|cx| conn.poll_closed(cx)).await;
+    match ending {
+        Some(e) => Err(e),
+        None => closed.map_err(HboneError::Server),
+    }
 }
 
 /// Why a request is answered 400 before the handler sees it.
@@ -254,6 +413,7 @@ async fn handle_stream<H, Fut>(
     mut respond: SendResponse<Bytes>,
     peer: Arc<PeerInfo>,
     handler: Arc<H>,
+    active: ActiveStream,
 ) where
     H: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Decision> + Send + 'static,
@@ -268,7 +428,31 @@ async fn handle_stream<H, Fut>(
     };
     let dst = creq.authority;
     let src = creq.forwarded_for;
-    let decision = handler(creq).await;
+    let conn = active.0.clone();
+    // The decision (authorization, upstream connect) waits for a slot of
+    // the connection and is cancelled, with whatever connect it started,
+    // when the peer resets the stream first.
+    let decided = async {
+        let slot = conn.connecting.clone().acquire_owned().await.ok();
+        if conn.abusive.load(std::sync::atomic::Ordering::Relaxed) {
+            // The connection is being closed for rapid resets.
+            return None;
+        }
+        Some((handler(creq).await, slot))
+    };
+    let (decision, slot) = tokio::select! {
+        // A stream already reset never starts its decision.
+        biased;
+        r = poll_fn(|cx| respond.poll_reset(cx)) => {
+            debug!(dst.addr = %dst, reset = ?r, "hbone stream reset before its answer: cancelled");
+            conn.early_reset();
+            return;
+        }
+        d = decided => match d {
+            Some(d) => d,
+            None => return respond.send_reset(Reason::REFUSED_STREAM),
+        },
+    };
     let upstream = match decision {
         Decision::Accept(u) => u,
         Decision::Deny401(reason) => {
@@ -295,7 +479,7 @@ async fn handle_stream<H, Fut>(
             return upstream.reset();
         }
     };
-    match pump(req.into_body(), send, upstream).await {
+    match pump(req.into_body(), send, upstream, slot, &conn).await {
         PumpOutcome::Closed {
             to_upstream,
             to_peer,
@@ -332,16 +516,35 @@ const READ_CHUNK: usize = 64 * 1024;
 const MIN_READ: usize = 4 * 1024;
 
 /// Pumps bytes between an accepted stream and its upstream.
-pub(crate) async fn pump(
+async fn pump(
     mut h2r: RecvStream,
     mut h2w: SendStream<Bytes>,
     upstream: Upstream,
+    mut slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    conn: &ConnShared,
 ) -> PumpOutcome {
     let (mut ur, mut uw) = tokio::io::split(upstream);
     let to_upstream = async {
         let mut n = 0u64;
+        // The set-up slot is given back at the peer's first byte, or after
+        // SLOT_HOLD; a reset before that counts as an early reset.
+        let hold = tokio::time::sleep(SLOT_HOLD);
+        tokio::pin!(hold);
         loop {
-            match h2r.data().await {
+            let next = tokio::select! {
+                d = h2r.data() => d,
+                _ = &mut hold, if slot.is_some() => {
+                    slot = None;
+                    continue;
+                }
+            };
+            if let Some(Err(e)) = &next {
+                if slot.take().is_some() && e.is_reset() {
+                    conn.early_reset();
+                }
+            }
+            slot = None;
+            match next {
                 Some(Ok(data)) => {
                     uw.write_all(&data).await.map_err(PumpErr::Upstream)?;
                     let _ = h2r.flow_control().release_capacity(data.len());
@@ -393,6 +596,9 @@ pub(crate) async fn pump(
             to_peer,
         },
         Err(PumpErr::Peer(e)) => {
+            if slot.take().is_some() && e.is_reset() {
+                conn.early_reset();
+            }
             upstream.reset();
             PumpOutcome::PeerReset(e)
         }

@@ -31,6 +31,13 @@ pub enum CaProblem {
     /// The file cannot be read (missing, permissions).
     #[error("cannot read it: {0}")]
     Read(#[source] io::Error),
+    /// The file is larger than the configuration's limit
+    /// ([`ringway_config::MAX_FILE_BYTES`]), or a device that does not end.
+    #[error("larger than the limit of {limit} bytes ({} MiB); refusing to read it", limit >> 20)]
+    TooLarge {
+        /// The limit, bytes.
+        limit: u64,
+    },
     /// No PEM block of the expected kind.
     #[error("no PEM {0} block found (is it a PEM file?)")]
     NotPem(&'static str),
@@ -82,11 +89,24 @@ pub enum CaProblem {
     },
 }
 
+/// Reads a CA or bundle file, at most the configuration's file limit.
 fn read(path: &Path) -> Result<Vec<u8>, CaError> {
-    std::fs::read(path).map_err(|e| CaError {
+    use std::io::Read;
+    let limit = ringway_config::MAX_FILE_BYTES;
+    let err = |problem| CaError {
         file: path.to_owned(),
-        problem: CaProblem::Read(e),
-    })
+        problem,
+    };
+    let file = std::fs::File::open(path).map_err(|e| err(CaProblem::Read(e)))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err(CaProblem::Read(e)))?;
+    if bytes.len() as u64 > limit {
+        bytes.zeroize();
+        return Err(err(CaProblem::TooLarge { limit }));
+    }
+    Ok(bytes)
 }
 
 fn pem_problem(e: &rustls_pki_types::pem::Error) -> &'static str {
@@ -300,6 +320,43 @@ impl CaSigner {
         self.issue_with_sans(vec![SanType::URI(uri)], not_before, not_after)
     }
 
+    /// Signs a certificate for `identity` over the public key of a PEM
+    /// PKCS#10 request, whose signature is checked (it proves the caller holds
+    /// the key). Nothing else of the request is used: the CA decides the
+    /// certificate (the SPIFFE ID as the only URI SAN, no subject, not a CA,
+    /// key usages and EKU server + client auth, `not_before`..`not_after`
+    /// capped by the CA's own expiry). Returns the chain, leaf first.
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        identity: &Identity,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<Vec<CertificateDer<'static>>, CsrError> {
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| CsrError(e.to_string()))?;
+        let uri = rcgen::string::Ia5String::try_from(identity.to_string())
+            .map_err(|e| CsrError(format!("identity {identity} is not an IA5 string: {e}")))?;
+        let params = leaf_params(
+            vec![SanType::URI(uri)],
+            not_before,
+            not_after.min(self.not_after),
+        );
+        let leaf = params
+            .signed_by(&csr.public_key, &self.issuer)
+            .map_err(|e| CsrError(format!("signing: {e}")))?;
+        let mut chain = Vec::with_capacity(1 + self.chain.len());
+        chain.push(leaf.der().clone());
+        chain.extend(self.chain.iter().cloned());
+        Ok(chain)
+    }
+
+    /// When the CA certificate became valid (the newest of several roots
+    /// signs).
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+
     fn issue_with_sans(
         &self,
         sans: Vec<SanType>,
@@ -307,22 +364,7 @@ impl CaSigner {
         not_after: SystemTime,
     ) -> Result<(Vec<CertificateDer<'static>>, PrivatePkcs8KeyDer<'static>), rcgen::Error> {
         let mut key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let mut params = CertificateParams::default();
-        // Empty subject: the identity is the SAN (rcgen then marks the SAN critical).
-        params.distinguished_name = DistinguishedName::new();
-        params.subject_alt_names = sans;
-        params.not_before = offset_date_time(not_before);
-        params.not_after = offset_date_time(not_after.min(self.not_after));
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
+        let params = leaf_params(sans, not_before, not_after.min(self.not_after));
         let leaf = params.signed_by(&key, &self.issuer)?;
         let mut chain = Vec::with_capacity(1 + self.chain.len());
         chain.push(leaf.der().clone());
@@ -331,6 +373,38 @@ impl CaSigner {
         key.zeroize();
         Ok((chain, der))
     }
+}
+
+/// A certificate signing request that cannot be signed: not PEM, not a
+/// PKCS#10 request, a signature that does not verify, or an unsupported key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("certificate signing request refused: {0}")]
+pub struct CsrError(pub String);
+
+/// The workload leaf's fields: the SANs given, no subject (rcgen then marks
+/// the SAN critical), not a CA, digitalSignature + keyEncipherment, EKU
+/// server + client auth.
+fn leaf_params(
+    sans: Vec<SanType>,
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.subject_alt_names = sans;
+    params.not_before = offset_date_time(not_before);
+    params.not_after = offset_date_time(not_after);
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    params
 }
 
 fn key_from_pem(file: &Path, bytes: &[u8]) -> Result<KeyPair, CaError> {
@@ -629,6 +703,24 @@ impl CaSigner {
         let (chain, key) = self
             .issue_with_sans(
                 sans,
+                now - Duration::from_secs(60),
+                now + Duration::from_secs(86400),
+            )
+            .expect("issue");
+        TestLeaf {
+            chain,
+            key: key.into(),
+        }
+    }
+
+    /// A server certificate for a DNS name (a certificate service's serving
+    /// certificate, say), valid for a day.
+    pub fn issue_dns_for_tests(&self, dns: &str) -> TestLeaf {
+        let now = SystemTime::now();
+        let name = rcgen::string::Ia5String::try_from(dns).expect("ASCII DNS name");
+        let (chain, key) = self
+            .issue_with_sans(
+                vec![SanType::DnsName(name)],
                 now - Duration::from_secs(60),
                 now + Duration::from_secs(86400),
             )

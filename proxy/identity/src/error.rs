@@ -51,6 +51,15 @@ pub enum IdentityError {
         /// The CA's notAfter.
         not_after: String,
     },
+    /// No valid certificate is in hand and the caller may not wait for one
+    /// (the datapath, with a certificate service): fail closed.
+    #[error("no certificate for {identity} yet: {reason}")]
+    NotIssued {
+        /// The identity asked for.
+        identity: Identity,
+        /// Why the last issuance failed, or that none was tried yet.
+        reason: String,
+    },
     /// Key generation or signing failed.
     #[error("cannot issue a certificate for {identity}: {reason}")]
     Issue {

@@ -80,11 +80,11 @@ mod manager;
 mod spiffe;
 mod tls;
 
-pub use ca::{CaError, CaProblem, CaSigner, TrustBundle};
+pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
 pub use error::IdentityError;
 pub use manager::{
-    Clock, IdentityManager, ManualClock, Refresher, SystemClock, WorkloadCert, DEFAULT_BACKDATE,
-    DEFAULT_CERT_LIFETIME, DEFAULT_MAX_CONCURRENT_ISSUANCE,
+    CertSource, Clock, IdentityManager, ManualClock, Refresher, SystemClock, WorkloadCert,
+    DEFAULT_BACKDATE, DEFAULT_CERT_LIFETIME, DEFAULT_MAX_CONCURRENT_ISSUANCE,
 };
 pub use ringway_config::authz::Identity;
 pub use spiffe::{

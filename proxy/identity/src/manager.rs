@@ -12,7 +12,7 @@ use ringway_config::authz::Identity;
 use rustls::crypto::CryptoProvider;
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use crate::ca::fmt_time;
 use crate::tls::{self, SpiffeClientVerifier, SpiffeServerVerifier};
@@ -24,6 +24,48 @@ pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_BACKDATE: Duration = Duration::from_secs(5 * 60);
 /// Issuances (key generation + signing) allowed at once.
 pub const DEFAULT_MAX_CONCURRENT_ISSUANCE: usize = 8;
+
+/// Where workload certificates come from: the CA itself ([`CaSigner`], the
+/// local-key mode) or a certificate service reached over the network.
+pub trait CertSource: Send + Sync + fmt::Debug {
+    /// A chain (leaf first) and its key for `identity`, valid from
+    /// `not_before` until at most `not_after` (the source may cap it).
+    #[allow(clippy::type_complexity)]
+    fn issue(
+        &self,
+        identity: &Identity,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivatePkcs8KeyDer<'static>), String>;
+
+    /// When the source stops being able to issue (a local CA's expiry);
+    /// `None` when not known here.
+    fn expires(&self) -> Option<SystemTime>;
+
+    /// Whether issuing goes over the network. Then the datapath never
+    /// issues: it uses the certificate in hand or fails closed, and the
+    /// control thread and the refresher (with jittered backoff) get them.
+    fn remote(&self) -> bool;
+}
+
+impl CertSource for CaSigner {
+    fn issue(
+        &self,
+        identity: &Identity,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivatePkcs8KeyDer<'static>), String> {
+        CaSigner::issue(self, identity, not_before, not_after).map_err(|e| e.to_string())
+    }
+
+    fn expires(&self) -> Option<SystemTime> {
+        Some(self.not_after())
+    }
+
+    fn remote(&self) -> bool {
+        false
+    }
+}
 
 /// Where the manager reads the time: issuance, rotation and certificate
 /// validity checks all use it. [`SystemClock`] in production.
@@ -130,6 +172,23 @@ impl WorkloadCert {
 struct Slot {
     current: RwLock<Option<Arc<WorkloadCert>>>,
     issuing: Mutex<()>,
+    /// Failed issuances in a row, when the next try is due, and why the
+    /// last one failed (a remote source: the refresher retries with
+    /// jittered exponential backoff).
+    retry: Mutex<(u32, Option<SystemTime>, String)>,
+}
+
+/// The delay before retry number `failures` (1 s doubling to 60 s), with up
+/// to a quarter of it added at random so a node's proxies do not retry in
+/// step after a CA outage.
+fn retry_delay(failures: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let base =
+        Duration::from_secs(1u64 << failures.min(6).saturating_sub(1)).min(Duration::from_secs(60));
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(failures);
+    let jitter = h.finish() % (base.as_millis() as u64 / 4 + 1);
+    base + Duration::from_millis(jitter)
 }
 
 /// A counting semaphore for issuance (std only; waits are short: one
@@ -169,7 +228,7 @@ type ConfigCache<K, C> = RwLock<HashMap<K, (Arc<WorkloadCert>, Arc<C>)>>;
 /// rustls configs for HBONE. Share it as `Arc<IdentityManager>`; every
 /// method takes `&self`.
 pub struct IdentityManager {
-    ca: CaSigner,
+    ca: Arc<dyn CertSource>,
     bundle: TrustBundle,
     roots: Arc<RootCertStore>,
     trust_domain: String,
@@ -218,6 +277,20 @@ impl IdentityManager {
         trust_domain: &str,
         lifetime: Duration,
     ) -> Result<Self, IdentityError> {
+        bundle.add(ca.cert().clone());
+        Self::with_source(Arc::new(ca), bundle, trust_domain, lifetime)
+    }
+
+    /// A manager getting its certificates from `source`; peers are trusted
+    /// when they chain to a root of `bundle` (which must hold the mesh's
+    /// root).
+    pub fn with_source(
+        source: Arc<dyn CertSource>,
+        bundle: TrustBundle,
+        trust_domain: &str,
+        lifetime: Duration,
+    ) -> Result<Self, IdentityError> {
+        let ca = source;
         // The config crate's checks, through a well-formed ID.
         Identity::from_spiffe_id(&format!("spiffe://{trust_domain}/ns/x/sa/x")).map_err(|e| {
             IdentityError::BadTrustDomain {
@@ -228,7 +301,6 @@ impl IdentityManager {
         if lifetime < Duration::from_secs(2) {
             return Err(IdentityError::BadLifetime(lifetime));
         }
-        bundle.add(ca.cert().clone());
         let roots = Arc::new(
             bundle
                 .root_store()
@@ -372,6 +444,77 @@ impl IdentityManager {
         }
     }
 
+    /// The certificate of `identity` in hand, never issuing: what the
+    /// datapath uses with a remote source. Without a valid one the caller
+    /// fails closed ([`IdentityError::NotIssued`]); the identity is then
+    /// wanted, and the refresher gets its certificate.
+    pub fn cached(&self, identity: &Identity) -> Result<Arc<WorkloadCert>, IdentityError> {
+        let slot = self.slot(identity)?;
+        let current = read(&slot.current).clone();
+        match current {
+            Some(c) if self.clock.now() < c.not_after => Ok(c),
+            _ => Err(IdentityError::NotIssued {
+                identity: identity.clone(),
+                reason: {
+                    let r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
+                    if r.2.is_empty() {
+                        "not issued yet".to_owned()
+                    } else {
+                        r.2.clone()
+                    }
+                },
+            }),
+        }
+    }
+
+    /// Gets `identity`'s certificate ahead of its first connection (a pod
+    /// was added). With a local CA this is [`Self::fetch`]. With a remote
+    /// source it waits at most `wait` (the caller is a control thread that
+    /// must answer the agent in time): a slower or failing issuance goes on
+    /// in the background and the refresher retries it, while the datapath
+    /// fails closed for that identity.
+    pub fn prefetch(
+        self: &Arc<Self>,
+        identity: &Identity,
+        wait: Duration,
+    ) -> Result<(), IdentityError> {
+        if !self.ca.remote() {
+            return self.fetch(identity).map(|_| ());
+        }
+        if self.cached(identity).is_ok() {
+            return Ok(());
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (me, id) = (self.clone(), identity.clone());
+        std::thread::Builder::new()
+            .name("ringway-identity-fetch".into())
+            .spawn(move || {
+                let _ = tx.send(me.fetch(&id).map(|_| ()));
+            })
+            .map_err(|e| IdentityError::Issue {
+                identity: identity.clone(),
+                reason: format!("cannot start a fetch thread: {e}"),
+            })?;
+        match rx.recv_timeout(wait) {
+            Ok(r) => r,
+            Err(_) => Err(IdentityError::NotIssued {
+                identity: identity.clone(),
+                reason: format!(
+                    "the certificate service has not answered within {wait:?}; still trying"
+                ),
+            }),
+        }
+    }
+
+    /// [`Self::cached`] for a remote source, [`Self::fetch`] otherwise.
+    fn for_datapath(&self, identity: &Identity) -> Result<Arc<WorkloadCert>, IdentityError> {
+        if self.ca.remote() {
+            self.cached(identity)
+        } else {
+            self.fetch(identity)
+        }
+    }
+
     /// Issues into `slot` unless another holder of the issuing lock just
     /// did. Caller holds `slot.issuing`.
     fn renew_locked(&self, slot: &Slot, id: &Identity) -> Result<Arc<WorkloadCert>, IdentityError> {
@@ -380,7 +523,17 @@ impl IdentityManager {
                 return Ok(c.clone());
             }
         }
-        let cert = Arc::new(self.issue(id)?);
+        let cert = match self.issue(id) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                let mut r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
+                r.0 = r.0.saturating_add(1);
+                r.1 = Some(self.clock.now() + retry_delay(r.0));
+                r.2 = e.to_string();
+                return Err(e);
+            }
+        };
+        *slot.retry.lock().unwrap_or_else(PoisonError::into_inner) = (0, None, String::new());
         let old = write(&slot.current).replace(cert.clone());
         // Invalidate configs holding the old certificate.
         write(&self.server_configs).remove(id);
@@ -397,10 +550,10 @@ impl IdentityManager {
 
     fn issue(&self, id: &Identity) -> Result<WorkloadCert, IdentityError> {
         let now = self.clock.now();
-        if now >= self.ca.not_after() {
+        if let Some(expires) = self.ca.expires().filter(|e| now >= *e) {
             return Err(IdentityError::CaExpired {
                 identity: id.clone(),
-                not_after: fmt_time(self.ca.not_after()),
+                not_after: fmt_time(expires),
             });
         }
         let fail = |reason: String| IdentityError::Issue {
@@ -408,13 +561,30 @@ impl IdentityManager {
             reason,
         };
         let not_before = now.checked_sub(self.backdate).unwrap_or(now);
-        let not_after = (now + self.lifetime).min(self.ca.not_after());
+        let mut not_after = now + self.lifetime;
+        if let Some(expires) = self.ca.expires() {
+            not_after = not_after.min(expires);
+        }
         let (chain, key) = {
             let _permit = self.permits.acquire();
-            self.ca
-                .issue(id, not_before, not_after)
-                .map_err(|e| fail(e.to_string()))?
+            self.ca.issue(id, not_before, not_after).map_err(fail)?
         };
+        // Whatever the source, the leaf must carry exactly this identity.
+        match crate::spiffe::peer_identity_from_certs(&chain) {
+            Ok(got) if &got == id => {}
+            Ok(got) => return Err(fail(format!("the certificate issued is for {got}"))),
+            Err(e) => return Err(fail(format!("the certificate issued: {e}"))),
+        }
+        // The validity actually granted (a service may cap it).
+        let (not_before, not_after) = x509_parser::parse_x509_certificate(&chain[0])
+            .map(|(_, x)| {
+                let t = |v: i64| SystemTime::UNIX_EPOCH + Duration::from_secs(v.max(0) as u64);
+                (
+                    t(x.validity().not_before.timestamp()),
+                    t(x.validity().not_after.timestamp()),
+                )
+            })
+            .map_err(|e| fail(format!("reading the new certificate: {e}")))?;
         self.issued.fetch_add(1, Ordering::Relaxed);
         self.assemble(id, chain, key, now, not_before, not_after)
     }
@@ -467,10 +637,20 @@ impl IdentityManager {
             .collect();
         let mut renewed = 0;
         for (id, slot) in slots {
-            let due = read(&slot.current)
-                .as_ref()
-                .is_some_and(|c| self.clock.now() >= c.refresh_at);
-            if !due {
+            let now = self.clock.now();
+            let due = match read(&slot.current).as_ref() {
+                Some(c) => now >= c.refresh_at,
+                // Wanted but not in hand (a remote source's first issuance
+                // failed, or the datapath asked first).
+                None => self.ca.remote(),
+            };
+            let backing_off = slot
+                .retry
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .1
+                .is_some_and(|next| now < next);
+            if !due || backing_off {
                 continue;
             }
             let Ok(_guard) = slot.issuing.try_lock() else {
@@ -529,7 +709,7 @@ impl IdentityManager {
     /// bundle with a SPIFFE ID of our trust domain. Cached; rebuilt after
     /// rotation.
     pub fn server_config(&self, local: &Identity) -> Result<Arc<ServerConfig>, IdentityError> {
-        let cert = self.fetch(local)?;
+        let cert = self.for_datapath(local)?;
         if let Some((c, cfg)) = read(&self.server_configs).get(local) {
             if Arc::ptr_eq(c, &cert) {
                 return Ok(cfg.clone());
@@ -556,7 +736,7 @@ impl IdentityManager {
         local: &Identity,
         expected_server: &Identity,
     ) -> Result<Arc<ClientConfig>, IdentityError> {
-        let cert = self.fetch(local)?;
+        let cert = self.for_datapath(local)?;
         let key = (local.clone(), expected_server.clone());
         if let Some((c, cfg)) = read(&self.client_configs).get(&key) {
             if Arc::ptr_eq(c, &cert) {

@@ -394,3 +394,28 @@ fn manager_from_config_paths() {
     assert!(e.to_string().contains("missing.crt: cannot read it"), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// CA and bundle files are read with the configuration's size limit
+/// (4 MiB, issue 10 item 9): a huge or endless file (a device) is refused
+/// with the file and the limit, not read whole.
+#[test]
+fn adversarial_oversized_ca_files_are_refused() {
+    let d = dir("oversized");
+    let (cert, key) = write_ca(&d, "ca", &CaSigner::generate_for_tests(TD));
+    // A valid bundle padded past the limit with text PEM parsers skip.
+    let big = d.join("big.crt");
+    let pem = std::fs::read_to_string(&cert).unwrap();
+    std::fs::write(&big, format!("{pem}{}\n", "x".repeat(4 << 20))).unwrap();
+    let want = "larger than the limit of 4194304 bytes (4 MiB); refusing to read it";
+    let e = TrustBundle::from_pem_files(&[&big]).expect_err("an oversized bundle was loaded");
+    assert_eq!(e.file, big);
+    assert!(e.to_string().ends_with(want), "{e}");
+    let e = load_err(&big, &key);
+    assert_eq!(e.file, big);
+    assert!(e.to_string().ends_with(want), "{e}");
+    let zero = Path::new("/dev/zero");
+    let e = load_err(&cert, zero);
+    assert_eq!(e.file, zero);
+    assert!(e.to_string().ends_with(want), "{e}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

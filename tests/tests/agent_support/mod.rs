@@ -41,6 +41,10 @@ pub fn config(test: &str, dir: &Path) -> AgentConfig {
         node_name: format!("{test}-{}", std::process::id()),
         reconcile_interval: Duration::from_secs(3600),
         selection: Selection::All,
+        state_file: Some(dir.join("state/pods.json")),
+        // The pods of `CniPod::of` (file mode: CNI passes no service account).
+        service_accounts: vec!["shop=shop-sa".parse().unwrap()],
+        peer_uids: vec![0],
     }
 }
 
@@ -70,6 +74,8 @@ pub struct Received {
     pub uid: String,
     /// (name, namespace, service account) of an Add.
     pub info: Option<(String, String, String)>,
+    /// The addresses an Add carried (ringway's field 1001).
+    pub addresses: Vec<std::net::IpAddr>,
     /// Inode of the namespace fd an Add carried.
     pub netns_inode: Option<u64>,
     /// Whether that fd passed `check_pod_netns` in the receiving process
@@ -164,10 +170,16 @@ impl FakeProxy {
             None => (None, None, None),
         };
         Ok(Some(match req {
-            Request::Add { uid, info, .. } => Received {
+            Request::Add {
+                uid,
+                info,
+                addresses,
+                ..
+            } => Received {
                 kind: "Add",
                 uid,
                 info: Some((info.name, info.namespace, info.service_account)),
+                addresses,
                 netns_inode,
                 is_pod_netns,
                 netns_link,
@@ -176,6 +188,7 @@ impl FakeProxy {
                 kind: "Keep",
                 uid,
                 info: None,
+                addresses: Vec::new(),
                 netns_inode,
                 is_pod_netns,
                 netns_link,
@@ -184,6 +197,7 @@ impl FakeProxy {
                 kind: "Del",
                 uid,
                 info: None,
+                addresses: Vec::new(),
                 netns_inode,
                 is_pod_netns,
                 netns_link,
@@ -192,6 +206,7 @@ impl FakeProxy {
                 kind: "SnapshotSent",
                 uid: String::new(),
                 info: None,
+                addresses: Vec::new(),
                 netns_inode,
                 is_pod_netns,
                 netns_link,
@@ -329,11 +344,6 @@ impl Drop for AutoProxy {
 // ------------------------------------------------------------------ CNI
 
 pub use ringway_testbed::cni::CniPod;
-
-/// [`CniPod::of`] in namespace `shop`.
-pub fn cni_pod(pod: &Pod, uid: &str) -> CniPod {
-    CniPod::of(pod, uid, "shop")
-}
 
 /// Runs the CNI plugin (the library the binary wraps) with the real
 /// [`UnixAgent`] against `socket`.

@@ -36,6 +36,8 @@ pub struct Opts {
     /// The service account node 2's agent reports for its pods (the mesh
     /// says `web`).
     pub server_sa: String,
+    /// The tunnel listener's limits (`proxy.hbone`) of both proxies.
+    pub limits: ringway_config::HboneSettings,
 }
 
 impl Opts {
@@ -48,6 +50,7 @@ impl Opts {
             extra: String::new(),
             cert_lifetime: Duration::from_secs(3600),
             server_sa: "web".into(),
+            limits: ringway_config::HboneSettings::default(),
         }
     }
 }
@@ -146,6 +149,7 @@ pub fn two_nodes(o: Opts) -> TwoNodes {
         capture_mode: CaptureMode::Tproxy,
         datapath: o.datapath,
         workers: 2,
+        hbone: o.limits.clone(),
         ..ProxySettings::default()
     };
     let m = mesh_of(o.server_pods, &o.extra);

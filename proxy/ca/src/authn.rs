@@ -1,0 +1,170 @@
+//! Who is calling: the bearer token, reviewed by the Kubernetes API
+//! (TokenReview), with the audience checked.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+
+use crate::grpc::{Code, Status};
+
+/// An authenticated caller: a service account, and the pod its token was
+/// bound to (when it was).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The service account's namespace.
+    pub namespace: String,
+    /// The service account.
+    pub service_account: String,
+    /// `authentication.kubernetes.io/pod-name` of a bound token.
+    pub pod_name: Option<String>,
+    /// `authentication.kubernetes.io/pod-uid` of a bound token.
+    pub pod_uid: Option<String>,
+    /// `authentication.kubernetes.io/node-name` (newer clusters).
+    pub node_name: Option<String>,
+}
+
+impl Caller {
+    /// `namespace/serviceAccount`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.service_account)
+    }
+}
+
+/// A boxed future (the reviewer is used as a trait object).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Checks a bearer token.
+pub trait TokenReviewer: Send + Sync {
+    /// The caller the token belongs to, or why it is refused
+    /// (`Unauthenticated`; `Unavailable` when the reviewer cannot be asked).
+    fn review<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Caller, Status>>;
+}
+
+/// Extra keys of a bound service-account token's review.
+pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+/// See [`EXTRA_POD_NAME`].
+pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+/// See [`EXTRA_POD_NAME`].
+pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+
+/// The Kubernetes TokenReview API.
+#[derive(Clone)]
+pub struct KubeTokenReviewer {
+    client: kube::Client,
+    audience: String,
+}
+
+impl std::fmt::Debug for KubeTokenReviewer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeTokenReviewer")
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeTokenReviewer {
+    /// Reviews tokens with `client`, requiring `audience` (the reference
+    /// uses `istio-ca`).
+    pub fn new(client: kube::Client, audience: impl Into<String>) -> Self {
+        KubeTokenReviewer {
+            client,
+            audience: audience.into(),
+        }
+    }
+}
+
+impl TokenReviewer for KubeTokenReviewer {
+    fn review<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Caller, Status>> {
+        Box::pin(async move {
+            let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
+            let tr = TokenReview {
+                spec: TokenReviewSpec {
+                    token: Some(token.to_owned()),
+                    audiences: Some(vec![self.audience.clone()]),
+                },
+                ..TokenReview::default()
+            };
+            let reviewed = api.create(&PostParams::default(), &tr).await.map_err(|e| {
+                Status::new(
+                    Code::Unavailable,
+                    "token_review_failed",
+                    format!("cannot review the token with the Kubernetes API: {e}"),
+                )
+            })?;
+            caller_from_review(&reviewed, &self.audience)
+        })
+    }
+}
+
+/// The caller a TokenReview's answer names, or why it is refused.
+pub fn caller_from_review(tr: &TokenReview, audience: &str) -> Result<Caller, Status> {
+    let unauth = |reason, m: String| Status::new(Code::Unauthenticated, reason, m);
+    let status = tr
+        .status
+        .as_ref()
+        .ok_or_else(|| unauth("token_rejected", "the token review has no status".into()))?;
+    if status.authenticated != Some(true) {
+        let why = status.error.clone().unwrap_or_default();
+        return Err(unauth(
+            "token_rejected",
+            format!(
+                "the Kubernetes API did not authenticate the token{}",
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {why}")
+                }
+            ),
+        ));
+    }
+    if !status
+        .audiences
+        .as_ref()
+        .is_some_and(|a| a.iter().any(|x| x == audience))
+    {
+        return Err(unauth(
+            "wrong_audience",
+            format!("the token is not for audience {audience:?}"),
+        ));
+    }
+    let user = status
+        .user
+        .as_ref()
+        .ok_or_else(|| unauth("token_rejected", "the token review names no user".into()))?;
+    let username = user.username.as_deref().unwrap_or_default();
+    let rest = username
+        .strip_prefix("system:serviceaccount:")
+        .ok_or_else(|| {
+            unauth(
+                "not_a_service_account",
+                format!("{username:?} is not a service account"),
+            )
+        })?;
+    let (namespace, service_account) = rest
+        .split_once(':')
+        .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty() && !sa.contains(':'))
+        .ok_or_else(|| {
+            unauth(
+                "not_a_service_account",
+                format!("{username:?} is not a service account"),
+            )
+        })?;
+    let extra = |key: &str| {
+        user.extra
+            .as_ref()
+            .and_then(|m| m.get(key))
+            .and_then(|v| match v.as_slice() {
+                [one] if !one.is_empty() => Some(one.clone()),
+                _ => None,
+            })
+    };
+    Ok(Caller {
+        namespace: namespace.to_owned(),
+        service_account: service_account.to_owned(),
+        pod_name: extra(EXTRA_POD_NAME),
+        pod_uid: extra(EXTRA_POD_UID),
+        node_name: extra(EXTRA_NODE_NAME),
+    })
+}

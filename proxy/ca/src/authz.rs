@@ -1,0 +1,169 @@
+//! Which identity a caller may have: its own, or, for the node proxy's
+//! service account only, the identity of a pod running on the caller's node.
+
+use ringway_identity::Identity;
+
+use crate::authn::Caller;
+use crate::grpc::{Code, Status};
+
+/// What the CA knows of a pod (from its cache of the API's pods).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// The node it is scheduled on (empty: not scheduled).
+    pub node: String,
+    /// Its service account.
+    pub service_account: String,
+    /// Running, or about to (not finished, not deleted).
+    pub live: bool,
+}
+
+/// The pods of the cluster, as far as the CA has seen them.
+pub trait PodDirectory: Send + Sync {
+    /// `Err` with a reason while the cache cannot answer (not synced yet).
+    fn ready(&self) -> Result<(), String>;
+    /// The pod `namespace/name`.
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodView>;
+    /// Whether a live pod on `node` runs as `namespace/service_account`.
+    fn has_identity_on_node(&self, node: &str, namespace: &str, service_account: &str) -> bool;
+}
+
+/// The authorization rules' settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The mesh's trust domain.
+    pub trust_domain: String,
+    /// `namespace/serviceAccount` of the node proxies: the only callers that
+    /// may ask for another identity.
+    pub node_proxy: (String, String),
+}
+
+/// The identity `caller` gets, asking for `impersonate` (a SPIFFE ID) or for
+/// itself.
+pub fn authorize(
+    policy: &Policy,
+    caller: &Caller,
+    impersonate: Option<&str>,
+    pods: &dyn PodDirectory,
+) -> Result<Identity, Status> {
+    let own = Identity::new(
+        &policy.trust_domain,
+        &caller.namespace,
+        &caller.service_account,
+    );
+    let Some(requested) = impersonate else {
+        return Ok(own);
+    };
+    let wanted = Identity::from_spiffe_id(requested).map_err(|e| {
+        Status::new(
+            Code::InvalidArgument,
+            "bad_impersonated_identity",
+            format!("ImpersonatedIdentity: {e}"),
+        )
+    })?;
+    if wanted.trust_domain != policy.trust_domain {
+        return Err(Status::new(
+            Code::PermissionDenied,
+            "foreign_trust_domain",
+            format!(
+                "ImpersonatedIdentity {requested} is not in this CA's trust domain {:?}",
+                policy.trust_domain
+            ),
+        ));
+    }
+    if wanted == own {
+        return Ok(own);
+    }
+    let (np_ns, np_sa) = &policy.node_proxy;
+    if caller.namespace != *np_ns || caller.service_account != *np_sa {
+        return Err(Status::new(
+            Code::PermissionDenied,
+            "impersonation_not_allowed",
+            format!(
+                "{} may not ask for another identity: only the node proxy's service account {np_ns}/{np_sa} may",
+                caller.key()
+            ),
+        ));
+    }
+    pods.ready().map_err(|why| {
+        Status::new(
+            Code::Unavailable,
+            "pod_cache_not_ready",
+            format!("cannot check ImpersonatedIdentity yet: {why}"),
+        )
+    })?;
+    let node = caller_node(caller, pods)?;
+    if !pods.has_identity_on_node(&node, &wanted.namespace, &wanted.service_account) {
+        return Err(Status::new(
+            Code::PermissionDenied,
+            "identity_not_on_node",
+            format!("no pod running on node {node:?} (the caller's) has identity {requested}"),
+        ));
+    }
+    Ok(wanted)
+}
+
+/// The caller's node: from its pod as the API knows it (the pod's UID must
+/// match the token's), cross-checked with the token's node name when the
+/// cluster puts one there.
+fn caller_node(caller: &Caller, pods: &dyn PodDirectory) -> Result<String, Status> {
+    let deny = |reason, m: String| Status::new(Code::PermissionDenied, reason, m);
+    let name = caller.pod_name.as_deref().ok_or_else(|| {
+        deny(
+            "token_not_bound_to_a_pod",
+            format!(
+                "{}: the token is not bound to a pod, so the caller's node is unknown",
+                caller.key()
+            ),
+        )
+    })?;
+    let pod = pods.pod(&caller.namespace, name).ok_or_else(|| {
+        deny(
+            "caller_pod_unknown",
+            format!("the caller's pod {}/{name} is not known", caller.namespace),
+        )
+    })?;
+    if caller.pod_uid.as_deref().is_some_and(|uid| uid != pod.uid) {
+        return Err(deny(
+            "caller_pod_replaced",
+            format!(
+                "the caller's pod {}/{name} has another UID than its token (a replaced pod)",
+                caller.namespace
+            ),
+        ));
+    }
+    if !pod.live || pod.node.is_empty() {
+        return Err(deny(
+            "caller_pod_not_running",
+            format!(
+                "the caller's pod {}/{name} is not running on a node",
+                caller.namespace
+            ),
+        ));
+    }
+    if caller.node_name.as_deref().is_some_and(|n| n != pod.node) {
+        return Err(deny(
+            "caller_node_mismatch",
+            format!(
+                "the token names node {:?}, the caller's pod runs on {:?}",
+                caller.node_name.as_deref().unwrap_or_default(),
+                pod.node
+            ),
+        ));
+    }
+    if pod.service_account != caller.service_account {
+        return Err(deny(
+            "caller_pod_mismatch",
+            format!(
+                "the caller's pod {}/{name} runs as {}, not as the token's {}",
+                caller.namespace, pod.service_account, caller.service_account
+            ),
+        ));
+    }
+    Ok(pod.node)
+}

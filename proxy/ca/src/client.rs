@@ -1,0 +1,311 @@
+//! The client side of `CreateCertificate`, as a node proxy uses it: TLS to
+//! the CA (its certificate checked against the mesh's root), the token as a
+//! bearer credential, and the returned leaf checked to carry exactly the
+//! identity asked for.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request};
+use prost::Message;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+
+use ringway_identity::{peer_identity_from_certs, Identity};
+
+use crate::grpc::{decode_message, decode_unary, Code, Status};
+use crate::proto::{IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH};
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Connecting, TLS or HTTP/2 failed.
+    #[error("cannot reach the CA at {addr}: {detail}")]
+    Transport {
+        /// The CA's address.
+        addr: SocketAddr,
+        /// What failed.
+        detail: String,
+    },
+    /// The CA answered with a gRPC error.
+    #[error("the CA refused: {0}")]
+    Refused(Status),
+    /// The answer is not what the protocol says.
+    #[error("the CA's answer is malformed: {0}")]
+    Malformed(String),
+    /// The certificate is not for the identity asked for.
+    #[error("the CA returned a certificate for {got}, not for {wanted}")]
+    WrongIdentity {
+        /// Asked for.
+        wanted: Identity,
+        /// In the leaf.
+        got: String,
+    },
+}
+
+/// A client of one CA address.
+#[derive(Debug, Clone)]
+pub struct CaClient {
+    addr: SocketAddr,
+    server_name: ServerName<'static>,
+    tls: Arc<rustls::ClientConfig>,
+    timeout: Duration,
+}
+
+impl CaClient {
+    /// A client of the CA at `addr`, whose serving certificate must be valid
+    /// for `server_name` under `tls`'s roots.
+    pub fn new(
+        addr: SocketAddr,
+        server_name: ServerName<'static>,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Self {
+        CaClient {
+            addr,
+            server_name,
+            tls,
+            timeout: Duration::from_secs(15),
+        }
+    }
+
+    /// A TLS config trusting `roots` for the CA's serving certificate, with
+    /// ALPN h2.
+    pub fn tls_config(
+        roots: &[CertificateDer<'static>],
+    ) -> Result<Arc<rustls::ClientConfig>, String> {
+        let mut store = rustls::RootCertStore::empty();
+        for r in roots {
+            store.add(r.clone()).map_err(|e| format!("CA root: {e}"))?;
+        }
+        let mut cfg =
+            rustls::ClientConfig::builder_with_provider(ringway_identity::crypto_provider())
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(store)
+                .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+
+    /// Asks for a certificate for `identity` over `csr_pem`; `impersonate`
+    /// sets `ImpersonatedIdentity` (a node proxy asking for its pod). The
+    /// chain returned is checked to name exactly `identity` in its leaf.
+    pub async fn create_certificate(
+        &self,
+        token: &str,
+        csr_pem: &str,
+        identity: &Identity,
+        impersonate: bool,
+        validity: Duration,
+    ) -> Result<Vec<CertificateDer<'static>>, ClientError> {
+        let mut req = IstioCertificateRequest {
+            csr: csr_pem.to_owned(),
+            validity_duration: validity.as_secs() as i64,
+            metadata: None,
+        };
+        if impersonate {
+            req = req.with_impersonation(&identity.to_string());
+        }
+        let resp = self.call(token, &req).await?;
+        let mut chain = Vec::with_capacity(resp.cert_chain.len());
+        for p in &resp.cert_chain {
+            let der =
+                pem::parse(p).map_err(|e| ClientError::Malformed(format!("cert_chain: {e}")))?;
+            chain.push(CertificateDer::from(der.into_contents()));
+        }
+        let got = peer_identity_from_certs(&chain)
+            .map_err(|e| ClientError::Malformed(format!("leaf: {e}")))?;
+        if &got != identity {
+            return Err(ClientError::WrongIdentity {
+                wanted: identity.clone(),
+                got: got.to_string(),
+            });
+        }
+        Ok(chain)
+    }
+
+    /// One raw call.
+    pub async fn call(
+        &self,
+        token: &str,
+        req: &IstioCertificateRequest,
+    ) -> Result<IstioCertificateResponse, ClientError> {
+        tokio::time::timeout(self.timeout, self.call_inner(token, req))
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::Transport {
+                    addr: self.addr,
+                    detail: format!("no answer within {:?}", self.timeout),
+                })
+            })
+    }
+
+    async fn call_inner(
+        &self,
+        token: &str,
+        req: &IstioCertificateRequest,
+    ) -> Result<IstioCertificateResponse, ClientError> {
+        let transport = |detail: String| ClientError::Transport {
+            addr: self.addr,
+            detail,
+        };
+        let tcp = TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| transport(format!("connect: {e}")))?;
+        let _ = tcp.set_nodelay(true);
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(self.server_name.clone(), tcp)
+            .await
+            .map_err(|e| transport(format!("TLS: {e}")))?;
+        let (mut h2, conn) = h2::client::handshake(tls)
+            .await
+            .map_err(|e| transport(format!("HTTP/2: {e}")))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let request = Request::post(format!("https://ca{CREATE_CERTIFICATE_PATH}"))
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header("te", "trailers")
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(())
+            .map_err(|e| transport(format!("request: {e}")))?;
+        let (resp, mut send) = h2
+            .send_request(request, false)
+            .map_err(|e| transport(format!("HTTP/2: {e}")))?;
+        send.send_data(crate::grpc::encode_frame(&req.encode_to_vec()), true)
+            .map_err(|e| transport(format!("HTTP/2: {e}")))?;
+        let resp = resp.await.map_err(|e| transport(format!("HTTP/2: {e}")))?;
+        if let Some(status) = grpc_status(resp.headers()) {
+            return Err(ClientError::Refused(status));
+        }
+        let mut body = resp.into_body();
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = body.data().await {
+            let chunk: Bytes = chunk.map_err(|e| transport(format!("HTTP/2: {e}")))?;
+            let _ = body.flow_control().release_capacity(chunk.len());
+            if buf.len() + chunk.len() > 1024 * 1024 {
+                return Err(ClientError::Malformed("answer larger than 1 MiB".into()));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        let trailers = body
+            .trailers()
+            .await
+            .map_err(|e| transport(format!("HTTP/2: {e}")))?
+            .unwrap_or_default();
+        match grpc_status(&trailers) {
+            Some(status) => return Err(ClientError::Refused(status)),
+            None if trailers.get("grpc-status").is_none() => {
+                return Err(ClientError::Malformed("no grpc-status trailer".into()))
+            }
+            None => {}
+        }
+        let msg = decode_unary(&buf, 1024 * 1024).map_err(|s| ClientError::Malformed(s.message))?;
+        IstioCertificateResponse::decode(msg).map_err(|e| ClientError::Malformed(e.to_string()))
+    }
+}
+
+/// A non-OK `grpc-status` in `h`, with its message.
+fn grpc_status(h: &HeaderMap) -> Option<Status> {
+    let code: u32 = h.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+    if code == 0 {
+        return None;
+    }
+    let message = h
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .map(decode_message)
+        .unwrap_or_default();
+    Some(Status::new(
+        Code::from_u32(code).unwrap_or(Code::Internal),
+        "remote",
+        message,
+    ))
+}
+
+/// A [`ringway_identity::CertSource`] backed by a certificate service: a new
+/// P-256 key per certificate (it never leaves the process), a CSR over it,
+/// the node proxy's token read from its file for every request (projected
+/// tokens rotate), and `ImpersonatedIdentity` for the pod's identity.
+pub struct RemoteSource {
+    client: CaClient,
+    token_file: std::path::PathBuf,
+    rt: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for RemoteSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSource")
+            .field("ca", &self.client.addr)
+            .field("token_file", &self.token_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteSource {
+    /// A source asking `client`, with the token in `token_file`.
+    pub fn new(
+        client: CaClient,
+        token_file: impl Into<std::path::PathBuf>,
+    ) -> std::io::Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("ringway-ca-client")
+            .enable_all()
+            .build()?;
+        Ok(RemoteSource {
+            client,
+            token_file: token_file.into(),
+            rt,
+        })
+    }
+}
+
+impl ringway_identity::CertSource for RemoteSource {
+    fn issue(
+        &self,
+        identity: &Identity,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> Result<
+        (
+            Vec<CertificateDer<'static>>,
+            rustls_pki_types::PrivatePkcs8KeyDer<'static>,
+        ),
+        String,
+    > {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err("a certificate cannot be requested from inside an async runtime".into());
+        }
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| format!("generating a key: {e}"))?;
+        let csr = rcgen::CertificateParams::default()
+            .serialize_request(&key)
+            .and_then(|r| r.pem())
+            .map_err(|e| format!("building the CSR: {e}"))?;
+        let token = std::fs::read_to_string(&self.token_file)
+            .map_err(|e| format!("reading the token {}: {e}", self.token_file.display()))?;
+        let validity = not_after.duration_since(not_before).unwrap_or_default();
+        let chain = self
+            .rt
+            .block_on(
+                self.client
+                    .create_certificate(token.trim(), &csr, identity, true, validity),
+            )
+            .map_err(|e| e.to_string())?;
+        Ok((
+            chain,
+            rustls_pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()),
+        ))
+    }
+
+    fn expires(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,41 @@
+//! ringway's certificate service (`ringway ca`) and its client.
+//!
+//! The root key lives only in the CA's pods. A node proxy makes a key pair
+//! per identity, sends a certificate signing request, and gets a signed
+//! chain back, over the mesh's protocol: gRPC over TLS,
+//! `istio.v1.auth.IstioCertificateService/CreateCertificate`, so a proxy can
+//! also get its certificates from the reference control plane's CA.
+//!
+//! - [`authn`]: the bearer token, reviewed by the Kubernetes TokenReview API
+//!   with the audience checked.
+//! - [`authz`]: a caller gets its own identity; `ImpersonatedIdentity` only
+//!   for the node proxy's service account, and only for an identity a live
+//!   pod on the caller's node has (the caller's node from its token's pod,
+//!   pods from a watch, [`pods`]).
+//! - [`service`]: limits (request and CSR size, requests per caller per
+//!   second, token reviews in flight) and signing: the CA, not the CSR,
+//!   decides the certificate (the authorized SPIFFE ID as the only SAN, key
+//!   usages, a lifetime capped by configuration); with several roots, the
+//!   newest valid one signs.
+//! - [`server`] and [`client`]: the transport (h2 directly: one unary
+//!   method needs no gRPC framework).
+//!
+//! Every refusal is a gRPC status whose message says why, counted in
+//! `ringway_ca_requests_total{code,reason}`.
+
+#![forbid(unsafe_code)]
+
+pub mod authn;
+pub mod authz;
+pub mod client;
+pub mod grpc;
+pub mod pods;
+pub mod proto;
+pub mod server;
+pub mod service;
+
+pub use authn::{Caller, KubeTokenReviewer, TokenReviewer};
+pub use authz::{PodDirectory, PodView, Policy};
+pub use client::{CaClient, ClientError};
+pub use grpc::{Code, Status};
+pub use service::{CaService, Limits};

@@ -1,0 +1,897 @@
+//! The certificate service: who gets which certificate, what the CA (not the
+//! CSR) decides, malformed input, limits; the Kubernetes TokenReview client
+//! against kube's mock service; and the gRPC transport end to end over TLS in
+//! a network namespace of the test's own.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use prost::Message;
+use rcgen::{CertificateParams, IsCa, KeyPair, SanType};
+use ringway_ca::authn::{caller_from_review, BoxFuture};
+use ringway_ca::grpc::encode_frame;
+use ringway_ca::pods::StaticPods;
+use ringway_ca::proto::IstioCertificateRequest;
+use ringway_ca::{
+    CaClient, CaService, Caller, ClientError, Code, KubeTokenReviewer, Limits, PodView, Policy,
+    Status, TokenReviewer,
+};
+use ringway_identity::{CaSigner, Identity};
+use rustls_pki_types::CertificateDer;
+use x509_parser::prelude::*;
+
+const TD: &str = "cluster.local";
+
+/// Tokens and the callers they stand for; anything else is rejected.
+#[derive(Default)]
+struct FakeReviewer(HashMap<String, Caller>);
+
+impl TokenReviewer for FakeReviewer {
+    fn review<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Caller, Status>> {
+        Box::pin(async move {
+            self.0.get(token).cloned().ok_or_else(|| {
+                Status::new(Code::Unauthenticated, "token_rejected", "unknown token")
+            })
+        })
+    }
+}
+
+fn caller(ns: &str, sa: &str, pod: Option<(&str, &str)>) -> Caller {
+    Caller {
+        namespace: ns.into(),
+        service_account: sa.into(),
+        pod_name: pod.map(|(n, _)| n.into()),
+        pod_uid: pod.map(|(_, u)| u.into()),
+        node_name: None,
+    }
+}
+
+fn pod(ns: &str, name: &str, uid: &str, node: &str, sa: &str) -> PodView {
+    PodView {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: uid.into(),
+        node: node.into(),
+        service_account: sa.into(),
+        live: true,
+    }
+}
+
+struct Bed {
+    service: Arc<CaService>,
+    ca: Arc<CaSigner>,
+    pods: StaticPods,
+}
+
+fn bed_with(limits: Limits, signers: Vec<Arc<CaSigner>>) -> Bed {
+    let mut tokens = HashMap::new();
+    tokens.insert(
+        "web-token".into(),
+        caller("shop", "web", Some(("web-1", "u-web-1"))),
+    );
+    tokens.insert(
+        "proxy-a".into(),
+        caller("ringway-system", "ringway-proxy", Some(("proxy-a", "u-pa"))),
+    );
+    tokens.insert(
+        "proxy-a-replaced".into(),
+        caller(
+            "ringway-system",
+            "ringway-proxy",
+            Some(("proxy-a", "u-old")),
+        ),
+    );
+    tokens.insert(
+        "proxy-unbound".into(),
+        caller("ringway-system", "ringway-proxy", None),
+    );
+    let pods = StaticPods::default();
+    pods.put(pod("shop", "web-1", "u-web-1", "node-a", "web"));
+    pods.put(pod("shop", "cart-1", "u-cart-1", "node-a", "cart"));
+    pods.put(pod("bank", "vault-1", "u-vault-1", "node-b", "vault"));
+    pods.put(pod(
+        "ringway-system",
+        "proxy-a",
+        "u-pa",
+        "node-a",
+        "ringway-proxy",
+    ));
+    let ca = signers[0].clone();
+    let service = CaService::new(
+        Policy {
+            trust_domain: TD.into(),
+            node_proxy: ("ringway-system".into(), "ringway-proxy".into()),
+        },
+        limits,
+        Arc::new(FakeReviewer(tokens)),
+        Arc::new(pods.clone()),
+        signers,
+    )
+    .unwrap();
+    Bed {
+        service: Arc::new(service),
+        ca,
+        pods,
+    }
+}
+
+fn bed() -> Bed {
+    bed_with(
+        Limits::default(),
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+    )
+}
+
+/// A CSR that asks for much more than it may get: another identity, a DNS
+/// name, CA rights.
+fn greedy_csr() -> String {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["evil.example".to_owned()]).unwrap();
+    params.subject_alt_names.push(SanType::URI(
+        "spiffe://cluster.local/ns/kube-system/sa/admin"
+            .try_into()
+            .unwrap(),
+    ));
+    params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+fn request(csr: &str) -> IstioCertificateRequest {
+    IstioCertificateRequest {
+        csr: csr.to_owned(),
+        validity_duration: 0,
+        metadata: None,
+    }
+}
+
+fn body(req: &IstioCertificateRequest) -> Vec<u8> {
+    encode_frame(&req.encode_to_vec()).to_vec()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn call(b: &Bed, token: Option<&str>, body: &[u8]) -> Result<Vec<CertificateDer<'static>>, Status> {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let resp = rt().block_on(b.service.create_certificate(auth.as_deref(), body))?;
+    Ok(resp
+        .cert_chain
+        .iter()
+        .map(|p| CertificateDer::from(::pem::parse(p).unwrap().into_contents()))
+        .collect())
+}
+
+fn uris(cert: &CertificateDer<'_>) -> Vec<String> {
+    let (_, x) = parse_x509_certificate(cert).unwrap();
+    x.subject_alternative_name()
+        .unwrap()
+        .map(|s| {
+            s.value
+                .general_names
+                .iter()
+                .map(|n| match n {
+                    GeneralName::URI(u) => u.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn issued(b: &Bed) -> u64 {
+    b.service.count(Code::Ok, "issued")
+}
+
+#[test]
+fn a_pod_gets_its_own_identity_whatever_its_csr_asks_for() {
+    let b = bed();
+    let mut req = request(&greedy_csr());
+    req.validity_duration = 10 * 365 * 86400;
+    let chain = call(&b, Some("web-token"), &body(&req)).unwrap();
+    assert_eq!(chain.len(), 2, "leaf, then the root");
+    assert_eq!(chain[1].as_ref(), b.ca.cert().as_ref(), "the root last");
+    assert_eq!(
+        uris(&chain[0]),
+        ["spiffe://cluster.local/ns/shop/sa/web"],
+        "the SAN is the caller's identity and nothing else"
+    );
+    let (_, leaf) = parse_x509_certificate(&chain[0]).unwrap();
+    assert!(
+        !leaf
+            .basic_constraints()
+            .unwrap()
+            .is_some_and(|bc| bc.value.ca),
+        "never a CA"
+    );
+    let ku = leaf.key_usage().unwrap().unwrap().value;
+    assert!(ku.digital_signature() && ku.key_encipherment() && !ku.key_cert_sign());
+    let eku = leaf.extended_key_usage().unwrap().unwrap().value;
+    assert!(eku.server_auth && eku.client_auth);
+    let lifetime = leaf.validity().not_after.timestamp() - leaf.validity().not_before.timestamp();
+    assert!(
+        lifetime <= (24 * 3600 + 300) as i64,
+        "the lifetime is capped at the configured 24 h (+ backdate), got {lifetime} s"
+    );
+    // Signed by the CA.
+    let (_, root) = parse_x509_certificate(&chain[1]).unwrap();
+    leaf.verify_signature(Some(root.public_key())).unwrap();
+    assert_eq!(issued(&b), 1);
+}
+
+#[test]
+fn adversarial_impersonation_by_a_pod_is_refused() {
+    let b = bed();
+    let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
+    let e = call(&b, Some("web-token"), &body(&req)).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    assert!(
+        e.message.contains("only the node proxy's service account"),
+        "{e}"
+    );
+    assert_eq!(
+        b.service
+            .count(Code::PermissionDenied, "impersonation_not_allowed"),
+        1
+    );
+    assert_eq!(issued(&b), 0);
+    // Asking for its own identity through the field is fine.
+    let own = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/web");
+    call(&b, Some("web-token"), &body(&own)).unwrap();
+}
+
+#[test]
+fn the_node_proxy_gets_the_identity_of_a_pod_on_its_node() {
+    let b = bed();
+    let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
+    let chain = call(&b, Some("proxy-a"), &body(&req)).unwrap();
+    assert_eq!(uris(&chain[0]), ["spiffe://cluster.local/ns/shop/sa/cart"]);
+}
+
+#[test]
+fn adversarial_a_node_proxy_cannot_mint_identities_of_pods_elsewhere() {
+    let b = bed();
+    let cases = [
+        // A pod that runs on node-b only.
+        (
+            "proxy-a",
+            "spiffe://cluster.local/ns/bank/sa/vault",
+            Code::PermissionDenied,
+            "identity_not_on_node",
+        ),
+        // Nobody runs as this.
+        (
+            "proxy-a",
+            "spiffe://cluster.local/ns/kube-system/sa/admin",
+            Code::PermissionDenied,
+            "identity_not_on_node",
+        ),
+        // Another trust domain.
+        (
+            "proxy-a",
+            "spiffe://evil.example/ns/shop/sa/cart",
+            Code::PermissionDenied,
+            "foreign_trust_domain",
+        ),
+        // A token of an earlier pod of the same name.
+        (
+            "proxy-a-replaced",
+            "spiffe://cluster.local/ns/shop/sa/cart",
+            Code::PermissionDenied,
+            "caller_pod_replaced",
+        ),
+        // A token bound to no pod: the caller's node is unknown.
+        (
+            "proxy-unbound",
+            "spiffe://cluster.local/ns/shop/sa/cart",
+            Code::PermissionDenied,
+            "token_not_bound_to_a_pod",
+        ),
+        // Not a SPIFFE workload identity.
+        (
+            "proxy-a",
+            "spiffe://cluster.local/ns/shop",
+            Code::InvalidArgument,
+            "bad_impersonated_identity",
+        ),
+    ];
+    for (token, wanted, code, reason) in cases {
+        let req = request(&greedy_csr()).with_impersonation(wanted);
+        let e = call(&b, Some(token), &body(&req)).unwrap_err();
+        assert_eq!(
+            (e.code, e.reason),
+            (code, reason),
+            "{token} asking {wanted}: {e}"
+        );
+    }
+    // The pod moved away (deleted, then the same identity only on node-b).
+    b.pods.remove("shop", "cart-1");
+    b.pods
+        .put(pod("shop", "cart-2", "u-cart-2", "node-b", "cart"));
+    let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
+    let e = call(&b, Some("proxy-a"), &body(&req)).unwrap_err();
+    assert_eq!(e.reason, "identity_not_on_node", "{e}");
+    assert_eq!(issued(&b), 0);
+}
+
+#[test]
+fn malformed_requests_get_invalid_argument_and_change_nothing() {
+    let b = bed();
+    let good = greedy_csr();
+    let mut tampered = good.clone();
+    // Flip a character inside the base64 body: the signature no longer verifies
+    // (or the DER no longer parses).
+    let i = tampered.len() / 2;
+    let c = tampered.as_bytes()[i];
+    tampered.replace_range(i..i + 1, if c == b'A' { "B" } else { "A" });
+    let mut meta_number = request(&good);
+    meta_number.metadata = Some(prost_types::Struct {
+        fields: [(
+            "ImpersonatedIdentity".to_owned(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::NumberValue(7.0)),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    });
+    let mut negative = request(&good);
+    negative.validity_duration = -5;
+    let huge = request(&"A".repeat(20_000));
+    let cases: Vec<(&str, Vec<u8>, Code, &str)> = vec![
+        (
+            "empty body",
+            vec![],
+            Code::InvalidArgument,
+            "malformed_frame",
+        ),
+        (
+            "not protobuf",
+            encode_frame(&[0xff, 0xff, 0xff]).to_vec(),
+            Code::InvalidArgument,
+            "malformed_request",
+        ),
+        (
+            "no csr",
+            body(&request("")),
+            Code::InvalidArgument,
+            "no_csr",
+        ),
+        (
+            "not a CSR",
+            body(&request("hello")),
+            Code::InvalidArgument,
+            "bad_csr",
+        ),
+        (
+            "tampered CSR",
+            body(&request(&tampered)),
+            Code::InvalidArgument,
+            "bad_csr",
+        ),
+        (
+            "metadata not a string",
+            body(&meta_number),
+            Code::InvalidArgument,
+            "bad_metadata",
+        ),
+        (
+            "negative validity",
+            body(&negative),
+            Code::InvalidArgument,
+            "bad_validity",
+        ),
+        (
+            "oversized CSR",
+            body(&huge),
+            Code::InvalidArgument,
+            "csr_too_large",
+        ),
+        (
+            "oversized message",
+            encode_frame(&vec![0u8; 70_000]).to_vec(),
+            Code::ResourceExhausted,
+            "too_large",
+        ),
+    ];
+    for (what, bytes, code, reason) in cases {
+        let e = call(&b, Some("web-token"), &bytes).unwrap_err();
+        assert_eq!((e.code, e.reason), (code, reason), "{what}: {e}");
+        assert!(!e.message.is_empty(), "{what}: the message says why");
+    }
+    assert_eq!(issued(&b), 0, "nothing was issued");
+    // And the service still works.
+    call(&b, Some("web-token"), &body(&request(&good))).unwrap();
+}
+
+#[test]
+fn calls_without_a_valid_token_are_unauthenticated() {
+    let b = bed();
+    let req = body(&request(&greedy_csr()));
+    for (auth, reason) in [
+        (None, "no_token"),
+        (Some("Basic abc"), "no_token"),
+        (Some("Bearer "), "no_token"),
+        (Some("Bearer not-a-known-token"), "token_rejected"),
+    ] {
+        let e = rt()
+            .block_on(b.service.create_certificate(auth, &req))
+            .unwrap_err();
+        assert_eq!(
+            (e.code, e.reason),
+            (Code::Unauthenticated, reason),
+            "{auth:?}: {e}"
+        );
+    }
+    assert_eq!(issued(&b), 0);
+}
+
+#[test]
+fn each_caller_is_rate_limited_on_its_own() {
+    let b = bed_with(
+        Limits {
+            rate_per_caller: 0.001,
+            burst_per_caller: 3.0,
+            ..Limits::default()
+        },
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+    );
+    let req = body(&request(&greedy_csr()));
+    for _ in 0..3 {
+        call(&b, Some("web-token"), &req).unwrap();
+    }
+    let e = call(&b, Some("web-token"), &req).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::ResourceExhausted, "rate_limited"),
+        "{e}"
+    );
+    // Another caller is not affected.
+    call(&b, Some("proxy-a"), &req).unwrap();
+    let metrics = b.service.encode_metrics();
+    assert!(
+        metrics.contains(
+            r#"ringway_ca_requests_total{code="resource_exhausted",reason="rate_limited"} 1"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn with_several_roots_the_newest_valid_one_signs() {
+    let now = SystemTime::now();
+    let old = Arc::new(CaSigner::generate_for_tests_with_validity(
+        TD,
+        now - Duration::from_secs(86400 * 300),
+        now + Duration::from_secs(86400 * 30),
+    ));
+    let new = Arc::new(CaSigner::generate_for_tests_with_validity(
+        TD,
+        now - Duration::from_secs(3600),
+        now + Duration::from_secs(86400 * 3000),
+    ));
+    let future = Arc::new(CaSigner::generate_for_tests_with_validity(
+        TD,
+        now + Duration::from_secs(86400),
+        now + Duration::from_secs(86400 * 4000),
+    ));
+    let b = bed_with(Limits::default(), vec![old, future, new.clone()]);
+    let chain = call(&b, Some("web-token"), &body(&request(&greedy_csr()))).unwrap();
+    assert_eq!(chain.last().unwrap().as_ref(), new.cert().as_ref());
+    let (_, leaf) = parse_x509_certificate(&chain[0]).unwrap();
+    assert!(
+        leaf.validity().not_before.timestamp()
+            >= parse_x509_certificate(new.cert())
+                .unwrap()
+                .1
+                .validity()
+                .not_before
+                .timestamp(),
+        "a leaf never starts before its issuer"
+    );
+}
+
+// ------------------------------------------------ TokenReview against kube's mock service
+
+/// A kube client whose API server answers TokenReview POSTs with `answer`
+/// (given the request's JSON), recording the requests.
+fn kube_client(
+    answer: impl Fn(&serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+) -> (kube::Client, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+    use http_body_util::BodyExt;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let answer = Arc::new(answer);
+    let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (seen, answer) = (seen2.clone(), answer.clone());
+        async move {
+            assert_eq!(req.method(), http::Method::POST);
+            assert_eq!(
+                req.uri().path(),
+                "/apis/authentication.k8s.io/v1/tokenreviews"
+            );
+            let bytes = req.into_body().collect().await.unwrap().to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            let out = answer(&v);
+            seen.lock().unwrap().push(v);
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(serde_json::to_vec(&out).unwrap()))
+                    .unwrap(),
+            )
+        }
+    });
+    (kube::Client::new(svc, "default"), seen)
+}
+
+fn review_answer(req: &serde_json::Value, status: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": req["spec"].clone(),
+        "status": status,
+    })
+}
+
+#[test]
+fn token_reviews_go_to_the_kubernetes_api_with_the_audience() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, seen) = kube_client(|req| {
+            let token = req["spec"]["token"].as_str().unwrap();
+            let status = match token {
+                "good" => serde_json::json!({
+                    "authenticated": true,
+                    "audiences": ["istio-ca"],
+                    "user": {
+                        "username": "system:serviceaccount:ringway-system:ringway-proxy",
+                        "extra": {
+                            "authentication.kubernetes.io/pod-name": ["proxy-a"],
+                            "authentication.kubernetes.io/pod-uid": ["u-pa"],
+                            "authentication.kubernetes.io/node-name": ["node-a"]
+                        }
+                    }
+                }),
+                "other-audience" => serde_json::json!({
+                    "authenticated": true,
+                    "audiences": ["kubernetes"],
+                    "user": {"username": "system:serviceaccount:shop:web"}
+                }),
+                "a-user" => serde_json::json!({
+                    "authenticated": true,
+                    "audiences": ["istio-ca"],
+                    "user": {"username": "alice"}
+                }),
+                _ => serde_json::json!({"authenticated": false, "error": "invalid bearer token"}),
+            };
+            review_answer(req, status)
+        });
+        let reviewer = KubeTokenReviewer::new(client, "istio-ca");
+        let c = reviewer.review("good").await.unwrap();
+        assert_eq!(
+            c,
+            Caller {
+                namespace: "ringway-system".into(),
+                service_account: "ringway-proxy".into(),
+                pod_name: Some("proxy-a".into()),
+                pod_uid: Some("u-pa".into()),
+                node_name: Some("node-a".into()),
+            }
+        );
+        assert_eq!(
+            seen.lock().unwrap()[0]["spec"]["audiences"],
+            serde_json::json!(["istio-ca"]),
+            "the audience is sent"
+        );
+        for (token, reason) in [
+            ("other-audience", "wrong_audience"),
+            ("a-user", "not_a_service_account"),
+            ("forged", "token_rejected"),
+        ] {
+            let e = reviewer.review(token).await.unwrap_err();
+            assert_eq!(
+                (e.code, e.reason),
+                (Code::Unauthenticated, reason),
+                "{token}: {e}"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_review_answer_with_odd_service_account_names_is_refused() {
+    for username in [
+        "system:serviceaccount:",
+        "system:serviceaccount:ns",
+        "system:serviceaccount::sa",
+        "system:serviceaccount:ns:",
+        "system:serviceaccount:ns:sa:extra",
+    ] {
+        let tr: k8s_openapi::api::authentication::v1::TokenReview =
+            serde_json::from_value(serde_json::json!({
+                "spec": {},
+                "status": {"authenticated": true, "audiences": ["istio-ca"], "user": {"username": username}}
+            }))
+            .unwrap();
+        let e = caller_from_review(&tr, "istio-ca").unwrap_err();
+        assert_eq!(e.reason, "not_a_service_account", "{username}");
+    }
+}
+
+// ------------------------------------------------------------- over TLS, end to end
+
+struct Served {
+    client: CaClient,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    bed: Bed,
+}
+
+/// The service on 127.0.0.1 (in the caller's own network namespace) with a
+/// serving certificate for `ca.test`.
+async fn serve(bed: Bed) -> Served {
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["ca.test".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let mut tls = rustls::ServerConfig::builder_with_provider(ringway_identity::crypto_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(ringway_ca::server::serve(
+        listener,
+        Arc::new(tls),
+        bed.service.clone(),
+        ringway_ca::server::ServerLimits::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let client = CaClient::new(
+        addr,
+        rustls_pki_types::ServerName::try_from("ca.test").unwrap(),
+        CaClient::tls_config(&[cert.der().clone()]).unwrap(),
+    );
+    Served {
+        client,
+        stop: Some(stop),
+        bed,
+    }
+}
+
+fn isolated<F: std::future::Future<Output = ()>>(name: &str, f: impl FnOnce() -> F + Send) {
+    ringway_testbed::run_isolated(name, || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f())
+    });
+}
+
+#[test]
+fn a_node_proxy_gets_a_pods_certificate_over_grpc_and_tls() {
+    isolated("ca_grpc_end_to_end", || async {
+        let mut s = serve(bed()).await;
+        let key = KeyPair::generate().unwrap();
+        let csr = CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap();
+        let cart = Identity::new(TD, "shop", "cart");
+        let chain = s
+            .client
+            .create_certificate("proxy-a", &csr, &cart, true, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        assert_eq!(uris(&chain[0]), ["spiffe://cluster.local/ns/shop/sa/cart"]);
+        let (_, leaf) = parse_x509_certificate(&chain[0]).unwrap();
+        assert_eq!(
+            leaf.public_key().subject_public_key.data.as_ref(),
+            key.public_key_raw(),
+            "the leaf certifies the proxy's own key"
+        );
+
+        // A refusal reaches the client as the gRPC status with its message.
+        let vault = Identity::new(TD, "bank", "vault");
+        let e = s
+            .client
+            .create_certificate("proxy-a", &csr, &vault, true, Duration::from_secs(3600))
+            .await
+            .unwrap_err();
+        match e {
+            ClientError::Refused(st) => {
+                assert_eq!(st.code, Code::PermissionDenied);
+                assert!(st.message.contains("node-a"), "{}", st.message);
+            }
+            other => panic!("expected a refusal, got {other}"),
+        }
+
+        // The client refuses a certificate for another identity than it asked
+        // for: a pod's own token gets the pod's identity, whatever was asked.
+        let e = s
+            .client
+            .create_certificate("web-token", &csr, &cart, false, Duration::from_secs(3600))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, ClientError::WrongIdentity { got, .. } if got == "spiffe://cluster.local/ns/shop/sa/web"),
+            "{e}"
+        );
+        assert_eq!(s.bed.service.count(Code::Ok, "issued"), 2);
+        let _ = s.stop.take().unwrap().send(());
+    });
+}
+
+#[test]
+fn the_grpc_server_refuses_other_methods_and_garbage_with_a_status() {
+    isolated("ca_grpc_bad_calls", || async {
+        let s = serve(bed()).await;
+        // A body that is no gRPC frame, through the real client path.
+        let e = s
+            .client
+            .call("web-token", &request("not a csr"))
+            .await
+            .unwrap_err();
+        match e {
+            ClientError::Refused(st) => assert_eq!(st.code, Code::InvalidArgument, "{st}"),
+            other => panic!("{other}"),
+        }
+        assert_eq!(s.bed.service.count(Code::InvalidArgument, "bad_csr"), 1);
+    });
+}
+
+// ------------------------------------------------- the node proxy as a client
+
+/// A CA server on `addr` in a runtime of its own thread; stopped on drop.
+struct Background {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
+fn serve_on(
+    addr: std::net::SocketAddr,
+    service: Arc<CaService>,
+    tls: Arc<rustls::ServerConfig>,
+) -> Background {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+                ready_tx.send(()).unwrap();
+                ringway_ca::server::serve(
+                    listener,
+                    tls,
+                    service,
+                    ringway_ca::server::ServerLimits::default(),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await;
+            });
+    });
+    ready_rx.recv().unwrap();
+    Background {
+        stop: Some(stop),
+        thread: Some(thread),
+    }
+}
+
+#[test]
+fn a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_without_it() {
+    ringway_testbed::run_isolated("ca_remote_source", || {
+        use ringway_identity::{IdentityManager, TrustBundle};
+        let bed = bed();
+        // The service's serving certificate, issued by the mesh root (the
+        // proxy trusts only that root).
+        let serving = bed.ca.issue_dns_for_tests("ringway-ca.test");
+        let mut tls =
+            rustls::ServerConfig::builder_with_provider(ringway_identity::crypto_provider())
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(serving.chain.clone(), serving.key.clone_key())
+                .unwrap();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let tls = Arc::new(tls);
+        // A port to use later; nothing listens yet.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+
+        let dir = std::env::temp_dir().join(format!("ringway-ca-remote-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "proxy-a\n").unwrap();
+        let mut bundle = TrustBundle::new();
+        bundle.add(bed.ca.cert().clone());
+        let client = CaClient::new(
+            addr,
+            rustls_pki_types::ServerName::try_from("ringway-ca.test").unwrap(),
+            CaClient::tls_config(bundle.roots()).unwrap(),
+        );
+        let source = ringway_ca::client::RemoteSource::new(client, &token).unwrap();
+        let ids = Arc::new(
+            IdentityManager::with_source(Arc::new(source), bundle, TD, Duration::from_secs(3600))
+                .unwrap(),
+        );
+        let cart = Identity::new(TD, "shop", "cart");
+        let web = Identity::new(TD, "shop", "web");
+
+        // The service is down: no certificate, and the datapath fails closed
+        // (never another identity, never a wait).
+        let e = ids.prefetch(&cart, Duration::from_secs(2)).unwrap_err();
+        assert!(e.to_string().contains("cart"), "{e}");
+        let e = ids.server_config(&cart).unwrap_err();
+        assert!(
+            matches!(e, ringway_identity::IdentityError::NotIssued { .. }),
+            "fail closed while the CA is down: {e}"
+        );
+
+        // The service comes up: the refresher gets the wanted certificate
+        // on its own (after its backoff), with the pod's identity.
+        let _server = serve_on(addr, bed.service.clone(), tls.clone());
+        let _refresher = ids.spawn_refresher(Duration::from_millis(100)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while ids.server_config(&cart).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the refresher never got the certificate"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let cert = ids.cached(&cart).unwrap();
+        assert_eq!(
+            uris(&cert.chain()[0]),
+            ["spiffe://cluster.local/ns/shop/sa/cart"]
+        );
+        // A second pod's identity on this node: prefetched at once.
+        ids.prefetch(&web, Duration::from_secs(5)).unwrap();
+
+        // A pod on another node: the CA refuses, nothing is served for it.
+        let vault = Identity::new(TD, "bank", "vault");
+        let e = ids.prefetch(&vault, Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("node-a"), "{e}");
+        assert!(ids.server_config(&vault).is_err());
+
+        // The service goes away again: the certificates in hand keep working.
+        drop(_server);
+        ids.server_config(&cart)
+            .expect("a valid certificate outlives a CA outage");
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

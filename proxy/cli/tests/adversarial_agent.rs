@@ -1,0 +1,162 @@
+//! Hostile pods against the real `ringway agent` binary. The owner tag in a
+//! pod's `inet ringway` table lives in the pod's own network namespace: a
+//! container with CAP_NET_ADMIN there rewrites it with `nft`, exactly as
+//! these tests do. Nothing it writes may crash or block the agent.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod support;
+
+use ringway_testbed::{run_isolated, VirtualNode};
+use support::ready;
+
+/// The tag of the issue: a piece count of u64::MAX (the agent used to size a
+/// vector with it and exit with code 101 at every start).
+const FORGED: &str = "ringway-pod:0/18446744073709551615:x";
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn start_agent(dir: &Path, metrics: SocketAddr) -> Agent {
+    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_ringway"))
+        .args(["--log-format", "text", "--log", "info", "agent"])
+        .arg("--zds-socket")
+        .arg(dir.join("zds.sock"))
+        .arg("--cni-socket")
+        .arg(dir.join("cni.sock"))
+        .arg("--state-file")
+        .arg(dir.join("state/pods.json"))
+        .args(["--netns-dir", "/run/netns", "--node-name", "node1"])
+        .arg("--metrics-addr")
+        .arg(metrics.to_string())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Agent(child)
+}
+
+/// Waits (bounded) for the agent's `/healthz/ready`; panics with its log
+/// when it exits or never answers.
+fn wait_serving(agent: &mut Agent, dir: &Path, metrics: SocketAddr) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = agent.0.try_wait().unwrap() {
+            panic!(
+                "ringway agent exited with {status} at start; its log:\n{}",
+                std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+            );
+        }
+        if ready(metrics) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the agent never became ready; its log:\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One raw request line on the CNI socket, the response line back.
+fn cni_request(socket: &Path, line: &str) -> String {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ringway-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn adversarial_forged_owner_tag_neither_crashes_the_agent_nor_uses_up_its_handlers() {
+    run_isolated("adversarial_forged_owner_tag", || {
+        let dir = scratch("adversarial-forged-tag");
+        let vn = VirtualNode::build(71, 1).unwrap();
+        let pod = vn.pod(0);
+        let metrics: SocketAddr = "127.0.0.1:15122".parse().unwrap();
+        let mut agent = start_agent(&dir, metrics);
+        wait_serving(&mut agent, &dir, metrics);
+        // What a container with CAP_NET_ADMIN in its own netns can do.
+        pod.netns
+            .exec(
+                "nft",
+                &[
+                    "add",
+                    "table",
+                    "inet",
+                    "ringway",
+                    &format!("{{ comment \"{FORGED}\"; }}"),
+                ],
+            )
+            .unwrap();
+
+        // DEL of a pod the agent does not hold, naming the forged namespace:
+        // the agent reads the tag to clean up stray rules. More DELs than the
+        // agent has handler slots (64): every one is answered, so none of them
+        // kept its slot.
+        let del = serde_json::json!({
+            "op": "del",
+            "containerId": "sandbox-1",
+            "netns": pod.netns.path(),
+            "pod": {"uid": "uid-victim", "name": "web", "namespace": "shop"},
+        })
+        .to_string();
+        for i in 0..80 {
+            let resp = cni_request(&dir.join("cni.sock"), &del);
+            assert!(
+                resp.contains("\"ok\":true"),
+                "DEL {i}: {resp:?}; agent log:\n{}",
+                std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+            );
+        }
+        assert!(
+            agent.0.try_wait().unwrap().is_none(),
+            "the agent is still running"
+        );
+        assert!(ready(metrics), "and still ready");
+
+        // A restarted agent finds the forged tag in its scan: it starts and
+        // serves all the same.
+        drop(agent);
+        let mut agent = start_agent(&dir, metrics);
+        wait_serving(&mut agent, &dir, metrics);
+        let resp = cni_request(&dir.join("cni.sock"), &del);
+        assert!(resp.contains("\"ok\":true"), "{resp:?}");
+        // The forged table is the pod's business: left as it was.
+        let table = pod
+            .netns
+            .exec("nft", &["list", "table", "inet", "ringway"])
+            .unwrap();
+        assert!(table.contains(FORGED), "{table}");
+        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        assert!(
+            log.contains("owner tag unreadable") && !log.contains("panicked"),
+            "{log}"
+        );
+        drop(agent);
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
