@@ -77,28 +77,6 @@ fn is_refusal(e: &std::io::Error) -> bool {
     )
 }
 
-/// Failed `side` handshakes on `p`: with the `outcome` given, or (`None`)
-/// with any outcome but `ok` and `timeout`.
-fn handshake_failures(p: &ringway_proxy::Proxy, side: &str, outcome: Option<&str>) -> f64 {
-    if let Some(outcome) = outcome {
-        return handshakes(p, side, outcome);
-    }
-    common::hbone::metrics_text(p)
-        .lines()
-        .filter(|l| {
-            l.starts_with("ringway_tls_handshakes_total{")
-                && l.contains(&format!("side=\"{side}\""))
-                && !l.contains("outcome=\"ok\"")
-                && !l.contains("outcome=\"timeout\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn server_failures(p: &ringway_proxy::Proxy, outcome: Option<&str>) -> f64 {
-    handshake_failures(p, "server", outcome)
-}
-
 /// The value of `ringway_tls_handshakes_total{side, outcome}` on `p`.
 fn handshakes(p: &ringway_proxy::Proxy, side: &str, outcome: &str) -> f64 {
     common::sample(
@@ -446,45 +424,41 @@ fn hbone_refuses_expired_and_wrong_san_clients() {
                     now - Duration::from_secs(3600),
                 ),
                 rustls::AlertDescription::CertificateExpired,
-                Some("expired"),
+                "expired",
             ),
             (
                 "another trust domain",
                 ca.issue_with_uris_for_tests(&["spiffe://other.example/ns/front/sa/frontend"]),
                 rustls::AlertDescription::CertificateUnknown,
-                None,
+                "wrong_identity",
             ),
             (
                 "not SPIFFE",
                 ca.issue_with_uris_for_tests(&["https://front.example/frontend"]),
                 rustls::AlertDescription::CertificateUnknown,
-                None,
+                "wrong_identity",
             ),
             (
                 "no URI SAN",
                 ca.issue_with_uris_for_tests(&[]),
                 rustls::AlertDescription::CertificateUnknown,
-                None,
+                "wrong_identity",
             ),
         ];
         for (what, leaf, alert, reason) in cases {
-            let before = server_failures(&t.p2, reason);
+            let before = handshakes(&t.p2, "server", reason);
             let r = common::hbone::raw_tls(&t, config(leaf));
             // The server's refusal is the TLS alert for the certificate,
             // never a timeout (raw_tls's read timeout) or a bare close.
-            let got = r
-                .as_ref()
-                .err()
-                .and_then(|e| e.get_ref()?.downcast_ref::<rustls::Error>().cloned());
             assert_eq!(
-                got,
+                common::hbone::tls_error(&r),
                 Some(rustls::Error::AlertReceived(alert)),
                 "{what} client certificate: not refused by the server's alert: {r:?}"
             );
             // ...and the server counted the failed handshake.
             assert!(
-                wait_until(TIMEOUT, || server_failures(&t.p2, reason) > before),
-                "{what} client certificate: no server handshake failure ({reason:?}): {}",
+                wait_until(TIMEOUT, || handshakes(&t.p2, "server", reason) > before),
+                "{what} client certificate: no server handshake failure `{reason}`: {}",
                 common::hbone::metrics_text(&t.p2)
             );
         }
@@ -506,13 +480,11 @@ fn hbone_refuses_wrong_server_identity() {
         let app = echo_app(&t.server().netns, addr);
         expect_no_echo(&t, addr);
         // The client's proxy refused the server's identity (the tunnel
-        // never opened, so nothing can reach the app after this). Its
-        // reason is `other` until the metric classifies rustls' errors by
-        // type; it must at least be a failure, not a timeout.
-        let client_failures = || handshake_failures(&t.p1, "client", None);
+        // never opened, so nothing can reach the app after this).
+        let client_failures = || handshakes(&t.p1, "client", "wrong_identity");
         assert!(
             wait_until(TIMEOUT, || client_failures() >= 1.0),
-            "client-side handshake failure counted: {}",
+            "client-side handshake failure `wrong_identity` counted: {}",
             common::hbone::metrics_text(&t.p1)
         );
         assert_eq!(
@@ -576,7 +548,8 @@ fn hbone_refuses_forged_forwarded_from_non_mesh_client() {
                 r.map(|x| x.map(|_| "a stream"))
             );
             assert!(
-                wait_until(TIMEOUT, || server_failures(&t.p2, None) >= 1.0),
+                wait_until(TIMEOUT, || handshakes(&t.p2, "server", "protocol_error")
+                    >= 1.0),
                 "the server counted the failed handshake: {}",
                 common::hbone::metrics_text(&t.p2)
             );

@@ -223,3 +223,14 @@ pub fn raw_tls(t: &TwoNodes, cfg: rustls::ClientConfig) -> std::io::Result<usize
         tls.read(&mut buf)
     })
 }
+
+/// The TLS error a [`raw_tls`] client got, when it was one (e.g. the
+/// server's alert: `rustls::Error::AlertReceived(..)`); `None` for a
+/// timeout, a close or any other I/O error.
+pub fn tls_error(r: &std::io::Result<usize>) -> Option<rustls::Error> {
+    r.as_ref()
+        .err()?
+        .get_ref()?
+        .downcast_ref::<rustls::Error>()
+        .cloned()
+}
