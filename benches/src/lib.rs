@@ -27,7 +27,9 @@ pub fn proxy_binary(own: &std::path::Path) -> std::path::PathBuf {
 
 /// Runs the suite in isolated namespaces, writes the report to `out` and
 /// checks it. Returns the Markdown report and the problems `check` found;
-/// `None` when the bench cannot run here (no privileges; a banner says so).
+/// `None` when the bench cannot run here and the caller opted into the skip
+/// (`RINGWAY_ALLOW_UNPRIVILEGED_SKIP=1`; a banner says so); without the
+/// opt-out, missing privileges panic (see `ringway_testbed::skip_privileged`).
 pub fn run_and_report(
     config: suite::Config,
     out: &std::path::Path,

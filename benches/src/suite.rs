@@ -8,7 +8,6 @@
 //! plugin code, the node agent and ZDS).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -402,20 +401,18 @@ const TRUST_DOMAIN: &str = "cluster.local";
 /// workloads, the fast path off (so one node's traffic also goes through
 /// 15008, as the reference mesh is measured).
 fn hbone_yaml(ca_dir: &FsPath, pods: &[(&Pod, &str)]) -> String {
-    let mut s = format!(
-        "proxy:\n  sameNodeFastPath: false\ntrustDomain: {TRUST_DOMAIN}\nca:\n  certFile: {}\n  keyFile: {}\nworkloads:\n",
+    let ws: Vec<_> = pods
+        .iter()
+        .map(|(p, node)| {
+            ringway_testbed::mesh::WorkloadYaml::of_pod(p, &p.name, "bench", &p.name, node)
+        })
+        .collect();
+    format!(
+        "proxy:\n  sameNodeFastPath: false\ntrustDomain: {TRUST_DOMAIN}\nca:\n  certFile: {}\n  keyFile: {}\n{}",
         ca_dir.join("ca.crt").display(),
-        ca_dir.join("ca.key").display()
-    );
-    for (p, node) in pods {
-        s.push_str(&format!(
-            "  - uid: {n}\n    name: {n}\n    namespace: bench\n    serviceAccount: {n}\n    ips: [{v4}, \"{v6}\"]\n    node: {node}\n    tunnel: true\n",
-            n = p.name,
-            v4 = p.ipv4,
-            v6 = p.ipv6,
-        ));
-    }
-    s
+        ca_dir.join("ca.key").display(),
+        ringway_testbed::mesh::workloads_yaml(&ws)
+    )
 }
 
 struct Bed {
@@ -998,28 +995,16 @@ fn insert_latency(f: &mut Figures, prefix: &str, l: &load::Latency) {
     f.insert(format!("{prefix}_max_us"), l.hist.max() as f64 / 1e3);
 }
 
-/// One HTTP/1.1 GET with `Connection: close`; returns the body's length.
+/// One HTTP/1.1 GET with `Connection: close`; the body of a 200.
 fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.set_write_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").as_bytes(),
-    )?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    if !out.starts_with(b"HTTP/1.1 200") {
+    let r = ringway_testbed::http::get(addr, path)?;
+    if r.status != 200 {
         return Err(std::io::Error::other(format!(
-            "GET {path}: {}",
-            String::from_utf8_lossy(&out[..out.len().min(60)])
+            "GET {path}: status {}",
+            r.status
         )));
     }
-    let start = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| i + 4)
-        .unwrap_or(out.len());
-    Ok(out.split_off(start))
+    Ok(r.body.into_bytes())
 }
 
 /// Connections a proxy reported opening as the source side, by
@@ -1322,35 +1307,22 @@ fn cni_churn(
 /// the plugin code over the agent's socket. Times the whole call.
 fn cni_add(agent_socket: &FsPath, ns: &Netns, i: usize) -> anyhow::Result<Duration> {
     let name = ns.name().to_string();
-    let env: std::collections::HashMap<String, String> = [
-        ("CNI_COMMAND", "ADD".to_string()),
-        ("CNI_CONTAINERID", format!("bench-{name}")),
-        ("CNI_NETNS", ns.path().display().to_string()),
-        ("CNI_IFNAME", "eth0".to_string()),
-        (
-            "CNI_ARGS",
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={name};K8S_POD_UID=uid-{name}"),
-        ),
-        ("CNI_PATH", "/opt/cni/bin".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
     // Addresses the primary plugin would have given (the pod holds none:
     // only the capture rules' exclusions use them).
     let v4 = Ipv4Addr::new(10, 250, (i / 250) as u8, (i % 250 + 2) as u8);
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "bench-net",
-        "type": "ringway-cni",
-        "agentSocket": agent_socket,
-        "prevResult": {
-            "cniVersion": "1.0.0",
-            "interfaces": [{"name": "eth0", "sandbox": ns.path()}],
-            "ips": [{"address": format!("{v4}/16"), "interface": 0}]
-        }
-    })
-    .to_string();
+    let call = ringway_testbed::cni::CniPod {
+        uid: format!("uid-{name}"),
+        container_id: format!("bench-{name}"),
+        name,
+        namespace: "bench".into(),
+        netns: ns.path().to_path_buf(),
+        ips: vec![format!("{v4}/16")],
+    };
+    let env: std::collections::HashMap<String, String> = call
+        .env("ADD", FsPath::new("/opt/cni/bin"))
+        .into_iter()
+        .collect();
+    let conf = call.netconf("1.0.0", "bench-net", agent_socket);
     let t0 = Instant::now();
     let out = ringway_cni::run(
         &env,

@@ -12,7 +12,7 @@ fn tiny_run_writes_a_complete_consistent_report() {
     let Some((md, problems)) =
         ringway_benches::run_and_report(Config::tiny(bin), &out).expect("bench run")
     else {
-        return; // privileges missing: run_isolated printed the banner (and panics under CI)
+        return; // privileges missing and RINGWAY_ALLOW_UNPRIVILEGED_SKIP=1: the banner says so
     };
     eprintln!("tiny run took {:?}", t0.elapsed());
     assert!(problems.is_empty(), "report problems: {problems:#?}\n{md}");

@@ -13,29 +13,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringway_config::{ConfigError, ConfigWatcher, Mesh, NoEnv};
+use ringway_testbed::TempDir;
 
 /// Upper bound for anything that should happen within a poll or two.
 const WAIT: Duration = Duration::from_secs(5);
 
 /// A scratch directory named after the test, removed on drop.
-struct Scratch(PathBuf);
+struct Scratch(TempDir);
 
 impl Scratch {
     fn new(test: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("ringway-config-{test}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
+        Scratch(TempDir::new(&format!("config-{test}")))
     }
     fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
     }
 }
 

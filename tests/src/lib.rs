@@ -13,12 +13,19 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cni;
+pub mod http;
+pub mod mesh;
 pub mod node;
 pub mod ns;
+mod tempdir;
 pub mod traffic;
+mod wait;
 
 pub use node::{link_nodes, NodeLink, PauseProcess, Pod, VirtualNode};
 pub use ns::{private_tmpfs, Netns};
+pub use tempdir::TempDir;
+pub use wait::wait_until;
 
 /// Errors of the test bed.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +47,15 @@ pub enum Error {
     /// A capacity or lookup limit of the test bed.
     #[error("{0}")]
     Capacity(&'static str),
+}
+
+/// Logs to the test output (libtest's capture) when `RUST_LOG` is set.
+/// Idempotent: the first call in a test binary installs the subscriber.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
 }
 
 /// Why privileged tests cannot run here, or `None` when they can.
@@ -87,7 +103,11 @@ pub fn skip_privileged(test: &str) -> bool {
              (run as root, or set {ALLOW_UNPRIVILEGED_SKIP}=1 to skip it knowingly)"
         );
     }
-    eprintln!(
+    // Straight to the process's stderr: libtest's capture (which hides
+    // `eprintln!` of passing tests) does not hold it back.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
         "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
          !!! PRIVILEGED TEST `{test}` SKIPPED ({ALLOW_UNPRIVILEGED_SKIP}=1): {why}\n\
          !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"

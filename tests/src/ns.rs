@@ -158,6 +158,34 @@ impl Netns {
         run_cmd("ip", &full)
     }
 
+    /// Runs `nft <args>` inside this namespace and returns its output. The
+    /// `nft` binary only inspects rules in tests (the product programs them
+    /// over netlink). Panics, naming the package, when it is not installed,
+    /// and with nft's message when the command fails.
+    pub fn nft(&self, args: &[&str]) -> String {
+        require_nft();
+        self.exec("nft", args)
+            .unwrap_or_else(|e| panic!("nft {args:?} in {}: {e}", self.name()))
+    }
+
+    /// The handle of the `inet ringway` table, then those of its rules
+    /// (tagged `ringway:v1:`), in listing order; empty without the table.
+    /// Rule handles count from 1 again in a re-created table, the table's
+    /// handle does not (a namespace's table handles only grow), so a
+    /// re-apply shows there.
+    pub fn ringway_handles(&self) -> Vec<String> {
+        require_nft();
+        self.exec("nft", &["-a", "list", "table", "inet", "ringway"])
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("table ") || l.contains("comment \"ringway:v1:"))
+            .filter_map(|l| {
+                l.rsplit_once("# handle ")
+                    .map(|(_, h)| h.trim().to_string())
+            })
+            .collect()
+    }
+
     /// The namespace inode, for identity comparisons.
     pub fn inode(&self) -> u64 {
         nix::sys::stat::fstat(self.inner.fd.as_raw_fd())
@@ -246,4 +274,18 @@ pub fn current_netns_inode() -> u64 {
     std::fs::metadata("/proc/thread-self/ns/net")
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap_or(0)
+}
+
+/// Panics unless the `nft` binary runs: tests that inspect rules must fail
+/// loudly without it, never pass on an empty listing.
+pub fn require_nft() {
+    if std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!(
+            "the `nft` binary is required to inspect rules in tests: apt-get install -y nftables"
+        );
+    }
 }

@@ -233,3 +233,90 @@ pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     s.set_nodelay(true)?;
     Ok(s)
 }
+
+/// An echo server: every connection, on a thread of its own, gets back
+/// what it sends until EOF (then its write half is shut down). Records the
+/// peers it accepted and, per closed connection, how many bytes it echoed.
+/// Stops accepting when dropped.
+#[derive(Debug)]
+pub struct EchoServer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    peers: std::sync::Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+    closed: mpsc::Receiver<(SocketAddr, u64)>,
+}
+
+impl EchoServer {
+    /// Serves `l` (bound in whatever netns the caller chose).
+    pub fn start(l: TcpListener) -> EchoServer {
+        use std::os::fd::AsFd;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let peers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, closed) = mpsc::channel();
+        let (s, p) = (stop.clone(), peers.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                // Wait for a connection for at most 50 ms, then look at `stop`.
+                let mut fds = [nix::poll::PollFd::new(
+                    l.as_fd(),
+                    nix::poll::PollFlags::POLLIN,
+                )];
+                if nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u8)).unwrap_or(0) == 0 {
+                    continue;
+                }
+                let Ok((mut c, peer)) = l.accept() else {
+                    continue;
+                };
+                p.lock().unwrap_or_else(|e| e.into_inner()).push(peer);
+                let tx = tx.clone();
+                // Small stacks: a test may hold a thousand connections.
+                let _ = std::thread::Builder::new()
+                    .stack_size(64 * 1024)
+                    .spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        let mut echoed = 0u64;
+                        while let Ok(n @ 1..) = c.read(&mut buf) {
+                            if c.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                            echoed += n as u64;
+                        }
+                        let _ = c.shutdown(Shutdown::Write);
+                        let _ = tx.send((peer, echoed));
+                    });
+            }
+        });
+        EchoServer {
+            stop,
+            thread: Some(thread),
+            peers,
+            closed,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.peers().len()
+    }
+
+    /// The peers of the connections accepted so far, in order.
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The next connection to end (EOF or error): its peer and the bytes
+    /// echoed; `None` when none ends within `timeout`.
+    pub fn next_closed(&self, timeout: Duration) -> Option<(SocketAddr, u64)> {
+        self.closed.recv_timeout(timeout).ok()
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -312,21 +312,25 @@ fn the_watch_and_cni_agree_and_the_first_add_carries_the_service_account() {
             let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
             fake(p).running(&ips)
         };
+        // Pod events applied by the watch so far: the four updates below are
+        // counted from here (a count taken later could include one of the
+        // first two still in flight).
+        let applied = kube.selector.events_applied();
         api.apply_pod(running(&meshed).json());
         api.apply_pod(running(&plain).json());
 
         // More updates of both pods: no more calls, no flapping.
-        let applied = kube.selector.events_applied();
         let mut again = running(&meshed).json();
         again["metadata"]["annotations"] = serde_json::json!({"touched": "1"});
         api.apply_pod(again);
         let mut again = running(&plain).json();
         again["metadata"]["annotations"] = serde_json::json!({"touched": "1"});
         api.apply_pod(again);
-        // The watch has applied both updates (and made any call they lead to).
+        // The watch has applied the four updates (and made any call they
+        // lead to).
         assert!(
-            wait_until(WAIT, || kube.selector.events_applied() >= applied + 2),
-            "the watch did not apply the two updates: {} events",
+            wait_until(WAIT, || kube.selector.events_applied() >= applied + 4),
+            "the watch did not apply the four updates: {} events",
             kube.selector.events_applied() - applied
         );
         assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());

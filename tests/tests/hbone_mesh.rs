@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime};
 use common::hbone::{two_nodes, Opts, TwoNodes, APP_PORT, CLIENT_ID, TD};
 use common::{wait_until, TIMEOUT};
 use ringway_identity::{CaSigner, Identity};
-use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
+use ringway_testbed::mesh::{workloads_yaml, WorkloadYaml};
+use ringway_testbed::traffic::{client_exchange, connect, listen, EchoServer, PayloadServer};
 use ringway_testbed::{run_isolated, Netns};
 
 const VIP4: &str = "10.96.0.10";
@@ -30,67 +31,9 @@ fn service_yaml() -> String {
 /// An echo app (tokio, any number of connections) listening on `addr` in
 /// `ns` until the returned guard is dropped; counts connections and keeps
 /// their peers.
-struct Echo {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: Option<std::thread::JoinHandle<()>>,
-    peers: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
-}
-
-impl Echo {
-    fn start(ns: &Netns, addr: SocketAddr) -> Echo {
-        let l = ns.run(|| listen(addr)).expect("listen");
-        l.set_nonblocking(true).unwrap();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let peers = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let p = peers.clone();
-        let join = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::from_std(l).unwrap();
-                let deadline = tokio::time::sleep(Duration::from_secs(120));
-                tokio::pin!(deadline);
-                loop {
-                    tokio::select! {
-                        _ = &mut stopped => break,
-                        _ = &mut deadline => break,
-                        r = l.accept() => {
-                            let Ok((mut s, peer)) = r else { continue };
-                            p.lock().unwrap().push(peer);
-                            tokio::spawn(async move {
-                                let (mut r, mut w) = s.split();
-                                let _ = tokio::io::copy(&mut r, &mut w).await;
-                                use tokio::io::AsyncWriteExt;
-                                let _ = w.shutdown().await;
-                            });
-                        }
-                    }
-                }
-            });
-        });
-        Echo {
-            stop: Some(stop),
-            join: Some(join),
-            peers,
-        }
-    }
-
-    fn connections(&self) -> usize {
-        self.peers.lock().unwrap().len()
-    }
-}
-
-impl Drop for Echo {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(j) = self.join.take() {
-            let _ = j.join();
-        }
-    }
+/// The echo app on `addr` in `ns`.
+fn echo_app(ns: &Netns, addr: SocketAddr) -> EchoServer {
+    EchoServer::start(ns.run(|| listen(addr)).expect("listen"))
 }
 
 /// One round trip of `msg` on an open connection.
@@ -134,24 +77,6 @@ fn is_refusal(e: &std::io::Error) -> bool {
     )
 }
 
-/// Failed server-side handshakes on `p`: with the `outcome` given, or
-/// (`None`) with any outcome but `ok` and `timeout`.
-fn server_failures(p: &ringway_proxy::Proxy, outcome: Option<&str>) -> f64 {
-    if let Some(outcome) = outcome {
-        return handshakes(p, "server", outcome);
-    }
-    common::hbone::metrics_text(p)
-        .lines()
-        .filter(|l| {
-            l.starts_with("ringway_tls_handshakes_total{")
-                && l.contains("side=\"server\"")
-                && !l.contains("outcome=\"ok\"")
-                && !l.contains("outcome=\"timeout\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// The value of `ringway_tls_handshakes_total{side, outcome}` on `p`.
 fn handshakes(p: &ringway_proxy::Proxy, side: &str, outcome: &str) -> f64 {
     common::sample(
@@ -175,7 +100,7 @@ fn service_vip_load_balancing() {
         });
         let app = |i: usize, v6: bool| {
             let pod = t.n2.pod(i);
-            Echo::start(&pod.netns, SocketAddr::new(pod.ip(v6), APP_PORT))
+            echo_app(&pod.netns, SocketAddr::new(pod.ip(v6), APP_PORT))
         };
         let s0 = app(0, false);
         let s1 = app(1, false);
@@ -187,13 +112,7 @@ fn service_vip_load_balancing() {
         assert!(wait_until(TIMEOUT, || s0.connections() + s1.connections() == 20));
         let (a, b) = (s0.connections(), s1.connections());
         assert!(a >= 3 && b >= 3, "round robin over 2 endpoints: {a} / {b}");
-        for p in s0
-            .peers
-            .lock()
-            .unwrap()
-            .iter()
-            .chain(s1.peers.lock().unwrap().iter())
-        {
+        for p in s0.peers().iter().chain(s1.peers().iter()) {
             assert_eq!(p.ip(), t.client().ip(false), "the app sees the client's IP");
         }
         assert!(
@@ -243,21 +162,21 @@ fn service_vip_load_balancing() {
 /// `m` with workloads `uids` marked `healthy: false` (rebuilt from YAML,
 /// as the Kubernetes source does when an endpoint is not ready).
 fn mark_unhealthy(m: &ringway_config::Mesh, uids: &[&str]) -> Arc<ringway_config::Mesh> {
-    let mut yaml = String::from("workloads:\n");
-    for w in m.workloads() {
-        let ips: Vec<String> = w.ips.iter().map(|ip| format!("\"{ip}\"")).collect();
-        yaml.push_str(&format!(
-            "  - uid: {}\n    name: {}\n    namespace: {}\n    serviceAccount: {}\n    ips: [{}]\n    node: {}\n    tunnel: {}\n    healthy: {}\n",
-            w.uid,
-            w.name,
-            w.namespace,
-            w.service_account,
-            ips.join(", "),
-            w.node,
-            w.tunnel,
-            w.healthy && !uids.contains(&w.uid.as_str())
-        ));
-    }
+    let ws: Vec<WorkloadYaml> = m
+        .workloads()
+        .iter()
+        .map(|w| WorkloadYaml {
+            uid: w.uid.to_string(),
+            name: w.name.to_string(),
+            namespace: w.namespace.to_string(),
+            service_account: w.service_account.to_string(),
+            ips: w.ips.clone(),
+            node: w.node.to_string(),
+            tunnel: w.tunnel,
+            healthy: w.healthy && !uids.contains(&w.uid.as_str()),
+        })
+        .collect();
+    let mut yaml = workloads_yaml(&ws);
     yaml.push_str(&service_yaml());
     Arc::new(
         ringway_config::MeshConfig::load_str(&yaml, "unhealthy", &ringway_config::NoEnv)
@@ -307,7 +226,7 @@ fn thousand_connections_and_policy_changes() {
     run_isolated("thousand_connections_and_policy_changes", || {
         let t = two_nodes(Opts::new("hbone_1000"));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let app = Echo::start(&t.server().netns, addr);
+        let app = echo_app(&t.server().netns, addr);
         let mut conns = open_many(&t, addr, 1000);
         echo_all(&mut conns, 0).unwrap();
         assert!(wait_until(TIMEOUT, || t.p1.hbone_streams() == 1000));
@@ -381,7 +300,7 @@ fn cert_rotation_during_long_transfer() {
         };
         let (c0, s0) = (serial(&ids1, &client_id), serial(&ids2, &server_id));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let _app = Echo::start(&t.server().netns, addr);
+        let _app = echo_app(&t.server().netns, addr);
         let chunk: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 251) as u8).collect();
         let chunks = 320; // 20 MiB, one every 25 ms
                           // Whether both certificates had rotated while the transfer still had
@@ -505,45 +424,41 @@ fn hbone_refuses_expired_and_wrong_san_clients() {
                     now - Duration::from_secs(3600),
                 ),
                 rustls::AlertDescription::CertificateExpired,
-                Some("expired"),
+                "expired",
             ),
             (
                 "another trust domain",
                 ca.issue_with_uris_for_tests(&["spiffe://other.example/ns/front/sa/frontend"]),
                 rustls::AlertDescription::CertificateUnknown,
-                None,
+                "wrong_identity",
             ),
             (
                 "not SPIFFE",
                 ca.issue_with_uris_for_tests(&["https://front.example/frontend"]),
                 rustls::AlertDescription::CertificateUnknown,
-                None,
+                "wrong_identity",
             ),
             (
                 "no URI SAN",
                 ca.issue_with_uris_for_tests(&[]),
                 rustls::AlertDescription::CertificateUnknown,
-                None,
+                "wrong_identity",
             ),
         ];
         for (what, leaf, alert, reason) in cases {
-            let before = server_failures(&t.p2, reason);
+            let before = handshakes(&t.p2, "server", reason);
             let r = common::hbone::raw_tls(&t, config(leaf));
             // The server's refusal is the TLS alert for the certificate,
             // never a timeout (raw_tls's read timeout) or a bare close.
-            let got = r
-                .as_ref()
-                .err()
-                .and_then(|e| e.get_ref()?.downcast_ref::<rustls::Error>().cloned());
             assert_eq!(
-                got,
+                common::hbone::tls_error(&r),
                 Some(rustls::Error::AlertReceived(alert)),
                 "{what} client certificate: not refused by the server's alert: {r:?}"
             );
             // ...and the server counted the failed handshake.
             assert!(
-                wait_until(TIMEOUT, || server_failures(&t.p2, reason) > before),
-                "{what} client certificate: no server handshake failure ({reason:?}): {}",
+                wait_until(TIMEOUT, || handshakes(&t.p2, "server", reason) > before),
+                "{what} client certificate: no server handshake failure `{reason}`: {}",
                 common::hbone::metrics_text(&t.p2)
             );
         }
@@ -562,27 +477,14 @@ fn hbone_refuses_wrong_server_identity() {
             ..Opts::new("hbone_impostor")
         });
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let app = Echo::start(&t.server().netns, addr);
+        let app = echo_app(&t.server().netns, addr);
         expect_no_echo(&t, addr);
         // The client's proxy refused the server's identity (the tunnel
-        // never opened, so nothing can reach the app after this). Its
-        // reason is `other` until the metric classifies rustls' errors by
-        // type; it must at least be a failure, not a timeout.
-        let client_failures = || {
-            common::hbone::metrics_text(&t.p1)
-                .lines()
-                .filter(|l| {
-                    l.starts_with("ringway_tls_handshakes_total{")
-                        && l.contains("side=\"client\"")
-                        && !l.contains("outcome=\"ok\"")
-                        && !l.contains("outcome=\"timeout\"")
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        };
+        // never opened, so nothing can reach the app after this).
+        let client_failures = || handshakes(&t.p1, "client", "wrong_identity");
         assert!(
             wait_until(TIMEOUT, || client_failures() >= 1.0),
-            "client-side handshake failure counted: {}",
+            "client-side handshake failure `wrong_identity` counted: {}",
             common::hbone::metrics_text(&t.p1)
         );
         assert_eq!(
@@ -605,7 +507,7 @@ fn hbone_refuses_forged_forwarded_from_non_mesh_client() {
         || {
             let t = two_nodes(Opts::new("hbone_forged"));
             let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-            let app = Echo::start(&t.server().netns, addr);
+            let app = echo_app(&t.server().netns, addr);
             let tunnel = SocketAddr::new(t.server().ip(false), 15008);
             let forged = SocketAddr::new(t.client().ip(false), 40000);
             let r = t.n1.node.run(|| {
@@ -646,7 +548,8 @@ fn hbone_refuses_forged_forwarded_from_non_mesh_client() {
                 r.map(|x| x.map(|_| "a stream"))
             );
             assert!(
-                wait_until(TIMEOUT, || server_failures(&t.p2, None) >= 1.0),
+                wait_until(TIMEOUT, || handshakes(&t.p2, "server", "protocol_error")
+                    >= 1.0),
                 "the server counted the failed handshake: {}",
                 common::hbone::metrics_text(&t.p2)
             );
@@ -665,7 +568,7 @@ fn hbone_metrics_both_reporters_mid_connection() {
     run_isolated("hbone_metrics_both_reporters_mid_connection", || {
         let t = two_nodes(Opts::new("hbone_metrics"));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-        let _app = Echo::start(&t.server().netns, addr);
+        let _app = echo_app(&t.server().netns, addr);
         let mut s = t.client().netns.run(|| {
             let s = connect(addr, TIMEOUT).unwrap();
             s.set_read_timeout(Some(TIMEOUT)).unwrap();

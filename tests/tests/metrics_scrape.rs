@@ -15,27 +15,13 @@ use ringway_proxy::PodIdentity;
 use ringway_testbed::{run_isolated, VirtualNode};
 
 fn scrape(addr: SocketAddr, openmetrics: bool) -> (String, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let accept = if openmetrics {
         "application/openmetrics-text; version=1.0.0"
     } else {
         "text/plain"
     };
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    let ct = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-type: "))
-        .unwrap_or("")
-        .to_string();
-    (ct, body.to_string())
+    let r = ringway_testbed::http::request(addr, "GET", "/metrics", &[("Accept", accept)]).unwrap();
+    (r.header("content-type").unwrap_or("").to_string(), r.body)
 }
 
 /// The value of the first sample of `metric` whose labels contain all of `want`.
@@ -332,27 +318,8 @@ fn failed_upstream_connect_is_flagged() {
 }
 
 fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("0")
-        .parse()
-        .unwrap_or(0);
-    (
-        code,
-        out.split_once("\r\n\r\n")
-            .map(|x| x.1.to_string())
-            .unwrap_or_default(),
-    )
+    let r = ringway_testbed::http::request(addr, method, path, &[]).unwrap();
+    (r.status, r.body)
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::{wait_until, MeshNode, TIMEOUT};
 use ringway_config::{CaptureMode, Datapath, Mesh, MeshConfig, NoEnv};
 use ringway_testbed::run_isolated;
-use ringway_testbed::traffic::{connect, listen};
+use ringway_testbed::traffic::{connect, listen, EchoServer};
 
 const PORT: u16 = 8080;
 const CLIENT: &str = "spiffe://cluster.local/ns/front/sa/frontend";
@@ -31,31 +31,14 @@ fn deny_frontend() -> String {
 
 const REQUIRE_MTLS: &str = "policies:\n  - name: require-mtls\n    action: DENY\n    rules:\n      - from:\n          - notPrincipals: [\"*\"]\n";
 
-/// An echo app on the server pod, one thread per connection; returns the
-/// number of connections accepted so far.
-fn echo_app(node: &MeshNode) -> Arc<std::sync::atomic::AtomicUsize> {
-    let l = node
-        .pod(1)
-        .netns
-        .run(|| listen(SocketAddr::new(node.pod(1).ip(false), PORT)))
-        .unwrap();
-    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = n.clone();
-    std::thread::spawn(move || {
-        for _ in 0..16 {
-            let Ok((mut s, _)) = l.accept() else { break };
-            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1024];
-                while let Ok(k @ 1..) = s.read(&mut b) {
-                    if s.write_all(&b[..k]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    n
+/// The echo app on the server pod.
+fn echo_app(node: &MeshNode) -> EchoServer {
+    EchoServer::start(
+        node.pod(1)
+            .netns
+            .run(|| listen(SocketAddr::new(node.pod(1).ip(false), PORT)))
+            .unwrap(),
+    )
 }
 
 fn round_trip(s: &mut TcpStream) -> std::io::Result<()> {
@@ -96,7 +79,7 @@ fn fast_path_enforces_destination_policy() {
         // Denied by principal: the fast path must not deliver it.
         let r = open(&node.pod(0).netns, dst).and_then(|mut s| round_trip(&mut s));
         assert!(r.is_err(), "a denied same-node connection was delivered");
-        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(accepted.connections(), 0);
         assert!(
             denials(&node, "local").ends_with(" 1"),
             "{}",
@@ -147,6 +130,6 @@ fn policy_change_rechecks_open_connections() {
             denials(&node, "recheck")
         );
         assert!(wait_until(TIMEOUT, || node.proxy.stats().active == 0));
-        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(accepted.connections(), 2);
     });
 }

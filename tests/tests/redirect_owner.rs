@@ -12,12 +12,7 @@ use ringway_redirect::{
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
 
 fn nft(pod: &Pod, args: &[&str]) -> String {
-    pod.netns.exec("nft", args).unwrap_or_else(|e| {
-        panic!(
-            "nft {args:?} in {} (apt-get install nftables): {e}",
-            pod.name
-        )
-    })
+    pod.netns.nft(args)
 }
 
 fn tag_for(pod: &Pod, uid: &str) -> PodTag {
@@ -35,14 +30,7 @@ fn tag_for(pod: &Pod, uid: &str) -> PodTag {
 /// The table's handle, then its rules' handles: what changes on a re-apply
 /// (rule handles restart in a re-created table, the table handle does not).
 fn handles(pod: &Pod) -> Vec<String> {
-    nft(pod, &["-a", "list", "table", "inet", "ringway"])
-        .lines()
-        .filter(|l| l.starts_with("table ") || l.contains("comment \"ringway:v1:"))
-        .filter_map(|l| {
-            l.rsplit_once("# handle ")
-                .map(|(_, h)| h.trim().to_string())
-        })
-        .collect()
+    pod.netns.ringway_handles()
 }
 
 #[test]

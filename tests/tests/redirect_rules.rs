@@ -37,26 +37,8 @@ fn redirect() -> CaptureSpec {
 
 // ---------------------------------------------------------------- helpers
 
-/// The `nft` binary (package `nftables`) is a test-only inspection tool;
-/// without it these tests fail loudly instead of passing silently.
-fn require_nft() {
-    if std::process::Command::new("nft")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        panic!(
-            "the `nft` binary is required by the redirect tests (inspection only): \
-             apt-get install -y nftables"
-        );
-    }
-}
-
 fn nft(pod: &Pod, args: &[&str]) -> String {
-    require_nft();
-    pod.netns
-        .exec("nft", args)
-        .unwrap_or_else(|e| panic!("nft {args:?} in {}: {e}", pod.name))
+    pod.netns.nft(args)
 }
 
 fn ip(pod: &Pod, args: &[&str]) -> String {
@@ -686,7 +668,7 @@ fn bad_namespaces_are_refused() {
             assert!(matches!(r, Err(RedirectError::HostNetns { .. })), "{r:?}");
         }
         // Nothing landed in the test's own namespace.
-        require_nft();
+        ringway_testbed::ns::require_nft();
         let out = std::process::Command::new("nft")
             .args(["list", "ruleset"])
             .output()

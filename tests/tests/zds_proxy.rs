@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::socket::{
     accept, bind, listen, socket, AddressFamily, Backlog, MsgFlags, SockFlag, SockType, UnixAddr,
@@ -18,7 +17,7 @@ use ringway_config::{CaptureMode, Datapath};
 use ringway_proxy::control::ControlServer;
 use ringway_proxy::zds_client::{self, Readiness, ZdsClientConfig};
 use ringway_proxy::Proxy;
-use ringway_testbed::{run_isolated, VirtualNode};
+use ringway_testbed::{run_isolated, TempDir, VirtualNode};
 use ringway_zds::{
     self as zds, workload_request::Payload, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent,
     WorkloadInfo,
@@ -102,31 +101,15 @@ fn add(uid: &str) -> Payload {
 }
 
 fn http_ready(addr: SocketAddr) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: ringway\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("0")
-        .parse()
-        .unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (code, body)
+    let r = ringway_testbed::http::get(addr, "/healthz/ready").unwrap();
+    (r.status, r.body)
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    assert!(
+        ringway_testbed::wait_until(Duration::from_secs(10), f),
+        "timed out waiting for {what}"
+    );
 }
 
 struct Running {
@@ -169,7 +152,7 @@ fn start_proxy(socket: PathBuf) -> Running {
 #[test]
 fn snapshot_then_live_add_and_del_with_readiness() {
     run_isolated("snapshot_then_live_add_and_del_with_readiness", || {
-        let dir = tempdir("zds1");
+        let dir = TempDir::new("zds1");
         let vn = VirtualNode::build(1, 3).unwrap();
         for p in &vn.pods {
             common::capture(p, CaptureMode::Tproxy);
@@ -236,7 +219,7 @@ fn snapshot_then_live_add_and_del_with_readiness() {
 #[test]
 fn a_new_snapshot_tears_down_pods_it_does_not_name() {
     run_isolated("a_new_snapshot_tears_down_pods_it_does_not_name", || {
-        let dir = tempdir("zds2");
+        let dir = TempDir::new("zds2");
         let vn = VirtualNode::build(1, 2).unwrap();
         let agent = FakeAgent::new(&dir);
         let run = start_proxy(agent.path.clone());
@@ -264,7 +247,7 @@ fn a_new_snapshot_tears_down_pods_it_does_not_name() {
 #[test]
 fn bad_input_is_nacked_never_crashes() {
     run_isolated("bad_input_is_nacked_never_crashes", || {
-        let dir = tempdir("zds3");
+        let dir = TempDir::new("zds3");
         let vn = VirtualNode::build(1, 1).unwrap();
         let agent = FakeAgent::new(&dir);
         let run = start_proxy(agent.path.clone());
@@ -320,7 +303,7 @@ fn bad_input_is_nacked_never_crashes() {
 #[test]
 fn a_pod_whose_listeners_fail_is_nacked_and_retried() {
     run_isolated("a_pod_whose_listeners_fail_is_nacked_and_retried", || {
-        let dir = tempdir("zds4");
+        let dir = TempDir::new("zds4");
         let vn = VirtualNode::build(1, 1).unwrap();
         let pod = vn.pod(0).clone();
         // Something else holds 15001 in the pod without SO_REUSEPORT.
@@ -349,12 +332,6 @@ fn a_pod_whose_listeners_fail_is_nacked_and_retried() {
     });
 }
 
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringway-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn add_with(uid: &str, addresses: &[std::net::IpAddr]) -> Payload {
     let Payload::Add(mut a) = add(uid) else {
         unreachable!()
@@ -370,7 +347,7 @@ fn add_with(uid: &str, addresses: &[std::net::IpAddr]) -> Payload {
 #[test]
 fn adversarial_conflicting_add_is_nacked() {
     run_isolated("adversarial_conflicting_add_is_nacked", || {
-        let dir = tempdir("zds5");
+        let dir = TempDir::new("zds5");
         let vn = VirtualNode::build(1, 2).unwrap();
         let (a, b) = (vn.pod(0), vn.pod(1));
         // Pod a's netns also holds b's address: ignored, the agent says.
@@ -447,7 +424,7 @@ fn adversarial_conflicting_add_is_nacked() {
 #[test]
 fn agent_addresses_replace_the_netns_fallback() {
     run_isolated("agent_addresses_replace_the_netns_fallback", || {
-        let dir = tempdir("zds6");
+        let dir = TempDir::new("zds6");
         let vn = VirtualNode::build(1, 2).unwrap();
         let (a, b) = (vn.pod(0), vn.pod(1));
         a.netns

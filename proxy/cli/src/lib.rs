@@ -850,8 +850,8 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let mesh = load_mesh(args.config.as_ref())?;
     let mut settings = mesh.proxy().clone();
     // A tunnel may never target the proxy's own control ports in a pod,
-    // wherever they were moved to (port 0, an ephemeral port the kernel
-    // picks at bind, names no port to reserve).
+    // wherever they were moved to. Port 0 (an ephemeral port, as the tests
+    // ask for) names no port and is not reserved: it would fail validation.
     for addr in [args.readiness_addr, args.metrics_addr, args.admin_addr] {
         if addr.port() != 0 && !settings.hbone.reserved_ports.contains(&addr.port()) {
             settings.hbone.reserved_ports.push(addr.port());

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,15 +66,22 @@ const TD: &str = "cluster.local";
 /// The mesh the demo runs with: every pod speaks the tunnel; port 9090 is
 /// denied by policy.
 fn mesh_yaml(pods: &[(&Pod, &str)]) -> String {
-    let mut s = String::from("trustDomain: cluster.local\nworkloads:\n");
-    for (p, node) in pods {
-        s.push_str(&format!(
-            "  - uid: uid-{name}\n    name: {name}\n    namespace: demo\n    serviceAccount: default\n    ips: [{v4}, \"{v6}\"]\n    node: {node}\n    tunnel: true\n",
-            name = p.name,
-            v4 = p.ipv4,
-            v6 = p.ipv6,
-        ));
-    }
+    let ws: Vec<_> = pods
+        .iter()
+        .map(|(p, node)| {
+            ringway_testbed::mesh::WorkloadYaml::of_pod(
+                p,
+                &format!("uid-{}", p.name),
+                "demo",
+                "default",
+                node,
+            )
+        })
+        .collect();
+    let mut s = format!(
+        "trustDomain: cluster.local\n{}",
+        ringway_testbed::mesh::workloads_yaml(&ws)
+    );
     s.push_str(
         "policies:\n  - name: no-admin-port\n    namespace: demo\n    action: Deny\n    rules:\n      - to:\n          - ports: [9090]\n",
     );
@@ -144,41 +151,17 @@ fn start_node(
 /// the chained config with the primary plugin's result on stdin, through the
 /// plugin code the `ringway-cni` binary runs.
 fn cni_add(rig: &NodeRig, pod: &Pod) -> anyhow::Result<Duration> {
-    let env: HashMap<String, String> = [
-        ("CNI_COMMAND", "ADD".to_string()),
-        ("CNI_CONTAINERID", format!("sandbox-{}", pod.name)),
-        ("CNI_NETNS", pod.netns.path().display().to_string()),
-        ("CNI_IFNAME", "eth0".to_string()),
-        (
-            "CNI_ARGS",
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME={n};K8S_POD_UID=uid-{n}",
-                n = pod.name
-            ),
-        ),
-        ("CNI_PATH", "/opt/cni/bin".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "sandbox-net",
-        "type": "ringway-cni",
-        "agentSocket": rig.cni_socket,
-        "prevResult": {
-            "cniVersion": "1.0.0",
-            "interfaces": [{"name": "eth0", "sandbox": pod.netns.path()}],
-            "ips": [
-                {"address": format!("{}/24", pod.ipv4), "interface": 0},
-                {"address": format!("{}/64", pod.ipv6), "interface": 0}
-            ]
-        }
-    });
+    let call =
+        ringway_testbed::cni::CniPod::of(pod, &format!("uid-{}", pod.name)).in_namespace("demo");
+    let env: HashMap<String, String> = call
+        .env("ADD", Path::new("/opt/cni/bin"))
+        .into_iter()
+        .collect();
+    let conf = call.netconf("1.0.0", "sandbox-net", &rig.cni_socket);
     let t0 = Instant::now();
     let out = ringway_cni::run(
         &env,
-        conf.to_string().as_bytes(),
+        conf.as_bytes(),
         &ringway_cni::node::UnixAgent::default(),
     );
     if out.exit_code != 0 {
@@ -217,14 +200,9 @@ fn listen_in(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
 }
 
 fn scrape(addr: SocketAddr) -> String {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+    ringway_testbed::http::get(addr, "/metrics")
+        .map(|r| r.body)
+        .unwrap_or_default()
 }
 
 /// Runs the sandbox; `wait` keeps it up until `stop` is signalled.

@@ -7,14 +7,15 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod support;
 
+use ringway_testbed::traffic::EchoServer;
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
-use support::{echo_server, ready};
+use support::ready;
 
 struct Proc(Child);
 
@@ -39,15 +40,13 @@ impl Proc {
 }
 
 struct Env {
-    dir: PathBuf,
+    dir: ringway_testbed::TempDir,
     plugin: PathBuf,
 }
 
 impl Env {
     fn new(name: &str) -> Env {
-        let dir = std::env::temp_dir().join(format!("ringway-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = ringway_testbed::TempDir::new(name);
         let plugin = dir.join("ringway-cni");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ringway"), &plugin).unwrap();
         Env { dir, plugin }
@@ -124,37 +123,10 @@ impl Env {
 
     /// Runs the plugin as a runtime does.
     fn cni_call(&self, command: &str, pod: &Pod, uid: &str) -> Output {
-        let prev = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "interfaces": [{"name": "eth0", "sandbox": pod.netns.path()}],
-            "ips": [
-                {"address": format!("{}/24", pod.ipv4), "interface": 0},
-                {"address": format!("{}/64", pod.ipv6), "interface": 0}
-            ],
-            "routes": [{"dst": "0.0.0.0/0"}],
-            "dns": {}
-        });
-        let conf = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": "k8s-pod-network",
-            "type": "ringway-cni",
-            "agentSocket": self.cni(),
-            "prevResult": prev,
-        });
+        let call = ringway_testbed::cni::CniPod::of(pod, uid).in_namespace("default");
         let mut child = Command::new(&self.plugin)
             .env_clear()
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", format!("sandbox-{uid}"))
-            .env("CNI_NETNS", pod.netns.path())
-            .env("CNI_IFNAME", "eth0")
-            .env(
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID=sandbox-{uid};K8S_POD_UID={uid}",
-                    pod.name
-                ),
-            )
-            .env("CNI_PATH", &self.dir)
+            .envs(call.env(command, self.dir.path()))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -164,15 +136,12 @@ impl Env {
             .stdin
             .take()
             .unwrap()
-            .write_all(conf.to_string().as_bytes())
+            .write_all(
+                call.netconf("1.0.0", "k8s-pod-network", &self.cni())
+                    .as_bytes(),
+            )
             .unwrap();
         child.wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -234,13 +203,12 @@ fn cni_add_captures_the_app_from_its_first_connection() {
         let env = Env::new("drill-cni");
         let mut vn = VirtualNode::build(1, 1).unwrap();
         let server = vn.pod(0).clone();
-        let stop = Arc::new(AtomicBool::new(false));
         let addr = SocketAddr::new(server.ip(false), 8080);
         let l = server
             .netns
             .run(|| ringway_testbed::traffic::listen(addr))
             .unwrap();
-        let srv = echo_server(l, stop.clone());
+        let srv = EchoServer::start(l);
         let _agent = env.agent();
 
         // No proxy yet: ADD must fail, retryably (code 11).
@@ -307,19 +275,9 @@ fn cni_add_captures_the_app_from_its_first_connection() {
         );
 
         // The agent's histogram saw every ADD (the failed first one included).
-        let metrics = {
-            let mut s = TcpStream::connect_timeout(
-                &"127.0.0.1:15022".parse().unwrap(),
-                Duration::from_secs(5),
-            )
-            .unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        };
+        let metrics = ringway_testbed::http::get("127.0.0.1:15022".parse().unwrap(), "/metrics")
+            .unwrap()
+            .body;
         let adds_ok = metrics
             .lines()
             .find(|l| {
@@ -358,8 +316,7 @@ fn cni_add_captures_the_app_from_its_first_connection() {
         assert_eq!(ok, Ok(()));
         // DEL again: idempotent.
         assert!(env.cni_call("DEL", &victim, "uid-0").status.success());
-        stop.store(true, Ordering::SeqCst);
-        let _ = srv.join();
+        drop(srv);
     });
 }
 
@@ -373,13 +330,12 @@ fn agent_restart_under_load_is_invisible_to_traffic() {
         let vn = VirtualNode::build(1, 2).unwrap();
         let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
         let _pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
-        let stop = Arc::new(AtomicBool::new(false));
         let addr = SocketAddr::new(b.ip(false), 8080);
         let l = b
             .netns
             .run(|| ringway_testbed::traffic::listen(addr))
             .unwrap();
-        let srv = echo_server(l, stop.clone());
+        let srv = EchoServer::start(l);
         let agent = env.agent();
         let (_proxy, proxy_log) = env.proxy("127.0.0.1:15021");
         for (i, p) in [&a, &b].into_iter().enumerate() {
@@ -469,8 +425,7 @@ fn agent_restart_under_load_is_invisible_to_traffic() {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        stop.store(true, Ordering::SeqCst);
-        let _ = srv.join();
+        drop(srv);
     });
 }
 

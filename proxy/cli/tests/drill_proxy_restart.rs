@@ -23,8 +23,9 @@ use ringway_zds::{
 };
 mod support;
 
+use ringway_testbed::traffic::EchoServer;
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
-use support::{echo_server, ready};
+use support::ready;
 
 /// A minimal agent: every proxy that connects gets the same snapshot.
 fn serve_snapshots(
@@ -197,8 +198,7 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn drill(mode: ringway_config::CaptureMode) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     {
-        let dir = std::env::temp_dir().join(format!("ringway-drill-{mode}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = ringway_testbed::TempDir::new(&format!("drill-{mode}"));
         let vn = VirtualNode::build(1, 2).unwrap();
         let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
         let settings = ProxySettings {
@@ -225,7 +225,7 @@ fn drill(mode: ringway_config::CaptureMode) {
             .netns
             .run(|| ringway_testbed::traffic::listen(addr))
             .unwrap();
-        let server = echo_server(l, stop.clone());
+        let server = EchoServer::start(l);
 
         let old = ProxyProc::start(&sock, "127.0.0.1:15021", &config);
         old.wait_ready();
@@ -294,7 +294,7 @@ fn drill(mode: ringway_config::CaptureMode) {
         let status = old.child.wait().unwrap();
         stop.store(true, Ordering::SeqCst);
         let _ = agent.join();
-        let _ = server.join();
+        drop(server);
         let attempted = attempted.load(Ordering::Relaxed);
         let failed = failed.load(Ordering::Relaxed);
         eprintln!(
@@ -315,6 +315,6 @@ fn drill(mode: ringway_config::CaptureMode) {
         assert!(n >= 40, "long-lived connection exchanged only {n} messages");
         assert!(status.success(), "old proxy exit: {status}");
         drop(new);
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(dir);
     }
 }

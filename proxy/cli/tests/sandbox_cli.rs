@@ -45,8 +45,7 @@ fn sandbox_runs_the_datapath_twice_in_a_row() {
 
 #[test]
 fn sandbox_rejects_a_bad_config_file_naming_the_field() {
-    let dir = std::env::temp_dir().join(format!("ringway-cfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ringway_testbed::TempDir::new("cfg");
     let f = dir.join("bad.yaml");
     std::fs::write(&f, "proxy:\n  pipeSize: 12\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ringway"))
@@ -69,5 +68,5 @@ fn sandbox_rejects_a_bad_config_file_naming_the_field() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown field `wokers`"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
 }

@@ -23,46 +23,9 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-}
+pub use ringway_testbed::init_logs;
 
-/// Polls `cond` every 10 ms for at most `timeout`.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A temp directory for one test's sockets, removed on drop.
-#[derive(Debug)]
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(test: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("ringway-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use ringway_testbed::{wait_until, TempDir};
 
 /// An agent config for one test: sockets in `dir`, a node name of its own
 /// (so agents of tests running at the same time never adopt each other's
@@ -380,61 +343,16 @@ impl Drop for AutoProxy {
 
 // ------------------------------------------------------------------ CNI
 
-/// A pod as the runtime describes it to the plugin.
-#[derive(Debug, Clone)]
-pub struct CniPod {
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-    pub container_id: String,
-    pub netns: PathBuf,
-    pub ips: Vec<String>,
-}
-
-impl CniPod {
-    pub fn of(pod: &Pod, uid: &str) -> CniPod {
-        CniPod {
-            uid: uid.into(),
-            name: pod.name.clone(),
-            namespace: "shop".into(),
-            container_id: format!("sandbox-{uid}"),
-            netns: pod.netns.path().to_path_buf(),
-            ips: vec![format!("{}/24", pod.ipv4), format!("{}/64", pod.ipv6)],
-        }
-    }
-}
+pub use ringway_testbed::cni::CniPod;
 
 /// Runs the CNI plugin (the library the binary wraps) with the real
 /// [`UnixAgent`] against `socket`.
 pub fn plugin(command: &str, pod: &CniPod, socket: &Path) -> Outcome {
-    let env: HashMap<String, String> = [
-        ("CNI_COMMAND", command.to_string()),
-        ("CNI_CONTAINERID", pod.container_id.clone()),
-        ("CNI_NETNS", pod.netns.display().to_string()),
-        ("CNI_IFNAME", "eth0".to_string()),
-        ("CNI_PATH", "/opt/cni/bin".to_string()),
-        (
-            "CNI_ARGS",
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_UID={}",
-                pod.namespace, pod.name, pod.uid
-            ),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let ips: Vec<String> = pod
-        .ips
-        .iter()
-        .map(|a| format!(r#"{{"address":"{a}","interface":0}}"#))
+    let env: HashMap<String, String> = pod
+        .env(command, Path::new("/opt/cni/bin"))
+        .into_iter()
         .collect();
-    let stdin = format!(
-        r#"{{"cniVersion":"1.1.0","name":"k8s-pod-network","type":"ringway-cni","agentSocket":"{}","prevResult":{{"cniVersion":"1.1.0","interfaces":[{{"name":"eth0","sandbox":"{}"}}],"ips":[{}]}}}}"#,
-        socket.display(),
-        pod.netns.display(),
-        ips.join(",")
-    );
+    let stdin = pod.netconf("1.1.0", "k8s-pod-network", socket);
     ringway_cni::run(&env, stdin.as_bytes(), &UnixAgent::default())
 }
 
@@ -461,18 +379,7 @@ pub fn inode(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
 }
 
-/// The table's handle, then its rules' handles, in listing order. Rule
-/// handles count from 1 again in a re-created table; the table handle does
-/// not (a namespace's table handles only grow), so a re-apply shows there.
+/// See `Netns::ringway_handles`.
 pub fn handles(pod: &Pod) -> Vec<String> {
-    pod.netns
-        .exec("nft", &["-a", "list", "table", "inet", "ringway"])
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("table ") || l.contains("comment \"ringway:v1:"))
-        .filter_map(|l| {
-            l.rsplit_once("# handle ")
-                .map(|(_, h)| h.trim().to_string())
-        })
-        .collect()
+    pod.netns.ringway_handles()
 }

@@ -4,14 +4,15 @@
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ringway_config::{CaptureMode, Datapath, Mesh, MeshConfig, NoEnv, ProxySettings};
 use ringway_identity::{CaSigner, IdentityManager, TrustBundle};
 use ringway_proxy::{PodIdentity, Proxy};
-use ringway_testbed::{link_nodes, NodeLink, Pod, VirtualNode};
+use ringway_testbed::mesh::{workloads_yaml, WorkloadYaml};
+use ringway_testbed::{link_nodes, NodeLink, Pod, TempDir, VirtualNode};
 
 use super::{capture, init_logs};
 
@@ -62,7 +63,7 @@ pub struct TwoNodes {
     pub p2: Proxy,
     pub ids1: Option<Arc<IdentityManager>>,
     pub ids2: Option<Arc<IdentityManager>>,
-    pub dir: PathBuf,
+    pub dir: TempDir,
     server_pods: usize,
 }
 
@@ -84,31 +85,44 @@ impl TwoNodes {
     }
 }
 
-impl Drop for TwoNodes {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The mesh: `client-0` (front/frontend) on node1, `server-i` (shop/web)
 /// on node2, all tunnel workloads, then `extra`.
 pub fn mesh_of(server_pods: usize, extra: &str) -> Arc<Mesh> {
-    let mut yaml = String::from(
-        "workloads:\n  - uid: client-0\n    name: client-0\n    namespace: front\n    serviceAccount: frontend\n    ips: [10.244.1.2, \"fd00:244:1::2\"]\n    node: node1\n    tunnel: true\n",
-    );
+    let workload =
+        |name: &str, namespace: &str, sa: &str, node: &str, ips: [&str; 2]| WorkloadYaml {
+            uid: name.into(),
+            name: name.into(),
+            namespace: namespace.into(),
+            service_account: sa.into(),
+            ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            node: node.into(),
+            tunnel: true,
+            healthy: true,
+        };
+    let mut ws = vec![workload(
+        "client-0",
+        "front",
+        "frontend",
+        "node1",
+        ["10.244.1.2", "fd00:244:1::2"],
+    )];
     for i in 0..server_pods {
-        yaml.push_str(&format!(
-            "  - uid: server-{i}\n    name: server-{i}\n    namespace: shop\n    serviceAccount: web\n    ips: [10.244.2.{h}, \"fd00:244:2::{h}\"]\n    node: node2\n    tunnel: true\n",
-            h = i + 2
+        let h = i + 2;
+        ws.push(workload(
+            &format!("server-{i}"),
+            "shop",
+            "web",
+            "node2",
+            [&format!("10.244.2.{h}"), &format!("fd00:244:2::{h}")],
         ));
     }
-    yaml.push_str(extra);
+    let yaml = workloads_yaml(&ws) + extra;
     Arc::new(MeshConfig::load_str(&yaml, "hbone test mesh", &NoEnv).expect("test mesh"))
 }
 
-pub fn ca_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringway-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A scratch dir holding a fresh test CA (`ca.crt`, `ca.key`) of `TD`.
+pub fn ca_dir(test: &str) -> TempDir {
+    let dir = TempDir::new(test);
     CaSigner::generate_for_tests(TD)
         .write_pem_files(&dir.join("ca.crt"), &dir.join("ca.key"))
         .unwrap();
@@ -208,4 +222,15 @@ pub fn raw_tls(t: &TwoNodes, cfg: rustls::ClientConfig) -> std::io::Result<usize
         let mut buf = [0u8; 64];
         tls.read(&mut buf)
     })
+}
+
+/// The TLS error a [`raw_tls`] client got, when it was one (e.g. the
+/// server's alert: `rustls::Error::AlertReceived(..)`); `None` for a
+/// timeout, a close or any other I/O error.
+pub fn tls_error(r: &std::io::Result<usize>) -> Option<rustls::Error> {
+    r.as_ref()
+        .err()?
+        .get_ref()?
+        .downcast_ref::<rustls::Error>()
+        .cloned()
 }

@@ -24,13 +24,7 @@ pub fn capture(pod: &Pod, mode: CaptureMode) {
         .unwrap_or_else(|e| panic!("capturing pod {}: {e}", pod.name));
 }
 
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-}
+pub use ringway_testbed::init_logs;
 
 pub fn settings(mode: CaptureMode, datapath: Datapath) -> ProxySettings {
     ProxySettings {
@@ -69,20 +63,7 @@ impl MeshNode {
     }
 }
 
-/// Polls `cond` every 10 ms until it holds or `timeout` passes; returns
-/// whether it held. Bounded: never waits longer than `timeout`.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use ringway_testbed::wait_until;
 
 /// Asserts that the proxy's `active` gauge drops back to 0 (within 10 s).
 pub fn wait_no_active(proxy: &Proxy) {
