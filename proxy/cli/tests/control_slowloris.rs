@@ -80,6 +80,8 @@ fn start_agent(addr: SocketAddr) -> Agent {
         .arg(dir.join("cni.sock"))
         .arg("--netns-dir")
         .arg(dir.join("netns"))
+        .arg("--state-file")
+        .arg(dir.join("state/pods.json"))
         .args(["--node-name", "node1", "--metrics-addr", &addr.to_string()])
         .stdout(Stdio::null())
         .stderr(log)

@@ -74,6 +74,11 @@ impl Env {
             .arg(self.zds())
             .arg("--cni-socket")
             .arg(self.cni())
+            // The agent's record of its pods, in the drill's own dir (never
+            // the node's /var/run/ringway-agent): a restarted agent adopts
+            // the pods from it.
+            .arg("--state-file")
+            .arg(self.dir.join("state/pods.json"))
             .args(["--netns-dir", "/run/netns", "--node-name", "node1"])
             .args(["--pod-service-account", "default=default"])
             .stdout(Stdio::null())
