@@ -257,6 +257,8 @@ pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workl
         node: String::new(),
         tunnel: true,
         healthy: true,
+        labels: Default::default(),
+        locality: Default::default(),
     })
 }
 

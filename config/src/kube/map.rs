@@ -224,6 +224,10 @@ pub(crate) fn workload(
         node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
         tunnel,
         healthy: true,
+        labels: meta.labels.clone().unwrap_or_default(),
+        // Node objects are not read: the topology of other nodes' pods is
+        // not known (their metric labels say `unknown`).
+        locality: Default::default(),
     })
 }
 

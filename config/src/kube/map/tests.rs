@@ -83,7 +83,9 @@ fn workload_of(pod: Value, enabled: &[&str]) -> Result<WorkloadConfig, NotAWorkl
 
 #[test]
 fn a_running_pod_is_a_workload() {
-    let w = workload_of(pod("shop", "web-0", &["10.1.0.5", "fd00::5"]), &["shop"]).unwrap();
+    let mut p = pod("shop", "web-0", &["10.1.0.5", "fd00::5"]);
+    p["metadata"]["labels"] = serde_json::json!({"app": "web", "version": "v2"});
+    let w = workload_of(p, &["shop"]).unwrap();
     assert_eq!(
         w,
         WorkloadConfig {
@@ -95,6 +97,11 @@ fn a_running_pod_is_a_workload() {
             node: "node-a".into(),
             tunnel: true,
             healthy: true,
+            labels: [("app", "web"), ("version", "v2")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            locality: Default::default(),
         }
     );
 
