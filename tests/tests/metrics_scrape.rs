@@ -416,7 +416,14 @@ fn grafana_dashboard_reads_exported_metrics() {
     use ringway_proxy::metrics::*;
     // One sample in every family (empty families are not described).
     let m = std::sync::Arc::new(Metrics::default());
-    let l = TcpLabels::new("source", &Peer::default(), &Peer::default(), "none", "-");
+    let l = TcpLabels::new(
+        "source",
+        &Peer::default(),
+        &Peer::default(),
+        None,
+        "none",
+        "-",
+    );
     for f in [&m.opened, &m.closed, &m.sent, &m.received] {
         f.get_or_create(&l).inc();
     }
