@@ -401,6 +401,18 @@ impl TcpFamily {
         &self.family
     }
 
+    /// Every series' labels and value.
+    fn samples(&self) -> Vec<(TcpLabels, u64)> {
+        let owners = self.index();
+        let mut all: HashSet<&TcpLabels> = HashSet::new();
+        for set in owners.values() {
+            all.extend(set.iter());
+        }
+        all.into_iter()
+            .filter_map(|l| Some((l.clone(), self.family.get(l)?.get())))
+            .collect()
+    }
+
     /// Series in the family (every one is created through
     /// [`TcpFamily::get_or_create`], so the index holds them all).
     pub fn len(&self) -> usize {
@@ -655,8 +667,59 @@ impl Metrics {
             "1 when the datapath runs on io_uring, 0 on the epoll fallback",
             self.datapath_uring.clone(),
         );
+        r.register_collector(Box::new(SocketsOpen(self.clone())));
         r.register_collector(Box::new(ProcessCollector));
         r
+    }
+}
+
+/// `istio_tcp_sockets_open`: the connections of each `istio_tcp_*` series
+/// open now, computed at scrape time as opened minus closed over the series
+/// without its response flag (how a connection ended is not part of what is
+/// open: the gauge's `response_flags` is always `-`). A series with none
+/// open reports 0 until its pods are forgotten.
+#[derive(Debug)]
+struct SocketsOpen(Arc<Metrics>);
+
+impl prometheus_client::collector::Collector for SocketsOpen {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        // Flags say how a connection ended (or failed to start); the
+        // count of open ones is per series without them.
+        let mut opened: HashMap<TcpLabels, u64> = HashMap::new();
+        for (l, v) in self.0.opened.samples() {
+            *opened.entry(l.with_flags("-")).or_default() += v;
+        }
+        let mut closed: HashMap<TcpLabels, u64> = HashMap::new();
+        for (l, v) in self.0.closed.samples() {
+            *closed.entry(l.with_flags("-")).or_default() += v;
+        }
+        let mut open: Vec<(TcpLabels, i64)> = opened
+            .into_iter()
+            .map(|(l, v)| {
+                let c = closed.get(&l).copied().unwrap_or(0);
+                (l, i64::try_from(v.saturating_sub(c)).unwrap_or(i64::MAX))
+            })
+            .collect();
+        if open.is_empty() {
+            return Ok(());
+        }
+        // A stable order, as the families' own encoders give none.
+        open.sort_by(|a, b| format!("{:?}", a.0).cmp(&format!("{:?}", b.0)));
+        let mut family = encoder.encode_descriptor(
+            "istio_tcp_sockets_open",
+            "The number of TCP connections currently open",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (labels, v) in open {
+            ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 

@@ -349,3 +349,75 @@ fn hostile_connect(
         })
     })
 }
+
+/// `istio_tcp_sockets_open`: 1 on both sides while the connection is open
+/// (with the series' labels), 0 once closed; a connection whose upstream
+/// connect failed (closed as `UF`) is not left open.
+#[test]
+fn metrics_sockets_open_follows_open_connections() {
+    run_isolated("metrics_sockets_open_follows_open_connections", || {
+        let t = bed("metrics_sockets_open");
+        let app = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let l = t.server().netns.run(|| listen(app)).unwrap();
+        let open = |p: &ringway_proxy::Proxy, r: &str| {
+            common::sample(
+                &text(p),
+                "istio_tcp_sockets_open",
+                &[
+                    &format!("reporter=\"{r}\""),
+                    "source_workload=\"client-0\"",
+                    "destination_workload=\"server-0\"",
+                    "destination_service=\"web.shop.svc.cluster.local\"",
+                    "response_flags=\"-\"",
+                ],
+            )
+        };
+        let client = t.client().netns.run(|| {
+            use std::io::Write;
+            let mut s = connect(SocketAddr::new(VIP.parse().unwrap(), 80), TIMEOUT).unwrap();
+            s.write_all(b"x").unwrap();
+            s
+        });
+        let (server, _) = l.accept().unwrap();
+        assert!(
+            wait_until(TIMEOUT, || open(&t.p1, "source") == Some(1.0)
+                && open(&t.p2, "destination") == Some(1.0)),
+            "one open connection on each side:\n{}\n{}",
+            text(&t.p1),
+            text(&t.p2)
+        );
+        drop(client);
+        drop(server);
+        assert!(
+            wait_until(TIMEOUT, || open(&t.p1, "source") == Some(0.0)
+                && open(&t.p2, "destination") == Some(0.0)),
+            "none open after close:\n{}\n{}",
+            text(&t.p1),
+            text(&t.p2)
+        );
+        // Nothing listens on 9: the destination answers 503, the source
+        // closes the series as UF. Nothing stays open, nothing negative.
+        let _ = t.client().netns.run(|| {
+            use std::io::Read;
+            let mut s = connect(SocketAddr::new(t.server().ip(false), 9), TIMEOUT)?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            s.read(&mut [0u8; 1])
+        });
+        assert!(
+            wait_until(TIMEOUT, || common::sample(
+                &text(&t.p1),
+                "istio_tcp_connections_closed_total",
+                &["reporter=\"source\"", "response_flags=\"UF\""]
+            ) == Some(1.0)),
+            "{}",
+            text(&t.p1)
+        );
+        let body = text(&t.p1);
+        for line in body
+            .lines()
+            .filter(|l| l.starts_with("istio_tcp_sockets_open{"))
+        {
+            assert!(line.ends_with(" 0"), "{line}\n{body}");
+        }
+    });
+}
