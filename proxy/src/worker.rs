@@ -70,16 +70,35 @@ impl PodShared {
             } else {
                 node
             };
-            return Peer::of_workload(w, who.1.clone(), mesh, locality);
-        }
-        Peer {
-            workload: if who.0.name.is_empty() {
-                self.uid.to_string()
+            // The agent's principal, else the workload's identity.
+            let principal = if who.1.is_empty() {
+                w.identity(mesh.trust_domain()).to_string()
             } else {
+                who.1.clone()
+            };
+            return Peer::of_workload(w, principal, mesh, locality);
+        }
+        // Not in the mesh: what the agent said, with the canonical service
+        // and revision a pod without labels gets (its name, `latest`).
+        let named = !who.0.name.is_empty();
+        Peer {
+            workload: if named {
                 who.0.name.clone()
+            } else {
+                self.uid.to_string()
             },
             namespace: who.0.namespace.clone(),
             principal: who.1.clone(),
+            canonical_service: if named {
+                who.0.name.clone()
+            } else {
+                String::new()
+            },
+            canonical_revision: if named {
+                "latest".into()
+            } else {
+                String::new()
+            },
             cluster: mesh.map(|m| m.cluster_id().to_owned()).unwrap_or_default(),
             ..Peer::default()
         }
@@ -893,15 +912,37 @@ fn splice_labels(
             .get(&ip)
             .map(|p| p.peer(mesh))
     };
+    // A mesh workload on another node, by address.
+    let remote = |ip: IpAddr| {
+        mesh.and_then(|m| {
+            let w = m.workload_by_ip(ip.to_canonical())?;
+            let id = w.identity(m.trust_domain()).to_string();
+            Some(Peer::of_workload(w, id, m, &w.locality))
+        })
+    };
+    // Plaintext: as the reference, the source's principal is reported only
+    // when mTLS proved it; the destination's is its workload's identity.
+    let unproven = |p: Peer| Peer {
+        principal: String::new(),
+        ..p
+    };
     let fast = !Arc::ptr_eq(&hop.netns, &pod.shared);
     let (src, dst_peer) = match kind {
-        ListenerKind::Inbound => (local(peer.ip()).unwrap_or_default(), pod.shared.peer(mesh)),
+        ListenerKind::Inbound => (
+            local(peer.ip())
+                .or_else(|| remote(peer.ip()))
+                .unwrap_or_default(),
+            pod.shared.peer(mesh),
+        ),
         _ if fast => (pod.shared.peer(mesh), hop.netns.peer(mesh)),
         _ => (
             pod.shared.peer(mesh),
-            local(hop.addr.ip()).unwrap_or_default(),
+            local(hop.addr.ip())
+                .or_else(|| remote(hop.addr.ip()))
+                .unwrap_or_default(),
         ),
     };
+    let src = unproven(src);
     let inbound_service = |target: &PodShared| {
         let host = service.map(|s| s.hostname.as_str());
         mesh.and_then(|m| tunnel::inbound_service(m, target, host, hop.addr.port()))

@@ -421,3 +421,113 @@ fn metrics_sockets_open_follows_open_connections() {
         }
     });
 }
+
+/// Plaintext on one node, through a service VIP (same-node fast path, both
+/// reporters; and both hops): as the reference, the source principal is
+/// known only from mTLS (`unknown` here), the destination's is its
+/// workload's identity, the service is named on both sides, and both pods
+/// carry this node's region and zone.
+fn plaintext_vip(fast_path: bool) {
+    use ringway_config::{CaptureMode, Datapath};
+    let vn = ringway_testbed::VirtualNode::build(1, 2).unwrap();
+    let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+    let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Auto);
+    settings.same_node_fast_path = fast_path;
+    let proxy = ringway_proxy::Proxy::start(settings).unwrap();
+    let yaml = format!(
+        r#"clusterId: east-1
+locality: {{ region: r1, zone: z1 }}
+workloads:
+  - {{ uid: {ua}, name: client-0, namespace: front, serviceAccount: frontend, ips: [{ia}], node: node1, labels: {{ app: frontend }} }}
+  - {{ uid: {ub}, name: server-0, namespace: shop, serviceAccount: web, ips: [{ib}], node: node1, labels: {{ app: web, version: v1 }} }}
+services:
+  - {{ hostname: web.shop.svc.cluster.local, namespace: shop, vips: [10.96.0.20], ports: {{ 80: {APP_PORT} }}, endpoints: [{ub}] }}
+"#,
+        ua = a.name,
+        ub = b.name,
+        ia = a.ipv4,
+        ib = b.ipv4,
+    );
+    proxy.set_mesh(Arc::new(
+        MeshConfig::load_str(&yaml, "plaintext mesh", &NoEnv).unwrap_or_else(|e| panic!("{e}")),
+    ));
+    for p in [&a, &b] {
+        common::capture(p, CaptureMode::Tproxy);
+        proxy.add_pod(&p.name, p.netns.dup_fd().unwrap()).unwrap();
+    }
+    let app = SocketAddr::new(b.ip(false), APP_PORT);
+    let l = b.netns.run(|| listen(app)).unwrap();
+    let echo = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 64];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    a.netns.run(|| {
+        use std::io::{Read, Write};
+        let mut s = connect(SocketAddr::new("10.96.0.20".parse().unwrap(), 80), TIMEOUT).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        s.write_all(b"ping").unwrap();
+        let mut back = [0u8; 4];
+        s.read_exact(&mut back).unwrap();
+    });
+    echo.join().unwrap();
+    common::wait_no_active(&proxy);
+    let body = text(&proxy);
+    let expect = |reporter: &str| {
+        labels(&[
+            ("reporter", reporter),
+            ("source_workload", "client-0"),
+            ("source_canonical_service", "frontend"),
+            ("source_canonical_revision", "latest"),
+            ("source_workload_namespace", "front"),
+            ("source_principal", "unknown"),
+            ("source_app", "frontend"),
+            ("source_version", "latest"),
+            ("source_cluster", "east-1"),
+            ("destination_service", "web.shop.svc.cluster.local"),
+            ("destination_service_namespace", "shop"),
+            ("destination_service_name", "web"),
+            ("destination_workload", "server-0"),
+            ("destination_canonical_service", "web"),
+            ("destination_canonical_revision", "v1"),
+            ("destination_workload_namespace", "shop"),
+            ("destination_principal", SERVER_ID),
+            ("destination_app", "web"),
+            ("destination_version", "v1"),
+            ("destination_cluster", "east-1"),
+            ("request_protocol", "tcp"),
+            ("response_flags", "-"),
+            ("connection_security_policy", "none"),
+            ("source_region", "r1"),
+            ("source_zone", "z1"),
+            ("destination_region", "r1"),
+            ("destination_zone", "z1"),
+        ])
+    };
+    for reporter in ["source", "destination"] {
+        assert_eq!(
+            series(&body, "istio_tcp_connections_closed_total", reporter),
+            vec![expect(reporter)],
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn metrics_full_label_set_plaintext_vip_fast_path() {
+    run_isolated("metrics_full_label_set_plaintext_vip_fast_path", || {
+        plaintext_vip(true)
+    });
+}
+
+#[test]
+fn metrics_full_label_set_plaintext_vip_both_hops() {
+    run_isolated("metrics_full_label_set_plaintext_vip_both_hops", || {
+        plaintext_vip(false)
+    });
+}

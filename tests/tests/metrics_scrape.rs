@@ -94,7 +94,10 @@ fn scrape_during_traffic(fast_path: bool) {
         "reporter=\"source\"",
         "source_workload=\"app-0\"",
         "source_workload_namespace=\"shop\"",
-        "source_principal=\"spiffe://cluster.local/ns/shop/sa/sa-0\"",
+        // Plaintext: as the reference, the source principal only from mTLS.
+        "source_principal=\"unknown\"",
+        "source_canonical_service=\"app-0\"",
+        "source_canonical_revision=\"latest\"",
         "destination_workload=\"app-1\"",
         "destination_principal=\"spiffe://cluster.local/ns/shop/sa/sa-1\"",
         "request_protocol=\"tcp\"",

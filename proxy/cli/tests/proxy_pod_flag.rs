@@ -25,6 +25,19 @@ impl Drop for Proc {
     }
 }
 
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
 fn scrape(addr: SocketAddr) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -104,7 +117,10 @@ fn proxy_pod_flag_names_the_configured_workload() {
             "source_canonical_service=\"web\"",
             "source_canonical_revision=\"v3\"",
             "source_workload_namespace=\"shop\"",
-            "source_principal=\"spiffe://cluster.local/ns/shop/sa/web\"",
+            // Plaintext: no source principal (as the reference); the
+            // destination's is its workload's identity.
+            "source_principal=\"unknown\"",
+            "destination_principal=\"spiffe://cluster.local/ns/data/sa/default\"",
             "source_cluster=\"test-cluster\"",
             "destination_workload=\"db-0\"",
             "destination_canonical_service=\"db-0\"",
@@ -120,6 +136,14 @@ fn proxy_pod_flag_names_the_configured_workload() {
                 .any(|l| want.iter().all(|w| l.contains(w)))
         });
         assert!(!last.contains("uid-a"), "named by uid:\n{last}");
+        // The pod's record names it too (identity: certificates, logs).
+        let dump = http_get("127.0.0.1:15000".parse().unwrap(), "/config_dump");
+        let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
+        let pods = dump["pods"].as_array().unwrap();
+        let a_rec = pods.iter().find(|p| p["uid"] == "uid-a").unwrap();
+        assert_eq!(a_rec["name"], "web-0", "{dump}");
+        assert_eq!(a_rec["namespace"], "shop", "{dump}");
+        assert_eq!(a_rec["serviceAccount"], "web", "{dump}");
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         echo.join().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
