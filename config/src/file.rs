@@ -624,6 +624,12 @@ mod tests {
         .unwrap();
         assert_eq!(mesh.cluster_id(), "east-1");
         assert_eq!(mesh.node_locality().zone, "eu-west1-b");
+        assert!(
+            mesh.effective_summary()
+                .contains(" clusterId=east-1 locality=eu-west1/eu-west1-b "),
+            "{}",
+            mesh.effective_summary()
+        );
         assert_eq!(
             MeshConfig::load(None, &NoEnv).unwrap().cluster_id(),
             "Kubernetes"

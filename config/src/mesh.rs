@@ -459,11 +459,14 @@ impl Mesh {
         }
         let _ = write!(
             s,
-            " trustDomain={} rootNamespace={} captureMode={} datapath={} workers={} (effective {}) \
+            " trustDomain={} rootNamespace={} clusterId={} locality={}/{} captureMode={} datapath={} workers={} (effective {}) \
              ports=outbound:{},inbound:{},tunnel:{} proxyMark={:#x} pipeSize={} pipePool={} \
              backlog={} sameNodeFastPath={} drainPeriod={}s connectTimeout={}s",
             self.trust_domain,
             self.root_namespace,
+            self.cluster_id,
+            self.locality.region,
+            self.locality.zone,
             p.capture_mode,
             p.datapath,
             p.workers,
