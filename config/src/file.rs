@@ -156,7 +156,7 @@ pub struct WorkloadConfig {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// The topology of the pod's node, when known (the Kubernetes source
-    /// does not read Node objects: empty there).
+    /// takes it from the Node's topology labels).
     #[serde(default)]
     pub locality: LocalityConfig,
 }
