@@ -698,7 +698,7 @@ impl prometheus_client::collector::Collector for SocketsOpen {
         for (l, v) in self.0.closed.samples() {
             *closed.entry(l.with_flags("-")).or_default() += v;
         }
-        let mut open: Vec<(TcpLabels, i64)> = opened
+        let open: Vec<(TcpLabels, i64)> = opened
             .into_iter()
             .map(|(l, v)| {
                 let c = closed.get(&l).copied().unwrap_or(0);
@@ -708,8 +708,6 @@ impl prometheus_client::collector::Collector for SocketsOpen {
         if open.is_empty() {
             return Ok(());
         }
-        // A stable order, as the families' own encoders give none.
-        open.sort_by(|a, b| format!("{:?}", a.0).cmp(&format!("{:?}", b.0)));
         let mut family = encoder.encode_descriptor(
             "istio_tcp_sockets_open",
             "The number of TCP connections currently open",
