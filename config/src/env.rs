@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::file::{ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN};
+use crate::file::{
+    ENV_CLUSTER_ID, ENV_NODE_REGION, ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
+};
 use crate::settings::{
     duration_secs::MAX_SECS, ENV_BACKLOG, ENV_CAPTURE_MODE, ENV_DATAPATH, ENV_DRAIN_PERIOD,
     ENV_PIPE_POOL, ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
@@ -202,6 +204,33 @@ pub static ENV_VARS: &[EnvVar] = &[
         },
     },
     EnvVar {
+        name: ENV_CLUSTER_ID,
+        field: "clusterId",
+        help: "cluster ID of the metrics' *_cluster labels",
+        apply: |c, v| {
+            c.cluster_id = v.to_owned();
+            Ok(())
+        },
+    },
+    EnvVar {
+        name: ENV_NODE_REGION,
+        field: "locality.region",
+        help: "this node's topology.kubernetes.io/region",
+        apply: |c, v| {
+            c.locality.region = v.to_owned();
+            Ok(())
+        },
+    },
+    EnvVar {
+        name: ENV_NODE_ZONE,
+        field: "locality.zone",
+        help: "this node's topology.kubernetes.io/zone",
+        apply: |c, v| {
+            c.locality.zone = v.to_owned();
+            Ok(())
+        },
+    },
+    EnvVar {
         name: ENV_ROOT_NAMESPACE,
         field: "rootNamespace",
         help: "namespace whose policies apply mesh-wide",
@@ -304,6 +333,9 @@ mod tests {
             ("RINGWAY_SAME_NODE_FAST_PATH", "false"),
             ("RINGWAY_DRAIN_PERIOD", "500ms"),
             ("RINGWAY_TRUST_DOMAIN", "example.org"),
+            ("RINGWAY_CLUSTER_ID", "east-1"),
+            ("RINGWAY_NODE_REGION", "eu-west1"),
+            ("RINGWAY_NODE_ZONE", "eu-west1-b"),
             ("RINGWAY_ROOT_NAMESPACE", "mesh-root"),
         ])
         .unwrap();
@@ -319,6 +351,9 @@ mod tests {
         assert_eq!(p.drain_period, Duration::from_millis(500));
         assert_eq!(mesh.trust_domain(), "example.org");
         assert_eq!(mesh.root_namespace(), "mesh-root");
+        assert_eq!(mesh.cluster_id(), "east-1");
+        assert_eq!(mesh.node_locality().region, "eu-west1");
+        assert_eq!(mesh.node_locality().zone, "eu-west1-b");
         assert_eq!(mesh.env_overrides().len(), ENV_VARS.len());
         // Untouched fields keep the file's values.
         assert_eq!(p.ports, ProxySettings::default().ports);
@@ -499,6 +534,9 @@ mod tests {
                 ENV_SAME_NODE_FAST_PATH,
                 ENV_DRAIN_PERIOD,
                 ENV_TRUST_DOMAIN,
+                ENV_CLUSTER_ID,
+                ENV_NODE_REGION,
+                ENV_NODE_ZONE,
                 ENV_ROOT_NAMESPACE,
             ]
         );

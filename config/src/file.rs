@@ -5,6 +5,7 @@
 //! written here (strings, wide integers) so that validation, not the YAML
 //! parser, reports a bad one with its field path and a precise message.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::de::{MapAccess, Visitor};
@@ -46,6 +47,34 @@ pub struct MeshConfig {
     pub services: Vec<ServiceConfig>,
     /// Layer-4 authorization policies.
     pub policies: Vec<PolicyConfig>,
+    /// The cluster this mesh runs in: the `source_cluster` and
+    /// `destination_cluster` labels of the `istio_tcp_*` metrics (default
+    /// `Kubernetes`, the reference's default cluster ID).
+    pub cluster_id: String,
+    /// This node's topology (its `topology.kubernetes.io/region` and `zone`
+    /// labels): the `*_region`/`*_zone` metric labels of the pods this proxy
+    /// serves. Empty: `unknown`.
+    pub locality: LocalityConfig,
+}
+
+/// Default `clusterId` (the reference's).
+pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
+/// Overrides `clusterId`.
+pub const ENV_CLUSTER_ID: &str = "RINGWAY_CLUSTER_ID";
+/// Overrides `locality.region` (this node's region).
+pub const ENV_NODE_REGION: &str = "RINGWAY_NODE_REGION";
+/// Overrides `locality.zone` (this node's zone).
+pub const ENV_NODE_ZONE: &str = "RINGWAY_NODE_ZONE";
+
+/// A node's topology: its `topology.kubernetes.io/region` and
+/// `topology.kubernetes.io/zone` labels (empty: not known).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalityConfig {
+    /// Region.
+    pub region: String,
+    /// Zone.
+    pub zone: String,
 }
 
 impl Default for MeshConfig {
@@ -58,6 +87,8 @@ impl Default for MeshConfig {
             workloads: Vec::new(),
             services: Vec::new(),
             policies: Vec::new(),
+            cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
+            locality: LocalityConfig::default(),
         }
     }
 }
@@ -120,6 +151,14 @@ pub struct WorkloadConfig {
     /// true; in a cluster, the EndpointSlice's `ready` condition).
     #[serde(default = "default_healthy")]
     pub healthy: bool,
+    /// The pod's labels (Kubernetes syntax); the metrics' canonical service
+    /// and revision come from them.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The topology of the pod's node, when known (the Kubernetes source
+    /// takes it from the Node's topology labels).
+    #[serde(default)]
+    pub locality: LocalityConfig,
 }
 
 fn default_healthy() -> bool {
@@ -511,6 +550,89 @@ mod tests {
         assert!(
             plain.contains(" ca=none") && !plain.contains("env=["),
             "{plain}"
+        );
+    }
+
+    fn with_labels(labels: &str) -> Result<Mesh, ConfigError> {
+        let text = format!(
+            "workloads:\n  - {{ uid: u1, name: web-7d4-x2, namespace: shop, ips: [10.0.0.1], node: n1, labels: {labels} }}\n"
+        );
+        MeshConfig::load_str(&text, "test", &NoEnv)
+    }
+
+    /// The reference's canonical service and revision rules, label by label.
+    #[test]
+    fn canonical_service_and_revision_follow_the_reference_label_order() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("{}", "web-7d4-x2", "latest"),
+            ("{ app: web, version: v1 }", "web", "v1"),
+            (
+                "{ app: web, version: v1, app.kubernetes.io/name: shop-web, app.kubernetes.io/version: \"2.0\" }",
+                "shop-web",
+                "2.0",
+            ),
+            (
+                "{ app: web, app.kubernetes.io/name: shop-web, service.istio.io/canonical-name: storefront, \
+                   version: v1, service.istio.io/canonical-revision: canary }",
+                "storefront",
+                "canary",
+            ),
+            // The first label present wins, even empty (as the reference's lookup).
+            ("{ app: \"\", version: v3 }", "", "v3"),
+        ];
+        for (labels, service, revision) in cases {
+            let mesh = with_labels(labels).unwrap_or_else(|e| panic!("{labels}: {e}"));
+            let w = &mesh.workloads()[0];
+            assert_eq!(w.canonical_service(), *service, "{labels}");
+            assert_eq!(w.canonical_revision(), *revision, "{labels}");
+        }
+    }
+
+    #[test]
+    fn workload_labels_cluster_id_and_locality_are_validated() {
+        for (labels, needle) in [
+            ("{ \"bad key\": x }", "workloads[0].labels"),
+            ("{ app: \"-web\" }", "workloads[0].labels[app]"),
+            ("{ \"Example.com/x\": y }", "workloads[0].labels"),
+            ("{ app: \"a\\nb\" }", "workloads[0].labels[app]"),
+        ] {
+            let e = with_labels(labels).unwrap_err().to_string();
+            assert!(e.contains(needle), "{labels}: {e}");
+        }
+        let long = "v".repeat(64);
+        let e = with_labels(&format!("{{ version: {long} }}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than 63"), "{e}");
+        let e = MeshConfig::load_str("clusterId: \"\"\n", "t", &NoEnv)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("clusterId"), "{e}");
+        let e = MeshConfig::load_str("clusterId: \"a b\"\n", "t", &NoEnv)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("clusterId"), "{e}");
+        let e = MeshConfig::load_str("locality: { zone: \"z/1\" }\n", "t", &NoEnv)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("locality.zone"), "{e}");
+        let mesh = MeshConfig::load_str(
+            "clusterId: east-1\nlocality: { region: eu-west1, zone: eu-west1-b }\n",
+            "t",
+            &NoEnv,
+        )
+        .unwrap();
+        assert_eq!(mesh.cluster_id(), "east-1");
+        assert_eq!(mesh.node_locality().zone, "eu-west1-b");
+        assert!(
+            mesh.effective_summary()
+                .contains(" clusterId=east-1 locality=eu-west1/eu-west1-b "),
+            "{}",
+            mesh.effective_summary()
+        );
+        assert_eq!(
+            MeshConfig::load(None, &NoEnv).unwrap().cluster_id(),
+            "Kubernetes"
         );
     }
 }

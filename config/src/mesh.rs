@@ -30,9 +30,57 @@ pub struct Workload {
     pub tunnel: bool,
     /// Whether the workload takes new connections sent to its services.
     pub healthy: bool,
+    /// The pod's labels (validated Kubernetes label syntax).
+    pub labels: BTreeMap<String, String>,
+    /// The topology of the pod's node, when known.
+    pub locality: Locality,
+}
+
+/// A node's topology (`topology.kubernetes.io/region` and `zone`); empty
+/// strings when not known.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Locality {
+    /// Region.
+    pub region: String,
+    /// Zone.
+    pub zone: String,
+}
+
+/// The label that names a workload's canonical service.
+pub const CANONICAL_NAME_LABEL: &str = "service.istio.io/canonical-name";
+/// The label that names a workload's canonical revision.
+pub const CANONICAL_REVISION_LABEL: &str = "service.istio.io/canonical-revision";
+
+// The reference control plane derives both from the pod's labels
+// (istio/istio `pkg/config/labels`, `CanonicalService(labels, workloadName)`):
+// name = `service.istio.io/canonical-name`, else `app.kubernetes.io/name`,
+// else `app`, else the workload name; revision =
+// `service.istio.io/canonical-revision`, else `app.kubernetes.io/version`,
+// else `version`, else the literal `latest`. The first label present wins,
+// even when its value is empty.
+const NAME_LABELS: [&str; 3] = [CANONICAL_NAME_LABEL, "app.kubernetes.io/name", "app"];
+const REVISION_LABELS: [&str; 3] = [
+    CANONICAL_REVISION_LABEL,
+    "app.kubernetes.io/version",
+    "version",
+];
+
+fn first_label<'a>(labels: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+    keys.iter().find_map(|k| labels.get(*k)).map(String::as_str)
 }
 
 impl Workload {
+    /// The workload's canonical service (the reference's rule: see
+    /// [`CANONICAL_NAME_LABEL`]); the workload name when no label says.
+    pub fn canonical_service(&self) -> &str {
+        first_label(&self.labels, &NAME_LABELS).unwrap_or(&self.name)
+    }
+
+    /// The workload's canonical revision; `latest` when no label says.
+    pub fn canonical_revision(&self) -> &str {
+        first_label(&self.labels, &REVISION_LABELS).unwrap_or("latest")
+    }
+
     /// The workload's SPIFFE identity in `trust_domain`.
     pub fn identity(&self, trust_domain: &str) -> Identity {
         Identity::new(trust_domain, &self.namespace, &self.service_account)
@@ -55,6 +103,12 @@ pub struct Service {
 }
 
 impl Service {
+    /// The service's name: the host name's first part (`reviews` of
+    /// `reviews.default.svc.cluster.local`).
+    pub fn name(&self) -> &str {
+        self.hostname.split('.').next().unwrap_or(&self.hostname)
+    }
+
     /// The workload port a connection to `service_port` goes to.
     pub fn target_port(&self, service_port: u16) -> Option<u16> {
         self.ports.get(&service_port).copied()
@@ -209,6 +263,9 @@ pub struct Mesh {
     pub(crate) workload_by_ip: HashMap<IpAddr, usize>,
     pub(crate) workload_by_uid: HashMap<String, usize>,
     pub(crate) service_by_vip: HashMap<IpAddr, usize>,
+    pub(crate) services_by_workload: HashMap<String, Vec<usize>>,
+    pub(crate) cluster_id: String,
+    pub(crate) locality: Locality,
     pub(crate) mesh_wide_policies: Vec<usize>,
     pub(crate) policies_by_namespace: HashMap<String, Vec<usize>>,
     pub(crate) origin: String,
@@ -294,6 +351,26 @@ impl Mesh {
         self.service_by_vip
             .get(&vip.to_canonical())
             .map(|&i| &self.services[i])
+    }
+
+    /// The services `uid` is an endpoint of, in file order.
+    pub fn services_of<'a>(&'a self, uid: &str) -> impl Iterator<Item = &'a Service> {
+        self.services_by_workload
+            .get(uid)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| &self.services[i])
+    }
+
+    /// The cluster ID (`clusterId`): the metrics' `*_cluster` labels.
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// This node's topology (`locality`), for the pods this proxy serves.
+    pub fn node_locality(&self) -> &Locality {
+        &self.locality
     }
 
     /// The workloads behind `service` (every uid is known: validated).
@@ -382,11 +459,14 @@ impl Mesh {
         }
         let _ = write!(
             s,
-            " trustDomain={} rootNamespace={} captureMode={} datapath={} workers={} (effective {}) \
+            " trustDomain={} rootNamespace={} clusterId={} locality={}/{} captureMode={} datapath={} workers={} (effective {}) \
              ports=outbound:{},inbound:{},tunnel:{} proxyMark={:#x} pipeSize={} pipePool={} \
              backlog={} sameNodeFastPath={} drainPeriod={}s connectTimeout={}s",
             self.trust_domain,
             self.root_namespace,
+            self.cluster_id,
+            self.locality.region,
+            self.locality.zone,
             p.capture_mode,
             p.datapath,
             p.workers,

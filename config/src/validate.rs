@@ -125,11 +125,14 @@ pub(crate) fn validate(
             node: w.node.clone(),
             tunnel: w.tunnel,
             healthy: w.healthy,
+            labels: pod_labels(&cx, &at, &w.labels)?,
+            locality: locality(&cx, &format!("{at}.locality"), &w.locality)?,
         });
     }
 
     let mut services = Vec::with_capacity(cfg.services.len());
     let mut service_by_vip: HashMap<IpAddr, usize> = HashMap::new();
+    let mut services_by_workload: HashMap<String, Vec<usize>> = HashMap::new();
     let mut service_names: HashMap<(&str, &str), usize> = HashMap::new();
     for (i, s) in cfg.services.iter().enumerate() {
         let at = format!("services[{i}]");
@@ -187,6 +190,9 @@ pub(crate) fn validate(
                 return Err(cx.err(path, format!("{uid:?} is listed twice")));
             }
         }
+        for uid in &s.endpoints {
+            services_by_workload.entry(uid.clone()).or_default().push(i);
+        }
         services.push(Service {
             hostname: s.hostname.clone(),
             namespace: s.namespace.clone(),
@@ -234,6 +240,9 @@ pub(crate) fn validate(
         workload_by_ip,
         workload_by_uid,
         service_by_vip,
+        services_by_workload,
+        cluster_id: cluster_id(&cx, &cfg.cluster_id)?,
+        locality: locality(&cx, "locality", &cfg.locality)?,
         mesh_wide_policies,
         policies_by_namespace,
         origin: origin.to_owned(),
@@ -340,6 +349,79 @@ fn ca_source(cx: &Ctx<'_>, ca: &CaConfig) -> Result<(Option<CaPaths>, Option<CaS
 }
 
 /// A workload address or VIP: an IP, not unspecified, multicast or broadcast.
+/// A Kubernetes label value: empty, or at most 63 letters, digits, `-`,
+/// `_` and `.`, starting and ending with a letter or digit.
+fn check_label_value(s: &str) -> std::result::Result<(), String> {
+    if s.is_empty() {
+        return Ok(());
+    }
+    if s.len() > 63 {
+        return Err(format!("{s:?}: {} characters is more than 63", s.len()));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "{s:?} contains {:?} (only letters, digits, \"-\", \"_\" and \".\" are allowed)",
+            c.to_string()
+        ));
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !alnum(s.chars().next()) || !alnum(s.chars().last()) {
+        return Err(format!("{s:?} must start and end with a letter or digit"));
+    }
+    Ok(())
+}
+
+/// A Kubernetes label key: `[prefix/]name`, the prefix a DNS subdomain, the
+/// name as a non-empty label value.
+fn check_label_key(k: &str) -> std::result::Result<(), String> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        check_subdomain("label key prefix", p)?;
+    }
+    if name.is_empty() {
+        return Err(format!("label key {k:?} has an empty name"));
+    }
+    check_label_value(name).map_err(|p| format!("label key name {p}"))
+}
+
+/// `workloads[].labels`, checked as Kubernetes checks them.
+fn pod_labels(
+    cx: &Ctx<'_>,
+    at: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>> {
+    for (k, v) in labels {
+        check_label_key(k).map_err(|p| cx.err(format!("{at}.labels"), p))?;
+        check_label_value(v).map_err(|p| cx.err(format!("{at}.labels[{k}]"), p))?;
+    }
+    Ok(labels.clone())
+}
+
+/// A region and zone: label values (they come from node labels).
+fn locality(cx: &Ctx<'_>, at: &str, l: &crate::LocalityConfig) -> Result<crate::Locality> {
+    check_label_value(&l.region).map_err(|p| cx.err(format!("{at}.region"), p))?;
+    check_label_value(&l.zone).map_err(|p| cx.err(format!("{at}.zone"), p))?;
+    Ok(crate::Locality {
+        region: l.region.clone(),
+        zone: l.zone.clone(),
+    })
+}
+
+/// `clusterId`: a non-empty label value (it becomes a metric label).
+fn cluster_id(cx: &Ctx<'_>, id: &str) -> Result<String> {
+    if id.is_empty() {
+        return Err(cx.err("clusterId", "must not be empty"));
+    }
+    check_label_value(id).map_err(|p| cx.err("clusterId", p))?;
+    Ok(id.to_owned())
+}
+
 fn unicast(text: &str) -> std::result::Result<IpAddr, String> {
     let ip: IpAddr = text
         .parse()

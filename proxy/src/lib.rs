@@ -736,11 +736,14 @@ impl Proxy {
     /// and under its UID (its name before the agent sent it), skipping a
     /// name another served pod reports under.
     fn forget_series_of(&self, removed: &PodShared) -> usize {
-        let peer = removed.peer();
+        let mesh = self.tunnel.mesh();
+        let peer = removed.peer(mesh.as_deref());
+        // Under the agent's name, if the mesh named it otherwise.
+        let agents = removed.peer(None);
         let by_uid = metrics::Peer {
             workload: removed.uid.to_string(),
             namespace: peer.namespace.clone(),
-            principal: String::new(),
+            ..metrics::Peer::default()
         };
         let by_uid_no_ns = metrics::Peer {
             namespace: String::new(),
@@ -751,10 +754,12 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .map(|r| r.shared.peer())
+            .map(|r| r.shared.peer(mesh.as_deref()))
             .collect();
         let mut dropped = 0;
-        for p in [peer, by_uid, by_uid_no_ns] {
+        let mut names = vec![peer, agents, by_uid, by_uid_no_ns];
+        names.dedup_by(|a, b| a.workload == b.workload && a.namespace == b.namespace);
+        for p in names {
             let shared = live
                 .iter()
                 .any(|l| l.workload == p.workload && l.namespace == p.namespace);

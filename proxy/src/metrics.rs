@@ -16,7 +16,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Labels of the `istio_tcp_*` metrics (the reference mesh's set).
+/// Labels of the `istio_tcp_*` metrics: the reference node proxy's set
+/// (istio/ztunnel `src/proxy/metrics.rs`, `CommonTrafficLabels` with its
+/// locality labels), with its values: `*_app`/`*_version` are the canonical
+/// service and revision there too, and every value not known is `unknown`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TcpLabels {
     /// `source` or `destination`: which side's proxy reports.
@@ -31,13 +34,13 @@ pub struct TcpLabels {
     pub source_workload_namespace: String,
     /// Source SPIFFE principal.
     pub source_principal: String,
-    /// Source `app` label.
+    /// Source app (the canonical service, as the reference).
     pub source_app: String,
-    /// Source `version` label.
+    /// Source version (the canonical revision, as the reference).
     pub source_version: String,
     /// Source cluster.
     pub source_cluster: String,
-    /// Destination service host.
+    /// Destination service host name.
     pub destination_service: String,
     /// Destination service namespace.
     pub destination_service_namespace: String,
@@ -53,9 +56,9 @@ pub struct TcpLabels {
     pub destination_workload_namespace: String,
     /// Destination SPIFFE principal.
     pub destination_principal: String,
-    /// Destination `app` label.
+    /// Destination app (the canonical service).
     pub destination_app: String,
-    /// Destination `version` label.
+    /// Destination version (the canonical revision).
     pub destination_version: String,
     /// Destination cluster.
     pub destination_cluster: String,
@@ -65,9 +68,18 @@ pub struct TcpLabels {
     pub response_flags: &'static str,
     /// `mutual_tls`, `none` (plaintext) or `unknown`.
     pub connection_security_policy: &'static str,
+    /// Region of the source's node.
+    pub source_region: String,
+    /// Zone of the source's node.
+    pub source_zone: String,
+    /// Region of the destination's node.
+    pub destination_region: String,
+    /// Zone of the destination's node.
+    pub destination_zone: String,
 }
 
-/// One side of a connection as the labels describe it.
+/// One side of a connection as the labels describe it. Empty fields are
+/// labelled `unknown`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Peer {
     /// Workload (pod) name.
@@ -76,14 +88,72 @@ pub struct Peer {
     pub namespace: String,
     /// SPIFFE principal.
     pub principal: String,
+    /// Canonical service (also the `*_app` label).
+    pub canonical_service: String,
+    /// Canonical revision (also the `*_version` label).
+    pub canonical_revision: String,
+    /// Cluster ID.
+    pub cluster: String,
+    /// Region of the workload's node.
+    pub region: String,
+    /// Zone of the workload's node.
+    pub zone: String,
+}
+
+impl Peer {
+    /// A mesh workload as the labels describe it: its name, namespace,
+    /// canonical service and revision (from its labels), the mesh's cluster
+    /// ID, and `locality` (its node's).
+    pub fn of_workload(
+        w: &ringway_config::Workload,
+        principal: String,
+        mesh: &ringway_config::Mesh,
+        locality: &ringway_config::Locality,
+    ) -> Peer {
+        Peer {
+            workload: w.name.clone(),
+            namespace: w.namespace.clone(),
+            principal,
+            canonical_service: w.canonical_service().to_owned(),
+            canonical_revision: w.canonical_revision().to_owned(),
+            cluster: mesh.cluster_id().to_owned(),
+            region: locality.region.clone(),
+            zone: locality.zone.clone(),
+        }
+    }
+}
+
+/// The service a connection went to: the `destination_service*` labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DstService {
+    /// Host name (`destination_service`).
+    pub hostname: String,
+    /// Name (`destination_service_name`).
+    pub name: String,
+    /// Namespace (`destination_service_namespace`).
+    pub namespace: String,
+}
+
+impl DstService {
+    /// The labels of a mesh service.
+    pub fn of(s: &ringway_config::Service) -> DstService {
+        DstService {
+            hostname: s.hostname.clone(),
+            name: s.name().to_owned(),
+            namespace: s.namespace.clone(),
+        }
+    }
 }
 
 impl TcpLabels {
-    /// Labels for a connection from `src` to `dst` reported by `reporter`.
+    /// Labels for a connection from `src` to `dst` reported by `reporter`;
+    /// `service` when it went to a service (else every `destination_service*`
+    /// label is `unknown`, as the reference).
     pub fn new(
         reporter: &'static str,
         src: &Peer,
         dst: &Peer,
+        service: Option<&DstService>,
         security: &'static str,
         flags: &'static str,
     ) -> TcpLabels {
@@ -94,30 +164,35 @@ impl TcpLabels {
                 s.to_string()
             }
         };
+        let svc = |f: fn(&DstService) -> &String| unknown(service.map(f).map_or("", |s| s));
         TcpLabels {
             reporter,
             source_workload: unknown(&src.workload),
-            source_canonical_service: unknown(&src.workload),
-            source_canonical_revision: "latest".into(),
+            source_canonical_service: unknown(&src.canonical_service),
+            source_canonical_revision: unknown(&src.canonical_revision),
             source_workload_namespace: unknown(&src.namespace),
             source_principal: unknown(&src.principal),
-            source_app: unknown(&src.workload),
-            source_version: "unknown".into(),
-            source_cluster: "Kubernetes".into(),
-            destination_service: "unknown".into(),
-            destination_service_namespace: unknown(&dst.namespace),
-            destination_service_name: "unknown".into(),
+            source_app: unknown(&src.canonical_service),
+            source_version: unknown(&src.canonical_revision),
+            source_cluster: unknown(&src.cluster),
+            destination_service: svc(|s| &s.hostname),
+            destination_service_namespace: svc(|s| &s.namespace),
+            destination_service_name: svc(|s| &s.name),
             destination_workload: unknown(&dst.workload),
-            destination_canonical_service: unknown(&dst.workload),
-            destination_canonical_revision: "latest".into(),
+            destination_canonical_service: unknown(&dst.canonical_service),
+            destination_canonical_revision: unknown(&dst.canonical_revision),
             destination_workload_namespace: unknown(&dst.namespace),
             destination_principal: unknown(&dst.principal),
-            destination_app: unknown(&dst.workload),
-            destination_version: "unknown".into(),
-            destination_cluster: "Kubernetes".into(),
+            destination_app: unknown(&dst.canonical_service),
+            destination_version: unknown(&dst.canonical_revision),
+            destination_cluster: unknown(&dst.cluster),
             request_protocol: "tcp",
             response_flags: flags,
             connection_security_policy: security,
+            source_region: unknown(&src.region),
+            source_zone: unknown(&src.zone),
+            destination_region: unknown(&dst.region),
+            destination_zone: unknown(&dst.zone),
         }
     }
 
@@ -326,6 +401,18 @@ impl TcpFamily {
         &self.family
     }
 
+    /// Every series' labels and value.
+    fn samples(&self) -> Vec<(TcpLabels, u64)> {
+        let owners = self.index();
+        let mut all: HashSet<&TcpLabels> = HashSet::new();
+        for set in owners.values() {
+            all.extend(set.iter());
+        }
+        all.into_iter()
+            .filter_map(|l| Some((l.clone(), self.family.get(l)?.get())))
+            .collect()
+    }
+
     /// Series in the family (every one is created through
     /// [`TcpFamily::get_or_create`], so the index holds them all).
     pub fn len(&self) -> usize {
@@ -463,7 +550,7 @@ impl Metrics {
     /// with pod churn. Returns how many series went. Workers see
     /// [`Metrics::series_epoch`] move and drop their cached handles.
     pub fn forget_workload(&self, peer: &Peer) -> usize {
-        let labels = TcpLabels::new("source", peer, &Peer::default(), "none", "-");
+        let labels = TcpLabels::new("source", peer, &Peer::default(), None, "none", "-");
         let [owner, _] = labels.owners();
         let n = [&self.opened, &self.closed, &self.sent, &self.received]
             .iter()
@@ -580,8 +667,57 @@ impl Metrics {
             "1 when the datapath runs on io_uring, 0 on the epoll fallback",
             self.datapath_uring.clone(),
         );
+        r.register_collector(Box::new(SocketsOpen(self.clone())));
         r.register_collector(Box::new(ProcessCollector));
         r
+    }
+}
+
+/// `istio_tcp_sockets_open`: the connections of each `istio_tcp_*` series
+/// open now, computed at scrape time as opened minus closed over the series
+/// without its response flag (how a connection ended is not part of what is
+/// open: the gauge's `response_flags` is always `-`). A series with none
+/// open reports 0 until its pods are forgotten.
+#[derive(Debug)]
+struct SocketsOpen(Arc<Metrics>);
+
+impl prometheus_client::collector::Collector for SocketsOpen {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        // Flags say how a connection ended (or failed to start); the
+        // count of open ones is per series without them.
+        let mut opened: HashMap<TcpLabels, u64> = HashMap::new();
+        for (l, v) in self.0.opened.samples() {
+            *opened.entry(l.with_flags("-")).or_default() += v;
+        }
+        let mut closed: HashMap<TcpLabels, u64> = HashMap::new();
+        for (l, v) in self.0.closed.samples() {
+            *closed.entry(l.with_flags("-")).or_default() += v;
+        }
+        let open: Vec<(TcpLabels, i64)> = opened
+            .into_iter()
+            .map(|(l, v)| {
+                let c = closed.get(&l).copied().unwrap_or(0);
+                (l, i64::try_from(v.saturating_sub(c)).unwrap_or(i64::MAX))
+            })
+            .collect();
+        if open.is_empty() {
+            return Ok(());
+        }
+        let mut family = encoder.encode_descriptor(
+            "istio_tcp_sockets_open",
+            "The number of TCP connections currently open",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (labels, v) in open {
+            ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -769,13 +905,21 @@ mod tests {
             workload: name.into(),
             namespace: ns.into(),
             principal: format!("spiffe://cluster.local/ns/{ns}/sa/{name}"),
+            ..Peer::default()
         }
     }
 
     #[test]
     fn both_formats_come_from_the_encoders_with_process_metrics() {
         let m = Arc::new(Metrics::default());
-        let l = TcpLabels::new("source", &peer("a", "x"), &peer("b", "y"), "none", "-");
+        let l = TcpLabels::new(
+            "source",
+            &peer("a", "x"),
+            &peer("b", "y"),
+            None,
+            "none",
+            "-",
+        );
         m.opened.get_or_create(&l).inc();
         let r = m.registry();
         let om = encode(&r, true);
@@ -846,7 +990,7 @@ mod tests {
             ("source", &c, &b),
             ("destination", &b, &c),
         ] {
-            let l = TcpLabels::new(rep, s, d, "none", "-");
+            let l = TcpLabels::new(rep, s, d, None, "none", "-");
             m.opened.get_or_create(&l).inc();
             m.closed.get_or_create(&l.with_flags("UF")).inc();
         }
@@ -857,11 +1001,71 @@ mod tests {
         assert!(m.series_epoch.load(std::sync::atomic::Ordering::Acquire) > epoch);
         // Unknown sides are never an owner.
         let unknown = Peer::default();
-        let l = TcpLabels::new("destination", &unknown, &c, "none", "-");
+        let l = TcpLabels::new("destination", &unknown, &c, None, "none", "-");
         m.opened.get_or_create(&l).inc();
         assert_eq!(m.forget_workload(&unknown), 0);
         assert_eq!(m.forget_workload(&c), 5);
         assert_eq!(m.tcp_series(), 0);
         assert!(!encode(&m.registry(), false).contains("istio_tcp_connections_opened_total{"));
+    }
+
+    /// The reference's values: app/version are the canonical service and
+    /// revision, unknown sides and a missing service say `unknown`
+    /// (`destination_service_namespace` too, not the workload's namespace).
+    #[test]
+    fn labels_follow_the_reference_values() {
+        let mesh = ringway_config::MeshConfig::load_str(
+            "clusterId: c1\nworkloads:\n  - { uid: u, name: web-0, namespace: shop, ips: [10.0.0.1], node: n, \
+             labels: { app: web, app.kubernetes.io/name: shop-web, version: v2 } }\n\
+             services:\n  - { hostname: web.shop.svc.cluster.local, namespace: shop, vips: [10.96.0.1], ports: { 80: 8080 }, endpoints: [u] }\n",
+            "t",
+            &ringway_config::NoEnv,
+        )
+        .unwrap();
+        let w = &mesh.workloads()[0];
+        let loc = ringway_config::Locality {
+            region: "r".into(),
+            zone: String::new(),
+        };
+        let src = Peer::of_workload(w, "spiffe://x/ns/shop/sa/default".into(), &mesh, &loc);
+        let l = TcpLabels::new("source", &src, &Peer::default(), None, "none", "-");
+        assert_eq!(l.source_workload, "web-0");
+        assert_eq!(l.source_canonical_service, "shop-web");
+        assert_eq!(l.source_app, "shop-web");
+        assert_eq!(l.source_canonical_revision, "v2");
+        assert_eq!(l.source_version, "v2");
+        assert_eq!(l.source_cluster, "c1");
+        assert_eq!(
+            (l.source_region.as_str(), l.source_zone.as_str()),
+            ("r", "unknown")
+        );
+        for v in [
+            &l.destination_service,
+            &l.destination_service_name,
+            &l.destination_service_namespace,
+            &l.destination_workload,
+            &l.destination_canonical_service,
+            &l.destination_canonical_revision,
+            &l.destination_app,
+            &l.destination_version,
+            &l.destination_cluster,
+            &l.destination_region,
+            &l.destination_zone,
+        ] {
+            assert_eq!(v, "unknown");
+        }
+        let svc = DstService::of(&mesh.services()[0]);
+        let l = TcpLabels::new(
+            "destination",
+            &Peer::default(),
+            &src,
+            Some(&svc),
+            "mutual_tls",
+            "-",
+        );
+        assert_eq!(l.destination_service, "web.shop.svc.cluster.local");
+        assert_eq!(l.destination_service_name, "web");
+        assert_eq!(l.destination_service_namespace, "shop");
+        assert_eq!(l.destination_canonical_revision, "v2");
     }
 }

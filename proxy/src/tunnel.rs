@@ -32,7 +32,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::copy::Meter;
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::{Metrics, Peer, TcpLabels};
+use crate::metrics::{DstService, Metrics, Peer, TcpLabels};
 use crate::sock;
 use crate::stats::Stats;
 use crate::sys;
@@ -257,6 +257,8 @@ pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workl
         node: String::new(),
         tunnel: true,
         healthy: true,
+        labels: Default::default(),
+        locality: Default::default(),
     })
 }
 
@@ -271,6 +273,11 @@ pub struct OutboundPlan {
     pub src_identity: Identity,
     /// What the destination must present.
     pub dst_identity: Identity,
+    /// The service the client connected to (its VIP), if any: the metrics'
+    /// `destination_service*` and the `forwarded` header's `host=`.
+    pub service: Option<DstService>,
+    /// The destination's labels (its node's locality when known).
+    pub dst_peer: Peer,
     ids: Arc<IdentityManager>,
 }
 
@@ -289,11 +296,14 @@ pub fn outbound_plan(
     }
     let src_identity = pod_identity(&mesh, pod)?;
     let dst_identity = w.identity(mesh.trust_domain());
+    let dst_peer = Peer::of_workload(w, dst_identity.to_string(), &mesh, &w.locality);
     Some(OutboundPlan {
         dst,
         dst_workload: w.clone(),
         src_identity,
         dst_identity,
+        service: None,
+        dst_peer,
         ids,
     })
 }
@@ -493,12 +503,14 @@ pub struct ConnCtx<'a> {
 
 /// The labels of a tunnelled connection as its source side reports it.
 pub fn outbound_labels(src_peer: &Peer, plan: &OutboundPlan) -> TcpLabels {
-    let dst_peer = Peer {
-        workload: plan.dst_workload.name.clone(),
-        namespace: plan.dst_workload.namespace.clone(),
-        principal: plan.dst_identity.to_string(),
-    };
-    TcpLabels::new("source", src_peer, &dst_peer, "mutual_tls", "-")
+    TcpLabels::new(
+        "source",
+        src_peer,
+        &plan.dst_peer,
+        plan.service.as_ref(),
+        "mutual_tls",
+        "-",
+    )
 }
 
 /// Copies bytes between the client and its open CONNECT stream, counting
@@ -604,14 +616,22 @@ pub async fn open_outbound(
             .inc();
         r
     };
+    let some = |s: &String| Some(s.clone()).filter(|s| !s.is_empty());
     let baggage = Baggage {
-        namespace: Some(src_peer.namespace.clone()).filter(|s| !s.is_empty()),
-        workload: Some(src_peer.workload.clone()).filter(|s| !s.is_empty()),
+        cluster: some(&src_peer.cluster),
+        namespace: some(&src_peer.namespace),
+        workload: some(&src_peer.workload),
+        service: some(&src_peer.canonical_service),
+        revision: some(&src_peer.canonical_revision),
         ..Baggage::default()
     };
-    let headers = ConnectHeaders::new(plan.dst)
+    let mut headers = ConnectHeaders::new(plan.dst)
         .forwarded_for(client_addr)
         .baggage(baggage);
+    if let Some(svc) = &plan.service {
+        // The destination reports the service from it (as the reference).
+        headers = headers.forwarded_host(&svc.hostname);
+    }
     Ok(pool.connect(key, dial, headers).await?)
 }
 
@@ -923,8 +943,16 @@ async fn decide(
                     outcome: "ok",
                 })
                 .inc();
-            let observer =
-                InboundObserver::new(&state.metrics, &mesh, pod, peer_id, client_addr, dst);
+            let service = inbound_service(&mesh, pod, req.forwarded_host.as_deref(), dst.port());
+            let observer = InboundObserver::new(
+                &state.metrics,
+                &mesh,
+                pod,
+                peer_id,
+                client_addr,
+                dst,
+                service.as_ref(),
+            );
             Decision::Accept(Upstream::tcp(s).with_guard(flow).observed(observer))
         }
         Err(e) => Decision::Unavailable503(format!("connecting to {dst}: {e}")),
@@ -1008,6 +1036,28 @@ pub fn check_client_claim(mesh: &Mesh, peer_id: &Identity, ip: IpAddr) -> Result
     Ok(())
 }
 
+/// The service a connection that arrived at `pod`'s port `port` went to,
+/// as the destination side reports it (the reference's
+/// `guess_inbound_service`): the one of the pod's own services that the
+/// client named (`forwarded: …;host=`), else the first of its services
+/// with a target port `port`. A name that is not one of the pod's services
+/// is ignored: a peer cannot make a pod's metrics claim another service.
+pub(crate) fn inbound_service(
+    mesh: &Mesh,
+    pod: &PodShared,
+    host: Option<&str>,
+    port: u16,
+) -> Option<DstService> {
+    let w = pod.workload(mesh)?;
+    let named = host.and_then(|h| mesh.services_of(&w.uid).find(|s| s.hostname == h));
+    named
+        .or_else(|| {
+            mesh.services_of(&w.uid)
+                .find(|s| s.ports.values().any(|&t| t == port))
+        })
+        .map(DstService::of)
+}
+
 /// The destination side's view of a tunnelled connection: its istio_tcp_*
 /// series (`reporter="destination"`), advanced as bytes reach and leave the
 /// app, and its access-log event when the stream ends.
@@ -1032,21 +1082,18 @@ impl InboundObserver {
         peer_id: &Identity,
         src_addr: SocketAddr,
         dst_addr: SocketAddr,
+        service: Option<&DstService>,
     ) -> Self {
         let src = match mesh.workload_by_ip(src_addr.ip().to_canonical()) {
-            Some(w) => Peer {
-                workload: w.name.clone(),
-                namespace: w.namespace.clone(),
-                principal: peer_id.to_string(),
-            },
+            Some(w) => Peer::of_workload(w, peer_id.to_string(), mesh, &w.locality),
             None => Peer {
                 namespace: peer_id.namespace.clone(),
                 principal: peer_id.to_string(),
                 ..Peer::default()
             },
         };
-        let dst = pod.peer();
-        let labels = TcpLabels::new("destination", &src, &dst, "mutual_tls", "-");
+        let dst = pod.peer(Some(mesh));
+        let labels = TcpLabels::new("destination", &src, &dst, service, "mutual_tls", "-");
         metrics.opened.get_or_create(&labels).inc();
         InboundObserver {
             received: metrics.received.get_or_create(&labels).clone(),

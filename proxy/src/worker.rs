@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use crate::copy::{copy_one_way, DirEnd, Meter, PipePool};
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::{Metrics, Peer, TcpLabels};
+use crate::metrics::{DstService, Metrics, Peer, TcpLabels};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
 use crate::sys;
@@ -48,17 +48,59 @@ pub struct PodShared {
 }
 
 impl PodShared {
-    /// Who the pod is, for metrics labels.
-    pub fn peer(&self) -> Peer {
+    /// The pod's mesh workload: by uid, else by one of its addresses.
+    pub fn workload<'m>(
+        &self,
+        mesh: &'m ringway_config::Mesh,
+    ) -> Option<&'m ringway_config::Workload> {
+        mesh.workload_by_uid(&self.uid)
+            .or_else(|| self.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)))
+    }
+
+    /// Who the pod is, for metrics labels: its mesh workload (by uid, else
+    /// by address) with this node's locality, else what the agent said
+    /// (its uid when it named nothing).
+    pub fn peer(&self, mesh: Option<&ringway_config::Mesh>) -> Peer {
         let who = self.who.read().unwrap_or_else(|p| p.into_inner());
-        Peer {
-            workload: if who.0.name.is_empty() {
-                self.uid.to_string()
+        let workload = mesh.and_then(|m| Some((m, self.workload(m)?)));
+        if let Some((mesh, w)) = workload {
+            let node = mesh.node_locality();
+            let locality = if node.region.is_empty() && node.zone.is_empty() {
+                &w.locality
             } else {
+                node
+            };
+            // The agent's principal, else the workload's identity.
+            let principal = if who.1.is_empty() {
+                w.identity(mesh.trust_domain()).to_string()
+            } else {
+                who.1.clone()
+            };
+            return Peer::of_workload(w, principal, mesh, locality);
+        }
+        // Not in the mesh: what the agent said, with the canonical service
+        // and revision a pod without labels gets (its name, `latest`).
+        let named = !who.0.name.is_empty();
+        Peer {
+            workload: if named {
                 who.0.name.clone()
+            } else {
+                self.uid.to_string()
             },
             namespace: who.0.namespace.clone(),
             principal: who.1.clone(),
+            canonical_service: if named {
+                who.0.name.clone()
+            } else {
+                String::new()
+            },
+            canonical_revision: if named {
+                "latest".into()
+            } else {
+                String::new()
+            },
+            cluster: mesh.map(|m| m.cluster_id().to_owned()).unwrap_or_default(),
+            ..Peer::default()
         }
     }
 }
@@ -506,7 +548,7 @@ async fn handle_conn(
                 spoof: Some(peer.ip()),
                 flow: flow.map(|f| (pod.shared.clone(), f)),
             };
-            let series = splice_labels(&ctx, &pod, kind, peer, &hop);
+            let series = splice_labels(&ctx, &pod, kind, peer, &hop, None);
             let mut guard = guard;
             match connect_hop(&ctx, &mut guard, &client, &hop).await {
                 Ok(upstream) => {
@@ -649,6 +691,12 @@ async fn outbound(
     started: Instant,
 ) {
     let mesh = ctx.tunnel.mesh();
+    // The service the client dialled (its VIP): the metrics'
+    // destination_service* on this side, `host=` to the tunnel's far side.
+    let service = mesh
+        .as_deref()
+        .and_then(|m| m.service_by_vip(dst.ip()))
+        .map(DstService::of);
     let targets = match candidates(&ctx, mesh.as_deref(), dst) {
         Ok(t) => t,
         Err(why) => {
@@ -684,7 +732,14 @@ async fn outbound(
                     spoof: Some(peer.ip()),
                     flow,
                 };
-                let series = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
+                let series = splice_labels(
+                    &ctx,
+                    &pod,
+                    ListenerKind::Outbound,
+                    peer,
+                    &hop,
+                    service.as_ref(),
+                );
                 match connect_hop(&ctx, &mut guard, &client, &hop).await {
                     Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
                     Err(e) => failed = Some((failed_labels(&series), e.to_string())),
@@ -697,13 +752,21 @@ async fn outbound(
                     spoof: None,
                     flow: None,
                 };
-                let series = splice_labels(&ctx, &pod, ListenerKind::Outbound, peer, &hop);
+                let series = splice_labels(
+                    &ctx,
+                    &pod,
+                    ListenerKind::Outbound,
+                    peer,
+                    &hop,
+                    service.as_ref(),
+                );
                 match connect_hop(&ctx, &mut guard, &client, &hop).await {
                     Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
                     Err(e) => failed = Some((failed_labels(&series), e.to_string())),
                 }
             }
-            Route::Tunnel(plan) => {
+            Route::Tunnel(mut plan) => {
+                plan.service = service.clone();
                 // Boxed: the tunnel's futures (TLS, HTTP/2, copies) are large
                 // and would otherwise sit in every spliced connection's state.
                 match Box::pin(tunnel_outbound(
@@ -738,7 +801,7 @@ async fn tunnel_outbound(
         metrics: &ctx.metrics,
         mark: ctx.settings.proxy_mark,
     };
-    let src = pod.shared.peer();
+    let src = pod.shared.peer(ctx.tunnel.mesh().as_deref());
     let labels = tunnel::outbound_labels(&src, &plan);
     match tunnel::open_outbound(&cx, &ctx.hbone_pool, &pod.shared, &src, peer, &plan).await {
         Ok(stream) => {
@@ -828,36 +891,73 @@ async fn connect_hop(
 }
 
 /// Metrics labels of a spliced connection, as each reporting side sees it:
-/// the outbound side reports as `source`, the inbound side as
-/// `destination`; the fast path plays both.
+/// the outbound side reports as `source` (with `service`, the VIP's, if the
+/// client dialled one), the inbound side as `destination` (with the
+/// destination pod's service it guesses, as the reference: the one the
+/// source named, else one with the target port); the fast path plays both.
 fn splice_labels(
     ctx: &WorkerCtx,
     pod: &PodLocal,
     kind: ListenerKind,
     peer: SocketAddr,
     hop: &Hop,
+    service: Option<&DstService>,
 ) -> Vec<Rc<Series>> {
+    let mesh = ctx.tunnel.mesh();
+    let mesh = mesh.as_deref();
     let local = |ip: IpAddr| {
         ctx.local_pods
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&ip)
-            .map(|p| p.peer())
+            .map(|p| p.peer(mesh))
+    };
+    // A mesh workload on another node, by address.
+    let remote = |ip: IpAddr| {
+        mesh.and_then(|m| {
+            let w = m.workload_by_ip(ip.to_canonical())?;
+            let id = w.identity(m.trust_domain()).to_string();
+            Some(Peer::of_workload(w, id, m, &w.locality))
+        })
+    };
+    // Plaintext: as the reference, the source's principal is reported only
+    // when mTLS proved it; the destination's is its workload's identity.
+    let unproven = |p: Peer| Peer {
+        principal: String::new(),
+        ..p
     };
     let fast = !Arc::ptr_eq(&hop.netns, &pod.shared);
     let (src, dst_peer) = match kind {
-        ListenerKind::Inbound => (local(peer.ip()).unwrap_or_default(), pod.shared.peer()),
-        _ if fast => (pod.shared.peer(), hop.netns.peer()),
-        _ => (pod.shared.peer(), local(hop.addr.ip()).unwrap_or_default()),
+        ListenerKind::Inbound => (
+            local(peer.ip())
+                .or_else(|| remote(peer.ip()))
+                .unwrap_or_default(),
+            pod.shared.peer(mesh),
+        ),
+        _ if fast => (pod.shared.peer(mesh), hop.netns.peer(mesh)),
+        _ => (
+            pod.shared.peer(mesh),
+            local(hop.addr.ip())
+                .or_else(|| remote(hop.addr.ip()))
+                .unwrap_or_default(),
+        ),
     };
-    let reporters: &[&'static str] = match kind {
-        ListenerKind::Inbound => &["destination"],
-        _ if fast => &["source", "destination"],
-        _ => &["source"],
+    let src = unproven(src);
+    let inbound_service = |target: &PodShared| {
+        let host = service.map(|s| s.hostname.as_str());
+        mesh.and_then(|m| tunnel::inbound_service(m, target, host, hop.addr.port()))
+    };
+    let reporters: Vec<(&'static str, Option<DstService>)> = match kind {
+        ListenerKind::Inbound => vec![("destination", inbound_service(&pod.shared))],
+        _ if fast => vec![
+            ("source", service.cloned()),
+            ("destination", inbound_service(&hop.netns)),
+        ],
+        _ => vec![("source", service.cloned())],
     };
     reporters
-        .iter()
-        .map(|r| series(ctx, r, &src, &dst_peer))
+        .into_iter()
+        .map(|(r, svc)| series(ctx, r, &src, &dst_peer, svc))
         .collect()
 }
 
@@ -875,13 +975,23 @@ struct Series {
 /// Resolved series per worker, keyed by what the labels are made of: a
 /// connection between pods seen before costs one small hash, not ~20 label
 /// strings built and hashed four times.
-type SeriesCache = RefCell<HashMap<(&'static str, Peer, Peer), Rc<Series>>>;
+type SeriesCache = RefCell<HashMap<SeriesKey, Rc<Series>>>;
+
+/// What a series' labels are made of: reporter, source, destination and
+/// the service.
+type SeriesKey = (&'static str, Peer, Peer, Option<DstService>);
 
 /// Pod pairs remembered per worker; past this the cache starts over (the
 /// metrics themselves are kept).
 const SERIES_CACHE_MAX: usize = 16_384;
 
-fn series(ctx: &WorkerCtx, reporter: &'static str, src: &Peer, dst: &Peer) -> Rc<Series> {
+fn series(
+    ctx: &WorkerCtx,
+    reporter: &'static str,
+    src: &Peer,
+    dst: &Peer,
+    service: Option<DstService>,
+) -> Rc<Series> {
     let epoch = ctx
         .metrics
         .series_epoch
@@ -890,11 +1000,11 @@ fn series(ctx: &WorkerCtx, reporter: &'static str, src: &Peer, dst: &Peer) -> Rc
         ctx.series.borrow_mut().clear();
         ctx.series_epoch.set(epoch);
     }
-    let key = (reporter, src.clone(), dst.clone());
+    let key = (reporter, src.clone(), dst.clone(), service);
     if let Some(s) = ctx.series.borrow().get(&key) {
         return s.clone();
     }
-    let labels = TcpLabels::new(reporter, src, dst, "none", "-");
+    let labels = TcpLabels::new(reporter, src, dst, key.3.as_ref(), "none", "-");
     let m = &ctx.metrics;
     let s = Rc::new(Series {
         opened: m.opened.get_or_create(&labels),

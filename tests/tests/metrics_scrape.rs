@@ -80,7 +80,10 @@ fn scrape_during_traffic(fast_path: bool) {
         "reporter=\"source\"",
         "source_workload=\"app-0\"",
         "source_workload_namespace=\"shop\"",
-        "source_principal=\"spiffe://cluster.local/ns/shop/sa/sa-0\"",
+        // Plaintext: as the reference, the source principal only from mTLS.
+        "source_principal=\"unknown\"",
+        "source_canonical_service=\"app-0\"",
+        "source_canonical_revision=\"latest\"",
         "destination_workload=\"app-1\"",
         "destination_principal=\"spiffe://cluster.local/ns/shop/sa/sa-1\"",
         "request_protocol=\"tcp\"",
@@ -383,7 +386,14 @@ fn grafana_dashboard_reads_exported_metrics() {
     use ringway_proxy::metrics::*;
     // One sample in every family (empty families are not described).
     let m = std::sync::Arc::new(Metrics::default());
-    let l = TcpLabels::new("source", &Peer::default(), &Peer::default(), "none", "-");
+    let l = TcpLabels::new(
+        "source",
+        &Peer::default(),
+        &Peer::default(),
+        None,
+        "none",
+        "-",
+    );
     for f in [&m.opened, &m.closed, &m.sent, &m.received] {
         f.get_or_create(&l).inc();
     }

@@ -7,14 +7,18 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus, Service as KubeService, ServicePort};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, Pod, PodStatus, Service as KubeService, ServicePort,
+};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{KubeOptions, SERVICE_NAME_LABEL};
 use crate::enrollment::{self, DATAPLANE_MODE_LABEL};
-use crate::{ConfigError, Mesh, MeshConfig, PortMapConfig, ServiceConfig, WorkloadConfig};
+use crate::{
+    ConfigError, LocalityConfig, Mesh, MeshConfig, PortMapConfig, ServiceConfig, WorkloadConfig,
+};
 
 #[cfg(test)]
 mod tests;
@@ -31,6 +35,32 @@ pub struct Cluster {
     pub services: Vec<Arc<KubeService>>,
     /// EndpointSlices.
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// Nodes; only their topology labels are read (the region and zone of
+    /// the pods on them).
+    pub nodes: Vec<Arc<Node>>,
+}
+
+/// A node's region label.
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+/// A node's zone label.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Node name -> its topology labels.
+fn localities(nodes: &[Arc<Node>]) -> HashMap<&str, LocalityConfig> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let labels = n.metadata.labels.as_ref();
+            let label = |k: &str| labels.and_then(|l| l.get(k)).cloned().unwrap_or_default();
+            Some((
+                n.metadata.name.as_deref()?,
+                LocalityConfig {
+                    region: label(REGION_LABEL),
+                    zone: label(ZONE_LABEL),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// What [`build_mesh`] made.
@@ -96,10 +126,14 @@ pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> Kube
 
     let mut pods: Vec<&Pod> = cluster.pods.iter().map(|p| &**p).collect();
     pods.sort_by(|a, b| pod_order(a).cmp(&pod_order(b)));
+    let localities = localities(&cluster.nodes);
     let mut workloads: Vec<(WorkloadConfig, String)> = Vec::new();
     for pod in &pods {
         if let Ok(mut w) = workload(pod, &enabled_namespaces, options) {
             w.healthy = !not_ready.contains(w.uid.as_str());
+            if let Some(l) = localities.get(w.node.as_str()) {
+                w.locality = l.clone();
+            }
             workloads.push((w, object("Pod", &pod.metadata)));
         }
     }
@@ -224,6 +258,9 @@ pub(crate) fn workload(
         node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
         tunnel,
         healthy: true,
+        labels: meta.labels.clone().unwrap_or_default(),
+        // Set by the caller, from the pod's Node.
+        locality: Default::default(),
     })
 }
 

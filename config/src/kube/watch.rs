@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::stream::Fuse;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{
-    Container, Namespace, Pod, PodSpec, PodStatus, Service as KubeService,
+    Container, Namespace, Node, Pod, PodSpec, PodStatus, Service as KubeService,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -187,6 +187,26 @@ where
         })
         .backoff(backoff()),
     );
+    // Only the topology labels of nodes are kept (the region and zone of
+    // the pods on them).
+    let mut nodes = Cache::new(
+        "nodes",
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .modify(|n: &mut Node| {
+                let labels = n.metadata.labels.take().map(|l| {
+                    l.into_iter()
+                        .filter(|(k, _)| {
+                            k == super::map::REGION_LABEL || k == super::map::ZONE_LABEL
+                        })
+                        .collect()
+                });
+                slim_meta(&mut n.metadata);
+                n.metadata.labels = labels;
+                n.spec = None;
+                n.status = None;
+            })
+            .backoff(backoff()),
+    );
     let mut slices = Cache::new(
         "endpointslices",
         watcher(
@@ -196,7 +216,7 @@ where
         .modify(|s: &mut EndpointSlice| slim_meta(&mut s.metadata))
         .backoff(backoff()),
     );
-    info!("watching pods, services, endpointslices and enabled namespaces for the mesh");
+    info!("watching pods, services, endpointslices, nodes and enabled namespaces for the mesh");
 
     let mut due: Option<Instant> = None;
     let mut publisher = Publisher::default();
@@ -206,6 +226,7 @@ where
             Some(event) = namespaces.stream.next() => namespaces.apply(event),
             Some(event) = services.stream.next() => services.apply(event),
             Some(event) = slices.stream.next() => slices.apply(event),
+            Some(event) = nodes.stream.next() => nodes.apply(event),
             changed = file.changed() => {
                 if changed.is_err() {
                     debug!("the configuration's sender is gone: Kubernetes mesh source stopping");
@@ -215,13 +236,14 @@ where
             }
             () = sleep_until(due) => {
                 due = None;
-                if pods.ready && namespaces.ready && services.ready && slices.ready {
+                if pods.ready && namespaces.ready && services.ready && slices.ready && nodes.ready {
                     let base = file.borrow_and_update().clone();
                     let cluster = Cluster {
                         pods: pods.store.state(),
                         namespaces: namespaces.store.state(),
                         services: services.store.state(),
                         endpoint_slices: slices.store.state(),
+                        nodes: nodes.store.state(),
                     };
                     if let Some(mesh) = publisher.rebuild(base, &cluster, &options) {
                         on_change(mesh);

@@ -46,7 +46,7 @@ fn parse_errors_keep_line_and_column() {
     assert_eq!(
         error("workloads:\n  - uid: a\n    nme: x\n"),
         "config.yaml:3:5: workloads[0]: unknown field `nme`, expected one of `uid`, `name`, \
-         `namespace`, `serviceAccount`, `ips`, `node`, `tunnel`, `healthy`"
+         `namespace`, `serviceAccount`, `ips`, `node`, `tunnel`, `healthy`, `labels`, `locality`"
     );
     assert_eq!(
         error("trustDomain: x\nproxy:\n  workers: many\n"),
@@ -86,7 +86,7 @@ fn empty_document_and_old_top_level_settings_are_refused() {
     assert_eq!(
         error("captureMode: redirect\n"),
         "config.yaml:1:1: unknown field `captureMode`, expected one of `proxy`, `trustDomain`, \
-         `rootNamespace`, `ca`, `workloads`, `services`, `policies` (proxy settings live under \
+         `rootNamespace`, `ca`, `workloads`, `services`, `policies`, `clusterId`, `locality` (proxy settings live under \
          `proxy:`: write `proxy: {captureMode: ...}`)"
     );
 }

@@ -937,8 +937,24 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
             .split_once('=')
             .with_context(|| format!("--pod {spec:?} is not UID=NETNS_PATH"))?;
         let fd = ringway_redirect::open_netns(std::path::Path::new(path))?;
+        // The configured workload with this uid names the pod (metrics,
+        // identity), as the agent's record would.
+        let identity = match proxy.mesh().as_deref().and_then(|m| m.workload_by_uid(uid)) {
+            Some(w) => ringway_proxy::PodIdentity {
+                name: w.name.clone(),
+                namespace: w.namespace.clone(),
+                service_account: w.service_account.clone(),
+            },
+            None => {
+                tracing::warn!(
+                    pod.uid = uid,
+                    "--pod: no configured workload has this uid; its metrics name it by uid"
+                );
+                ringway_proxy::PodIdentity::default()
+            }
+        };
         proxy
-            .add_pod(uid, fd)
+            .add_pod_with_identity(uid, fd, identity)
             .with_context(|| format!("adding pod {uid}"))?;
     }
     let zds_stop = Arc::new(AtomicBool::new(false));

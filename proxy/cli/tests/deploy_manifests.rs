@@ -51,6 +51,7 @@ const AGENT_RBAC: &[(&str, &str, &[&str])] = &[
 /// and services, watched cluster-wide.
 const PROXY_RBAC: &[(&str, &str, &[&str])] = &[
     ("", "namespaces", &["list", "watch"]),
+    ("", "nodes", &["list", "watch"]),
     ("", "pods", &["list", "watch"]),
     ("", "services", &["list", "watch"]),
     ("discovery.k8s.io", "endpointslices", &["list", "watch"]),

@@ -25,6 +25,9 @@ pub struct ConnectHeaders {
     pub authority: SocketAddr,
     /// The client's address (`forwarded: for="…"`), so the server can spoof it.
     pub forwarded_for: Option<SocketAddr>,
+    /// The service host name the client connected to (`forwarded: …;host=`),
+    /// sent with `for` only; telemetry (the server's metrics), never trusted.
+    pub forwarded_host: Option<String>,
     /// Names of the source workload (`baggage`).
     pub baggage: Baggage,
     /// The trace context; `None` sends a fresh random one (new per connection).
@@ -37,6 +40,7 @@ impl ConnectHeaders {
         ConnectHeaders {
             authority,
             forwarded_for: None,
+            forwarded_host: None,
             baggage: Baggage::default(),
             traceparent: None,
         }
@@ -45,6 +49,13 @@ impl ConnectHeaders {
     /// Sets `forwarded: for=`.
     pub fn forwarded_for(mut self, client: SocketAddr) -> Self {
         self.forwarded_for = Some(client);
+        self
+    }
+
+    /// Sets `forwarded: …;host=` (a host name: token characters only, else
+    /// it is not sent).
+    pub fn forwarded_host(mut self, host: &str) -> Self {
+        self.forwarded_host = Some(host.to_owned());
         self
     }
 
@@ -61,7 +72,12 @@ impl ConnectHeaders {
             .uri(self.authority.to_string())
             .version(http::Version::HTTP_2);
         if let Some(f) = self.forwarded_for {
-            b = b.header(FORWARDED, format_forwarded(f));
+            let mut v = format_forwarded(f);
+            if let Some(h) = self.forwarded_host.as_deref().filter(|h| valid_host(h)) {
+                v.push_str(";host=");
+                v.push_str(h);
+            }
+            b = b.header(FORWARDED, v);
         }
         let baggage = self.baggage.encode()?;
         if !baggage.is_empty() {
@@ -79,6 +95,38 @@ impl ConnectHeaders {
 /// `for="1.2.3.4:80"` or `for="[2001:db8::1]:80"` (quoted, as RFC 7239 requires for `:`).
 pub fn format_forwarded(client: SocketAddr) -> String {
     format!("for=\"{client}\"")
+}
+
+/// The longest `host=` taken (a DNS name's limit).
+pub const MAX_FORWARDED_HOST: usize = 253;
+
+fn valid_host(h: &str) -> bool {
+    !h.is_empty() && h.len() <= MAX_FORWARDED_HOST && h.bytes().all(is_tchar)
+}
+
+/// The `host=` parameter of the request's one `forwarded` header: lenient
+/// (telemetry), `None` when absent, repeated, malformed or longer than
+/// [`MAX_FORWARDED_HOST`]. The caller trusts it no further than the
+/// services of the destination it already knows.
+pub fn parse_forwarded_host(headers: &http::HeaderMap) -> Option<String> {
+    let mut values = headers.get_all(FORWARDED).iter();
+    let v = values.next()?.to_str().ok()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let mut found = None;
+    for pair in split_unquoted(v, ';') {
+        let Some((name, val)) = pair.trim().split_once('=') else {
+            continue;
+        };
+        if name.trim().eq_ignore_ascii_case("host") {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(unquote(val.trim())?);
+        }
+    }
+    found.filter(|h| valid_host(h))
 }
 
 /// Why a `forwarded` header was rejected (the 400's logged reason).
@@ -374,6 +422,57 @@ impl fmt::Display for TraceParent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn map(values: &[&str]) -> http::HeaderMap {
+        let mut m = http::HeaderMap::new();
+        for v in values {
+            m.append(FORWARDED, http::HeaderValue::from_str(v).unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn forwarded_host_is_sent_with_for_and_read_leniently() {
+        let req = ConnectHeaders::new("10.0.0.2:80".parse().unwrap())
+            .forwarded_for("10.0.0.1:4000".parse().unwrap())
+            .forwarded_host("web.shop.svc.cluster.local")
+            .to_request()
+            .unwrap();
+        let v = req.headers().get(FORWARDED).unwrap().to_str().unwrap();
+        assert_eq!(v, "for=\"10.0.0.1:4000\";host=web.shop.svc.cluster.local");
+        // The strict `for` parser still takes it.
+        assert_eq!(
+            parse_forwarded(v).unwrap(),
+            "10.0.0.1:4000".parse().unwrap()
+        );
+        assert_eq!(
+            parse_forwarded_host(req.headers()).as_deref(),
+            Some("web.shop.svc.cluster.local")
+        );
+        // A host that is not a token is not sent.
+        let req = ConnectHeaders::new("10.0.0.2:80".parse().unwrap())
+            .forwarded_for("10.0.0.1:4000".parse().unwrap())
+            .forwarded_host("a b")
+            .to_request()
+            .unwrap();
+        assert_eq!(parse_forwarded_host(req.headers()), None);
+        for (values, want) in [
+            (&["for=1.2.3.4;host=\"a.b\""][..], Some("a.b")),
+            (&["for=1.2.3.4"][..], None),
+            (&["for=1.2.3.4;host=a;host=b"][..], None),
+            (&["for=1.2.3.4;host=a", "for=1.2.3.4;host=b"][..], None),
+            (&["for=1.2.3.4;host=\"a b\""][..], None),
+            (&["for=1.2.3.4;host="][..], None),
+        ] {
+            assert_eq!(
+                parse_forwarded_host(&map(values)).as_deref(),
+                want,
+                "{values:?}"
+            );
+        }
+        let long = format!("for=1.2.3.4;host={}", "a".repeat(MAX_FORWARDED_HOST + 1));
+        assert_eq!(parse_forwarded_host(&map(&[&long])), None);
+    }
 
     #[test]
     fn forwarded_v4_v6_roundtrip() {

@@ -34,6 +34,9 @@ pub struct ConnectRequest {
     pub authority: SocketAddr,
     /// The client's address from `forwarded: for=` (port 0 when the header had none).
     pub forwarded_for: Option<SocketAddr>,
+    /// The service host name from `forwarded: …;host=` (lenient, telemetry;
+    /// `None` when absent or malformed).
+    pub forwarded_host: Option<String>,
     /// Source workload names (lenient: empty when missing or malformed).
     pub baggage: Baggage,
     /// Trace context (`None` when missing or malformed).
@@ -378,6 +381,7 @@ fn validate(req: &Request<RecvStream>, peer: &Arc<PeerInfo>) -> Result<ConnectRe
         .filter(|a: &SocketAddr| a.port() != 0)
         .ok_or_else(|| BadRequest::Authority(authority.to_string()))?;
     let forwarded_for = headers::parse_forwarded_headers(req.headers())?;
+    let forwarded_host = headers::parse_forwarded_host(req.headers());
     let baggage = req
         .headers()
         .get(headers::BAGGAGE)
@@ -392,6 +396,7 @@ fn validate(req: &Request<RecvStream>, peer: &Arc<PeerInfo>) -> Result<ConnectRe
     Ok(ConnectRequest {
         authority,
         forwarded_for,
+        forwarded_host,
         baggage,
         traceparent,
         peer: peer.clone(),

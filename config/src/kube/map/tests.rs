@@ -52,6 +52,7 @@ struct Objects {
     namespaces: Vec<Value>,
     services: Vec<Value>,
     slices: Vec<Value>,
+    nodes: Vec<Value>,
 }
 
 impl Objects {
@@ -61,6 +62,7 @@ impl Objects {
             namespaces: self.namespaces.iter().cloned().map(typed).collect(),
             services: self.services.iter().cloned().map(typed).collect(),
             endpoint_slices: self.slices.iter().cloned().map(typed).collect(),
+            nodes: self.nodes.iter().cloned().map(typed).collect(),
         }
     }
 
@@ -83,7 +85,9 @@ fn workload_of(pod: Value, enabled: &[&str]) -> Result<WorkloadConfig, NotAWorkl
 
 #[test]
 fn a_running_pod_is_a_workload() {
-    let w = workload_of(pod("shop", "web-0", &["10.1.0.5", "fd00::5"]), &["shop"]).unwrap();
+    let mut p = pod("shop", "web-0", &["10.1.0.5", "fd00::5"]);
+    p["metadata"]["labels"] = serde_json::json!({"app": "web", "version": "v2"});
+    let w = workload_of(p, &["shop"]).unwrap();
     assert_eq!(
         w,
         WorkloadConfig {
@@ -95,6 +99,11 @@ fn a_running_pod_is_a_workload() {
             node: "node-a".into(),
             tunnel: true,
             healthy: true,
+            labels: [("app", "web"), ("version", "v2")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            locality: Default::default(),
         }
     );
 
@@ -121,6 +130,38 @@ fn a_running_pod_is_a_workload() {
     let mut p = pod("shop", "web-3", &["10.1.0.8"]);
     p["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
     assert!(workload_of(p, &[]).is_ok());
+}
+
+/// A pod's locality is its Node's topology labels (other labels of the
+/// node are not read); a pod on a node not listed has none.
+#[test]
+fn a_pods_locality_is_its_nodes_topology() {
+    let mut o = Objects::default();
+    o.pods.push(pod("shop", "web-0", &["10.1.0.5"]));
+    let mut other = pod("shop", "web-1", &["10.1.0.6"]);
+    other["spec"]["nodeName"] = json!("node-b");
+    o.pods.push(other);
+    o.nodes.push(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a", "labels": {
+            "topology.kubernetes.io/region": "eu-west1",
+            "topology.kubernetes.io/zone": "eu-west1-b",
+            "kubernetes.io/hostname": "node-a"
+        }}
+    }));
+    let k = o.build();
+    let w = |name: &str| {
+        k.mesh
+            .workloads()
+            .iter()
+            .find(|w| w.name == name)
+            .unwrap()
+            .locality
+            .clone()
+    };
+    assert_eq!(w("web-0").region, "eu-west1");
+    assert_eq!(w("web-0").zone, "eu-west1-b");
+    assert_eq!(w("web-1"), crate::Locality::default());
 }
 
 #[test]
@@ -329,6 +370,7 @@ fn shop() -> Objects {
                 json!([{"name": "https", "port": 1}]),
             ),
         ],
+        nodes: Vec::new(),
     }
 }
 

@@ -61,15 +61,18 @@ pub enum Kind {
     Service,
     /// `discovery.k8s.io/v1` EndpointSlices (namespaced).
     EndpointSlice,
+    /// `v1` Nodes (cluster-scoped).
+    Node,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::Pod,
         Kind::Namespace,
         Kind::Service,
         Kind::EndpointSlice,
+        Kind::Node,
     ];
 
     /// The objects' `apiVersion`.
@@ -87,6 +90,7 @@ impl Kind {
             Kind::Namespace => "Namespace",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
         }
     }
 
@@ -96,6 +100,7 @@ impl Kind {
             Kind::Namespace => "namespaces",
             Kind::Service => "services",
             Kind::EndpointSlice => "endpointslices",
+            Kind::Node => "nodes",
         }
     }
 
@@ -107,7 +112,7 @@ impl Kind {
     }
 
     fn namespaced(self) -> bool {
-        self != Kind::Namespace
+        !matches!(self, Kind::Namespace | Kind::Node)
     }
 }
 
