@@ -5,8 +5,6 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringway_config::ProxySettings;
@@ -102,8 +100,7 @@ fn proxy_pod_flag_names_the_configured_workload() {
             .netns
             .run(|| ringway_testbed::traffic::listen(addr))
             .unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let echo = support::echo_server(l, stop.clone());
+        let echo = ringway_testbed::traffic::EchoServer::start(l);
         a.netns.run(|| {
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -144,8 +141,7 @@ fn proxy_pod_flag_names_the_configured_workload() {
         assert_eq!(a_rec["name"], "web-0", "{dump}");
         assert_eq!(a_rec["namespace"], "shop", "{dump}");
         assert_eq!(a_rec["serviceAccount"], "web", "{dump}");
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        echo.join().unwrap();
+        drop(echo);
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
