@@ -155,6 +155,10 @@ pub struct WorkloadConfig {
     /// and revision come from them.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The workload the pod belongs to (its Deployment, StatefulSet, ...:
+    /// the metrics' `*_workload`); the pod's name when not set.
+    #[serde(default)]
+    pub workload_name: Option<String>,
     /// The topology of the pod's node, when known (the Kubernetes source
     /// takes it from the Node's topology labels).
     #[serde(default)]

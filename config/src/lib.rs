@@ -83,9 +83,9 @@ pub use file::{
     MAX_FILE_BYTES,
 };
 pub use mesh::{
-    Action, AuthorizationPolicy, CaPaths, CaService, Locality, Mesh, Operation, Rule, Service,
-    ServiceAccountRef, Source, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL,
-    DEFAULT_CA_TOKEN_FILE,
+    workload_name_of, Action, AuthorizationPolicy, CaPaths, CaService, Locality, Mesh, Operation,
+    Rule, Service, ServiceAccountRef, Source, Workload, CANONICAL_NAME_LABEL,
+    CANONICAL_REVISION_LABEL, DEFAULT_CA_TOKEN_FILE,
 };
 pub use names::{Cidr, StringMatch};
 pub use settings::{

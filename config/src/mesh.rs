@@ -34,6 +34,9 @@ pub struct Workload {
     pub labels: BTreeMap<String, String>,
     /// The topology of the pod's node, when known.
     pub locality: Locality,
+    /// The workload the pod belongs to (see [`workload_name_of`]); the pod's
+    /// name when it has no controller.
+    pub workload_name: String,
 }
 
 /// A node's topology (`topology.kubernetes.io/region` and `zone`); empty
@@ -73,7 +76,7 @@ impl Workload {
     /// The workload's canonical service (the reference's rule: see
     /// [`CANONICAL_NAME_LABEL`]); the workload name when no label says.
     pub fn canonical_service(&self) -> &str {
-        first_label(&self.labels, &NAME_LABELS).unwrap_or(&self.name)
+        first_label(&self.labels, &NAME_LABELS).unwrap_or(&self.workload_name)
     }
 
     /// The workload's canonical revision; `latest` when no label says.
@@ -519,5 +522,94 @@ impl Mesh {
             self.policies.len() - allow
         );
         s
+    }
+}
+
+/// The name of the workload a pod belongs to, as the reference mesh derives
+/// it from the pod's controller (istio's `GetDeployMetaFromPod`): a
+/// ReplicaSet named `<deployment>-<pod-template-hash>` stands for its
+/// Deployment; a Job named `<cronjob>-<8 to 11 digits>` for its CronJob; any
+/// other controller by its own name; no controller: the pod's name.
+pub fn workload_name_of(
+    pod_name: &str,
+    controller: Option<(&str, &str)>,
+    pod_template_hash: Option<&str>,
+) -> String {
+    let Some((kind, name)) = controller else {
+        return pod_name.to_owned();
+    };
+    match kind {
+        "ReplicaSet" => match pod_template_hash {
+            Some(hash) if !hash.is_empty() => name
+                .strip_suffix(hash)
+                .and_then(|n| n.strip_suffix('-'))
+                .filter(|n| !n.is_empty())
+                .unwrap_or(name)
+                .to_owned(),
+            _ => name.to_owned(),
+        },
+        "Job" => match name.rsplit_once('-') {
+            Some((cron, stamp))
+                if !cron.is_empty()
+                    && (8..=11).contains(&stamp.len())
+                    && stamp.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                cron.to_owned()
+            }
+            _ => name.to_owned(),
+        },
+        _ => name.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod workload_name_tests {
+    use super::workload_name_of;
+
+    #[test]
+    fn workload_names_follow_the_pods_controller() {
+        let cases = [
+            (
+                "web-7d9f8-x2x",
+                Some(("ReplicaSet", "web-7d9f8")),
+                Some("7d9f8"),
+                "web",
+            ),
+            (
+                "web-7d9f8-x2x",
+                Some(("ReplicaSet", "web-7d9f8")),
+                None,
+                "web-7d9f8",
+            ),
+            (
+                "odd-1",
+                Some(("ReplicaSet", "other")),
+                Some("7d9f8"),
+                "other",
+            ),
+            ("db-0", Some(("StatefulSet", "db")), None, "db"),
+            ("agent-abcde", Some(("DaemonSet", "agent")), None, "agent"),
+            (
+                "backup-28391040-abc",
+                Some(("Job", "backup-28391040")),
+                None,
+                "backup",
+            ),
+            ("once-x", Some(("Job", "once")), None, "once"),
+            (
+                "migrate-1234-x",
+                Some(("Job", "migrate-1234")),
+                None,
+                "migrate-1234",
+            ),
+            ("bare", None, None, "bare"),
+        ];
+        for (pod, controller, hash, want) in cases {
+            assert_eq!(
+                workload_name_of(pod, controller, hash),
+                want,
+                "{pod} {controller:?}"
+            );
+        }
     }
 }

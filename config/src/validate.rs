@@ -127,6 +127,14 @@ pub(crate) fn validate(
             healthy: w.healthy,
             labels: pod_labels(&cx, &at, &w.labels)?,
             locality: locality(&cx, &format!("{at}.locality"), &w.locality)?,
+            workload_name: match w.workload_name.as_deref() {
+                None => w.name.clone(),
+                Some(n) => {
+                    check_subdomain("workload name", n)
+                        .map_err(|p| cx.err(format!("{at}.workloadName"), p))?;
+                    n.to_owned()
+                }
+            },
         });
     }
 

@@ -82,7 +82,8 @@ pub struct TcpLabels {
 /// labelled `unknown`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Peer {
-    /// Workload (pod) name.
+    /// Workload name (the pod's controller, as the reference: a
+    /// Deployment's name, else the pod's).
     pub workload: String,
     /// Namespace.
     pub namespace: String,
@@ -111,7 +112,7 @@ impl Peer {
         locality: &ringway_config::Locality,
     ) -> Peer {
         Peer {
-            workload: w.name.clone(),
+            workload: w.workload_name.clone(),
             namespace: w.namespace.clone(),
             principal,
             canonical_service: w.canonical_service().to_owned(),

@@ -259,6 +259,7 @@ pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workl
         healthy: true,
         labels: Default::default(),
         locality: Default::default(),
+        workload_name: who.0.name.clone(),
     })
 }
 

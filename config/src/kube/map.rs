@@ -261,6 +261,18 @@ pub(crate) fn workload(
         labels: meta.labels.clone().unwrap_or_default(),
         // Set by the caller, from the pod's Node.
         locality: Default::default(),
+        workload_name: Some(crate::mesh::workload_name_of(
+            meta.name.as_deref().unwrap_or_default(),
+            meta.owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| (o.kind.as_str(), o.name.as_str())),
+            meta.labels
+                .as_ref()
+                .and_then(|l| l.get("pod-template-hash"))
+                .map(String::as_str),
+        )),
     })
 }
 

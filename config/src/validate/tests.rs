@@ -46,7 +46,7 @@ fn parse_errors_keep_line_and_column() {
     assert_eq!(
         error("workloads:\n  - uid: a\n    nme: x\n"),
         "config.yaml:3:5: workloads[0]: unknown field `nme`, expected one of `uid`, `name`, \
-         `namespace`, `serviceAccount`, `ips`, `node`, `tunnel`, `healthy`, `labels`, `locality`"
+         `namespace`, `serviceAccount`, `ips`, `node`, `tunnel`, `healthy`, `labels`, `workloadName`, `locality`"
     );
     assert_eq!(
         error("trustDomain: x\nproxy:\n  workers: many\n"),

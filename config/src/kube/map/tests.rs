@@ -104,6 +104,7 @@ fn a_running_pod_is_a_workload() {
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
             locality: Default::default(),
+            workload_name: Some("web-0".into()),
         }
     );
 
@@ -719,4 +720,18 @@ fn validation_paths_split() {
     assert_eq!(split_path("services[3]"), Some(("services", 3, "")));
     assert_eq!(split_path("vips[1]"), Some(("vips", 1, "")));
     assert_eq!(split_path("trustDomain"), None);
+}
+
+#[test]
+fn a_pods_workload_name_is_its_controllers_as_the_reference_names_it() {
+    let mut p = pod("shop", "web-7d9f8-x2x", &["10.1.0.5"]);
+    p["metadata"]["labels"] = serde_json::json!({"pod-template-hash": "7d9f8"});
+    p["metadata"]["ownerReferences"] = serde_json::json!([
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "not-the-controller", "uid": "u1"},
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f8", "uid": "u2", "controller": true}
+    ]);
+    let w = workload_of(p, &["shop"]).unwrap();
+    assert_eq!(w.workload_name.as_deref(), Some("web"));
+    let bare = workload_of(pod("shop", "solo", &["10.1.0.6"]), &["shop"]).unwrap();
+    assert_eq!(bare.workload_name.as_deref(), Some("solo"));
 }
