@@ -44,8 +44,11 @@ pub struct FloodConfig {
     pub rounds: usize,
     /// Connections the flood opens to the victim's 15008 (half idle TCP,
     /// half a ClientHello then silence); the generators reopen what the
-    /// proxy closes, at most 5 times this many.
+    /// proxy closes, at most `reopen` times this many.
     pub conns: u64,
+    /// Bound on reopenings as a multiple of `conns` (0: the burst only, the
+    /// connections the proxy closes are not replaced).
+    pub reopen: u64,
     /// Flood generator processes (each holds `conns / procs` fds).
     pub procs: usize,
     /// Source addresses of the attacking pod (its own plus extra ones).
@@ -65,6 +68,7 @@ impl FloodConfig {
             label: "full".into(),
             rounds: 3,
             conns: 20_000,
+            reopen: 5,
             procs: 2,
             sources: 32,
             secs: 3.0,
@@ -79,6 +83,7 @@ impl FloodConfig {
             label: "quick".into(),
             rounds: 2,
             conns: 5_000,
+            reopen: 5,
             procs: 1,
             sources: 32,
             secs: 1.0,
@@ -93,6 +98,7 @@ impl FloodConfig {
             label: "tiny (test)".into(),
             rounds: 1,
             conns: 500,
+            reopen: 5,
             procs: 1,
             sources: 4,
             secs: 0.5,
@@ -120,6 +126,9 @@ impl FloodConfig {
             self.conns = v;
             self.procs = v.div_ceil(PER_PROC).max(1) as usize;
         }
+        if let Some(v) = var("RINGWAY_BENCH_FLOOD_REOPEN") {
+            self.reopen = v;
+        }
         if let Some(v) = var::<usize>("RINGWAY_BENCH_FLOOD_SOURCES") {
             self.sources = v.clamp(1, 100);
         }
@@ -130,6 +139,7 @@ impl FloodConfig {
                 "RINGWAY_BENCH_RPS",
                 "RINGWAY_BENCH_FLOOD_CONNS",
                 "RINGWAY_BENCH_FLOOD_SOURCES",
+                "RINGWAY_BENCH_FLOOD_REOPEN",
             ]
             .contains(&k.as_str())
         }) {
@@ -601,6 +611,7 @@ fn run_round(
             .arg(&list)
             .arg((cpus - 1).to_string())
             .arg(format!("{secs_bound}"))
+            .arg(config.reopen.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -667,7 +678,7 @@ pub fn render(r: &FloodReport) -> String {
         "# hbone_preauth_flood ({})\n\n{} rounds; per round {} connections to one pod's 15008 \
          (half idle TCP, half a ClientHello then silence) from {} source addresses of one pod, \
          in {} generator process(es) pinned to the last CPU, every one the proxy closes opened \
-         again (at most 5 times the count); the neighbour pair's HBONE latency ({} req/s over {} \
+         again (at most {} times the count); the neighbour pair's HBONE latency ({} req/s over {} \
          connections, 64 B, open loop) and one stream's throughput, {} s each, quiet then \
          flooded. Proxy: `{}`. Pre-auth limits: {}.\n\n",
         r.config.label,
@@ -675,6 +686,7 @@ pub fn render(r: &FloodReport) -> String {
         r.config.conns,
         r.config.sources,
         r.config.procs,
+        r.config.reopen,
         r.config.rps,
         r.config.lat_conns,
         r.config.secs,

@@ -4,7 +4,7 @@
 //! inside the attacking pod's network namespace:
 //!
 //! ```text
-//! ringway-bench-flood TARGET_IP:PORT COUNT SOURCES CPU SECS
+//! ringway-bench-flood TARGET_IP:PORT COUNT SOURCES CPU SECS REOPEN
 //! ```
 //!
 //! opens `COUNT` connections to `TARGET` (one pod's 15008), cycling over the
@@ -12,7 +12,7 @@
 //! ones send a real TLS ClientHello and then nothing (half-open TLS). It
 //! prints one JSON line `{"phase":"burst",...}` once all are attempted, then
 //! keeps the pressure on: every connection the proxy closes is opened again,
-//! at most `REOPEN_FACTOR x COUNT` reopenings in all, until a line arrives on stdin, stdin
+//! at most `REOPEN x COUNT` reopenings in all (0: the burst only, held), until a line arrives on stdin, stdin
 //! closes, or `SECS` pass; then it prints `{"phase":"end",...}` and exits.
 //! Pinned to CPU `CPU` when the machine has it. Every connect is bounded (2 s).
 
@@ -25,9 +25,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-
-/// Bound on reopenings, as a multiple of the burst's count.
-const REOPEN_FACTOR: u64 = 5;
 
 /// A ClientHello as a real client sends it (rustls, TLS 1.2 and 1.3).
 fn client_hello() -> anyhow::Result<Vec<u8>> {
@@ -76,8 +73,8 @@ fn open(src: IpAddr, target: SocketAddr, hello: Option<&[u8]>) -> std::io::Resul
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 {
-        bail!("usage: ringway-bench-flood TARGET_IP:PORT COUNT SOURCES CPU SECS");
+    if args.len() != 7 {
+        bail!("usage: ringway-bench-flood TARGET_IP:PORT COUNT SOURCES CPU SECS REOPEN");
     }
     let target: SocketAddr = args[1].parse().context("TARGET")?;
     let count: u64 = args[2].parse().context("COUNT")?;
@@ -91,6 +88,8 @@ fn main() -> anyhow::Result<()> {
     }
     let cpu: usize = args[4].parse().context("CPU")?;
     let secs: f64 = args[5].parse().context("SECS")?;
+    // Bound on reopenings, as a multiple of the burst's count.
+    let reopen: u64 = args[6].parse().context("REOPEN")?;
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let mut set = nix::sched::CpuSet::new();
     let pinned = set.set(cpu).is_ok()
@@ -177,7 +176,7 @@ fn main() -> anyhow::Result<()> {
         for k in closed.into_iter().rev() {
             held.swap_remove(k);
             c.closed_by_proxy += 1;
-            if c.reopened >= REOPEN_FACTOR * count || stop.load(Ordering::Relaxed) {
+            if c.reopened >= reopen * count || stop.load(Ordering::Relaxed) {
                 continue;
             }
             c.attempted += 1;
