@@ -168,6 +168,9 @@ pub struct Neighbour {
     pub achieved_rps: f64,
     /// One stream's throughput, Gbit/s.
     pub tput_gbps: f64,
+    /// The proxy's CPU (all threads) during the two runs / their wall
+    /// time: cores it used.
+    pub proxy_cores: f64,
 }
 
 /// The proxy's resources at one moment.
@@ -198,6 +201,8 @@ pub struct FloodCounts {
     pub burst_secs: f64,
     /// Whether the generators were pinned to their CPU.
     pub pinned: bool,
+    /// The generators' CPU seconds (all processes), read before they stop.
+    pub cpu_s: f64,
     /// The first failure, if any.
     pub first_error: Option<String>,
 }
@@ -398,6 +403,7 @@ fn summarize(rounds: &[FloodRound]) -> Option<FloodSummary> {
         max_us: med(rounds, |r| g(r).max_us),
         achieved_rps: med(rounds, |r| g(r).achieved_rps),
         tput_gbps: med(rounds, |r| g(r).tput_gbps),
+        proxy_cores: med(rounds, |r| g(r).proxy_cores),
     };
     let quiet = neighbour(|r| &r.quiet);
     let flood = neighbour(|r| &r.flood);
@@ -441,9 +447,11 @@ fn neighbour(
     config: &FloodConfig,
     base: &Path,
     port: &mut u16,
+    proxy: &ProxyChild,
     sample: &mut dyn FnMut(),
 ) -> anyhow::Result<Neighbour> {
     let dur = Duration::from_secs_f64(config.secs);
+    let (c0, t0) = (proxy.cpu_seconds(), Instant::now());
     let l = load::latency(
         &base.on_port(next_port(port)),
         config.rps,
@@ -455,6 +463,7 @@ fn neighbour(
     let t =
         load::throughput(&base.on_port(next_port(port)), 1, dur).context("neighbour throughput")?;
     sample();
+    let proxy_cores = (proxy.cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
     let q = |p: f64| l.hist.value_at_quantile(p) as f64 / 1e3;
     Ok(Neighbour {
         p50_us: q(0.5),
@@ -463,6 +472,7 @@ fn neighbour(
         max_us: l.hist.max() as f64 / 1e3,
         achieved_rps: l.requests as f64 / l.secs,
         tput_gbps: t.gbps(),
+        proxy_cores,
     })
 }
 
@@ -514,6 +524,7 @@ fn parse_counts(line: &str) -> anyhow::Result<FloodCounts> {
         held_at_end: n("held"),
         burst_secs: v.get("burst_secs").and_then(|x| x.as_f64()).unwrap_or(0.0),
         pinned: v.get("pinned").and_then(|x| x.as_bool()).unwrap_or(false),
+        cpu_s: 0.0,
         first_error: v
             .get("first_error")
             .and_then(|x| x.as_str())
@@ -530,6 +541,7 @@ fn add_counts(a: &mut FloodCounts, b: FloodCounts) {
     a.held_at_end += b.held_at_end;
     a.burst_secs = a.burst_secs.max(b.burst_secs);
     a.pinned |= b.pinned;
+    a.cpu_s += b.cpu_s;
     if a.first_error.is_none() {
         a.first_error = b.first_error;
     }
@@ -592,7 +604,7 @@ fn run_round(
         Duration::from_millis(300),
     )
     .context("warm-up")?;
-    let quiet = neighbour(config, base, port, &mut || {})?;
+    let quiet = neighbour(config, base, port, &proxy, &mut || {})?;
     let before = res(&proxy);
     // The flood: processes in the attacker's netns, pinned to the last CPU.
     let secs_bound = 60.0 + 10.0 * config.secs + config.conns as f64 / 200.0;
@@ -641,9 +653,17 @@ fn run_round(
         g.next_line(burst_timeout).context("the flood's burst")?;
         sample(&proxy, &mut during);
     }
-    let flood = neighbour(config, base, port, &mut || sample(&proxy, &mut during))?;
+    let flood = neighbour(config, base, port, &proxy, &mut || {
+        sample(&proxy, &mut during)
+    })?;
     sample(&proxy, &mut during);
-    let mut counts = FloodCounts::default();
+    let mut counts = FloodCounts {
+        cpu_s: gens
+            .iter()
+            .map(|g| crate::child::proc_cpu_seconds(g.child.id()))
+            .sum(),
+        ..FloodCounts::default()
+    };
     for g in &mut gens {
         add_counts(&mut counts, g.stop().context("stopping the flood")?);
     }
@@ -699,13 +719,13 @@ pub fn render(r: &FloodReport) -> String {
     );
     if let Some(m) = &r.summary {
         s.push_str(
-            "| neighbour (medians) | p50 µs | p90 µs | p99 µs | max µs | req/s | Gbit/s |\n",
+            "| neighbour (medians) | p50 µs | p90 µs | p99 µs | max µs | req/s | Gbit/s | proxy cores |\n",
         );
-        s.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
+        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for (k, n) in [("quiet", &m.quiet), ("flood", &m.flood)] {
             s.push_str(&format!(
-                "| {k} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} |\n",
-                n.p50_us, n.p90_us, n.p99_us, n.max_us, n.achieved_rps, n.tput_gbps
+                "| {k} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
+                n.p50_us, n.p90_us, n.p99_us, n.max_us, n.achieved_rps, n.tput_gbps, n.proxy_cores
             ));
         }
         s.push_str(&format!(
@@ -736,11 +756,11 @@ pub fn render(r: &FloodReport) -> String {
     }
     s.push_str(
         "| round | quiet p50/p99 µs | flood p50/p99 µs | quiet / flood Gbit/s | RSS MiB b/d/a | fds b/d/a | \
-         opened / failed / reopened / closed by proxy / held |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+         opened / failed / reopened / closed by proxy / held | generator CPU-s |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for (i, x) in r.rounds.iter().enumerate() {
         s.push_str(&format!(
-            "| {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.2} / {:.2} | {:.1} / {:.1} / {:.1} | {} / {} / {} | {} / {} / {} / {} / {} |\n",
+            "| {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.2} / {:.2} | {:.1} / {:.1} / {:.1} | {} / {} / {} | {} / {} / {} / {} / {} | {:.1} |\n",
             i + 1,
             x.quiet.p50_us,
             x.quiet.p99_us,
@@ -759,6 +779,7 @@ pub fn render(r: &FloodReport) -> String {
             x.counts.reopened,
             x.counts.closed_by_proxy,
             x.counts.held_at_end,
+            x.counts.cpu_s,
         ));
     }
     for e in &r.errors {
