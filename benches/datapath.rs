@@ -17,6 +17,9 @@
 //! `--profile-hbone-stream`: one stream through HBONE on one node instead;
 //! `--profile-cni-add`: `RINGWAY_BENCH_CHURN_PODS` CNI ADDs one after another.
 //!
+//! `cargo bench -p ringway-benches -- --flood [--quick]`: the
+//! `hbone_preauth_flood` scenario alone (see `flood`), to `results/flood/`.
+//!
 //! `cargo bench -p ringway-benches -- --rerender [DIR]`: renders `report.md`
 //! and the charts again from `DIR/results.json` (default `results/`) and
 //! checks them, without measuring.
@@ -65,6 +68,36 @@ fn main() {
             Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
             Err(e) => {
                 eprintln!("[bench] profile failed: {e:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--flood") {
+        let flood = if quick {
+            ringway_benches::flood::FloodConfig::quick()
+        } else {
+            ringway_benches::flood::FloodConfig::full()
+        }
+        .with_env_overrides();
+        let out = std::env::var("RINGWAY_BENCH_OUT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join("flood"));
+        let flood_bin = PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-flood"));
+        match ringway_benches::run_flood(flood, config.proxy_bin.clone(), flood_bin, &out) {
+            Ok(Some((md, _, problems))) => {
+                println!("{md}");
+                eprintln!("[bench] flood report written to {}", out.display());
+                if !problems.is_empty() {
+                    for p in &problems {
+                        eprintln!("[bench] report problem: {p}");
+                    }
+                    std::process::exit(1);
+                }
+            }
+            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
+            Err(e) => {
+                eprintln!("[bench] flood failed: {e:#}");
                 std::process::exit(1);
             }
         }

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod child;
+pub mod flood;
 pub mod load;
 pub mod report;
 pub mod suite;
@@ -64,4 +65,26 @@ pub fn profile(
         suite::profile(&config, what, secs, perf_out.as_deref())
     })
     .transpose()
+}
+
+/// Runs the `hbone_preauth_flood` scenario (see [`flood`]) in isolated
+/// namespaces with the proxy `proxy_bin` and the flood generator
+/// `flood_bin`, writes `flood.json` and `flood.md` to `out` and checks the
+/// report. Returns the Markdown, the report and its problems; `None`
+/// without privileges.
+pub fn run_flood(
+    config: flood::FloodConfig,
+    proxy_bin: std::path::PathBuf,
+    flood_bin: std::path::PathBuf,
+    out: &std::path::Path,
+) -> anyhow::Result<Option<(String, flood::FloodReport, Vec<String>)>> {
+    let Some(r) = ringway_testbed::run_isolated("bench_flood", move || {
+        flood::run(config, &proxy_bin, &flood_bin)
+    }) else {
+        return Ok(None);
+    };
+    let r = r?;
+    let md = flood::write(out, &r)?;
+    let problems = flood::check(&r);
+    Ok(Some((md, r, problems)))
 }

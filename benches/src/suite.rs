@@ -378,10 +378,10 @@ pub fn raise_nofile(want: u64) -> FdLimit {
 
 /// Directory on a tmpfs private to the bench's mount namespace: the test CA
 /// (key included) and the proxies' configuration files vanish with it.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new() -> anyhow::Result<Scratch> {
+    pub(crate) fn new() -> anyhow::Result<Scratch> {
         let dir = std::env::temp_dir().join(format!("ringway-bench-{}", std::process::id()));
         ringway_testbed::private_tmpfs(&dir).context("mounting the bench's tmpfs")?;
         Ok(Scratch(dir))
@@ -395,12 +395,12 @@ impl Drop for Scratch {
     }
 }
 
-const TRUST_DOMAIN: &str = "cluster.local";
+pub(crate) const TRUST_DOMAIN: &str = "cluster.local";
 
 /// The mesh configuration of the HBONE scenarios: a CA and the pods as tunnel
 /// workloads, the fast path off (so one node's traffic also goes through
 /// 15008, as the reference mesh is measured).
-fn hbone_yaml(ca_dir: &FsPath, pods: &[(&Pod, &str)]) -> String {
+pub(crate) fn hbone_yaml(ca_dir: &FsPath, pods: &[(&Pod, &str)]) -> String {
     let ws: Vec<_> = pods
         .iter()
         .map(|(p, node)| {
@@ -670,7 +670,7 @@ fn ringway_env(mode: CaptureMode, fast_path: Option<bool>) -> Vec<(&'static str,
     env
 }
 
-fn capture(pods: &[&Pod], mode: CaptureMode) -> anyhow::Result<()> {
+pub(crate) fn capture(pods: &[&Pod], mode: CaptureMode) -> anyhow::Result<()> {
     let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings {
         capture_mode: mode,
         ..ringway_config::ProxySettings::default()
@@ -996,7 +996,7 @@ fn insert_latency(f: &mut Figures, prefix: &str, l: &load::Latency) {
 }
 
 /// One HTTP/1.1 GET with `Connection: close`; the body of a 200.
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
     let r = ringway_testbed::http::get(addr, path)?;
     if r.status != 200 {
         return Err(std::io::Error::other(format!(
@@ -1449,7 +1449,7 @@ pub fn profile(
     Ok(line)
 }
 
-fn machine() -> Vec<(String, String)> {
+pub(crate) fn machine() -> Vec<(String, String)> {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo")
         .lines()

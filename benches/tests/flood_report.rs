@@ -1,0 +1,35 @@
+//! The `hbone_preauth_flood` scenario at its smallest (500 connections, one
+//! round, half a second per measurement): the flood generator, the proxy
+//! child, the neighbour's measurements and the metrics scrape all run and
+//! the typed report is complete. Never asserts performance.
+
+use ringway_benches::flood::{FloodConfig, FloodReport};
+
+#[test]
+fn tiny_flood_writes_a_complete_report() {
+    let proxy = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-proxy"));
+    let flood = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-flood"));
+    let out = std::env::temp_dir().join(format!("ringway-flood-test-{}", std::process::id()));
+    let Some((md, report, problems)) =
+        ringway_benches::run_flood(FloodConfig::tiny(), proxy, flood, &out).expect("flood run")
+    else {
+        return; // privileges missing: run_isolated printed the banner (and panics under CI)
+    };
+    assert!(problems.is_empty(), "report problems: {problems:#?}\n{md}");
+    let round = &report.rounds[0];
+    assert!(
+        round.counts.opened > 0,
+        "the flood opened connections: {md}"
+    );
+    assert!(
+        round.refused.values().sum::<f64>() > 0.0,
+        "500 connections from 4 sources pass the per-source cap of 64: some are refused\n{md}"
+    );
+    // The document reads back as the typed report and renders the same
+    // Markdown (serde_json may round a float's last digit: not compared).
+    let text = std::fs::read_to_string(out.join("flood.json")).expect("flood.json");
+    let back: FloodReport = serde_json::from_str(&text).expect("flood.json parses");
+    assert_eq!(back.rounds.len(), report.rounds.len());
+    assert_eq!(ringway_benches::flood::render(&back), md);
+    let _ = std::fs::remove_dir_all(&out);
+}
