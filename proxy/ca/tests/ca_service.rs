@@ -188,7 +188,7 @@ fn issued(b: &Bed) -> u64 {
 }
 
 #[test]
-fn a_pod_gets_its_own_identity_whatever_its_csr_asks_for() {
+fn csr_a_pod_gets_its_own_identity_whatever_it_asks_for() {
     let b = bed();
     let mut req = request(&greedy_csr());
     req.validity_duration = 10 * 365 * 86400;
@@ -224,7 +224,7 @@ fn a_pod_gets_its_own_identity_whatever_its_csr_asks_for() {
 }
 
 #[test]
-fn adversarial_impersonation_by_a_pod_is_refused() {
+fn adversarial_csr_impersonation_by_a_pod_is_refused() {
     let b = bed();
     let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
     let e = call(&b, Some("web-token"), &body(&req)).unwrap_err();
@@ -245,7 +245,7 @@ fn adversarial_impersonation_by_a_pod_is_refused() {
 }
 
 #[test]
-fn the_node_proxy_gets_the_identity_of_a_pod_on_its_node() {
+fn csr_the_node_proxy_gets_the_identity_of_a_pod_on_its_node() {
     let b = bed();
     let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
     let chain = call(&b, Some("proxy-a"), &body(&req)).unwrap();
@@ -253,7 +253,7 @@ fn the_node_proxy_gets_the_identity_of_a_pod_on_its_node() {
 }
 
 #[test]
-fn adversarial_a_node_proxy_cannot_mint_identities_of_pods_elsewhere() {
+fn adversarial_csr_a_node_proxy_cannot_mint_identities_of_pods_elsewhere() {
     let b = bed();
     let cases = [
         // A pod that runs on node-b only.
@@ -319,7 +319,7 @@ fn adversarial_a_node_proxy_cannot_mint_identities_of_pods_elsewhere() {
 }
 
 #[test]
-fn malformed_requests_get_invalid_argument_and_change_nothing() {
+fn adversarial_csr_malformed_requests_get_invalid_argument_and_change_nothing() {
     let b = bed();
     let good = greedy_csr();
     let mut tampered = good.clone();
@@ -409,7 +409,7 @@ fn malformed_requests_get_invalid_argument_and_change_nothing() {
 }
 
 #[test]
-fn calls_without_a_valid_token_are_unauthenticated() {
+fn adversarial_csr_calls_without_a_valid_token_are_unauthenticated() {
     let b = bed();
     let req = body(&request(&greedy_csr()));
     for (auth, reason) in [
@@ -431,7 +431,7 @@ fn calls_without_a_valid_token_are_unauthenticated() {
 }
 
 #[test]
-fn each_caller_is_rate_limited_on_its_own() {
+fn adversarial_csr_each_caller_is_rate_limited_on_its_own() {
     let b = bed_with(
         Limits {
             rate_per_caller: 0.001,
@@ -462,7 +462,7 @@ fn each_caller_is_rate_limited_on_its_own() {
 }
 
 #[test]
-fn with_several_roots_the_newest_valid_one_signs() {
+fn csr_with_several_roots_the_newest_valid_one_signs() {
     let now = SystemTime::now();
     let old = Arc::new(CaSigner::generate_for_tests_with_validity(
         TD,
@@ -540,7 +540,7 @@ fn review_answer(req: &serde_json::Value, status: serde_json::Value) -> serde_js
 }
 
 #[test]
-fn token_reviews_go_to_the_kubernetes_api_with_the_audience() {
+fn csr_token_reviews_go_to_the_kubernetes_api_with_the_audience() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -608,7 +608,7 @@ fn token_reviews_go_to_the_kubernetes_api_with_the_audience() {
 }
 
 #[test]
-fn a_review_answer_with_odd_service_account_names_is_refused() {
+fn csr_a_review_answer_with_odd_service_account_names_is_refused() {
     for username in [
         "system:serviceaccount:",
         "system:serviceaccount:ns",
@@ -689,7 +689,7 @@ fn isolated<F: std::future::Future<Output = ()>>(name: &str, f: impl FnOnce() ->
 }
 
 #[test]
-fn a_node_proxy_gets_a_pods_certificate_over_grpc_and_tls() {
+fn csr_a_node_proxy_gets_a_pods_certificate_over_grpc_and_tls() {
     isolated("ca_grpc_end_to_end", || async {
         let mut s = serve(bed()).await;
         let key = KeyPair::generate().unwrap();
@@ -744,7 +744,7 @@ fn a_node_proxy_gets_a_pods_certificate_over_grpc_and_tls() {
 }
 
 #[test]
-fn the_grpc_server_refuses_other_methods_and_garbage_with_a_status() {
+fn csr_the_grpc_server_refuses_garbage_with_a_status() {
     isolated("ca_grpc_bad_calls", || async {
         let s = serve(bed()).await;
         // A body that is no gRPC frame, through the real client path.
@@ -811,7 +811,7 @@ fn serve_on(
 }
 
 #[test]
-fn a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_without_it() {
+fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_without_it() {
     ringway_testbed::run_isolated("ca_remote_source", || {
         use ringway_identity::{IdentityManager, TrustBundle};
         let bed = bed();

@@ -100,6 +100,11 @@ fn adversarial_forged_owner_tag_neither_crashes_the_agent_nor_uses_up_its_handle
         let metrics: SocketAddr = "127.0.0.1:15122".parse().unwrap();
         let mut agent = start_agent(&dir, metrics);
         wait_serving(&mut agent, &dir, metrics);
+        // No proxy has connected: every ADD of a pod to capture would fail,
+        // so the agent says it is not ready, and why (issue 13 item 4).
+        let r = ringway_testbed::http::get(metrics, "/healthz/ready").unwrap();
+        assert_eq!(r.status, 503, "{r:?}");
+        assert!(r.body.contains("no proxy has taken the snapshot"), "{r:?}");
         // What a container with CAP_NET_ADMIN in its own netns can do.
         pod.netns
             .exec(
