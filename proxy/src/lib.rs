@@ -299,6 +299,11 @@ impl Proxy {
     /// needs a mesh ([`Proxy::set_mesh`]); without both, every connection
     /// takes the plaintext path.
     pub fn set_identity(&self, ids: Option<Arc<ringway_identity::IdentityManager>>) {
+        *self
+            .metrics
+            .identities
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = ids.clone();
         self.tunnel.set_identity(ids);
     }
 

@@ -518,6 +518,8 @@ pub struct Metrics {
     /// Bumped each time series are dropped ([`Metrics::forget_workload`]):
     /// workers that cache counter handles start their cache over.
     pub series_epoch: AtomicU64,
+    /// The workload certificates (HBONE on), read at scrape time.
+    pub identities: std::sync::RwLock<Option<Arc<ringway_identity::IdentityManager>>>,
 }
 
 impl Metrics {
@@ -669,8 +671,65 @@ impl Metrics {
             self.datapath_uring.clone(),
         );
         r.register_collector(Box::new(SocketsOpen(self.clone())));
+        r.register_collector(Box::new(Certificates(self.clone())));
         r.register_collector(Box::new(ProcessCollector));
         r
+    }
+}
+
+/// The workload certificates in hand: `ringway_certificate_expiry_timestamp_seconds{identity}`
+/// (when each expires; renewal is due at half its lifetime) and
+/// `ringway_certificate_issue_failures_total` (issuances and renewals that
+/// failed: a CA that cannot be reached, a refusal). Read at scrape time.
+#[derive(Debug)]
+struct Certificates(Arc<Metrics>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertLabels {
+    identity: String,
+}
+
+impl prometheus_client::collector::Collector for Certificates {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let ids = self
+            .0
+            .identities
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(ids) = ids else {
+            return Ok(());
+        };
+        let certs = ids.certificates();
+        let mut family = encoder.encode_descriptor(
+            "ringway_certificate_expiry_timestamp_seconds",
+            "When each workload certificate in hand expires (Unix time)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (id, not_after) in certs {
+            let secs = not_after
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
+            let labels = CertLabels {
+                identity: id.to_string(),
+            };
+            ConstGauge::new(secs).encode(family.encode_family(&labels)?)?;
+        }
+        let failures = ConstCounter::new(ids.issue_failure_count());
+        failures.encode(encoder.encode_descriptor(
+            "ringway_certificate_issue_failures",
+            "Workload certificate issuances and renewals that failed",
+            None,
+            failures.metric_type(),
+        )?)
     }
 }
 

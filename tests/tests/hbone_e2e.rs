@@ -192,6 +192,24 @@ fn hbone_on_the_wire(datapath: Datapath) {
         text.contains(r#"connection_security_policy="mutual_tls""#),
         "{text}"
     );
+    // The client pod's certificate, with its expiry, and no failed issuance.
+    let expiry = text
+        .lines()
+        .find(|l| {
+            l.starts_with("ringway_certificate_expiry_timestamp_seconds{")
+                && l.contains(&format!("identity=\"spiffe://{TD}/ns/"))
+        })
+        .unwrap_or_else(|| panic!("no certificate expiry series:\n{text}"));
+    let at: u64 = expiry.rsplit(' ').next().unwrap().parse().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(at > now, "an expiry in the future: {expiry}");
+    assert!(
+        text.contains("ringway_certificate_issue_failures_total 0"),
+        "{text}"
+    );
 }
 
 #[test]

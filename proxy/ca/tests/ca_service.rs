@@ -861,6 +861,11 @@ fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_with
             matches!(e, ringway_identity::IdentityError::NotIssued { .. }),
             "fail closed while the CA is down: {e}"
         );
+        assert!(
+            ids.issue_failure_count() >= 1,
+            "the failed issuance is counted"
+        );
+        assert!(ids.certificates().is_empty(), "no certificate in hand");
 
         // The service comes up: the refresher gets the wanted certificate
         // on its own (after its backoff), with the pod's identity.

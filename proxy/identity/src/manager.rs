@@ -242,6 +242,7 @@ pub struct IdentityManager {
     client_configs: ConfigCache<(Identity, Identity), ClientConfig>,
     permits: Arc<Permits>,
     issued: AtomicU64,
+    issue_failures: AtomicU64,
 }
 
 impl fmt::Debug for IdentityManager {
@@ -333,6 +334,7 @@ impl IdentityManager {
                 freed: Condvar::new(),
             }),
             issued: AtomicU64::new(0),
+            issue_failures: AtomicU64::new(0),
         })
     }
 
@@ -384,6 +386,25 @@ impl IdentityManager {
     /// Certificates issued so far (metrics, tests).
     pub fn issued_count(&self) -> u64 {
         self.issued.load(Ordering::Relaxed)
+    }
+
+    /// Issuances and renewals that failed so far.
+    pub fn issue_failure_count(&self) -> u64 {
+        self.issue_failures.load(Ordering::Relaxed)
+    }
+
+    /// Each identity with a certificate in hand and when it expires, sorted.
+    pub fn certificates(&self) -> Vec<(Identity, SystemTime)> {
+        let mut out: Vec<(Identity, SystemTime)> = read(&self.certs)
+            .iter()
+            .filter_map(|(id, slot)| {
+                read(&slot.current)
+                    .as_ref()
+                    .map(|c| (id.clone(), c.not_after))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.to_string().cmp(&b.0.to_string()));
+        out
     }
 
     /// [`crate::parse_spiffe`] in our trust domain.
@@ -526,6 +547,7 @@ impl IdentityManager {
         let cert = match self.issue(id) {
             Ok(c) => Arc::new(c),
             Err(e) => {
+                self.issue_failures.fetch_add(1, Ordering::Relaxed);
                 let mut r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
                 r.0 = r.0.saturating_add(1);
                 r.1 = Some(self.clock.now() + retry_delay(r.0));
