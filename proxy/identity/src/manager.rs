@@ -403,7 +403,7 @@ impl IdentityManager {
                     .map(|c| (id.clone(), c.not_after))
             })
             .collect();
-        out.sort_by(|a, b| a.0.to_string().cmp(&b.0.to_string()));
+        out.sort_by_key(|a| a.0.to_string());
         out
     }
 
