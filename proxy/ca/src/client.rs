@@ -232,7 +232,20 @@ fn grpc_status(h: &HeaderMap) -> Option<Status> {
 pub struct RemoteSource {
     client: CaClient,
     token_file: std::path::PathBuf,
-    rt: tokio::runtime::Runtime,
+    /// `None` only while being dropped.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for RemoteSource {
+    fn drop(&mut self) {
+        // The identity manager holding this source may be dropped last from
+        // inside another runtime (the metrics endpoint's, at shutdown),
+        // where dropping a runtime normally (waiting for its tasks) panics.
+        // Nothing of ours runs between calls, so there is nothing to wait for.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for RemoteSource {
@@ -258,7 +271,7 @@ impl RemoteSource {
         Ok(RemoteSource {
             client,
             token_file: token_file.into(),
-            rt,
+            rt: Some(rt),
         })
     }
 }
@@ -288,8 +301,11 @@ impl ringway_identity::CertSource for RemoteSource {
         let token = std::fs::read_to_string(&self.token_file)
             .map_err(|e| format!("reading the token {}: {e}", self.token_file.display()))?;
         let validity = not_after.duration_since(not_before).unwrap_or_default();
-        let chain = self
+        let rt = self
             .rt
+            .as_ref()
+            .ok_or_else(|| String::from("the certificate service client is shutting down"))?;
+        let chain = rt
             .block_on(
                 self.client
                     .create_certificate(token.trim(), &csr, identity, true, validity),

@@ -900,3 +900,28 @@ fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_with
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// The proxy's identity manager (and so its `RemoteSource`, which owns a
+/// runtime) can be dropped last from inside an async context: the metrics
+/// endpoint's handler holds it and is dropped on that endpoint's runtime at
+/// shutdown. That must not panic ("Cannot drop a runtime in a context where
+/// blocking is not allowed"), as `ringway sandbox --ca-service` showed.
+#[test]
+fn csr_a_remote_source_dropped_inside_an_async_runtime_does_not_panic() {
+    let ca = CaSigner::generate_for_tests(TD);
+    let mut bundle = ringway_identity::TrustBundle::new();
+    bundle.add(ca.cert().clone());
+    let tls = CaClient::tls_config(bundle.roots()).unwrap();
+    let client = CaClient::new(
+        "127.0.0.1:9".parse().unwrap(),
+        rustls_pki_types::ServerName::try_from("ringway-ca.test").unwrap(),
+        tls,
+    );
+    let source = ringway_ca::client::RemoteSource::new(client, "/nonexistent/token").unwrap();
+    let outer = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    outer.block_on(async move {
+        drop(source);
+    });
+}
