@@ -143,6 +143,10 @@ struct SandboxArgs {
     /// Proxy settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Certificates from a certificate service run in the sandbox (the only
+    /// holder of the root key) instead of a CA key in each proxy.
+    #[arg(long)]
+    ca_service: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -1036,6 +1040,7 @@ fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         mode: args.mode,
         bytes: args.bytes,
         settings,
+        ca_service: args.ca_service,
     };
     let wait = args.wait.then_some(stop);
     let out = ringway_testbed::run_isolated("sandbox", || sandbox::run(&opts, wait));

@@ -35,6 +35,9 @@ pub struct Options {
     pub bytes: u64,
     /// Proxy settings (embedded default or --config).
     pub settings: ProxySettings,
+    /// Certificates from an in-process certificate service (`--ca-service`)
+    /// instead of a CA key in each proxy.
+    pub ca_service: bool,
 }
 
 struct NodeRig {
@@ -45,6 +48,7 @@ struct NodeRig {
     zds: Option<std::thread::JoinHandle<()>>,
     cni_socket: PathBuf,
     metrics: ringway_proxy::control::ControlServer,
+    _refresher: Option<ringway_identity::Refresher>,
 }
 
 impl Drop for NodeRig {
@@ -100,10 +104,23 @@ fn start_node(
         ..opts.settings.clone()
     };
     let proxy = Arc::new(Proxy::start(settings.clone())?);
-    let ca = ringway_identity::CaSigner::load(ca_dir.join("ca.crt"), ca_dir.join("ca.key"))?;
-    let bundle = ringway_identity::TrustBundle::from_pem_files(&[] as &[&Path])?;
-    let ids = ringway_identity::IdentityManager::new(ca, bundle, TD, Duration::from_secs(3600))?;
-    proxy.set_identity(Some(Arc::new(ids)));
+    let refresher = match mesh.ca_service() {
+        // The product path of `ringway proxy` with `ca.address`: a key per
+        // identity made here, a CSR to the certificate service.
+        Some(svc) => Some(
+            crate::enable_hbone_with_ca_service(&proxy, svc, TD)
+                .with_context(|| format!("node{index}'s proxy as a certificate service client"))?,
+        ),
+        None => {
+            let ca =
+                ringway_identity::CaSigner::load(ca_dir.join("ca.crt"), ca_dir.join("ca.key"))?;
+            let bundle = ringway_identity::TrustBundle::from_pem_files(&[] as &[&Path])?;
+            let ids =
+                ringway_identity::IdentityManager::new(ca, bundle, TD, Duration::from_secs(3600))?;
+            proxy.set_identity(Some(Arc::new(ids)));
+            None
+        }
+    };
     proxy.set_mesh(mesh);
     let zds_socket = dir.join(format!("node{index}-zds.sock"));
     let cni_socket = dir.join(format!("node{index}-cni.sock"));
@@ -144,6 +161,7 @@ fn start_node(
         zds: Some(zds),
         cni_socket,
         metrics,
+        _refresher: refresher,
     })
 }
 
@@ -227,13 +245,45 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
         .write_pem_files(&dir.join("ca.crt"), &dir.join("ca.key"))?;
     let mut all: Vec<(&Pod, &str)> = n1.pods.iter().map(|p| (p, "node1")).collect();
     all.push((n2.pod(0), "node2"));
-    let mesh = Arc::new(MeshConfig::load_str(
-        &mesh_yaml(&all),
-        "sandbox mesh",
-        &NoEnv,
-    )?);
-    let rig1 = start_node(1, &dir, opts, &dir, mesh.clone())?;
-    let rig2 = start_node(2, &dir, opts, &dir, mesh)?;
+    let ca = if opts.ca_service {
+        Some(CaRig::start(&dir, &all).context("starting the certificate service")?)
+    } else {
+        None
+    };
+    // Each node's proxy config: in CA-service mode its own token, the
+    // service's address and the public root, and never the root key.
+    let node_mesh = |n: u8| -> anyhow::Result<Arc<ringway_config::Mesh>> {
+        let mut yaml = mesh_yaml(&all);
+        if let Some(ca) = &ca {
+            yaml.push_str(&ca.proxy_yaml(n));
+            let key = ca.root_key.display().to_string();
+            if yaml.contains(&key) {
+                bail!("node{n}'s proxy config names the root key {key}");
+            }
+        }
+        Ok(Arc::new(MeshConfig::load_str(
+            &yaml,
+            &format!("sandbox mesh of node{n}"),
+            &NoEnv,
+        )?))
+    };
+    let (mesh1, mesh2) = (node_mesh(1)?, node_mesh(2)?);
+    if let Some(ca) = &ca {
+        for m in [&mesh1, &mesh2] {
+            if m.ca().is_some() {
+                bail!("a proxy was given a CA key (ca.keyFile) in CA-service mode");
+            }
+        }
+        println!(
+            "  certificates: from the certificate service at {} (root key only there, {}; the proxies' configs name no key)",
+            ca.addr,
+            ca.root_key.display()
+        );
+    } else {
+        println!("  certificates: signed in each proxy with a local test CA key (the weaker trust model; --ca-service for a certificate service)");
+    }
+    let rig1 = start_node(1, &dir, opts, &dir, mesh1.clone())?;
+    let rig2 = start_node(2, &dir, opts, &dir, mesh2)?;
     println!(
         "  node1 + node2: agent and proxy each ({} worker(s) on {}), both ready ({:.0} ms)",
         opts.settings.effective_workers(),
@@ -326,12 +376,29 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
     if !rig1.ready.is_ready() || !rig2.ready.is_ready() {
         bail!("a proxy is not ready after the demo");
     }
+    if let Some(ca) = &ca {
+        let (issued, refused) = ca.counts();
+        println!(
+            "  certificate service: {issued} certificate(s) issued, {refused} request(s) refused"
+        );
+        if issued == 0 || refused != 0 {
+            bail!("the certificate service issued {issued} and refused {refused} certificate(s)");
+        }
+        const ROUNDS: usize = 200;
+        let (p50, p99) = ca.measure(&mesh1, ROUNDS)?;
+        println!(
+            "  CSR round trip (key + CSR + TLS call, {ROUNDS} issuances): p50 {:.2} ms, p99 {:.2} ms",
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
+    }
     if let Some(set) = wait {
         println!("sandbox up; Ctrl-C to stop");
         let _ = set.wait();
     }
     drop(rig1);
     drop(rig2);
+    drop(ca);
     println!("sandbox done in {:.1} s: everything lived in this process's own namespaces and is gone with it", t0.elapsed().as_secs_f64());
     Ok(())
 }
@@ -342,5 +409,257 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The sandbox's tokens: no API server here, so one token per node proxy,
+/// standing for `ringway-system/ringway-proxy` bound to the pod
+/// `proxy-nodeN`; any other token is refused as a TokenReview would.
+struct SandboxReviewer(HashMap<String, ringway_ca::Caller>);
+
+impl ringway_ca::TokenReviewer for SandboxReviewer {
+    fn review<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> ringway_ca::authn::BoxFuture<'a, Result<ringway_ca::Caller, ringway_ca::Status>> {
+        Box::pin(async move {
+            self.0.get(token).cloned().ok_or_else(|| {
+                ringway_ca::Status::new(
+                    ringway_ca::Code::Unauthenticated,
+                    "token_rejected",
+                    "the token is not one of the sandbox's node proxy tokens",
+                )
+            })
+        })
+    }
+}
+
+/// The node proxies' service account (as the Helm chart names it).
+const PROXY_NS: &str = "ringway-system";
+const PROXY_SA: &str = "ringway-proxy";
+/// The name the certificate service's serving certificate is issued for.
+const CA_SERVER_NAME: &str = "ringway-ca.ringway-system.svc";
+
+/// `ringway ca` in-process: the only holder of the root key.
+struct CaRig {
+    service: Arc<ringway_ca::CaService>,
+    addr: SocketAddr,
+    /// The public root, the only CA file the proxies get.
+    root_cert: PathBuf,
+    /// The root key, read by the service only.
+    root_key: PathBuf,
+    /// Node N's token file at `[N - 1]`.
+    tokens: Vec<PathBuf>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Drop for CaRig {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.server.take() {
+            let _ = self.rt.block_on(t);
+        }
+    }
+}
+
+impl CaRig {
+    /// Starts the service on 127.0.0.1 of the sandbox's own netns (where
+    /// both nodes' proxies run), with the pods of `all` and the two proxy
+    /// pods in its directory.
+    fn start(dir: &Path, all: &[(&Pod, &str)]) -> anyhow::Result<CaRig> {
+        let ca_dir = dir.join("ca-service");
+        std::fs::create_dir_all(&ca_dir)?;
+        let (root_cert, root_key) = (ca_dir.join("root.crt"), ca_dir.join("root.key"));
+        let root = ringway_identity::CaSigner::generate_for_tests(TD);
+        root.write_pem_files(&root_cert, &root_key)?;
+        // The proxies' copy of the public root, outside the service's dir.
+        let public_root = dir.join("mesh-root.crt");
+        std::fs::write(&public_root, root.cert_pem())?;
+        drop(root);
+        // The service loads its root from files, as `ringway ca` does.
+        let signer = Arc::new(
+            ringway_identity::CaSigner::load(&root_cert, &root_key)
+                .context("loading the sandbox's root for the certificate service")?,
+        );
+        let serving = signer.issue_dns_for_tests(CA_SERVER_NAME);
+        let (tls_cert, tls_key) = (ca_dir.join("tls.crt"), ca_dir.join("tls.key"));
+        let chain: String = serving
+            .chain
+            .iter()
+            .map(|c| pem::encode(&pem::Pem::new("CERTIFICATE", c.to_vec())))
+            .collect();
+        std::fs::write(&tls_cert, chain)?;
+        let label = match &serving.key {
+            rustls_pki_types::PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+            rustls_pki_types::PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+            _ => "PRIVATE KEY",
+        };
+        std::fs::write(
+            &tls_key,
+            pem::encode(&pem::Pem::new(label, serving.key.secret_der().to_vec())),
+        )?;
+        let tls = ringway_ca::server::tls_config_from_files(&tls_cert, &tls_key)
+            .context("loading the certificate service's serving certificate")?;
+
+        let pods = ringway_ca::pods::StaticPods::default();
+        for (p, node) in all {
+            pods.put(ringway_ca::PodView {
+                namespace: "demo".into(),
+                name: p.name.clone(),
+                uid: format!("uid-{}", p.name),
+                node: (*node).to_owned(),
+                service_account: "default".into(),
+                live: true,
+            });
+        }
+        let mut callers = HashMap::new();
+        let mut tokens = Vec::new();
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        for n in 1..=2u8 {
+            let pod = format!("proxy-node{n}");
+            let uid = format!("uid-{pod}");
+            pods.put(ringway_ca::PodView {
+                namespace: PROXY_NS.into(),
+                name: pod.clone(),
+                uid: uid.clone(),
+                node: format!("node{n}"),
+                service_account: PROXY_SA.into(),
+                live: true,
+            });
+            let token = format!("sandbox-node{n}-{}-{nonce:x}", std::process::id());
+            callers.insert(
+                token.clone(),
+                ringway_ca::Caller {
+                    namespace: PROXY_NS.into(),
+                    service_account: PROXY_SA.into(),
+                    pod_name: Some(pod),
+                    pod_uid: Some(uid),
+                    node_name: Some(format!("node{n}")),
+                },
+            );
+            let file = dir.join(format!("node{n}.token"));
+            std::fs::write(&file, token)?;
+            tokens.push(file);
+        }
+        let service = Arc::new(ringway_ca::CaService::new(
+            ringway_ca::Policy {
+                trust_domain: TD.into(),
+                node_proxy: (PROXY_NS.into(), PROXY_SA.into()),
+            },
+            // Both proxies share one service account (one rate bucket); the
+            // sandbox's CSR round-trip measurement adds a few hundred calls.
+            ringway_ca::Limits {
+                rate_per_caller: 1000.0,
+                burst_per_caller: 1000.0,
+                ..ringway_ca::Limits::default()
+            },
+            Arc::new(SandboxReviewer(callers)),
+            Arc::new(pods),
+            vec![signer],
+        )?);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sandbox-ca")
+            .enable_all()
+            .build()
+            .context("starting the certificate service's runtime")?;
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .context("binding the certificate service")?;
+        let addr = listener.local_addr()?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = rt.spawn(ringway_ca::server::serve(
+            listener,
+            tls,
+            service.clone(),
+            ringway_ca::server::ServerLimits::default(),
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
+        Ok(CaRig {
+            service,
+            addr,
+            root_cert: public_root,
+            root_key,
+            tokens,
+            stop: Some(stop_tx),
+            server: Some(server),
+            rt,
+        })
+    }
+
+    /// Node `n`'s `ca:` section: the service's address, the public root and
+    /// the node's token; no key.
+    fn proxy_yaml(&self, n: u8) -> String {
+        format!(
+            "ca:\n  address: \"{}\"\n  serverName: {CA_SERVER_NAME}\n  rootCertFile: {}\n  tokenFile: {}\n",
+            self.addr,
+            self.root_cert.display(),
+            self.tokens[usize::from(n - 1)].display()
+        )
+    }
+
+    /// (issued, refused) so far, from `ringway_ca_requests_total`.
+    fn counts(&self) -> (u64, u64) {
+        let (mut issued, mut refused) = (0u64, 0u64);
+        for line in self.service.encode_metrics().lines() {
+            let Some(rest) = line.strip_prefix("ringway_ca_requests_total{") else {
+                continue;
+            };
+            let n = rest
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64;
+            if rest.contains("code=\"ok\"") {
+                issued += n;
+            } else {
+                refused += n;
+            }
+        }
+        (issued, refused)
+    }
+
+    /// CSR round trips as node1's proxy makes them (a P-256 key, a CSR, the
+    /// call over TLS, the chain checked): `count` issuances of `identity`,
+    /// (p50, p99).
+    fn measure(
+        &self,
+        mesh: &ringway_config::Mesh,
+        count: usize,
+    ) -> anyhow::Result<(Duration, Duration)> {
+        use ringway_identity::CertSource;
+        let svc = mesh
+            .ca_service()
+            .context("no certificate service in node1's mesh")?;
+        let bundle = ringway_identity::TrustBundle::from_pem_files(&[&svc.root_cert_file])?;
+        let tls = ringway_ca::CaClient::tls_config(bundle.roots())
+            .map_err(|e| anyhow::anyhow!("the certificate service's TLS: {e}"))?;
+        let name = rustls_pki_types::ServerName::try_from(svc.server_name.clone())?;
+        let source = ringway_ca::client::RemoteSource::new(
+            ringway_ca::CaClient::new(self.addr, name, tls),
+            &svc.token_file,
+        )?;
+        let id = ringway_identity::parse_spiffe(&format!("spiffe://{TD}/ns/demo/sa/default"), TD)?;
+        let mut took = Vec::with_capacity(count);
+        for _ in 0..count {
+            let now = std::time::SystemTime::now();
+            let t0 = Instant::now();
+            source
+                .issue(&id, now, now + Duration::from_secs(3600))
+                .map_err(|e| anyhow::anyhow!("a measured CSR was refused: {e}"))?;
+            took.push(t0.elapsed());
+        }
+        took.sort();
+        let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
+        Ok((at(0.5), at(0.99)))
     }
 }

@@ -70,3 +70,57 @@ fn sandbox_rejects_a_bad_config_file_naming_the_field() {
     assert!(err.contains("unknown field `wokers`"), "{err}");
     drop(dir);
 }
+
+/// `ringway sandbox --ca-service`: the proxies get their certificates from a
+/// certificate service (the only holder of the root key) over gRPC/TLS, and
+/// HBONE between the nodes works with those certificates; without the flag
+/// the sandbox still runs with a local key and says so.
+#[test]
+fn csr_sandbox_ca_service_mode_runs_hbone_with_ca_issued_certificates() {
+    if ringway_testbed::skip_privileged(
+        "csr_sandbox_ca_service_mode_runs_hbone_with_ca_issued_certificates",
+    ) {
+        return;
+    }
+    let out = run_sandbox(&["--ca-service"]);
+    for want in [
+        "certificates: from the certificate service at 127.0.0.1:",
+        "root key only there",
+        "the proxies' configs name no key",
+        "HBONE/mTLS n1-pod0 -> 10.244.2.2:8080",
+        "HBONE/mTLS n1-pod0 -> [fd00:244:2::2]:8080",
+        "the app saw 10.244.1.2",
+        "mutual_tls series on node1",
+        " 0 request(s) refused",
+        "CSR round trip",
+        "sandbox done",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    let issued: u64 = out
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("certificate service: ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no issued count in:\n{out}"));
+    assert!(issued > 0, "no certificate issued:\n{out}");
+    // The measured CSR round trip, for the record (no assertion on speed).
+    if let Some(l) = out.lines().find(|l| l.contains("CSR round trip")) {
+        println!("{}", l.trim());
+    }
+
+    let out = run_sandbox(&[]);
+    for want in [
+        "certificates: signed in each proxy with a local test CA key",
+        "HBONE/mTLS n1-pod0 -> 10.244.2.2:8080",
+        "sandbox done",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    assert!(!out.contains("certificate service:"), "{out}");
+}
