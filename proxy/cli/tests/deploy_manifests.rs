@@ -1493,7 +1493,9 @@ fn manifests_parse_strictly_and_hold_the_invariants() {
     let text = read(&manifests_path());
     let o = typed_objects(&text);
     assert_eq!(o.daemonsets.len(), 2);
-    assert!(o.priority_classes.is_empty() && o.services.is_empty() && o.others.is_empty());
+    // The certificate service's Service is the only one (service mode, the default).
+    assert!(o.priority_classes.is_empty() && o.others.is_empty());
+    assert_eq!(o.services.keys().collect::<Vec<_>>(), ["ringway-ca"]);
     check_invariants(&o, &text);
 }
 
@@ -1549,7 +1551,9 @@ fn optional_objects_render_and_parse() {
 fn seccomp_choices_and_no_ca_render() {
     for (ty, localhost) in [("RuntimeDefault", false), ("Unconfined", false)] {
         let text = render_chart(
-            &format!("proxy: {{seccompProfile: {{type: {ty}}}}}\nca: {{secretName: \"\"}}\n"),
+            &format!(
+                "proxy: {{seccompProfile: {{type: {ty}}}}}\nca: {{mode: local, secretName: \"\"}}\n"
+            ),
             NAMESPACE,
         )
         .unwrap();
@@ -2216,10 +2220,18 @@ fn ca_service_mode_renders_and_holds_the_invariants() {
     );
     let pairs = root_pairs(&ca.args.clone().unwrap());
     assert_eq!(pairs.len(), 2, "{pairs:?}");
-    // The default render has none of it.
+    // The default render is the service mode (with one root); the local-key
+    // mode needs an explicit value.
     let d = typed_objects(&read(&manifests_path()));
-    assert!(d.deployments.is_empty() && d.pod_disruption_budgets.is_empty());
-    assert!(mesh_of(&d).ca().is_some(), "local mode by default");
+    assert!(d.deployments.contains_key("ringway-ca") && !d.pod_disruption_budgets.is_empty());
+    let mesh = mesh_of(&d);
+    assert!(
+        mesh.ca().is_none() && mesh.ca_service().is_some(),
+        "the certificate service by default"
+    );
+    let local = typed_objects(&render_chart("ca: {mode: local}\n", NAMESPACE).unwrap());
+    assert!(local.deployments.is_empty() && local.pod_disruption_budgets.is_empty());
+    assert!(mesh_of(&local).ca().is_some(), "local mode when asked for");
 }
 
 /// The root key is in the `ringway-ca` pods only: no DaemonSet (on every node) refers
