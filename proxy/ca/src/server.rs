@@ -160,7 +160,7 @@ async fn call(req: Request<h2::RecvStream>, service: &CaService) -> Result<Bytes
         .map(str::to_owned);
     // Read at most the request limit (plus the frame prefix): a bigger body
     // is refused before it is all buffered.
-    let cap = service_limit(service) + 5;
+    let cap = service.limits().max_request_bytes + 5;
     let mut body = req.into_body();
     let mut buf = BytesMut::new();
     while let Some(chunk) = body.data().await {
@@ -185,10 +185,6 @@ async fn call(req: Request<h2::RecvStream>, service: &CaService) -> Result<Bytes
         .create_certificate(authorization.as_deref(), &buf)
         .await?;
     Ok(encode_frame(&resp.encode_to_vec()))
-}
-
-fn service_limit(service: &CaService) -> usize {
-    service.limits().max_request_bytes
 }
 
 fn respond_with(mut respond: h2::server::SendResponse<Bytes>, result: Result<Bytes, Status>) {
@@ -279,4 +275,86 @@ pub fn tls_config_from_files(
         .map_err(|e| pair(e.to_string()))?;
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(cfg))
+}
+
+/// The service running on a runtime it owns (the CA's own threads, never a
+/// proxy's): [`serve`] on `addr`, stopped and joined by [`Server::stop`] or
+/// when dropped.
+pub struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Binds `addr` and serves `service` on `rt` (which may already run
+    /// other tasks of the CA, such as its pod watch). `rt` must have worker
+    /// threads of its own: nothing else drives it.
+    pub fn start(
+        rt: tokio::runtime::Runtime,
+        addr: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+        service: Arc<CaService>,
+        limits: ServerLimits,
+    ) -> std::io::Result<Server> {
+        if rt.handle().runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the certificate service needs a multi-thread runtime (nothing would drive a current-thread one)",
+            ));
+        }
+        let listener = rt.block_on(TcpListener::bind(addr))?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = rt.spawn(serve(listener, tls, service, limits, async {
+            let _ = stopped.await;
+        }));
+        Ok(Server {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+            rt: Some(rt),
+        })
+    }
+
+    /// Where it listens (the port the kernel chose for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and waits for the accept loop to end.
+    pub fn stop(mut self) {
+        self.shut_down();
+    }
+
+    fn shut_down(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let Some(rt) = self.rt.take() else { return };
+        // Inside another runtime (a drop from async code) neither waiting nor
+        // dropping a runtime is allowed: let it wind down in the background.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            rt.shutdown_background();
+            return;
+        }
+        if let Some(t) = self.task.take() {
+            let _ = rt.block_on(t);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
 }

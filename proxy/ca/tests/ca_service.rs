@@ -763,51 +763,18 @@ fn csr_the_grpc_server_refuses_garbage_with_a_status() {
 
 // ------------------------------------------------- the node proxy as a client
 
-/// A CA server on `addr` in a runtime of its own thread; stopped on drop.
-struct Background {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let _ = self.thread.take().unwrap().join();
-    }
-}
-
+/// A CA server on `addr` in a runtime of its own; stopped on drop.
 fn serve_on(
     addr: std::net::SocketAddr,
     service: Arc<CaService>,
     tls: Arc<rustls::ServerConfig>,
-) -> Background {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async move {
-                let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-                ready_tx.send(()).unwrap();
-                ringway_ca::server::serve(
-                    listener,
-                    tls,
-                    service,
-                    ringway_ca::server::ServerLimits::default(),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await;
-            });
-    });
-    ready_rx.recv().unwrap();
-    Background {
-        stop: Some(stop),
-        thread: Some(thread),
-    }
+) -> ringway_ca::server::Server {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    ringway_ca::server::Server::start(rt, addr, tls, service, Default::default()).unwrap()
 }
 
 #[test]

@@ -738,19 +738,14 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
         pods.clone(),
         signers,
     )?);
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind(args.listen))
-        .with_context(|| format!("binding the certificate service on {}", args.listen))?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(ringway_ca::server::serve(
-        listener,
+    let server = ringway_ca::server::Server::start(
+        rt,
+        args.listen,
         tls,
         service.clone(),
         ringway_ca::server::ServerLimits::default(),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    )
+    .with_context(|| format!("binding the certificate service on {}", args.listen))?;
     let metrics = service.clone();
     let ready_pods = pods;
     let control = ringway_proxy::control::ControlServer::serve(
@@ -787,8 +782,7 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
     tracing::info!(listen = %args.listen, metrics = %control.addr, trust_domain = %args.trust_domain, "certificate service serving");
     let sig = stop.wait()?;
     tracing::info!(signal = ?sig, "certificate service stopping");
-    let _ = stop_tx.send(());
-    let _ = rt.block_on(server);
+    server.stop();
     drop(control);
     Ok(())
 }

@@ -450,20 +450,8 @@ struct CaRig {
     root_key: PathBuf,
     /// Node N's token file at `[N - 1]`.
     tokens: Vec<PathBuf>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    server: Option<tokio::task::JoinHandle<()>>,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Drop for CaRig {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.server.take() {
-            let _ = self.rt.block_on(t);
-        }
-    }
+    /// Stopped when the rig is dropped.
+    _server: ringway_ca::server::Server,
 }
 
 impl CaRig {
@@ -570,29 +558,21 @@ impl CaRig {
             .enable_all()
             .build()
             .context("starting the certificate service's runtime")?;
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .context("binding the certificate service")?;
-        let addr = listener.local_addr()?;
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = rt.spawn(ringway_ca::server::serve(
-            listener,
+        let server = ringway_ca::server::Server::start(
+            rt,
+            "127.0.0.1:0".parse()?,
             tls,
             service.clone(),
             ringway_ca::server::ServerLimits::default(),
-            async {
-                let _ = stop_rx.await;
-            },
-        ));
+        )
+        .context("binding the certificate service")?;
         Ok(CaRig {
             service,
-            addr,
+            addr: server.addr(),
             root_cert: public_root,
             root_key,
             tokens,
-            stop: Some(stop_tx),
-            server: Some(server),
-            rt,
+            _server: server,
         })
     }
 
