@@ -7,53 +7,30 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
 
 use ringway_testbed::{run_isolated, VirtualNode};
-use support::live;
+use support::{live, Proc};
 
 /// The tag of the issue: a piece count of u64::MAX (the agent used to size a
 /// vector with it and exit with code 101 at every start).
 const FORGED: &str = "ringway-pod:0/18446744073709551615:x";
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn start_agent(dir: &Path, metrics: SocketAddr) -> Agent {
-    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_ringway"))
-        .args(["--log-format", "text", "--log", "info", "agent"])
-        .arg("--zds-socket")
-        .arg(dir.join("zds.sock"))
-        .arg("--cni-socket")
-        .arg(dir.join("cni.sock"))
-        .arg("--state-file")
-        .arg(dir.join("state/pods.json"))
-        .args(["--netns-dir", "/run/netns", "--node-name", "node1"])
+fn start_agent(dir: &Path, metrics: SocketAddr) -> Proc {
+    let child = support::agent_command(dir, Path::new("/run/netns"), &dir.join("agent.log"))
         .arg("--metrics-addr")
         .arg(metrics.to_string())
-        .stdout(Stdio::null())
-        .stderr(log)
         .spawn()
         .unwrap();
-    Agent(child)
+    Proc(child)
 }
 
 /// Waits (bounded) for the agent's `/healthz/live` (no proxy here, so it is
 /// never ready); panics with its log
 /// when it exits or never answers.
-fn wait_serving(agent: &mut Agent, dir: &Path, metrics: SocketAddr) {
+fn wait_serving(agent: &mut Proc, dir: &Path, metrics: SocketAddr) {
     let t0 = Instant::now();
     loop {
         if let Some(status) = agent.0.try_wait().unwrap() {

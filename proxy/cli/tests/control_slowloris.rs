@@ -6,8 +6,6 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
@@ -21,23 +19,13 @@ const FLOOD: usize = 2_000;
 const AGENT_SOFT_NOFILE: u64 = 1024;
 
 struct Agent {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    child: support::Proc,
+    _dir: ringway_testbed::TempDir,
 }
 
 impl Agent {
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.0.id()
     }
 
     fn open_fds(&self) -> usize {
@@ -62,8 +50,7 @@ impl Agent {
 /// Starts `ringway agent` with a soft fd limit of [`AGENT_SOFT_NOFILE`]
 /// (set on this process around the spawn; the child inherits it).
 fn start_agent(addr: SocketAddr) -> Agent {
-    let dir = std::env::temp_dir().join(format!("ringway-slowloris-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = ringway_testbed::TempDir::new("slowloris");
     std::fs::create_dir_all(dir.join("netns")).unwrap();
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     assert!(
@@ -71,27 +58,15 @@ fn start_agent(addr: SocketAddr) -> Agent {
         "the hard fd limit {hard} is too low for this test"
     );
     setrlimit(Resource::RLIMIT_NOFILE, AGENT_SOFT_NOFILE, hard).unwrap();
-    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
-    let spawned = Command::new(env!("CARGO_BIN_EXE_ringway"))
-        .args(["--log-format", "text", "--log", "info", "agent"])
-        .arg("--zds-socket")
-        .arg(dir.join("zds.sock"))
-        .arg("--cni-socket")
-        .arg(dir.join("cni.sock"))
-        .arg("--netns-dir")
-        .arg(dir.join("netns"))
-        .arg("--state-file")
-        .arg(dir.join("state/pods.json"))
-        .args(["--node-name", "node1", "--metrics-addr", &addr.to_string()])
-        .stdout(Stdio::null())
-        .stderr(log)
+    let spawned = support::agent_command(&dir, &dir.join("netns"), &dir.join("agent.log"))
+        .args(["--metrics-addr", &addr.to_string()])
         .spawn();
     // This process needs room for the flood (both ends are not here, only
     // the client ends, but keep a margin).
     setrlimit(Resource::RLIMIT_NOFILE, hard.max(soft), hard).unwrap();
     let agent = Agent {
-        child: spawned.unwrap(),
-        dir,
+        child: support::Proc(spawned.unwrap()),
+        _dir: dir,
     };
     let t0 = Instant::now();
     // No proxy connects in this test: the agent serves (live) but is not
@@ -184,7 +159,7 @@ fn adversarial_control_port_slowloris() {
             "/healthz/live did not answer 200 during the flood: {answers:?} (agent fds {fds})"
         );
         assert!(
-            agent.child.try_wait().unwrap().is_none(),
+            agent.child.0.try_wait().unwrap().is_none(),
             "the agent exited"
         );
         // The agent raised its soft limit as the proxy does.

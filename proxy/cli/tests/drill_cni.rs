@@ -5,8 +5,8 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,29 +15,7 @@ mod support;
 
 use ringway_testbed::traffic::EchoServer;
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
-use support::ready;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl Proc {
-    fn sigterm_and_wait(mut self) -> std::process::ExitStatus {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        self.0.wait().unwrap()
-    }
-}
+use support::{ready, Proc};
 
 struct Env {
     dir: ringway_testbed::TempDir,
@@ -61,28 +39,9 @@ impl Env {
     }
 
     fn agent(&self) -> Proc {
-        let log = std::fs::File::create(self.dir.join(format!("agent-{}.log", now_ms()))).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ringway"))
-            .args([
-                "--log-format",
-                "text",
-                "--log",
-                "info",
-                "agent",
-                "--zds-socket",
-            ])
-            .arg(self.zds())
-            .arg("--cni-socket")
-            .arg(self.cni())
-            // The agent's record of its pods, in the drill's own dir (never
-            // the node's /var/run/ringway-agent): a restarted agent adopts
-            // the pods from it.
-            .arg("--state-file")
-            .arg(self.dir.join("state/pods.json"))
-            .args(["--netns-dir", "/run/netns", "--node-name", "node1"])
+        let log = self.dir.join(format!("agent-{}.log", now_ms()));
+        let child = support::agent_command(&self.dir, Path::new("/run/netns"), &log)
             .args(["--pod-service-account", "default=default"])
-            .stdout(Stdio::null())
-            .stderr(log)
             .spawn()
             .unwrap();
         let t0 = Instant::now();

@@ -14,3 +14,52 @@ pub fn ready(addr: SocketAddr) -> bool {
 pub fn live(addr: SocketAddr) -> bool {
     ringway_testbed::http::get(addr, "/healthz/live").is_ok_and(|r| r.status == 200)
 }
+
+/// A child process, killed (and reaped) when dropped unless it already exited.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Proc {
+    /// SIGTERM, then waits for the exit.
+    pub fn sigterm_and_wait(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.0.wait().unwrap()
+    }
+}
+
+/// `ringway agent` as the drills run it: its sockets (`zds.sock`, `cni.sock`)
+/// and its record of pods (`state/pods.json`, never the node's
+/// /var/run/ringway-agent) in `dir`, namespaces from `netns_dir`, node
+/// `node1`, text logs at info to `log`. Add flags, then spawn.
+pub fn agent_command(
+    dir: &std::path::Path,
+    netns_dir: &std::path::Path,
+    log: &std::path::Path,
+) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringway"));
+    c.args(["--log-format", "text", "--log", "info", "agent"])
+        .arg("--zds-socket")
+        .arg(dir.join("zds.sock"))
+        .arg("--cni-socket")
+        .arg(dir.join("cni.sock"))
+        .arg("--state-file")
+        .arg(dir.join("state/pods.json"))
+        .arg("--netns-dir")
+        .arg(netns_dir)
+        .args(["--node-name", "node1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    c
+}
