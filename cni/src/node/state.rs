@@ -916,14 +916,12 @@ impl Core {
 }
 
 /// A repeated enroll of the same pod and netns: what the new call does not
-/// know (the Kubernetes watch knows no sandbox id) is
-/// kept from the earlier one.
+/// know (the Kubernetes watch knows no sandbox id, nor the CNI result's
+/// addresses) is kept from the earlier one. (Every enroll carries a service
+/// account: `validate` refuses an empty one.)
 fn merge(mut new: Pod, old: &Pod) -> Pod {
     if new.container_id.is_none() {
         new.container_id = old.container_id.clone();
-    }
-    if new.service_account.is_empty() {
-        new.service_account = old.service_account.clone();
     }
     if new.ips.is_empty() {
         new.ips = old.ips.clone();
@@ -952,21 +950,17 @@ mod tests {
             uid: "u".into(),
             name: "web".into(),
             namespace: "shop".into(),
-            service_account: String::new(),
+            service_account: "web-sa".into(),
             ips: vec!["10.0.0.5".parse().unwrap()],
             container_id: Some("c1".into()),
         };
         let watch = Pod {
-            service_account: "web-sa".into(),
             ips: vec![],
             container_id: None,
             ..cni.clone()
         };
         let merged = merge(watch, &cni);
-        assert_eq!(merged.service_account, "web-sa");
         assert_eq!(merged.container_id.as_deref(), Some("c1"));
         assert_eq!(merged.ips, cni.ips);
-        let again = merge(cni.clone(), &merged);
-        assert_eq!(again.service_account, "web-sa");
     }
 }
