@@ -132,7 +132,9 @@ pub struct ProxySettings {
     pub drain_period: Duration,
     /// How long a plaintext upstream connect may take before it is given up
     /// (the client is reset, or a service's next endpoint is tried) instead
-    /// of waiting for the kernel's SYN retries (about two minutes).
+    /// of waiting for the kernel's SYN retries (about two minutes). HBONE
+    /// uses it too: a tunnel's TCP connect and TLS handshake, and the
+    /// inbound side's connect to the app.
     #[serde(with = "duration_secs")]
     pub connect_timeout: Duration,
     /// Limits of the tunnel listener (15008) against hostile peers.

@@ -43,9 +43,6 @@ use crate::worker::PodShared;
 /// connection (shared by its streams), not per stream.
 const TLS_READ_BUF: usize = 64 * 1024;
 
-/// Bound on TCP connect + TLS handshake of a tunnel, and on connecting to the app.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Errors of the tunnel datapath, by the side that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
@@ -85,6 +82,9 @@ pub struct TunnelState {
     signal: DrainSignal,
     /// The limits of the tunnel listener (`proxy.hbone`).
     pub limits: HboneSettings,
+    /// Bound on connecting to the app in a pod (`proxy.connectTimeout`, as
+    /// on the plaintext path).
+    pub connect_timeout: Duration,
     /// Ports a CONNECT may never target in a pod: the proxy's listeners
     /// and `limits.reserved_ports`.
     proxy_ports: Vec<u16>,
@@ -166,6 +166,7 @@ impl TunnelState {
             drain,
             signal,
             limits: settings.hbone.clone(),
+            connect_timeout: settings.connect_timeout,
             proxy_ports,
             preauth: Default::default(),
         }
@@ -377,12 +378,13 @@ async fn connect_in_pod(
     mark: u32,
     dst: SocketAddr,
     spoof: Option<IpAddr>,
+    timeout: Duration,
 ) -> io::Result<TcpStream> {
     let fd = sys::in_netns(pod.netns.as_fd(), || {
         sock::make_upstream(dst, mark, spoof, pod.ports)
     })??;
     let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
-    match tokio::time::timeout(CONNECT_TIMEOUT, sock.connect(dst)).await {
+    match tokio::time::timeout(timeout, sock.connect(dst)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
     }
@@ -500,6 +502,9 @@ pub struct ConnCtx<'a> {
     pub metrics: &'a Metrics,
     /// The proxy's SO_MARK.
     pub mark: u32,
+    /// Bound on the TCP connect and on the TLS handshake of a new tunnel
+    /// (`proxy.connectTimeout`).
+    pub connect_timeout: Duration,
 }
 
 /// The labels of a tunnelled connection as its source side reports it.
@@ -583,7 +588,7 @@ pub async fn open_outbound(
         src_ip,
         dst: tunnel,
     };
-    let mark = cx.mark;
+    let (mark, timeout) = (cx.mark, cx.connect_timeout);
     let handshakes = cx.metrics.tls_handshakes.clone();
     // Only a new connection needs the TLS config (a pooled one is reused).
     let dial = move || async move {
@@ -591,10 +596,10 @@ pub async fn open_outbound(
             .ids
             .client_config(&plan.src_identity, &plan.dst_identity)
             .map_err(io::Error::other)?;
-        let tcp = connect_in_pod(pod, mark, tunnel, None).await?;
+        let tcp = connect_in_pod(pod, mark, tunnel, None, timeout).await?;
         let connector = tokio_rustls::TlsConnector::from(tls);
         let r = match tokio::time::timeout(
-            CONNECT_TIMEOUT,
+            timeout,
             connector.connect(
                 ringway_identity::placeholder_server_name(),
                 tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp),
@@ -603,7 +608,7 @@ pub async fn open_outbound(
         .await
         {
             Ok(r) => r,
-            Err(_) => Err(crate::metrics::HandshakeTimeout::io(CONNECT_TIMEOUT)),
+            Err(_) => Err(crate::metrics::HandshakeTimeout::io(timeout)),
         };
         let outcome = match &r {
             Ok(_) => "ok",
@@ -924,7 +929,7 @@ async fn decide(
         Ok(a) => a,
         Err(why) => return deny_401(state, why),
     };
-    match connect_in_pod(pod, mark, dst, Some(client)).await {
+    match connect_in_pod(pod, mark, dst, Some(client), state.connect_timeout).await {
         Ok(s) => {
             // Re-checked when the policies change (reset if then denied).
             // The stream owns the socket: the flow table gets a duplicate.

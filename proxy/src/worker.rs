@@ -800,6 +800,7 @@ async fn tunnel_outbound(
         stats: &ctx.stats,
         metrics: &ctx.metrics,
         mark: ctx.settings.proxy_mark,
+        connect_timeout: ctx.settings.connect_timeout,
     };
     let src = pod.shared.peer(ctx.tunnel.mesh().as_deref());
     let labels = tunnel::outbound_labels(&src, &plan);
