@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use ringway_identity::testing::{raw_client_config, raw_server_config};
 use ringway_identity::{
-    crypto_provider, placeholder_server_name, CaSigner, Identity, IdentityManager, TestLeaf,
-    TrustBundle, ALPN_H2, DEFAULT_CERT_LIFETIME,
+    placeholder_server_name, CaSigner, Identity, IdentityManager, TrustBundle,
+    DEFAULT_CERT_LIFETIME,
 };
 use ringway_proxy::metrics::{tls_failure_reason, HandshakeTimeout};
 use rustls::{ClientConfig, ServerConfig};
@@ -56,37 +57,6 @@ fn reason<T>(side: &str, r: std::io::Result<T>) -> &'static str {
     }
 }
 
-/// A client with `leaf` (or none) that expects `expected`.
-fn raw_client(
-    mgr: &IdentityManager,
-    expected: &Identity,
-    leaf: Option<TestLeaf>,
-    versions: &[&'static rustls::SupportedProtocolVersion],
-) -> Arc<ClientConfig> {
-    let b = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_protocol_versions(versions)
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(mgr.server_verifier(expected)));
-    let mut cfg = match leaf {
-        Some(l) => b.with_client_auth_cert(l.chain, l.key).unwrap(),
-        None => b.with_no_client_auth(),
-    };
-    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Arc::new(cfg)
-}
-
-fn raw_server(leaf: TestLeaf) -> Arc<ServerConfig> {
-    let mut cfg = ServerConfig::builder_with_provider(crypto_provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(leaf.chain, leaf.key)
-        .unwrap();
-    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Arc::new(cfg)
-}
-
 #[tokio::test]
 async fn adversarial_tls_reason_unknown_ca() {
     // The server's certificate comes from a CA the client does not trust.
@@ -120,7 +90,7 @@ async fn adversarial_tls_reason_wrong_identity() {
     let foreign = ca.issue_with_uris_for_tests(&["spiffe://evil.org/ns/front/sa/frontend"]);
     let m = manager(ca, TrustBundle::new());
     let (_, s) = handshake(
-        raw_client(&m, &web(), Some(foreign), &[&rustls::version::TLS13]),
+        raw_client_config(&m, &web(), Some(foreign), &[&rustls::version::TLS13]),
         m.server_config(&web()).unwrap(),
     )
     .await;
@@ -136,7 +106,7 @@ async fn adversarial_tls_reason_bad_certificates() {
     let expired_server = ca.issue_for_tests(&web(), now - 2 * day, now - day);
     let m = manager(ca, TrustBundle::new());
     let (c, s) = handshake(
-        raw_client(&m, &web(), Some(expired), &[&rustls::version::TLS13]),
+        raw_client_config(&m, &web(), Some(expired), &[&rustls::version::TLS13]),
         m.server_config(&web()).unwrap(),
     )
     .await;
@@ -144,14 +114,14 @@ async fn adversarial_tls_reason_bad_certificates() {
     drop(c);
     let (c, _) = handshake(
         m.client_config(&front(), &web()).unwrap(),
-        raw_server(expired_server),
+        raw_server_config(expired_server),
     )
     .await;
     assert_eq!(reason("client", c), "expired");
 
     // No client certificate at all.
     let (c, s) = handshake(
-        raw_client(&m, &web(), None, &[&rustls::version::TLS13]),
+        raw_client_config(&m, &web(), None, &[&rustls::version::TLS13]),
         m.server_config(&web()).unwrap(),
     )
     .await;
@@ -176,7 +146,7 @@ async fn adversarial_tls_reason_protocol() {
 
     // A TLS 1.2-only client.
     let (c, s) = handshake(
-        raw_client(&m, &web(), None, &[&rustls::version::TLS12]),
+        raw_client_config(&m, &web(), None, &[&rustls::version::TLS12]),
         m.server_config(&web()).unwrap(),
     )
     .await;

@@ -80,6 +80,9 @@ mod manager;
 mod spiffe;
 mod tls;
 
+#[cfg(feature = "testing")]
+pub mod testing;
+
 pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
 pub use error::IdentityError;
 pub use manager::{

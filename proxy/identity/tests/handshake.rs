@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use ringway_identity::testing::{raw_client_config, raw_server_config};
 use ringway_identity::{
-    crypto_provider, peer_identity, placeholder_server_name, CaSigner, Clock, Identity,
-    IdentityManager, ManualClock, TestLeaf, TrustBundle, ALPN_H2, DEFAULT_CERT_LIFETIME,
+    peer_identity, placeholder_server_name, CaSigner, Clock, Identity, IdentityManager,
+    ManualClock, TrustBundle, ALPN_H2, DEFAULT_CERT_LIFETIME,
 };
 use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{duplex, AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -84,35 +85,6 @@ async fn client_sees_refusal(r: std::io::Result<client::TlsStream<DuplexStream>>
     }
 }
 
-fn raw_client(
-    mgr: &IdentityManager,
-    expected: &Identity,
-    leaf: Option<TestLeaf>,
-) -> Arc<ClientConfig> {
-    let b = ClientConfig::builder_with_provider(crypto_provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(mgr.server_verifier(expected)));
-    let mut cfg = match leaf {
-        Some(l) => b.with_client_auth_cert(l.chain, l.key).unwrap(),
-        None => b.with_no_client_auth(),
-    };
-    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Arc::new(cfg)
-}
-
-fn raw_server(leaf: TestLeaf) -> Arc<ServerConfig> {
-    let mut cfg = ServerConfig::builder_with_provider(crypto_provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(leaf.chain, leaf.key)
-        .unwrap();
-    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Arc::new(cfg)
-}
-
 #[tokio::test]
 async fn mutual_handshake_sees_both_identities_with_h2_and_tls13() {
     let m = manager(CaSigner::generate_for_tests(TD), TrustBundle::new());
@@ -174,7 +146,7 @@ async fn configs_are_cached_per_identity_pair() {
 async fn client_without_certificate_is_refused() {
     let m = manager(CaSigner::generate_for_tests(TD), TrustBundle::new());
     let (c, s) = handshake(
-        raw_client(&m, &web(), None),
+        raw_client_config(&m, &web(), None, &[&rustls::version::TLS13]),
         m.server_config(&web()).unwrap(),
     )
     .await;
@@ -236,7 +208,7 @@ async fn expired_certificates_are_refused() {
 
     // Server refuses an expired client certificate.
     let (c, s) = handshake(
-        raw_client(&m, &web(), Some(expired_client)),
+        raw_client_config(&m, &web(), Some(expired_client), &[&rustls::version::TLS13]),
         m.server_config(&web()).unwrap(),
     )
     .await;
@@ -247,7 +219,7 @@ async fn expired_certificates_are_refused() {
     // Client refuses an expired server certificate.
     let (c, _) = handshake(
         m.client_config(&front(), &web()).unwrap(),
-        raw_server(expired_server),
+        raw_server_config(expired_server),
     )
     .await;
     let e = refused(c);
@@ -281,7 +253,11 @@ async fn client_refuses_a_server_san_that_is_not_the_expected_spiffe_id() {
     ];
     let m = manager(ca, TrustBundle::new());
     for (leaf, why) in leaves {
-        let (c, _) = handshake(m.client_config(&front(), &web()).unwrap(), raw_server(leaf)).await;
+        let (c, _) = handshake(
+            m.client_config(&front(), &web()).unwrap(),
+            raw_server_config(leaf),
+        )
+        .await;
         let e = refused(c);
         assert!(e.contains(why), "{why}: {e}");
     }
@@ -312,7 +288,7 @@ async fn server_refuses_a_client_of_another_trust_domain() {
     let m = manager(ca, TrustBundle::new());
     for (leaf, why) in [(foreign, "evil.org"), (not_spiffe, "scheme")] {
         let (c, s) = handshake(
-            raw_client(&m, &web(), Some(leaf)),
+            raw_client_config(&m, &web(), Some(leaf), &[&rustls::version::TLS13]),
             m.server_config(&web()).unwrap(),
         )
         .await;
