@@ -105,54 +105,11 @@ fn hostile_connect(
     authority: SocketAddr,
     forwarded: Option<SocketAddr>,
 ) -> Result<u16, String> {
-    let ids = t.ids1.clone().expect("HBONE on");
-    let tunnel = SocketAddr::new(t.server().ip(authority.is_ipv6()), 15008);
-    let tls = ids
-        .client_config(as_id, &web())
-        .map_err(|e| e.to_string())?;
-    t.n1.node.run(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
-            let key = ringway_hbone::PoolKey {
-                src_identity: as_id.to_string(),
-                dst_identity: web().to_string(),
-                src_ip: t.client().ip(authority.is_ipv6()),
-                dst: tunnel,
-            };
-            let mut headers = ringway_hbone::ConnectHeaders::new(authority);
-            if let Some(f) = forwarded {
-                headers = headers.forwarded_for(f);
-            }
-            let dial = move || async move {
-                let tcp = tokio::net::TcpStream::connect(tunnel).await?;
-                tokio_rustls::TlsConnector::from(tls)
-                    .connect(ringway_identity::placeholder_server_name(), tcp)
-                    .await
-            };
-            let opened = tokio::time::timeout(TIMEOUT, pool.connect(key, dial, headers))
-                .await
-                .map_err(|_| "CONNECT timed out".to_string())?;
-            match opened {
-                Ok(mut s) => {
-                    s.write_all(b"ping").await.map_err(|e| e.to_string())?;
-                    let mut back = [0u8; 4];
-                    tokio::time::timeout(TIMEOUT, s.read_exact(&mut back))
-                        .await
-                        .map_err(|_| "echo timed out".to_string())?
-                        .map_err(|e| e.to_string())?;
-                    Ok(200)
-                }
-                Err(e) => e
-                    .status()
-                    .map(|s| s.as_u16())
-                    .ok_or_else(|| format!("no status: {e}")),
-            }
-        })
-    })
+    let mut headers = ringway_hbone::ConnectHeaders::new(authority);
+    if let Some(f) = forwarded {
+        headers = headers.forwarded_for(f);
+    }
+    common::hbone::peer_connect(t, as_id, &web(), authority.is_ipv6(), headers)
 }
 
 fn refused(t: &TwoNodes, reason: &str) -> f64 {

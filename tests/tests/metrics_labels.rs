@@ -18,7 +18,6 @@ use ringway_config::{Mesh, MeshConfig, NoEnv};
 use ringway_identity::Identity;
 use ringway_testbed::run_isolated;
 use ringway_testbed::traffic::{connect, listen};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const VIP: &str = "10.96.0.10";
 const SERVER_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
@@ -307,47 +306,16 @@ fn hostile_connect(
     host: &str,
     port: u16,
 ) -> Result<(), String> {
-    let ids = t.ids1.clone().expect("HBONE on");
     let me = Identity::new(TD, "front", "frontend");
     let web = Identity::new(TD, "shop", "web");
-    let tunnel = SocketAddr::new(t.server().ip(false), 15008);
-    let tls = ids.client_config(&me, &web).map_err(|e| e.to_string())?;
     let client = t.client().ip(false);
-    t.n1.node.run(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
-            let key = ringway_hbone::PoolKey {
-                src_identity: me.to_string(),
-                dst_identity: web.to_string(),
-                src_ip: client,
-                dst: tunnel,
-            };
-            let headers = ringway_hbone::ConnectHeaders::new(authority)
-                .forwarded_for(SocketAddr::new(client, port))
-                .forwarded_host(host);
-            let dial = move || async move {
-                let tcp = tokio::net::TcpStream::connect(tunnel).await?;
-                tokio_rustls::TlsConnector::from(tls)
-                    .connect(ringway_identity::placeholder_server_name(), tcp)
-                    .await
-            };
-            let mut s = tokio::time::timeout(TIMEOUT, pool.connect(key, dial, headers))
-                .await
-                .map_err(|_| "CONNECT timed out".to_string())?
-                .map_err(|e| e.to_string())?;
-            s.write_all(b"ping").await.map_err(|e| e.to_string())?;
-            let mut back = [0u8; 4];
-            tokio::time::timeout(TIMEOUT, s.read_exact(&mut back))
-                .await
-                .map_err(|_| "echo timed out".to_string())?
-                .map_err(|e| e.to_string())?;
-            Ok(())
-        })
-    })
+    let headers = ringway_hbone::ConnectHeaders::new(authority)
+        .forwarded_for(SocketAddr::new(client, port))
+        .forwarded_host(host);
+    match common::hbone::peer_connect(t, &me, &web, false, headers)? {
+        200 => Ok(()),
+        status => Err(format!("CONNECT refused with {status}")),
+    }
 }
 
 /// `istio_tcp_sockets_open`: 1 on both sides while the connection is open

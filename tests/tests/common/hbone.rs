@@ -234,3 +234,64 @@ pub fn tls_error(r: &std::io::Result<usize>) -> Option<rustls::Error> {
         .downcast_ref::<rustls::Error>()
         .cloned()
 }
+
+/// A mesh peer on node 1 holding a real certificate for `as_id` opens an
+/// HBONE CONNECT to the server pod's 15008 (dialled as `dst_id`) with
+/// `headers`, and on success echoes one message through it. `Ok(200)` when
+/// the stream opened and echoed, `Ok(status)` when the server refused it,
+/// `Err` for anything else (timeouts, transport errors).
+#[allow(dead_code)]
+pub fn peer_connect(
+    t: &TwoNodes,
+    as_id: &ringway_identity::Identity,
+    dst_id: &ringway_identity::Identity,
+    v6: bool,
+    headers: ringway_hbone::ConnectHeaders,
+) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let timeout = super::TIMEOUT;
+    let ids = t.ids1.clone().expect("HBONE on");
+    let tunnel = SocketAddr::new(t.server().ip(v6), ringway_hbone::HBONE_PORT);
+    let tls = ids
+        .client_config(as_id, dst_id)
+        .map_err(|e| e.to_string())?;
+    let key = ringway_hbone::PoolKey {
+        src_identity: as_id.to_string(),
+        dst_identity: dst_id.to_string(),
+        src_ip: t.client().ip(v6),
+        dst: tunnel,
+    };
+    t.n1.node.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
+            let dial = move || async move {
+                let tcp = tokio::net::TcpStream::connect(tunnel).await?;
+                tokio_rustls::TlsConnector::from(tls)
+                    .connect(ringway_identity::placeholder_server_name(), tcp)
+                    .await
+            };
+            let opened = tokio::time::timeout(timeout, pool.connect(key, dial, headers))
+                .await
+                .map_err(|_| "CONNECT timed out".to_string())?;
+            match opened {
+                Ok(mut s) => {
+                    s.write_all(b"ping").await.map_err(|e| e.to_string())?;
+                    let mut back = [0u8; 4];
+                    tokio::time::timeout(timeout, s.read_exact(&mut back))
+                        .await
+                        .map_err(|_| "echo timed out".to_string())?
+                        .map_err(|e| e.to_string())?;
+                    Ok(200)
+                }
+                Err(e) => e
+                    .status()
+                    .map(|s| s.as_u16())
+                    .ok_or_else(|| format!("no status: {e}")),
+            }
+        })
+    })
+}
