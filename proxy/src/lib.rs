@@ -549,6 +549,7 @@ impl Proxy {
             ports,
             who: RwLock::new((identity.clone(), principal)),
             flows: flows::FlowTable::default(),
+            preauth: Default::default(),
         });
         // Every worker knows the pod before it becomes a same-node fast-path
         // target (`local_pods`): a fast-path connection is then always

@@ -88,30 +88,68 @@ pub struct TunnelState {
     /// Ports a CONNECT may never target in a pod: the proxy's listeners
     /// and `limits.reserved_ports`.
     proxy_ports: Vec<u16>,
-    /// Tunnel connections not yet past TLS and the HTTP/2 preface, per pod.
-    preauth: std::sync::Mutex<std::collections::HashMap<Arc<str>, PodPreauth>>,
 }
 
-/// A pod's connections before authentication, in total and per source.
+/// A pod's tunnel connections before authentication (TLS and the HTTP/2
+/// preface not yet through), in total and per source; one per pod, shared
+/// by every worker serving it. While the pod is at its cap its listeners
+/// stop accepting ([`PreauthSlots::room`]): what comes beyond waits in the
+/// kernel's backlog and costs the proxy nothing, rather than being accepted
+/// only to be reset.
+#[derive(Debug, Default)]
+pub struct PreauthSlots {
+    counts: std::sync::Mutex<PodPreauth>,
+    /// Woken when a place comes free (and when the pod goes).
+    freed: tokio::sync::Notify,
+}
+
 #[derive(Debug, Default)]
 struct PodPreauth {
     total: u32,
     by_source: std::collections::HashMap<IpAddr, u32>,
 }
 
+impl PreauthSlots {
+    /// How many connections of the pod are before authentication.
+    pub fn held(&self) -> u32 {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+
+    /// Returns once the pod has fewer than `per_pod` connections before
+    /// authentication, or `gone` says its listeners are closing (checked on
+    /// every place freed, on [`PreauthSlots::wake_all`], and at least every
+    /// 500 ms). Cancel-safe.
+    pub async fn room(&self, per_pod: u32, gone: impl Fn() -> bool) {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            // Registered before the check: a place freed in between wakes it.
+            freed.as_mut().enable();
+            if self.held() < per_pod || gone() {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), freed).await;
+        }
+    }
+
+    /// Wakes every listener waiting for a place (the pod is going).
+    pub fn wake_all(&self) {
+        self.freed.notify_waiters();
+    }
+}
+
 /// One admitted pre-authentication connection; dropping it (once the
 /// preface arrived, or the connection ended) gives the place back.
 #[derive(Debug)]
 pub struct PreauthGuard {
-    state: Arc<TunnelState>,
-    pod: Arc<str>,
+    slots: Arc<PreauthSlots>,
     src: IpAddr,
 }
 
 impl Drop for PreauthGuard {
     fn drop(&mut self) {
-        let mut map = self.state.preauth.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = map.get_mut(&self.pod) {
+        {
+            let mut p = self.slots.counts.lock().unwrap_or_else(|p| p.into_inner());
             p.total = p.total.saturating_sub(1);
             if let Some(n) = p.by_source.get_mut(&self.src) {
                 *n = n.saturating_sub(1);
@@ -119,23 +157,22 @@ impl Drop for PreauthGuard {
                     p.by_source.remove(&self.src);
                 }
             }
-            if p.total == 0 {
-                map.remove(&self.pod);
-            }
         }
+        // One place, one waiting listener (a stored permit when none waits
+        // costs one extra check later).
+        self.slots.freed.notify_one();
     }
 }
 
-/// Admits one more connection of `src` to `pod` before authentication, or
-/// names the cap it would pass (`per_source`, `per_pod`).
+/// Admits one more connection of `src` to the pod of `slots` before
+/// authentication, or names the cap it would pass (`per_source`, `per_pod`).
 pub fn admit_preauth(
-    state: &Arc<TunnelState>,
-    pod: &Arc<str>,
+    state: &TunnelState,
+    slots: &Arc<PreauthSlots>,
     src: IpAddr,
 ) -> Result<PreauthGuard, &'static str> {
     let src = src.to_canonical();
-    let mut map = state.preauth.lock().unwrap_or_else(|p| p.into_inner());
-    let p = map.entry(pod.clone()).or_default();
+    let mut p = slots.counts.lock().unwrap_or_else(|p| p.into_inner());
     if p.total >= state.limits.max_preauth_per_pod {
         return Err("per_pod");
     }
@@ -146,8 +183,7 @@ pub fn admit_preauth(
     *n += 1;
     p.total += 1;
     Ok(PreauthGuard {
-        state: state.clone(),
-        pod: pod.clone(),
+        slots: slots.clone(),
         src,
     })
 }
@@ -168,7 +204,6 @@ impl TunnelState {
             limits: settings.hbone.clone(),
             connect_timeout: settings.connect_timeout,
             proxy_ports,
-            preauth: Default::default(),
         }
     }
 
@@ -803,19 +838,11 @@ pub async fn inbound(
     mark: u32,
     tcp: TcpStream,
     peer_addr: SocketAddr,
+    preauth: PreauthGuard,
 ) -> Result<(), TunnelError> {
     // Before authentication a connection costs a task, an fd and the TLS
-    // state only (no read buffer), for a bounded time, and only so many
-    // per source and per pod.
-    let preauth = match admit_preauth(&state, &pod.uid, peer_addr.ip()) {
-        Ok(g) => g,
-        Err(reason) => {
-            tracing::debug!(src.addr = %peer_addr, %reason, "tunnel connection over the pre-auth cap; resetting");
-            sys::tcp_abort(tcp.as_fd());
-            state.refused(reason);
-            return Err(TunnelError::Refused(reason));
-        }
-    };
+    // state only (no read buffer), for a bounded time, and holds one of the
+    // places capped per source and per pod (`preauth`, taken at accept).
     let (ids, mesh) = state.enabled().ok_or(TunnelError::Disabled)?;
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
@@ -1179,6 +1206,7 @@ mod tests {
                 String::new(),
             )),
             flows: flows::FlowTable::default(),
+            preauth: Default::default(),
         }
     }
 

@@ -45,6 +45,9 @@ pub struct PodShared {
     /// Connections authorized against this pod's policies (re-checked when
     /// the policies change).
     pub flows: flows::FlowTable,
+    /// Its tunnel connections before authentication (capped; at the cap
+    /// its tunnel listeners pause).
+    pub preauth: Arc<tunnel::PreauthSlots>,
 }
 
 impl PodShared {
@@ -150,6 +153,8 @@ impl PodLocal {
         for l in self.listeners.borrow_mut().drain(..) {
             sys::shutdown_read(l.as_fd());
         }
+        // A tunnel listener paused at the pre-auth cap sees it and ends.
+        self.shared.preauth.wake_all();
     }
 
     fn abort_all(&self) -> usize {
@@ -344,10 +349,20 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
 }
 
 async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, lsock: Sock) {
+    let closing = || pod.removed.get() || pod.listeners.borrow().is_empty();
     loop {
         match lsock.accept().await {
             Ok((fd, peer)) => {
                 ctx.stats.accepted.inc();
+                let preauth = if kind == ListenerKind::Tunnel {
+                    match admit_tunnel(&ctx, &pod, &fd, &peer, closing).await {
+                        Some(g) => Some(g),
+                        None if closing() => break,
+                        None => continue,
+                    }
+                } else {
+                    None
+                };
                 let span = tracing::debug_span!(
                     "conn",
                     pod.uid = %pod.shared.uid,
@@ -358,7 +373,7 @@ async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, 
                 );
                 spawn_local(
                     ctx.backend,
-                    handle_conn(ctx.clone(), pod.clone(), kind, fd, peer).instrument(span),
+                    handle_conn(ctx.clone(), pod.clone(), kind, fd, peer, preauth).instrument(span),
                 );
             }
             Err(_) if pod.removed.get() => break,
@@ -389,6 +404,52 @@ async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, 
                 }
                 tracing::error!(pod = %pod.shared.uid, %kind, error = %e, "listener failed");
                 break;
+            }
+        }
+    }
+}
+
+/// Admits a connection accepted on a pod's tunnel port to the pod's
+/// pre-authentication places. At the pod's cap the connection is held here,
+/// and this listener accepts nothing more, until a place comes free: what
+/// comes beyond the cap waits in the kernel's backlog and costs the proxy
+/// nothing (a reconnect flood keeps no worker busy), rather than being
+/// accepted only to be reset. Over its source's cap it is reset and
+/// counted (`None`); `None` too when the pod goes while it waits.
+async fn admit_tunnel(
+    ctx: &WorkerCtx,
+    pod: &PodLocal,
+    fd: &OwnedFd,
+    peer: &SockAddr,
+    closing: impl Fn() -> bool,
+) -> Option<tunnel::PreauthGuard> {
+    let Some(src) = peer.as_socket() else {
+        sys::tcp_abort(fd.as_fd());
+        return None;
+    };
+    let slots = &pod.shared.preauth;
+    let per_pod = ctx.tunnel.limits.max_preauth_per_pod;
+    let mut paused = false;
+    loop {
+        match tunnel::admit_preauth(&ctx.tunnel, slots, src.ip()) {
+            Ok(g) => return Some(g),
+            Err("per_pod") => {
+                if !paused {
+                    paused = true;
+                    ctx.tunnel.refused("per_pod_paused");
+                    tracing::debug!(pod = %pod.shared.uid, "tunnel port at the pre-auth cap; accepts paused");
+                }
+                slots.room(per_pod, &closing).await;
+                if closing() {
+                    sys::tcp_abort(fd.as_fd());
+                    return None;
+                }
+            }
+            Err(reason) => {
+                tracing::debug!(src.addr = %src, %reason, "tunnel connection over the pre-auth cap; resetting");
+                sys::tcp_abort(fd.as_fd());
+                ctx.tunnel.refused(reason);
+                return None;
             }
         }
     }
@@ -456,6 +517,7 @@ async fn handle_conn(
     kind: ListenerKind,
     fd: OwnedFd,
     peer: SockAddr,
+    preauth: Option<tunnel::PreauthGuard>,
 ) {
     let started = Instant::now();
     let Some(peer) = peer.as_socket() else {
@@ -484,9 +546,9 @@ async fn handle_conn(
     let s = &ctx.settings;
     let nat = match kind {
         ListenerKind::Tunnel => {
-            if ctx.tunnel.enabled().is_some() {
+            if let (Some(preauth), Some(_)) = (preauth, ctx.tunnel.enabled()) {
                 // Boxed: TLS + HTTP/2 state must not size every connection.
-                Box::pin(tunnel_inbound(&ctx, &pod, &client, peer)).await;
+                Box::pin(tunnel_inbound(&ctx, &pod, &client, peer, preauth)).await;
             } else {
                 // HBONE is off (no CA configured), so nothing may come in
                 // through 15008: refuse clearly rather than forward blindly.
@@ -1107,7 +1169,13 @@ fn adopt_client(client: &OwnedFd) -> Option<tokio::net::TcpStream> {
 }
 
 /// Serves a connection accepted on the pod's tunnel port (HBONE inbound).
-async fn tunnel_inbound(ctx: &Rc<WorkerCtx>, pod: &PodLocal, client: &OwnedFd, peer: SocketAddr) {
+async fn tunnel_inbound(
+    ctx: &Rc<WorkerCtx>,
+    pod: &PodLocal,
+    client: &OwnedFd,
+    peer: SocketAddr,
+    preauth: tunnel::PreauthGuard,
+) {
     let Some(tcp) = adopt_client(client) else {
         return;
     };
@@ -1117,6 +1185,7 @@ async fn tunnel_inbound(ctx: &Rc<WorkerCtx>, pod: &PodLocal, client: &OwnedFd, p
         ctx.settings.proxy_mark,
         tcp,
         peer,
+        preauth,
     )
     .await
     {
@@ -1167,6 +1236,7 @@ mod tests {
                 ports: sock::PortSplit::default(),
                 who: RwLock::default(),
                 flows: flows::FlowTable::default(),
+                preauth: Default::default(),
             }),
             listeners: RefCell::new(Vec::new()),
             conns: RefCell::new(HashMap::new()),
@@ -1175,7 +1245,7 @@ mod tests {
         });
         let peer = SockAddr::from(SocketAddr::from(([127, 0, 0, 1], 1)));
         // Built, never polled: nothing runs.
-        let fut = handle_conn(ctx, pod, ListenerKind::Outbound, null_fd(), peer);
+        let fut = handle_conn(ctx, pod, ListenerKind::Outbound, null_fd(), peer, None);
         let size = std::mem::size_of_val(&fut);
         println!("per-connection future: {size} bytes");
         assert!(

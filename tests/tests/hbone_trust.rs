@@ -490,14 +490,19 @@ fn wait_closed(s: &mut std::net::TcpStream, within: Duration) -> std::io::Result
 /// A full mutual TLS handshake from `ns` to the server pod's 15008 (a
 /// valid front/frontend certificate): proof that the connection was served.
 fn tls_handshake_from(t: &TwoNodes, ns: &Netns) -> std::io::Result<()> {
+    let mut tcp = tcp_to_tunnel(t, ns);
+    tls_handshake_on(t, &mut tcp)
+}
+
+/// [`tls_handshake_from`] on a connection already open.
+fn tls_handshake_on(t: &TwoNodes, tcp: &mut std::net::TcpStream) -> std::io::Result<()> {
     use std::io::Write;
     let ids = t.ids1.clone().unwrap();
     let cfg = ids.client_config(&frontend(), &web()).unwrap();
-    let mut tcp = tcp_to_tunnel(t, ns);
     tcp.set_read_timeout(Some(TIMEOUT))?;
     let conn = rustls::ClientConnection::new(cfg, ringway_identity::placeholder_server_name())
         .map_err(std::io::Error::other)?;
-    let mut tls = rustls::StreamOwned::new(conn, &mut tcp);
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
     tls.write_all(frames::PREFACE)?;
     tls.flush()?;
     Ok(())
@@ -530,21 +535,27 @@ fn adversarial_hbone_stalled_handshake_closed() {
     });
 }
 
+/// Two nodes whose server pod takes at most 4 connections per source and 6
+/// in all before authentication, held for up to a minute.
+fn preauth_capped(name: &str) -> TwoNodes {
+    two_nodes(Opts {
+        limits: ringway_config::HboneSettings {
+            max_preauth_per_source: 4,
+            max_preauth_per_pod: 6,
+            handshake_timeout: Duration::from_secs(60),
+            ..Default::default()
+        },
+        ..Opts::new(name)
+    })
+}
+
 /// Connections that have not authenticated yet are capped per source
-/// address and per pod: the next one is reset at once and counted, while
-/// another source (below the pod's cap) is still served.
+/// address: the next one is reset at once and counted, while another source
+/// (below the pod's cap) is still served.
 #[test]
-fn adversarial_hbone_preauth_caps_per_source_and_pod() {
-    run_isolated("adversarial_hbone_preauth_caps_per_source_and_pod", || {
-        let t = two_nodes(Opts {
-            limits: ringway_config::HboneSettings {
-                max_preauth_per_source: 4,
-                max_preauth_per_pod: 6,
-                handshake_timeout: Duration::from_secs(60),
-                ..Default::default()
-            },
-            ..Opts::new("hbone_preauth_caps")
-        });
+fn adversarial_hbone_preauth_caps_per_source() {
+    run_isolated("adversarial_hbone_preauth_caps_per_source", || {
+        let t = preauth_capped("hbone_preauth_caps");
         let node = &t.n1.node;
         // Node 2 reaches its pod from another address.
         let other = &t.n2.node;
@@ -558,16 +569,67 @@ fn adversarial_hbone_preauth_caps_per_source_and_pod() {
         );
         assert!(wait_until(TIMEOUT, || refused(&t, "per_source") >= 1.0));
         // Another source is served: a full handshake (it leaves the
-        // pre-auth count at the preface), then two stalled connections put
-        // the pod at its cap of six.
+        // pre-auth count at the preface).
         tls_handshake_from(&t, other).expect("another source is served");
         assert!(wait_until(TIMEOUT, || t.p2.stats().active == 4));
-        let _more: Vec<_> = (0..2).map(|_| tcp_to_tunnel(&t, other)).collect();
-        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 6));
-        expect_reset(&t, other, "the pod's seventh pre-auth connection is reset");
-        assert!(wait_until(TIMEOUT, || refused(&t, "per_pod") >= 1.0));
         drop(held);
     });
+}
+
+/// A pod at its pre-authentication cap stops accepting on its 15008: what
+/// comes beyond the cap waits in the kernel's backlog and costs the proxy
+/// nothing (no accept, no reset, no task: a reconnect flood cannot keep a
+/// worker busy), and it is served, in order, as places come free.
+#[test]
+fn adversarial_hbone_pod_at_preauth_cap_pauses_accepts() {
+    run_isolated(
+        "adversarial_hbone_pod_at_preauth_cap_pauses_accepts",
+        || {
+            let t = preauth_capped("hbone_preauth_pause");
+            let node = &t.n1.node;
+            let other = &t.n2.node;
+            // Four stalled connections from node 1 and two from node 2: the pod
+            // is at its cap of six.
+            let mut held: Vec<_> = (0..4).map(|_| tcp_to_tunnel(&t, node)).collect();
+            let _more: Vec<_> = (0..2).map(|_| tcp_to_tunnel(&t, other)).collect();
+            assert!(wait_until(TIMEOUT, || t.p2.stats().active == 6));
+            let base = t.p2.stats().accepted;
+            // Ten more from node 2: the kernel completes their handshakes (the
+            // backlog), the proxy leaves them there, but for the one each of its
+            // two workers had accepted when the cap was reached: those wait in
+            // the proxy for a place, not reset either.
+            let mut queued: Vec<_> = (0..10).map(|_| tcp_to_tunnel(&t, other)).collect();
+            // Two places come free: two of the queued are taken (node 2's
+            // source is then at its own cap of four).
+            held.truncate(2);
+            assert!(
+                wait_until(TIMEOUT, || t.p2.stats().accepted >= base + 2),
+                "freed places are given to queued connections"
+            );
+            assert_eq!(
+                refused(&t, "per_pod"),
+                0.0,
+                "nothing is accepted only to be reset at the pod's cap"
+            );
+            // None of the rest was reset: each is either in its pre-auth phase
+            // or still waiting in the backlog for a place.
+            for (i, q) in queued.iter_mut().enumerate() {
+                q.set_nonblocking(true).unwrap();
+                let mut b = [0u8; 1];
+                let r = std::io::Read::read(q, &mut b);
+                assert!(
+                    matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                    "queued connection {i} beyond the cap waits, not reset: {r:?}"
+                );
+            }
+            assert!(
+                t.p2.stats().accepted <= base + 2 + 2,
+                "beyond the cap the proxy does not accept: {} accepted, {base} before",
+                t.p2.stats().accepted
+            );
+            drop(held);
+        },
+    );
 }
 
 /// After TLS, a client that never sends the HTTP/2 preface is closed after
