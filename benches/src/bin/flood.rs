@@ -11,13 +11,16 @@
 //! comma-separated `SOURCES` addresses: even ones stay idle (TCP only), odd
 //! ones send a real TLS ClientHello and then nothing (half-open TLS). It
 //! prints one JSON line `{"phase":"burst",...}` once all are attempted, then
-//! keeps the pressure on: every connection the proxy closes is opened again,
+//! keeps the pressure on: every connection the proxy closes (or that failed
+//! to connect) is opened again,
 //! at most `REOPEN x COUNT` reopenings in all (0: the burst only, held), until a line arrives on stdin, stdin
 //! closes, or `SECS` pass; then it prints `{"phase":"end",...}` and exits.
-//! Pinned to CPU `CPU` when the machine has it. Every connect is bounded (2 s).
+//! Pinned to CPU `CPU` when the machine has it. Connects are non-blocking,
+//! up to 256 in flight, each bounded (2 s): a target that stops accepting
+//! (its backlog full) slows the flood down only by that bound.
 
 use std::io::{BufRead, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -52,7 +55,22 @@ struct Counts {
     first_error: Option<String>,
 }
 
-fn open(src: IpAddr, target: SocketAddr, hello: Option<&[u8]>) -> std::io::Result<TcpStream> {
+/// Connects in flight at once (an attacker does not wait for each).
+const IN_FLIGHT: usize = 256;
+/// Bound on one connect: a connection the target neither accepts into its
+/// backlog nor refuses within this counts as failed.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One connection of the flood: connecting (non-blocking) or established.
+struct Conn {
+    i: u64,
+    s: Socket,
+    since: Instant,
+    connecting: bool,
+}
+
+/// Starts a non-blocking connect from `src` to `target`.
+fn start(i: u64, src: IpAddr, target: SocketAddr) -> std::io::Result<Conn> {
     let s = Socket::new(
         Domain::for_address(target),
         Type::STREAM,
@@ -61,14 +79,18 @@ fn open(src: IpAddr, target: SocketAddr, hello: Option<&[u8]>) -> std::io::Resul
     s.bind(&SockAddr::from(SocketAddr::new(src, 0)))?;
     // Closing sends RST: no TIME_WAIT piles up over rounds.
     s.set_linger(Some(Duration::ZERO))?;
-    s.connect_timeout(&SockAddr::from(target), Duration::from_secs(2))?;
-    let mut t: TcpStream = s.into();
-    if let Some(h) = hello {
-        t.set_write_timeout(Some(Duration::from_secs(2)))?;
-        t.write_all(h)?;
+    s.set_nonblocking(true)?;
+    match s.connect(&SockAddr::from(target)) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
     }
-    t.set_nonblocking(true)?;
-    Ok(t)
+    Ok(Conn {
+        i,
+        s,
+        since: Instant::now(),
+        connecting: true,
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -113,26 +135,16 @@ fn main() -> anyhow::Result<()> {
     }
     let mut c = Counts::default();
     let kind = |i: u64| (i % 2 == 1).then_some(hello.as_slice());
-    let mut held: Vec<(u64, TcpStream)> = Vec::with_capacity(count as usize);
+    let source = |i: u64| sources[i as usize % sources.len()];
+    let mut conns: Vec<Conn> = Vec::with_capacity(count as usize);
     let t0 = Instant::now();
-    for i in 0..count {
-        if stop.load(Ordering::Relaxed) || Instant::now() > deadline {
-            break;
-        }
-        c.attempted += 1;
-        match open(sources[i as usize % sources.len()], target, kind(i)) {
-            Ok(s) => {
-                c.opened += 1;
-                held.push((i, s));
-            }
-            Err(e) => {
-                c.failed += 1;
-                c.first_error.get_or_insert_with(|| e.to_string());
-            }
-        }
-    }
-    let burst_secs = t0.elapsed().as_secs_f64();
-    let line = |phase: &str, c: &Counts, held: usize| -> anyhow::Result<String> {
+    let mut next = 0u64;
+    // Connections to open again once the burst is through (closed by the
+    // proxy, or failed), within the reopen budget.
+    let mut owed = 0u64;
+    let mut burst_secs: Option<f64> = None;
+    let mut buf = [0u8; 4096];
+    let line = |phase: &str, c: &Counts, held: usize, burst_secs: f64| -> anyhow::Result<String> {
         Ok(format!(
             "{{\"phase\":\"{phase}\",\"attempted\":{},\"opened\":{},\"failed\":{},\"reopened\":{},\
              \"closed_by_proxy\":{},\"held\":{held},\"burst_secs\":{burst_secs:.3},\"pinned\":{pinned},\
@@ -145,54 +157,115 @@ fn main() -> anyhow::Result<()> {
             serde_json::to_string(&c.first_error)?,
         ))
     };
-    println!("{}", line("burst", &c, held.len())?);
-    std::io::stdout().flush()?;
-    // Keep the pressure on: what the proxy closed is opened again.
-    let mut next = count;
-    let mut buf = [0u8; 4096];
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        // Which connections have something to read (a ServerHello, FIN, RST).
+        // Start connects, at most IN_FLIGHT at once: the burst's first, then
+        // what is owed (and allowed) once the burst is through.
+        let mut in_flight = conns.iter().filter(|k| k.connecting).count();
+        while in_flight < IN_FLIGHT {
+            let i = if next < count {
+                next
+            } else if burst_secs.is_some() && owed > 0 && c.reopened < reopen * count {
+                owed -= 1;
+                c.reopened += 1;
+                next
+            } else {
+                break;
+            };
+            next += 1;
+            c.attempted += 1;
+            match start(i, source(i), target) {
+                Ok(k) => {
+                    conns.push(k);
+                    in_flight += 1;
+                }
+                Err(e) => {
+                    c.failed += 1;
+                    c.first_error.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+        // Which connects completed and which connections have something to
+        // read (a ServerHello, FIN, RST).
         let ready: Vec<usize> = {
-            let mut pfds: Vec<nix::poll::PollFd> = held
+            let mut pfds: Vec<nix::poll::PollFd> = conns
                 .iter()
-                .map(|(_, s)| nix::poll::PollFd::new(s.as_fd(), nix::poll::PollFlags::POLLIN))
+                .map(|k| {
+                    let ev = if k.connecting {
+                        nix::poll::PollFlags::POLLOUT
+                    } else {
+                        nix::poll::PollFlags::POLLIN
+                    };
+                    nix::poll::PollFd::new(k.s.as_fd(), ev)
+                })
                 .collect();
-            let _ = nix::poll::poll(&mut pfds, nix::poll::PollTimeout::from(200u16));
+            let _ = nix::poll::poll(&mut pfds, nix::poll::PollTimeout::from(100u16));
             pfds.iter()
                 .enumerate()
                 .filter(|(_, p)| p.revents().is_some_and(|r| !r.is_empty()))
                 .map(|(k, _)| k)
                 .collect()
         };
-        let mut closed = Vec::new();
+        let mut gone = Vec::new();
         for k in ready {
-            match held[k].1.read(&mut buf) {
-                Ok(0) => closed.push(k),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => closed.push(k),
-            }
-        }
-        for k in closed.into_iter().rev() {
-            held.swap_remove(k);
-            c.closed_by_proxy += 1;
-            if c.reopened >= reopen * count || stop.load(Ordering::Relaxed) {
+            let conn = &mut conns[k];
+            if conn.connecting {
+                match conn.s.take_error() {
+                    Ok(None) => {
+                        conn.connecting = false;
+                        c.opened += 1;
+                        if let Some(h) = kind(conn.i) {
+                            // A few hundred bytes: the socket buffer takes them.
+                            let _ = conn.s.send(h);
+                        }
+                    }
+                    Ok(Some(e)) | Err(e) => {
+                        c.failed += 1;
+                        c.first_error.get_or_insert_with(|| e.to_string());
+                        gone.push(k);
+                    }
+                }
                 continue;
             }
-            c.attempted += 1;
-            c.reopened += 1;
-            match open(sources[next as usize % sources.len()], target, kind(next)) {
-                Ok(s) => held.push((next, s)),
-                Err(e) => {
-                    c.failed += 1;
-                    c.first_error.get_or_insert_with(|| e.to_string());
-                }
+            match conn.s.read(&mut buf) {
+                Ok(0) => gone.push(k),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => gone.push(k),
             }
-            next += 1;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        let now = Instant::now();
+        for (k, conn) in conns.iter().enumerate() {
+            if conn.connecting
+                && now.duration_since(conn.since) > CONNECT_TIMEOUT
+                && !gone.contains(&k)
+            {
+                c.failed += 1;
+                c.first_error
+                    .get_or_insert_with(|| "connect timed out (2 s)".to_string());
+                gone.push(k);
+            }
+        }
+        gone.sort_unstable();
+        for k in gone.into_iter().rev() {
+            let conn = conns.swap_remove(k);
+            if !conn.connecting {
+                c.closed_by_proxy += 1;
+            }
+            owed += 1;
+        }
+        if burst_secs.is_none() && next >= count && !conns.iter().any(|k| k.connecting) {
+            let secs = t0.elapsed().as_secs_f64();
+            burst_secs = Some(secs);
+            println!("{}", line("burst", &c, conns.len(), secs)?);
+            std::io::stdout().flush()?;
+        }
     }
-    println!("{}", line("end", &c, held.len())?);
+    let burst_secs = burst_secs.unwrap_or_else(|| t0.elapsed().as_secs_f64());
+    if next < count || conns.iter().any(|k| k.connecting) {
+        // Stopped before the burst was through: still say where it got.
+        println!("{}", line("burst", &c, conns.len(), burst_secs)?);
+    }
+    println!("{}", line("end", &c, conns.len(), burst_secs)?);
     std::io::stdout().flush()?;
     Ok(())
 }
