@@ -9,8 +9,9 @@ use crate::file::{
     ENV_CLUSTER_ID, ENV_NODE_REGION, ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
 };
 use crate::settings::{
-    duration_secs::MAX_SECS, ENV_BACKLOG, ENV_CAPTURE_MODE, ENV_DATAPATH, ENV_DRAIN_PERIOD,
-    ENV_PIPE_POOL, ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
+    duration_secs::MAX_SECS, ENV_BACKLOG, ENV_CAPTURE_MODE, ENV_CONNECT_TIMEOUT, ENV_DATAPATH,
+    ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH,
+    ENV_WORKERS,
 };
 use crate::{ConfigError, MeshConfig};
 
@@ -195,6 +196,15 @@ pub static ENV_VARS: &[EnvVar] = &[
         },
     },
     EnvVar {
+        name: ENV_CONNECT_TIMEOUT,
+        field: "proxy.connectTimeout",
+        help: "seconds: 10, 1.5, 10s or 500ms; not 0",
+        apply: |c, v| {
+            c.proxy.connect_timeout = duration(v)?;
+            Ok(())
+        },
+    },
+    EnvVar {
         name: ENV_TRUST_DOMAIN,
         field: "trustDomain",
         help: "SPIFFE trust domain",
@@ -332,6 +342,7 @@ mod tests {
             ("RINGWAY_PROXY_MARK", "0x1f"),
             ("RINGWAY_SAME_NODE_FAST_PATH", "false"),
             ("RINGWAY_DRAIN_PERIOD", "500ms"),
+            ("RINGWAY_CONNECT_TIMEOUT", "2.5"),
             ("RINGWAY_TRUST_DOMAIN", "example.org"),
             ("RINGWAY_CLUSTER_ID", "east-1"),
             ("RINGWAY_NODE_REGION", "eu-west1"),
@@ -349,6 +360,7 @@ mod tests {
         assert_eq!(p.proxy_mark, 0x1f);
         assert!(!p.same_node_fast_path);
         assert_eq!(p.drain_period, Duration::from_millis(500));
+        assert_eq!(p.connect_timeout, Duration::from_millis(2500));
         assert_eq!(mesh.trust_domain(), "example.org");
         assert_eq!(mesh.root_namespace(), "mesh-root");
         assert_eq!(mesh.cluster_id(), "east-1");
@@ -463,6 +475,13 @@ mod tests {
             env_error("RINGWAY_PIPE_SIZE", "10"),
             "environment variable RINGWAY_PIPE_SIZE: proxy.pipeSize: 10 is outside 4096..=67108864 bytes"
         );
+        assert!(
+            env_error("RINGWAY_CONNECT_TIMEOUT", "0").starts_with(
+                "environment variable RINGWAY_CONNECT_TIMEOUT: proxy.connectTimeout: a connect timeout of 0 s"
+            ),
+            "{}",
+            env_error("RINGWAY_CONNECT_TIMEOUT", "0")
+        );
         assert_eq!(
             env_error("RINGWAY_TRUST_DOMAIN", "Example.org"),
             "environment variable RINGWAY_TRUST_DOMAIN: trustDomain: \"Example.org\" is not a valid \
@@ -533,6 +552,7 @@ mod tests {
                 ENV_PROXY_MARK,
                 ENV_SAME_NODE_FAST_PATH,
                 ENV_DRAIN_PERIOD,
+                ENV_CONNECT_TIMEOUT,
                 ENV_TRUST_DOMAIN,
                 ENV_CLUSTER_ID,
                 ENV_NODE_REGION,

@@ -262,6 +262,8 @@ pub const ENV_PROXY_MARK: &str = "RINGWAY_PROXY_MARK";
 pub const ENV_SAME_NODE_FAST_PATH: &str = "RINGWAY_SAME_NODE_FAST_PATH";
 /// Overrides `proxy.drainPeriod` (seconds: `30`, `1.5`, `30s` or `500ms`).
 pub const ENV_DRAIN_PERIOD: &str = "RINGWAY_DRAIN_PERIOD";
+/// Overrides `proxy.connectTimeout` (seconds, as `ENV_DRAIN_PERIOD`; not 0).
+pub const ENV_CONNECT_TIMEOUT: &str = "RINGWAY_CONNECT_TIMEOUT";
 
 /// The defaults; each field's environment override is the `ENV_*` constant above.
 impl Default for ProxySettings {
