@@ -9,17 +9,18 @@
 //! through the `ringway-cni` plugin binary. Traffic between the nodes is
 //! HBONE with certificates the service issued.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 mod support;
 
 use ringway_config::kube::testing::{fixtures, FakeApiServer, FakePod};
-use ringway_testbed::traffic::{connect, listen, PayloadServer};
+use ringway_testbed::traffic::{connect, listen, pattern_fill, PayloadServer, CLIENT_SEED};
 use ringway_testbed::{run_isolated, wait_until, Pod, TempDir, VirtualNode};
 use rustls_pki_types::CertificateDer;
 use support::{ready, Proc};
@@ -32,6 +33,7 @@ const AUDIENCE: &str = "istio-ca";
 const CA_ADDR: &str = "127.0.0.1:15012";
 const CA_METRICS: &str = "127.0.0.1:15014";
 const DEFAULT_ID: &str = "spiffe://cluster.local/ns/demo/sa/default";
+const LATE_ID: &str = "spiffe://cluster.local/ns/demo/sa/late";
 /// The pod that joins late (its own service account, `late`).
 const LATE_POD: &str = "n1-pod1";
 /// How long anything here may take to happen.
@@ -438,6 +440,14 @@ fn ca_issued() -> f64 {
     )
 }
 
+fn failures(node: &Node) -> f64 {
+    sample(
+        &scrape(node.metrics()),
+        "ringway_certificate_issue_failures_total",
+        &[],
+    )
+}
+
 /// When `node`'s certificate of `id` expires (0 when it has none).
 fn expiry(node: &Node, id: &str) -> f64 {
     sample(
@@ -473,6 +483,32 @@ fn exchange(from: &Pod, server: &Pod, to: SocketAddr, bytes: u64) -> Result<IpAd
         .ok_or("the server gave no report")?;
     rep.received?;
     Ok(rep.peer.ip())
+}
+
+/// A connection from `from` to `to` that must not reach the app listening
+/// there: returns what the client saw; panics if the app accepted it.
+fn refused(from: &Pod, server: &Pod, to: SocketAddr) -> String {
+    let l = server.netns.run(|| listen(to)).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let outcome = from.netns.run(|| -> std::io::Result<usize> {
+        let mut s = connect(to, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let _ = s.write_all(b"who am I?");
+        let mut b = [0u8; 16];
+        s.read(&mut b)
+    });
+    let accepted = l.accept();
+    assert!(
+        accepted.is_err(),
+        "{} -> {to} reached the app ({:?}) while it must be refused; the client saw {outcome:?}",
+        from.name,
+        accepted.map(|(_, p)| p)
+    );
+    match outcome {
+        Ok(0) => "closed by the proxy".into(),
+        Ok(n) => panic!("{} -> {to}: {n} bytes came back from nowhere", from.name),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// Records the chain a server presents, accepting it (the test checks it
@@ -756,6 +792,236 @@ fn csr_two_nodes_talk_over_hbone_with_ca_issued_certificates_and_no_node_holds_t
                     .iter()
                     .any(|r| r.contains(&bed.roots[0].key.display().to_string())),
                 "{ca_refs:?}"
+            );
+        },
+    );
+}
+
+/// A long transfer, client to server, that stops half way until told to go
+/// on: the server verifies every byte against the pattern and counts them,
+/// then answers the total.
+struct Transfer {
+    received: Arc<AtomicU64>,
+    go: mpsc::Sender<()>,
+    client: std::thread::JoinHandle<std::io::Result<u64>>,
+    server: std::thread::JoinHandle<Result<u64, String>>,
+}
+
+impl Transfer {
+    const CHUNK: usize = 256 * 1024;
+
+    fn start(from: &Pod, server: &Pod, to: SocketAddr, first: u64, total: u64) -> Transfer {
+        let l = server.netns.run(|| listen(to)).unwrap();
+        let received = Arc::new(AtomicU64::new(0));
+        let r = received.clone();
+        let server = std::thread::spawn(move || -> Result<u64, String> {
+            let (mut c, _) = l.accept().map_err(|e| e.to_string())?;
+            let (mut buf, mut want) = (vec![0u8; Self::CHUNK], vec![0u8; Self::CHUNK]);
+            let mut off = 0u64;
+            loop {
+                let n = c
+                    .read(&mut buf)
+                    .map_err(|e| format!("at byte {off}: {e}"))?;
+                if n == 0 {
+                    break;
+                }
+                pattern_fill(CLIENT_SEED, off, &mut want[..n]);
+                if buf[..n] != want[..n] {
+                    return Err(format!("corrupted after byte {off}"));
+                }
+                off += n as u64;
+                r.store(off, Ordering::SeqCst);
+            }
+            c.write_all(&off.to_le_bytes()).map_err(|e| e.to_string())?;
+            Ok(off)
+        });
+        let mut stream = from
+            .netns
+            .run(|| connect(to, Duration::from_secs(5)))
+            .unwrap();
+        let (go, wait) = mpsc::channel::<()>();
+        let client = std::thread::spawn(move || -> std::io::Result<u64> {
+            let mut buf = vec![0u8; Self::CHUNK];
+            let mut off = 0u64;
+            for (end, pause) in [(first, true), (total, false)] {
+                while off < end {
+                    let n = ((end - off) as usize).min(buf.len());
+                    pattern_fill(CLIENT_SEED, off, &mut buf[..n]);
+                    stream.write_all(&buf[..n])?;
+                    off += n as u64;
+                }
+                if pause && wait.recv_timeout(Duration::from_secs(60)).is_err() {
+                    return Err(std::io::Error::other("never told to go on"));
+                }
+            }
+            stream.shutdown(std::net::Shutdown::Write)?;
+            stream.set_read_timeout(Some(PATIENCE))?;
+            let mut got = [0u8; 8];
+            stream.read_exact(&mut got)?;
+            Ok(u64::from_le_bytes(got))
+        });
+        Transfer {
+            received,
+            go,
+            client,
+            server,
+        }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
+    }
+
+    /// Sends the rest; (what the client was told arrived, what the server
+    /// verified).
+    fn finish(self) -> (std::io::Result<u64>, Result<u64, String>) {
+        let _ = self.go.send(());
+        (self.client.join().unwrap(), self.server.join().unwrap())
+    }
+}
+
+/// Kills `ca` (SIGKILL, by its PID) and reaps it.
+fn kill(mut ca: Proc) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ca.0.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    ca.0.wait().unwrap();
+}
+
+/// The certificate service dies in the middle of a long HBONE transfer and
+/// stays down over the certificates' renewal (10 s leaves: renewal due at
+/// 5 s). The transfer completes with every byte; the renewal fails and is
+/// counted; new connections of the pods in hand still work on the valid
+/// certificates; a pod enrolled during the outage is not served over HBONE,
+/// either way, and has no certificate (never another identity). Once the
+/// service is back, renewal recovers (the expiry moves forward) and the new
+/// pod is served with its own identity.
+#[test]
+fn csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails_closed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails_closed",
+        || {
+            let bed = Bed::new("csr-outage", 1);
+            let ca = bed.start_ca(&[0], 10);
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            let (client, server, late) = (bed.n1.pod(0), bed.n2.pod(0), bed.late());
+            bed.cni_add(&node1, client);
+            bed.cni_add(&node2, server);
+            let (exp1, exp2) = (expiry(&node1, DEFAULT_ID), expiry(&node2, DEFAULT_ID));
+            assert!(
+                exp1 > 0.0 && exp2 > 0.0,
+                "no certificate in hand after the Adds"
+            );
+            let (f1, f2) = (failures(&node1), failures(&node2));
+
+            // A long transfer over HBONE; half of it through, the CA dies.
+            const TOTAL: u64 = 32 << 20;
+            let t = Transfer::start(
+                client,
+                server,
+                SocketAddr::new(server.ip(false), 8080),
+                TOTAL / 2,
+                TOTAL,
+            );
+            assert!(
+                wait_until(PATIENCE, || t.received() >= TOTAL / 2),
+                "half the transfer never arrived: {} bytes",
+                t.received()
+            );
+            kill(ca);
+
+            // The renewal falls in the outage: it fails, on both nodes, and
+            // is counted.
+            assert!(
+                wait_until(PATIENCE, || failures(&node1) > f1 && failures(&node2) > f2),
+                "no renewal failure counted: node1 {} node2 {}",
+                failures(&node1),
+                failures(&node2)
+            );
+            assert_eq!(
+                expiry(&node1, DEFAULT_ID),
+                exp1,
+                "renewed with the CA down?"
+            );
+            // The certificates in hand are still valid: new connections work.
+            let seen = exchange(
+                client,
+                server,
+                SocketAddr::new(server.ip(false), 8081),
+                64 << 10,
+            )
+            .unwrap();
+            assert_eq!(seen, client.ip(false));
+
+            // A pod enrolled during the outage (the cluster has it; the
+            // service will see it when it is back): no certificate, so no
+            // HBONE, out or in, and no other identity in its place.
+            bed.api_pod(late, "node1", "late");
+            bed.cni_add(&node1, late);
+            let out = refused(late, server, SocketAddr::new(server.ip(false), 8082));
+            let inb = refused(server, late, SocketAddr::new(late.ip(false), 8083));
+            println!(
+                "during the outage: {} -> {}: {out}; {} -> {}: {inb}",
+                late.name, server.name, server.name, late.name
+            );
+            assert_eq!(
+                expiry(&node1, LATE_ID),
+                0.0,
+                "node1 has a certificate for the new pod"
+            );
+            let m2 = scrape(node2.metrics());
+            assert!(
+                !m2.lines()
+                    .any(|l| l.starts_with("istio_tcp_connections_opened_total")
+                        && l.contains(&format!("source_workload=\"{}\"", late.name))),
+                "node2 accepted a connection of the new pod:\n{m2}"
+            );
+
+            // The transfer completes with every byte.
+            assert!(
+                t.received() < TOTAL,
+                "the transfer finished before the outage"
+            );
+            let (sent, verified) = t.finish();
+            assert_eq!(verified, Ok(TOTAL), "the server's count");
+            assert_eq!(
+                sent.unwrap(),
+                TOTAL,
+                "the client's view of the server's count"
+            );
+
+            // The service returns: renewal recovers, the new pod is served.
+            let _ca = bed.start_ca(&[0], 10);
+            assert!(
+                wait_until(PATIENCE, || expiry(&node1, DEFAULT_ID) > exp1
+                    && expiry(&node2, DEFAULT_ID) > exp2),
+                "renewal did not recover: node1 {} (was {exp1}), node2 {} (was {exp2})",
+                expiry(&node1, DEFAULT_ID),
+                expiry(&node2, DEFAULT_ID)
+            );
+            assert!(
+                wait_until(PATIENCE, || expiry(&node1, LATE_ID) > 0.0),
+                "the new pod never got its certificate"
+            );
+            let seen = exchange(
+                late,
+                server,
+                SocketAddr::new(server.ip(false), 8084),
+                64 << 10,
+            )
+            .unwrap();
+            assert_eq!(seen, late.ip(false));
+            let m2 = scrape(node2.metrics());
+            assert!(
+                sample(
+                    &m2,
+                    "istio_tcp_connections_opened_total",
+                    &[&format!("source_principal=\"{LATE_ID}\"")]
+                ) >= 1.0,
+                "node2 did not see the new pod's own identity:\n{m2}"
             );
         },
     );
