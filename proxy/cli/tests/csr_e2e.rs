@@ -1026,3 +1026,70 @@ fn csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails
         },
     );
 }
+
+/// Root rotation end to end. The proxies trust the old root and, already,
+/// the new one (`rootCertFile` + `bundleFiles`, as a rotation distributes
+/// it first). The service signs with the old root, then restarts with both
+/// (the newer signs): a pod enrolled now gets a leaf of the new root while
+/// the other node's pod still has one of the old, and they talk both ways
+/// (both roots trusted during the overlap); then the old leaf's renewal
+/// re-issues it under the new root, and they still talk.
+#[test]
+fn csr_root_rotation_overlap_trusts_both_roots_and_renewal_reissues_under_the_new_one() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "csr_root_rotation_overlap_trusts_both_roots_and_renewal_reissues_under_the_new_one",
+        || {
+            let bed = Bed::new("csr-rotation", 2);
+            let (old_root, new_root) = (&bed.public_roots[0], &bed.public_roots[1]);
+            // 12 s leaves before the rotation: renewal due at 6 s.
+            let ca = bed.start_ca(&[0], 12);
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            let (a, b) = (bed.n1.pod(0), bed.n2.pod(0));
+            bed.cni_add(&node2, b);
+            let old_leaf = presented_chain(&bed.n1.node, b);
+            chains_to(&old_leaf, old_root, DEFAULT_ID).unwrap();
+            assert!(chains_to(&old_leaf, new_root, DEFAULT_ID).is_err());
+            let exp_b = expiry(&node2, DEFAULT_ID);
+
+            // The rotation: the service restarts with both roots.
+            kill(ca);
+            let _ca = bed.start_ca(&[0, 1], 3600);
+            bed.cni_add(&node1, a);
+            let new_leaf = presented_chain(&bed.n2.node, a);
+            chains_to(&new_leaf, new_root, DEFAULT_ID)
+                .unwrap_or_else(|e| panic!("{}'s leaf after the rotation: {e}", a.name));
+            assert!(
+                chains_to(&new_leaf, old_root, DEFAULT_ID).is_err(),
+                "signed by the old root after the rotation"
+            );
+            // The overlap: a (new root) and b (old root) talk both ways.
+            for (from, to) in [(a, b), (b, a)] {
+                let addr = SocketAddr::new(to.ip(false), 8080);
+                assert_eq!(exchange(from, to, addr, 256 << 10).unwrap(), from.ip(false));
+            }
+            let still_old = presented_chain(&bed.n1.node, b);
+            assert_eq!(
+                still_old[0], old_leaf[0],
+                "b's leaf was renewed before the overlap was shown: lengthen its lifetime"
+            );
+
+            // Renewal re-issues b's leaf under the new root.
+            assert!(
+                wait_until(PATIENCE, || expiry(&node2, DEFAULT_ID) > exp_b),
+                "b's certificate was never renewed"
+            );
+            let renewed = presented_chain(&bed.n1.node, b);
+            chains_to(&renewed, new_root, DEFAULT_ID)
+                .unwrap_or_else(|e| panic!("{}'s renewed leaf: {e}", b.name));
+            assert!(
+                seconds_left(&renewed) > 3000,
+                "not the new service's lifetime"
+            );
+            for (from, to) in [(a, b), (b, a)] {
+                let addr = SocketAddr::new(to.ip(false), 8081);
+                assert_eq!(exchange(from, to, addr, 256 << 10).unwrap(), from.ip(false));
+            }
+        },
+    );
+}
