@@ -117,18 +117,7 @@ impl Bed {
         // The service's serving certificate, from the first root.
         let serving = signers[0].issue_dns_for_tests(CA_NAME);
         let tls = (ca_dir.join("tls.crt"), ca_dir.join("tls.key"));
-        let chain: String = serving
-            .chain
-            .iter()
-            .map(|c| pem_block("CERTIFICATE", c))
-            .collect();
-        std::fs::write(&tls.0, chain).unwrap();
-        let label = match &serving.key {
-            rustls_pki_types::PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
-            rustls_pki_types::PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
-            _ => "PRIVATE KEY",
-        };
-        std::fs::write(&tls.1, pem_block(label, serving.key.secret_der())).unwrap();
+        serving.write_pem_files(&tls.0, &tls.1).unwrap();
         drop(signers);
 
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -379,34 +368,6 @@ fn now_ms() -> u128 {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
         .as_millis()
-}
-
-fn pem_block(label: &str, der: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let b64 = base64(der);
-    let mut s = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        let _ = writeln!(s, "{}", std::str::from_utf8(line).unwrap());
-    }
-    let _ = writeln!(s, "-----END {label}-----");
-    s
-}
-
-fn base64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in data.chunks(3) {
-        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// The Prometheus text of `addr`'s `/metrics` ("" when it does not answer).
