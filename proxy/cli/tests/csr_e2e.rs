@@ -73,8 +73,10 @@ struct Bed {
     tls: (PathBuf, PathBuf),
     /// The roots, oldest first; the first is the mesh root the proxies get.
     roots: Vec<Root>,
-    /// The public copies of the roots the proxies get (no key).
+    /// The public copies of the roots (no key).
     public_roots: Vec<PathBuf>,
+    /// How many of them (the first ones) the proxies trust: all by default.
+    trusted: usize,
     plugin: PathBuf,
     n1: VirtualNode,
     n2: VirtualNode,
@@ -147,6 +149,7 @@ impl Bed {
             kubeconfig,
             tls,
             roots: root_files,
+            trusted: public_roots.len(),
             public_roots,
             plugin,
             n1,
@@ -317,7 +320,7 @@ impl Bed {
                 )
             })
             .collect();
-        let bundle: Vec<String> = self.public_roots[1..]
+        let bundle: Vec<String> = self.public_roots[1..self.trusted]
             .iter()
             .map(|p| format!("\"{}\"", p.display()))
             .collect();
@@ -1050,6 +1053,72 @@ fn csr_root_rotation_overlap_trusts_both_roots_and_renewal_reissues_under_the_ne
             for (from, to) in [(a, b), (b, a)] {
                 let addr = SocketAddr::new(to.ip(false), 8081);
                 assert_eq!(exchange(from, to, addr, 256 << 10).unwrap(), from.ip(false));
+            }
+        },
+    );
+}
+
+/// A misstep of a root rotation: the service restarted to sign with a root
+/// the proxies were never given. A renewed leaf that does not chain to the
+/// proxy's own trust bundle would be refused by every peer; the proxy must
+/// refuse it (a counted renewal failure) and keep serving with the current,
+/// still valid, certificate instead of breaking its pods' HBONE.
+#[test]
+fn adversarial_csr_a_renewed_leaf_of_an_untrusted_root_is_refused_and_the_current_one_kept() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "adversarial_csr_a_renewed_leaf_of_an_untrusted_root_is_refused_and_the_current_one_kept",
+        || {
+            let mut bed = Bed::new("csr-untrusted", 2);
+            bed.trusted = 1;
+            // 12 s leaves: renewal due at 6 s.
+            let ca = bed.start_ca(&[0], 12);
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            let (a, b) = (bed.n1.pod(0), bed.n2.pod(0));
+            bed.cni_add(&node1, a);
+            bed.cni_add(&node2, b);
+            let leaf_b = presented_chain(&bed.n1.node, b);
+            let (exp_b, f2) = (expiry(&node2, DEFAULT_ID), failures(&node2));
+
+            // The service now signs with root 1, which no proxy trusts (its
+            // serving certificate is still root 0's: the proxies reach it).
+            kill(ca);
+            let _ca = bed.start_ca(&[1], 3600);
+            let issued = ca_issued();
+            assert!(
+                wait_until(PATIENCE, || ca_issued() > issued || failures(&node2) > f2),
+                "no renewal was attempted"
+            );
+            assert!(
+                wait_until(PATIENCE, || failures(&node2) > f2),
+                "node2 took a leaf its peers cannot verify: expiry {} (was {exp_b}), presenting {}",
+                expiry(&node2, DEFAULT_ID),
+                match chains_to(
+                    &presented_chain(&bed.n1.node, b),
+                    &bed.public_roots[1],
+                    DEFAULT_ID
+                ) {
+                    Ok(()) => "a leaf of the untrusted root",
+                    Err(_) => "the old leaf",
+                }
+            );
+            assert_eq!(
+                expiry(&node2, DEFAULT_ID),
+                exp_b,
+                "the current certificate is kept"
+            );
+            assert_eq!(
+                presented_chain(&bed.n1.node, b)[0],
+                leaf_b[0],
+                "b still presents its current leaf"
+            );
+            for (from, to) in [(a, b), (b, a)] {
+                let addr = SocketAddr::new(to.ip(false), 8080);
+                assert_eq!(
+                    exchange(from, to, addr, 64 << 10).unwrap(),
+                    from.ip(false),
+                    "HBONE broke"
+                );
             }
         },
     );
