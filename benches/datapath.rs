@@ -17,6 +17,11 @@
 //! `--profile-hbone-stream`: one stream through HBONE on one node instead;
 //! `--profile-cni-add`: `RINGWAY_BENCH_CHURN_PODS` CNI ADDs one after another.
 //!
+//! `cargo bench -p ringway-benches -- --cni-add-ca [--quick]`: CNI ADD
+//! latency with the certificate service (`ringway ca`) against a local CA
+//! key and without HBONE, 200 pods each, and the CSR round trip (see
+//! `cni_ca`).
+//!
 //! `cargo bench -p ringway-benches -- --flood [--quick]`: the
 //! `hbone_preauth_flood` scenario alone (see `flood`), to `results/flood/`.
 //!
@@ -68,6 +73,23 @@ fn main() {
             Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
             Err(e) => {
                 eprintln!("[bench] profile failed: {e:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--cni-add-ca") {
+        let cfg = if quick {
+            ringway_benches::cni_ca::CniCaConfig::quick()
+        } else {
+            ringway_benches::cni_ca::CniCaConfig::full()
+        }
+        .with_env_overrides();
+        match ringway_benches::run_cni_add_ca(cfg, config.proxy_bin.clone()) {
+            Ok(Some(md)) => println!("{md}"),
+            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
+            Err(e) => {
+                eprintln!("[bench] cni-add-ca failed: {e:#}");
                 std::process::exit(1);
             }
         }

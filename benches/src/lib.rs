@@ -2,12 +2,14 @@
 //! under test as child processes (`child`), the scenarios and rounds
 //! (`suite`: plaintext, HBONE on one node and between two nodes, scrape
 //! impact, pod churn through the command line and through CNI ADD) and the
-//! report with its consistency check (`report`).
+//! report with its consistency check (`report`); `cni_ca`: CNI ADD latency
+//! with the certificate service against a local CA key, and the CSR round trip.
 //! `cargo bench -p ringway-benches` runs the suite; see BENCHMARKS.md.
 
 #![forbid(unsafe_code)]
 
 pub mod child;
+pub mod cni_ca;
 pub mod flood;
 pub mod load;
 pub mod report;
@@ -87,4 +89,15 @@ pub fn run_flood(
     let md = flood::write(out, &r)?;
     let problems = flood::check(&r);
     Ok(Some((md, r, problems)))
+}
+
+/// Runs the `--cni-add-ca` measurement (see [`cni_ca`]) in isolated
+/// namespaces with the `ringway` program `bin` (proxy and `ringway ca`).
+/// Returns the report lines; `None` without privileges.
+pub fn run_cni_add_ca(
+    config: cni_ca::CniCaConfig,
+    bin: std::path::PathBuf,
+) -> anyhow::Result<Option<String>> {
+    ringway_testbed::run_isolated("bench_cni_add_ca", move || cni_ca::run(&config, &bin))
+        .transpose()
 }

@@ -1305,7 +1305,7 @@ fn cni_churn(
 /// One CNI ADD for churn pod `i` as a container runtime makes it: `CNI_*`
 /// variables and the chained config with the primary plugin's result, through
 /// the plugin code over the agent's socket. Times the whole call.
-fn cni_add(agent_socket: &FsPath, ns: &Netns, i: usize) -> anyhow::Result<Duration> {
+pub(crate) fn cni_add(agent_socket: &FsPath, ns: &Netns, i: usize) -> anyhow::Result<Duration> {
     let name = ns.name().to_string();
     // Addresses the primary plugin would have given (the pod holds none:
     // only the capture rules' exclusions use them).

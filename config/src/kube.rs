@@ -21,7 +21,8 @@
 //!   call [`build_mesh`] at most once per [`KubeOptions::debounce`].
 //!
 //! Feature `testing` adds `kube::testing`: a fake API server behind kube's
-//! `Client` and object fixtures, for this crate's and other crates' tests.
+//! `Client` (or served over HTTP to another process, TokenReviews included)
+//! and object fixtures, for this crate's and other crates' tests.
 //!
 //! # Mapping
 //! | object | becomes |

@@ -470,3 +470,81 @@ fn stopping_joins_the_thread() {
         Err(mpsc::RecvTimeoutError::Disconnected)
     ));
 }
+
+/// The fake over HTTP (for another process) answers as through the mock:
+/// the store's pods, and TokenReviews of the registered tokens, with the
+/// audience checked as the API server does.
+#[test]
+fn the_fake_api_server_over_http_lists_and_reviews_tokens() {
+    use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+    use k8s_openapi::api::core::v1::Pod;
+    ringway_testbed::run_isolated(
+        "the_fake_api_server_over_http_lists_and_reviews_tokens",
+        || {
+            // The fake serves while the test blocks on the runtime.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let api = FakeApiServer::serve_http(runtime.handle(), listener).unwrap();
+            api.apply_pod(pod("shop", "web-1", &["10.0.0.5"]));
+            api.add_token(
+                "good",
+                fixtures::service_account_user("shop", "web", Some(("web-1", "u-1", "node-a"))),
+                &["istio-ca", "other"],
+            );
+            runtime.block_on(async {
+                let config = ::kube::Config::new(format!("http://{addr}").parse().unwrap());
+                let client = ::kube::Client::try_from(config).unwrap();
+                let pods = ::kube::Api::<Pod>::all(client.clone())
+                    .list(&Default::default())
+                    .await
+                    .unwrap();
+                assert_eq!(pods.items.len(), 1);
+                let reviews = ::kube::Api::<TokenReview>::all(client);
+                let review = |token: &str, audience: &str| {
+                    let tr = TokenReview {
+                        spec: TokenReviewSpec {
+                            token: Some(token.to_owned()),
+                            audiences: Some(vec![audience.to_owned()]),
+                        },
+                        ..TokenReview::default()
+                    };
+                    let reviews = reviews.clone();
+                    async move {
+                        reviews
+                            .create(&Default::default(), &tr)
+                            .await
+                            .unwrap()
+                            .status
+                            .unwrap()
+                    }
+                };
+                let ok = review("good", "istio-ca").await;
+                assert_eq!(ok.authenticated, Some(true));
+                assert_eq!(ok.audiences, Some(vec!["istio-ca".to_owned()]));
+                let user = ok.user.unwrap();
+                assert_eq!(
+                    user.username.as_deref(),
+                    Some("system:serviceaccount:shop:web")
+                );
+                assert_eq!(
+                    user.extra.unwrap()["authentication.kubernetes.io/node-name"],
+                    vec!["node-a".to_owned()]
+                );
+                let wrong = review("good", "kubernetes").await;
+                assert_eq!(wrong.authenticated, Some(false), "{wrong:?}");
+                assert!(wrong.error.unwrap().contains("audiences"));
+                assert_eq!(
+                    review("forged", "istio-ca").await.authenticated,
+                    Some(false)
+                );
+                api.revoke_token("good");
+                assert_eq!(review("good", "istio-ca").await.authenticated, Some(false));
+            });
+            assert_eq!(api.token_reviews(), 4);
+        },
+    );
+}

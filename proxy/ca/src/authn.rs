@@ -30,6 +30,18 @@ impl Caller {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.service_account)
     }
+
+    /// Whose request budget a call spends: the pod a bound token names
+    /// (`namespace/serviceAccount/pod`), else the service account. Every
+    /// node proxy of a cluster runs as one service account: a budget per
+    /// service account would let one node (a node an attacker holds, or one
+    /// starting a burst of pods) use up every other node's.
+    pub fn rate_key(&self) -> String {
+        match &self.pod_name {
+            Some(pod) => format!("{}/{}/{pod}", self.namespace, self.service_account),
+            None => self.key(),
+        }
+    }
 }
 
 /// A boxed future (the reviewer is used as a trait object).

@@ -24,7 +24,8 @@ pub struct Limits {
     pub max_request_bytes: usize,
     /// Largest CSR (PEM text).
     pub max_csr_bytes: usize,
-    /// Requests per second per caller (service account), sustained.
+    /// Requests per second per caller ([`crate::Caller::rate_key`]: the pod
+    /// of a bound token, else the service account), sustained.
     pub rate_per_caller: f64,
     /// Requests a caller may send at once above the rate.
     pub burst_per_caller: f64,
@@ -239,7 +240,7 @@ impl CaService {
             })?;
             self.reviewer.review(token).await?
         };
-        self.rate_limit(&caller.key())?;
+        self.rate_limit(&caller.rate_key())?;
         let identity = authorize(&self.policy, &caller, impersonate, &*self.pods)?;
 
         let now = SystemTime::now();

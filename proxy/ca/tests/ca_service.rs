@@ -83,6 +83,10 @@ fn bed_with(limits: Limits, signers: Vec<Arc<CaSigner>>) -> Bed {
         ),
     );
     tokens.insert(
+        "proxy-b".into(),
+        caller("ringway-system", "ringway-proxy", Some(("proxy-b", "u-pb"))),
+    );
+    tokens.insert(
         "proxy-unbound".into(),
         caller("ringway-system", "ringway-proxy", None),
     );
@@ -95,6 +99,13 @@ fn bed_with(limits: Limits, signers: Vec<Arc<CaSigner>>) -> Bed {
         "proxy-a",
         "u-pa",
         "node-a",
+        "ringway-proxy",
+    ));
+    pods.put(pod(
+        "ringway-system",
+        "proxy-b",
+        "u-pb",
+        "node-b",
         "ringway-proxy",
     ));
     let ca = signers[0].clone();
@@ -459,6 +470,42 @@ fn adversarial_csr_each_caller_is_rate_limited_on_its_own() {
         ),
         "{metrics}"
     );
+}
+
+/// Every node proxy of the cluster runs as the same service account: one
+/// node's proxy (a node an attacker holds, or one enrolling a burst of
+/// pods) must not use up the requests of the proxies of other nodes.
+#[test]
+fn adversarial_csr_one_node_proxy_flood_does_not_starve_the_other_nodes() {
+    let b = bed_with(
+        Limits {
+            rate_per_caller: 0.001,
+            burst_per_caller: 3.0,
+            ..Limits::default()
+        },
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+    );
+    let on_a =
+        body(&request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/web"));
+    for _ in 0..3 {
+        call(&b, Some("proxy-a"), &on_a).unwrap();
+    }
+    let e = call(&b, Some("proxy-a"), &on_a).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::ResourceExhausted, "rate_limited"),
+        "{e}"
+    );
+    assert!(
+        e.message.contains("proxy-a"),
+        "the message names the pod: {e}"
+    );
+    // Node b's proxy, same service account, is served.
+    let on_b =
+        body(&request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/bank/sa/vault"));
+    let chain = call(&b, Some("proxy-b"), &on_b)
+        .unwrap_or_else(|e| panic!("node b's proxy starved by node a's: {e}"));
+    assert_eq!(uris(&chain[0]), ["spiffe://cluster.local/ns/bank/sa/vault"]);
 }
 
 #[test]

@@ -117,7 +117,8 @@ struct CaArgs {
     /// The longest certificate lifetime granted, in seconds.
     #[arg(long, default_value_t = 86400)]
     max_lifetime_secs: u64,
-    /// Requests per second per caller (service account).
+    /// Requests per second per caller: the pod a bound token names (each
+    /// node proxy has its own budget), else the service account.
     #[arg(long, default_value_t = 20.0)]
     rate_per_caller: f64,
     /// Metrics (`/metrics`) and readiness (`/healthz/ready`).

@@ -541,8 +541,8 @@ impl CaRig {
                 trust_domain: TD.into(),
                 node_proxy: (PROXY_NS.into(), PROXY_SA.into()),
             },
-            // Both proxies share one service account (one rate bucket); the
-            // sandbox's CSR round-trip measurement adds a few hundred calls.
+            // The sandbox's CSR round-trip measurement adds a few hundred
+            // calls from node1's proxy.
             ringway_ca::Limits {
                 rate_per_caller: 1000.0,
                 burst_per_caller: 1000.0,

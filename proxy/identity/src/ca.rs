@@ -582,6 +582,34 @@ impl fmt::Debug for TestLeaf {
     }
 }
 
+#[cfg(feature = "testing")]
+impl TestLeaf {
+    /// Writes the chain and the key as PEM files (the key with mode 0600),
+    /// as a Secret would mount a serving certificate.
+    pub fn write_pem_files(&self, cert_file: &Path, key_file: &Path) -> io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let certs: String = self
+            .chain
+            .iter()
+            .map(|c| pem::encode(&pem::Pem::new("CERTIFICATE", c.to_vec())))
+            .collect();
+        std::fs::write(cert_file, certs)?;
+        let label = match &self.key {
+            PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+            PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+            _ => "PRIVATE KEY",
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(key_file)?;
+        f.write_all(pem::encode(&pem::Pem::new(label, self.key.secret_der().to_vec())).as_bytes())
+    }
+}
+
 #[cfg(test)]
 impl CaSigner {
     pub(crate) fn generate_for_tests_for_unit(trust_domain: &str) -> CaSigner {

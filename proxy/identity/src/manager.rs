@@ -597,6 +597,26 @@ impl IdentityManager {
             Ok(got) => return Err(fail(format!("the certificate issued is for {got}"))),
             Err(e) => return Err(fail(format!("the certificate issued: {e}"))),
         }
+        // And it must chain to our own trust bundle, valid now: peers check
+        // it against theirs (the same roots), and a leaf they would refuse
+        // (a service signing with a root not yet distributed) must not
+        // replace one they accept.
+        {
+            use rustls::client::danger::ServerCertVerifier;
+            self.server_verifier(id)
+                .verify_server_cert(
+                    &chain[0],
+                    &chain[1..],
+                    &tls::placeholder_server_name(),
+                    &[],
+                    rustls_pki_types::UnixTime::now(),
+                )
+                .map_err(|e| {
+                    fail(format!(
+                        "the certificate issued does not verify against the trust bundle: {e}"
+                    ))
+                })?;
+        }
         // The validity actually granted (a service may cap it).
         let (not_before, not_after) = x509_parser::parse_x509_certificate(&chain[0])
             .map(|(_, x)| {

@@ -12,6 +12,14 @@
 //!   an object that stops matching as `DELETED`;
 //! - GETs of one object (404 `NotFound` when absent).
 //!
+//! It also answers TokenReviews (`POST
+//! /apis/authentication.k8s.io/v1/tokenreviews`) for the tokens a test
+//! registered ([`FakeApiServer::add_token`]), as the API server does: an
+//! unknown token, or one none of whose audiences was asked for, is not
+//! authenticated. [`FakeApiServer::serve_http`] serves the same fake over
+//! HTTP on a listener the test made, for a process of its own (a kubeconfig
+//! pointing at `http://<addr>`).
+//!
 //! Every request is recorded ([`FakeApiServer::requests`]). To make the
 //! watchers' hard cases, a test can also change objects without the watches
 //! seeing it ([`FakeApiServer::replace_unseen`],
@@ -273,7 +281,14 @@ struct State {
     /// Their watches opened and not yet taken by [`FakeApiServer::next_watch`].
     handed: BTreeMap<Kind, VecDeque<WatchStream>>,
     requests: Vec<ApiRequest>,
+    /// TokenReview answers: token -> (user, the token's audiences).
+    tokens: BTreeMap<String, (Value, Vec<String>)>,
 }
+
+/// The path TokenReviews are posted to.
+const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+
+type Mock = tower_test::mock::Mock<Request<::kube::client::Body>, Response<Body>>;
 
 /// The fake API server; see the module docs.
 #[derive(Clone)]
@@ -296,9 +311,50 @@ impl FakeApiServer {
     /// `runtime` (the client is built there too; something must drive it).
     pub fn start(runtime: &tokio::runtime::Handle) -> (Client, FakeApiServer) {
         let _enter = runtime.enter();
+        let (service, api) = Self::spawn(runtime);
+        (Client::new(service, "default"), api)
+    }
+
+    /// The fake served over HTTP/1.1 on `listener` (made by the test, in
+    /// the network namespace it chose), on `runtime`: for a process of its
+    /// own, whose kubeconfig points at `http://<listener's address>`. Every
+    /// connection is served until the runtime stops.
+    pub fn serve_http(
+        runtime: &tokio::runtime::Handle,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<FakeApiServer> {
+        listener.set_nonblocking(true)?;
+        let _enter = runtime.enter();
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let (service, api) = Self::spawn(runtime);
+        runtime.spawn(async move {
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        // EMFILE and the like: let the test's deadline tell.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let serve =
+                        hyper::service::service_fn(move |req| forward(service.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), serve)
+                        .await;
+                });
+            }
+        });
+        Ok(api)
+    }
+
+    /// The mock service kube's client (or [`Self::serve_http`]) sends to,
+    /// and the fake answering it on `runtime`.
+    fn spawn(runtime: &tokio::runtime::Handle) -> (Mock, FakeApiServer) {
         let (service, mut handle) =
             tower_test::mock::pair::<Request<::kube::client::Body>, Response<Body>>();
-        let client = Client::new(service, "default");
         let api = FakeApiServer(Arc::new(Mutex::new(State {
             rv: Kind::ALL.into_iter().map(|k| (k, 1)).collect(),
             objects: BTreeMap::new(),
@@ -310,6 +366,7 @@ impl FakeApiServer {
             scripted: BTreeSet::new(),
             handed: BTreeMap::new(),
             requests: Vec::new(),
+            tokens: BTreeMap::new(),
         })));
         let server = api.clone();
         runtime.spawn(async move {
@@ -326,12 +383,52 @@ impl FakeApiServer {
                     watch: query.get("watch").map(String::as_str) == Some("true"),
                     query,
                 };
+                let review = request.method == "POST" && request.path == TOKEN_REVIEWS;
                 let mut s = server.state();
                 s.requests.push(request.clone());
-                s.handle(request, send);
+                if review {
+                    drop(s);
+                    let server = server.clone();
+                    tokio::spawn(async move {
+                        use http_body_util::BodyExt;
+                        let answer = match req.into_body().collect().await {
+                            Ok(b) => server.state().token_review(&b.to_bytes()),
+                            Err(_) => status(StatusCode::BAD_REQUEST, "BadRequest"),
+                        };
+                        send.send_response(answer);
+                    });
+                } else {
+                    s.handle(request, send);
+                }
             }
         });
-        (client, api)
+        (service, api)
+    }
+
+    /// TokenReviews of `token` authenticate `user` (a TokenReview's
+    /// `status.user`: [`fixtures::service_account_user`]) when they ask for
+    /// one of `audiences` (or for none); the answer's `status.audiences`
+    /// are the ones asked for that the token has. Replaces an earlier
+    /// registration of the token.
+    pub fn add_token(&self, token: &str, user: Value, audiences: &[&str]) {
+        self.state().tokens.insert(
+            token.to_owned(),
+            (user, audiences.iter().map(|a| (*a).to_owned()).collect()),
+        );
+    }
+
+    /// `token` is no longer valid (its reviews say unauthenticated).
+    pub fn revoke_token(&self, token: &str) {
+        self.state().tokens.remove(token);
+    }
+
+    /// How many TokenReviews were posted so far.
+    pub fn token_reviews(&self) -> usize {
+        self.state()
+            .requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == TOKEN_REVIEWS)
+            .count()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -493,7 +590,63 @@ impl FakeApiServer {
     }
 }
 
+/// One HTTP request of [`FakeApiServer::serve_http`], through the mock.
+async fn forward(
+    mut service: Mock,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, Box<dyn std::error::Error + Send + Sync>> {
+    use http_body_util::BodyExt;
+    use tower_service::Service;
+    let (parts, body) = req.into_parts();
+    let bytes = body.collect().await?.to_bytes();
+    let req = Request::from_parts(parts, ::kube::client::Body::from(bytes));
+    futures::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+    service.call(req).await
+}
+
 impl State {
+    /// The answer to a TokenReview whose body is `body`.
+    fn token_review(&self, raw: &[u8]) -> Response<Body> {
+        let Ok(review) = serde_json::from_slice::<Value>(raw) else {
+            return status(StatusCode::BAD_REQUEST, "BadRequest");
+        };
+        let token = review["spec"]["token"].as_str().unwrap_or("");
+        let asked: Vec<String> = review["spec"]["audiences"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let result = match self.tokens.get(token) {
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+            Some((user, has)) => {
+                let granted: Vec<&String> = if asked.is_empty() {
+                    has.iter().collect()
+                } else {
+                    asked.iter().filter(|a| has.contains(a)).collect()
+                };
+                if granted.is_empty() {
+                    json!({"authenticated": false, "error": format!(
+                        "token audiences {has:?} is invalid for the target audiences {asked:?}")})
+                } else {
+                    json!({"authenticated": true, "user": user, "audiences": granted})
+                }
+            }
+        };
+        body(
+            StatusCode::CREATED,
+            &json!({
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "metadata": {},
+                "spec": review["spec"].clone(),
+                "status": result,
+            }),
+        )
+    }
+
     fn next_rv(&mut self, kind: Kind) -> u64 {
         let rv = self.rv.entry(kind).or_insert(1);
         *rv += 1;

@@ -134,6 +134,25 @@ pub fn pod(ns: &str, name: &str, ips: &[&str]) -> FakePod {
         .running(ips)
 }
 
+/// A TokenReview's `status.user` for service account `namespace/sa`; with
+/// `pod` = (name, uid, node), a token bound to that pod (the `extra` keys
+/// of a projected service-account token).
+pub fn service_account_user(ns: &str, sa: &str, pod: Option<(&str, &str, &str)>) -> Value {
+    let mut user = json!({
+        "username": format!("system:serviceaccount:{ns}:{sa}"),
+        "uid": format!("sa-uid-{ns}-{sa}"),
+        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"],
+    });
+    if let Some((name, uid, node)) = pod {
+        user["extra"] = json!({
+            "authentication.kubernetes.io/pod-name": [name],
+            "authentication.kubernetes.io/pod-uid": [uid],
+            "authentication.kubernetes.io/node-name": [node],
+        });
+    }
+    user
+}
+
 /// Namespace `name` (uid `ns-<name>`), with `ringway.io/dataplane-mode=<mode>`
 /// when `mode` is given.
 pub fn namespace(name: &str, mode: Option<&str>) -> Value {
