@@ -475,6 +475,7 @@ fn random_config(rng: &mut Rng) -> MeshConfig {
             .map(|_| crate::RuleConfig {
                 from: (0..rng.below(3)).map(|_| random_source(rng)).collect(),
                 to: (0..rng.below(2)).map(|_| random_operation(rng)).collect(),
+                when: Vec::new(),
             })
             .collect();
         cfg.policies.push(crate::PolicyConfig {
@@ -482,9 +483,11 @@ fn random_config(rng: &mut Rng) -> MeshConfig {
             namespace: (*rng.pick(NAMESPACES)).to_owned(),
             selector: rng.chance(25).then(|| crate::SelectorConfig {
                 workloads: rng.some(SELECTED),
+                match_labels: Default::default(),
             }),
             action: (*rng.pick(&["ALLOW", "DENY"])).to_owned(),
             rules,
+            origin: None,
         });
     }
     cfg
@@ -713,6 +716,7 @@ fn properties_of_added_policies() {
                 selector: None,
                 action: action.into(),
                 rules,
+                origin: None,
             });
             cfg.validate("added").unwrap()
         };

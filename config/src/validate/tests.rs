@@ -86,7 +86,7 @@ fn empty_document_and_old_top_level_settings_are_refused() {
     assert_eq!(
         error("captureMode: redirect\n"),
         "config.yaml:1:1: unknown field `captureMode`, expected one of `proxy`, `trustDomain`, \
-         `rootNamespace`, `ca`, `workloads`, `services`, `policies`, `clusterId`, `locality` (proxy settings live under \
+         `rootNamespace`, `ca`, `workloads`, `services`, `policies`, `clusterId`, `locality`, `trustDomainAliases` (proxy settings live under \
          `proxy:`: write `proxy: {captureMode: ...}`)"
     );
 }
