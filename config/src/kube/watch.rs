@@ -518,7 +518,11 @@ where
                     }
                 }
                 Some(Ok(event)) => {
-                    st.misses = 0;
+                    // The watcher says `Init` before it lists: only what
+                    // follows a list says the version is served.
+                    if !matches!(event, watcher::Event::Init) {
+                        st.misses = 0;
+                    }
                     return Some((Ok(event), st));
                 }
             }
