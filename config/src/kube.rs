@@ -4,10 +4,12 @@
 //! server instead of the file: [`MeshWatch`] watches Pods, Services and
 //! EndpointSlices cluster-wide (plus the namespaces labelled
 //! `ringway.io/dataplane-mode=enabled`, which the enrollment rule needs), and
-//! publishes a new `Arc<Mesh>` whenever they change. Authorization policies,
-//! the trust domain, the CA and the proxy settings keep coming from the
-//! configuration file (the ConfigMap): every snapshot is the latest file
-//! merged with the latest cluster state, rebuilt on a change of either.
+//! publishes a new `Arc<Mesh>` whenever they change. It also watches the
+//! mesh's `security.istio.io` AuthorizationPolicies and PeerAuthentications
+//! ([`istio`]), enforced beside the file's policies. The trust domain, the
+//! CA and the proxy settings keep coming from the configuration file (the
+//! ConfigMap): every snapshot is the latest file merged with the latest
+//! cluster state, rebuilt on a change of either.
 //!
 //! The module is two layers:
 //! - [`build_mesh`] is the whole mapping, a pure function of the file's
