@@ -134,6 +134,9 @@ pub struct ConnInfo<'a> {
     pub src_identity: Option<&'a Identity>,
     /// The workload being connected to.
     pub dst_workload: &'a Workload,
+    /// The address the connection was made to (one of the workload's; for
+    /// HBONE the CONNECT authority's).
+    pub dst_ip: IpAddr,
     /// The destination (target) port.
     pub dst_port: u16,
 }
@@ -209,7 +212,7 @@ struct Peer<'a> {
     ip: IpAddr,
     identity: Option<&'a Identity>,
     port: u16,
-    dst: &'a Workload,
+    dst_ip: IpAddr,
 }
 
 /// Decides whether `conn` may reach its destination; see the
@@ -219,7 +222,7 @@ pub fn evaluate(mesh: &Mesh, conn: &ConnInfo<'_>) -> Decision {
         ip: conn.src_ip.to_canonical(),
         identity: conn.src_identity,
         port: conn.dst_port,
-        dst: conn.dst_workload,
+        dst_ip: conn.dst_ip.to_canonical(),
     };
     if conn.src_identity.is_none() && !mesh.peer_authentications.is_empty() {
         if let (MtlsMode::Strict, Some(pa)) = mesh.mtls_mode(conn.dst_workload, conn.dst_port) {
@@ -296,9 +299,7 @@ impl Condition {
             Condition::SourcePrincipal(v) => {
                 v.test(|m| id.is_some_and(|i| m.matches_pieces(&i.pieces())))
             }
-            Condition::DestinationIp(v) => {
-                v.test(|c| peer.dst.ips.iter().any(|ip| c.contains(*ip)))
-            }
+            Condition::DestinationIp(v) => v.test(|c| c.contains(peer.dst_ip)),
             Condition::DestinationPort(v) => v.test(|p| *p == peer.port),
         }
     }

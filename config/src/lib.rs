@@ -46,6 +46,7 @@
 //!     src_ip: "10.0.1.7".parse().unwrap(),
 //!     src_identity: Some(&frontend),
 //!     dst_workload: web,
+//!     dst_ip: web.ips[0],
 //!     dst_port: 8080,
 //! };
 //! assert!(evaluate(&mesh, &conn).is_allowed());

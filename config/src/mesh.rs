@@ -274,7 +274,7 @@ pub enum Condition {
     SourceNamespace(Values<StringMatch>),
     /// `source.principal`: the peer's SPIFFE ID.
     SourcePrincipal(Values<StringMatch>),
-    /// `destination.ip`: the destination workload's address.
+    /// `destination.ip`: the address the connection was made to.
     DestinationIp(Values<Cidr>),
     /// `destination.port`: the destination (target) port.
     DestinationPort(Values<u16>),

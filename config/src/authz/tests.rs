@@ -33,6 +33,7 @@ fn check(m: &Mesh, src: &str, identity: Option<&Identity>, dst: &str, port: u16)
             src_ip: src.parse().unwrap(),
             src_identity: identity,
             dst_workload,
+            dst_ip: dst_workload.ips[0],
             dst_port: port,
         },
     )
@@ -656,6 +657,7 @@ fn random_meshes_agree_with_the_oracle() {
                     src_ip: ip,
                     src_identity: identity,
                     dst_workload: dst,
+                    dst_ip: dst.ips[0],
                     dst_port: port,
                 },
             );
@@ -736,6 +738,7 @@ fn properties_of_added_policies() {
                         src_ip: rng_ip(dst_index),
                         src_identity: identity,
                         dst_workload: dst,
+                        dst_ip: dst.ips[0],
                         dst_port: 80,
                     },
                 )

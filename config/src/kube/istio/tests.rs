@@ -18,6 +18,7 @@ workloads:
   - {uid: w-web, name: web-0, namespace: shop, serviceAccount: web, ips: [10.1.0.5], node: n, labels: {app: web}}
   - {uid: w-db, name: db-0, namespace: shop, serviceAccount: db, ips: [10.1.0.6], node: n, labels: {app: db}}
   - {uid: w-api, name: api-0, namespace: other, serviceAccount: api, ips: [10.2.0.5], node: n, labels: {app: web}}
+  - {uid: w-dual, name: dual-0, namespace: dual, serviceAccount: dual, ips: [10.3.0.5, "fd00:3::5"], node: n, labels: {app: dual}}
 policies:
   - name: file-policy
     namespace: shop
@@ -88,6 +89,12 @@ fn identity(id: &str) -> Identity {
 }
 
 fn decide(mesh: &Mesh, peer: &Peer<'_>, dst_uid: &str, port: u16) -> Decision {
+    let dst = mesh.workload_by_uid(dst_uid).unwrap();
+    decide_to(mesh, peer, dst_uid, dst.ips[0], port)
+}
+
+/// As [`decide`], to the workload's address `dst_ip`.
+fn decide_to(mesh: &Mesh, peer: &Peer<'_>, dst_uid: &str, dst_ip: IpAddr, port: u16) -> Decision {
     let id = peer.id.map(identity);
     let ip: IpAddr = peer.ip.parse().unwrap();
     evaluate(
@@ -96,6 +103,7 @@ fn decide(mesh: &Mesh, peer: &Peer<'_>, dst_uid: &str, port: u16) -> Decision {
             src_ip: ip,
             src_identity: id.as_ref(),
             dst_workload: mesh.workload_by_uid(dst_uid).unwrap(),
+            dst_ip,
             dst_port: port,
         },
     )
@@ -545,6 +553,38 @@ fn authorization_policy_maps_when_destination_ip() {
     );
     assert!(!allowed(&k.mesh, &WEB, "w-db", 80));
     assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+}
+
+/// `destination.ip` is the address the connection was made to, not any of
+/// the workload's: an ALLOW for a dual-stack pod's IPv4 address does not
+/// admit connections to its IPv6 one.
+#[test]
+fn adversarial_authorization_policy_destination_ip_is_the_connections_address() {
+    let k = build(
+        vec![ap(
+            "dual",
+            "v4-only",
+            json!({"rules": [{"when": [{"key": "destination.ip", "values": ["10.3.0.0/16"]}]}]}),
+        )],
+        vec![],
+    );
+    let v4: IpAddr = "10.3.0.5".parse().unwrap();
+    let v6: IpAddr = "fd00:3::5".parse().unwrap();
+    assert!(decide_to(&k.mesh, &WEB, "w-dual", v4, 80).is_allowed());
+    assert!(
+        !decide_to(&k.mesh, &WEB, "w-dual", v6, 80).is_allowed(),
+        "an ALLOW for the IPv4 address admitted a connection to the IPv6 one"
+    );
+    let k = build(
+        vec![ap(
+            "dual",
+            "no-v6",
+            json!({"action": "DENY", "rules": [{"when": [{"key": "destination.ip", "values": ["fd00::/8"]}]}]}),
+        )],
+        vec![],
+    );
+    assert!(decide_to(&k.mesh, &WEB, "w-dual", v4, 80).is_allowed());
+    assert!(!decide_to(&k.mesh, &WEB, "w-dual", v6, 80).is_allowed());
 }
 
 #[test]
