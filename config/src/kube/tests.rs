@@ -687,3 +687,50 @@ fn adversarial_authorization_policy_watch_without_the_crds_never_blocks_the_mesh
         cluster_policy(m, "istio/shop/deny").is_some()
     });
 }
+
+/// Once listed, the policies stay in force when the kind stops being
+/// served or allowed (an RBAC edit, an API outage answering 404/403): the
+/// last snapshot stays, as for every other watch, instead of a DENY
+/// silently vanishing.
+#[test]
+fn adversarial_authorization_policy_watch_keeps_policies_when_access_is_lost() {
+    let h = Harness::start(|api| {
+        shop(api);
+        api.apply(
+            Kind::AuthorizationPolicy,
+            istio_object("shop", "deny", deny_port("8080")),
+        );
+    });
+    h.until("the policy is in", |m| {
+        cluster_policy(m, "istio/shop/deny").is_some()
+    });
+    h.api.serve_security_versions(&[]);
+    h.api.expire(Kind::AuthorizationPolicy);
+    // The relists fail (every version, then again after the longest
+    // backoff, 50 ms here): wait for several rounds of them.
+    let lists = || {
+        h.api
+            .requests_of(Kind::AuthorizationPolicy)
+            .iter()
+            .filter(|r| !r.watch)
+            .count()
+    };
+    let before = lists();
+    let deadline = Instant::now() + PATIENCE;
+    while lists() < before + 6 {
+        assert!(Instant::now() < deadline, "the relists are not retried");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = h.watch.current().unwrap();
+    assert!(
+        cluster_policy(&m, "istio/shop/deny").is_some(),
+        "the DENY policy vanished when the API stopped serving it"
+    );
+    // Served again: the watch resumes from a fresh list.
+    h.api
+        .delete_unseen(Kind::AuthorizationPolicy, "shop", "deny");
+    h.api.serve_security_versions(&["v1"]);
+    h.until("the relist after access returned", |m| {
+        cluster_policy(m, "istio/shop/deny").is_none()
+    });
+}

@@ -434,8 +434,9 @@ type EventStream<K> =
 
 /// The watch of a `security.istio.io` kind, of the version the API server
 /// serves: `v1`, else `v1beta1`. When neither is served (or the proxy may
-/// not list them), the kind counts as listed and empty, so that the mesh's
-/// snapshots never wait for it, and both are tried again after
+/// not list them) before any list succeeded, the kind counts as listed and
+/// empty, so that the mesh's snapshots never wait for it; after one did, the
+/// objects last listed stay. Both versions are tried again after
 /// [`KubeOptions::backoff_max`].
 fn istio_stream<K>(
     client: Client,
@@ -454,6 +455,8 @@ where
         version: SecurityVersion,
         inner: Option<EventStream<K>>,
         misses: u8,
+        /// A list of the kind has completed once.
+        listed: bool,
         pending: std::collections::VecDeque<watcher::Event<K>>,
         retry_at: Option<Instant>,
         min: Duration,
@@ -464,6 +467,7 @@ where
         version: SecurityVersion::V1,
         inner: None,
         misses: 0,
+        listed: false,
         pending: Default::default(),
         retry_at: None,
         min: options.backoff_min,
@@ -503,6 +507,18 @@ where
                             "not served; trying the other version"
                         );
                         st.version = version.other();
+                    } else if st.listed {
+                        // Listed before: keep the last objects (the last
+                        // snapshot stays in force, as for any failing watch).
+                        warn!(
+                            kind,
+                            status = code,
+                            "security.istio.io no longer served (or no longer allowed): \
+                             keeping the cluster policies last listed; trying again later"
+                        );
+                        st.misses = 0;
+                        st.version = SecurityVersion::V1;
+                        st.retry_at = Some(Instant::now() + st.max);
                     } else {
                         warn!(
                             kind,
@@ -522,6 +538,9 @@ where
                     // follows a list says the version is served.
                     if !matches!(event, watcher::Event::Init) {
                         st.misses = 0;
+                    }
+                    if matches!(event, watcher::Event::InitDone) {
+                        st.listed = true;
                     }
                     return Some((Ok(event), st));
                 }
