@@ -183,7 +183,11 @@ pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> Kube
     mapped.notes.sort();
     skipped.extend(mapped.notes.iter().map(|n| Skipped {
         object: n.object.clone(),
-        reason: n.reason.clone(),
+        reason: if n.skipped {
+            n.reason.clone()
+        } else {
+            format!("kept, with a change: {}", n.reason)
+        },
     }));
     mesh.cluster_policy_notes = mapped.notes;
     skipped.sort();
