@@ -185,6 +185,22 @@ fn authorization_policy_becomes_a_cluster_policy_named_by_its_object() {
 }
 
 #[test]
+fn authorization_policy_without_a_namespace_is_skipped_never_mesh_wide() {
+    let mut obj = ap("shop", "p", json!({"action": "DENY", "rules": [{}]}));
+    obj["metadata"].as_object_mut().unwrap().remove("namespace");
+    let mut pa_obj = pa("shop", "p", json!({"mtls": {"mode": "STRICT"}}));
+    pa_obj["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("namespace");
+    let k = build(vec![obj], vec![pa_obj]);
+    assert_eq!(k.mesh.policies().len(), 1, "the file's only");
+    assert!(k.mesh.peer_authentications().is_empty());
+    assert!(allowed(&k.mesh, &PLAIN, "w-api", 80));
+    assert_eq!(notes(&k).iter().filter(|n| n.1).count(), 2);
+}
+
+#[test]
 fn authorization_policy_without_action_is_allow() {
     let k = build(vec![ap("shop", "p", json!({"rules": [{}]}))], vec![]);
     assert_eq!(k.mesh.policies()[1].action, crate::Action::Allow);
