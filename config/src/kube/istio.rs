@@ -124,7 +124,7 @@ struct AuthorizationPolicySpec {
     target_ref: Option<Value>,
     target_refs: Vec<Value>,
     action: Option<String>,
-    provider: Option<Value>,
+    // `provider` (CUSTOM only) and any other top-level field are not read.
     rules: Vec<RuleSpec>,
 }
 
@@ -410,7 +410,6 @@ pub(crate) fn authorization_policy(
             workloads: Vec::new(),
             match_labels: s.match_labels,
         });
-    let _ = spec.provider;
     Some(PolicyConfig {
         name: entry_name(&obj.metadata),
         namespace: if namespace == cx.root_namespace {
