@@ -42,7 +42,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::mesh::{Action, AuthorizationPolicy, Operation, Rule, Source, Workload};
+use crate::mesh::{
+    Action, AuthorizationPolicy, Condition, MtlsMode, Operation, Rule, Source, Values, Workload,
+};
 use crate::names::{check_label, check_subdomain, check_trust_domain};
 use crate::Mesh;
 
@@ -132,6 +134,9 @@ pub struct ConnInfo<'a> {
     pub src_identity: Option<&'a Identity>,
     /// The workload being connected to.
     pub dst_workload: &'a Workload,
+    /// The address the connection was made to (one of the workload's; for
+    /// HBONE the CONNECT authority's).
+    pub dst_ip: IpAddr,
     /// The destination (target) port.
     pub dst_port: u16,
 }
@@ -164,6 +169,9 @@ pub enum DenyReason {
         /// How many ALLOW policies applied.
         allow_policies: usize,
     },
+    /// A STRICT PeerAuthentication governs the destination port and the
+    /// peer is plaintext (no verified identity).
+    MtlsRequired,
 }
 
 impl Decision {
@@ -188,6 +196,13 @@ impl fmt::Display for Decision {
                 f,
                 "denied: {allow_policies} ALLOW policies apply (first: {policy}) and none matched"
             ),
+            Decision::Deny {
+                policy,
+                reason: DenyReason::MtlsRequired,
+            } => write!(
+                f,
+                "denied: PeerAuthentication {policy} is STRICT and the connection is plaintext"
+            ),
         }
     }
 }
@@ -197,6 +212,7 @@ struct Peer<'a> {
     ip: IpAddr,
     identity: Option<&'a Identity>,
     port: u16,
+    dst_ip: IpAddr,
 }
 
 /// Decides whether `conn` may reach its destination; see the
@@ -206,7 +222,16 @@ pub fn evaluate(mesh: &Mesh, conn: &ConnInfo<'_>) -> Decision {
         ip: conn.src_ip.to_canonical(),
         identity: conn.src_identity,
         port: conn.dst_port,
+        dst_ip: conn.dst_ip.to_canonical(),
     };
+    if conn.src_identity.is_none() && !mesh.peer_authentications.is_empty() {
+        if let (MtlsMode::Strict, Some(pa)) = mesh.mtls_mode(conn.dst_workload, conn.dst_port) {
+            return Decision::Deny {
+                policy: pa.name.clone(),
+                reason: DenyReason::MtlsRequired,
+            };
+        }
+    }
     let mut first_allow: Option<&AuthorizationPolicy> = None;
     let mut allow_policies = 0;
     let mut allowed = false;
@@ -249,7 +274,34 @@ fn none_of<T>(list: &[T], f: impl Fn(&T) -> bool) -> bool {
 
 impl Rule {
     fn matches(&self, peer: &Peer<'_>) -> bool {
-        any_of(&self.from, |s| s.matches(peer)) && any_of(&self.to, |o| o.matches(peer.port))
+        any_of(&self.from, |s| s.matches(peer))
+            && any_of(&self.to, |o| o.matches(peer.port))
+            && self.when.iter().all(|c| c.matches(peer))
+    }
+}
+
+impl<T> Values<T> {
+    fn test(&self, f: impl Fn(&T) -> bool) -> bool {
+        any_of(&self.values, &f) && none_of(&self.not_values, &f)
+    }
+}
+
+impl Condition {
+    /// Identity-based values never match a plaintext peer and their
+    /// negations always do, as for the `from` fields.
+    fn matches(&self, peer: &Peer<'_>) -> bool {
+        let id = peer.identity;
+        match self {
+            Condition::SourceIp(v) => v.test(|c| c.contains(peer.ip)),
+            Condition::SourceNamespace(v) => {
+                v.test(|m| id.is_some_and(|i| m.matches(&i.namespace)))
+            }
+            Condition::SourcePrincipal(v) => {
+                v.test(|m| id.is_some_and(|i| m.matches_pieces(&i.pieces())))
+            }
+            Condition::DestinationIp(v) => v.test(|c| c.contains(peer.dst_ip)),
+            Condition::DestinationPort(v) => v.test(|p| *p == peer.port),
+        }
     }
 }
 

@@ -55,6 +55,15 @@ pub struct MeshConfig {
     /// labels): the `*_region`/`*_zone` metric labels of the pods this proxy
     /// serves. Empty: `unknown`.
     pub locality: LocalityConfig,
+    /// Other trust domains that stand for this mesh's (a trust-domain
+    /// migration): a cluster policy's principal in one of them, or in
+    /// `cluster.local`, also matches the same identity in the others and in
+    /// `trustDomain` (the reference's rule for its policy objects).
+    pub trust_domain_aliases: Vec<String>,
+    /// Mutual-TLS modes (never from the file: the Kubernetes source fills
+    /// them from the cluster's `PeerAuthentication` objects).
+    #[serde(skip)]
+    pub peer_authentications: Vec<PeerAuthenticationConfig>,
 }
 
 /// Default `clusterId` (the reference's).
@@ -89,6 +98,8 @@ impl Default for MeshConfig {
             policies: Vec::new(),
             cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
             locality: LocalityConfig::default(),
+            trust_domain_aliases: Vec::new(),
+            peer_authentications: Vec::new(),
         }
     }
 }
@@ -240,14 +251,42 @@ pub struct PolicyConfig {
     /// The rules; none = the policy matches nothing.
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
+    /// The Kubernetes object a cluster policy was mapped from (`None` for
+    /// the file's own). A cluster policy's `name` is `istio/<ns>/<name>`,
+    /// which no file policy can have, and is its qualified name.
+    #[serde(skip)]
+    pub origin: Option<String>,
 }
 
-/// `policies[].selector`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// `policies[].selector`: the workloads of the policy's scope it applies
+/// to; every field given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct SelectorConfig {
     /// Workload (pod) names the policy applies to.
     pub workloads: Vec<String>,
+    /// Pod labels a workload must all have.
+    pub match_labels: BTreeMap<String, String>,
+}
+
+/// `peerAuthentications[]` (from the cluster only): the mutual-TLS mode of
+/// the workloads in its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerAuthenticationConfig {
+    /// `istio/<ns>/<name>`.
+    pub name: String,
+    /// The object's namespace.
+    pub namespace: String,
+    /// Whether it is in the root namespace (without a selector: mesh-wide).
+    pub mesh_wide: bool,
+    /// Pod labels the selected workloads have; `None` = the whole scope.
+    pub match_labels: Option<BTreeMap<String, String>>,
+    /// `UNSET` (inherit), `PERMISSIVE` or `STRICT`.
+    pub mode: String,
+    /// Target port -> mode.
+    pub port_modes: Vec<(i64, String)>,
+    /// The Kubernetes object it was mapped from.
+    pub origin: String,
 }
 
 /// `policies[].rules[]`: matches when `from` and `to` both match.
@@ -258,6 +297,22 @@ pub struct RuleConfig {
     pub from: Vec<SourceConfig>,
     /// Any of these destinations; none = any port.
     pub to: Vec<OperationConfig>,
+    /// Conditions, all of which must match.
+    pub when: Vec<ConditionConfig>,
+}
+
+/// `policies[].rules[].when[]`: an L4 attribute and the values it may
+/// (`values`, any of) and may not (`notValues`, none of) have.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConditionConfig {
+    /// `source.ip`, `source.namespace`, `source.principal`,
+    /// `destination.ip` or `destination.port`.
+    pub key: String,
+    /// Any of these.
+    pub values: Vec<String>,
+    /// None of these.
+    pub not_values: Vec<String>,
 }
 
 /// `policies[].rules[].from[]`: matches when every field given matches.

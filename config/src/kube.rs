@@ -4,10 +4,12 @@
 //! server instead of the file: [`MeshWatch`] watches Pods, Services and
 //! EndpointSlices cluster-wide (plus the namespaces labelled
 //! `ringway.io/dataplane-mode=enabled`, which the enrollment rule needs), and
-//! publishes a new `Arc<Mesh>` whenever they change. Authorization policies,
-//! the trust domain, the CA and the proxy settings keep coming from the
-//! configuration file (the ConfigMap): every snapshot is the latest file
-//! merged with the latest cluster state, rebuilt on a change of either.
+//! publishes a new `Arc<Mesh>` whenever they change. It also watches the
+//! mesh's `security.istio.io` AuthorizationPolicies and PeerAuthentications
+//! ([`istio`]), enforced beside the file's policies. The trust domain, the
+//! CA and the proxy settings keep coming from the configuration file (the
+//! ConfigMap): every snapshot is the latest file merged with the latest
+//! cluster state, rebuilt on a change of either.
 //!
 //! The module is two layers:
 //! - [`build_mesh`] is the whole mapping, a pure function of the file's
@@ -59,6 +61,7 @@
 //! - Endpoints without a pod `targetRef` (hand-written EndpointSlices pointing
 //!   at addresses) are not mapped: the model's endpoints are workloads.
 
+pub mod istio;
 mod map;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -92,6 +95,10 @@ pub struct KubeOptions {
     pub backoff_min: Duration,
     /// Longest such delay, doubling from `backoff_min` (30 s).
     pub backoff_max: Duration,
+    /// The namespace whose `AuthorizationPolicy` and `PeerAuthentication`
+    /// objects apply mesh-wide (the reference's root namespace,
+    /// `istio-system`).
+    pub istio_root_namespace: String,
 }
 
 impl Default for KubeOptions {
@@ -105,6 +112,7 @@ impl Default for KubeOptions {
             debounce: Duration::from_millis(100),
             backoff_min: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
+            istio_root_namespace: istio::DEFAULT_ISTIO_ROOT_NAMESPACE.to_owned(),
         }
     }
 }
@@ -114,6 +122,8 @@ impl KubeOptions {
     pub fn validate(&self) -> Result<(), KubeError> {
         crate::names::check_subdomain("cluster domain", &self.cluster_domain)
             .map_err(|e| KubeError::Options(format!("cluster domain: {e}")))?;
+        crate::names::check_label("root namespace", &self.istio_root_namespace)
+            .map_err(|e| KubeError::Options(format!("istio root namespace: {e}")))?;
         if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
             return Err(KubeError::Options(format!(
                 "watch backoff {:?}..{:?}: the first delay must be above 0 and at most the longest",

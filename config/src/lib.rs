@@ -46,6 +46,7 @@
 //!     src_ip: "10.0.1.7".parse().unwrap(),
 //!     src_identity: Some(&frontend),
 //!     dst_workload: web,
+//!     dst_ip: web.ips[0],
 //!     dst_port: 8080,
 //! };
 //! assert!(evaluate(&mesh, &conn).is_allowed());
@@ -76,16 +77,17 @@ mod watch;
 pub use env::{EnvOverride, EnvSource, EnvVar, NoEnv, ProcessEnv, ENV_VARS};
 pub use error::{ConfigError, IoError};
 pub use file::{
-    CaConfig, LocalityConfig, MeshConfig, OperationConfig, PolicyConfig, PortMapConfig, RuleConfig,
-    SelectorConfig, ServiceConfig, SourceConfig, WorkloadConfig, DEFAULT_CLUSTER_ID,
-    DEFAULT_ROOT_NAMESPACE, DEFAULT_TRUST_DOMAIN, EMBEDDED_DEFAULT, EMBEDDED_ORIGIN,
-    ENV_CLUSTER_ID, ENV_NODE_REGION, ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
-    MAX_FILE_BYTES,
+    CaConfig, ConditionConfig, LocalityConfig, MeshConfig, OperationConfig,
+    PeerAuthenticationConfig, PolicyConfig, PortMapConfig, RuleConfig, SelectorConfig,
+    ServiceConfig, SourceConfig, WorkloadConfig, DEFAULT_CLUSTER_ID, DEFAULT_ROOT_NAMESPACE,
+    DEFAULT_TRUST_DOMAIN, EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_CLUSTER_ID, ENV_NODE_REGION,
+    ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN, MAX_FILE_BYTES,
 };
 pub use mesh::{
-    workload_name_of, Action, AuthorizationPolicy, CaPaths, CaService, Locality, Mesh, Operation,
-    Rule, Service, ServiceAccountRef, Source, Workload, CANONICAL_NAME_LABEL,
-    CANONICAL_REVISION_LABEL, DEFAULT_CA_TOKEN_FILE,
+    workload_name_of, Action, AuthorizationPolicy, CaPaths, CaService, ClusterPolicyNote,
+    Condition, Locality, Mesh, MtlsMode, Operation, PeerAuthentication, Rule, Service,
+    ServiceAccountRef, Source, Values, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL,
+    DEFAULT_CA_TOKEN_FILE,
 };
 pub use names::{Cidr, StringMatch};
 pub use settings::{

@@ -148,6 +148,12 @@ pub struct AuthorizationPolicy {
     pub mesh_wide: bool,
     /// Workload names the policy is restricted to (`None` = all in scope).
     pub selector: Option<Vec<String>>,
+    /// Pod labels a workload must all have for the policy to apply (`None`
+    /// = no label condition).
+    pub match_labels: Option<BTreeMap<String, String>>,
+    /// The Kubernetes object a cluster policy was mapped from (`None`: the
+    /// configuration file's).
+    pub origin: Option<String>,
     /// ALLOW or DENY.
     pub action: Action,
     /// Rules; the policy matches when any rule does (none: never).
@@ -168,6 +174,81 @@ impl AuthorizationPolicy {
                 .selector
                 .as_ref()
                 .is_none_or(|names| names.contains(&workload.name))
+            && labels_match(self.match_labels.as_ref(), workload)
+    }
+}
+
+/// Whether `workload` has every label of `want` (`None`: yes).
+fn labels_match(want: Option<&BTreeMap<String, String>>, workload: &Workload) -> bool {
+    want.is_none_or(|want| {
+        want.iter()
+            .all(|(k, v)| workload.labels.get(k).is_some_and(|have| have == v))
+    })
+}
+
+/// A cluster policy object left out of the mesh, or mapped with a part
+/// changed (an L7 rule omitted, DISABLE read as PERMISSIVE, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClusterPolicyNote {
+    /// `AuthorizationPolicy ns/name` or `PeerAuthentication ns/name`.
+    pub object: String,
+    /// `AuthorizationPolicy` or `PeerAuthentication`.
+    pub kind: &'static str,
+    /// Whether the whole object was left out.
+    pub skipped: bool,
+    /// A short code for metrics: `invalid`, `unsupported-action`,
+    /// `target-ref`, `root-selector`, `l7-rule-omitted`, ...
+    pub code: &'static str,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// A mutual-TLS mode of a [`PeerAuthentication`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MtlsMode {
+    /// Inherit the mode of the enclosing scope (namespace, then mesh).
+    Unset,
+    /// Plaintext and mutual TLS are both accepted (the default).
+    Permissive,
+    /// Only mutual TLS (HBONE) is accepted: plaintext is refused.
+    Strict,
+}
+
+impl fmt::Display for MtlsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MtlsMode::Unset => "UNSET",
+            MtlsMode::Permissive => "PERMISSIVE",
+            MtlsMode::Strict => "STRICT",
+        })
+    }
+}
+
+/// A validated mutual-TLS requirement (from a cluster `PeerAuthentication`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerAuthentication {
+    /// `istio/<ns>/<name>`.
+    pub name: Arc<str>,
+    /// The object's namespace (the root namespace for a mesh-wide one).
+    pub namespace: String,
+    /// Whether it is the mesh-wide one (root namespace, no selector).
+    pub mesh_wide: bool,
+    /// Pod labels of the workloads it selects (`None`: its whole namespace).
+    pub match_labels: Option<BTreeMap<String, String>>,
+    /// Mode of its workloads.
+    pub mode: MtlsMode,
+    /// Per target port modes (`portLevelMtls`), overriding `mode`.
+    pub port_modes: BTreeMap<u16, MtlsMode>,
+    /// The Kubernetes object it was mapped from.
+    pub origin: String,
+}
+
+impl PeerAuthentication {
+    fn port_mode(&self, port: u16) -> MtlsMode {
+        match self.port_modes.get(&port) {
+            Some(m) if *m != MtlsMode::Unset => *m,
+            _ => self.mode,
+        }
     }
 }
 
@@ -179,6 +260,33 @@ pub struct Rule {
     pub from: Vec<Source>,
     /// Destinations, any of which may match.
     pub to: Vec<Operation>,
+    /// Conditions, every one of which must match.
+    pub when: Vec<Condition>,
+}
+
+/// A `when` condition on an L4 attribute: matches when the attribute has
+/// one of `values` (or `values` is empty) and none of `not_values`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// `source.ip`: the peer's address.
+    SourceIp(Values<Cidr>),
+    /// `source.namespace`: the namespace of the peer's identity.
+    SourceNamespace(Values<StringMatch>),
+    /// `source.principal`: the peer's SPIFFE ID.
+    SourcePrincipal(Values<StringMatch>),
+    /// `destination.ip`: the address the connection was made to.
+    DestinationIp(Values<Cidr>),
+    /// `destination.port`: the destination (target) port.
+    DestinationPort(Values<u16>),
+}
+
+/// The values of a [`Condition`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Values<T> {
+    /// Any of these (empty: any value).
+    pub values: Vec<T>,
+    /// None of these.
+    pub not_values: Vec<T>,
 }
 
 /// A source: matches when every non-empty field matches.
@@ -263,6 +371,8 @@ pub struct Mesh {
     pub(crate) workloads: Vec<Workload>,
     pub(crate) services: Vec<Service>,
     pub(crate) policies: Vec<AuthorizationPolicy>,
+    pub(crate) peer_authentications: Vec<PeerAuthentication>,
+    pub(crate) cluster_policy_notes: Vec<ClusterPolicyNote>,
     pub(crate) workload_by_ip: HashMap<IpAddr, usize>,
     pub(crate) workload_by_uid: HashMap<String, usize>,
     pub(crate) service_by_vip: HashMap<IpAddr, usize>,
@@ -335,6 +445,47 @@ impl Mesh {
     /// Every policy, in file order.
     pub fn policies(&self) -> &[AuthorizationPolicy] {
         &self.policies
+    }
+
+    /// The cluster policy objects left out, or mapped with a part changed,
+    /// each with why (empty without the Kubernetes source).
+    pub fn cluster_policy_notes(&self) -> &[ClusterPolicyNote] {
+        &self.cluster_policy_notes
+    }
+
+    /// Every mutual-TLS requirement (from the cluster's PeerAuthentications).
+    pub fn peer_authentications(&self) -> &[PeerAuthentication] {
+        &self.peer_authentications
+    }
+
+    /// The mutual-TLS mode of connections to `workload`'s `port`, and the
+    /// PeerAuthentication that decided it: the most specific one applies (a
+    /// selector's in the workload's namespace, else the namespace's, else the
+    /// mesh-wide one), its `portLevelMtls` before its `mode`; `UNSET` falls
+    /// back to the next scope; nothing set: PERMISSIVE.
+    pub fn mtls_mode(
+        &self,
+        workload: &Workload,
+        port: u16,
+    ) -> (MtlsMode, Option<&PeerAuthentication>) {
+        let pas = &self.peer_authentications;
+        let selected = pas.iter().find(|p| {
+            !p.mesh_wide
+                && p.match_labels.is_some()
+                && p.namespace == workload.namespace
+                && labels_match(p.match_labels.as_ref(), workload)
+        });
+        let namespace = pas.iter().find(|p| {
+            !p.mesh_wide && p.match_labels.is_none() && p.namespace == workload.namespace
+        });
+        let mesh = pas.iter().find(|p| p.mesh_wide);
+        for pa in [selected, namespace, mesh].into_iter().flatten() {
+            let mode = pa.port_mode(port);
+            if mode != MtlsMode::Unset {
+                return (mode, Some(pa));
+            }
+        }
+        (MtlsMode::Permissive, None)
     }
 
     /// The workload that owns `ip` (IPv4-mapped IPv6 counts as IPv4).

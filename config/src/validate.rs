@@ -9,10 +9,13 @@ use std::sync::Arc;
 
 use crate::authz::Identity;
 use crate::env::EnvOverride;
-use crate::file::{CaConfig, OperationConfig, PolicyConfig, SourceConfig};
+use crate::file::{
+    CaConfig, ConditionConfig, OperationConfig, PeerAuthenticationConfig, PolicyConfig,
+    SourceConfig,
+};
 use crate::mesh::{
-    Action, AuthorizationPolicy, CaPaths, CaService, Operation, Rule, Service, ServiceAccountRef,
-    Source, Workload,
+    Action, AuthorizationPolicy, CaPaths, CaService, Condition, MtlsMode, Operation,
+    PeerAuthentication, Rule, Service, ServiceAccountRef, Source, Values, Workload,
 };
 use crate::names::{check_label, check_subdomain, check_trust_domain, Cidr, StringMatch};
 use crate::{ConfigError, Mesh, MeshConfig};
@@ -235,6 +238,24 @@ pub(crate) fn validate(
         }
         policies.push(policy);
     }
+    let mut peer_authentications = Vec::with_capacity(cfg.peer_authentications.len());
+    for (i, p) in cfg.peer_authentications.iter().enumerate() {
+        let at = format!("peerAuthentications[{i}]");
+        let pa = peer_authentication(&cx, &at, p)?;
+        if peer_authentications
+            .iter()
+            .any(|o: &PeerAuthentication| o.name == pa.name)
+        {
+            return Err(cx.err(
+                format!("{at}.name"),
+                format!("{:?} is listed twice", &*pa.name),
+            ));
+        }
+        peer_authentications.push(pa);
+    }
+    for (i, alias) in cfg.trust_domain_aliases.iter().enumerate() {
+        check_trust_domain(alias).map_err(|e| cx.err(format!("trustDomainAliases[{i}]"), e))?;
+    }
 
     Ok(Mesh {
         proxy: cfg.proxy.clone(),
@@ -245,6 +266,8 @@ pub(crate) fn validate(
         workloads,
         services,
         policies,
+        peer_authentications,
+        cluster_policy_notes: Vec::new(),
         workload_by_ip,
         workload_by_uid,
         service_by_vip,
@@ -451,17 +474,34 @@ fn port_number(n: i64) -> std::result::Result<u16, String> {
         .ok_or_else(|| format!("port {n} is not a port (1..=65535)"))
 }
 
+/// A cluster object's name: `istio/<namespace>/<name>` (a form no file
+/// policy name can take, so the two never collide).
+fn cluster_name(name: &str) -> std::result::Result<(), String> {
+    let parts: Vec<&str> = name.split('/').collect();
+    let ["istio", ns, n] = parts[..] else {
+        return Err(format!("{name:?} is not istio/<namespace>/<name>"));
+    };
+    check_label("namespace", ns)?;
+    check_subdomain("name", n)
+}
+
 fn policy(cx: &Ctx<'_>, at: &str, p: &PolicyConfig, root: &str) -> Result<AuthorizationPolicy> {
-    check_subdomain("policy name", &p.name).map_err(|e| cx.err(format!("{at}.name"), e))?;
-    let mesh_wide = p.namespace.is_empty() || p.namespace == root;
+    if p.origin.is_some() {
+        cluster_name(&p.name).map_err(|e| cx.err(format!("{at}.name"), e))?;
+    } else {
+        check_subdomain("policy name", &p.name).map_err(|e| cx.err(format!("{at}.name"), e))?;
+    }
+    // A cluster object is mesh-wide when the mapping says so (it knows the
+    // cluster's root namespace), never by the file's `rootNamespace`.
+    let mesh_wide = p.namespace.is_empty() || (p.origin.is_none() && p.namespace == root);
     if !p.namespace.is_empty() {
         check_label("namespace", &p.namespace).map_err(|e| cx.err(format!("{at}.namespace"), e))?;
     }
     let namespace = if mesh_wide { root } else { &p.namespace };
-    let selector = match &p.selector {
-        None => None,
+    let (selector, match_labels) = match &p.selector {
+        None => (None, None),
         Some(sel) => {
-            if sel.workloads.is_empty() {
+            if sel.workloads.is_empty() && sel.match_labels.is_empty() {
                 return Err(cx.err(
                     format!("{at}.selector.workloads"),
                     "an empty list selects no workload (omit `selector` to apply the policy to \
@@ -472,7 +512,15 @@ fn policy(cx: &Ctx<'_>, at: &str, p: &PolicyConfig, root: &str) -> Result<Author
                 check_subdomain("workload name", name)
                     .map_err(|e| cx.err(format!("{at}.selector.workloads[{j}]"), e))?;
             }
-            Some(sel.workloads.clone())
+            for (k, v) in &sel.match_labels {
+                check_label_key(k).map_err(|e| cx.err(format!("{at}.selector.matchLabels"), e))?;
+                check_label_value(v)
+                    .map_err(|e| cx.err(format!("{at}.selector.matchLabels[{k}]"), e))?;
+            }
+            (
+                (!sel.workloads.is_empty()).then(|| sel.workloads.clone()),
+                (!sel.match_labels.is_empty()).then(|| sel.match_labels.clone()),
+            )
         }
     };
     let action = if p.action.eq_ignore_ascii_case("allow") {
@@ -500,16 +548,108 @@ fn policy(cx: &Ctx<'_>, at: &str, p: &PolicyConfig, root: &str) -> Result<Author
             .enumerate()
             .map(|(o, op)| operation(cx, &format!("{at}.to[{o}]"), op))
             .collect::<Result<Vec<_>>>()?;
-        rules.push(Rule { from, to });
+        let when = rule
+            .when
+            .iter()
+            .enumerate()
+            .map(|(c, cond)| condition(cx, &format!("{at}.when[{c}]"), cond))
+            .collect::<Result<Vec<_>>>()?;
+        rules.push(Rule { from, to, when });
     }
+    let qualified = match p.origin {
+        Some(_) => p.name.clone(),
+        None => format!("{namespace}/{}", p.name),
+    };
     Ok(AuthorizationPolicy {
         name: p.name.clone(),
         namespace: namespace.to_owned(),
         mesh_wide,
         selector,
+        match_labels,
+        origin: p.origin.clone(),
         action,
         rules,
-        qualified: format!("{namespace}/{}", p.name).into(),
+        qualified: qualified.into(),
+    })
+}
+
+/// `when[]`: an L4 key, and at least one value.
+fn condition(cx: &Ctx<'_>, at: &str, c: &ConditionConfig) -> Result<Condition> {
+    if c.values.is_empty() && c.not_values.is_empty() {
+        return Err(cx.err(at, "a condition needs `values` or `notValues`"));
+    }
+    fn values<T>(
+        cx: &Ctx<'_>,
+        at: &str,
+        c: &ConditionConfig,
+        each: impl Fn(&str) -> std::result::Result<T, String>,
+    ) -> Result<Values<T>> {
+        Ok(Values {
+            values: list(cx, at, "values", &c.values, &each)?,
+            not_values: list(cx, at, "notValues", &c.not_values, &each)?,
+        })
+    }
+    let port = |v: &str| {
+        v.parse::<i64>()
+            .map_err(|_| format!("{v:?} is not a port (1..=65535)"))
+            .and_then(port_number)
+    };
+    Ok(match c.key.as_str() {
+        "source.ip" => Condition::SourceIp(values(cx, at, c, Cidr::parse)?),
+        "source.namespace" => Condition::SourceNamespace(values(cx, at, c, namespace_pattern)?),
+        "source.principal" => Condition::SourcePrincipal(values(cx, at, c, principal_pattern)?),
+        "destination.ip" => Condition::DestinationIp(values(cx, at, c, Cidr::parse)?),
+        "destination.port" => Condition::DestinationPort(values(cx, at, c, port)?),
+        other => {
+            return Err(cx.err(
+                format!("{at}.key"),
+                format!(
+                    "{other:?} is not an L4 attribute (source.ip, source.namespace, \
+                     source.principal, destination.ip, destination.port)"
+                ),
+            ))
+        }
+    })
+}
+
+/// `peerAuthentications[i]`.
+fn peer_authentication(
+    cx: &Ctx<'_>,
+    at: &str,
+    p: &PeerAuthenticationConfig,
+) -> Result<PeerAuthentication> {
+    cluster_name(&p.name).map_err(|e| cx.err(format!("{at}.name"), e))?;
+    check_label("namespace", &p.namespace).map_err(|e| cx.err(format!("{at}.namespace"), e))?;
+    if let Some(labels) = &p.match_labels {
+        for (k, v) in labels {
+            check_label_key(k).map_err(|e| cx.err(format!("{at}.selector.matchLabels"), e))?;
+            check_label_value(v)
+                .map_err(|e| cx.err(format!("{at}.selector.matchLabels[{k}]"), e))?;
+        }
+    }
+    let mode = |path: String, m: &str| match m {
+        "" | "UNSET" => Ok(MtlsMode::Unset),
+        "PERMISSIVE" => Ok(MtlsMode::Permissive),
+        "STRICT" => Ok(MtlsMode::Strict),
+        other => Err(cx.err(
+            path,
+            format!("{other:?} is not one of UNSET, PERMISSIVE, STRICT"),
+        )),
+    };
+    let mut port_modes = BTreeMap::new();
+    for (port, m) in &p.port_modes {
+        let path = format!("{at}.portLevelMtls[{port}]");
+        let n = port_number(*port).map_err(|e| cx.err(&path, e))?;
+        port_modes.insert(n, mode(path, m)?);
+    }
+    Ok(PeerAuthentication {
+        name: p.name.clone().into(),
+        namespace: p.namespace.clone(),
+        mesh_wide: p.mesh_wide && p.match_labels.is_none(),
+        match_labels: p.match_labels.clone(),
+        mode: mode(format!("{at}.mtls.mode"), &p.mode)?,
+        port_modes,
+        origin: p.origin.clone(),
     })
 }
 

@@ -165,6 +165,22 @@ fn config_dump(proxy: &crate::Proxy) -> String {
                 "name": p.qualified_name().as_ref(),
                 "action": p.action.to_string(),
                 "rules": p.rules.len(),
+                "origin": p.origin.as_deref().unwrap_or("file"),
+                "matchLabels": p.match_labels,
+            })).collect::<Vec<_>>(),
+            "peerAuthentications": m.peer_authentications().iter().map(|p| serde_json::json!({
+                "name": p.name.as_ref(),
+                "origin": p.origin,
+                "meshWide": p.mesh_wide,
+                "matchLabels": p.match_labels,
+                "mode": p.mode.to_string(),
+                "portLevelMtls": p.port_modes.iter().map(|(port, m)| (port.to_string(), m.to_string())).collect::<std::collections::BTreeMap<_, _>>(),
+            })).collect::<Vec<_>>(),
+            "clusterPolicyNotes": m.cluster_policy_notes().iter().map(|n| serde_json::json!({
+                "object": n.object,
+                "skipped": n.skipped,
+                "reason": n.code,
+                "detail": n.reason,
             })).collect::<Vec<_>>(),
         })
     });

@@ -32,6 +32,8 @@ pub struct FlowAuthz {
     pub src_identity: Option<Identity>,
     /// The destination port on the pod.
     pub dst_port: u16,
+    /// The pod's address the connection was made to.
+    pub dst_ip: IpAddr,
     /// `plaintext`, `local` (same-node fast path) or `hbone`.
     pub path: &'static str,
     /// The mesh snapshot the decision was made with.
@@ -144,6 +146,7 @@ pub fn recheck<'a>(
                     src_ip: a.src_ip,
                     src_identity: a.src_identity.as_ref(),
                     dst_workload: &workload,
+                    dst_ip: a.dst_ip,
                     dst_port: a.dst_port,
                 },
             );

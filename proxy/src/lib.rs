@@ -340,6 +340,8 @@ impl Proxy {
     /// those now denied are reset (the number is returned).
     pub fn set_mesh(&self, mesh: Arc<ringway_config::Mesh>) -> usize {
         self.set_trust_domain(mesh.trust_domain());
+        self.metrics
+            .set_cluster_policy_notes(mesh.cluster_policy_notes());
         // Publish first, re-check second (see `flows::register`).
         self.tunnel.set_mesh(mesh.clone());
         let pods: Vec<Arc<PodShared>> = self

@@ -229,6 +229,15 @@ pub struct DenyLabels {
     pub path: &'static str,
 }
 
+/// Labels of `ringway_cluster_policies_skipped`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterPolicyLabels {
+    /// `AuthorizationPolicy` or `PeerAuthentication`.
+    pub kind: &'static str,
+    /// `invalid`, `unsupported-action`, `target-ref`, `root-selector`.
+    pub reason: &'static str,
+}
+
 /// Labels of `ringway_connections_refused_total`: connections reset before
 /// any upstream was dialled because what the pod sent cannot be its own.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -513,6 +522,9 @@ pub struct Metrics {
     /// `ringway_upstream_connect_failures_total{reason}`: plaintext
     /// upstream connect attempts that failed.
     pub connect_failures: Family<ConnectFailLabels, Counter>,
+    /// `ringway_cluster_policies_skipped{kind,reason}`: cluster policy
+    /// objects left out of the mesh in force.
+    pub cluster_policies_skipped: Family<ClusterPolicyLabels, Gauge>,
     /// The workers' tunnel pools, read at scrape time.
     pub hbone_pools: std::sync::OnceLock<Vec<ringway_hbone::Pool>>,
     /// Bumped each time series are dropped ([`Metrics::forget_workload`]):
@@ -523,6 +535,19 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Sets `ringway_cluster_policies_skipped` from the mesh now in force.
+    pub fn set_cluster_policy_notes(&self, notes: &[ringway_config::ClusterPolicyNote]) {
+        self.cluster_policies_skipped.clear();
+        for n in notes.iter().filter(|n| n.skipped) {
+            self.cluster_policies_skipped
+                .get_or_create(&ClusterPolicyLabels {
+                    kind: n.kind,
+                    reason: n.code,
+                })
+                .inc();
+        }
+    }
+
     /// Brings the gauges derived from live state up to date (call before
     /// encoding).
     pub fn refresh(&self, stats: &crate::Stats) {
@@ -629,6 +654,11 @@ impl Metrics {
             "ringway_authorization_denials",
             "Connections denied by L4 authorization policy",
             self.denials.clone(),
+        );
+        r.register(
+            "ringway_cluster_policies_skipped",
+            "Cluster AuthorizationPolicy and PeerAuthentication objects left out of the mesh in force, by reason (the admin config_dump names them)",
+            self.cluster_policies_skipped.clone(),
         );
         r.register(
             "ringway_hbone_refused",

@@ -358,7 +358,7 @@ pub fn authorize_plaintext(
     let Some(mesh) = state.mesh() else {
         return Ok(None);
     };
-    authorize(&mesh, pod, src, None, dst.port(), "plaintext").map(Some)
+    authorize(&mesh, pod, src, None, dst, "plaintext").map(Some)
 }
 
 /// Authorizes a same-node connection from pod `src_pod` (whose identity the
@@ -372,7 +372,7 @@ pub fn authorize_local(
     dst: SocketAddr,
 ) -> Result<FlowAuthz, String> {
     let id = pod_identity(mesh, src_pod);
-    authorize(mesh, dst_pod, src_ip, id, dst.port(), "local")
+    authorize(mesh, dst_pod, src_ip, id, dst, "local")
 }
 
 fn authorize(
@@ -380,9 +380,10 @@ fn authorize(
     pod: &PodShared,
     src_ip: IpAddr,
     src_identity: Option<Identity>,
-    dst_port: u16,
+    dst: SocketAddr,
     path: &'static str,
 ) -> Result<FlowAuthz, String> {
+    let (dst_ip, dst_port) = (dst.ip().to_canonical(), dst.port());
     let w = pod_workload(mesh, pod);
     let d = authz::evaluate(
         mesh,
@@ -390,6 +391,7 @@ fn authorize(
             src_ip,
             src_identity: src_identity.as_ref(),
             dst_workload: &w,
+            dst_ip,
             dst_port,
         },
     );
@@ -398,6 +400,7 @@ fn authorize(
             src_ip,
             src_identity,
             dst_port,
+            dst_ip,
             path,
             decided_with: mesh.clone(),
         })
@@ -945,14 +948,7 @@ async fn decide(
         state.refused(why.reason());
         return deny_401(state, format!("client address {client}: {why}"));
     }
-    let authz = match authorize(
-        &mesh,
-        pod,
-        client,
-        Some(peer_id.clone()),
-        dst.port(),
-        "hbone",
-    ) {
+    let authz = match authorize(&mesh, pod, client, Some(peer_id.clone()), dst, "hbone") {
         Ok(a) => a,
         Err(why) => return deny_401(state, why),
     };

@@ -33,6 +33,7 @@ fn check(m: &Mesh, src: &str, identity: Option<&Identity>, dst: &str, port: u16)
             src_ip: src.parse().unwrap(),
             src_identity: identity,
             dst_workload,
+            dst_ip: dst_workload.ips[0],
             dst_port: port,
         },
     )
@@ -475,6 +476,7 @@ fn random_config(rng: &mut Rng) -> MeshConfig {
             .map(|_| crate::RuleConfig {
                 from: (0..rng.below(3)).map(|_| random_source(rng)).collect(),
                 to: (0..rng.below(2)).map(|_| random_operation(rng)).collect(),
+                when: Vec::new(),
             })
             .collect();
         cfg.policies.push(crate::PolicyConfig {
@@ -482,9 +484,11 @@ fn random_config(rng: &mut Rng) -> MeshConfig {
             namespace: (*rng.pick(NAMESPACES)).to_owned(),
             selector: rng.chance(25).then(|| crate::SelectorConfig {
                 workloads: rng.some(SELECTED),
+                match_labels: Default::default(),
             }),
             action: (*rng.pick(&["ALLOW", "DENY"])).to_owned(),
             rules,
+            origin: None,
         });
     }
     cfg
@@ -653,6 +657,7 @@ fn random_meshes_agree_with_the_oracle() {
                     src_ip: ip,
                     src_identity: identity,
                     dst_workload: dst,
+                    dst_ip: dst.ips[0],
                     dst_port: port,
                 },
             );
@@ -713,6 +718,7 @@ fn properties_of_added_policies() {
                 selector: None,
                 action: action.into(),
                 rules,
+                origin: None,
             });
             cfg.validate("added").unwrap()
         };
@@ -732,6 +738,7 @@ fn properties_of_added_policies() {
                         src_ip: rng_ip(dst_index),
                         src_identity: identity,
                         dst_workload: dst,
+                        dst_ip: dst.ips[0],
                         dst_port: 80,
                     },
                 )

@@ -14,8 +14,10 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::istio::{self, AuthorizationPolicyObject, PeerAuthenticationObject, PolicyContext};
 use super::{KubeOptions, SERVICE_NAME_LABEL};
 use crate::enrollment::{self, DATAPLANE_MODE_LABEL};
+use crate::mesh::ClusterPolicyNote;
 use crate::{
     ConfigError, LocalityConfig, Mesh, MeshConfig, PortMapConfig, ServiceConfig, WorkloadConfig,
 };
@@ -38,6 +40,10 @@ pub struct Cluster {
     /// Nodes; only their topology labels are read (the region and zone of
     /// the pods on them).
     pub nodes: Vec<Arc<Node>>,
+    /// `security.istio.io` AuthorizationPolicies.
+    pub authorization_policies: Vec<Arc<AuthorizationPolicyObject>>,
+    /// `security.istio.io` PeerAuthentications.
+    pub peer_authentications: Vec<Arc<PeerAuthenticationObject>>,
 }
 
 /// A node's region label.
@@ -164,7 +170,26 @@ pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> Kube
         services
     };
 
-    let mesh = merge(base, &file, workloads, services, &mut skipped);
+    let mut mapped = istio::map_policies(
+        &cluster.authorization_policies,
+        &cluster.peer_authentications,
+        &PolicyContext {
+            root_namespace: &options.istio_root_namespace,
+            trust_domain: &file.trust_domain,
+            aliases: &file.trust_domain_aliases,
+        },
+    );
+    let mut mesh = merge(base, &file, workloads, services, &mut mapped, &mut skipped);
+    mapped.notes.sort();
+    skipped.extend(mapped.notes.iter().map(|n| Skipped {
+        object: n.object.clone(),
+        reason: if n.skipped {
+            n.reason.clone()
+        } else {
+            format!("kept, with a change: {}", n.reason)
+        },
+    }));
+    mesh.cluster_policy_notes = mapped.notes;
     skipped.sort();
     KubeMesh { mesh, skipped }
 }
@@ -512,6 +537,8 @@ fn container_port(pod: &Pod, name: &str) -> Option<i32> {
 enum Culprit {
     Workload(usize),
     Service(usize),
+    Policy(usize),
+    PeerAuthentication(usize),
 }
 
 /// `workloads[12].ips[0]` -> (`workloads`, 12, `ips[0]`).
@@ -532,11 +559,16 @@ fn merge(
     file: &Arc<MeshConfig>,
     workloads: Vec<(WorkloadConfig, String)>,
     services: Vec<(ServiceConfig, String)>,
+    policies: &mut istio::MappedPolicies,
     skipped: &mut Vec<Skipped>,
 ) -> Mesh {
     let file_workloads = file.workloads.len();
     let file_services = file.services.len();
+    let file_policies = file.policies.len();
     let mut cfg = MeshConfig::clone(file);
+    cfg.policies.append(&mut policies.policies);
+    cfg.peer_authentications
+        .append(&mut policies.peer_authentications);
     let (ws, mut workload_objects): (Vec<_>, Vec<_>) = workloads.into_iter().unzip();
     let (ss, mut service_objects): (Vec<_>, Vec<_>) = services.into_iter().unzip();
     cfg.workloads.extend(ws);
@@ -551,19 +583,20 @@ fn merge(
                 }
                 Err(err) => err,
             };
-        let (culprit, reason) = match blame(&err, &cfg, file_workloads, file_services) {
-            Some(found) => found,
-            None => {
-                // Not an entry of the cluster's: the file's part is valid on
-                // its own (it is `base`), so this cannot happen; keep the
-                // file's snapshot rather than fail.
-                skipped.push(Skipped {
-                    object: "the Kubernetes objects".into(),
-                    reason: err.to_string(),
-                });
-                return base.clone();
-            }
-        };
+        let (culprit, reason) =
+            match blame(&err, &cfg, file_workloads, file_services, file_policies) {
+                Some(found) => found,
+                None => {
+                    // Not an entry of the cluster's: the file's part is valid on
+                    // its own (it is `base`), so this cannot happen; keep the
+                    // file's snapshot rather than fail.
+                    skipped.push(Skipped {
+                        object: "the Kubernetes objects".into(),
+                        reason: err.to_string(),
+                    });
+                    return base.clone();
+                }
+            };
         match culprit {
             Culprit::Workload(i) => {
                 let w = cfg.workloads.remove(i);
@@ -580,7 +613,31 @@ fn merge(
                 let object = service_objects.remove(i - file_services);
                 skipped.push(Skipped { object, reason });
             }
+            Culprit::Policy(i) => {
+                let p = cfg.policies.remove(i);
+                policies.notes.push(invalid(
+                    "AuthorizationPolicy",
+                    p.origin.unwrap_or(p.name),
+                    reason,
+                ));
+            }
+            Culprit::PeerAuthentication(i) => {
+                let p = cfg.peer_authentications.remove(i);
+                policies
+                    .notes
+                    .push(invalid("PeerAuthentication", p.origin, reason));
+            }
         }
+    }
+}
+
+fn invalid(kind: &'static str, object: String, reason: String) -> ClusterPolicyNote {
+    ClusterPolicyNote {
+        object,
+        kind,
+        skipped: true,
+        code: "invalid",
+        reason,
     }
 }
 
@@ -591,6 +648,7 @@ fn blame(
     cfg: &MeshConfig,
     file_workloads: usize,
     file_services: usize,
+    file_policies: usize,
 ) -> Option<(Culprit, String)> {
     let ConfigError::Field { path, problem, .. } = err else {
         return None;
@@ -607,6 +665,12 @@ fn blame(
         }
         "services" if i >= file_services && i < cfg.services.len() => {
             Some((Culprit::Service(i), reason))
+        }
+        "policies" if i >= file_policies && i < cfg.policies.len() => {
+            Some((Culprit::Policy(i), reason))
+        }
+        "peerAuthentications" if i < cfg.peer_authentications.len() => {
+            Some((Culprit::PeerAuthentication(i), reason))
         }
         "services" if i < file_services => {
             // A VIP of the file's that is a pod's address: the pod is the

@@ -471,6 +471,270 @@ fn stopping_joins_the_thread() {
     ));
 }
 
+// ------------------------------------------------------------------ cluster policies
+
+fn istio_object(ns: &str, name: &str, spec: Value) -> Value {
+    json!({"metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"),
+        "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": spec})
+}
+
+fn cluster_policy<'a>(m: &'a Mesh, name: &str) -> Option<&'a crate::AuthorizationPolicy> {
+    m.policies()
+        .iter()
+        .find(|p| p.qualified_name().as_ref() == name)
+}
+
+fn deny_port(port: &str) -> Value {
+    json!({"action": "DENY", "rules": [{"to": [{"operation": {"ports": [port]}}]}]})
+}
+
+#[test]
+fn authorization_policy_watch_create_update_delete() {
+    let h = Harness::start(shop);
+    let m = h.next();
+    assert_eq!(m.policies().len(), 1, "the file's only");
+
+    h.api.apply(
+        Kind::AuthorizationPolicy,
+        istio_object("shop", "deny", deny_port("8080")),
+    );
+    let m = h.until("the policy is in", |m| {
+        cluster_policy(m, "istio/shop/deny").is_some()
+    });
+    let p = cluster_policy(&m, "istio/shop/deny").unwrap();
+    assert_eq!(p.origin.as_deref(), Some("AuthorizationPolicy shop/deny"));
+    assert_eq!(p.rules[0].to[0].ports, [8080]);
+    // The file's policy stays.
+    assert!(cluster_policy(&m, "shop/web-from-frontend").is_some());
+
+    h.api.apply(
+        Kind::AuthorizationPolicy,
+        istio_object("shop", "deny", deny_port("9090")),
+    );
+    h.until("the policy is updated", |m| {
+        cluster_policy(m, "istio/shop/deny").is_some_and(|p| p.rules[0].to[0].ports == [9090])
+    });
+
+    h.api.delete(Kind::AuthorizationPolicy, "shop", "deny");
+    h.until("the policy is gone", |m| {
+        cluster_policy(m, "istio/shop/deny").is_none()
+    });
+}
+
+#[test]
+fn authorization_policy_watch_relists_after_410() {
+    let h = Harness::start(|api| {
+        shop(api);
+        api.apply(
+            Kind::AuthorizationPolicy,
+            istio_object("shop", "deny", deny_port("8080")),
+        );
+    });
+    h.until("the policy is in", |m| {
+        cluster_policy(m, "istio/shop/deny").is_some()
+    });
+    // A deletion the watch never sees; the watch expires: the relist has it.
+    h.api
+        .delete_unseen(Kind::AuthorizationPolicy, "shop", "deny");
+    h.api.expire(Kind::AuthorizationPolicy);
+    h.until("the policy is gone after the relist", |m| {
+        cluster_policy(m, "istio/shop/deny").is_none()
+    });
+    let lists = h
+        .api
+        .requests_of(Kind::AuthorizationPolicy)
+        .iter()
+        .filter(|r| !r.watch)
+        .count();
+    assert!(lists >= 2, "{lists} lists");
+}
+
+#[test]
+fn authorization_policy_watch_skips_a_malformed_object_next_to_good_ones() {
+    let h = Harness::start(shop);
+    h.next();
+    h.api.apply(
+        Kind::AuthorizationPolicy,
+        istio_object("shop", "bad", json!({"rules": [{"from": "everyone"}]})),
+    );
+    h.api.apply(
+        Kind::AuthorizationPolicy,
+        istio_object("shop", "good", deny_port("8080")),
+    );
+    h.api.apply(
+        Kind::AuthorizationPolicy,
+        istio_object(
+            "shop",
+            "bad-principal",
+            json!({"rules": [{"from": [{"source": {"principals": ["a*b*c"]}}]}]}),
+        ),
+    );
+    let m = h.until("the good policy is in", |m| {
+        cluster_policy(m, "istio/shop/good").is_some() && m.cluster_policy_notes().len() == 2
+    });
+    let skipped: Vec<&str> = m
+        .cluster_policy_notes()
+        .iter()
+        .filter(|n| n.skipped)
+        .map(|n| n.object.as_str())
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            "AuthorizationPolicy shop/bad",
+            "AuthorizationPolicy shop/bad-principal"
+        ]
+    );
+    assert!(cluster_policy(&m, "istio/shop/bad").is_none());
+
+    // Fixed: it comes in, nothing is skipped any more.
+    h.api.apply(
+        Kind::AuthorizationPolicy,
+        istio_object("shop", "bad", deny_port("9090")),
+    );
+    h.api
+        .delete(Kind::AuthorizationPolicy, "shop", "bad-principal");
+    h.until("the fixed policy is in", |m| {
+        cluster_policy(m, "istio/shop/bad").is_some() && m.cluster_policy_notes().is_empty()
+    });
+}
+
+#[test]
+fn peer_authentication_watch_create_update_delete_and_relist() {
+    let h = Harness::start(shop);
+    h.next();
+    let mode = |m: &Mesh| {
+        let w = workload(m, "shop", "web-0").unwrap();
+        m.mtls_mode(w, 8080).0
+    };
+    h.api.apply(
+        Kind::PeerAuthentication,
+        istio_object("shop", "default", json!({"mtls": {"mode": "STRICT"}})),
+    );
+    h.until("STRICT", |m| mode(m) == crate::MtlsMode::Strict);
+    h.api.apply(
+        Kind::PeerAuthentication,
+        istio_object("shop", "default", json!({"mtls": {"mode": "PERMISSIVE"}})),
+    );
+    h.until("PERMISSIVE", |m| {
+        mode(m) == crate::MtlsMode::Permissive && !m.peer_authentications().is_empty()
+    });
+    h.api.delete(Kind::PeerAuthentication, "shop", "default");
+    h.until("gone", |m| m.peer_authentications().is_empty());
+
+    h.api.apply(
+        Kind::PeerAuthentication,
+        istio_object("shop", "default", json!({"mtls": {"mode": "STRICT"}})),
+    );
+    h.until("STRICT again", |m| mode(m) == crate::MtlsMode::Strict);
+    h.api
+        .delete_unseen(Kind::PeerAuthentication, "shop", "default");
+    h.api.expire(Kind::PeerAuthentication);
+    h.until("gone after the relist", |m| {
+        m.peer_authentications().is_empty()
+    });
+}
+
+#[test]
+fn authorization_policy_watch_uses_v1beta1_when_v1_is_not_served() {
+    let h = Harness::start(|api| {
+        shop(api);
+        api.serve_security_versions(&["v1beta1"]);
+        api.apply(
+            Kind::AuthorizationPolicy,
+            istio_object("shop", "deny", deny_port("8080")),
+        );
+    });
+    h.until("the policy is in", |m| {
+        cluster_policy(m, "istio/shop/deny").is_some()
+    });
+    let paths: Vec<String> = h
+        .api
+        .requests_of(Kind::AuthorizationPolicy)
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    assert!(
+        paths
+            .iter()
+            .any(|p| p == "/apis/security.istio.io/v1beta1/authorizationpolicies"),
+        "{paths:?}"
+    );
+    // Watches follow (live changes arrive).
+    h.api.delete(Kind::AuthorizationPolicy, "shop", "deny");
+    h.until("the policy is gone", |m| {
+        cluster_policy(m, "istio/shop/deny").is_none()
+    });
+}
+
+#[test]
+fn adversarial_authorization_policy_watch_without_the_crds_never_blocks_the_mesh() {
+    let h = Harness::start(|api| {
+        shop(api);
+        api.serve_security_versions(&[]);
+    });
+    let m = h.next();
+    assert!(workload(&m, "shop", "web-0").is_some());
+    assert_eq!(m.policies().len(), 1);
+    // The CRDs are installed later: their objects arrive (tried again after
+    // the longest backoff).
+    h.api.apply(
+        Kind::AuthorizationPolicy,
+        istio_object("shop", "deny", deny_port("8080")),
+    );
+    h.api.serve_security_versions(&["v1"]);
+    h.until("the policy arrives once served", |m| {
+        cluster_policy(m, "istio/shop/deny").is_some()
+    });
+}
+
+/// Once listed, the policies stay in force when the kind stops being
+/// served or allowed (an RBAC edit, an API outage answering 404/403): the
+/// last snapshot stays, as for every other watch, instead of a DENY
+/// silently vanishing.
+#[test]
+fn adversarial_authorization_policy_watch_keeps_policies_when_access_is_lost() {
+    let h = Harness::start(|api| {
+        shop(api);
+        api.apply(
+            Kind::AuthorizationPolicy,
+            istio_object("shop", "deny", deny_port("8080")),
+        );
+    });
+    h.until("the policy is in", |m| {
+        cluster_policy(m, "istio/shop/deny").is_some()
+    });
+    h.api.serve_security_versions(&[]);
+    h.api.expire(Kind::AuthorizationPolicy);
+    // The relists fail (every version, then again after the longest
+    // backoff, 50 ms here): wait for several rounds of them.
+    let lists = || {
+        h.api
+            .requests_of(Kind::AuthorizationPolicy)
+            .iter()
+            .filter(|r| !r.watch)
+            .count()
+    };
+    let before = lists();
+    let deadline = Instant::now() + PATIENCE;
+    while lists() < before + 6 {
+        assert!(Instant::now() < deadline, "the relists are not retried");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = h.watch.current().unwrap();
+    assert!(
+        cluster_policy(&m, "istio/shop/deny").is_some(),
+        "the DENY policy vanished when the API stopped serving it"
+    );
+    // Served again: the watch resumes from a fresh list.
+    h.api
+        .delete_unseen(Kind::AuthorizationPolicy, "shop", "deny");
+    h.api.serve_security_versions(&["v1"]);
+    h.until("the relist after access returned", |m| {
+        cluster_policy(m, "istio/shop/deny").is_none()
+    });
+}
+
 /// The fake over HTTP (for another process) answers as through the mock:
 /// the store's pods, and TokenReviews of the registered tokens, with the
 /// audience checked as the API server does.

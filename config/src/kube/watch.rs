@@ -21,6 +21,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use super::istio::{AuthorizationPolicyObject, PeerAuthenticationObject, SecurityVersion};
 use super::{build_mesh, Cluster, KubeOptions, Skipped};
 use crate::control_thread::ControlThread;
 use crate::enrollment::{DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL};
@@ -210,13 +211,25 @@ where
     let mut slices = Cache::new(
         "endpointslices",
         watcher(
-            Api::<EndpointSlice>::all(client),
+            Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default(),
         )
         .modify(|s: &mut EndpointSlice| slim_meta(&mut s.metadata))
         .backoff(backoff()),
     );
-    info!("watching pods, services, endpointslices, nodes and enabled namespaces for the mesh");
+    let mut authz = Cache::new(
+        "authorizationpolicies",
+        istio_stream::<AuthorizationPolicyObject>(client.clone(), &options),
+    );
+    let mut peer_authn = Cache::new(
+        "peerauthentications",
+        istio_stream::<PeerAuthenticationObject>(client, &options),
+    );
+    info!(
+        istio.root_namespace = %options.istio_root_namespace,
+        "watching pods, services, endpointslices, nodes, enabled namespaces, \
+         authorizationpolicies and peerauthentications for the mesh"
+    );
 
     let mut due: Option<Instant> = None;
     let mut publisher = Publisher::default();
@@ -227,6 +240,8 @@ where
             Some(event) = services.stream.next() => services.apply(event),
             Some(event) = slices.stream.next() => slices.apply(event),
             Some(event) = nodes.stream.next() => nodes.apply(event),
+            Some(event) = authz.stream.next() => authz.apply(event),
+            Some(event) = peer_authn.stream.next() => peer_authn.apply(event),
             changed = file.changed() => {
                 if changed.is_err() {
                     debug!("the configuration's sender is gone: Kubernetes mesh source stopping");
@@ -236,7 +251,14 @@ where
             }
             () = sleep_until(due) => {
                 due = None;
-                if pods.ready && namespaces.ready && services.ready && slices.ready && nodes.ready {
+                if pods.ready
+                    && namespaces.ready
+                    && services.ready
+                    && slices.ready
+                    && nodes.ready
+                    && authz.ready
+                    && peer_authn.ready
+                {
                     let base = file.borrow_and_update().clone();
                     let cluster = Cluster {
                         pods: pods.store.state(),
@@ -244,6 +266,8 @@ where
                         services: services.store.state(),
                         endpoint_slices: slices.store.state(),
                         nodes: nodes.store.state(),
+                        authorization_policies: authz.store.state(),
+                        peer_authentications: peer_authn.store.state(),
                     };
                     if let Some(mesh) = publisher.rebuild(base, &cluster, &options) {
                         on_change(mesh);
@@ -289,19 +313,27 @@ impl Publisher {
             Arc::ptr_eq(f, &base)
                 && m.workloads() == mesh.workloads()
                 && m.services() == mesh.services()
+                && m.policies() == mesh.policies()
+                && m.peer_authentications() == mesh.peer_authentications()
+                && m.cluster_policy_notes() == mesh.cluster_policy_notes()
         });
         if same {
             return None;
         }
         let mesh = Arc::new(mesh);
         let (workloads, services) = (mesh.workloads().len(), mesh.services().len());
+        let (policies, peer_authentications) =
+            (mesh.policies().len(), mesh.peer_authentications().len());
         let left_out = self.reported.len();
         if self.last.is_none() {
-            info!(workloads, services, left_out, "mesh from Kubernetes ready");
+            info!(
+                workloads,
+                services, policies, peer_authentications, left_out, "mesh from Kubernetes ready"
+            );
         } else {
             debug!(
                 workloads,
-                services, left_out, "mesh from Kubernetes updated"
+                services, policies, peer_authentications, left_out, "mesh from Kubernetes updated"
             );
         }
         self.last = Some((base, mesh.clone()));
@@ -312,7 +344,8 @@ impl Publisher {
 /// One watched kind: the watcher's stream and the reflector cache it fills.
 struct Cache<K, S>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     what: &'static str,
     /// Fused: kube's watcher streams never end, but a branch of the
@@ -328,7 +361,8 @@ where
 
 impl<K, S> Cache<K, S>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     fn new(what: &'static str, stream: S) -> Self {
@@ -379,6 +413,140 @@ where
             watcher::Event::Apply(_) | watcher::Event::Delete(_) => true,
         }
     }
+}
+
+/// Whether a watch error says the kind is not there for this client: not
+/// served (404: the CRD is not installed, or not in this version) or not
+/// allowed (403: the RBAC rules lack it).
+fn not_served(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+            if status.code == 404 || status.code == 403 =>
+        {
+            Some(status.code)
+        }
+        _ => None,
+    }
+}
+
+type EventStream<K> =
+    std::pin::Pin<Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>>;
+
+/// The watch of a `security.istio.io` kind, of the version the API server
+/// serves: `v1`, else `v1beta1`. When neither is served (or the proxy may
+/// not list them) before any list succeeded, the kind counts as listed and
+/// empty, so that the mesh's snapshots never wait for it; after one did, the
+/// objects last listed stay. Both versions are tried again after
+/// [`KubeOptions::backoff_max`].
+fn istio_stream<K>(
+    client: Client,
+    options: &KubeOptions,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+where
+    K: kube::Resource<DynamicType = SecurityVersion, Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    struct State<K> {
+        client: Client,
+        version: SecurityVersion,
+        inner: Option<EventStream<K>>,
+        misses: u8,
+        /// A list of the kind has completed once.
+        listed: bool,
+        pending: std::collections::VecDeque<watcher::Event<K>>,
+        retry_at: Option<Instant>,
+        min: Duration,
+        max: Duration,
+    }
+    let state = State {
+        client,
+        version: SecurityVersion::V1,
+        inner: None,
+        misses: 0,
+        listed: false,
+        pending: Default::default(),
+        retry_at: None,
+        min: options.backoff_min,
+        max: options.backoff_max,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(event) = st.pending.pop_front() {
+                return Some((Ok(event), st));
+            }
+            if let Some(at) = st.retry_at.take() {
+                tokio::time::sleep_until(at).await;
+            }
+            let version = st.version;
+            let stream = st.inner.get_or_insert_with(|| {
+                let api = Api::<K>::all_with(st.client.clone(), &version);
+                Box::pin(
+                    watcher(api, watcher::Config::default())
+                        .modify(|o: &mut K| slim_meta(o.meta_mut()))
+                        .backoff(Jittered::new(st.min, st.max)),
+                )
+            });
+            match stream.next().await {
+                None => st.inner = None,
+                Some(Err(e)) => {
+                    let Some(code) = not_served(&e) else {
+                        return Some((Err(e), st));
+                    };
+                    st.inner = None;
+                    st.misses += 1;
+                    let kind = K::plural(&version).into_owned();
+                    if st.misses < 2 {
+                        debug!(
+                            kind,
+                            api.version = version.as_str(),
+                            status = code,
+                            "not served; trying the other version"
+                        );
+                        st.version = version.other();
+                    } else if st.listed {
+                        // Listed before: keep the last objects (the last
+                        // snapshot stays in force, as for any failing watch).
+                        warn!(
+                            kind,
+                            status = code,
+                            "security.istio.io no longer served (or no longer allowed): \
+                             keeping the cluster policies last listed; trying again later"
+                        );
+                        st.misses = 0;
+                        st.version = SecurityVersion::V1;
+                        st.retry_at = Some(Instant::now() + st.max);
+                    } else {
+                        warn!(
+                            kind,
+                            status = code,
+                            "security.istio.io is not served in v1 or v1beta1 (or not allowed): \
+                             no cluster policies of this kind; trying again later"
+                        );
+                        st.misses = 0;
+                        st.version = SecurityVersion::V1;
+                        st.pending.push_back(watcher::Event::Init);
+                        st.pending.push_back(watcher::Event::InitDone);
+                        st.retry_at = Some(Instant::now() + st.max);
+                    }
+                }
+                Some(Ok(event)) => {
+                    // The watcher says `Init` before it lists: only what
+                    // follows a list says the version is served.
+                    if !matches!(event, watcher::Event::Init) {
+                        st.misses = 0;
+                    }
+                    if matches!(event, watcher::Event::InitDone) {
+                        st.listed = true;
+                    }
+                    return Some((Ok(event), st));
+                }
+            }
+        }
+    })
 }
 
 async fn sleep_until(due: Option<Instant>) {

@@ -86,7 +86,7 @@ fn empty_document_and_old_top_level_settings_are_refused() {
     assert_eq!(
         error("captureMode: redirect\n"),
         "config.yaml:1:1: unknown field `captureMode`, expected one of `proxy`, `trustDomain`, \
-         `rootNamespace`, `ca`, `workloads`, `services`, `policies`, `clusterId`, `locality` (proxy settings live under \
+         `rootNamespace`, `ca`, `workloads`, `services`, `policies`, `clusterId`, `locality`, `trustDomainAliases` (proxy settings live under \
          `proxy:`: write `proxy: {captureMode: ...}`)"
     );
 }
@@ -393,6 +393,41 @@ fn policy_fields() {
         )),
         "config.yaml: policies[0].selector.workloads[1]: must not be empty"
     );
+    assert!(error(&pol(
+        "name: p, action: DENY, selector: {matchLabels: {'app/': web}}"
+    ))
+    .starts_with("config.yaml: policies[0].selector.matchLabels: "));
+    assert!(error(&pol(
+        "name: p, action: DENY, selector: {matchLabels: {app: 'no spaces'}}"
+    ))
+    .starts_with("config.yaml: policies[0].selector.matchLabels[app]: "));
+    let when = |c: &str| pol(&format!("name: p, action: DENY, rules: [{{when: [{c}]}}]"));
+    assert_eq!(
+        error(&when("{key: 'request.headers[x]', values: [a]}")),
+        "config.yaml: policies[0].rules[0].when[0].key: \"request.headers[x]\" is not an L4 \
+         attribute (source.ip, source.namespace, source.principal, destination.ip, destination.port)"
+    );
+    assert_eq!(
+        error(&when("{key: source.ip}")),
+        "config.yaml: policies[0].rules[0].when[0]: a condition needs `values` or `notValues`"
+    );
+    assert!(error(&when("{key: destination.port, values: ['0']}"))
+        .starts_with("config.yaml: policies[0].rules[0].when[0].values[0]: "));
+    assert!(error(&when("{key: source.ip, notValues: [10.0.0.0/33]}"))
+        .starts_with("config.yaml: policies[0].rules[0].when[0].notValues[0]: "));
+    assert!(error(&when("{key: source.principal, values: ['a*b']}"))
+        .starts_with("config.yaml: policies[0].rules[0].when[0].values[0]: "));
+    assert!(error(
+        "trustDomainAliases: ['Not A Domain']
+"
+    )
+    .starts_with("config.yaml: trustDomainAliases[0]: "));
+    // The file cannot set mutual-TLS modes (they come from the cluster).
+    assert!(error(
+        "peerAuthentications: []
+"
+    )
+    .contains("unknown field `peerAuthentications`"));
     // A policy without a namespace is a root-namespace policy: same name = duplicate.
     assert_eq!(
         error(

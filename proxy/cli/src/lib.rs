@@ -173,14 +173,21 @@ struct ProxyArgs {
     /// Where the mesh's workloads and services come from: `file` (the
     /// configuration's `workloads`/`services`) or `kubernetes` (pods,
     /// services and EndpointSlices watched through the API server with the
-    /// pod's service account, added to the file's; policies, trust domain
-    /// and CA always come from the file).
+    /// pod's service account, added to the file's, and the cluster's
+    /// security.istio.io AuthorizationPolicies and PeerAuthentications
+    /// enforced beside the file's policies; trust domain and CA always come
+    /// from the file).
     #[arg(long, value_enum, env = "RINGWAY_MESH_SOURCE", default_value_t = MeshSource::File)]
     mesh_source: MeshSource,
     /// The cluster's DNS domain: services are `<name>.<namespace>.svc.<domain>`
     /// (with `--mesh-source kubernetes`).
     #[arg(long, env = "RINGWAY_CLUSTER_DOMAIN", default_value = ringway_config::kube::DEFAULT_CLUSTER_DOMAIN)]
     cluster_domain: String,
+    /// The namespace whose AuthorizationPolicies and PeerAuthentications
+    /// apply mesh-wide (with `--mesh-source kubernetes`; the reference's root
+    /// namespace).
+    #[arg(long, env = "RINGWAY_ISTIO_ROOT_NAMESPACE", default_value = ringway_config::kube::istio::DEFAULT_ISTIO_ROOT_NAMESPACE)]
+    istio_root_namespace: String,
 }
 
 /// `ringway proxy --mesh-source`.
@@ -328,6 +335,7 @@ fn load_mesh(path: Option<&PathBuf>) -> anyhow::Result<ringway_config::Mesh> {
 fn start_kube_mesh(
     file: std::sync::Arc<ringway_config::Mesh>,
     cluster_domain: &str,
+    istio_root_namespace: &str,
     proxy: std::sync::Arc<Proxy>,
     first: std::sync::mpsc::SyncSender<()>,
 ) -> anyhow::Result<ringway_config::kube::MeshWatch> {
@@ -340,6 +348,7 @@ fn start_kube_mesh(
     )?;
     let options = ringway_config::kube::KubeOptions {
         cluster_domain: cluster_domain.to_owned(),
+        istio_root_namespace: istio_root_namespace.to_owned(),
         ..ringway_config::kube::KubeOptions::default()
     };
     let watch = ringway_config::kube::MeshWatch::start(rt, client, file, options, move |m| {
@@ -350,7 +359,9 @@ fn start_kube_mesh(
     .context("starting the Kubernetes mesh source")?;
     tracing::info!(
         cluster_domain,
-        "mesh source: Kubernetes (pods, services, EndpointSlices) + the configuration file"
+        istio.root_namespace = istio_root_namespace,
+        "mesh source: Kubernetes (pods, services, EndpointSlices, AuthorizationPolicies, \
+         PeerAuthentications) + the configuration file"
     );
     Ok(watch)
 }
@@ -879,6 +890,7 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
             Some(Arc::new(start_kube_mesh(
                 mesh,
                 &args.cluster_domain,
+                &args.istio_root_namespace,
                 proxy.clone(),
                 first_tx,
             )?)),

@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Service, Service
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value as Json;
 
 /// The release name and namespace of the committed manifests.
@@ -55,6 +56,16 @@ const PROXY_RBAC: &[(&str, &str, &[&str])] = &[
     ("", "pods", &["list", "watch"]),
     ("", "services", &["list", "watch"]),
     ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
+    (
+        "security.istio.io",
+        "authorizationpolicies",
+        &["list", "watch"],
+    ),
+    (
+        "security.istio.io",
+        "peerauthentications",
+        &["list", "watch"],
+    ),
 ];
 
 /// The certificate service's (`ca.mode: service`): TokenReview for callers' tokens, and
@@ -702,6 +713,7 @@ struct Objects {
     config_maps: BTreeMap<String, ConfigMap>,
     priority_classes: BTreeMap<String, PriorityClass>,
     services: BTreeMap<String, Service>,
+    custom_resource_definitions: BTreeMap<String, CustomResourceDefinition>,
     /// Kinds without a k8s-openapi type (ServiceMonitor), untyped.
     others: Vec<Json>,
 }
@@ -742,6 +754,10 @@ fn typed_objects(text: &str) -> Objects {
             }
             "Service" => {
                 o.services.insert(name, strict(&doc, &what));
+            }
+            "CustomResourceDefinition" => {
+                o.custom_resource_definitions
+                    .insert(name, strict(&doc, &what));
             }
             "ServiceMonitor" => {
                 assert_eq!(doc["apiVersion"], "monitoring.coreos.com/v1", "{what}");
@@ -1595,6 +1611,59 @@ fn metrics_annotations_follow_the_value() {
     let top = help(None);
     let (_, args) = check_args(proxy, &top);
     assert_eq!(args["--metrics-addr"], "0.0.0.0:15020");
+}
+
+/// `istioCRDs.install`: the AuthorizationPolicy and PeerAuthentication CRDs, off by
+/// default; their group, names and versions are the ones the proxy watches.
+#[test]
+fn authorization_policy_and_peer_authentication_crds_are_optional() {
+    let o = typed_objects(&render_chart("", NAMESPACE).unwrap());
+    assert!(o.custom_resource_definitions.is_empty());
+    let o = typed_objects(&render_chart("istioCRDs: {install: true}", NAMESPACE).unwrap());
+    let names: Vec<&String> = o.custom_resource_definitions.keys().collect();
+    assert_eq!(
+        names,
+        [
+            "authorizationpolicies.security.istio.io",
+            "peerauthentications.security.istio.io"
+        ]
+    );
+    for (name, kind, plural) in [
+        (
+            "authorizationpolicies.security.istio.io",
+            "AuthorizationPolicy",
+            "authorizationpolicies",
+        ),
+        (
+            "peerauthentications.security.istio.io",
+            "PeerAuthentication",
+            "peerauthentications",
+        ),
+    ] {
+        let spec = &o.custom_resource_definitions[name].spec;
+        assert_eq!(spec.group, ringway_config::kube::istio::SECURITY_GROUP);
+        assert_eq!(spec.names.kind, kind);
+        assert_eq!(spec.names.plural, plural);
+        assert_eq!(spec.scope, "Namespaced");
+        let versions: Vec<(&str, bool, bool)> = spec
+            .versions
+            .iter()
+            .map(|v| (v.name.as_str(), v.served, v.storage))
+            .collect();
+        assert_eq!(versions, [("v1", true, true), ("v1beta1", true, false)]);
+        for v in &spec.versions {
+            let schema = v
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema
+                .as_ref()
+                .unwrap();
+            let spec_schema = &schema.properties.as_ref().unwrap()["spec"];
+            assert_eq!(spec_schema.x_kubernetes_preserve_unknown_fields, Some(true));
+        }
+    }
+    check_rbac(&o, true);
 }
 
 /// `proxy.meshSource: file`: the proxy gets no role and no token, and is told so.

@@ -63,6 +63,7 @@ impl Objects {
             services: self.services.iter().cloned().map(typed).collect(),
             endpoint_slices: self.slices.iter().cloned().map(typed).collect(),
             nodes: self.nodes.iter().cloned().map(typed).collect(),
+            ..Cluster::default()
         }
     }
 

@@ -71,24 +71,39 @@ pub enum Kind {
     EndpointSlice,
     /// `v1` Nodes (cluster-scoped).
     Node,
+    /// `security.istio.io` AuthorizationPolicies (namespaced; served in `v1`
+    /// and `v1beta1` unless [`FakeApiServer::serve_security_versions`] says).
+    AuthorizationPolicy,
+    /// `security.istio.io` PeerAuthentications (namespaced; as above).
+    PeerAuthentication,
 }
+
+/// The versions of `security.istio.io` a real API server may serve.
+const SECURITY_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Pod,
         Kind::Namespace,
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Node,
+        Kind::AuthorizationPolicy,
+        Kind::PeerAuthentication,
     ];
 
     /// The objects' `apiVersion`.
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io/v1",
             _ => "v1",
         }
+    }
+
+    fn security(self) -> bool {
+        matches!(self, Kind::AuthorizationPolicy | Kind::PeerAuthentication)
     }
 
     /// The objects' `kind`.
@@ -99,6 +114,8 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::PeerAuthentication => "PeerAuthentication",
         }
     }
 
@@ -109,13 +126,21 @@ impl Kind {
             Kind::Service => "services",
             Kind::EndpointSlice => "endpointslices",
             Kind::Node => "nodes",
+            Kind::AuthorizationPolicy => "authorizationpolicies",
+            Kind::PeerAuthentication => "peerauthentications",
         }
     }
 
-    fn api_path(self) -> &'static str {
+    /// The API paths the kind is found under (`security.istio.io` in each
+    /// of its versions).
+    fn api_paths(self) -> &'static [&'static str] {
         match self {
-            Kind::EndpointSlice => "/apis/discovery.k8s.io/v1",
-            _ => "/api/v1",
+            Kind::EndpointSlice => &["/apis/discovery.k8s.io/v1"],
+            Kind::AuthorizationPolicy | Kind::PeerAuthentication => &[
+                "/apis/security.istio.io/v1",
+                "/apis/security.istio.io/v1beta1",
+            ],
+            _ => &["/api/v1"],
         }
     }
 
@@ -166,8 +191,11 @@ enum Target {
 
 impl Target {
     fn of(path: &str) -> Target {
-        for kind in Kind::ALL {
-            let Some(rest) = path.strip_prefix(kind.api_path()) else {
+        for (kind, prefix) in Kind::ALL
+            .into_iter()
+            .flat_map(|k| k.api_paths().iter().map(move |p| (k, *p)))
+        {
+            let Some(rest) = path.strip_prefix(prefix) else {
                 continue;
             };
             let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
@@ -283,6 +311,8 @@ struct State {
     requests: Vec<ApiRequest>,
     /// TokenReview answers: token -> (user, the token's audiences).
     tokens: BTreeMap<String, (Value, Vec<String>)>,
+    /// The `security.istio.io` versions served (others: 404).
+    security_versions: BTreeSet<&'static str>,
 }
 
 /// The path TokenReviews are posted to.
@@ -367,6 +397,7 @@ impl FakeApiServer {
             handed: BTreeMap::new(),
             requests: Vec::new(),
             tokens: BTreeMap::new(),
+            security_versions: SECURITY_VERSIONS.into_iter().collect(),
         })));
         let server = api.clone();
         runtime.spawn(async move {
@@ -433,6 +464,16 @@ impl FakeApiServer {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Serves `security.istio.io` in `versions` only (of `v1`, `v1beta1`):
+    /// requests for another version are answered 404, as by an API server
+    /// whose CRDs lack it (none: the CRDs are not installed).
+    pub fn serve_security_versions(&self, versions: &[&str]) {
+        self.state().security_versions = SECURITY_VERSIONS
+            .into_iter()
+            .filter(|v| versions.contains(v))
+            .collect();
     }
 
     /// How new requests of every kind are answered.
@@ -688,6 +729,17 @@ impl State {
     }
 
     fn serve(&mut self, request: &ApiRequest, target: Target, send: SendResponse<Response<Body>>) {
+        if target.kind().is_some_and(Kind::security) {
+            let version = request
+                .path
+                .strip_prefix("/apis/security.istio.io/")
+                .and_then(|r| r.split('/').next())
+                .unwrap_or("");
+            if !self.security_versions.contains(version) {
+                send.send_response(status(StatusCode::NOT_FOUND, "NotFound"));
+                return;
+            }
+        }
         if request.method != "GET" {
             send.send_response(status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"));
             return;
