@@ -214,10 +214,6 @@ pub const L4_WHEN_KEYS: [&str; 5] = [
 pub(crate) struct PolicyContext<'a> {
     /// Objects here apply mesh-wide.
     pub root_namespace: &'a str,
-    /// The mesh's trust domain.
-    pub trust_domain: &'a str,
-    /// Its aliases (`trustDomainAliases`).
-    pub aliases: &'a [String],
 }
 
 /// What the mapping made: the entries, and what was skipped or changed.
@@ -362,7 +358,7 @@ pub(crate) fn authorization_policy(
     let mut rules = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
         let mut l7: Vec<String> = Vec::new();
-        let mapped = map_rule(rule, &rule_namespace, cx, &mut l7);
+        let mapped = map_rule(rule, &rule_namespace, &mut l7);
         match mapped {
             Err(e) => {
                 notes.push(note(
@@ -447,7 +443,6 @@ fn extra_fields(other: &BTreeMap<String, Value>, l7: &mut Vec<String>) {
 fn map_rule(
     rule: &RuleSpec,
     rule_namespace: &str,
-    cx: &PolicyContext<'_>,
     l7: &mut Vec<String>,
 ) -> Result<RuleConfig, String> {
     extra_fields(&rule.other, l7);
@@ -467,8 +462,8 @@ fn map_rule(
         let source = SourceConfig {
             namespaces: s.namespaces.clone(),
             not_namespaces: s.not_namespaces.clone(),
-            principals: principals(&s.principals, cx),
-            not_principals: principals(&s.not_principals, cx),
+            principals: principals(&s.principals),
+            not_principals: principals(&s.not_principals),
             service_accounts: s.service_accounts.iter().map(account).collect(),
             not_service_accounts: s.not_service_accounts.iter().map(account).collect(),
             ip_blocks: s.ip_blocks.clone(),
@@ -510,7 +505,7 @@ fn map_rule(
         }
         let expand = |v: &[String]| {
             if c.key == "source.principal" {
-                principals(v, cx)
+                principals(v)
             } else {
                 v.to_vec()
             }
@@ -533,32 +528,16 @@ fn ports(list: &[String]) -> Result<Vec<i64>, String> {
         .collect()
 }
 
-/// Principals as the reference matches them: a principal whose trust
-/// domain is this mesh's, one of its aliases, or `cluster.local` stands for
-/// the same identity in each of them; `*`, `prefix*` and `*suffix` globs are
+/// Principals as the reference's node proxy matches them: passed through
+/// unchanged (its conversion rewrites no trust domain, so
+/// `cluster.local/...` names only `cluster.local`, whatever this mesh's
+/// trust domain and aliases are); `*`, `prefix*` and `*suffix` globs are
 /// kept as written.
-pub(crate) fn principals(list: &[String], cx: &PolicyContext<'_>) -> Vec<String> {
+pub(crate) fn principals(list: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    let mut push = |p: String| {
-        if !out.contains(&p) {
-            out.push(p);
-        }
-    };
     for p in list {
-        let parts: Vec<&str> = p.split('/').collect();
-        let td = parts[0];
-        let enforced = parts.len() == 5 && !td.is_empty() && td != "*" && !td.contains('*');
-        let ours = td == cx.trust_domain
-            || td == crate::DEFAULT_TRUST_DOMAIN
-            || cx.aliases.iter().any(|a| a == td);
-        if !(enforced && ours) {
-            push(p.clone());
-            continue;
-        }
-        let rest = &p[td.len()..];
-        for domain in std::iter::once(cx.trust_domain).chain(cx.aliases.iter().map(String::as_str))
-        {
-            push(format!("{domain}{rest}"));
+        if !out.contains(p) {
+            out.push(p.clone());
         }
     }
     out

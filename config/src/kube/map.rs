@@ -175,8 +175,6 @@ pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> Kube
         &cluster.peer_authentications,
         &PolicyContext {
             root_namespace: &options.istio_root_namespace,
-            trust_domain: &file.trust_domain,
-            aliases: &file.trust_domain_aliases,
         },
     );
     let mut mesh = merge(base, &file, workloads, services, &mut mapped, &mut skipped);

@@ -365,32 +365,65 @@ fn authorization_policy_maps_principal_globs() {
 }
 
 #[test]
-fn authorization_policy_principals_follow_trust_domain_aliases() {
-    // cluster.local stands for the mesh's trust domain and its aliases.
-    let m = allow_from(json!({"principals": ["cluster.local/ns/shop/sa/db"]}));
+fn adversarial_authorization_policy_principals_are_not_rewritten_to_the_trust_domain() {
+    // The reference's conversion for its node proxy passes principals
+    // through unchanged: with `trustDomain: example.org` (and an alias), an
+    // ALLOW naming `cluster.local/...` or the alias admits only that exact
+    // trust domain, never the mesh's own.
     let db = |td: &str| format!("spiffe://{td}/ns/shop/sa/db");
+    let m = allow_from(json!({"principals": ["cluster.local/ns/shop/sa/db"]}));
     for td in ["example.org", "old.example.org"] {
         assert!(
-            allowed(&m, &peer("10.1.0.6", Some(&db(td))), "w-web", 80),
-            "{td}"
+            !allowed(&m, &peer("10.1.0.6", Some(&db(td))), "w-web", 80),
+            "cluster.local admitted {td}"
         );
     }
-    // So does an alias.
-    let m = allow_from(json!({"principals": ["old.example.org/ns/shop/sa/db"]}));
     assert!(allowed(
         &m,
-        &peer("10.1.0.6", Some(&db("example.org"))),
+        &peer("10.1.0.6", Some(&db("cluster.local"))),
         "w-web",
         80
     ));
-    // A foreign trust domain is taken literally.
-    let m = allow_from(json!({"principals": ["partner.net/ns/shop/sa/db"]}));
+    let m = allow_from(json!({"principals": ["old.example.org/ns/shop/sa/db"]}));
     assert!(!allowed(
         &m,
         &peer("10.1.0.6", Some(&db("example.org"))),
         "w-web",
         80
     ));
+    // `when source.principal` likewise.
+    let m = allow_when(json!({"key": "source.principal",
+        "values": ["cluster.local/ns/shop/sa/db"]}));
+    assert!(!allowed(
+        &m,
+        &peer("10.1.0.6", Some(&db("example.org"))),
+        "w-web",
+        80
+    ));
+    // A DENY naming the alias denies only the alias.
+    let k = build(
+        vec![ap(
+            "shop",
+            "p",
+            json!({"action": "DENY", "rules": [{"from": [{"source":
+                {"principals": ["old.example.org/ns/shop/sa/db"]}}]}]}),
+        )],
+        vec![],
+    );
+    assert!(allowed(
+        &k.mesh,
+        &peer("10.1.0.6", Some(&db("example.org"))),
+        "w-web",
+        80
+    ));
+    assert!(!allowed(
+        &k.mesh,
+        &peer("10.1.0.6", Some(&db("old.example.org"))),
+        "w-web",
+        80
+    ));
+    // A foreign trust domain is taken literally.
+    let m = allow_from(json!({"principals": ["partner.net/ns/shop/sa/db"]}));
     assert!(allowed(
         &m,
         &peer("10.1.0.6", Some(&db("partner.net"))),
@@ -528,9 +561,9 @@ fn authorization_policy_maps_when_source_namespace() {
 #[test]
 fn authorization_policy_maps_when_source_principal() {
     let m = allow_when(json!({"key": "source.principal",
-        "values": ["cluster.local/ns/shop/sa/web"]}));
+        "values": ["example.org/ns/shop/sa/web"]}));
     assert!(allowed(&m, &WEB, "w-web", 80));
-    assert!(allowed(
+    assert!(!allowed(
         &m,
         &peer("10.1.0.5", Some("spiffe://old.example.org/ns/shop/sa/web")),
         "w-web",
