@@ -210,6 +210,17 @@ impl Cidr {
     /// Parses `addr/len` or `addr`. Host bits must be zero; an IPv4-mapped
     /// IPv6 block (`::ffff:10.0.0.0/104`) becomes the IPv4 block it means.
     pub fn parse(s: &str) -> Result<Cidr, String> {
+        Cidr::read(s, false).map(|(c, _)| c)
+    }
+
+    /// As [`Cidr::parse`], but host bits are cleared instead of refused
+    /// (`10.1.2.3/8` is `10.0.0.0/8`, as the reference reads a cluster
+    /// policy's blocks); also tells whether any were set.
+    pub(crate) fn parse_masked(s: &str) -> Result<(Cidr, bool), String> {
+        Cidr::read(s, true)
+    }
+
+    fn read(s: &str, mask: bool) -> Result<(Cidr, bool), String> {
         let (addr_text, len_text) = match s.split_once('/') {
             Some((a, l)) => (a, Some(l)),
             None => (s, None),
@@ -232,22 +243,29 @@ impl Cidr {
                 n
             }
         };
-        let cidr = Cidr { addr, prefix_len };
-        let network = cidr.network();
-        if network != addr {
+        let network = Cidr { addr, prefix_len }.network();
+        let masked = network != addr;
+        if masked && !mask {
             return Err(format!(
                 "{s:?}: host bits are set (the block is {network}/{prefix_len})"
             ));
         }
-        if let IpAddr::V6(v6) = addr {
+        if let IpAddr::V6(v6) = network {
             if let (Some(v4), true) = (v6.to_ipv4_mapped(), prefix_len >= 96) {
-                return Ok(Cidr {
+                let cidr = Cidr {
                     addr: IpAddr::V4(v4),
                     prefix_len: prefix_len - 96,
-                });
+                };
+                return Ok((cidr, masked));
             }
         }
-        Ok(cidr)
+        Ok((
+            Cidr {
+                addr: network,
+                prefix_len,
+            },
+            masked,
+        ))
     }
 
     /// The block's first address.

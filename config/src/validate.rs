@@ -739,7 +739,7 @@ fn operation(cx: &Ctx<'_>, at: &str, o: &OperationConfig) -> Result<Operation> {
 }
 
 /// `default`, `*`, `prod-*`, `*-system`.
-fn namespace_pattern(text: &str) -> std::result::Result<StringMatch, String> {
+pub(crate) fn namespace_pattern(text: &str) -> std::result::Result<StringMatch, String> {
     let m = StringMatch::parse(text)?;
     match &m {
         StringMatch::Any => {}
@@ -762,7 +762,7 @@ fn namespace_pattern(text: &str) -> std::result::Result<StringMatch, String> {
 
 /// `spiffe://<td>/ns/<ns>/sa/<sa>` (or Istio's form without `spiffe://`),
 /// `*`, `prefix*`, `*suffix`.
-fn principal_pattern(text: &str) -> std::result::Result<StringMatch, String> {
+pub(crate) fn principal_pattern(text: &str) -> std::result::Result<StringMatch, String> {
     const SHAPE: &str = "expected spiffe://<trust domain>/ns/<namespace>/sa/<service account>, \
                          \"*\", or a prefix or suffix of one with \"*\" in place of the rest";
     if text.is_empty() {
@@ -801,7 +801,7 @@ fn principal_pattern(text: &str) -> std::result::Result<StringMatch, String> {
 }
 
 /// `namespace/serviceAccount`.
-fn service_account(text: &str) -> std::result::Result<ServiceAccountRef, String> {
+pub(crate) fn service_account(text: &str) -> std::result::Result<ServiceAccountRef, String> {
     let Some((ns, sa)) = text.split_once('/') else {
         return Err(format!("{text:?} is not <namespace>/<service account>"));
     };

@@ -525,6 +525,10 @@ pub struct Metrics {
     /// `ringway_cluster_policies_skipped{kind,reason}`: cluster policy
     /// objects left out of the mesh in force.
     pub cluster_policies_skipped: Family<ClusterPolicyLabels, Gauge>,
+    /// `ringway_cluster_policy_entries_skipped{kind,reason}`: entries of
+    /// cluster policies in force that were left out (`entry-skipped`:
+    /// unreadable; `entry-never-matches`: a value no peer can have).
+    pub cluster_policy_entries_skipped: Family<ClusterPolicyLabels, Gauge>,
     /// The workers' tunnel pools, read at scrape time.
     pub hbone_pools: std::sync::OnceLock<Vec<ringway_hbone::Pool>>,
     /// Bumped each time series are dropped ([`Metrics::forget_workload`]):
@@ -538,8 +542,16 @@ impl Metrics {
     /// Sets `ringway_cluster_policies_skipped` from the mesh now in force.
     pub fn set_cluster_policy_notes(&self, notes: &[ringway_config::ClusterPolicyNote]) {
         self.cluster_policies_skipped.clear();
-        for n in notes.iter().filter(|n| n.skipped) {
-            self.cluster_policies_skipped
+        self.cluster_policy_entries_skipped.clear();
+        for n in notes {
+            let family = if n.skipped {
+                &self.cluster_policies_skipped
+            } else if n.code.starts_with("entry-") {
+                &self.cluster_policy_entries_skipped
+            } else {
+                continue;
+            };
+            family
                 .get_or_create(&ClusterPolicyLabels {
                     kind: n.kind,
                     reason: n.code,
@@ -659,6 +671,11 @@ impl Metrics {
             "ringway_cluster_policies_skipped",
             "Cluster AuthorizationPolicy and PeerAuthentication objects left out of the mesh in force, by reason (the admin config_dump names them)",
             self.cluster_policies_skipped.clone(),
+        );
+        r.register(
+            "ringway_cluster_policy_entries_skipped",
+            "Entries of cluster AuthorizationPolicy and PeerAuthentication objects in force that were left out (unreadable, or a value no peer can have), by reason (the admin config_dump names each)",
+            self.cluster_policy_entries_skipped.clone(),
         );
         r.register(
             "ringway_hbone_refused",

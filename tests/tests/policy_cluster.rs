@@ -297,8 +297,13 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                 istio_object(
                     "shop",
                     "broken",
-                    json!({"rules": [{"from": [{"source": {"ipBlocks": ["not-an-address"]}}]}]}),
+                    json!({"action": "DENY", "rules": [{"from": [{"source":
+                        {"ipBlocks": ["not-an-address", "192.0.2.0/24"]}}]}]}),
                 ),
+            );
+            api.apply(
+                Kind::AuthorizationPolicy,
+                istio_object("shop", "bad-action", json!({"action": "PERMIT"})),
             );
             api.apply(
                 Kind::PeerAuthentication,
@@ -316,7 +321,7 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
             .unwrap();
             assert!(wait_until(TIMEOUT, || proxy
                 .mesh()
-                .is_some_and(|m| m.cluster_policy_notes().len() == 2)));
+                .is_some_and(|m| m.cluster_policy_notes().len() == 3)));
             let admin = ringway_proxy::control::ControlServer::serve(
                 "127.0.0.1:0".parse().unwrap(),
                 ringway_proxy::control::admin_handler(proxy.clone(), Arc::new(|_: &str| Ok(()))),
@@ -349,8 +354,19 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
             let audit = reason_of("AuthorizationPolicy shop/audit");
             assert_eq!(audit["skipped"], true);
             assert_eq!(audit["reason"], "unsupported-action");
+            // A bad entry is left out, its policy kept.
             let broken = reason_of("AuthorizationPolicy shop/broken");
-            assert_eq!(broken["reason"], "invalid");
+            assert_eq!(broken["skipped"], false);
+            assert_eq!(broken["reason"], "entry-skipped");
+            assert!(mesh["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "istio/shop/broken"));
+            assert_eq!(
+                reason_of("AuthorizationPolicy shop/bad-action")["reason"],
+                "invalid"
+            );
             assert!(
                 broken["detail"]
                     .as_str()
@@ -365,6 +381,8 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                 );
                 assert!(text.contains(&line), "{line} not in\n{text}");
             }
+            let line = "ringway_cluster_policy_entries_skipped{kind=\"AuthorizationPolicy\",reason=\"entry-skipped\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
             watch.stop();
         },
     );

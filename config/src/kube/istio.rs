@@ -22,6 +22,8 @@ use crate::file::{
     SelectorConfig, SourceConfig,
 };
 use crate::mesh::ClusterPolicyNote;
+use crate::names::Cidr;
+use crate::validate::{namespace_pattern, principal_pattern, service_account};
 
 /// The reference's root namespace: its policies there apply mesh-wide.
 pub const DEFAULT_ISTIO_ROOT_NAMESPACE: &str = "istio-system";
@@ -311,10 +313,27 @@ pub(crate) fn authorization_policy(
     let object = object_name(AP, &obj.metadata);
     let spec: AuthorizationPolicySpec = match parse_spec(&obj.spec) {
         Ok(spec) => spec,
-        Err(e) => {
-            notes.push(note(&object, AP, true, "invalid", format!("spec: {e}")));
-            return None;
-        }
+        Err(e) => match unreadable_allow(&obj.spec) {
+            // The reference's fail-safe: an ALLOW that cannot be read allows
+            // nothing, so it still denies what it selects.
+            Some(spec) => {
+                notes.push(note(
+                    &object,
+                    AP,
+                    false,
+                    "unreadable-allow",
+                    format!(
+                        "spec: {e}: an ALLOW policy that cannot be read is kept without \
+                         rules (it denies everything it selects)"
+                    ),
+                ));
+                spec
+            }
+            None => {
+                notes.push(note(&object, AP, true, "invalid", format!("spec: {e}")));
+                return None;
+            }
+        },
     };
     if spec.target_ref.is_some() || !spec.target_refs.is_empty() {
         notes.push(note(
@@ -358,19 +377,18 @@ pub(crate) fn authorization_policy(
     let mut rules = Vec::new();
     for (i, rule) in spec.rules.iter().enumerate() {
         let mut l7: Vec<String> = Vec::new();
-        let mapped = map_rule(rule, &rule_namespace, &mut l7);
-        match mapped {
-            Err(e) => {
-                notes.push(note(
-                    &object,
-                    AP,
-                    true,
-                    "invalid",
-                    format!("rules[{i}]: {e}"),
-                ));
-                return None;
-            }
-            Ok(_) if allow && !l7.is_empty() => notes.push(note(
+        let mut entry_notes = Vec::new();
+        let mapped = {
+            let mut cx = RuleCx {
+                object: &object,
+                at: format!("rules[{i}]"),
+                allow,
+                notes: &mut entry_notes,
+            };
+            map_rule(rule, &rule_namespace, &mut cx, &mut l7)
+        };
+        if allow && !l7.is_empty() {
+            notes.push(note(
                 &object,
                 AP,
                 false,
@@ -380,23 +398,40 @@ pub(crate) fn authorization_policy(
                      policy the rule is omitted (it allows nothing)",
                     l7.join(", ")
                 ),
+            ));
+            continue;
+        }
+        notes.append(&mut entry_notes);
+        if !l7.is_empty() {
+            notes.push(note(
+                &object,
+                AP,
+                false,
+                "l7-attributes-ignored",
+                format!(
+                    "rules[{i}] has attributes a node proxy cannot see ({}): the DENY \
+                     rule is enforced without them (more restrictive than written)",
+                    l7.join(", ")
+                ),
+            ));
+        }
+        match mapped {
+            Some(r) => rules.push(r),
+            None => notes.push(note(
+                &object,
+                AP,
+                false,
+                "rule-never-matches",
+                format!(
+                    "rules[{i}] can match no connection (a part of it has only entries that \
+                     never match, or none left): it is left out ({})",
+                    if allow {
+                        "it allows nothing"
+                    } else {
+                        "it denies nothing"
+                    }
+                ),
             )),
-            Ok(r) => {
-                if !l7.is_empty() {
-                    notes.push(note(
-                        &object,
-                        AP,
-                        false,
-                        "l7-attributes-ignored",
-                        format!(
-                            "rules[{i}] has attributes a node proxy cannot see ({}): the DENY \
-                             rule is enforced without them (more restrictive than written)",
-                            l7.join(", ")
-                        ),
-                    ));
-                }
-                rules.push(r);
-            }
         }
     }
     let selector = spec
@@ -420,6 +455,31 @@ pub(crate) fn authorization_policy(
     })
 }
 
+/// The parts of an unreadable spec that make it an ALLOW whose scope is
+/// known (no `targetRef`, a readable or absent `selector`), as a spec
+/// without rules; `None` when it is anything else.
+fn unreadable_allow(spec: &Value) -> Option<AuthorizationPolicySpec> {
+    let obj = spec.as_object()?;
+    let absent = |k: &str| obj.get(k).is_none_or(Value::is_null);
+    match obj.get("action") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(a)) if a == "ALLOW" => {}
+        Some(_) => return None,
+    }
+    if !absent("targetRef") || !absent("targetRefs") {
+        return None;
+    }
+    let selector = match obj.get("selector") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value::<WorkloadSelector>(v.clone()).ok()?),
+    };
+    Some(AuthorizationPolicySpec {
+        selector,
+        action: Some("ALLOW".into()),
+        ..AuthorizationPolicySpec::default()
+    })
+}
+
 fn parse_spec<T: serde::de::DeserializeOwned + Default>(spec: &Value) -> Result<T, String> {
     if spec.is_null() {
         return Ok(T::default());
@@ -438,109 +498,314 @@ fn extra_fields(other: &BTreeMap<String, Value>, l7: &mut Vec<String>) {
     }
 }
 
-/// One rule, its L7 attributes named in `l7` (and left out: the caller
-/// omits the whole rule of an ALLOW policy that has any).
+/// Where a rule is, for the notes about its entries.
+struct RuleCx<'a> {
+    object: &'a str,
+    at: String,
+    allow: bool,
+    notes: &'a mut Vec<ClusterPolicyNote>,
+}
+
+/// One entry of a list, as the reference reads it.
+enum Entry {
+    /// Kept, as the file model writes it.
+    Keep(String),
+    /// Kept by the reference as a value that can never match (a malformed
+    /// principal or namespace pattern is an exact string no peer has; port
+    /// 0): left out here, with what that means for its list.
+    Never(String),
+    /// Not readable: the reference skips it.
+    Skip(String),
+}
+
+/// A list's entries after reading: those kept, and how many never match or
+/// were skipped.
+#[derive(Default)]
+struct Entries {
+    kept: Vec<String>,
+    never: usize,
+    skipped: usize,
+}
+
+impl RuleCx<'_> {
+    /// Reads the list `field` with `read`, noting each entry left out.
+    fn entries(&mut self, field: &str, list: &[String], read: impl Fn(&str) -> Entry) -> Entries {
+        let mut out = Entries::default();
+        for (k, text) in list.iter().enumerate() {
+            let (code, why) = match read(text) {
+                Entry::Keep(v) => {
+                    if !out.kept.contains(&v) {
+                        out.kept.push(v);
+                    }
+                    continue;
+                }
+                Entry::Never(why) => {
+                    out.never += 1;
+                    ("entry-never-matches", format!("{why}: it never matches"))
+                }
+                Entry::Skip(why) => {
+                    out.skipped += 1;
+                    ("entry-skipped", format!("{why}: the entry is skipped"))
+                }
+            };
+            self.notes.push(note(
+                self.object,
+                AP,
+                false,
+                code,
+                format!("{}.{field}[{k}] {text:?}: {why}", self.at),
+            ));
+        }
+        out
+    }
+}
+
+/// How one match (a source, an operation, a condition) reads once its
+/// entries are read: the reference's rules, erring toward deny.
+#[derive(Default)]
+struct MatchState {
+    /// It can match no connection.
+    never: bool,
+    /// It has an entry the reference keeps (an empty match never matches).
+    present: bool,
+}
+
+impl MatchState {
+    /// Takes one list (`positive`: `principals`; else `notPrincipals`) and
+    /// returns the entries the file model keeps for it.
+    fn take(&mut self, e: Entries, positive: bool, allow: bool) -> Vec<String> {
+        if !e.kept.is_empty() || e.never > 0 {
+            self.present = true;
+        }
+        if e.kept.is_empty() {
+            if positive && e.never > 0 {
+                // Only values that never match: nothing matches.
+                self.never = true;
+            } else if e.skipped > 0 && e.never == 0 && allow {
+                // Every entry unreadable: within an ALLOW the list matches
+                // nothing, never anyone (within a DENY it constrains
+                // nothing, as in the reference: the DENY denies more).
+                self.never = true;
+            }
+        }
+        e.kept
+    }
+}
+
+fn ip_entry(text: &str) -> Entry {
+    match Cidr::parse_masked(text) {
+        Ok((cidr, _)) => Entry::Keep(cidr.to_string()),
+        Err(e) => Entry::Skip(e),
+    }
+}
+
+/// A port as Go's `strconv.ParseUint(s, 10, 32)` reads it, then <= 65535
+/// (the reference's `stringToPort`); 0 is kept there and never matches.
+fn port_entry(text: &str) -> Entry {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Entry::Skip("not a port number".into());
+    }
+    match text.parse::<u64>() {
+        Ok(0) => Entry::Never("port 0".into()),
+        Ok(n) if n <= 65535 => Entry::Keep(n.to_string()),
+        _ => Entry::Skip("not a port (1..=65535)".into()),
+    }
+}
+
+fn namespace_entry(text: &str) -> Entry {
+    match namespace_pattern(text) {
+        Ok(_) => Entry::Keep(text.to_owned()),
+        Err(e) => Entry::Never(e),
+    }
+}
+
+fn principal_entry(text: &str) -> Entry {
+    match principal_pattern(text) {
+        Ok(_) => Entry::Keep(text.to_owned()),
+        Err(e) => Entry::Never(e),
+    }
+}
+
+/// Whether a source or operation with no entry the reference keeps is to
+/// be read as matching nothing (true) or, being empty only of what a node
+/// proxy cannot see, as matching anything (a DENY's L7-only source).
+fn empty_match_never(literally_empty: bool, l7: &[String]) -> bool {
+    // An empty `source: {}` is read as before (see below); an empty match
+    // left by unreadable entries never matches.
+    !literally_empty && l7.is_empty()
+}
+
+/// One rule -> its entry, or `None` when it can match no connection. Its
+/// L7 attributes are named in `l7` and left out (the caller omits the whole
+/// rule of an ALLOW policy that has any).
 fn map_rule(
     rule: &RuleSpec,
     rule_namespace: &str,
+    cx: &mut RuleCx<'_>,
     l7: &mut Vec<String>,
-) -> Result<RuleConfig, String> {
+) -> Option<RuleConfig> {
     extra_fields(&rule.other, l7);
+    let allow = cx.allow;
+    let rule_at = cx.at.clone();
+    let mut never = false;
     let mut from = Vec::new();
     let mut any_source = false;
-    for f in &rule.from {
-        extra_fields(&f.other, l7);
+    for (j, f) in rule.from.iter().enumerate() {
+        let mut source_l7 = Vec::new();
+        extra_fields(&f.other, &mut source_l7);
         let s = &f.source;
-        extra_fields(&s.other, l7);
-        let account = |sa: &String| {
-            if sa.contains('/') {
-                sa.clone()
+        extra_fields(&s.other, &mut source_l7);
+        let literally_empty = source_l7.is_empty()
+            && [
+                &s.principals,
+                &s.not_principals,
+                &s.namespaces,
+                &s.not_namespaces,
+                &s.service_accounts,
+                &s.not_service_accounts,
+                &s.ip_blocks,
+                &s.not_ip_blocks,
+            ]
+            .iter()
+            .all(|l| l.is_empty());
+        l7.extend(source_l7.iter().cloned());
+        let account = |sa: &str| {
+            let full = if sa.contains('/') {
+                sa.to_owned()
             } else {
                 format!("{rule_namespace}/{sa}")
+            };
+            match service_account(&full) {
+                Ok(_) => Entry::Keep(full),
+                Err(e) => Entry::Never(e),
             }
         };
+        cx.at = format!("{rule_at}.from[{j}].source");
+        let mut st = MatchState::default();
         let source = SourceConfig {
-            namespaces: s.namespaces.clone(),
-            not_namespaces: s.not_namespaces.clone(),
-            principals: principals(&s.principals),
-            not_principals: principals(&s.not_principals),
-            service_accounts: s.service_accounts.iter().map(account).collect(),
-            not_service_accounts: s.not_service_accounts.iter().map(account).collect(),
-            ip_blocks: s.ip_blocks.clone(),
-            not_ip_blocks: s.not_ip_blocks.clone(),
+            principals: st.take(
+                cx.entries("principals", &s.principals, principal_entry),
+                true,
+                allow,
+            ),
+            not_principals: st.take(
+                cx.entries("notPrincipals", &s.not_principals, principal_entry),
+                false,
+                allow,
+            ),
+            namespaces: st.take(
+                cx.entries("namespaces", &s.namespaces, namespace_entry),
+                true,
+                allow,
+            ),
+            not_namespaces: st.take(
+                cx.entries("notNamespaces", &s.not_namespaces, namespace_entry),
+                false,
+                allow,
+            ),
+            service_accounts: st.take(
+                cx.entries("serviceAccounts", &s.service_accounts, account),
+                true,
+                allow,
+            ),
+            not_service_accounts: st.take(
+                cx.entries("notServiceAccounts", &s.not_service_accounts, account),
+                false,
+                allow,
+            ),
+            ip_blocks: st.take(cx.entries("ipBlocks", &s.ip_blocks, ip_entry), true, allow),
+            not_ip_blocks: st.take(
+                cx.entries("notIpBlocks", &s.not_ip_blocks, ip_entry),
+                false,
+                allow,
+            ),
         };
-        // A source with no L4 field matches every peer (as in the
-        // reference): so does the whole `from`.
-        if source == SourceConfig::default() {
-            any_source = true;
+        if st.never || (!st.present && empty_match_never(literally_empty, &source_l7)) {
+            continue;
         }
-        from.push(source);
+        if source == SourceConfig::default() {
+            // No constraint left (a DENY's L7-only source, a negation that
+            // excludes no one): it matches every peer, so does the `from`.
+            any_source = true;
+        } else {
+            from.push(source);
+        }
     }
     if any_source {
         from.clear();
+    } else if !rule.from.is_empty() && from.is_empty() {
+        never = true;
     }
     let mut to = Vec::new();
     let mut any_port = false;
-    for t in &rule.to {
-        extra_fields(&t.other, l7);
+    for (j, t) in rule.to.iter().enumerate() {
+        let mut op_l7 = Vec::new();
+        extra_fields(&t.other, &mut op_l7);
         let op = &t.operation;
-        extra_fields(&op.other, l7);
+        extra_fields(&op.other, &mut op_l7);
+        let literally_empty = op_l7.is_empty() && op.ports.is_empty() && op.not_ports.is_empty();
+        l7.extend(op_l7.iter().cloned());
+        cx.at = format!("{rule_at}.to[{j}].operation");
+        let mut st = MatchState::default();
+        let ports = st.take(cx.entries("ports", &op.ports, port_entry), true, allow);
+        let not_ports = st.take(
+            cx.entries("notPorts", &op.not_ports, port_entry),
+            false,
+            allow,
+        );
+        if st.never || (!st.present && empty_match_never(literally_empty, &op_l7)) {
+            continue;
+        }
+        let number = |v: Vec<String>| v.iter().filter_map(|p| p.parse().ok()).collect();
         let operation = OperationConfig {
-            ports: ports(&op.ports)?,
-            not_ports: ports(&op.not_ports)?,
+            ports: number(ports),
+            not_ports: number(not_ports),
         };
         if operation == OperationConfig::default() {
             any_port = true;
+        } else {
+            to.push(operation);
         }
-        to.push(operation);
     }
     if any_port {
         to.clear();
+    } else if !rule.to.is_empty() && to.is_empty() {
+        never = true;
     }
     let mut when = Vec::new();
-    for c in &rule.when {
+    for (j, c) in rule.when.iter().enumerate() {
         if !L4_WHEN_KEYS.contains(&c.key.as_str()) {
             l7.push(format!("when {}", c.key));
             continue;
         }
-        let expand = |v: &[String]| {
-            if c.key == "source.principal" {
-                principals(v)
-            } else {
-                v.to_vec()
-            }
+        let read: fn(&str) -> Entry = match c.key.as_str() {
+            "source.ip" | "destination.ip" => ip_entry,
+            "source.namespace" => namespace_entry,
+            "source.principal" => principal_entry,
+            _ => port_entry,
         };
+        cx.at = format!("{rule_at}.when[{j}]");
+        let mut st = MatchState::default();
+        let values = st.take(cx.entries("values", &c.values, read), true, allow);
+        let not_values = st.take(cx.entries("notValues", &c.not_values, read), false, allow);
+        if st.never || !st.present {
+            // No value that can match (or none at all): the condition, so
+            // the rule, never matches.
+            never = true;
+            continue;
+        }
+        if values.is_empty() && not_values.is_empty() {
+            // Only negations that exclude no one: always true.
+            continue;
+        }
         when.push(ConditionConfig {
             key: c.key.clone(),
-            values: expand(&c.values),
-            not_values: expand(&c.not_values),
+            values,
+            not_values,
         });
     }
-    Ok(RuleConfig { from, to, when })
-}
-
-fn ports(list: &[String]) -> Result<Vec<i64>, String> {
-    list.iter()
-        .map(|p| {
-            p.parse::<i64>()
-                .map_err(|_| format!("port {p:?} is not a number"))
-        })
-        .collect()
-}
-
-/// Principals as the reference's node proxy matches them: passed through
-/// unchanged (its conversion rewrites no trust domain, so
-/// `cluster.local/...` names only `cluster.local`, whatever this mesh's
-/// trust domain and aliases are); `*`, `prefix*` and `*suffix` globs are
-/// kept as written.
-pub(crate) fn principals(list: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for p in list {
-        if !out.contains(p) {
-            out.push(p.clone());
-        }
-    }
-    out
+    cx.at = rule_at;
+    (!never).then_some(RuleConfig { from, to, when })
 }
 
 /// One PeerAuthentication -> an entry, or `None` (skipped, noted).
@@ -574,7 +839,7 @@ pub(crate) fn peer_authentication(
         ));
         return None;
     }
-    let mut mode_of = |at: &str, m: Option<&MtlsSpec>| -> String {
+    let mode_of = |at: &str, m: Option<&MtlsSpec>, notes: &mut Vec<ClusterPolicyNote>| -> String {
         match m.and_then(|m| m.mode.as_deref()).unwrap_or("UNSET") {
             "DISABLE" => {
                 notes.push(note(
@@ -592,7 +857,7 @@ pub(crate) fn peer_authentication(
             other => other.to_owned(),
         }
     };
-    let mode = mode_of("mtls.mode", spec.mtls.as_ref());
+    let mode = mode_of("mtls.mode", spec.mtls.as_ref(), notes);
     let mut port_modes = Vec::new();
     if labels.is_none() && !spec.port_level_mtls.is_empty() {
         notes.push(note(
@@ -604,17 +869,22 @@ pub(crate) fn peer_authentication(
         ));
     } else {
         for (port, m) in &spec.port_level_mtls {
-            let Ok(n) = port.parse::<i64>() else {
-                notes.push(note(
-                    &object,
-                    PA,
-                    true,
-                    "invalid",
-                    format!("portLevelMtls: {port:?} is not a port number"),
-                ));
-                return None;
+            // A port that cannot be read is one entry left out, never the
+            // whole object (a STRICT policy must stay STRICT).
+            let n = match port_entry(port) {
+                Entry::Keep(n) => n.parse::<i64>().unwrap_or_default(),
+                Entry::Never(why) | Entry::Skip(why) => {
+                    notes.push(note(
+                        &object,
+                        PA,
+                        false,
+                        "entry-skipped",
+                        format!("portLevelMtls[{port:?}]: {why}: the entry is skipped"),
+                    ));
+                    continue;
+                }
             };
-            let m = mode_of(&format!("portLevelMtls[{port}]"), Some(m));
+            let m = mode_of(&format!("portLevelMtls[{port}]"), Some(m), notes);
             port_modes.push((n, m));
         }
     }

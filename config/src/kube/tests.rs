@@ -555,7 +555,11 @@ fn authorization_policy_watch_skips_a_malformed_object_next_to_good_ones() {
     h.next();
     h.api.apply(
         Kind::AuthorizationPolicy,
-        istio_object("shop", "bad", json!({"rules": [{"from": "everyone"}]})),
+        istio_object(
+            "shop",
+            "bad",
+            json!({"action": "DENY", "rules": [{"from": "everyone"}]}),
+        ),
     );
     h.api.apply(
         Kind::AuthorizationPolicy,
@@ -566,7 +570,7 @@ fn authorization_policy_watch_skips_a_malformed_object_next_to_good_ones() {
         istio_object(
             "shop",
             "bad-principal",
-            json!({"rules": [{"from": [{"source": {"principals": ["a*b*c"]}}]}]}),
+            json!({"action": "PERMIT", "rules": [{"from": [{"source": {"principals": ["a"]}}]}]}),
         ),
     );
     let m = h.until("the good policy is in", |m| {

@@ -915,7 +915,6 @@ fn authorization_policy_with_target_refs_is_skipped() {
 fn authorization_policy_malformed_objects_are_skipped_and_the_others_kept() {
     let k = build(
         vec![
-            ap("shop", "bad-shape", json!({"rules": "everything"})),
             ap(
                 "shop",
                 "bad-action",
@@ -923,19 +922,10 @@ fn authorization_policy_malformed_objects_are_skipped_and_the_others_kept() {
             ),
             ap(
                 "shop",
-                "bad-principal",
-                json!({"rules": [{"from": [{"source": {"principals": ["a*b"]}}]}]}),
+                "bad-deny",
+                json!({"action": "DENY", "rules": "everything"}),
             ),
-            ap(
-                "shop",
-                "bad-port",
-                json!({"rules": [{"to": [{"operation": {"ports": ["http"]}}]}]}),
-            ),
-            ap(
-                "shop",
-                "bad-cidr",
-                json!({"rules": [{"from": [{"source": {"ipBlocks": ["10.0.0.0/99"]}}]}]}),
-            ),
+            ap("shop", "bad-spec", json!("everything")),
             ap("shop", "good", json!({"action": "DENY", "rules": [{}]})),
         ],
         vec![],
@@ -952,8 +942,171 @@ fn authorization_policy_malformed_objects_are_skipped_and_the_others_kept() {
         .filter(|(_, s, c)| *s && *c == "invalid")
         .map(|(o, _, _)| o)
         .collect();
-    assert_eq!(skipped.len(), 5, "{:?}", k.mesh.cluster_policy_notes());
+    assert_eq!(skipped.len(), 3, "{:?}", k.mesh.cluster_policy_notes());
     assert!(!allowed(&k.mesh, &WEB, "w-db", 80));
+}
+
+/// The policy `p` in `shop` with `spec`, which must be kept.
+fn kept(spec: Value) -> KubeMesh {
+    let k = build(vec![ap("shop", "p", spec)], vec![]);
+    assert!(
+        k.mesh
+            .policies()
+            .iter()
+            .any(|p| &**p.qualified_name() == "istio/shop/p"),
+        "the policy was left out: {:?}",
+        k.mesh.cluster_policy_notes()
+    );
+    k
+}
+
+fn deny_from(source: Value) -> KubeMesh {
+    kept(json!({"action": "DENY", "rules": [{"from": [{"source": source}]}]}))
+}
+
+fn allow_from_kept(source: Value) -> KubeMesh {
+    kept(json!({"selector": {"matchLabels": {"app": "web"}},
+        "rules": [{"from": [{"source": source}]}]}))
+}
+
+const DB: Peer<'static> = Peer {
+    ip: "10.1.0.6",
+    id: Some("shop/db"),
+};
+const OUTSIDE: Peer<'static> = Peer {
+    ip: "172.16.0.1",
+    id: None,
+};
+
+#[test]
+fn adversarial_authorization_policy_bad_entry_skips_only_that_entry() {
+    // A DENY keeps its good principal next to a malformed one (the
+    // reference reads `ns/*/sa/x` as an exact string that never matches).
+    let k = deny_from(json!({"principals":
+        ["example.org/ns/shop/sa/db", "cluster.local/ns/*/sa/x"]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    let entry_notes: Vec<_> = k
+        .mesh
+        .cluster_policy_notes()
+        .iter()
+        .filter(|n| !n.skipped && n.code == "entry-never-matches")
+        .collect();
+    assert_eq!(entry_notes.len(), 1, "{:?}", k.mesh.cluster_policy_notes());
+    assert!(entry_notes[0].object == "AuthorizationPolicy shop/p");
+    assert!(
+        entry_notes[0].reason.contains("principals[1]")
+            && entry_notes[0].reason.contains("cluster.local/ns/*/sa/x"),
+        "{}",
+        entry_notes[0].reason
+    );
+    // So do an unparsable block, namespace and service account.
+    let k = deny_from(json!({"ipBlocks": ["not-an-ip", "10.0.0.0/8"]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(allowed(&k.mesh, &OUTSIDE, "w-web", 80));
+    let k = deny_from(json!({"namespaces": ["Shop", "shop"]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    let k = deny_from(json!({"serviceAccounts": ["a/b/c", "db"]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    // An ALLOW keeps its good entry and admits nothing through the bad one.
+    let k = allow_from_kept(json!({"principals": ["example.org/ns/shop/sa/db", "a*b"]}));
+    assert!(allowed(&k.mesh, &DB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+}
+
+#[test]
+fn adversarial_authorization_policy_ip_block_with_host_bits_is_masked() {
+    let k = deny_from(json!({"ipBlocks": ["10.1.2.3/8"]}));
+    assert!(
+        !allowed(&k.mesh, &PLAIN, "w-web", 80),
+        "10.9.9.9 in 10.0.0.0/8"
+    );
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(allowed(&k.mesh, &OUTSIDE, "w-web", 80));
+    let k = allow_from_kept(json!({"notIpBlocks": ["10.1.2.3/16"]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(allowed(&k.mesh, &PLAIN, "w-web", 80));
+}
+
+#[test]
+fn adversarial_authorization_policy_field_with_every_entry_dropped_matches_nothing() {
+    // ALLOW: a field left with no entry admits nothing, never anyone.
+    for source in [
+        json!({"ipBlocks": ["not-an-ip"]}),
+        json!({"principals": ["ns/*/sa/x"]}),
+        json!({"namespaces": ["Not_A_Namespace"]}),
+        json!({"principals": ["example.org/ns/shop/sa/db"], "ipBlocks": ["nope"]}),
+        json!({"principals": ["example.org/ns/shop/sa/db"], "notIpBlocks": ["nope"]}),
+    ] {
+        let k = allow_from_kept(source.clone());
+        for p in [&DB, &WEB, &PLAIN, &OUTSIDE] {
+            assert!(
+                !allowed(&k.mesh, p, "w-web", 80),
+                "{source} admitted {}",
+                p.ip
+            );
+        }
+    }
+    // DENY: a source left with no field denies nothing (as the reference:
+    // an empty match never matches), and the other policies still apply.
+    let k = deny_from(json!({"ipBlocks": ["not-an-ip"]}));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    // A DENY whose other fields remain denies at least what they name.
+    let k = deny_from(json!({"principals": ["example.org/ns/shop/sa/db"], "ipBlocks": ["nope"]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    // A `when` condition left with no value never matches; an ALLOW rule
+    // with one allows nothing.
+    let k = kept(json!({"selector": {"matchLabels": {"app": "web"}},
+        "rules": [{"when": [{"key": "source.ip", "values": ["nope"]}]}]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    let k = kept(json!({"selector": {"matchLabels": {"app": "web"}},
+        "rules": [{"when": [{"key": "source.ip"}]}]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    let k = kept(json!({"action": "DENY",
+        "rules": [{"when": [{"key": "source.ip", "values": ["nope", "10.1.0.0/16"]}]}]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(allowed(&k.mesh, &PLAIN, "w-web", 80));
+}
+
+#[test]
+fn adversarial_authorization_policy_unreadable_allow_denies_what_it_selects() {
+    let k = kept(json!({"selector": {"matchLabels": {"app": "web"}}, "rules": "everything"}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    assert!(allowed(&k.mesh, &WEB, "w-db", 80), "selects web only");
+    assert!(notes(&k)
+        .iter()
+        .any(|(_, s, c)| !*s && *c == "unreadable-allow"));
+}
+
+#[test]
+fn adversarial_authorization_policy_bad_port_skips_only_that_port() {
+    // "+80": Go's ParseUint refuses it, so the reference drops the entry.
+    let k = kept(json!({"action": "DENY",
+        "rules": [{"to": [{"operation": {"ports": ["+80", "http", "99999", "8080"]}}]}]}));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 8080));
+    // Port 0 never matches a connection: an ALLOW through it admits nothing.
+    let k = kept(json!({"selector": {"matchLabels": {"app": "web"}},
+        "rules": [{"to": [{"operation": {"ports": ["0"]}}]}]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    let k = kept(json!({"selector": {"matchLabels": {"app": "web"}},
+        "rules": [{"to": [{"operation": {"ports": ["0", "80"]}}]}]}));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 81));
+    // Only unreadable ports: the ALLOW admits nothing; the DENY denies nothing.
+    let k = kept(json!({"selector": {"matchLabels": {"app": "web"}},
+        "rules": [{"to": [{"operation": {"ports": ["+80"]}}]}]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    let k = kept(json!({"action": "DENY",
+        "rules": [{"to": [{"operation": {"ports": ["+80"]}}]}]}));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    // `when destination.port` likewise.
+    let k = kept(json!({"action": "DENY",
+        "rules": [{"when": [{"key": "destination.port", "values": ["+80", "0", "8080"]}]}]}));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 8080));
 }
 
 // ------------------------------------------------------------ PeerAuthentication
@@ -1139,12 +1292,6 @@ fn peer_authentication_malformed_objects_are_skipped_and_the_others_kept() {
         vec![
             pa("shop", "bad-mode", json!({"mtls": {"mode": "SOMETIMES"}})),
             pa("shop", "bad-shape", json!({"mtls": "STRICT"})),
-            pa(
-                "other",
-                "bad-port",
-                json!({"selector": {"matchLabels": {"app": "web"}},
-                    "portLevelMtls": {"http": {"mode": "STRICT"}}}),
-            ),
             pa("other", "good", strict()),
         ],
     );
@@ -1152,5 +1299,28 @@ fn peer_authentication_malformed_objects_are_skipped_and_the_others_kept() {
     assert!(!allowed(&k.mesh, &PLAIN, "w-api", 80));
     assert!(allowed(&k.mesh, &PLAIN, "w-web", 80));
     let skipped = notes(&k).iter().filter(|n| n.1).count();
-    assert_eq!(skipped, 3, "{:?}", k.mesh.cluster_policy_notes());
+    assert_eq!(skipped, 2, "{:?}", k.mesh.cluster_policy_notes());
+}
+
+#[test]
+fn adversarial_peer_authentication_bad_port_skips_only_that_port() {
+    // A STRICT workload policy with unreadable port keys stays STRICT.
+    let k = build(
+        vec![],
+        vec![pa(
+            "shop",
+            "p",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "mtls": {"mode": "STRICT"},
+                "portLevelMtls": {"http": {"mode": "PERMISSIVE"}, "0": {"mode": "PERMISSIVE"},
+                    "+80": {"mode": "PERMISSIVE"}, "8080": {"mode": "PERMISSIVE"}}}),
+        )],
+    );
+    assert_eq!(k.mesh.peer_authentications().len(), 1, "{:?}", k.skipped);
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    assert!(allowed(&k.mesh, &PLAIN, "w-web", 8080));
+    let entries = notes(&k)
+        .iter()
+        .filter(|n| !n.1 && n.2 == "entry-skipped")
+        .count();
+    assert_eq!(entries, 3, "{:?}", k.mesh.cluster_policy_notes());
 }
