@@ -626,13 +626,14 @@ fn principal_entry(text: &str) -> Entry {
     }
 }
 
-/// Whether a source or operation with no entry the reference keeps is to
-/// be read as matching nothing (true) or, being empty only of what a node
-/// proxy cannot see, as matching anything (a DENY's L7-only source).
-fn empty_match_never(literally_empty: bool, l7: &[String]) -> bool {
-    // An empty `source: {}` is read as before (see below); an empty match
-    // left by unreadable entries never matches.
-    !literally_empty && l7.is_empty()
+/// Whether a source or operation with no entry the reference keeps never
+/// matches: yes (the reference's node proxy skips an empty match:
+/// `source: {}`, `from: [{}]`, `operation: {}`, or one whose entries were
+/// all unreadable), unless it is empty only of attributes a node proxy
+/// cannot see (a DENY's L7-only source denies every source: more than
+/// written, toward deny).
+fn empty_match_never(l7: &[String]) -> bool {
+    l7.is_empty()
 }
 
 /// One rule -> its entry, or `None` when it can match no connection. Its
@@ -655,19 +656,6 @@ fn map_rule(
         extra_fields(&f.other, &mut source_l7);
         let s = &f.source;
         extra_fields(&s.other, &mut source_l7);
-        let literally_empty = source_l7.is_empty()
-            && [
-                &s.principals,
-                &s.not_principals,
-                &s.namespaces,
-                &s.not_namespaces,
-                &s.service_accounts,
-                &s.not_service_accounts,
-                &s.ip_blocks,
-                &s.not_ip_blocks,
-            ]
-            .iter()
-            .all(|l| l.is_empty());
         l7.extend(source_l7.iter().cloned());
         let account = |sa: &str| {
             let full = if sa.contains('/') {
@@ -720,7 +708,7 @@ fn map_rule(
                 allow,
             ),
         };
-        if st.never || (!st.present && empty_match_never(literally_empty, &source_l7)) {
+        if st.never || (!st.present && empty_match_never(&source_l7)) {
             continue;
         }
         if source == SourceConfig::default() {
@@ -743,7 +731,6 @@ fn map_rule(
         extra_fields(&t.other, &mut op_l7);
         let op = &t.operation;
         extra_fields(&op.other, &mut op_l7);
-        let literally_empty = op_l7.is_empty() && op.ports.is_empty() && op.not_ports.is_empty();
         l7.extend(op_l7.iter().cloned());
         cx.at = format!("{rule_at}.to[{j}].operation");
         let mut st = MatchState::default();
@@ -753,7 +740,7 @@ fn map_rule(
             false,
             allow,
         );
-        if st.never || (!st.present && empty_match_never(literally_empty, &op_l7)) {
+        if st.never || (!st.present && empty_match_never(&op_l7)) {
             continue;
         }
         let number = |v: Vec<String>| v.iter().filter_map(|p| p.parse().ok()).collect();

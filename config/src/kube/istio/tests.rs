@@ -1324,3 +1324,39 @@ fn adversarial_peer_authentication_bad_port_skips_only_that_port() {
         .count();
     assert_eq!(entries, 3, "{:?}", k.mesh.cluster_policy_notes());
 }
+
+#[test]
+fn adversarial_authorization_policy_empty_source_or_operation_matches_nothing() {
+    // The reference's node proxy skips an empty match: `source: {}`,
+    // `from: [{}]`, `operation: {}`, `to: [{}]` never match.
+    let allow =
+        |rule: Value| kept(json!({"selector": {"matchLabels": {"app": "web"}}, "rules": [rule]}));
+    for rule in [
+        json!({"from": [{"source": {}}]}),
+        json!({"from": [{}]}),
+        json!({"to": [{"operation": {}}]}),
+        json!({"to": [{}]}),
+    ] {
+        let k = allow(rule.clone());
+        for p in [&DB, &WEB, &PLAIN] {
+            assert!(
+                !allowed(&k.mesh, p, "w-web", 80),
+                "{rule} admitted {}",
+                p.ip
+            );
+        }
+        let k = kept(json!({"action": "DENY", "rules": [rule.clone()]}));
+        assert!(allowed(&k.mesh, &WEB, "w-web", 80), "{rule} denied");
+    }
+    // Next to a source that names someone, only that one.
+    let k = allow(
+        json!({"from": [{"source": {"principals": ["example.org/ns/shop/sa/db"]}},
+        {"source": {}}]}),
+    );
+    assert!(allowed(&k.mesh, &DB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    let k = allow(json!({"to": [{"operation": {"ports": ["8080"]}}, {}]}));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 8080));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+}
