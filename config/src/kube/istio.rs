@@ -619,8 +619,23 @@ fn namespace_entry(text: &str) -> Entry {
     }
 }
 
+/// A principal as the reference's node proxy matches it: against the
+/// peer's ID with `spiffe://` stripped (`td/ns/x/sa/y`, four `/`).
 fn principal_entry(text: &str) -> Entry {
+    if text.contains("spiffe://") {
+        return Entry::Never(
+            "a principal is written without spiffe:// (the reference strips it from the \
+             peer's ID before matching)"
+                .into(),
+        );
+    }
     match principal_pattern(text) {
+        // Here a suffix is matched against the whole SPIFFE ID: one that
+        // reaches past the trust domain (more `/` than `td/ns/x/sa/y` has)
+        // would match here and never in the reference.
+        Ok(crate::StringMatch::Suffix(x)) if x.matches('/').count() > 4 => Entry::Never(
+            "a suffix longer than <trust domain>/ns/<namespace>/sa/<service account>".into(),
+        ),
         Ok(_) => Entry::Keep(text.to_owned()),
         Err(e) => Entry::Never(e),
     }

@@ -1360,3 +1360,41 @@ fn adversarial_authorization_policy_empty_source_or_operation_matches_nothing() 
     assert!(allowed(&k.mesh, &WEB, "w-web", 8080));
     assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
 }
+
+#[test]
+fn adversarial_authorization_policy_spiffe_principal_never_matches() {
+    // The reference's node proxy strips `spiffe://` from the peer's ID
+    // before matching: a pattern that contains it never matches.
+    let db = "spiffe://example.org/ns/shop/sa/db";
+    let k = allow_from_kept(json!({"principals": [db]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    let n = k
+        .mesh
+        .cluster_policy_notes()
+        .iter()
+        .find(|n| n.code == "entry-never-matches")
+        .expect("a note");
+    assert_eq!(n.object, "AuthorizationPolicy shop/p");
+    assert!(n.reason.contains("spiffe://"), "{}", n.reason);
+    let k = allow_from_kept(json!({"principals": [db, "example.org/ns/shop/sa/web"]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    // A suffix that reaches into the scheme, likewise.
+    let k = allow_from_kept(json!({"principals": ["*//example.org/ns/shop/sa/db"]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    let k = allow_from_kept(json!({"principals": ["spiffe://*"]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    // DENY `principals` denies no one through it.
+    let k = deny_from(json!({"principals": [db]}));
+    assert!(allowed(&k.mesh, &DB, "w-web", 80));
+    let k = kept(json!({"action": "DENY",
+        "rules": [{"when": [{"key": "source.principal", "values": [db]}]}]}));
+    assert!(allowed(&k.mesh, &DB, "w-web", 80));
+    // `notPrincipals` with it excludes no one.
+    let k = deny_from(json!({"notPrincipals": [db]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    let k = deny_from(json!({"ipBlocks": ["10.1.0.6/32"], "notPrincipals": [db]}));
+    assert!(!allowed(&k.mesh, &DB, "w-web", 80));
+    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+}
