@@ -886,6 +886,24 @@ pub(crate) fn peer_authentication(
                     continue;
                 }
             };
+            // With the workload's own mode unset, the reference counts only
+            // PERMISSIVE ports as exceptions to an inherited STRICT: a
+            // DISABLE port then inherits (stays STRICT under STRICT).
+            if matches!(mode.as_str(), "UNSET" | "") && m.mode.as_deref() == Some("DISABLE") {
+                notes.push(note(
+                    &object,
+                    PA,
+                    false,
+                    "port-disable-inherits",
+                    format!(
+                        "portLevelMtls[{port}]: DISABLE under an unset mtls.mode is no \
+                         exception to an inherited STRICT (as the reference): the port \
+                         inherits the enclosing mode"
+                    ),
+                ));
+                port_modes.push((n, "UNSET".to_owned()));
+                continue;
+            }
             let m = mode_of(&format!("portLevelMtls[{port}]"), Some(m), notes);
             port_modes.push((n, m));
         }

@@ -1398,3 +1398,66 @@ fn adversarial_authorization_policy_spiffe_principal_never_matches() {
     assert!(!allowed(&k.mesh, &DB, "w-web", 80));
     assert!(allowed(&k.mesh, &WEB, "w-web", 80));
 }
+
+#[test]
+fn adversarial_peer_authentication_unset_workload_port_disable_keeps_strict() {
+    // The reference (`convertedSelectorPeerAuthentications`, mode unset
+    // under a STRICT namespace) counts only PERMISSIVE port levels as
+    // exceptions: DISABLE on a port leaves it STRICT.
+    let web_ports = |ports: Value| {
+        build(
+            vec![],
+            vec![
+                pa("shop", "default", strict()),
+                pa(
+                    "shop",
+                    "web",
+                    json!({"selector": {"matchLabels": {"app": "web"}}, "portLevelMtls": ports}),
+                ),
+            ],
+        )
+    };
+    let k = web_ports(json!({"8080": {"mode": "DISABLE"}}));
+    assert!(
+        !allowed(&k.mesh, &PLAIN, "w-web", 8080),
+        "DISABLE opened 8080"
+    );
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    let k = web_ports(json!({"8080": {"mode": "PERMISSIVE"}}));
+    assert!(allowed(&k.mesh, &PLAIN, "w-web", 8080));
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    // Under a STRICT workload mode, DISABLE is an exception (as PERMISSIVE).
+    let k = build(
+        vec![],
+        vec![pa(
+            "shop",
+            "web",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "mtls": {"mode": "STRICT"},
+                "portLevelMtls": {"8080": {"mode": "DISABLE"}}}),
+        )],
+    );
+    assert!(allowed(&k.mesh, &PLAIN, "w-web", 8080));
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+}
+
+#[test]
+fn adversarial_peer_authentication_permissive_workload_strict_port_stays_strict() {
+    // The reference drops this port rule under a STRICT mesh (an operator
+    // precedence slip in `convertPeerAuthentication`); ringway keeps it:
+    // plaintext to 8080 is refused, to the other ports admitted.
+    let k = build(
+        vec![],
+        vec![
+            pa("istio-system", "default", strict()),
+            pa(
+                "shop",
+                "web",
+                json!({"selector": {"matchLabels": {"app": "web"}},
+                    "mtls": {"mode": "PERMISSIVE"},
+                    "portLevelMtls": {"8080": {"mode": "STRICT"}}}),
+            ),
+        ],
+    );
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 8080));
+    assert!(allowed(&k.mesh, &PLAIN, "w-web", 80));
+}
