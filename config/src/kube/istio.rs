@@ -886,6 +886,25 @@ pub(crate) fn peer_authentication(
                     continue;
                 }
             };
+            let known = matches!(
+                m.mode.as_deref(),
+                None | Some("UNSET" | "PERMISSIVE" | "STRICT" | "DISABLE")
+            );
+            if !known {
+                // One unreadable port entry, never the whole object.
+                notes.push(note(
+                    &object,
+                    PA,
+                    false,
+                    "entry-skipped",
+                    format!(
+                        "portLevelMtls[{port}]: mode {:?} is not UNSET, PERMISSIVE, STRICT or \
+                         DISABLE: the entry is skipped",
+                        m.mode.as_deref().unwrap_or_default()
+                    ),
+                ));
+                continue;
+            }
             // With the workload's own mode unset, the reference counts only
             // PERMISSIVE ports as exceptions to an inherited STRICT: a
             // DISABLE port then inherits (stays STRICT under STRICT).

@@ -1461,3 +1461,21 @@ fn adversarial_peer_authentication_permissive_workload_strict_port_stays_strict(
     assert!(!allowed(&k.mesh, &PLAIN, "w-web", 8080));
     assert!(allowed(&k.mesh, &PLAIN, "w-web", 80));
 }
+
+#[test]
+fn adversarial_peer_authentication_bad_port_mode_skips_only_that_port() {
+    // A STRICT workload policy with an unknown port mode stays STRICT.
+    let k = build(
+        vec![],
+        vec![pa(
+            "shop",
+            "p",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "mtls": {"mode": "STRICT"},
+                "portLevelMtls": {"8080": {"mode": "SOMETIMES"}, "9090": {"mode": "PERMISSIVE"}}}),
+        )],
+    );
+    assert_eq!(k.mesh.peer_authentications().len(), 1, "{:?}", k.skipped);
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 8080));
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    assert!(allowed(&k.mesh, &PLAIN, "w-web", 9090));
+}
