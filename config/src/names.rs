@@ -216,6 +216,7 @@ impl Cidr {
     /// As [`Cidr::parse`], but host bits are cleared instead of refused
     /// (`10.1.2.3/8` is `10.0.0.0/8`, as the reference reads a cluster
     /// policy's blocks); also tells whether any were set.
+    #[cfg(feature = "kube")]
     pub(crate) fn parse_masked(s: &str) -> Result<(Cidr, bool), String> {
         Cidr::read(s, true)
     }
