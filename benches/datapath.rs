@@ -51,6 +51,7 @@ fn main() {
         "--profile-conn-rate" => Some(ringway_benches::suite::Profile::ConnRate),
         "--profile-hbone-stream" => Some(ringway_benches::suite::Profile::HboneStream),
         "--profile-cni-add" => Some(ringway_benches::suite::Profile::CniAdd),
+        "--profile-latency" => Some(ringway_benches::suite::Profile::Latency),
         _ => None,
     });
     if let Some(what) = what {
@@ -127,6 +128,21 @@ fn main() {
         }
         return;
     }
+    if args.iter().any(|a| a == "--cross-check") {
+        let out = std::env::var("RINGWAY_BENCH_OUT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join("crosscheck"));
+        match ringway_benches::run_crosscheck(config, &out) {
+            Ok(Some(md)) => println!("{md}"),
+            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
+            Err(e) => {
+                eprintln!("[bench] cross-check failed: {e:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    let crosscheck_config = config.clone();
     let out = match std::env::var("RINGWAY_BENCH_OUT") {
         Ok(d) => PathBuf::from(d),
         Err(_) if quick => root.join("quick"),
@@ -135,6 +151,16 @@ fn main() {
     match ringway_benches::run_and_report(config, &out) {
         Ok(Some((md, problems))) => {
             println!("{md}");
+            // The same paths measured with iperf3, sockperf and wrk (when
+            // installed; loud when not), in its own file beside the report.
+            match ringway_benches::run_crosscheck(crosscheck_config, &out) {
+                Ok(Some(cc)) => println!("\n{cc}"),
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("[bench] cross-check failed: {e:#}");
+                    std::process::exit(1);
+                }
+            }
             if !problems.is_empty() {
                 for p in &problems {
                     eprintln!("[bench] report problem: {p}");

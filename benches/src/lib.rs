@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod child;
+pub mod crosscheck;
 pub mod flood;
 pub mod load;
 pub mod report;
@@ -87,4 +88,26 @@ pub fn run_flood(
     let md = flood::write(out, &r)?;
     let problems = flood::check(&r);
     Ok(Some((md, r, problems)))
+}
+
+/// Runs the cross-check with the standard tools (see [`crosscheck`]) in
+/// isolated namespaces, writes `crosscheck.json` and `crosscheck.md` to
+/// `out`. Returns the Markdown; `None` without privileges.
+pub fn run_crosscheck(
+    config: suite::Config,
+    out: &std::path::Path,
+) -> anyhow::Result<Option<String>> {
+    let Some(doc) =
+        ringway_testbed::run_isolated("bench_crosscheck", move || crosscheck::run(&config))
+    else {
+        return Ok(None);
+    };
+    let doc = doc?;
+    let md = crosscheck::write(out, &doc)?;
+    eprintln!(
+        "[bench] cross-check written to {} ({} failed measurements)",
+        out.display(),
+        doc.errors.len()
+    );
+    Ok(Some(md))
 }
