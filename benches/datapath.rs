@@ -17,6 +17,14 @@
 //! `--profile-hbone-stream`: one stream through HBONE on one node instead;
 //! `--profile-cni-add`: `RINGWAY_BENCH_CHURN_PODS` CNI ADDs one after another.
 //!
+//! `--profile-latency`: a 64 B closed-loop ping-pong through
+//! `RINGWAY_BENCH_PROFILE_SCENARIO` (default `tproxy_2hop`) with the proxy's
+//! syscalls, io_uring ops and context switches counted by `perf stat`.
+//!
+//! `cargo bench -p ringway-benches -- --cross-check`: the bundled generator
+//! beside iperf3, sockperf and wrk + nginx on the same paths (see
+//! `crosscheck`), to `results/crosscheck/`; the full run includes it.
+//!
 //! `cargo bench -p ringway-benches -- --flood [--quick]`: the
 //! `hbone_preauth_flood` scenario alone (see `flood`), to `results/flood/`.
 //!
@@ -142,7 +150,9 @@ fn main() {
         }
         return;
     }
-    let crosscheck_config = config.clone();
+    // 2 s per measurement keeps the full run with its cross-check near 15 min.
+    let mut crosscheck_config = config.clone();
+    crosscheck_config.secs = crosscheck_config.secs.min(2.0);
     let out = match std::env::var("RINGWAY_BENCH_OUT") {
         Ok(d) => PathBuf::from(d),
         Err(_) if quick => root.join("quick"),
@@ -151,14 +161,17 @@ fn main() {
     match ringway_benches::run_and_report(config, &out) {
         Ok(Some((md, problems))) => {
             println!("{md}");
-            // The same paths measured with iperf3, sockperf and wrk (when
-            // installed; loud when not), in its own file beside the report.
-            match ringway_benches::run_crosscheck(crosscheck_config, &out) {
-                Ok(Some(cc)) => println!("\n{cc}"),
-                Ok(None) => {}
-                Err(e) => {
-                    eprintln!("[bench] cross-check failed: {e:#}");
-                    std::process::exit(1);
+            // The full run: the same paths measured with iperf3, sockperf
+            // and wrk (when installed; loud when not), in its own file
+            // beside the report. Not in the quick run (it must stay < 2 min).
+            if !quick {
+                match ringway_benches::run_crosscheck(crosscheck_config, &out) {
+                    Ok(Some(cc)) => println!("\n{cc}"),
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("[bench] cross-check failed: {e:#}");
+                        std::process::exit(1);
+                    }
                 }
             }
             if !problems.is_empty() {
