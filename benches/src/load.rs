@@ -332,19 +332,26 @@ pub struct ConnRate {
 const CONN_RATE_THREADS: usize = 2;
 
 /// `conns` concurrent connections (like `wrk -c`), spread over 2 client
-/// threads, each looping: connect, send 1 B, read the 1 B reply, read the
-/// server's close, close; for `dur` or `max_conns` in total. The server is
+/// threads, each looping: connect, send 1 B, read the 1 B reply, close
+/// (the server closes right after its reply); for `dur` or `max_conns` in
+/// total. The server is
 /// event-driven too (2 threads, each a current-thread tokio runtime that
 /// serves every accepted connection as its own task), so a connection the
 /// proxy has not delivered yet never holds up the others (what a blocking
 /// accept-read-write server did: see BENCHMARKS.md, "Why the bundled bench
-/// disagreed"). The server closes first, so TIME_WAIT stays on its side.
+/// disagreed").
 pub fn conn_rate(
     path: &Path,
     conns: usize,
     dur: Duration,
     max_conns: u64,
 ) -> anyhow::Result<ConnRate> {
+    // The client usually closes first now (as wrk does): let its connects
+    // reuse its own TIME_WAIT ports (this is the bench's own pod netns), so
+    // a long run cannot run out of ephemeral ports.
+    path.client
+        .sysctl("net.ipv4.tcp_tw_reuse", "1")
+        .context("tcp_tw_reuse in the client pod")?;
     // One SO_REUSEPORT listener per server thread (as nginx's workers get
     // their connections without a thundering herd on one queue).
     let listeners = (0..CONN_RATE_THREADS)
@@ -527,7 +534,10 @@ fn reuseport_listener(path: &Path) -> anyhow::Result<TcpListener> {
     Ok(l)
 }
 
-/// One connection of the connection-rate run.
+/// One connection of the connection-rate run. Like wrk with
+/// `Connection: close`, the client is done once the reply is in: it closes
+/// without waiting for the server's FIN (which the server sends right after
+/// its reply) to come back through the proxy.
 async fn one_conn(addr: SocketAddr) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await?;
@@ -535,8 +545,6 @@ async fn one_conn(addr: SocketAddr) -> std::io::Result<()> {
     s.write_all(&[7]).await?;
     let mut b = [0u8; 1];
     s.read_exact(&mut b).await?;
-    let mut rest = [0u8; 8];
-    while s.read(&mut rest).await? > 0 {}
     Ok(())
 }
 

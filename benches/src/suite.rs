@@ -124,7 +124,7 @@ impl Config {
             rps: 500.0,
             lat_conns: 2,
             lat_secs: 0.3,
-            conn_threads: 4,
+            conn_threads: 2,
             conn_secs: 0.2,
             conn_max: 500,
             idle: [20, 50],
