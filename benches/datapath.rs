@@ -22,6 +22,14 @@
 //! key and without HBONE, 200 pods each, and the CSR round trip (see
 //! `cni_ca`).
 //!
+//! `--profile-latency`: a 64 B closed-loop ping-pong through
+//! `RINGWAY_BENCH_PROFILE_SCENARIO` (default `tproxy_2hop`) with the proxy's
+//! syscalls, io_uring ops and context switches counted by `perf stat`.
+//!
+//! `cargo bench -p ringway-benches -- --cross-check`: the bundled generator
+//! beside iperf3, sockperf and wrk + nginx on the same paths (see
+//! `crosscheck`), to `results/crosscheck/`; the full run includes it.
+//!
 //! `cargo bench -p ringway-benches -- --flood [--quick]`: the
 //! `hbone_preauth_flood` scenario alone (see `flood`), to `results/flood/`.
 //!
@@ -56,6 +64,7 @@ fn main() {
         "--profile-conn-rate" => Some(ringway_benches::suite::Profile::ConnRate),
         "--profile-hbone-stream" => Some(ringway_benches::suite::Profile::HboneStream),
         "--profile-cni-add" => Some(ringway_benches::suite::Profile::CniAdd),
+        "--profile-latency" => Some(ringway_benches::suite::Profile::Latency),
         _ => None,
     });
     if let Some(what) = what {
@@ -149,6 +158,23 @@ fn main() {
         }
         return;
     }
+    if args.iter().any(|a| a == "--cross-check") {
+        let out = std::env::var("RINGWAY_BENCH_OUT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join("crosscheck"));
+        match ringway_benches::run_crosscheck(config, &out) {
+            Ok(Some(md)) => println!("{md}"),
+            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
+            Err(e) => {
+                eprintln!("[bench] cross-check failed: {e:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    // 2 s per measurement keeps the full run with its cross-check near 15 min.
+    let mut crosscheck_config = config.clone();
+    crosscheck_config.secs = crosscheck_config.secs.min(2.0);
     let out = match std::env::var("RINGWAY_BENCH_OUT") {
         Ok(d) => PathBuf::from(d),
         Err(_) if quick => root.join("quick"),
@@ -157,6 +183,19 @@ fn main() {
     match ringway_benches::run_and_report(config, &out) {
         Ok(Some((md, problems))) => {
             println!("{md}");
+            // The full run: the same paths measured with iperf3, sockperf
+            // and wrk (when installed; loud when not), in its own file
+            // beside the report. Not in the quick run (it must stay < 2 min).
+            if !quick {
+                match ringway_benches::run_crosscheck(crosscheck_config, &out) {
+                    Ok(Some(cc)) => println!("\n{cc}"),
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("[bench] cross-check failed: {e:#}");
+                        std::process::exit(1);
+                    }
+                }
+            }
             if !problems.is_empty() {
                 for p in &problems {
                     eprintln!("[bench] report problem: {p}");

@@ -10,6 +10,7 @@
 
 pub mod child;
 pub mod cni_ca;
+pub mod crosscheck;
 pub mod flood;
 pub mod load;
 pub mod report;
@@ -100,4 +101,26 @@ pub fn run_cni_add_ca(
 ) -> anyhow::Result<Option<String>> {
     ringway_testbed::run_isolated("bench_cni_add_ca", move || cni_ca::run(&config, &bin))
         .transpose()
+}
+
+/// Runs the cross-check with the standard tools (see [`crosscheck`]) in
+/// isolated namespaces, writes `crosscheck.json` and `crosscheck.md` to
+/// `out`. Returns the Markdown; `None` without privileges.
+pub fn run_crosscheck(
+    config: suite::Config,
+    out: &std::path::Path,
+) -> anyhow::Result<Option<String>> {
+    let Some(doc) =
+        ringway_testbed::run_isolated("bench_crosscheck", move || crosscheck::run(&config))
+    else {
+        return Ok(None);
+    };
+    let doc = doc?;
+    let md = crosscheck::write(out, &doc)?;
+    eprintln!(
+        "[bench] cross-check written to {} ({} failed measurements)",
+        out.display(),
+        doc.errors.len()
+    );
+    Ok(Some(md))
 }

@@ -327,82 +327,169 @@ pub struct ConnRate {
     pub first_error: Option<String>,
 }
 
-/// `threads` clients each looping: connect, send 1 B, read the 1 B reply,
-/// read the server's close, close; for `dur` or `max_conns` in total. The
-/// server closes first, so TIME_WAIT stays on the server side.
+/// Client threads (and server threads) of the connection-rate run: like
+/// `wrk -t2` against a 2-worker nginx.
+const CONN_RATE_THREADS: usize = 2;
+
+/// `conns` concurrent connections (like `wrk -c`), spread over 2 client
+/// threads, each looping: connect, send 1 B, read the 1 B reply, close
+/// (the server closes right after its reply); for `dur` or `max_conns` in
+/// total. The server is
+/// event-driven too (2 threads, each a current-thread tokio runtime that
+/// serves every accepted connection as its own task), so a connection the
+/// proxy has not delivered yet never holds up the others (what a blocking
+/// accept-read-write server did: see BENCHMARKS.md, "Why the bundled bench
+/// disagreed").
 pub fn conn_rate(
     path: &Path,
-    threads: usize,
+    conns: usize,
     dur: Duration,
     max_conns: u64,
 ) -> anyhow::Result<ConnRate> {
-    let l = Arc::new(bind(path)?);
+    // The client usually closes first now (as wrk does): let its connects
+    // reuse its own TIME_WAIT ports (this is the bench's own pod netns), so
+    // a long run cannot run out of ephemeral ports.
+    path.client
+        .sysctl("net.ipv4.tcp_tw_reuse", "1")
+        .context("tcp_tw_reuse in the client pod")?;
+    // One SO_REUSEPORT listener per server thread (as nginx's workers get
+    // their connections without a thundering herd on one queue).
+    let listeners = (0..CONN_RATE_THREADS)
+        .map(|_| reuseport_listener(path))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let stop = Arc::new(AtomicBool::new(false));
-    let servers: Vec<_> = (0..2)
-        .map(|_| {
-            let (l, stop) = (l.clone(), stop.clone());
-            std::thread::spawn(move || {
-                accept_until(&l, &stop, |mut s| {
-                    let mut b = [0u8; 1];
-                    if s.read_exact(&mut b).is_ok() {
-                        let _ = s.write_all(&b);
+    let servers: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            let stop = stop.clone();
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&rt, async move {
+                    let l = tokio::net::TcpListener::from_std(l)?;
+                    let serve = async {
+                        loop {
+                            let Ok((mut s, _)) = l.accept().await else {
+                                continue;
+                            };
+                            tokio::task::spawn_local(async move {
+                                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                                let _ = s.set_nodelay(true);
+                                let mut b = [0u8; 1];
+                                let _ = tokio::time::timeout(IO_TIMEOUT, async {
+                                    if s.read_exact(&mut b).await.is_ok() {
+                                        let _ = s.write_all(&b).await;
+                                    }
+                                })
+                                .await;
+                            });
+                        }
+                    };
+                    // Stop checked every 100 ms by one timer, not one per accept.
+                    let stopped = async {
+                        while !stop.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    };
+                    tokio::select! {
+                        () = serve => {}
+                        () = stopped => {}
                     }
-                    true
+                    Ok::<_, std::io::Error>(())
                 })
             })
         })
         .collect();
     let budget = Arc::new(std::sync::atomic::AtomicU64::new(max_conns));
-    let barrier = Arc::new(Barrier::new(threads + 1));
+    let failed_total = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let barrier = Arc::new(Barrier::new(CONN_RATE_THREADS + 1));
     let addr = path.connect;
-    let clients: Vec<_> = (0..threads)
+    let per_thread = conns.div_ceil(CONN_RATE_THREADS).max(1);
+    let clients: Vec<_> = (0..CONN_RATE_THREADS)
         .map(|_| {
-            let (budget, barrier) = (budget.clone(), barrier.clone());
+            let (budget, barrier, failed_total) =
+                (budget.clone(), barrier.clone(), failed_total.clone());
             path.client
                 .spawn(move || -> (u64, u64, Option<String>, Instant) {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            barrier.wait();
+                            return (0, 1, Some(format!("client runtime: {e}")), Instant::now());
+                        }
+                    };
                     barrier.wait();
                     let deadline = Instant::now() + dur;
-                    let (mut ok, mut failed, mut first) = (0u64, 0u64, None);
-                    while Instant::now() < deadline && failed < 100 {
-                        if budget
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                                b.checked_sub(1)
+                    let local = tokio::task::LocalSet::new();
+                    let results = local.block_on(&rt, async {
+                        let tasks: Vec<_> = (0..per_thread)
+                            .map(|_| {
+                                let (budget, failed_total) = (budget.clone(), failed_total.clone());
+                                tokio::task::spawn_local(async move {
+                                    let (mut ok, mut failed, mut first) = (0u64, 0u64, None);
+                                    while Instant::now() < deadline
+                                        && failed_total.load(Ordering::Relaxed) < 100
+                                    {
+                                        if budget
+                                            .fetch_update(
+                                                Ordering::Relaxed,
+                                                Ordering::Relaxed,
+                                                |b| b.checked_sub(1),
+                                            )
+                                            .is_err()
+                                        {
+                                            break;
+                                        }
+                                        let t = Instant::now();
+                                        match tokio::time::timeout(IO_TIMEOUT, one_conn(addr)).await
+                                        {
+                                            Ok(Ok(())) => ok += 1,
+                                            r => {
+                                                failed += 1;
+                                                failed_total.fetch_add(1, Ordering::Relaxed);
+                                                let e = match r {
+                                                    Ok(Err(e)) => e.to_string(),
+                                                    _ => format!("no close within {IO_TIMEOUT:?}"),
+                                                };
+                                                first.get_or_insert_with(|| {
+                                                    format!(
+                                                        "{e} after {:.1} s",
+                                                        t.elapsed().as_secs_f64()
+                                                    )
+                                                });
+                                            }
+                                        }
+                                    }
+                                    (ok, failed, first)
+                                })
                             })
-                            .is_err()
-                        {
-                            break;
-                        }
-                        let one = || -> std::io::Result<()> {
-                            let mut s = client_connect(addr)?;
-                            s.write_all(&[7])?;
-                            let mut b = [0u8; 1];
-                            s.read_exact(&mut b)?;
-                            let mut rest = [0u8; 8];
-                            while s.read(&mut rest)? > 0 {}
-                            Ok(())
-                        };
-                        let t = Instant::now();
-                        match one() {
-                            Ok(()) => ok += 1,
-                            Err(e) => {
-                                failed += 1;
-                                first.get_or_insert_with(|| {
-                                    format!("{e} after {:.1} s", t.elapsed().as_secs_f64())
-                                });
+                            .collect();
+                        let mut sum = (0u64, 0u64, None::<String>);
+                        for t in tasks {
+                            if let Ok((o, f, e)) = t.await {
+                                sum.0 += o;
+                                sum.1 += f;
+                                sum.2 = sum.2.or(e);
                             }
                         }
-                    }
-                    (ok, failed, first, Instant::now())
+                        sum
+                    });
+                    (results.0, results.1, results.2, Instant::now())
                 })
         })
         .collect();
     barrier.wait();
     let t0 = Instant::now();
-    let (mut conns, mut failures, mut end, mut first_error) = (0, 0, t0, None);
+    let (mut n, mut failures, mut end, mut first_error) = (0, 0, t0, None);
     for c in clients {
         let (o, f, e, t) = c.join().expect("client thread");
         first_error = first_error.or(e);
-        conns += o;
+        n += o;
         failures += f;
         end = end.max(t);
     }
@@ -410,15 +497,55 @@ pub fn conn_rate(
     for s in servers {
         let _ = s.join();
     }
-    if conns == 0 {
+    if n == 0 {
         bail!("no connection completed ({failures} failed)");
     }
     Ok(ConnRate {
-        conns,
+        conns: n,
         failures,
         secs: (end - t0).as_secs_f64(),
         first_error,
     })
+}
+
+/// A non-blocking listener on `path.listen` in the server pod's netns with
+/// SO_REUSEPORT, so several can share the port.
+fn reuseport_listener(path: &Path) -> anyhow::Result<TcpListener> {
+    let addr = path.listen;
+    let l = path
+        .server
+        .run(|| -> std::io::Result<TcpListener> {
+            let s = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                None,
+            )?;
+            s.set_reuse_address(true)?;
+            s.set_reuse_port(true)?;
+            if addr.is_ipv6() {
+                s.set_only_v6(true)?;
+            }
+            s.bind(&addr.into())?;
+            s.listen(1024)?;
+            s.set_nonblocking(true)?;
+            Ok(s.into())
+        })
+        .with_context(|| format!("listen on {addr}"))?;
+    Ok(l)
+}
+
+/// One connection of the connection-rate run. Like wrk with
+/// `Connection: close`, the client is done once the reply is in: it closes
+/// without waiting for the server's FIN (which the server sends right after
+/// its reply) to come back through the proxy.
+async fn one_conn(addr: SocketAddr) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    s.write_all(&[7]).await?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).await?;
+    Ok(())
 }
 
 /// `n` established, idle connections (each proven end to end by a 1 B
@@ -481,4 +608,61 @@ pub fn open_idle(path: &Path, n: usize) -> anyhow::Result<IdleConns> {
         bail!("server kept {} of {n} idle connections", server.len());
     }
     Ok(IdleConns { client, server })
+}
+
+/// Closed-loop ping-pong: one connection, a 64 B request and its 64 B reply
+/// one after another for `dur` (at most `max` round trips): what `sockperf
+/// ping-pong` measures, for the cross-check. Round trips in nanoseconds.
+pub fn ping_pong(path: &Path, dur: Duration, max: u64) -> anyhow::Result<Latency> {
+    let l = bind(path)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acceptor = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut handle = None;
+            accept_until(&l, &stop, |mut s| {
+                handle = Some(std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    while s.read_exact(&mut buf).is_ok() {
+                        if s.write_all(&buf).is_err() {
+                            break;
+                        }
+                    }
+                }));
+                false
+            });
+            handle
+        })
+    };
+    let addr = path.connect;
+    let client = path
+        .client
+        .spawn(move || -> anyhow::Result<(Histogram<u64>, u64, f64)> {
+            let mut s = client_connect(addr)?;
+            let mut h = Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?;
+            let mut buf = [0x42u8; 64];
+            let t0 = Instant::now();
+            let mut n = 0u64;
+            while t0.elapsed() < dur && n < max {
+                let t = Instant::now();
+                s.write_all(&buf)?;
+                s.read_exact(&mut buf)?;
+                h.saturating_record(t.elapsed().as_nanos() as u64);
+                n += 1;
+            }
+            Ok((h, n, t0.elapsed().as_secs_f64()))
+        });
+    let r = client.join().expect("client thread");
+    stop.store(true, Ordering::Relaxed);
+    if let Some(h) = acceptor.join().expect("acceptor") {
+        let _ = h.join();
+    }
+    let (hist, requests, secs) = r.context("ping-pong client")?;
+    let lateness = Histogram::<u64>::new_with_bounds(1_000, 60_000_000_000, 3)?;
+    Ok(Latency {
+        hist,
+        requests,
+        secs,
+        lateness,
+    })
 }

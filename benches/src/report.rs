@@ -388,7 +388,8 @@ pub struct Run {
     pub latency_seconds: f64,
     /// Request size of the latency run.
     pub request_bytes: u64,
-    /// Client threads of the connection-rate run.
+    /// Concurrent connections of the connection-rate run (over 2 client
+    /// threads, event-driven, like `wrk -t2 -c<n>`).
     pub conn_threads: usize,
     /// Seconds of the connection-rate run.
     pub conn_seconds: f64,
@@ -987,7 +988,7 @@ pub fn to_markdown(doc: &Report) -> String {
     let _ = writeln!(
         m,
         "\nParameters: throughput {} s per run, N = {} streams; latency {} req/s of 64 B over {} connections for {} s (open loop); \
-         connection rate {} client threads for {} s; idle connections {small} and {large} (the large count lowered per scenario \
+         connection rate {} concurrent connections (2 event-driven client threads) for {} s; idle connections {small} and {large} (the large count lowered per scenario \
          when the fd limit cannot hold it); scraper {} scrapes/s; churn {} pods.\n",
         run.seconds_per_throughput_run, run.streams, run.latency_rate_rps, run.latency_connections,
         run.latency_seconds, run.conn_threads, run.conn_seconds, run.scrape_rate, run.churn_pods

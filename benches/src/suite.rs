@@ -39,7 +39,8 @@ pub struct Config {
     pub lat_conns: usize,
     /// Seconds of the latency run.
     pub lat_secs: f64,
-    /// Client threads of the connection-rate run.
+    /// Concurrent connections of the connection-rate run (like `wrk -c`;
+    /// over 2 client threads).
     pub conn_threads: usize,
     /// Seconds of the connection-rate run.
     pub conn_secs: f64,
@@ -77,7 +78,7 @@ impl Config {
             rps: 2000.0,
             lat_conns: 4,
             lat_secs: 3.0,
-            conn_threads: 4,
+            conn_threads: 16,
             conn_secs: 2.0,
             conn_max: 20_000,
             idle: [1_000, 10_000],
@@ -100,7 +101,7 @@ impl Config {
             rps: 1000.0,
             lat_conns: 2,
             lat_secs: 0.5,
-            conn_threads: 2,
+            conn_threads: 8,
             conn_secs: 0.5,
             conn_max: 5_000,
             idle: [100, 1_000],
@@ -332,7 +333,7 @@ pub struct FdLimit {
     pub cap_sys_resource_bounding: bool,
 }
 
-fn progress(msg: impl AsRef<str>) {
+pub(crate) fn progress(msg: impl AsRef<str>) {
     eprintln!("[bench] {}", msg.as_ref());
 }
 
@@ -415,7 +416,7 @@ pub(crate) fn hbone_yaml(ca_dir: &FsPath, pods: &[(&Pod, &str)]) -> String {
     )
 }
 
-struct Bed {
+pub(crate) struct Bed {
     /// Node 1: pods 0 -> 1 direct, 2 -> 3 through ringway.
     n1: VirtualNode,
     /// Node 2: pod 0 direct from node 1's pod 0, pod 1 through ringway from
@@ -424,11 +425,11 @@ struct Bed {
     _link: NodeLink,
     /// The HBONE configuration file.
     hbone_config: PathBuf,
-    scratch: Scratch,
+    pub(crate) scratch: Scratch,
 }
 
 impl Bed {
-    fn build() -> anyhow::Result<Bed> {
+    pub(crate) fn build() -> anyhow::Result<Bed> {
         let scratch = Scratch::new()?;
         let n1 = VirtualNode::build(1, 4).context("virtual node 1")?;
         let n2 = VirtualNode::build(2, 2).context("virtual node 2")?;
@@ -478,7 +479,7 @@ impl Bed {
     }
 }
 
-const PORT_BASE: u16 = 20_000;
+pub(crate) const PORT_BASE: u16 = 20_000;
 const PORT_SPAN: u16 = 999;
 
 /// Runs the suite. Must be called inside `ringway_testbed::run_isolated`.
@@ -622,7 +623,7 @@ fn summary_line(f: &Figures) -> String {
         .join(" ")
 }
 
-fn next_port(port: &mut u16) -> u16 {
+pub(crate) fn next_port(port: &mut u16) -> u16 {
     *port += 1;
     if *port > PORT_BASE + PORT_SPAN {
         *port = PORT_BASE + 1;
@@ -632,10 +633,10 @@ fn next_port(port: &mut u16) -> u16 {
 
 /// The proxies of a scenario together: CPU and RSS are their sums (one
 /// process carries both hops on one node; two nodes have one proxy each).
-struct Proxies(Vec<ProxyChild>);
+pub(crate) struct Proxies(pub(crate) Vec<ProxyChild>);
 
 impl Proxies {
-    fn cpu(&self) -> Option<f64> {
+    pub(crate) fn cpu(&self) -> Option<f64> {
         (!self.0.is_empty()).then(|| self.0.iter().map(|p| p.cpu_seconds()).sum())
     }
 
@@ -688,7 +689,7 @@ fn pod_arg(p: &Pod) -> (String, PathBuf) {
 
 /// Starts what carries a scenario's traffic; returns the path the load
 /// generator uses and the proxies to measure.
-fn start(config: &Config, bed: &Bed, sc: &Scenario) -> anyhow::Result<(Path, Proxies)> {
+pub(crate) fn start(config: &Config, bed: &Bed, sc: &Scenario) -> anyhow::Result<(Path, Proxies)> {
     let (client, server) = bed.pods(sc);
     let mut path = Bed::path(client, server);
     let proxies = match sc.kind {
@@ -1345,6 +1346,11 @@ pub enum Profile {
     HboneStream,
     /// `churn_pods` CNI ADDs one after another (plugin, agent, ZDS, proxy).
     CniAdd,
+    /// 64 B closed-loop ping-pong through `RINGWAY_BENCH_PROFILE_SCENARIO`
+    /// (default `tproxy_2hop`), with the proxy's syscalls, io_uring
+    /// submissions and completions, context switches and wake-ups counted
+    /// per message by `perf stat` (tracepoints, no PMU needed).
+    Latency,
 }
 
 fn start_perf(out: Option<&FsPath>, secs: f64) -> anyhow::Result<Option<std::process::Child>> {
@@ -1359,6 +1365,70 @@ fn start_perf(out: Option<&FsPath>, secs: f64) -> anyhow::Result<Option<std::pro
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit());
     Ok(Some(cmd.spawn().context("starting perf record")?))
+}
+
+/// Tracepoints `perf stat` counts on the proxy in the latency profile.
+const STAT_EVENTS: &[&str] = &[
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_splice",
+    "syscalls:sys_enter_io_uring_enter",
+    "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_epoll_pwait",
+    "syscalls:sys_enter_epoll_ctl",
+    "syscalls:sys_enter_read",
+    "syscalls:sys_enter_write",
+    "syscalls:sys_enter_futex",
+    "io_uring:io_uring_submit_req",
+    "io_uring:io_uring_complete",
+    "io_uring:io_uring_poll_arm",
+    "io_uring:io_uring_task_add",
+    "io_uring:io_uring_task_work_run",
+    "sched:sched_switch",
+    "sched:sched_wakeup",
+];
+
+fn perf_stat_start(pid: u32) -> anyhow::Result<(std::process::Child, PathBuf)> {
+    let out = std::env::temp_dir().join(format!("ringway-perf-stat-{}.csv", std::process::id()));
+    let mut cmd = std::process::Command::new("perf");
+    cmd.args(["stat", "-x", ",", "-o"])
+        .arg(&out)
+        .arg("-p")
+        .arg(pid.to_string());
+    for e in STAT_EVENTS {
+        cmd.arg("-e").arg(e);
+    }
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    let child = cmd.spawn().context("starting perf stat")?;
+    // perf attaches in a few ms; give it a bounded head start.
+    std::thread::sleep(Duration::from_millis(300));
+    Ok((child, out))
+}
+
+/// Stops `perf stat` (SIGINT, by its pid) and reads its counts.
+fn perf_stat_finish(
+    (mut child, out): (std::process::Child, PathBuf),
+) -> anyhow::Result<Vec<(String, f64)>> {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("perf stat did not stop on SIGINT within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&out).context("perf stat output")?;
+    let _ = std::fs::remove_file(&out);
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            (c.len() > 2).then(|| (c[2].to_string(), c[0].parse::<f64>().unwrap_or(0.0)))
+        })
+        .collect())
 }
 
 /// One measurement alone for `secs`, with `perf record -a -g` running beside
@@ -1393,6 +1463,14 @@ pub fn profile(
         Profile::ConnRate => "tproxy_fast",
         Profile::HboneStream => "hbone_1node",
         Profile::CniAdd => unreachable!("measured above"),
+        Profile::Latency => {
+            let k = std::env::var("RINGWAY_BENCH_PROFILE_SCENARIO")
+                .unwrap_or_else(|_| "tproxy_2hop".into());
+            all.iter()
+                .find(|s| s.key == k)
+                .with_context(|| format!("no scenario {k}"))?
+                .key
+        }
     };
     let sc = all.iter().find(|s| s.key == key).expect("scenario");
     let (path, proxies) = start(config, &bed, sc)?;
@@ -1431,6 +1509,29 @@ pub fn profile(
             )
         }
         Profile::CniAdd => unreachable!("measured above"),
+        Profile::Latency => {
+            let msgs = (secs * 5_000.0) as u64;
+            let stat = perf_stat_start(proxy.pid)?;
+            let l = load::ping_pong(&path.on_port(PORT_BASE + 2), dur, msgs)?;
+            let c1 = proxy.cpu_seconds();
+            let counts = perf_stat_finish(stat)?;
+            let per = |n: f64| n / l.requests as f64;
+            let mut line = format!(
+                "{} round trips of 64 B in {:.1} s; RTT p50 {:.1} µs, p99 {:.1} µs; proxy {:.1} CPU-µs per round trip",
+                l.requests,
+                l.secs,
+                l.hist.value_at_quantile(0.5) as f64 / 1e3,
+                l.hist.value_at_quantile(0.99) as f64 / 1e3,
+                (c1 - c0) / l.requests as f64 * 1e6
+            );
+            line.push_str("\nper round trip (both directions, every hop of the scenario), proxy process only:");
+            for (ev, n) in &counts {
+                if *n > 0.0 {
+                    line.push_str(&format!("\n  {:>8.2}  {ev}", per(*n)));
+                }
+            }
+            line
+        }
         Profile::HboneStream => {
             let t = load::throughput(&path.on_port(PORT_BASE + 2), 1, dur)?;
             let c1 = proxy.cpu_seconds();

@@ -152,6 +152,11 @@ pub async fn copy_one_way(
                 }
             },
         };
+        // After a short read this splice usually returns EAGAIN: it stays.
+        // Readiness is edge-triggered (see `Sock`), and a short read does not
+        // prove the socket drained (a FIN or segment that came with the data,
+        // a full pipe's slots, a pending signal): waiting without reading to
+        // EAGAIN could leave a FIN unforwarded until data that never comes.
         let n = match sys::splice_nb(src.fd(), p.w.as_fd(), p.capacity) {
             Ok(0) => {
                 pool.put(p);

@@ -15,7 +15,8 @@ use crate::uring::op::{self, Interest};
 /// Which event loop a worker runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// tokio-uring: readiness, accept and connect through the ring.
+    /// tokio-uring: accept and connect through the ring; readiness of the
+    /// data phase from tokio's epoll reactor (see [`Sock`]).
     Uring,
     /// tokio's epoll reactor (fallback when io_uring is unavailable).
     Epoll,
@@ -31,10 +32,24 @@ impl std::fmt::Display for Backend {
 }
 
 /// A non-blocking socket owned by one worker, with its readiness source.
+///
+/// Readiness always comes from tokio's epoll reactor once bytes move: on
+/// the epoll backend the socket is registered when wrapped; on io_uring it
+/// is registered on its first [`Sock::wait`] (accept and connect go through
+/// the ring, and a listener is never registered). An epoll registration is
+/// persistent (edge-triggered), so a direction that waits after every
+/// message costs no syscall to re-arm and one `epoll_wait` can return the
+/// readiness of both hops; a one-shot `IORING_OP_POLL_ADD` per wait cost
+/// twice the syscalls, context switches and CPU per message (BENCHMARKS.md,
+/// "Plaintext per-hop latency"). If the registration fails, the wait falls
+/// back to the ring's poll.
 #[derive(Debug)]
 pub struct Sock {
     fd: Arc<OwnedFd>,
     epoll: Option<AsyncFd<Arc<OwnedFd>>>,
+    /// io_uring backend: the data phase's epoll registration, made on the
+    /// first wait.
+    data: std::cell::OnceCell<Option<AsyncFd<Arc<OwnedFd>>>>,
 }
 
 impl Sock {
@@ -50,7 +65,11 @@ impl Sock {
             Backend::Uring => None,
             Backend::Epoll => Some(crate::sys::register_epoll(fd.clone())?),
         };
-        Ok(Sock { fd, epoll })
+        Ok(Sock {
+            fd,
+            epoll,
+            data: std::cell::OnceCell::new(),
+        })
     }
 
     /// The raw socket.
@@ -65,7 +84,18 @@ impl Sock {
 
     /// Waits until the socket is ready for `interest` (or has an error).
     pub async fn wait(&self, interest: Interest) -> io::Result<()> {
-        match &self.epoll {
+        let afd = self.epoll.as_ref().or_else(|| {
+            self.data
+                .get_or_init(|| match crate::sys::register_epoll(self.fd.clone()) {
+                    Ok(afd) => Some(afd),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "epoll registration failed; polling through the ring");
+                        None
+                    }
+                })
+                .as_ref()
+        });
+        match afd {
             None => op::poll(&self.fd, interest).await.map(|_| ()),
             Some(afd) => {
                 let mut guard = match interest {
