@@ -39,8 +39,8 @@ use crate::sys;
 use crate::worker::PodShared;
 
 /// Read buffer under each tunnel's TLS: rustls reads one record (16 KiB) per
-/// call; through this, one syscall brings several. One per HTTP/2
-/// connection (shared by its streams), not per stream.
+/// call; through this, one syscall brings several. Held by an HTTP/2
+/// connection only while it has bytes TLS has not taken (see [`LazyBufIo`]).
 const TLS_READ_BUF: usize = 64 * 1024;
 
 /// Errors of the tunnel datapath, by the side that failed.
@@ -397,21 +397,50 @@ pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
     TcpStream::from_std(std)
 }
 
-/// The accepted tunnel socket under TLS: reads go straight to the socket
-/// until [`LazyBufIo::buffer`] (after the handshake), then through a
-/// [`TLS_READ_BUF`] buffer allocated at the first read that needs it. A
-/// connection that never authenticates holds no read buffer.
+/// Spare TLS read buffers kept per worker thread (more are freed).
+const SPARE_TLS_BUFS: usize = 4;
+
+thread_local! {
+    /// TLS read buffers not holding bytes of any connection: a connection
+    /// holds one only while it has read bytes that TLS has not taken yet.
+    static SPARE_BUFS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_tls_buf() -> Vec<u8> {
+    SPARE_BUFS
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0; TLS_READ_BUF])
+}
+
+fn give_tls_buf(buf: Vec<u8>) {
+    if buf.len() != TLS_READ_BUF {
+        return;
+    }
+    // During thread exit the spares may be gone already: then it is freed.
+    let _ = SPARE_BUFS.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_TLS_BUFS {
+            s.push(buf);
+        }
+    });
+}
+
+/// A tunnel socket under TLS: reads go straight to the socket until
+/// [`LazyBufIo::buffer`] (on the server side: after the handshake), then
+/// through a [`TLS_READ_BUF`] buffer taken from the worker's spares for one
+/// read and given back as soon as TLS has taken every byte of it. An idle
+/// tunnel, and one that never authenticates, holds no read buffer.
 #[derive(Debug)]
-pub struct LazyBufIo {
-    tcp: TcpStream,
+pub struct LazyBufIo<T = TcpStream> {
+    tcp: T,
     buffered: bool,
     buf: Vec<u8>,
     pos: usize,
     filled: usize,
 }
 
-impl LazyBufIo {
-    fn new(tcp: TcpStream) -> Self {
+impl<T> LazyBufIo<T> {
+    fn new(tcp: T) -> Self {
         LazyBufIo {
             tcp,
             buffered: false,
@@ -425,9 +454,20 @@ impl LazyBufIo {
     fn buffer(&mut self) {
         self.buffered = true;
     }
+
+    /// Whether the connection holds a read buffer now (tests).
+    pub fn holds_buffer(&self) -> bool {
+        !self.buf.is_empty()
+    }
 }
 
-impl tokio::io::AsyncRead for LazyBufIo {
+impl<T> Drop for LazyBufIo<T> {
+    fn drop(&mut self) {
+        give_tls_buf(std::mem::take(&mut self.buf));
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LazyBufIo<T> {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -439,25 +479,36 @@ impl tokio::io::AsyncRead for LazyBufIo {
             return std::pin::Pin::new(&mut this.tcp).poll_read(cx, out);
         }
         if this.pos == this.filled {
-            if this.buf.is_empty() {
-                this.buf = vec![0; TLS_READ_BUF];
+            let mut buf = take_tls_buf();
+            let mut rb = tokio::io::ReadBuf::new(&mut buf);
+            let r = std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb);
+            let n = rb.filled().len();
+            match r {
+                Poll::Ready(Ok(())) if n > 0 => {
+                    this.buf = buf;
+                    this.filled = n;
+                    this.pos = 0;
+                }
+                other => {
+                    // Nothing read (pending, EOF or an error): nothing to keep.
+                    give_tls_buf(buf);
+                    return other;
+                }
             }
-            let mut rb = tokio::io::ReadBuf::new(&mut this.buf);
-            match std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb) {
-                Poll::Ready(Ok(())) => {}
-                other => return other,
-            }
-            this.filled = rb.filled().len();
-            this.pos = 0;
         }
         let n = (this.filled - this.pos).min(out.remaining());
         out.put_slice(&this.buf[this.pos..this.pos + n]);
         this.pos += n;
+        if this.pos == this.filled {
+            // All taken: the buffer goes back to the worker's spares.
+            give_tls_buf(std::mem::take(&mut this.buf));
+            (this.pos, this.filled) = (0, 0);
+        }
         Poll::Ready(Ok(()))
     }
 }
 
-impl tokio::io::AsyncWrite for LazyBufIo {
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for LazyBufIo<T> {
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -600,10 +651,11 @@ pub async fn open_outbound(
         let connector = tokio_rustls::TlsConnector::from(tls);
         let r = match tokio::time::timeout(
             timeout,
-            connector.connect(
-                ringway_identity::placeholder_server_name(),
-                tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp),
-            ),
+            connector.connect(ringway_identity::placeholder_server_name(), {
+                let mut io = LazyBufIo::new(tcp);
+                io.buffer();
+                io
+            }),
         )
         .await
         {
@@ -1180,6 +1232,50 @@ mod tests {
             )),
             flows: flows::FlowTable::default(),
         }
+    }
+
+    /// A peer that sends a few bytes and then goes quiet, on thousands of
+    /// tunnels, must not make each hold a TLS read buffer: the buffer is
+    /// given back once TLS has taken every byte read into it, and a read
+    /// that finds nothing holds none.
+    #[test]
+    fn adversarial_quiet_tunnel_holds_no_tls_read_buffer() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (mut peer, ours) = tokio::io::duplex(4096);
+            let mut io = LazyBufIo::new(ours);
+            io.buffer();
+            peer.write_all(&[7u8; 100]).await.unwrap();
+            // TLS takes a record header first: the rest waits in the buffer.
+            let mut head = [0u8; 5];
+            io.read_exact(&mut head).await.unwrap();
+            assert!(io.holds_buffer(), "unread bytes are kept");
+            let mut rest = [0u8; 95];
+            io.read_exact(&mut rest).await.unwrap();
+            assert_eq!(rest, [7u8; 95]);
+            assert!(
+                !io.holds_buffer(),
+                "a tunnel whose bytes were all taken still holds a TLS read buffer"
+            );
+            // A read that finds nothing (the peer is quiet) keeps none either.
+            let mut one = [0u8; 1];
+            let mut rb = tokio::io::ReadBuf::new(&mut one);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let polled =
+                tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut io), &mut cx, &mut rb);
+            assert!(polled.is_pending(), "nothing was sent");
+            assert!(!io.holds_buffer(), "a pending read holds a TLS read buffer");
+            // Bytes arriving later are read whole (nothing lost on the way).
+            peer.write_all(b"later").await.unwrap();
+            let mut later = [0u8; 5];
+            io.read_exact(&mut later).await.unwrap();
+            assert_eq!(&later, b"later");
+            assert!(!io.holds_buffer());
+        });
     }
 
     /// The agent's info without a service account must never become
