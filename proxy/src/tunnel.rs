@@ -41,7 +41,7 @@ use crate::worker::PodShared;
 /// Read buffer under each tunnel's TLS: rustls reads one record (16 KiB) per
 /// call; through this, one syscall brings several. Held by an HTTP/2
 /// connection only while it has bytes TLS has not taken (see [`LazyBufIo`]).
-const TLS_READ_BUF: usize = 64 * 1024;
+const TLS_READ_BUF: usize = 256 * 1024;
 
 /// Errors of the tunnel datapath, by the side that failed.
 #[derive(Debug, thiserror::Error)]
@@ -397,6 +397,13 @@ pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
     TcpStream::from_std(std)
 }
 
+/// How much TLS may hold of records not yet written to the socket. rustls'
+/// default (64 KiB) is less than one 64 KiB HTTP/2 DATA frame with its
+/// 9-byte header, which then took two `writev`s (and a tiny TLS record) per
+/// frame; with this a frame is one. Bounded per HTTP/2 connection, and held
+/// only while the socket is full.
+const TLS_WRITE_LIMIT: usize = 256 * 1024 + 1024;
+
 /// Spare TLS read buffers kept per worker thread (more are freed).
 const SPARE_TLS_BUFS: usize = 4;
 
@@ -662,6 +669,10 @@ pub async fn open_outbound(
             Ok(r) => r,
             Err(_) => Err(crate::metrics::HandshakeTimeout::io(timeout)),
         };
+        let r = r.map(|mut tls| {
+            tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
+            tls
+        });
         let outcome = match &r {
             Ok(_) => "ok",
             Err(e) => crate::metrics::tls_failure_reason(e),
@@ -696,14 +707,14 @@ pub async fn open_outbound(
 /// Copies both ways with half-close passed on (FIN <-> END_STREAM); an error
 /// on either side resets both (TCP RST, RST_STREAM).
 async fn pump(
-    client: TcpStream,
+    mut client: TcpStream,
     mut stream: ringway_hbone::HboneStream,
     up_meter: &Meter<'_>,
     down_meter: &Meter<'_>,
 ) -> (u64, u64, String) {
     let (mut up, mut down) = (0u64, 0u64);
     match pump_both(
-        &client,
+        &mut client,
         &mut stream,
         up_meter,
         down_meter,
@@ -738,7 +749,7 @@ thread_local! {
 /// stream -> client writes each DATA chunk as it arrived. EOF on one side
 /// becomes END_STREAM / `shutdown(SHUT_WR)` on the other; an error ends both.
 async fn pump_both(
-    client: &TcpStream,
+    client: &mut TcpStream,
     stream: &mut ringway_hbone::HboneStream,
     up_meter: &Meter<'_>,
     down_meter: &Meter<'_>,
@@ -771,31 +782,37 @@ async fn pump_both(
                     Poll::Pending => break,
                 }
             }
-            match client.poll_read_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => break,
-            }
+            // `poll_read` (not readiness + `try_read`): a short read clears
+            // the readiness, so a small message costs one `read`, not a
+            // second one that finds EAGAIN.
             let read = READ_BUF.with(|b| {
                 let mut b = b.borrow_mut();
-                client.try_read(&mut b).inspect(|&n| {
-                    // Copied out in pieces below glibc's mmap threshold, so
-                    // the allocations reuse heap pages instead of faulting
-                    // in fresh ones for every read.
-                    to_stream.extend(b[..n].chunks(PIECE).map(bytes::Bytes::copy_from_slice));
-                })
+                let mut rb = tokio::io::ReadBuf::new(&mut b);
+                match tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut *client), cx, &mut rb)
+                {
+                    Poll::Ready(Ok(())) => {
+                        let got = rb.filled();
+                        // Copied out in pieces below glibc's mmap threshold,
+                        // so the allocations reuse heap pages instead of
+                        // faulting in fresh ones for every read.
+                        to_stream.extend(got.chunks(PIECE).map(bytes::Bytes::copy_from_slice));
+                        Poll::Ready(Ok(got.len()))
+                    }
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
             });
             match read {
-                Ok(0) => {
+                Poll::Ready(Ok(0)) => {
                     stream.finish()?;
                     up_done = true;
                 }
-                Ok(n) => {
+                Poll::Ready(Ok(n)) => {
                     up_meter.add(n as u64);
                     *up += n as u64;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
             }
         }
         // tunnel -> client
@@ -806,19 +823,18 @@ async fn pump_both(
             }
             down_budget -= 1;
             if !to_client.is_empty() {
-                match client.poll_write_ready(cx) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => break,
-                }
-                match client.try_write(&to_client) {
-                    Ok(n) => {
+                match tokio::io::AsyncWrite::poll_write(
+                    std::pin::Pin::new(&mut *client),
+                    cx,
+                    &to_client,
+                ) {
+                    Poll::Ready(Ok(n)) => {
                         let _ = to_client.split_to(n);
                         down_meter.add(n as u64);
                         *down += n as u64;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
                 }
                 continue;
             }
@@ -895,6 +911,7 @@ pub async fn inbound(
     let mut tls = accepted?;
     // Authenticated: from now on TLS reads go through the buffer.
     tls.get_mut().0.buffer();
+    tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
     let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
     tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
     let info = PeerInfo {
