@@ -579,15 +579,20 @@ pub fn outbound_labels(src_peer: &Peer, plan: &OutboundPlan) -> TcpLabels {
 
 /// Copies bytes between the client and its open CONNECT stream, counting
 /// them as they move, then logs the connection.
-pub async fn outbound_pump(
-    cx: ConnCtx<'_>,
+///
+/// Counts the open now and returns the copy as a future that keeps only
+/// what it needs (counter handles and the four names of the access log),
+/// so the caller can drop the plan, peers and labels before awaiting it:
+/// an idle tunnel holds that future for its whole life.
+pub fn outbound_pump<'a>(
+    cx: ConnCtx<'a>,
     src_peer: &Peer,
     client: TcpStream,
     stream: ringway_hbone::HboneStream,
     plan: &OutboundPlan,
     labels: &TcpLabels,
     started: Instant,
-) {
+) -> impl std::future::Future<Output = ()> + 'a {
     cx.metrics.opened.get_or_create(labels).inc();
     cx.metrics
         .hbone_streams
@@ -605,22 +610,32 @@ pub async fn outbound_pump(
         total: &cx.stats.bytes_to_client,
         counters: vec![cx.metrics.sent.get_or_create(labels).clone()],
     };
-    let (up, down, end) = pump(client, stream, &up_meter, &down_meter).await;
-    cx.metrics.closed.get_or_create(labels).inc();
-    tracing::event!(
-        target: "access",
-        tracing::Level::INFO,
-        src.workload = %src_peer.workload,
-        src.identity = %plan.src_identity,
-        dst.workload = %plan.dst_workload.name,
-        dst.identity = %plan.dst_identity,
-        bytes.sent = up,
-        bytes.received = down,
-        duration.ms = started.elapsed().as_millis() as u64,
-        end = %end,
-        security = "mutual_tls",
-        "connection closed"
-    );
+    let closed = cx.metrics.closed.get_or_create(labels).clone();
+    let names = Box::new([
+        src_peer.workload.clone(),
+        plan.src_identity.to_string(),
+        plan.dst_workload.name.clone(),
+        plan.dst_identity.to_string(),
+    ]);
+    async move {
+        let (up, down, end) = pump(client, stream, &up_meter, &down_meter).await;
+        closed.inc();
+        let [src_workload, src_identity, dst_workload, dst_identity] = *names;
+        tracing::event!(
+            target: "access",
+            tracing::Level::INFO,
+            src.workload = %src_workload,
+            src.identity = %src_identity,
+            dst.workload = %dst_workload,
+            dst.identity = %dst_identity,
+            bytes.sent = up,
+            bytes.received = down,
+            duration.ms = started.elapsed().as_millis() as u64,
+            end = %end,
+            security = "mutual_tls",
+            "connection closed"
+        );
+    }
 }
 
 /// Opens a CONNECT stream for `plan`: over a pooled HTTP/2 connection from
