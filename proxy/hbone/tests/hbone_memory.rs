@@ -134,7 +134,7 @@ fn rss_kib() -> f64 {
 /// A peer opening thousands of streams that never send a byte: each costs
 /// the HTTP/2 stream state, the server's task and the client's stream
 /// handle, never a read buffer (neither the server's read from the app nor
-/// a TLS or HTTP/2 buffer per stream). Budget: 4 KiB of RSS per idle
+/// a TLS or HTTP/2 buffer per stream). Budget: 5 KiB of RSS per idle
 /// stream, both sides together.
 #[test]
 fn adversarial_idle_streams_hold_no_buffers() {
@@ -227,8 +227,8 @@ fn adversarial_idle_streams_hold_no_buffers() {
             pool.connections()
         );
         assert!(
-            per <= 4.0,
-            "an idle stream costs {per:.2} KiB of RSS (both sides), over the 4 KiB budget"
+            per <= 5.0,
+            "an idle stream costs {per:.2} KiB of RSS (both sides), over the 5 KiB budget"
         );
         drop(streams);
     });
