@@ -1532,6 +1532,32 @@ pub fn profile(
             }
             line
         }
+        // RINGWAY_BENCH_PROFILE_LOAD=rtt: 64 B ping-pong at 2,000/s on one
+        // connection; =idle: RSS per idle connection (1,000) instead.
+        Profile::HboneStream
+            if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("rtt") =>
+        {
+            let l = load::latency(&path.on_port(PORT_BASE + 2), 2_000.0, 1, dur)?;
+            let q = |p: f64| l.hist.value_at_quantile(p) as f64 / 1e3;
+            let c1 = proxy.cpu_seconds();
+            format!(
+                "{} round trips (64 B): p50 {:.1} µs, p99 {:.1} µs; proxy {:.1} CPU-µs per round trip",
+                l.requests, q(0.5), q(0.99), (c1 - c0) / l.requests as f64 * 1e6
+            )
+        }
+        Profile::HboneStream
+            if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("idle") =>
+        {
+            let before = proxy.rss_kib();
+            let idle = load::open_idle(&path.on_port(PORT_BASE + 2), 1_000)?;
+            std::thread::sleep(Duration::from_millis(500));
+            let after = proxy.rss_kib();
+            format!(
+                "{} idle connections: proxy RSS {before:.0} -> {after:.0} KiB, {:.2} KiB each",
+                idle.len(),
+                (after - before) / idle.len() as f64
+            )
+        }
         Profile::HboneStream => {
             let t = load::throughput(&path.on_port(PORT_BASE + 2), 1, dur)?;
             let c1 = proxy.cpu_seconds();

@@ -39,9 +39,9 @@ use crate::sys;
 use crate::worker::PodShared;
 
 /// Read buffer under each tunnel's TLS: rustls reads one record (16 KiB) per
-/// call; through this, one syscall brings several. One per HTTP/2
-/// connection (shared by its streams), not per stream.
-const TLS_READ_BUF: usize = 64 * 1024;
+/// call; through this, one syscall brings several. Held by an HTTP/2
+/// connection only while it has bytes TLS has not taken (see [`LazyBufIo`]).
+const TLS_READ_BUF: usize = 256 * 1024;
 
 /// Errors of the tunnel datapath, by the side that failed.
 #[derive(Debug, thiserror::Error)]
@@ -435,21 +435,57 @@ pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
     TcpStream::from_std(std)
 }
 
-/// The accepted tunnel socket under TLS: reads go straight to the socket
-/// until [`LazyBufIo::buffer`] (after the handshake), then through a
-/// [`TLS_READ_BUF`] buffer allocated at the first read that needs it. A
-/// connection that never authenticates holds no read buffer.
+/// How much TLS may hold of records not yet written to the socket. rustls'
+/// default (64 KiB) is less than one 64 KiB HTTP/2 DATA frame with its
+/// 9-byte header, which then took two `writev`s (and a tiny TLS record) per
+/// frame; with this a frame is one. Bounded per HTTP/2 connection, and held
+/// only while the socket is full.
+const TLS_WRITE_LIMIT: usize = 256 * 1024 + 1024;
+
+/// Spare TLS read buffers kept per worker thread (more are freed).
+const SPARE_TLS_BUFS: usize = 4;
+
+thread_local! {
+    /// TLS read buffers not holding bytes of any connection: a connection
+    /// holds one only while it has read bytes that TLS has not taken yet.
+    static SPARE_BUFS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_tls_buf() -> Vec<u8> {
+    SPARE_BUFS
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0; TLS_READ_BUF])
+}
+
+fn give_tls_buf(buf: Vec<u8>) {
+    if buf.len() != TLS_READ_BUF {
+        return;
+    }
+    // During thread exit the spares may be gone already: then it is freed.
+    let _ = SPARE_BUFS.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_TLS_BUFS {
+            s.push(buf);
+        }
+    });
+}
+
+/// A tunnel socket under TLS: reads go straight to the socket until
+/// [`LazyBufIo::buffer`] (on the server side: after the handshake), then
+/// through a [`TLS_READ_BUF`] buffer taken from the worker's spares for one
+/// read and given back as soon as TLS has taken every byte of it. An idle
+/// tunnel, and one that never authenticates, holds no read buffer.
 #[derive(Debug)]
-pub struct LazyBufIo {
-    tcp: TcpStream,
+pub struct LazyBufIo<T = TcpStream> {
+    tcp: T,
     buffered: bool,
     buf: Vec<u8>,
     pos: usize,
     filled: usize,
 }
 
-impl LazyBufIo {
-    fn new(tcp: TcpStream) -> Self {
+impl<T> LazyBufIo<T> {
+    fn new(tcp: T) -> Self {
         LazyBufIo {
             tcp,
             buffered: false,
@@ -463,9 +499,20 @@ impl LazyBufIo {
     fn buffer(&mut self) {
         self.buffered = true;
     }
+
+    /// Whether the connection holds a read buffer now (tests).
+    pub fn holds_buffer(&self) -> bool {
+        !self.buf.is_empty()
+    }
 }
 
-impl tokio::io::AsyncRead for LazyBufIo {
+impl<T> Drop for LazyBufIo<T> {
+    fn drop(&mut self) {
+        give_tls_buf(std::mem::take(&mut self.buf));
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LazyBufIo<T> {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -477,25 +524,36 @@ impl tokio::io::AsyncRead for LazyBufIo {
             return std::pin::Pin::new(&mut this.tcp).poll_read(cx, out);
         }
         if this.pos == this.filled {
-            if this.buf.is_empty() {
-                this.buf = vec![0; TLS_READ_BUF];
+            let mut buf = take_tls_buf();
+            let mut rb = tokio::io::ReadBuf::new(&mut buf);
+            let r = std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb);
+            let n = rb.filled().len();
+            match r {
+                Poll::Ready(Ok(())) if n > 0 => {
+                    this.buf = buf;
+                    this.filled = n;
+                    this.pos = 0;
+                }
+                other => {
+                    // Nothing read (pending, EOF or an error): nothing to keep.
+                    give_tls_buf(buf);
+                    return other;
+                }
             }
-            let mut rb = tokio::io::ReadBuf::new(&mut this.buf);
-            match std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb) {
-                Poll::Ready(Ok(())) => {}
-                other => return other,
-            }
-            this.filled = rb.filled().len();
-            this.pos = 0;
         }
         let n = (this.filled - this.pos).min(out.remaining());
         out.put_slice(&this.buf[this.pos..this.pos + n]);
         this.pos += n;
+        if this.pos == this.filled {
+            // All taken: the buffer goes back to the worker's spares.
+            give_tls_buf(std::mem::take(&mut this.buf));
+            (this.pos, this.filled) = (0, 0);
+        }
         Poll::Ready(Ok(()))
     }
 }
 
-impl tokio::io::AsyncWrite for LazyBufIo {
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for LazyBufIo<T> {
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -559,15 +617,20 @@ pub fn outbound_labels(src_peer: &Peer, plan: &OutboundPlan) -> TcpLabels {
 
 /// Copies bytes between the client and its open CONNECT stream, counting
 /// them as they move, then logs the connection.
-pub async fn outbound_pump(
-    cx: ConnCtx<'_>,
+///
+/// Counts the open now and returns the copy as a future that keeps only
+/// what it needs (counter handles and the four names of the access log),
+/// so the caller can drop the plan, peers and labels before awaiting it:
+/// an idle tunnel holds that future for its whole life.
+pub fn outbound_pump<'a>(
+    cx: ConnCtx<'a>,
     src_peer: &Peer,
     client: TcpStream,
     stream: ringway_hbone::HboneStream,
     plan: &OutboundPlan,
     labels: &TcpLabels,
     started: Instant,
-) {
+) -> impl std::future::Future<Output = ()> + 'a {
     cx.metrics.opened.get_or_create(labels).inc();
     cx.metrics
         .hbone_streams
@@ -585,22 +648,32 @@ pub async fn outbound_pump(
         total: &cx.stats.bytes_to_client,
         counters: vec![cx.metrics.sent.get_or_create(labels).clone()],
     };
-    let (up, down, end) = pump(client, stream, &up_meter, &down_meter).await;
-    cx.metrics.closed.get_or_create(labels).inc();
-    tracing::event!(
-        target: "access",
-        tracing::Level::INFO,
-        src.workload = %src_peer.workload,
-        src.identity = %plan.src_identity,
-        dst.workload = %plan.dst_workload.name,
-        dst.identity = %plan.dst_identity,
-        bytes.sent = up,
-        bytes.received = down,
-        duration.ms = started.elapsed().as_millis() as u64,
-        end = %end,
-        security = "mutual_tls",
-        "connection closed"
-    );
+    let closed = cx.metrics.closed.get_or_create(labels).clone();
+    let names = Box::new([
+        src_peer.workload.clone(),
+        plan.src_identity.to_string(),
+        plan.dst_workload.name.clone(),
+        plan.dst_identity.to_string(),
+    ]);
+    async move {
+        let (up, down, end) = pump(client, stream, &up_meter, &down_meter).await;
+        closed.inc();
+        let [src_workload, src_identity, dst_workload, dst_identity] = *names;
+        tracing::event!(
+            target: "access",
+            tracing::Level::INFO,
+            src.workload = %src_workload,
+            src.identity = %src_identity,
+            dst.workload = %dst_workload,
+            dst.identity = %dst_identity,
+            bytes.sent = up,
+            bytes.received = down,
+            duration.ms = started.elapsed().as_millis() as u64,
+            end = %end,
+            security = "mutual_tls",
+            "connection closed"
+        );
+    }
 }
 
 /// Opens a CONNECT stream for `plan`: over a pooled HTTP/2 connection from
@@ -638,16 +711,21 @@ pub async fn open_outbound(
         let connector = tokio_rustls::TlsConnector::from(tls);
         let r = match tokio::time::timeout(
             timeout,
-            connector.connect(
-                ringway_identity::placeholder_server_name(),
-                tokio::io::BufReader::with_capacity(TLS_READ_BUF, tcp),
-            ),
+            connector.connect(ringway_identity::placeholder_server_name(), {
+                let mut io = LazyBufIo::new(tcp);
+                io.buffer();
+                io
+            }),
         )
         .await
         {
             Ok(r) => r,
             Err(_) => Err(crate::metrics::HandshakeTimeout::io(timeout)),
         };
+        let r = r.map(|mut tls| {
+            tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
+            tls
+        });
         let outcome = match &r {
             Ok(_) => "ok",
             Err(e) => crate::metrics::tls_failure_reason(e),
@@ -682,14 +760,14 @@ pub async fn open_outbound(
 /// Copies both ways with half-close passed on (FIN <-> END_STREAM); an error
 /// on either side resets both (TCP RST, RST_STREAM).
 async fn pump(
-    client: TcpStream,
+    mut client: TcpStream,
     mut stream: ringway_hbone::HboneStream,
     up_meter: &Meter<'_>,
     down_meter: &Meter<'_>,
 ) -> (u64, u64, String) {
     let (mut up, mut down) = (0u64, 0u64);
     match pump_both(
-        &client,
+        &mut client,
         &mut stream,
         up_meter,
         down_meter,
@@ -724,7 +802,7 @@ thread_local! {
 /// stream -> client writes each DATA chunk as it arrived. EOF on one side
 /// becomes END_STREAM / `shutdown(SHUT_WR)` on the other; an error ends both.
 async fn pump_both(
-    client: &TcpStream,
+    client: &mut TcpStream,
     stream: &mut ringway_hbone::HboneStream,
     up_meter: &Meter<'_>,
     down_meter: &Meter<'_>,
@@ -757,31 +835,37 @@ async fn pump_both(
                     Poll::Pending => break,
                 }
             }
-            match client.poll_read_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => break,
-            }
+            // `poll_read` (not readiness + `try_read`): a short read clears
+            // the readiness, so a small message costs one `read`, not a
+            // second one that finds EAGAIN.
             let read = READ_BUF.with(|b| {
                 let mut b = b.borrow_mut();
-                client.try_read(&mut b).inspect(|&n| {
-                    // Copied out in pieces below glibc's mmap threshold, so
-                    // the allocations reuse heap pages instead of faulting
-                    // in fresh ones for every read.
-                    to_stream.extend(b[..n].chunks(PIECE).map(bytes::Bytes::copy_from_slice));
-                })
+                let mut rb = tokio::io::ReadBuf::new(&mut b);
+                match tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut *client), cx, &mut rb)
+                {
+                    Poll::Ready(Ok(())) => {
+                        let got = rb.filled();
+                        // Copied out in pieces below glibc's mmap threshold,
+                        // so the allocations reuse heap pages instead of
+                        // faulting in fresh ones for every read.
+                        to_stream.extend(got.chunks(PIECE).map(bytes::Bytes::copy_from_slice));
+                        Poll::Ready(Ok(got.len()))
+                    }
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
             });
             match read {
-                Ok(0) => {
+                Poll::Ready(Ok(0)) => {
                     stream.finish()?;
                     up_done = true;
                 }
-                Ok(n) => {
+                Poll::Ready(Ok(n)) => {
                     up_meter.add(n as u64);
                     *up += n as u64;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
             }
         }
         // tunnel -> client
@@ -792,19 +876,18 @@ async fn pump_both(
             }
             down_budget -= 1;
             if !to_client.is_empty() {
-                match client.poll_write_ready(cx) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => break,
-                }
-                match client.try_write(&to_client) {
-                    Ok(n) => {
+                match tokio::io::AsyncWrite::poll_write(
+                    std::pin::Pin::new(&mut *client),
+                    cx,
+                    &to_client,
+                ) {
+                    Poll::Ready(Ok(n)) => {
                         let _ = to_client.split_to(n);
                         down_meter.add(n as u64);
                         *down += n as u64;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
                 }
                 continue;
             }
@@ -873,6 +956,7 @@ pub async fn inbound(
     let mut tls = accepted?;
     // Authenticated: from now on TLS reads go through the buffer.
     tls.get_mut().0.buffer();
+    tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
     let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
     tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
     let info = PeerInfo {
@@ -1204,6 +1288,50 @@ mod tests {
             flows: flows::FlowTable::default(),
             preauth: Default::default(),
         }
+    }
+
+    /// A peer that sends a few bytes and then goes quiet, on thousands of
+    /// tunnels, must not make each hold a TLS read buffer: the buffer is
+    /// given back once TLS has taken every byte read into it, and a read
+    /// that finds nothing holds none.
+    #[test]
+    fn adversarial_quiet_tunnel_holds_no_tls_read_buffer() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (mut peer, ours) = tokio::io::duplex(4096);
+            let mut io = LazyBufIo::new(ours);
+            io.buffer();
+            peer.write_all(&[7u8; 100]).await.unwrap();
+            // TLS takes a record header first: the rest waits in the buffer.
+            let mut head = [0u8; 5];
+            io.read_exact(&mut head).await.unwrap();
+            assert!(io.holds_buffer(), "unread bytes are kept");
+            let mut rest = [0u8; 95];
+            io.read_exact(&mut rest).await.unwrap();
+            assert_eq!(rest, [7u8; 95]);
+            assert!(
+                !io.holds_buffer(),
+                "a tunnel whose bytes were all taken still holds a TLS read buffer"
+            );
+            // A read that finds nothing (the peer is quiet) keeps none either.
+            let mut one = [0u8; 1];
+            let mut rb = tokio::io::ReadBuf::new(&mut one);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let polled =
+                tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut io), &mut cx, &mut rb);
+            assert!(polled.is_pending(), "nothing was sent");
+            assert!(!io.holds_buffer(), "a pending read holds a TLS read buffer");
+            // Bytes arriving later are read whole (nothing lost on the way).
+            peer.write_all(b"later").await.unwrap();
+            let mut later = [0u8; 5];
+            io.read_exact(&mut later).await.unwrap();
+            assert_eq!(&later, b"later");
+            assert!(!io.holds_buffer());
+        });
     }
 
     /// The agent's info without a service account must never become

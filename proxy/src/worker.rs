@@ -831,13 +831,19 @@ async fn outbound(
                 plan.service = service.clone();
                 // Boxed: the tunnel's futures (TLS, HTTP/2, copies) are large
                 // and would otherwise sit in every spliced connection's state.
-                match Box::pin(tunnel_outbound(
-                    &ctx, &pod, &client, peer, addr, *plan, started,
-                ))
-                .await
-                {
-                    None => return,
-                    Some(f) => failed = Some(f),
+                match Box::pin(tunnel_outbound(&ctx, &pod, &client, peer, addr, plan)).await {
+                    TunnelOutcome::Open(open) => {
+                        // The copy runs in a task of its own that takes the
+                        // connection's registration; this task, sized for
+                        // every path of a connection, ends here instead of
+                        // waiting as long as the tunnel is open.
+                        let span = tracing::Span::current();
+                        let copy = tunnel_copy(ctx.clone(), guard, open, started);
+                        spawn_local(ctx.backend, copy.instrument(span));
+                        return;
+                    }
+                    TunnelOutcome::Done => return,
+                    TunnelOutcome::Failed(f) => failed = Some(f),
                 }
             }
         }
@@ -846,18 +852,34 @@ async fn outbound(
     connect_failed(&ctx, &client, &labels, &error);
 }
 
-/// An outbound connection over HBONE to `addr`. `None` when it is done
-/// (served, or denied by the destination: final); otherwise the failure, so
-/// the caller may try another endpoint.
+/// How opening a tunnel for an outbound connection went.
+enum TunnelOutcome {
+    /// Open: the copy is to run ([`tunnel_copy`]).
+    Open(Box<OpenTunnel>),
+    /// Done: denied by the destination (final), or the client is gone.
+    Done,
+    /// Failed: the caller may try another endpoint.
+    Failed((Vec<TcpLabels>, String)),
+}
+
+/// An open tunnel and its client, with what the copy's setup needs.
+struct OpenTunnel {
+    client: tokio::net::TcpStream,
+    stream: ringway_hbone::HboneStream,
+    plan: Box<tunnel::OutboundPlan>,
+    /// The source peer and the connection's labels.
+    named: Box<(Peer, TcpLabels)>,
+}
+
+/// Opens an outbound connection's tunnel to `addr` over HBONE.
 async fn tunnel_outbound(
     ctx: &WorkerCtx,
     pod: &PodLocal,
     client: &Arc<OwnedFd>,
     peer: SocketAddr,
     addr: SocketAddr,
-    plan: tunnel::OutboundPlan,
-    started: Instant,
-) -> Option<(Vec<TcpLabels>, String)> {
+    plan: Box<tunnel::OutboundPlan>,
+) -> TunnelOutcome {
     let cx = tunnel::ConnCtx {
         stats: &ctx.stats,
         metrics: &ctx.metrics,
@@ -866,13 +888,27 @@ async fn tunnel_outbound(
     };
     let src = pod.shared.peer(ctx.tunnel.mesh().as_deref());
     let labels = tunnel::outbound_labels(&src, &plan);
-    match tunnel::open_outbound(&cx, &ctx.hbone_pool, &pod.shared, &src, peer, &plan).await {
-        Ok(stream) => {
-            if let Some(tcp) = adopt_client(client) {
-                tunnel::outbound_pump(cx, &src, tcp, stream, &plan, &labels, started).await;
-            }
-            None
-        }
+    // Boxed: the open's state (dial, TLS handshake, HTTP/2 request) is
+    // freed once the stream is open.
+    let opened = Box::pin(tunnel::open_outbound(
+        &cx,
+        &ctx.hbone_pool,
+        &pod.shared,
+        &src,
+        peer,
+        &plan,
+    ))
+    .await;
+    match opened {
+        Ok(stream) => match adopt_client(client) {
+            Some(client) => TunnelOutcome::Open(Box::new(OpenTunnel {
+                client,
+                stream,
+                plan,
+                named: Box::new((src, labels)),
+            })),
+            None => TunnelOutcome::Done,
+        },
         Err(tunnel::TunnelError::Hbone(ringway_hbone::HboneError::Denied)) => {
             // The destination's policy said no: final, and the client
             // learns it as a reset.
@@ -887,10 +923,38 @@ async fn tunnel_outbound(
             ctx.metrics.opened.get_or_create(&l).inc();
             ctx.metrics.closed.get_or_create(&l).inc();
             sys::tcp_abort(client.as_fd());
-            None
+            TunnelOutcome::Done
         }
-        Err(e) => Some((vec![labels], format!("hbone: {e}"))),
+        Err(e) => TunnelOutcome::Failed((vec![labels], format!("hbone: {e}"))),
     }
+}
+
+/// Copies an open tunnel's bytes until both sides are done, holding the
+/// connection's registration; the plan, peers and labels are dropped once
+/// the copy is set up (it keeps counter handles and the access log's
+/// names), so an idle tunnel holds little more than its sockets.
+async fn tunnel_copy(
+    ctx: Rc<WorkerCtx>,
+    guard: ConnGuard,
+    open: Box<OpenTunnel>,
+    started: Instant,
+) {
+    let cx = tunnel::ConnCtx {
+        stats: &ctx.stats,
+        metrics: &ctx.metrics,
+        mark: ctx.settings.proxy_mark,
+        connect_timeout: ctx.settings.connect_timeout,
+    };
+    let OpenTunnel {
+        client,
+        stream,
+        plan,
+        named,
+    } = *open;
+    let pumping = tunnel::outbound_pump(cx, &named.0, client, stream, &plan, &named.1, started);
+    drop((plan, named));
+    pumping.await;
+    drop(guard);
 }
 
 /// Makes the upstream socket of `hop` (in its netns) and connects it.
@@ -1199,6 +1263,25 @@ mod tests {
 
     fn null_fd() -> OwnedFd {
         std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    fn ret_size4<A, B, C, D, R>(_: impl Fn(A, B, C, D) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// An idle tunnelled connection holds the task of its copy
+    /// (`tunnel_copy`) for its whole life, and nothing else of its own: the
+    /// open (dial, TLS, HTTP/2 request) is boxed and freed once open, the
+    /// connection's first task (sized for every path) ends then, and the
+    /// plan, peer and labels are dropped before the copy. Before, the
+    /// connection's task (2,976 B in a heap profile of the release build)
+    /// waited on the boxed `tunnel_outbound` future (3,416 B) for the
+    /// tunnel's life; in a debug build that future was 6,656 B, then 3,408.
+    #[test]
+    fn tunnel_copy_task_stays_small() {
+        let size = ret_size4(tunnel_copy);
+        println!("tunnel_copy future: {size} bytes");
+        assert!(size <= 1280, "the tunnel_copy future grew to {size} bytes");
     }
 
     /// Every connection's task holds this future while it waits: an idle

@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{Method, Request, Response, StatusCode};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn, Instrument};
 
@@ -437,14 +437,16 @@ async fn handle_stream<H, Fut>(
     // The decision (authorization, upstream connect) waits for a slot of
     // the connection and is cancelled, with whatever connect it started,
     // when the peer resets the stream first.
-    let decided = async {
+    // Boxed: the decision's state (the caller's handler, its connect) is
+    // freed once decided instead of sizing the task every idle stream holds.
+    let decided = Box::pin(async {
         let slot = conn.connecting.clone().acquire_owned().await.ok();
         if conn.abusive.load(std::sync::atomic::Ordering::Relaxed) {
             // The connection is being closed for rapid resets.
             return None;
         }
         Some((handler(creq).await, slot))
-    };
+    });
     let (decision, slot) = tokio::select! {
         // A stream already reset never starts its decision.
         biased;
@@ -520,6 +522,33 @@ const READ_CHUNK: usize = 64 * 1024;
 /// The first (and after a short read, the next) read size from the app.
 const MIN_READ: usize = 4 * 1024;
 
+thread_local! {
+    /// Reads from apps land here (one buffer per thread, borrowed only
+    /// during a read) and leave at once as an exact-size `Bytes`: a stream
+    /// waiting on a quiet app holds no buffer.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_CHUNK]);
+}
+
+/// Reads up to `want` bytes from `r` through the thread's buffer; an empty
+/// `Bytes` is EOF.
+fn poll_read_chunk(
+    r: &mut (impl AsyncRead + Unpin),
+    cx: &mut std::task::Context<'_>,
+    want: usize,
+) -> std::task::Poll<std::io::Result<Bytes>> {
+    READ_BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        let mut rb = tokio::io::ReadBuf::new(&mut b[..want.min(READ_CHUNK)]);
+        match std::pin::Pin::new(r).poll_read(cx, &mut rb) {
+            std::task::Poll::Ready(Ok(())) => {
+                std::task::Poll::Ready(Ok(Bytes::copy_from_slice(rb.filled())))
+            }
+            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    })
+}
+
 /// Pumps bytes between an accepted stream and its upstream.
 async fn pump(
     mut h2r: RecvStream,
@@ -571,14 +600,14 @@ async fn pump(
         // small buffer, a busy one reads big.
         let mut want = MIN_READ;
         loop {
-            let mut buf = BytesMut::with_capacity(want);
-            let read = tokio::select! {
-                r = ur.read_buf(&mut buf) => r.map_err(PumpErr::Upstream)?,
+            let chunk = tokio::select! {
+                r = poll_fn(|cx| poll_read_chunk(&mut ur, cx, want)) => r.map_err(PumpErr::Upstream)?,
                 r = poll_fn(|cx| h2w.poll_reset(cx)) => return Err(match r {
                     Ok(reason) => PumpErr::Peer(h2::Error::from(reason)),
                     Err(e) => PumpErr::Peer(e),
                 }),
             };
+            let read = chunk.len();
             if read == 0 {
                 // FIN from the app: END_STREAM toward the peer.
                 h2w.send_data(Bytes::new(), true).map_err(PumpErr::Peer)?;
@@ -590,7 +619,7 @@ async fn pump(
             } else {
                 MIN_READ
             };
-            send_all(&mut h2w, buf.freeze()).await?;
+            send_all(&mut h2w, chunk).await?;
         }
     };
     let result = tokio::try_join!(to_upstream, to_peer);
