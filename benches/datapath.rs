@@ -77,14 +77,7 @@ fn main() {
             let _ = std::fs::create_dir_all(&dir);
             dir.join(format!("{what:?}.perf.data").to_lowercase())
         });
-        match ringway_benches::profile(config, what, secs, out) {
-            Ok(Some(line)) => println!("{line}"),
-            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
-            Err(e) => {
-                eprintln!("[bench] profile failed: {e:#}");
-                std::process::exit(1);
-            }
-        }
+        print_or_exit("profile", ringway_benches::profile(config, what, secs, out));
         return;
     }
     if args.iter().any(|a| a == "--cni-add-ca") {
@@ -94,14 +87,10 @@ fn main() {
             ringway_benches::cni_ca::CniCaConfig::full()
         }
         .with_env_overrides();
-        match ringway_benches::run_cni_add_ca(cfg, config.proxy_bin.clone()) {
-            Ok(Some(md)) => println!("{md}"),
-            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
-            Err(e) => {
-                eprintln!("[bench] cni-add-ca failed: {e:#}");
-                std::process::exit(1);
-            }
-        }
+        print_or_exit(
+            "cni-add-ca",
+            ringway_benches::run_cni_add_ca(cfg, config.proxy_bin.clone()),
+        );
         return;
     }
     if args.iter().any(|a| a == "--flood") {
@@ -162,14 +151,7 @@ fn main() {
         let out = std::env::var("RINGWAY_BENCH_OUT")
             .map(PathBuf::from)
             .unwrap_or_else(|_| root.join("crosscheck"));
-        match ringway_benches::run_crosscheck(config, &out) {
-            Ok(Some(md)) => println!("{md}"),
-            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
-            Err(e) => {
-                eprintln!("[bench] cross-check failed: {e:#}");
-                std::process::exit(1);
-            }
-        }
+        print_or_exit("cross-check", ringway_benches::run_crosscheck(config, &out));
         return;
     }
     // 2 s per measurement keeps the full run with its cross-check near 15 min.
@@ -206,6 +188,19 @@ fn main() {
         Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
         Err(e) => {
             eprintln!("[bench] failed: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Prints a scenario's report; says so when it could not run for lack of
+/// privileges (the banner above says why); exits 1 when it failed.
+fn print_or_exit(what: &str, r: anyhow::Result<Option<String>>) {
+    match r {
+        Ok(Some(md)) => println!("{md}"),
+        Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
+        Err(e) => {
+            eprintln!("[bench] {what} failed: {e:#}");
             std::process::exit(1);
         }
     }

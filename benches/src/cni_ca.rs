@@ -326,22 +326,7 @@ impl Node {
         args.zds_socket = Some(dir.join("zds.sock"));
         args.config = Some(config.to_path_buf());
         args.control_host = host;
-        let proxy = ProxyChild::start_ringway(
-            bin,
-            &[("RINGWAY_DRAIN_PERIOD", "200ms".to_string())],
-            &args,
-            Duration::from_secs(20),
-        )?;
-        let t = Instant::now();
-        while !agent.proxies().iter().any(|p| p.ready) {
-            if t.elapsed() > Duration::from_secs(20) {
-                bail!(
-                    "the proxy never said hello to the agent: {}",
-                    proxy.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let proxy = crate::suite::start_proxy_for_agent(bin, &args, &agent)?;
         Ok(Node {
             dir: dir.to_path_buf(),
             agent,

@@ -1252,22 +1252,7 @@ fn cni_churn(
     .context("starting the node agent")?;
     let mut args = ProxyArgs::pods(&[]);
     args.zds_socket = Some(dir.join("zds.sock"));
-    let mut proxy = ProxyChild::start_ringway(
-        &config.proxy_bin,
-        &[("RINGWAY_DRAIN_PERIOD", "200ms".to_string())],
-        &args,
-        Duration::from_secs(20),
-    )?;
-    let t = Instant::now();
-    while !agent.proxies().iter().any(|p| p.ready) {
-        if t.elapsed() > Duration::from_secs(20) {
-            bail!(
-                "the proxy never said hello to the agent: {}",
-                proxy.log_tail()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut proxy = start_proxy_for_agent(&config.proxy_bin, &args, &agent)?;
     std::thread::sleep(config.settle);
     let rss0 = proxy.rss_kib();
     let mut lat_ms = Vec::with_capacity(pods.len());
@@ -1614,4 +1599,30 @@ pub(crate) fn machine() -> Vec<(String, String)> {
                 .join(" "),
         ),
     ]
+}
+
+/// Starts the `ringway` program `bin` as a proxy with `args` and waits (at
+/// most 20 s) until it has said hello to the node `agent` over ZDS.
+pub(crate) fn start_proxy_for_agent(
+    bin: &std::path::Path,
+    args: &ProxyArgs,
+    agent: &ringway_cni::node::AgentHandle,
+) -> anyhow::Result<ProxyChild> {
+    let proxy = ProxyChild::start_ringway(
+        bin,
+        &[("RINGWAY_DRAIN_PERIOD", "200ms".to_string())],
+        args,
+        Duration::from_secs(20),
+    )?;
+    let t = Instant::now();
+    while !agent.proxies().iter().any(|p| p.ready) {
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!(
+                "the proxy never said hello to the agent: {}",
+                proxy.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(proxy)
 }

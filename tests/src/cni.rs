@@ -89,4 +89,33 @@ impl CniPod {
         })
         .to_string()
     }
+
+    /// Runs the plugin binary `plugin` for `command` as a runtime does
+    /// (this pod's `CNI_*` environment only, [`CniPod::netconf`] at CNI
+    /// 1.0.0 in network `k8s-pod-network` on stdin), plugins looked up in
+    /// `cni_path`; its exit status and output.
+    pub fn run_plugin_binary(
+        &self,
+        plugin: &Path,
+        command: &str,
+        cni_path: &Path,
+        agent_socket: &Path,
+    ) -> std::io::Result<std::process::Output> {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(plugin)
+            .env_clear()
+            .envs(self.env(command, cni_path))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let conf = self.netconf("1.0.0", "k8s-pod-network", agent_socket);
+        child
+            .stdin
+            .take()
+            .expect("stdin is piped")
+            .write_all(conf.as_bytes())?;
+        child.wait_with_output()
+    }
 }

@@ -338,24 +338,9 @@ impl Bed {
     fn cni_add(&self, node: &Node, pod: &Pod) {
         let call = ringway_testbed::cni::CniPod::of(pod, &format!("uid-{}", pod.name))
             .in_namespace("demo");
-        let mut child = Command::new(&self.plugin)
-            .env_clear()
-            .envs(call.env("ADD", self.dir.path()))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+        let out = call
+            .run_plugin_binary(&self.plugin, "ADD", self.dir.path(), &node.cni_socket)
             .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(
-                call.netconf("1.0.0", "k8s-pod-network", &node.cni_socket)
-                    .as_bytes(),
-            )
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
         assert!(
             out.status.success(),
             "CNI ADD {}: {} {}",

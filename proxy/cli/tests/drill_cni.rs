@@ -88,24 +88,8 @@ impl Env {
     /// Runs the plugin as a runtime does.
     fn cni_call(&self, command: &str, pod: &Pod, uid: &str) -> Output {
         let call = ringway_testbed::cni::CniPod::of(pod, uid).in_namespace("default");
-        let mut child = Command::new(&self.plugin)
-            .env_clear()
-            .envs(call.env(command, self.dir.path()))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
+        call.run_plugin_binary(&self.plugin, command, self.dir.path(), &self.cni())
             .unwrap()
-            .write_all(
-                call.netconf("1.0.0", "k8s-pod-network", &self.cni())
-                    .as_bytes(),
-            )
-            .unwrap();
-        child.wait_with_output().unwrap()
     }
 }
 
