@@ -468,7 +468,8 @@ impl TcpFamily {
 pub struct RefusedLabels {
     /// Why, from a fixed set: `forwarded_not_peer`, `forwarded_reserved`,
     /// `proxy_port`, `rapid_reset`, `handshake_timeout`, `preface_timeout`,
-    /// `idle`, `per_source`, `per_pod`.
+    /// `idle`, `per_source`, `per_pod_paused` (a pod's tunnel listeners
+    /// paused at its pre-auth cap; counted once per pause).
     pub reason: &'static str,
 }
 

@@ -117,8 +117,8 @@ impl PreauthSlots {
 
     /// Returns once the pod has fewer than `per_pod` connections before
     /// authentication, or `gone` says its listeners are closing (checked on
-    /// every place freed, on [`PreauthSlots::wake_all`], and at least every
-    /// 500 ms). Cancel-safe.
+    /// every place freed and on [`PreauthSlots::wake_all`], which closing a
+    /// pod's listeners calls). Cancel-safe.
     pub async fn room(&self, per_pod: u32, gone: impl Fn() -> bool) {
         loop {
             let freed = self.freed.notified();
@@ -128,7 +128,7 @@ impl PreauthSlots {
             if self.held() < per_pod || gone() {
                 return;
             }
-            let _ = tokio::time::timeout(Duration::from_millis(500), freed).await;
+            freed.await;
         }
     }
 
