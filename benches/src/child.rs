@@ -162,6 +162,12 @@ impl ProxyChild {
         proc_thread_cpu_seconds(self.pid, prefix)
     }
 
+    /// Run-queue wait so far (runnable, no CPU) of the threads whose name
+    /// starts with `prefix`, seconds.
+    pub fn thread_wait_seconds(&self, prefix: &str) -> f64 {
+        proc_thread_wait_seconds(self.pid, prefix)
+    }
+
     /// Whether the child is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
@@ -265,23 +271,38 @@ pub fn proc_fd_kinds(pid: u32) -> std::collections::BTreeMap<String, usize> {
 
 /// CPU seconds of the threads of `pid` whose name starts with `prefix`.
 pub fn proc_thread_cpu_seconds(pid: u32, prefix: &str) -> f64 {
+    proc_thread_schedstat(pid, prefix).0
+}
+
+/// Seconds the threads of `pid` whose name starts with `prefix` spent
+/// runnable but waiting for a CPU (the run-queue delay, the second field of
+/// `/proc/<pid>/task/<tid>/schedstat`), summed.
+pub fn proc_thread_wait_seconds(pid: u32, prefix: &str) -> f64 {
+    proc_thread_schedstat(pid, prefix).1
+}
+
+/// (on-CPU, run-queue wait) seconds of the matching threads, summed; NaN
+/// when the process is gone.
+fn proc_thread_schedstat(pid: u32, prefix: &str) -> (f64, f64) {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return f64::NAN;
+        return (f64::NAN, f64::NAN);
     };
-    let mut ns = 0u64;
+    let (mut run, mut wait) = (0u64, 0u64);
     for e in dir.flatten() {
         let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
         if !name.starts_with(prefix) {
             continue;
         }
-        if let Some(v) = std::fs::read_to_string(e.path().join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        {
-            ns += v;
+        let Ok(stat) = std::fs::read_to_string(e.path().join("schedstat")) else {
+            continue;
+        };
+        let mut f = stat.split_whitespace().map(|v| v.parse::<u64>().ok());
+        if let (Some(Some(r)), Some(Some(w))) = (f.next(), f.next()) {
+            run += r;
+            wait += w;
         }
     }
-    ns as f64 / 1e9
+    (run as f64 / 1e9, wait as f64 / 1e9)
 }
 
 /// VmRSS of process `pid` in KiB.

@@ -171,6 +171,16 @@ pub struct Neighbour {
     /// The proxy's CPU (all threads) during the two runs / their wall
     /// time: cores it used.
     pub proxy_cores: f64,
+    /// The datapath workers' run-queue delay (runnable, waiting for a CPU:
+    /// `schedstat`), summed over the `ringway-worker` threads, ms per second
+    /// of the two runs: the scheduling share of the neighbour's tail.
+    pub worker_wait_ms_per_s: f64,
+    /// CPU of the proxy's `ringway-handshake` threads (pre-auth TLS, when the
+    /// proxy has them) / wall time: 0 when handshakes run on the workers.
+    pub handshake_cores: f64,
+    /// p99 of how late the neighbour's load generator itself sent, µs: its
+    /// own share of the latency.
+    pub gen_lateness_p99_us: f64,
 }
 
 /// The proxy's resources at one moment.
@@ -404,6 +414,9 @@ fn summarize(rounds: &[FloodRound]) -> Option<FloodSummary> {
         achieved_rps: med(rounds, |r| g(r).achieved_rps),
         tput_gbps: med(rounds, |r| g(r).tput_gbps),
         proxy_cores: med(rounds, |r| g(r).proxy_cores),
+        worker_wait_ms_per_s: med(rounds, |r| g(r).worker_wait_ms_per_s),
+        handshake_cores: med(rounds, |r| g(r).handshake_cores),
+        gen_lateness_p99_us: med(rounds, |r| g(r).gen_lateness_p99_us),
     };
     let quiet = neighbour(|r| &r.quiet);
     let flood = neighbour(|r| &r.flood);
@@ -452,6 +465,8 @@ fn neighbour(
 ) -> anyhow::Result<Neighbour> {
     let dur = Duration::from_secs_f64(config.secs);
     let (c0, t0) = (proxy.cpu_seconds(), Instant::now());
+    let w0 = proxy.thread_wait_seconds("ringway-worker");
+    let h0 = proxy.thread_cpu_seconds("ringway-handshake");
     let l = load::latency(
         &base.on_port(next_port(port)),
         config.rps,
@@ -463,7 +478,10 @@ fn neighbour(
     let t =
         load::throughput(&base.on_port(next_port(port)), 1, dur).context("neighbour throughput")?;
     sample();
-    let proxy_cores = (proxy.cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    let wall = t0.elapsed().as_secs_f64();
+    let proxy_cores = (proxy.cpu_seconds() - c0) / wall;
+    let worker_wait_ms_per_s = (proxy.thread_wait_seconds("ringway-worker") - w0) * 1e3 / wall;
+    let handshake_cores = (proxy.thread_cpu_seconds("ringway-handshake") - h0) / wall;
     let q = |p: f64| l.hist.value_at_quantile(p) as f64 / 1e3;
     Ok(Neighbour {
         p50_us: q(0.5),
@@ -473,6 +491,9 @@ fn neighbour(
         achieved_rps: l.requests as f64 / l.secs,
         tput_gbps: t.gbps(),
         proxy_cores,
+        worker_wait_ms_per_s,
+        handshake_cores,
+        gen_lateness_p99_us: l.lateness.value_at_quantile(0.99) as f64 / 1e3,
     })
 }
 
@@ -719,13 +740,23 @@ pub fn render(r: &FloodReport) -> String {
     );
     if let Some(m) = &r.summary {
         s.push_str(
-            "| neighbour (medians) | p50 µs | p90 µs | p99 µs | max µs | req/s | Gbit/s | proxy cores |\n",
+            "| neighbour (medians) | p50 µs | p90 µs | p99 µs | max µs | req/s | Gbit/s | proxy cores | \
+             workers' run-queue wait ms/s | handshake thread cores | generator send lateness p99 µs |\n",
         );
-        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        s.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for (k, n) in [("quiet", &m.quiet), ("flood", &m.flood)] {
             s.push_str(&format!(
-                "| {k} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
-                n.p50_us, n.p90_us, n.p99_us, n.max_us, n.achieved_rps, n.tput_gbps, n.proxy_cores
+                "| {k} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.0} |\n",
+                n.p50_us,
+                n.p90_us,
+                n.p99_us,
+                n.max_us,
+                n.achieved_rps,
+                n.tput_gbps,
+                n.proxy_cores,
+                n.worker_wait_ms_per_s,
+                n.handshake_cores,
+                n.gen_lateness_p99_us
             ));
         }
         s.push_str(&format!(
@@ -811,6 +842,11 @@ pub fn check(r: &FloodReport) -> Vec<String> {
                 m.flood.tput_gbps,
                 m.p99_ratio,
                 m.tput_ratio,
+                m.quiet.worker_wait_ms_per_s,
+                m.flood.worker_wait_ms_per_s,
+                m.quiet.handshake_cores,
+                m.flood.handshake_cores,
+                m.flood.gen_lateness_p99_us,
             ];
             if figs.iter().any(|v| !v.is_finite()) {
                 p.push(format!("a figure is not finite: {figs:?}"));
