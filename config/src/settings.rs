@@ -158,10 +158,12 @@ pub struct HboneSettings {
     /// Streams of one HTTP/2 connection the peer may reset before they are
     /// answered; one more and the connection gets GOAWAY (rapid reset).
     pub max_early_resets: u32,
-    /// Bound on the TLS handshake of an accepted tunnel connection.
+    /// Bound on the TLS handshake of an accepted tunnel connection (each
+    /// connection's deadline is drawn in `[bound / 2, bound]`).
     #[serde(with = "duration_secs")]
     pub handshake_timeout: Duration,
-    /// Bound on the HTTP/2 preface and SETTINGS after TLS.
+    /// Bound on the HTTP/2 preface and SETTINGS after TLS (jittered per
+    /// connection as `handshake_timeout`).
     #[serde(with = "duration_secs")]
     pub preface_timeout: Duration,
     /// An HTTP/2 connection without streams for this long is closed.

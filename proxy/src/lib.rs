@@ -19,6 +19,7 @@
 pub mod control;
 pub mod copy;
 pub mod flows;
+pub mod handshake;
 pub mod metrics;
 pub mod sock;
 pub mod stats;

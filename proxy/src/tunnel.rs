@@ -933,7 +933,9 @@ pub async fn inbound(
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    let timeout = state.limits.handshake_timeout;
+    // Each connection's own deadline in [timeout / 2, timeout]: a burst
+    // admitted together does not expire (and get replaced) together.
+    let timeout = crate::handshake::jittered(state.limits.handshake_timeout);
     let accepted = match tokio::time::timeout(timeout, acceptor.accept(LazyBufIo::new(tcp))).await {
         Ok(r) => r,
         Err(_) => {
@@ -978,7 +980,7 @@ pub async fn inbound(
         max_header_list_size: l.max_header_list_size,
         max_connecting_streams: l.max_connecting_streams,
         max_early_resets: l.max_early_resets,
-        preface_timeout: l.preface_timeout,
+        preface_timeout: crate::handshake::jittered(l.preface_timeout),
         idle_timeout: l.idle_timeout,
         ..ringway_hbone::ServerConfig::default()
     };
