@@ -1,10 +1,188 @@
 //! Before authentication on the tunnel listener (15008): the per-connection
 //! jitter of its deadlines, so connections admitted together do not expire
-//! together.
+//! together, and the handshake thread that runs the server side of their
+//! TLS handshakes off the datapath workers.
 
 use std::cell::Cell;
+use std::future::Future;
 use std::hash::BuildHasher;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
 use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// The name of the thread that runs the server TLS handshakes.
+pub const THREAD_NAME: &str = "ringway-handshake";
+
+/// The nice value of the handshake thread (the workers run at the
+/// process's, normally 0): under a saturated datapath it still gets about a
+/// tenth of a core's time (CFS weights 110 against 1024), so legitimate new
+/// tunnels are slowed, never starved, and a handshake flood takes at most
+/// that share from the workers.
+pub const NICE: i32 = 10;
+
+/// Whether the calling thread is the handshake thread.
+pub fn on_handshake_thread() -> bool {
+    std::thread::current().name() == Some(THREAD_NAME)
+}
+
+type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+enum Msg {
+    Run(Job),
+    Stop,
+}
+
+/// The handshake thread: its own current-thread tokio runtime (reactor and
+/// timers) at a lower CPU priority than the workers, running the futures
+/// the workers hand it (one per server TLS handshake, each its own task).
+#[derive(Debug, Clone)]
+pub struct Handshaker {
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Msg::Run(_) => "Run",
+            Msg::Stop => "Stop",
+        })
+    }
+}
+
+impl Handshaker {
+    /// Starts the thread at nice `nice` (not below the process's own).
+    pub fn start(nice: i32) -> io::Result<(Handshaker, JoinHandle<()>)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+        let join = std::thread::Builder::new()
+            .name(THREAD_NAME.into())
+            .spawn(move || {
+                if let Err(e) = crate::sys::lower_thread_priority(nice) {
+                    tracing::warn!(error = %e, nice, "cannot lower the handshake thread's CPU priority");
+                }
+                rt.block_on(async move {
+                    while let Some(msg) = rx.recv().await {
+                        match msg {
+                            Msg::Run(job) => {
+                                tokio::spawn(job);
+                            }
+                            Msg::Stop => break,
+                        }
+                    }
+                });
+                // Dropping the runtime drops the handshakes under way: their
+                // sockets close and their workers see the reply dropped.
+                drop(rt);
+                tracing::debug!("handshake thread stopped");
+            })?;
+        Ok((Handshaker { tx }, join))
+    }
+
+    /// Runs `job` on the handshake thread; `false` once it has stopped.
+    pub fn run(&self, job: impl Future<Output = ()> + Send + 'static) -> bool {
+        self.tx.send(Msg::Run(Box::pin(job))).is_ok()
+    }
+
+    /// Tells the thread to drop what it runs and exit.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Msg::Stop);
+    }
+}
+
+/// A socket that moves between threads with its TLS state: registered with
+/// the reactor of the thread that drives it ([`Handoff::attach`]), taken off
+/// it ([`Handoff::detach`]) before it moves. Detached, it refuses I/O.
+#[derive(Debug)]
+pub struct Handoff(Place);
+
+#[derive(Debug)]
+enum Place {
+    Attached(TcpStream),
+    Detached(std::net::TcpStream),
+    Gone,
+}
+
+impl Handoff {
+    /// A socket registered with the calling thread's reactor.
+    pub fn new(tcp: TcpStream) -> Self {
+        Handoff(Place::Attached(tcp))
+    }
+
+    /// Takes the socket off the calling thread's reactor (it may move).
+    pub fn detach(&mut self) -> io::Result<()> {
+        self.0 = match std::mem::replace(&mut self.0, Place::Gone) {
+            Place::Attached(t) => Place::Detached(t.into_std()?),
+            other => other,
+        };
+        Ok(())
+    }
+
+    /// Registers the socket with the calling thread's reactor.
+    pub fn attach(&mut self) -> io::Result<()> {
+        self.0 = match std::mem::replace(&mut self.0, Place::Gone) {
+            Place::Detached(s) => Place::Attached(TcpStream::from_std(s)?),
+            other => other,
+        };
+        Ok(())
+    }
+
+    fn tcp(&mut self) -> io::Result<&mut TcpStream> {
+        match &mut self.0 {
+            Place::Attached(t) => Ok(t),
+            _ => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "tunnel socket is not registered with this thread's reactor",
+            )),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Handoff {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(self.get_mut().tcp()?).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Handoff {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self.get_mut().tcp()?).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self.get_mut().tcp()?).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.get_mut().tcp()?).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.get_mut().tcp()?).poll_shutdown(cx)
+    }
+}
 
 /// `timeout` scaled into `[timeout / 2, timeout)` by `r` (uniform over
 /// `u64`): the deadline of one pre-authentication phase (TLS handshake,

@@ -69,6 +69,13 @@ pub enum ProxyError {
         #[source]
         source: io::Error,
     },
+    /// The thread of the tunnel listener's TLS handshakes could not start.
+    #[error("cannot start the TLS handshake thread: {source}")]
+    HandshakeThread {
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
     /// The fd handed in is not a network namespace.
     #[error("pod {uid}: fd is not a network namespace ({what})")]
     NotANetns {
@@ -197,6 +204,8 @@ pub struct Proxy {
     trust_domain: std::sync::RwLock<String>,
     tunnel: Arc<tunnel::TunnelState>,
     hbone_pools: Vec<ringway_hbone::Pool>,
+    /// The thread running the server TLS handshakes of 15008.
+    handshake_thread: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -252,6 +261,9 @@ impl Proxy {
             .set(i64::from(backend == Backend::Uring));
         let n = settings.effective_workers();
         let tunnel = Arc::new(tunnel::TunnelState::new(metrics.clone(), &settings));
+        let (handshaker, handshake_thread) = handshake::Handshaker::start(handshake::NICE)
+            .map_err(|source| ProxyError::HandshakeThread { source })?;
+        tunnel.set_handshaker(handshaker);
         let mut workers = Vec::with_capacity(n);
         let mut hbone_pools = Vec::with_capacity(n);
         for id in 0..n {
@@ -293,6 +305,7 @@ impl Proxy {
             trust_domain: std::sync::RwLock::new("cluster.local".to_string()),
             tunnel,
             hbone_pools,
+            handshake_thread: Some(handshake_thread),
         })
     }
 
@@ -819,6 +832,7 @@ impl Proxy {
         for w in &self.workers {
             let _ = w.tx.send(Cmd::Stop);
         }
+        self.tunnel.stop_handshaker();
     }
 
     /// Resets every connection and stops the workers.
@@ -834,6 +848,11 @@ impl Proxy {
             if let Some(j) = w.join.take() {
                 let _ = j.join();
             }
+        }
+        // Then the handshakes still under way (their workers are gone).
+        self.tunnel.stop_handshaker();
+        if let Some(j) = self.handshake_thread.take() {
+            let _ = j.join();
         }
     }
 }

@@ -1240,8 +1240,15 @@ async fn tunnel_inbound(
     peer: SocketAddr,
     preauth: tunnel::PreauthGuard,
 ) {
-    let Some(tcp) = adopt_client(client) else {
-        return;
+    // A duplicate (the pod registry keeps the original to reset it), on no
+    // reactor yet: the TLS handshake runs on the handshake thread.
+    let tcp = match client.try_clone().and_then(tunnel::adopt_std) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot hand over accepted socket; resetting");
+            sys::tcp_abort(client.as_fd());
+            return;
+        }
     };
     if let Err(e) = tunnel::inbound(
         ctx.tunnel.clone(),
@@ -1250,6 +1257,7 @@ async fn tunnel_inbound(
         tcp,
         peer,
         preauth,
+        ctx.stats.clone(),
     )
     .await
     {
