@@ -175,6 +175,9 @@ pub struct HboneSettings {
     /// Tunnel connections not yet authenticated at once per pod; more are
     /// reset.
     pub max_preauth_per_pod: u32,
+    /// Nice value of the thread running the tunnel listener's server TLS
+    /// handshakes (the datapath workers keep the process's): 0..=19.
+    pub handshake_nice: i32,
 }
 
 impl Default for HboneSettings {
@@ -189,6 +192,7 @@ impl Default for HboneSettings {
             idle_timeout: Duration::from_secs(300),
             max_preauth_per_source: 64,
             max_preauth_per_pod: 1024,
+            handshake_nice: 10,
         }
     }
 }
@@ -230,6 +234,15 @@ impl HboneSettings {
                 format!(
                     "{} is more than maxPreauthPerPod ({})",
                     self.max_preauth_per_source, self.max_preauth_per_pod
+                ),
+            );
+        }
+        if !(0..=19).contains(&self.handshake_nice) {
+            return invalid(
+                "hbone.handshakeNice",
+                format!(
+                    "{} is outside 0..=19 (below 0 the handshakes would outrank the datapath)",
+                    self.handshake_nice
                 ),
             );
         }
@@ -480,6 +493,11 @@ mod tests {
             ..d()
         })
         .starts_with("invalid `hbone.reservedPorts`"));
+        assert!(bad(HboneSettings {
+            handshake_nice: -5,
+            ..d()
+        })
+        .starts_with("invalid `hbone.handshakeNice`"));
         let s: ProxySettings =
             serde_yaml::from_str("hbone: {handshakeTimeout: 1.5, maxPreauthPerSource: 8}\n")
                 .unwrap();

@@ -18,13 +18,6 @@ use tokio::sync::mpsc;
 /// The name of the thread that runs the server TLS handshakes.
 pub const THREAD_NAME: &str = "ringway-handshake";
 
-/// The nice value of the handshake thread (the workers run at the
-/// process's, normally 0): under a saturated datapath it still gets about a
-/// tenth of a core's time (CFS weights 110 against 1024), so legitimate new
-/// tunnels are slowed, never starved, and a handshake flood takes at most
-/// that share from the workers.
-pub const NICE: i32 = 10;
-
 /// Whether the calling thread is the handshake thread.
 pub fn on_handshake_thread() -> bool {
     std::thread::current().name() == Some(THREAD_NAME)
@@ -38,8 +31,13 @@ enum Msg {
 }
 
 /// The handshake thread: its own current-thread tokio runtime (reactor and
-/// timers) at a lower CPU priority than the workers, running the futures
-/// the workers hand it (one per server TLS handshake, each its own task).
+/// timers) at a lower CPU priority than the workers (`hbone.handshakeNice`,
+/// 10 by default: under a saturated datapath it still gets about a tenth of
+/// a core, CFS weights 110 against 1024, so legitimate new tunnels are
+/// slowed, never starved, and a handshake flood takes at most that share
+/// from the workers; not `SCHED_IDLE`, which could starve them), running
+/// the futures the workers hand it (one per server TLS handshake, each its
+/// own task).
 #[derive(Debug, Clone)]
 pub struct Handshaker {
     tx: mpsc::UnboundedSender<Msg>,

@@ -261,8 +261,9 @@ impl Proxy {
             .set(i64::from(backend == Backend::Uring));
         let n = settings.effective_workers();
         let tunnel = Arc::new(tunnel::TunnelState::new(metrics.clone(), &settings));
-        let (handshaker, handshake_thread) = handshake::Handshaker::start(handshake::NICE)
-            .map_err(|source| ProxyError::HandshakeThread { source })?;
+        let (handshaker, handshake_thread) =
+            handshake::Handshaker::start(settings.hbone.handshake_nice)
+                .map_err(|source| ProxyError::HandshakeThread { source })?;
         tunnel.set_handshaker(handshaker);
         let mut workers = Vec::with_capacity(n);
         let mut hbone_pools = Vec::with_capacity(n);
