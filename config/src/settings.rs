@@ -158,10 +158,12 @@ pub struct HboneSettings {
     /// Streams of one HTTP/2 connection the peer may reset before they are
     /// answered; one more and the connection gets GOAWAY (rapid reset).
     pub max_early_resets: u32,
-    /// Bound on the TLS handshake of an accepted tunnel connection.
+    /// Bound on the TLS handshake of an accepted tunnel connection (each
+    /// connection's deadline is drawn in `[bound / 2, bound]`).
     #[serde(with = "duration_secs")]
     pub handshake_timeout: Duration,
-    /// Bound on the HTTP/2 preface and SETTINGS after TLS.
+    /// Bound on the HTTP/2 preface and SETTINGS after TLS (jittered per
+    /// connection as `handshake_timeout`).
     #[serde(with = "duration_secs")]
     pub preface_timeout: Duration,
     /// An HTTP/2 connection without streams for this long is closed.
@@ -173,6 +175,9 @@ pub struct HboneSettings {
     /// Tunnel connections not yet authenticated at once per pod; more are
     /// reset.
     pub max_preauth_per_pod: u32,
+    /// Nice value of the thread running the tunnel listener's server TLS
+    /// handshakes (the datapath workers keep the process's): 0..=19.
+    pub handshake_nice: i32,
 }
 
 impl Default for HboneSettings {
@@ -187,6 +192,7 @@ impl Default for HboneSettings {
             idle_timeout: Duration::from_secs(300),
             max_preauth_per_source: 64,
             max_preauth_per_pod: 1024,
+            handshake_nice: 10,
         }
     }
 }
@@ -228,6 +234,15 @@ impl HboneSettings {
                 format!(
                     "{} is more than maxPreauthPerPod ({})",
                     self.max_preauth_per_source, self.max_preauth_per_pod
+                ),
+            );
+        }
+        if !(0..=19).contains(&self.handshake_nice) {
+            return invalid(
+                "hbone.handshakeNice",
+                format!(
+                    "{} is outside 0..=19 (below 0 the handshakes would outrank the datapath)",
+                    self.handshake_nice
                 ),
             );
         }
@@ -478,6 +493,11 @@ mod tests {
             ..d()
         })
         .starts_with("invalid `hbone.reservedPorts`"));
+        assert!(bad(HboneSettings {
+            handshake_nice: -5,
+            ..d()
+        })
+        .starts_with("invalid `hbone.handshakeNice`"));
         let s: ProxySettings =
             serde_yaml::from_str("hbone: {handshakeTimeout: 1.5, maxPreauthPerSource: 8}\n")
                 .unwrap();

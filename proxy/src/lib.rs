@@ -19,6 +19,7 @@
 pub mod control;
 pub mod copy;
 pub mod flows;
+pub mod handshake;
 pub mod metrics;
 pub mod sock;
 pub mod stats;
@@ -64,6 +65,13 @@ pub enum ProxyError {
     Worker {
         /// Worker index.
         worker: usize,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The thread of the tunnel listener's TLS handshakes could not start.
+    #[error("cannot start the TLS handshake thread: {source}")]
+    HandshakeThread {
         /// Cause.
         #[source]
         source: io::Error,
@@ -196,6 +204,8 @@ pub struct Proxy {
     trust_domain: std::sync::RwLock<String>,
     tunnel: Arc<tunnel::TunnelState>,
     hbone_pools: Vec<ringway_hbone::Pool>,
+    /// The thread running the server TLS handshakes of 15008.
+    handshake_thread: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -251,6 +261,10 @@ impl Proxy {
             .set(i64::from(backend == Backend::Uring));
         let n = settings.effective_workers();
         let tunnel = Arc::new(tunnel::TunnelState::new(metrics.clone(), &settings));
+        let (handshaker, handshake_thread) =
+            handshake::Handshaker::start(settings.hbone.handshake_nice)
+                .map_err(|source| ProxyError::HandshakeThread { source })?;
+        tunnel.set_handshaker(handshaker);
         let mut workers = Vec::with_capacity(n);
         let mut hbone_pools = Vec::with_capacity(n);
         for id in 0..n {
@@ -292,6 +306,7 @@ impl Proxy {
             trust_domain: std::sync::RwLock::new("cluster.local".to_string()),
             tunnel,
             hbone_pools,
+            handshake_thread: Some(handshake_thread),
         })
     }
 
@@ -818,6 +833,7 @@ impl Proxy {
         for w in &self.workers {
             let _ = w.tx.send(Cmd::Stop);
         }
+        self.tunnel.stop_handshaker();
     }
 
     /// Resets every connection and stops the workers.
@@ -833,6 +849,11 @@ impl Proxy {
             if let Some(j) = w.join.take() {
                 let _ = j.join();
             }
+        }
+        // Then the handshakes still under way (their workers are gone).
+        self.tunnel.stop_handshaker();
+        if let Some(j) = self.handshake_thread.take() {
+            let _ = j.join();
         }
     }
 }

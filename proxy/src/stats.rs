@@ -60,6 +60,10 @@ pub struct Stats {
     pub bytes_to_upstream: AtomicU64,
     /// Bytes written back toward the client.
     pub bytes_to_client: AtomicU64,
+    /// Server TLS handshakes of the tunnel listener that ran on a thread
+    /// other than the handshake thread (a datapath worker): 0 when the
+    /// datapath is kept free of them.
+    pub server_handshakes_off_thread: Counter,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -81,6 +85,8 @@ pub struct StatsSnapshot {
     pub bytes_to_upstream: u64,
     /// See [`Stats::bytes_to_client`].
     pub bytes_to_client: u64,
+    /// See [`Stats::server_handshakes_off_thread`].
+    pub server_handshakes_off_thread: u64,
 }
 
 impl Stats {
@@ -95,6 +101,7 @@ impl Stats {
             same_node: self.same_node.get(),
             bytes_to_upstream: self.bytes_to_upstream.load(Ordering::Relaxed),
             bytes_to_client: self.bytes_to_client.load(Ordering::Relaxed),
+            server_handshakes_off_thread: self.server_handshakes_off_thread.get(),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Thin syscall layer: entering a pod's network namespace, splice between
 //! sockets and pipes, aborting a TCP connection with a reset, and raising
-//! the fd limit. Four `unsafe` blocks (the reset, epoll registration,
-//! adopting an SCM_RIGHTS fd, IP_LOCAL_PORT_RANGE), each explained in place.
+//! the fd limit. Five `unsafe` blocks (the reset, epoll registration,
+//! adopting an SCM_RIGHTS fd, IP_LOCAL_PORT_RANGE, a thread's nice value),
+//! each explained in place.
 
 use std::cell::OnceCell;
 use std::fs::File;
@@ -199,4 +200,33 @@ pub fn set_local_port_range(fd: BorrowedFd<'_>, lo: u16, hi: u16) {
             tracing::warn!(error = %e, "IP_LOCAL_PORT_RANGE unavailable (kernel < 6.3?): spoofed and own source ports share one range")
         });
     }
+}
+
+/// Lowers the calling thread's CPU priority to nice `nice` (Linux keeps a
+/// nice value per thread); a thread already at or below that priority
+/// (a higher nice value) is left as it is.
+pub fn lower_thread_priority(nice: i32) -> io::Result<()> {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority/setpriority take plain integers (no pointers);
+    // `tid` is the calling thread's own id, so only this thread changes.
+    // getpriority may legitimately return -1: errno, cleared before, tells.
+    let (current, rc) = unsafe {
+        let current = libc::getpriority(libc::PRIO_PROCESS, tid);
+        if current == -1 && nix::errno::Errno::last_raw() != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if current >= nice {
+            return Ok(());
+        }
+        (current, libc::setpriority(libc::PRIO_PROCESS, tid, nice))
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("setpriority(thread {tid}, nice {current} -> {nice}): {e}"),
+        ));
+    }
+    Ok(())
 }

@@ -88,6 +88,9 @@ pub struct TunnelState {
     /// Ports a CONNECT may never target in a pod: the proxy's listeners
     /// and `limits.reserved_ports`.
     proxy_ports: Vec<u16>,
+    /// Where server TLS handshakes run (set once by the proxy at start;
+    /// without it the tunnel listener refuses every connection).
+    handshaker: std::sync::OnceLock<crate::handshake::Handshaker>,
 }
 
 /// A pod's tunnel connections before authentication (TLS and the HTTP/2
@@ -204,6 +207,19 @@ impl TunnelState {
             limits: settings.hbone.clone(),
             connect_timeout: settings.connect_timeout,
             proxy_ports,
+            handshaker: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sets the handshake thread server TLS handshakes run on (once).
+    pub fn set_handshaker(&self, h: crate::handshake::Handshaker) {
+        let _ = self.handshaker.set(h);
+    }
+
+    /// Tells the handshake thread to stop (the proxy is stopping).
+    pub fn stop_handshaker(&self) {
+        if let Some(h) = self.handshaker.get() {
+            h.stop();
         }
     }
 
@@ -430,9 +446,15 @@ async fn connect_in_pod(
 
 /// The accepted client socket as a tokio stream (the adapter).
 pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
+    TcpStream::from_std(adopt_std(fd)?)
+}
+
+/// The accepted client socket, non-blocking, registered with no reactor
+/// yet (it is handed to the handshake thread).
+pub fn adopt_std(fd: OwnedFd) -> io::Result<std::net::TcpStream> {
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true)?;
-    TcpStream::from_std(std)
+    Ok(std)
 }
 
 /// How much TLS may hold of records not yet written to the socket. rustls'
@@ -915,16 +937,17 @@ async fn pump_both(
 }
 
 /// Serves one accepted connection of a pod's tunnel listener: TLS with the
-/// pod's certificate (client certificate required), then HTTP/2 CONNECT
-/// streams, each authorized and connected to the app with the original
-/// client's address.
+/// pod's certificate (client certificate required) on the handshake thread,
+/// then, back on this worker, HTTP/2 CONNECT streams, each authorized and
+/// connected to the app with the original client's address.
 pub async fn inbound(
     state: Arc<TunnelState>,
     pod: Arc<PodShared>,
     mark: u32,
-    tcp: TcpStream,
+    tcp: std::net::TcpStream,
     peer_addr: SocketAddr,
     preauth: PreauthGuard,
+    stats: Arc<Stats>,
 ) -> Result<(), TunnelError> {
     // Before authentication a connection costs a task, an fd and the TLS
     // state only (no read buffer), for a bounded time, and holds one of the
@@ -932,28 +955,9 @@ pub async fn inbound(
     let (ids, mesh) = state.enabled().ok_or(TunnelError::Disabled)?;
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    let timeout = state.limits.handshake_timeout;
-    let accepted = match tokio::time::timeout(timeout, acceptor.accept(LazyBufIo::new(tcp))).await {
-        Ok(r) => r,
-        Err(_) => {
-            state.refused("handshake_timeout");
-            Err(crate::metrics::HandshakeTimeout::io(timeout))
-        }
-    };
-    let outcome = match &accepted {
-        Ok(_) => "ok",
-        Err(e) => crate::metrics::tls_failure_reason(e),
-    };
-    state
-        .metrics
-        .tls_handshakes
-        .get_or_create(&crate::metrics::TlsLabels {
-            side: "server",
-            outcome,
-        })
-        .inc();
-    let mut tls = accepted?;
+    let mut tls = server_handshake(&state, cfg, tcp, stats).await?;
+    // Back on this worker: its reactor drives the socket from now on.
+    tls.get_mut().0.tcp.attach()?;
     // Authenticated: from now on TLS reads go through the buffer.
     tls.get_mut().0.buffer();
     tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
@@ -978,7 +982,7 @@ pub async fn inbound(
         max_header_list_size: l.max_header_list_size,
         max_connecting_streams: l.max_connecting_streams,
         max_early_resets: l.max_early_resets,
-        preface_timeout: l.preface_timeout,
+        preface_timeout: crate::handshake::jittered(l.preface_timeout),
         idle_timeout: l.idle_timeout,
         ..ringway_hbone::ServerConfig::default()
     };
@@ -999,6 +1003,82 @@ pub async fn inbound(
     }
     served?;
     Ok(())
+}
+
+/// An authenticated server TLS stream over a socket that moves between
+/// the handshake thread and its worker.
+type ServerTls = tokio_rustls::server::TlsStream<LazyBufIo<crate::handshake::Handoff>>;
+
+/// Runs the server TLS handshake of `tcp` on the handshake thread (key
+/// exchange, signature and the client certificate's verification are the
+/// CPU a flood of ClientHellos buys: never on a datapath worker) and
+/// returns the authenticated stream, detached from that thread's reactor.
+/// Fail-closed: no handshake thread, no connection. When the worker's task
+/// goes (the proxy stops), the handshake is dropped with it; a pod's
+/// removal resets the socket, which ends the handshake at once.
+async fn server_handshake(
+    state: &Arc<TunnelState>,
+    cfg: Arc<tokio_rustls::rustls::ServerConfig>,
+    tcp: std::net::TcpStream,
+    stats: Arc<Stats>,
+) -> Result<ServerTls, TunnelError> {
+    const GONE: TunnelError = TunnelError::Refused("the handshake thread has stopped");
+    let handshaker = state.handshaker.get().ok_or(GONE)?;
+    let (mut tx, rx) = tokio::sync::oneshot::channel();
+    let job_state = state.clone();
+    let job = async move {
+        let r = tokio::select! {
+            r = handshake_here(&job_state, cfg, tcp, &stats) => r,
+            // Nobody waits for it any more.
+            () = tx.closed() => return,
+        };
+        let _ = tx.send(r);
+    };
+    if !handshaker.run(tracing::Instrument::in_current_span(job)) {
+        return Err(GONE);
+    }
+    Ok(rx.await.map_err(|_| GONE)??)
+}
+
+/// The server TLS handshake on the calling thread (the handshake thread):
+/// each connection's deadline jittered in [timeout / 2, timeout] (a burst
+/// admitted together does not expire, and get replaced, together), its
+/// outcome counted.
+async fn handshake_here(
+    state: &TunnelState,
+    cfg: Arc<tokio_rustls::rustls::ServerConfig>,
+    tcp: std::net::TcpStream,
+    stats: &Stats,
+) -> io::Result<ServerTls> {
+    let tcp = crate::handshake::Handoff::new(TcpStream::from_std(tcp)?);
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let timeout = crate::handshake::jittered(state.limits.handshake_timeout);
+    let accepted = match tokio::time::timeout(timeout, acceptor.accept(LazyBufIo::new(tcp))).await {
+        Ok(r) => r,
+        Err(_) => {
+            state.refused("handshake_timeout");
+            Err(crate::metrics::HandshakeTimeout::io(timeout))
+        }
+    };
+    if !crate::handshake::on_handshake_thread() {
+        stats.server_handshakes_off_thread.inc();
+    }
+    let outcome = match &accepted {
+        Ok(_) => "ok",
+        Err(e) => crate::metrics::tls_failure_reason(e),
+    };
+    state
+        .metrics
+        .tls_handshakes
+        .get_or_create(&crate::metrics::TlsLabels {
+            side: "server",
+            outcome,
+        })
+        .inc();
+    let mut tls = accepted?;
+    // Off this thread's reactor: the worker registers it with its own.
+    tls.get_mut().0.tcp.detach()?;
+    Ok(tls)
 }
 
 async fn decide(

@@ -348,9 +348,22 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
     )
 }
 
+/// Connections one listener accepts before it lets the worker's other tasks
+/// run. On epoll an accept with connections in the backlog completes
+/// without waiting, so a burst (a flood's reconnects, places freed at once)
+/// was taken whole in one go, stalling every other pod's bytes on the
+/// worker for its length.
+const ACCEPT_BATCH: u32 = 16;
+
 async fn accept_loop(ctx: Rc<WorkerCtx>, pod: Rc<PodLocal>, kind: ListenerKind, lsock: Sock) {
     let closing = || pod.removed.get() || pod.listeners.borrow().is_empty();
+    let mut batch = 0;
     loop {
+        batch += 1;
+        if batch > ACCEPT_BATCH {
+            batch = 1;
+            tokio::task::yield_now().await;
+        }
         match lsock.accept().await {
             Ok((fd, peer)) => {
                 ctx.stats.accepted.inc();
@@ -1240,8 +1253,15 @@ async fn tunnel_inbound(
     peer: SocketAddr,
     preauth: tunnel::PreauthGuard,
 ) {
-    let Some(tcp) = adopt_client(client) else {
-        return;
+    // A duplicate (the pod registry keeps the original to reset it), on no
+    // reactor yet: the TLS handshake runs on the handshake thread.
+    let tcp = match client.try_clone().and_then(tunnel::adopt_std) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot hand over accepted socket; resetting");
+            sys::tcp_abort(client.as_fd());
+            return;
+        }
     };
     if let Err(e) = tunnel::inbound(
         ctx.tunnel.clone(),
@@ -1250,6 +1270,7 @@ async fn tunnel_inbound(
         tcp,
         peer,
         preauth,
+        ctx.stats.clone(),
     )
     .await
     {
@@ -1335,5 +1356,108 @@ mod tests {
             size <= 4096,
             "the per-connection future grew to {size} bytes"
         );
+    }
+
+    /// A burst waiting in a listener's backlog is accepted in bounded
+    /// batches: the worker's other tasks (other pods' bytes) run between
+    /// them. Epoll's accept completes without waiting while the backlog
+    /// holds connections; a listener used to take the whole backlog before
+    /// anything else on the worker ran.
+    #[test]
+    fn adversarial_accept_burst_yields_to_other_tasks() {
+        ringway_testbed::run_isolated("adversarial_accept_burst_yields_to_other_tasks", || {
+            const N: u64 = 100;
+            // The isolated netns's loopback; a backlog above N.
+            let l =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            l.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+                .unwrap();
+            l.listen(1024).unwrap();
+            l.set_nonblocking(true).unwrap();
+            let addr = l.local_addr().unwrap().as_socket().unwrap();
+            let clients: Vec<_> = (0..N)
+                .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                .collect();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let local = tokio::task::LocalSet::new();
+            let most = local.block_on(&rt, async {
+                let settings = ProxySettings::default();
+                let stats = Arc::new(Stats::default());
+                let metrics = Arc::new(Metrics::default());
+                let ctx = Rc::new(WorkerCtx {
+                    id: 0,
+                    backend: Backend::Epoll,
+                    pool: PipePool::new(settings.pipe_size, settings.pipe_pool, stats.clone()),
+                    settings,
+                    stats: stats.clone(),
+                    pods: RefCell::new(HashMap::new()),
+                    local_pods: LocalPods::default(),
+                    metrics: metrics.clone(),
+                    last_fd_warning: Cell::new(None),
+                    tunnel: Arc::new(TunnelState::new(metrics, &ProxySettings::default())),
+                    hbone_pool: Rc::new(ringway_hbone::Pool::new(
+                        ringway_hbone::PoolConfig::default(),
+                    )),
+                    next_endpoint: Cell::new(0),
+                    series: RefCell::default(),
+                    series_epoch: Cell::new(0),
+                });
+                let pod = Rc::new(PodLocal {
+                    shared: Arc::new(PodShared {
+                        uid: Arc::from("pod"),
+                        netns: null_fd(),
+                        // Not the clients' address: each accepted connection
+                        // is refused at once (no netns, no upstream).
+                        ips: Vec::new(),
+                        ports: sock::PortSplit::default(),
+                        who: RwLock::default(),
+                        flows: flows::FlowTable::default(),
+                        preauth: Default::default(),
+                    }),
+                    listeners: RefCell::new(Vec::new()),
+                    conns: RefCell::new(HashMap::new()),
+                    next_id: Cell::new(0),
+                    removed: Cell::new(false),
+                });
+                let lsock = Sock::new(OwnedFd::from(l), Backend::Epoll).unwrap();
+                pod.listeners.borrow_mut().push(lsock.shared());
+                // Another task of the worker: how many accepts happened
+                // between two of its turns, at most.
+                let probe = tokio::task::spawn_local(async move {
+                    let (mut last, mut most) = (0, 0);
+                    while last < N {
+                        tokio::task::yield_now().await;
+                        let now = stats.accepted.get();
+                        most = most.max(now - last);
+                        last = now;
+                    }
+                    most
+                });
+                tokio::task::spawn_local(accept_loop(
+                    ctx,
+                    pod.clone(),
+                    ListenerKind::Outbound,
+                    lsock,
+                ));
+                let most = tokio::time::timeout(Duration::from_secs(20), probe)
+                    .await
+                    .expect("the burst is accepted")
+                    .unwrap();
+                pod.removed.set(true);
+                pod.close_listeners();
+                most
+            });
+            drop(clients);
+            println!("at most {most} accepts between two turns of another task");
+            // Both tasks yield; the runtime may take the two deferred wakes
+            // in either order, so a turn of the probe may see two batches.
+            assert!(
+                most <= 2 * u64::from(ACCEPT_BATCH),
+                "{most} connections accepted in one go: the worker's other tasks waited for all of them"
+            );
+        });
     }
 }

@@ -535,6 +535,249 @@ fn adversarial_hbone_stalled_handshake_closed() {
     });
 }
 
+/// Connections opened together to a pod's 15008 that never start TLS are
+/// each closed after a deadline of their own, within
+/// `[handshakeTimeout / 2, handshakeTimeout]`: not all at once. (A flood
+/// admitted in one burst used to expire in one burst, so that its
+/// replacements were admitted, and started their TLS handshakes, in one
+/// burst too.)
+#[test]
+fn adversarial_hbone_preauth_deadlines_spread() {
+    run_isolated("adversarial_hbone_preauth_deadlines_spread", || {
+        let timeout = Duration::from_secs(2);
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                handshake_timeout: timeout,
+                ..Default::default()
+            },
+            ..Opts::new("hbone_deadlines_spread")
+        });
+        const N: usize = 40;
+        let conns: Vec<_> = (0..N)
+            .map(|_| (std::time::Instant::now(), tcp_to_tunnel(&t, &t.n1.node)))
+            .collect();
+        // How long each lived, from before its connect to its close.
+        let lives: Vec<Duration> = std::thread::scope(|s| {
+            let waits: Vec<_> = conns
+                .into_iter()
+                .map(|(opened, mut c)| {
+                    s.spawn(move || {
+                        let r = wait_closed(&mut c, timeout + TIMEOUT);
+                        assert!(
+                            !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+                            "a silent connection must be closed within handshakeTimeout"
+                        );
+                        opened.elapsed()
+                    })
+                })
+                .collect();
+            waits.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let shortest = *lives.iter().min().unwrap();
+        let longest = *lives.iter().max().unwrap();
+        println!("{N} silent connections closed after {shortest:?} to {longest:?}");
+        assert!(
+            shortest >= timeout / 2,
+            "closed after {shortest:?}, before half of handshakeTimeout"
+        );
+        // Uniform over a 1 s range, 40 draws: the chance that they all fall
+        // within 400 ms is below 1e-13.
+        assert!(
+            longest - shortest >= (timeout / 2) * 2 / 5,
+            "{N} connections opened together were closed within {:?} of each other \
+             ({shortest:?} to {longest:?}): their deadlines are not spread",
+            longest - shortest
+        );
+        assert!(wait_until(TIMEOUT, || refused(&t, "handshake_timeout") >= N as f64));
+    });
+}
+
+/// The handshake threads of the proxies in this process, by thread id:
+/// their nice values (`/proc/self/task/*/stat`, field 19). The kernel keeps
+/// 15 bytes of a thread's name.
+fn handshake_threads() -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != &ringway_proxy::handshake::THREAD_NAME[..15] {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // After the name's closing parenthesis, fields 3.. follow.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice: i64 = after.split(' ').nth(19 - 3).unwrap().parse().unwrap();
+        out.push((task.file_name().to_string_lossy().into_owned(), nice));
+    }
+    out
+}
+
+/// The server side of every TLS handshake on a pod's 15008 (key exchange,
+/// signature, the client certificate's verification: the CPU a flood of
+/// ClientHellos buys) runs on the proxy's handshake thread, at a lower CPU
+/// priority than the datapath workers, never on a worker: a flood of
+/// handshakes against one pod cannot stall other pods' bytes. What
+/// authenticated is then served as before.
+#[test]
+fn adversarial_hbone_server_handshakes_run_off_the_datapath() {
+    run_isolated(
+        "adversarial_hbone_server_handshakes_run_off_the_datapath",
+        || {
+            let t = two_nodes(Opts::new("hbone_handshake_thread"));
+            const N: usize = 6;
+            for _ in 0..N {
+                tls_handshake_from(&t, &t.n1.node).expect("a full mutual TLS handshake");
+            }
+            // And a CONNECT after the handshake: served on as before (the
+            // stream echoes through the app).
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let own = SocketAddr::new(t.client().ip(false), 40000);
+            assert_eq!(hostile_connect(&t, &frontend(), addr, Some(own)), Ok(200));
+            assert!(wait_until(TIMEOUT, || app.connections() == 1));
+            let ok = || {
+                common::sample(
+                    &common::hbone::metrics_text(&t.p2),
+                    "ringway_tls_handshakes_total",
+                    &["side=\"server\"", "outcome=\"ok\""],
+                )
+                .unwrap_or(0.0)
+            };
+            assert!(wait_until(TIMEOUT, || ok() >= N as f64 + 1.0));
+            assert_eq!(
+                t.p2.stats().server_handshakes_off_thread,
+                0,
+                "server TLS handshakes ran on datapath workers"
+            );
+            let threads = handshake_threads();
+            assert!(!threads.is_empty(), "no ringway-handshake thread");
+            for (tid, nice) in threads {
+                assert_eq!(nice, 10, "handshake thread {tid} runs at nice {nice}");
+            }
+        },
+    );
+}
+
+/// The socket inodes of the connections established to port 15008 in
+/// `ns` (`/proc/thread-self/net/tcp{,6}` read inside it).
+fn tunnel_conn_inodes(ns: &Netns) -> Vec<u64> {
+    ns.run(|| {
+        let mut out = Vec::new();
+        for f in ["tcp", "tcp6"] {
+            let text = std::fs::read_to_string(format!("/proc/thread-self/net/{f}")).unwrap();
+            for line in text.lines().skip(1) {
+                let cols: Vec<_> = line.split_whitespace().collect();
+                // local address:port, state 01 = ESTABLISHED, inode.
+                if cols[1].ends_with(":3AA0") && cols[3] == "01" {
+                    out.push(cols[9].parse().unwrap());
+                }
+            }
+        }
+        out
+    })
+}
+
+/// How many of this process's fds are the sockets `inodes`.
+fn fds_on(inodes: &[u64]) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .ok()
+                .and_then(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    l.strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .is_some_and(|i| inodes.contains(&i))
+        })
+        .count()
+}
+
+/// Connections in their TLS handshake (on the handshake thread) when their
+/// pod is removed, or when the proxy stops, end at once: every one is
+/// reset, no fd of theirs stays open anywhere in the proxy, and their
+/// pre-authentication places and registrations are given back.
+#[test]
+fn adversarial_hbone_pending_handshakes_end_with_their_pod() {
+    run_isolated(
+        "adversarial_hbone_pending_handshakes_end_with_their_pod",
+        || {
+            let t = two_nodes(Opts {
+                server_pods: 2,
+                limits: ringway_config::HboneSettings {
+                    handshake_timeout: Duration::from_secs(120),
+                    ..Default::default()
+                },
+                ..Opts::new("hbone_pending_handshakes")
+            });
+            const N: usize = 6;
+            // Silent connections and ClientHellos cut short (their
+            // handshakes have started) to server pod `i`'s 15008.
+            let pending = |i: usize| {
+                let pod = t.n2.pod(i);
+                let tunnel = SocketAddr::new(pod.ip(false), 15008);
+                let mut conns = Vec::new();
+                for half in [false, true].repeat(N) {
+                    let mut c =
+                        t.n1.node
+                            .run(|| std::net::TcpStream::connect_timeout(&tunnel, TIMEOUT))
+                            .expect("TCP to 15008");
+                    if half {
+                        std::io::Write::write_all(&mut c, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+                            .unwrap();
+                    }
+                    conns.push(c);
+                }
+                assert!(wait_until(TIMEOUT, || t.p2.stats().active == 2 * N as i64));
+                let inodes = tunnel_conn_inodes(&pod.netns);
+                assert_eq!(inodes.len(), 2 * N, "the proxy's ends of the connections");
+                assert!(
+                    fds_on(&inodes) >= 2 * N,
+                    "the proxy holds the accepted sockets"
+                );
+                (conns, inodes)
+            };
+            let all_closed = |conns: &mut Vec<std::net::TcpStream>, after: &str| {
+                for (i, c) in conns.iter_mut().enumerate() {
+                    let r = wait_closed(c, TIMEOUT);
+                    assert!(
+                        !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+                        "connection {i} still open after {after}"
+                    );
+                }
+            };
+            let (mut conns, inodes) = pending(0);
+            assert!(t.p2.remove_pod(&t.n2.pod(0).name).is_some());
+            all_closed(&mut conns, "its pod was removed");
+            assert!(
+                wait_until(TIMEOUT, || t.p2.stats().active == 0),
+                "{} connections (and their pre-auth places) still held after their pod was removed",
+                t.p2.stats().active
+            );
+            assert!(
+                wait_until(TIMEOUT, || fds_on(&inodes) == 0),
+                "{} fds of the removed pod's connections still open",
+                fds_on(&inodes)
+            );
+            // The proxy stopping ends the handshakes under way as well.
+            let (mut conns, inodes) = pending(1);
+            let TwoNodes { p2, .. } = t;
+            p2.shutdown();
+            all_closed(&mut conns, "the proxy stopped");
+            assert_eq!(
+                fds_on(&inodes),
+                0,
+                "fds of connections in their handshake outlived the proxy"
+            );
+        },
+    );
+}
+
 /// Two nodes whose server pod takes at most 4 connections per source and 6
 /// in all before authentication, held for up to a minute.
 fn preauth_capped(name: &str) -> TwoNodes {
