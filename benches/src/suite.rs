@@ -1444,18 +1444,19 @@ pub fn profile(
         return Ok(summary_line(&f));
     }
     let all = scenarios(false);
+    let chosen = |default: &str| -> anyhow::Result<&'static str> {
+        let k = std::env::var("RINGWAY_BENCH_PROFILE_SCENARIO").unwrap_or_else(|_| default.into());
+        Ok(all
+            .iter()
+            .find(|s| s.key == k && !s.two_nodes)
+            .with_context(|| format!("no one-node scenario {k}"))?
+            .key)
+    };
     let key = match what {
-        Profile::ConnRate => "tproxy_fast",
+        Profile::ConnRate => chosen("tproxy_fast")?,
         Profile::HboneStream => "hbone_1node",
         Profile::CniAdd => unreachable!("measured above"),
-        Profile::Latency => {
-            let k = std::env::var("RINGWAY_BENCH_PROFILE_SCENARIO")
-                .unwrap_or_else(|_| "tproxy_2hop".into());
-            all.iter()
-                .find(|s| s.key == k)
-                .with_context(|| format!("no scenario {k}"))?
-                .key
-        }
+        Profile::Latency => chosen("tproxy_2hop")?,
     };
     let sc = all.iter().find(|s| s.key == key).expect("scenario");
     let (path, proxies) = start(config, &bed, sc)?;
@@ -1477,6 +1478,7 @@ pub fn profile(
     let dur = Duration::from_secs_f64((secs - 0.6).max(0.5));
     let line = match what {
         Profile::ConnRate => {
+            let (m0, b0) = (machine_busy_seconds(), bench_cpu_seconds());
             let cr = load::conn_rate(
                 &path.on_port(PORT_BASE + 2),
                 config.conn_threads,
@@ -1484,13 +1486,24 @@ pub fn profile(
                 (secs * 100_000.0) as u64,
             )?;
             let c1 = proxy.cpu_seconds();
+            let (m1, b1) = (machine_busy_seconds(), bench_cpu_seconds());
+            let per = |s: f64| s / cr.conns as f64 * 1e6;
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
             format!(
-                "{} connections in {:.1} s: {:.0} conn/s, {} failed; proxy {:.1} CPU-µs per connection",
+                "{} connections in {:.1} s through {key}: {:.0} conn/s, {} failed; proxy {:.1} CPU-µs per connection\n\
+                 machine busy {:.1} of {:.1} CPU-s ({:.1} CPU-µs per connection): proxy {:.0}%, load generator + server (this process) {:.1} CPU-µs per connection = {:.0}%, the rest (other processes, softirq threads) {:.0}%",
                 cr.conns,
                 cr.secs,
                 cr.conns as f64 / cr.secs,
                 cr.failures,
-                (c1 - c0) / cr.conns as f64 * 1e6
+                per(c1 - c0),
+                m1 - m0,
+                cr.secs * cpus,
+                per(m1 - m0),
+                (c1 - c0) / (m1 - m0) * 100.0,
+                per(b1 - b0),
+                (b1 - b0) / (m1 - m0) * 100.0,
+                (1.0 - (c1 - c0 + b1 - b0) / (m1 - m0)) * 100.0,
             )
         }
         Profile::CniAdd => unreachable!("measured above"),
@@ -1559,6 +1572,39 @@ pub fn profile(
     }
     drop(proxies);
     Ok(line)
+}
+
+/// CPU-seconds the whole machine spent busy so far (`/proc/stat`: every
+/// state but idle and iowait, all CPUs).
+fn machine_busy_seconds() -> f64 {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next() else {
+        return f64::NAN;
+    };
+    let f: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest is in user).
+    let busy: u64 = f
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum();
+    busy as f64 / ticks
+}
+
+/// CPU-seconds of this process (the load generator and the server),
+/// threads that ended included.
+fn bench_cpu_seconds() -> f64 {
+    crate::child::proc_stat_cpu_seconds(std::process::id())
 }
 
 pub(crate) fn machine() -> Vec<(String, String)> {
