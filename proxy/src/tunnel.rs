@@ -304,8 +304,9 @@ pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workl
 pub struct OutboundPlan {
     /// The original destination (`:authority`).
     pub dst: SocketAddr,
-    /// The destination workload.
-    pub dst_workload: Workload,
+    /// The destination pod's name (the access log's; not the whole
+    /// workload, which a connection would copy with its labels).
+    pub dst_name: String,
     /// What the source presents.
     pub src_identity: Identity,
     /// What the destination must present.
@@ -333,7 +334,7 @@ pub fn outbound_plan(
     let dst_identity = w.identity(mesh.trust_domain());
     Some(OutboundPlan {
         dst,
-        dst_workload: w.clone(),
+        dst_name: w.name.clone(),
         src_identity,
         dst_identity,
         service: None,
@@ -637,7 +638,7 @@ pub fn outbound_pump<'a>(
     let names = Box::new([
         src_peer.workload.clone(),
         plan.src_identity.to_string(),
-        plan.dst_workload.name.clone(),
+        plan.dst_name.clone(),
         plan.dst_identity.to_string(),
     ]);
     async move {

@@ -1205,14 +1205,14 @@ async fn splice(
     for s in &series {
         s.closed.inc();
     }
+    // Formatted only when the access log is on (the macro evaluates its
+    // fields then): two strings per connection otherwise.
     let reason = |e: &DirEnd| match e {
         DirEnd::Eof => "eof".to_string(),
         DirEnd::ReadFailed(e) => format!("read: {e}"),
         DirEnd::WriteFailed(e) => format!("write: {e}"),
     };
     let (sent, received) = (up_end.1, down_end.1);
-    let upstream_end = reason(&up_end.0);
-    let downstream_end = reason(&down_end.0);
     let who = series.first().map(|s| &s.labels);
     tracing::event!(
         target: "access",
@@ -1224,8 +1224,8 @@ async fn splice(
         bytes.sent = sent,
         bytes.received = received,
         duration.ms = started.elapsed().as_millis() as u64,
-        upstream.end = %upstream_end,
-        downstream.end = %downstream_end,
+        upstream.end = %reason(&up_end.0),
+        downstream.end = %reason(&down_end.0),
         "connection closed"
     );
 }
