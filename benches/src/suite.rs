@@ -1372,14 +1372,50 @@ const STAT_EVENTS: &[&str] = &[
     "sched:sched_wakeup",
 ];
 
+/// Tracepoints `perf stat` counts on the proxy in the connection-rate
+/// profile: the syscalls a proxied connection costs, one by one.
+const CONN_STAT_EVENTS: &[&str] = &[
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_socket",
+    "syscalls:sys_enter_setns",
+    "syscalls:sys_enter_setsockopt",
+    "syscalls:sys_enter_getsockopt",
+    "syscalls:sys_enter_bind",
+    "syscalls:sys_enter_connect",
+    "syscalls:sys_enter_getsockname",
+    "syscalls:sys_enter_getpeername",
+    "syscalls:sys_enter_fcntl",
+    "syscalls:sys_enter_shutdown",
+    "syscalls:sys_enter_close",
+    "syscalls:sys_enter_splice",
+    "syscalls:sys_enter_pipe2",
+    "syscalls:sys_enter_epoll_ctl",
+    "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_io_uring_enter",
+    "syscalls:sys_enter_read",
+    "syscalls:sys_enter_write",
+    "syscalls:sys_enter_futex",
+    "syscalls:sys_enter_mmap",
+    "syscalls:sys_enter_munmap",
+    "syscalls:sys_enter_madvise",
+    "syscalls:sys_enter_brk",
+    "io_uring:io_uring_submit_req",
+    "io_uring:io_uring_complete",
+    "sched:sched_switch",
+];
+
 fn perf_stat_start(pid: u32) -> anyhow::Result<(std::process::Child, PathBuf)> {
+    perf_stat_events(pid, STAT_EVENTS)
+}
+
+fn perf_stat_events(pid: u32, events: &[&str]) -> anyhow::Result<(std::process::Child, PathBuf)> {
     let out = std::env::temp_dir().join(format!("ringway-perf-stat-{}.csv", std::process::id()));
     let mut cmd = std::process::Command::new("perf");
     cmd.args(["stat", "-x", ",", "-o"])
         .arg(&out)
         .arg("-p")
         .arg(pid.to_string());
-    for e in STAT_EVENTS {
+    for e in events {
         cmd.arg("-e").arg(e);
     }
     cmd.stdout(std::process::Stdio::null())
@@ -1478,6 +1514,8 @@ pub fn profile(
     let dur = Duration::from_secs_f64((secs - 0.6).max(0.5));
     let line = match what {
         Profile::ConnRate => {
+            // Syscalls per connection, counted on the proxy alone.
+            let stat = perf_stat_events(proxy.pid, CONN_STAT_EVENTS)?;
             let (m0, b0) = (machine_busy_seconds(), bench_cpu_seconds());
             let cr = load::conn_rate(
                 &path.on_port(PORT_BASE + 2),
@@ -1487,9 +1525,10 @@ pub fn profile(
             )?;
             let c1 = proxy.cpu_seconds();
             let (m1, b1) = (machine_busy_seconds(), bench_cpu_seconds());
+            let counts = perf_stat_finish(stat)?;
             let per = |s: f64| s / cr.conns as f64 * 1e6;
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-            format!(
+            let mut line = format!(
                 "{} connections in {:.1} s through {key}: {:.0} conn/s, {} failed; proxy {:.1} CPU-µs per connection\n\
                  machine busy {:.1} of {:.1} CPU-s ({:.1} CPU-µs per connection): proxy {:.0}%, load generator + server (this process) {:.1} CPU-µs per connection = {:.0}%, the rest (other processes, softirq threads) {:.0}%",
                 cr.conns,
@@ -1504,7 +1543,14 @@ pub fn profile(
                 per(b1 - b0),
                 (b1 - b0) / (m1 - m0) * 100.0,
                 (1.0 - (c1 - c0 + b1 - b0) / (m1 - m0)) * 100.0,
-            )
+            );
+            line.push_str("\nper connection, proxy process only (perf stat; the warm-up and the stat's start and end are outside the count):");
+            for (ev, n) in &counts {
+                if *n > 0.0 {
+                    line.push_str(&format!("\n  {:>8.2}  {ev}", n / cr.conns as f64));
+                }
+            }
+            line
         }
         Profile::CniAdd => unreachable!("measured above"),
         Profile::Latency => {
