@@ -11,9 +11,13 @@
 //! report is incomplete or inconsistent, never because of the numbers.
 //!
 //! `cargo bench -p ringway-benches -- --profile-conn-rate [--perf]`: only
-//! the default scenario's connection-rate loop for `RINGWAY_BENCH_SECS`
-//! (default 15) seconds, with `perf record -a -g` beside it when `--perf` is
-//! given (to `results/profile/connrate.perf.data`; see BENCHMARKS.md).
+//! the connection-rate loop through `RINGWAY_BENCH_PROFILE_SCENARIO`
+//! (default `tproxy_fast`; any one-node proxy scenario) for
+//! `RINGWAY_BENCH_SECS` (default 15) seconds, with the proxy's syscalls per
+//! connection (`perf stat`) and the machine's CPU split between the proxy,
+//! the load generator and the rest; `perf record -a -g` beside it when
+//! `--perf` is given (to `results/profile/connrate.perf.data`; see
+//! BENCHMARKS.md).
 //! `--profile-hbone-stream`: one stream through HBONE on one node instead;
 //! `--profile-cni-add`: `RINGWAY_BENCH_CHURN_PODS` CNI ADDs one after another.
 //!

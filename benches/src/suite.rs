@@ -1372,14 +1372,50 @@ const STAT_EVENTS: &[&str] = &[
     "sched:sched_wakeup",
 ];
 
+/// Tracepoints `perf stat` counts on the proxy in the connection-rate
+/// profile: the syscalls a proxied connection costs, one by one.
+const CONN_STAT_EVENTS: &[&str] = &[
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_socket",
+    "syscalls:sys_enter_setns",
+    "syscalls:sys_enter_setsockopt",
+    "syscalls:sys_enter_getsockopt",
+    "syscalls:sys_enter_bind",
+    "syscalls:sys_enter_connect",
+    "syscalls:sys_enter_getsockname",
+    "syscalls:sys_enter_getpeername",
+    "syscalls:sys_enter_fcntl",
+    "syscalls:sys_enter_shutdown",
+    "syscalls:sys_enter_close",
+    "syscalls:sys_enter_splice",
+    "syscalls:sys_enter_pipe2",
+    "syscalls:sys_enter_epoll_ctl",
+    "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_io_uring_enter",
+    "syscalls:sys_enter_read",
+    "syscalls:sys_enter_write",
+    "syscalls:sys_enter_futex",
+    "syscalls:sys_enter_mmap",
+    "syscalls:sys_enter_munmap",
+    "syscalls:sys_enter_madvise",
+    "syscalls:sys_enter_brk",
+    "io_uring:io_uring_submit_req",
+    "io_uring:io_uring_complete",
+    "sched:sched_switch",
+];
+
 fn perf_stat_start(pid: u32) -> anyhow::Result<(std::process::Child, PathBuf)> {
+    perf_stat_events(pid, STAT_EVENTS)
+}
+
+fn perf_stat_events(pid: u32, events: &[&str]) -> anyhow::Result<(std::process::Child, PathBuf)> {
     let out = std::env::temp_dir().join(format!("ringway-perf-stat-{}.csv", std::process::id()));
     let mut cmd = std::process::Command::new("perf");
     cmd.args(["stat", "-x", ",", "-o"])
         .arg(&out)
         .arg("-p")
         .arg(pid.to_string());
-    for e in STAT_EVENTS {
+    for e in events {
         cmd.arg("-e").arg(e);
     }
     cmd.stdout(std::process::Stdio::null())
@@ -1444,18 +1480,19 @@ pub fn profile(
         return Ok(summary_line(&f));
     }
     let all = scenarios(false);
+    let chosen = |default: &str| -> anyhow::Result<&'static str> {
+        let k = std::env::var("RINGWAY_BENCH_PROFILE_SCENARIO").unwrap_or_else(|_| default.into());
+        Ok(all
+            .iter()
+            .find(|s| s.key == k && !s.two_nodes)
+            .with_context(|| format!("no one-node scenario {k}"))?
+            .key)
+    };
     let key = match what {
-        Profile::ConnRate => "tproxy_fast",
+        Profile::ConnRate => chosen("tproxy_fast")?,
         Profile::HboneStream => "hbone_1node",
         Profile::CniAdd => unreachable!("measured above"),
-        Profile::Latency => {
-            let k = std::env::var("RINGWAY_BENCH_PROFILE_SCENARIO")
-                .unwrap_or_else(|_| "tproxy_2hop".into());
-            all.iter()
-                .find(|s| s.key == k)
-                .with_context(|| format!("no scenario {k}"))?
-                .key
-        }
+        Profile::Latency => chosen("tproxy_2hop")?,
     };
     let sc = all.iter().find(|s| s.key == key).expect("scenario");
     let (path, proxies) = start(config, &bed, sc)?;
@@ -1477,6 +1514,9 @@ pub fn profile(
     let dur = Duration::from_secs_f64((secs - 0.6).max(0.5));
     let line = match what {
         Profile::ConnRate => {
+            // Syscalls per connection, counted on the proxy alone.
+            let stat = perf_stat_events(proxy.pid, CONN_STAT_EVENTS)?;
+            let (m0, b0) = (machine_busy_seconds(), bench_cpu_seconds());
             let cr = load::conn_rate(
                 &path.on_port(PORT_BASE + 2),
                 config.conn_threads,
@@ -1484,14 +1524,33 @@ pub fn profile(
                 (secs * 100_000.0) as u64,
             )?;
             let c1 = proxy.cpu_seconds();
-            format!(
-                "{} connections in {:.1} s: {:.0} conn/s, {} failed; proxy {:.1} CPU-µs per connection",
+            let (m1, b1) = (machine_busy_seconds(), bench_cpu_seconds());
+            let counts = perf_stat_finish(stat)?;
+            let per = |s: f64| s / cr.conns as f64 * 1e6;
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            let mut line = format!(
+                "{} connections in {:.1} s through {key}: {:.0} conn/s, {} failed; proxy {:.1} CPU-µs per connection\n\
+                 machine busy {:.1} of {:.1} CPU-s ({:.1} CPU-µs per connection): proxy {:.0}%, load generator + server (this process) {:.1} CPU-µs per connection = {:.0}%, the rest (other processes, softirq threads) {:.0}%",
                 cr.conns,
                 cr.secs,
                 cr.conns as f64 / cr.secs,
                 cr.failures,
-                (c1 - c0) / cr.conns as f64 * 1e6
-            )
+                per(c1 - c0),
+                m1 - m0,
+                cr.secs * cpus,
+                per(m1 - m0),
+                (c1 - c0) / (m1 - m0) * 100.0,
+                per(b1 - b0),
+                (b1 - b0) / (m1 - m0) * 100.0,
+                (1.0 - (c1 - c0 + b1 - b0) / (m1 - m0)) * 100.0,
+            );
+            line.push_str("\nper connection, proxy process only (perf stat; the warm-up and the stat's start and end are outside the count):");
+            for (ev, n) in &counts {
+                if *n > 0.0 {
+                    line.push_str(&format!("\n  {:>8.2}  {ev}", n / cr.conns as f64));
+                }
+            }
+            line
         }
         Profile::CniAdd => unreachable!("measured above"),
         Profile::Latency => {
@@ -1559,6 +1618,39 @@ pub fn profile(
     }
     drop(proxies);
     Ok(line)
+}
+
+/// CPU-seconds the whole machine spent busy so far (`/proc/stat`: every
+/// state but idle and iowait, all CPUs).
+fn machine_busy_seconds() -> f64 {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next() else {
+        return f64::NAN;
+    };
+    let f: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest is in user).
+    let busy: u64 = f
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum();
+    busy as f64 / ticks
+}
+
+/// CPU-seconds of this process (the load generator and the server),
+/// threads that ended included.
+fn bench_cpu_seconds() -> f64 {
+    crate::child::proc_stat_cpu_seconds(std::process::id())
 }
 
 pub(crate) fn machine() -> Vec<(String, String)> {

@@ -366,6 +366,11 @@ impl Proxy {
             .values()
             .map(|r| r.shared.clone())
             .collect();
+        // The pods' metrics labels under this mesh, made once here rather
+        // than by connections.
+        for pod in &pods {
+            pod.relabel(Some(&mesh));
+        }
         let reset = flows::recheck(&mesh, &pods, &self.metrics);
         if reset > 0 {
             tracing::info!(
@@ -442,6 +447,7 @@ impl Proxy {
         for rec in self.pods.lock().unwrap_or_else(|p| p.into_inner()).values() {
             let principal = self.principal_of(&rec.info.identity);
             rec.shared.who.write().unwrap_or_else(|p| p.into_inner()).1 = principal;
+            rec.shared.relabel(self.tunnel.mesh().as_ref());
         }
     }
 
@@ -506,6 +512,7 @@ impl Proxy {
                     let principal = self.principal_of(&identity);
                     *rec.shared.who.write().unwrap_or_else(|p| p.into_inner()) =
                         (identity.clone(), principal);
+                    rec.shared.relabel(self.tunnel.mesh().as_ref());
                     rec.info.identity = identity;
                     tracing::info!(pod.uid = uid, "pod identity updated");
                 }
@@ -567,7 +574,9 @@ impl Proxy {
             who: RwLock::new((identity.clone(), principal)),
             flows: flows::FlowTable::default(),
             preauth: Default::default(),
+            labels: Default::default(),
         });
+        shared.relabel(self.tunnel.mesh().as_ref());
         // Every worker knows the pod before it becomes a same-node fast-path
         // target (`local_pods`): a fast-path connection is then always
         // registered with the target, so removing the target resets it.
@@ -755,42 +764,24 @@ impl Proxy {
         Some(total)
     }
 
-    /// Drops the metric series `removed` reported, under its current name
-    /// and under its UID (its name before the agent sent it), skipping a
-    /// name another served pod reports under.
+    /// Drops the metric series of `removed` under every name its labels
+    /// ever had (its UID before the agent named it, the agent's name, each
+    /// name the mesh gave it: [`PodShared::label_names`]), skipping a name
+    /// another served pod has had (replicas of one workload share it).
     fn forget_series_of(&self, removed: &PodShared) -> usize {
-        let mesh = self.tunnel.mesh();
-        let peer = removed.peer(mesh.as_deref());
-        // Under the agent's name, if the mesh named it otherwise.
-        let agents = removed.peer(None);
-        let by_uid = metrics::Peer {
-            workload: removed.uid.to_string(),
-            namespace: peer.namespace.clone(),
-            ..metrics::Peer::default()
-        };
-        let by_uid_no_ns = metrics::Peer {
-            namespace: String::new(),
-            ..by_uid.clone()
-        };
-        let live: Vec<metrics::Peer> = self
+        let live: std::collections::HashSet<(String, String)> = self
             .pods
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .map(|r| r.shared.peer(mesh.as_deref()))
+            .flat_map(|r| r.shared.label_names())
             .collect();
-        let mut dropped = 0;
-        let mut names = vec![peer, agents, by_uid, by_uid_no_ns];
-        names.dedup_by(|a, b| a.workload == b.workload && a.namespace == b.namespace);
-        for p in names {
-            let shared = live
-                .iter()
-                .any(|l| l.workload == p.workload && l.namespace == p.namespace);
-            if !shared {
-                dropped += self.metrics.forget_workload(&p);
-            }
-        }
-        dropped
+        let gone: Vec<(String, String)> = removed
+            .label_names()
+            .into_iter()
+            .filter(|n| !live.contains(n))
+            .collect();
+        self.metrics.forget_owners(&gone)
     }
 
     /// The pods being served.

@@ -17,32 +17,29 @@ thread_local! {
     static HOME_NETNS: OnceCell<OwnedFd> = const { OnceCell::new() };
 }
 
-fn home_netns() -> io::Result<OwnedFd> {
-    HOME_NETNS.with(|cell| {
-        if let Some(fd) = cell.get() {
-            return fd.try_clone();
-        }
-        let f = File::open("/proc/thread-self/ns/net")?;
-        let fd = OwnedFd::from(f);
-        let dup = fd.try_clone()?;
-        let _ = cell.set(fd);
-        Ok(dup)
-    })
-}
-
 /// Runs `f` with the calling thread inside the network namespace `netns`,
 /// then switches back. Sockets created by `f` stay in `netns` for good.
-/// Costs two `setns` calls (a few microseconds).
+/// Costs two `setns` calls (a few microseconds); the way home is the
+/// thread's own netns fd, opened on its first call (not a duplicate of it
+/// per call: that cost an `fcntl` and a `close` per upstream socket).
 pub fn in_netns<T>(netns: BorrowedFd<'_>, f: impl FnOnce() -> T) -> io::Result<T> {
-    let home = home_netns()?;
-    setns(netns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-    let out = f();
-    if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
-        // A thread stuck in a pod's namespace would create the next pod's
-        // sockets in the wrong place: never continue.
-        panic!("cannot return to the home network namespace: {e}");
-    }
-    Ok(out)
+    HOME_NETNS.with(|cell| {
+        let home = match cell.get() {
+            Some(fd) => fd,
+            None => {
+                let f = File::open("/proc/thread-self/ns/net")?;
+                cell.get_or_init(|| OwnedFd::from(f))
+            }
+        };
+        setns(netns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+        let out = f();
+        if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
+            // A thread stuck in a pod's namespace would create the next pod's
+            // sockets in the wrong place: never continue.
+            panic!("cannot return to the home network namespace: {e}");
+        }
+        Ok(out)
+    })
 }
 
 /// Moves up to `len` bytes from `from` to `to` without copying through user

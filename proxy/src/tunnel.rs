@@ -32,7 +32,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::copy::Meter;
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::{DstService, Metrics, Peer, TcpLabels};
+use crate::metrics::{DstService, Metrics, Peer, Series, SeriesKey, Side};
 use crate::sock;
 use crate::stats::Stats;
 use crate::sys;
@@ -320,17 +320,16 @@ pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workl
 pub struct OutboundPlan {
     /// The original destination (`:authority`).
     pub dst: SocketAddr,
-    /// The destination workload.
-    pub dst_workload: Workload,
+    /// The destination pod's name (the access log's; not the whole
+    /// workload, which a connection would copy with its labels).
+    pub dst_name: String,
     /// What the source presents.
     pub src_identity: Identity,
     /// What the destination must present.
     pub dst_identity: Identity,
-    /// The service the client connected to (its VIP), if any: the metrics'
-    /// `destination_service*` and the `forwarded` header's `host=`.
+    /// The service the client connected to (its VIP), if any: the
+    /// `forwarded` header's `host=`.
     pub service: Option<DstService>,
-    /// The destination's labels (its node's locality when known).
-    pub dst_peer: Peer,
     ids: Arc<IdentityManager>,
 }
 
@@ -349,14 +348,12 @@ pub fn outbound_plan(
     }
     let src_identity = pod_identity(&mesh, pod)?;
     let dst_identity = w.identity(mesh.trust_domain());
-    let dst_peer = Peer::of_workload(w, dst_identity.to_string(), &mesh, &w.locality);
     Some(OutboundPlan {
         dst,
-        dst_workload: w.clone(),
+        dst_name: w.name.clone(),
         src_identity,
         dst_identity,
         service: None,
-        dst_peer,
         ids,
     })
 }
@@ -625,35 +622,24 @@ pub struct ConnCtx<'a> {
     pub connect_timeout: Duration,
 }
 
-/// The labels of a tunnelled connection as its source side reports it.
-pub fn outbound_labels(src_peer: &Peer, plan: &OutboundPlan) -> TcpLabels {
-    TcpLabels::new(
-        "source",
-        src_peer,
-        &plan.dst_peer,
-        plan.service.as_ref(),
-        "mutual_tls",
-        "-",
-    )
-}
-
 /// Copies bytes between the client and its open CONNECT stream, counting
 /// them as they move, then logs the connection.
 ///
-/// Counts the open now and returns the copy as a future that keeps only
-/// what it needs (counter handles and the four names of the access log),
-/// so the caller can drop the plan, peers and labels before awaiting it:
-/// an idle tunnel holds that future for its whole life.
+/// Counts the open now (in `series`, the source side's) and returns the
+/// copy as a future that keeps only what it needs (counter handles and the
+/// four names of the access log), so the caller can drop the plan, peers
+/// and series before awaiting it: an idle tunnel holds that future for its
+/// whole life.
 pub fn outbound_pump<'a>(
     cx: ConnCtx<'a>,
     src_peer: &Peer,
     client: TcpStream,
     stream: ringway_hbone::HboneStream,
     plan: &OutboundPlan,
-    labels: &TcpLabels,
+    series: &Series,
     started: Instant,
 ) -> impl std::future::Future<Output = ()> + 'a {
-    cx.metrics.opened.get_or_create(labels).inc();
+    series.opened.inc();
     cx.metrics
         .hbone_streams
         .get_or_create(&crate::metrics::TlsLabels {
@@ -664,17 +650,17 @@ pub fn outbound_pump<'a>(
     // Counters advance as bytes move, as on the splice path.
     let up_meter = Meter {
         total: &cx.stats.bytes_to_upstream,
-        counters: vec![cx.metrics.received.get_or_create(labels).clone()],
+        counters: vec![series.received.clone()],
     };
     let down_meter = Meter {
         total: &cx.stats.bytes_to_client,
-        counters: vec![cx.metrics.sent.get_or_create(labels).clone()],
+        counters: vec![series.sent.clone()],
     };
-    let closed = cx.metrics.closed.get_or_create(labels).clone();
+    let closed = series.closed.clone();
     let names = Box::new([
         src_peer.workload.clone(),
         plan.src_identity.to_string(),
-        plan.dst_workload.name.clone(),
+        plan.dst_name.clone(),
         plan.dst_identity.to_string(),
     ]);
     async move {
@@ -1144,7 +1130,7 @@ async fn decide(
                 peer_id,
                 client_addr,
                 dst,
-                service.as_ref(),
+                service.and_then(|s| SeriesKey::service_index(&mesh, s)),
             );
             Decision::Accept(Upstream::tcp(s).with_guard(flow).observed(observer))
         }
@@ -1235,20 +1221,18 @@ pub fn check_client_claim(mesh: &Mesh, peer_id: &Identity, ip: IpAddr) -> Result
 /// client named (`forwarded: …;host=`), else the first of its services
 /// with a target port `port`. A name that is not one of the pod's services
 /// is ignored: a peer cannot make a pod's metrics claim another service.
-pub(crate) fn inbound_service(
-    mesh: &Mesh,
+pub(crate) fn inbound_service<'m>(
+    mesh: &'m Mesh,
     pod: &PodShared,
     host: Option<&str>,
     port: u16,
-) -> Option<DstService> {
+) -> Option<&'m ringway_config::Service> {
     let w = pod.workload(mesh)?;
     let named = host.and_then(|h| mesh.services_of(&w.uid).find(|s| s.hostname == h));
-    named
-        .or_else(|| {
-            mesh.services_of(&w.uid)
-                .find(|s| s.ports.values().any(|&t| t == port))
-        })
-        .map(DstService::of)
+    named.or_else(|| {
+        mesh.services_of(&w.uid)
+            .find(|s| s.ports.values().any(|&t| t == port))
+    })
 }
 
 /// The destination side's view of a tunnelled connection: its istio_tcp_*
@@ -1268,37 +1252,42 @@ struct InboundObserver {
 }
 
 impl InboundObserver {
+    /// `service`: the index in `mesh` of the service the stream went to.
     fn new(
         metrics: &Metrics,
-        mesh: &Mesh,
+        mesh: &Arc<Mesh>,
         pod: &PodShared,
         peer_id: &Identity,
         src_addr: SocketAddr,
         dst_addr: SocketAddr,
-        service: Option<&DstService>,
+        service: Option<usize>,
     ) -> Self {
-        let src = match mesh.workload_by_ip(src_addr.ip().to_canonical()) {
-            Some(w) => Peer::of_workload(w, peer_id.to_string(), mesh, &w.locality),
-            None => Peer {
-                namespace: peer_id.namespace.clone(),
-                principal: peer_id.to_string(),
-                ..Peer::default()
+        let dst = pod.labels(Some(mesh));
+        let series = metrics.series(
+            Some(mesh),
+            SeriesKey {
+                reporter: "destination",
+                security: "mutual_tls",
+                // The client address was checked to be a workload's whose
+                // identity is the one the peer proved (`check_client_claim`):
+                // the workload at that address, with that identity.
+                src: Side::Addr(src_addr.ip()),
+                dst: Side::Pod(dst.clone()),
+                service,
             },
-        };
-        let dst = pod.peer(Some(mesh));
-        let labels = TcpLabels::new("destination", &src, &dst, service, "mutual_tls", "-");
-        metrics.opened.get_or_create(&labels).inc();
+        );
+        series.opened.inc();
         InboundObserver {
-            received: metrics.received.get_or_create(&labels).clone(),
-            sent: metrics.sent.get_or_create(&labels).clone(),
-            closed: metrics.closed.get_or_create(&labels).clone(),
+            received: series.received.clone(),
+            sent: series.sent.clone(),
+            closed: series.closed.clone(),
             to_app: Default::default(),
             from_app: Default::default(),
             started: Instant::now(),
             src_addr,
-            src_identity: src.principal,
+            src_identity: peer_id.to_string(),
             dst_addr,
-            dst_workload: dst.workload,
+            dst_workload: dst.workload.clone(),
         }
     }
 }
@@ -1367,6 +1356,7 @@ mod tests {
             )),
             flows: flows::FlowTable::default(),
             preauth: Default::default(),
+            labels: Default::default(),
         }
     }
 

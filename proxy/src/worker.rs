@@ -10,22 +10,21 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use ringway_config::{CaptureMode, ProxySettings};
+use ringway_config::{CaptureMode, Mesh, ProxySettings};
 use socket2::SockAddr;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::copy::{copy_one_way, DirEnd, Meter, PipePool};
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::{DstService, Metrics, Peer, TcpLabels};
+use crate::metrics::{DstService, Metrics, Peer, Series, SeriesKey, Side, TcpLabels};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
 use crate::sys;
 use crate::tunnel::{self, TunnelState};
-use prometheus_client::metrics::counter::Counter;
 
 /// A pod as every worker sees it (immutable, shared).
 #[derive(Debug)]
@@ -48,6 +47,21 @@ pub struct PodShared {
     /// Its tunnel connections before authentication (capped; at the cap
     /// its tunnel listeners pause).
     pub preauth: Arc<tunnel::PreauthSlots>,
+    /// Its metrics labels, made once per mesh and identity (see
+    /// [`PodShared::labels`]).
+    pub labels: RwLock<PodLabels>,
+}
+
+/// A pod's metrics labels as they are now, and every name it had.
+#[derive(Debug, Default)]
+pub struct PodLabels {
+    /// The labels and the mesh they were made under (`None` inside: no
+    /// mesh); `None`: not made yet.
+    current: Option<(Option<Weak<Mesh>>, Arc<Peer>)>,
+    /// Every (namespace, workload) the pod was labelled under
+    /// ([`Peer::owner`]): its series are dropped under exactly these when
+    /// it goes.
+    names: Vec<(String, String)>,
 }
 
 impl PodShared {
@@ -60,10 +74,57 @@ impl PodShared {
             .or_else(|| self.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)))
     }
 
+    /// The pod's metrics labels under `mesh` (the snapshot the caller
+    /// holds): those the control thread made when the pod was added, the
+    /// mesh published or the pod's identity changed ([`PodShared::relabel`]),
+    /// so a connection clones an `Arc`; made here only when they were made
+    /// under another mesh (a connection racing a mesh update).
+    pub fn labels(&self, mesh: Option<&Arc<Mesh>>) -> Arc<Peer> {
+        {
+            let l = self.labels.read().unwrap_or_else(|p| p.into_inner());
+            if let Some((made, peer)) = &l.current {
+                if same_mesh(made.as_ref(), mesh) {
+                    return peer.clone();
+                }
+            }
+        }
+        self.relabel(mesh)
+    }
+
+    /// Makes the pod's labels under `mesh` from its workload and identity
+    /// now, keeps them and remembers the name (call after either changed).
+    pub fn relabel(&self, mesh: Option<&Arc<Mesh>>) -> Arc<Peer> {
+        let mut l = self.labels.write().unwrap_or_else(|p| p.into_inner());
+        // Made under the lock: a later identity change's relabel always
+        // lands after (and over) one that read the identity before it.
+        let peer = self.peer(mesh.map(|m| &**m));
+        let owner = peer.owner();
+        if !l.names.contains(&owner) {
+            l.names.push(owner);
+        }
+        let peer = match &l.current {
+            // Unchanged: the same `Arc`, so cached series stay hits.
+            Some((_, old)) if **old == peer => old.clone(),
+            _ => Arc::new(peer),
+        };
+        l.current = Some((mesh.map(Arc::downgrade), peer.clone()));
+        peer
+    }
+
+    /// Every (namespace, workload) the pod's labels have named.
+    pub fn label_names(&self) -> Vec<(String, String)> {
+        self.labels
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .names
+            .clone()
+    }
+
     /// Who the pod is, for metrics labels: its mesh workload (by uid, else
     /// by address) with this node's locality, else what the agent said
-    /// (its uid when it named nothing).
-    pub fn peer(&self, mesh: Option<&ringway_config::Mesh>) -> Peer {
+    /// (its uid when it named nothing). Built anew: connections take
+    /// [`PodShared::labels`].
+    fn peer(&self, mesh: Option<&ringway_config::Mesh>) -> Peer {
         let who = self.who.read().unwrap_or_else(|p| p.into_inner());
         let workload = mesh.and_then(|m| Some((m, self.workload(m)?)));
         if let Some((mesh, w)) = workload {
@@ -105,6 +166,16 @@ impl PodShared {
             cluster: mesh.map(|m| m.cluster_id().to_owned()).unwrap_or_default(),
             ..Peer::default()
         }
+    }
+}
+
+/// Whether labels made under `made` hold under `now`.
+fn same_mesh(made: Option<&Weak<Mesh>>, now: Option<&Arc<Mesh>>) -> bool {
+    match (made, now) {
+        (None, None) => true,
+        // The `Weak` keeps the address from being reused while held.
+        (Some(w), Some(m)) => std::ptr::eq(w.as_ptr(), Arc::as_ptr(m)),
+        _ => false,
     }
 }
 
@@ -184,11 +255,6 @@ struct WorkerCtx {
     hbone_pool: Rc<ringway_hbone::Pool>,
     /// Round robin over service endpoints.
     next_endpoint: Cell<usize>,
-    /// istio_tcp_* series already resolved by this worker, valid while
-    /// `Metrics::series_epoch` equals the second field (removed pods' series
-    /// are dropped from the metrics; their handles must not be reused).
-    series: SeriesCache,
-    series_epoch: Cell<u64>,
 }
 
 fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
@@ -245,8 +311,6 @@ pub fn run(
         tunnel,
         hbone_pool: Rc::new(hbone_pool),
         next_endpoint: Cell::new(0),
-        series: RefCell::default(),
-        series_epoch: Cell::new(0),
     });
     match backend {
         Backend::Uring => {
@@ -623,7 +687,8 @@ async fn handle_conn(
                 spoof: Some(peer.ip()),
                 flow: flow.map(|f| (pod.shared.clone(), f)),
             };
-            let series = splice_labels(&ctx, &pod, kind, peer, &hop, None);
+            let mesh = ctx.tunnel.mesh();
+            let series = splice_labels(&ctx, mesh.as_ref(), &pod, kind, peer, &hop, None);
             let mut guard = guard;
             match connect_hop(&ctx, &mut guard, &client, &hop).await {
                 Ok(upstream) => {
@@ -659,7 +724,7 @@ fn deny(ctx: &WorkerCtx, client: &OwnedFd, path: &'static str, why: &str) {
 
 /// The labels of a connection that failed before it opened (rare: built
 /// from the cached series only then).
-fn failed_labels(series: &[Rc<Series>]) -> Vec<TcpLabels> {
+fn failed_labels(series: &[Arc<Series>]) -> Vec<TcpLabels> {
     series.iter().map(|s| s.labels.clone()).collect()
 }
 
@@ -768,10 +833,7 @@ async fn outbound(
     let mesh = ctx.tunnel.mesh();
     // The service the client dialled (its VIP): the metrics'
     // destination_service* on this side, `host=` to the tunnel's far side.
-    let service = mesh
-        .as_deref()
-        .and_then(|m| m.service_by_vip(dst.ip()))
-        .map(DstService::of);
+    let service = mesh.as_deref().and_then(|m| m.service_by_vip(dst.ip()));
     let targets = match candidates(&ctx, mesh.as_deref(), dst) {
         Ok(t) => t,
         Err(why) => {
@@ -809,11 +871,12 @@ async fn outbound(
                 };
                 let series = splice_labels(
                     &ctx,
+                    mesh.as_ref(),
                     &pod,
                     ListenerKind::Outbound,
                     peer,
                     &hop,
-                    service.as_ref(),
+                    service,
                 );
                 match connect_hop(&ctx, &mut guard, &client, &hop).await {
                     Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
@@ -829,11 +892,12 @@ async fn outbound(
                 };
                 let series = splice_labels(
                     &ctx,
+                    mesh.as_ref(),
                     &pod,
                     ListenerKind::Outbound,
                     peer,
                     &hop,
-                    service.as_ref(),
+                    service,
                 );
                 match connect_hop(&ctx, &mut guard, &client, &hop).await {
                     Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
@@ -841,10 +905,15 @@ async fn outbound(
                 }
             }
             Route::Tunnel(mut plan) => {
-                plan.service = service.clone();
+                plan.service = service.map(DstService::of);
+                let svc = mesh
+                    .as_deref()
+                    .zip(service)
+                    .and_then(|(m, s)| SeriesKey::service_index(m, s));
                 // Boxed: the tunnel's futures (TLS, HTTP/2, copies) are large
                 // and would otherwise sit in every spliced connection's state.
-                match Box::pin(tunnel_outbound(&ctx, &pod, &client, peer, addr, plan)).await {
+                let open = tunnel_outbound(&ctx, mesh.as_ref(), &pod, &client, peer, plan, svc);
+                match Box::pin(open).await {
                     TunnelOutcome::Open(open) => {
                         // The copy runs in a task of its own that takes the
                         // connection's registration; this task, sized for
@@ -880,18 +949,20 @@ struct OpenTunnel {
     client: tokio::net::TcpStream,
     stream: ringway_hbone::HboneStream,
     plan: Box<tunnel::OutboundPlan>,
-    /// The source peer and the connection's labels.
-    named: Box<(Peer, TcpLabels)>,
+    /// The source pod's labels and the connection's series.
+    named: Box<(Arc<Peer>, Arc<Series>)>,
 }
 
-/// Opens an outbound connection's tunnel to `addr` over HBONE.
+/// Opens an outbound connection's tunnel to `plan.dst` over HBONE; `svc`
+/// is the dialled service's index in `mesh` ([`SeriesKey::service`]).
 async fn tunnel_outbound(
     ctx: &WorkerCtx,
+    mesh: Option<&Arc<Mesh>>,
     pod: &PodLocal,
     client: &Arc<OwnedFd>,
     peer: SocketAddr,
-    addr: SocketAddr,
     plan: Box<tunnel::OutboundPlan>,
+    svc: Option<usize>,
 ) -> TunnelOutcome {
     let cx = tunnel::ConnCtx {
         stats: &ctx.stats,
@@ -899,8 +970,19 @@ async fn tunnel_outbound(
         mark: ctx.settings.proxy_mark,
         connect_timeout: ctx.settings.connect_timeout,
     };
-    let src = pod.shared.peer(ctx.tunnel.mesh().as_deref());
-    let labels = tunnel::outbound_labels(&src, &plan);
+    let addr = plan.dst;
+    let src = pod.shared.labels(mesh);
+    let series = ctx.metrics.series(
+        mesh,
+        SeriesKey {
+            reporter: "source",
+            security: "mutual_tls",
+            src: Side::Pod(src.clone()),
+            // The plan's destination: the mesh's workload at that address.
+            dst: Side::Addr(addr.ip()),
+            service: svc,
+        },
+    );
     // Boxed: the open's state (dial, TLS handshake, HTTP/2 request) is
     // freed once the stream is open.
     let opened = Box::pin(tunnel::open_outbound(
@@ -918,7 +1000,7 @@ async fn tunnel_outbound(
                 client,
                 stream,
                 plan,
-                named: Box::new((src, labels)),
+                named: Box::new((src, series)),
             })),
             None => TunnelOutcome::Done,
         },
@@ -932,13 +1014,13 @@ async fn tunnel_outbound(
                 "tunnel denied by the destination (401); client reset"
             );
             ctx.stats.connect_failed.inc();
-            let l = labels.with_flags("UF");
+            let l = series.labels.with_flags("UF");
             ctx.metrics.opened.get_or_create(&l).inc();
             ctx.metrics.closed.get_or_create(&l).inc();
             sys::tcp_abort(client.as_fd());
             TunnelOutcome::Done
         }
-        Err(e) => TunnelOutcome::Failed((vec![labels], format!("hbone: {e}"))),
+        Err(e) => TunnelOutcome::Failed((vec![series.labels.clone()], format!("hbone: {e}"))),
     }
 }
 
@@ -1030,135 +1112,64 @@ async fn connect_hop(
     r.map(|()| upstream)
 }
 
-/// Metrics labels of a spliced connection, as each reporting side sees it:
-/// the outbound side reports as `source` (with `service`, the VIP's, if the
+/// The series of a spliced connection, one per reporting side: the
+/// outbound side reports as `source` (with `service`, the VIP's, if the
 /// client dialled one), the inbound side as `destination` (with the
 /// destination pod's service it guesses, as the reference: the one the
 /// source named, else one with the target port); the fast path plays both.
+/// Pods served here are keyed by their shared labels, others by address,
+/// so a pair seen before costs the worker a small hash and no string.
 fn splice_labels(
     ctx: &WorkerCtx,
+    mesh: Option<&Arc<Mesh>>,
     pod: &PodLocal,
     kind: ListenerKind,
     peer: SocketAddr,
     hop: &Hop,
-    service: Option<&DstService>,
-) -> Vec<Rc<Series>> {
-    let mesh = ctx.tunnel.mesh();
-    let mesh = mesh.as_deref();
-    let local = |ip: IpAddr| {
-        ctx.local_pods
+    service: Option<&ringway_config::Service>,
+) -> Vec<Arc<Series>> {
+    // A pod served here, else the mesh's workload at that address.
+    let side = |ip: IpAddr| {
+        let local = ctx
+            .local_pods
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&ip)
-            .map(|p| p.peer(mesh))
-    };
-    // A mesh workload on another node, by address.
-    let remote = |ip: IpAddr| {
-        mesh.and_then(|m| {
-            let w = m.workload_by_ip(ip.to_canonical())?;
-            let id = w.identity(m.trust_domain()).to_string();
-            Some(Peer::of_workload(w, id, m, &w.locality))
-        })
-    };
-    // Plaintext: as the reference, the source's principal is reported only
-    // when mTLS proved it; the destination's is its workload's identity.
-    let unproven = |p: Peer| Peer {
-        principal: String::new(),
-        ..p
+            .cloned();
+        match local {
+            Some(p) => Side::Pod(p.labels(mesh)),
+            None => Side::Addr(ip),
+        }
     };
     let fast = !Arc::ptr_eq(&hop.netns, &pod.shared);
-    let (src, dst_peer) = match kind {
-        ListenerKind::Inbound => (
-            local(peer.ip())
-                .or_else(|| remote(peer.ip()))
-                .unwrap_or_default(),
-            pod.shared.peer(mesh),
-        ),
-        _ if fast => (pod.shared.peer(mesh), hop.netns.peer(mesh)),
-        _ => (
-            pod.shared.peer(mesh),
-            local(hop.addr.ip())
-                .or_else(|| remote(hop.addr.ip()))
-                .unwrap_or_default(),
-        ),
+    let me = Side::Pod(pod.shared.labels(mesh));
+    let (src, dst) = match kind {
+        ListenerKind::Inbound => (side(peer.ip()), me),
+        _ if fast => (me, Side::Pod(hop.netns.labels(mesh))),
+        _ => (me, side(hop.addr.ip())),
     };
-    let src = unproven(src);
+    let index = |s: &ringway_config::Service| SeriesKey::service_index(mesh?, s);
     let inbound_service = |target: &PodShared| {
         let host = service.map(|s| s.hostname.as_str());
-        mesh.and_then(|m| tunnel::inbound_service(m, target, host, hop.addr.port()))
+        let m = mesh?;
+        index(tunnel::inbound_service(m, target, host, hop.addr.port())?)
     };
-    let reporters: Vec<(&'static str, Option<DstService>)> = match kind {
-        ListenerKind::Inbound => vec![("destination", inbound_service(&pod.shared))],
+    let key = |reporter, service| SeriesKey {
+        reporter,
+        security: "none",
+        src: src.clone(),
+        dst: dst.clone(),
+        service,
+    };
+    let series = |k| ctx.metrics.series(mesh, k);
+    match kind {
+        ListenerKind::Inbound => vec![series(key("destination", inbound_service(&pod.shared)))],
         _ if fast => vec![
-            ("source", service.cloned()),
-            ("destination", inbound_service(&hop.netns)),
+            series(key("source", service.and_then(index))),
+            series(key("destination", inbound_service(&hop.netns))),
         ],
-        _ => vec![("source", service.cloned())],
-    };
-    reporters
-        .into_iter()
-        .map(|(r, svc)| series(ctx, r, &src, &dst_peer, svc))
-        .collect()
-}
-
-/// One reporter's istio_tcp_* series of a plaintext connection, with its
-/// counter handles.
-#[derive(Debug)]
-struct Series {
-    labels: TcpLabels,
-    opened: Counter,
-    closed: Counter,
-    sent: Counter,
-    received: Counter,
-}
-
-/// Resolved series per worker, keyed by what the labels are made of: a
-/// connection between pods seen before costs one small hash, not ~20 label
-/// strings built and hashed four times.
-type SeriesCache = RefCell<HashMap<SeriesKey, Rc<Series>>>;
-
-/// What a series' labels are made of: reporter, source, destination and
-/// the service.
-type SeriesKey = (&'static str, Peer, Peer, Option<DstService>);
-
-/// Pod pairs remembered per worker; past this the cache starts over (the
-/// metrics themselves are kept).
-const SERIES_CACHE_MAX: usize = 16_384;
-
-fn series(
-    ctx: &WorkerCtx,
-    reporter: &'static str,
-    src: &Peer,
-    dst: &Peer,
-    service: Option<DstService>,
-) -> Rc<Series> {
-    let epoch = ctx
-        .metrics
-        .series_epoch
-        .load(std::sync::atomic::Ordering::Acquire);
-    if ctx.series_epoch.get() != epoch {
-        ctx.series.borrow_mut().clear();
-        ctx.series_epoch.set(epoch);
+        _ => vec![series(key("source", service.and_then(index)))],
     }
-    let key = (reporter, src.clone(), dst.clone(), service);
-    if let Some(s) = ctx.series.borrow().get(&key) {
-        return s.clone();
-    }
-    let labels = TcpLabels::new(reporter, src, dst, key.3.as_ref(), "none", "-");
-    let m = &ctx.metrics;
-    let s = Rc::new(Series {
-        opened: m.opened.get_or_create(&labels),
-        closed: m.closed.get_or_create(&labels),
-        sent: m.sent.get_or_create(&labels),
-        received: m.received.get_or_create(&labels),
-        labels,
-    });
-    let mut cache = ctx.series.borrow_mut();
-    if cache.len() >= SERIES_CACHE_MAX {
-        cache.clear();
-    }
-    cache.insert(key, s.clone());
-    s
 }
 
 /// Moves bytes both ways between the client and its connected upstream
@@ -1168,7 +1179,7 @@ async fn splice(
     client: &Arc<OwnedFd>,
     upstream: Sock,
     hop: &Hop,
-    series: Vec<Rc<Series>>,
+    series: Vec<Arc<Series>>,
     started: Instant,
 ) {
     let client = match Sock::from_shared(client.clone(), ctx.backend) {
@@ -1207,14 +1218,14 @@ async fn splice(
     for s in &series {
         s.closed.inc();
     }
+    // Formatted only when the access log is on (the macro evaluates its
+    // fields then): two strings per connection otherwise.
     let reason = |e: &DirEnd| match e {
         DirEnd::Eof => "eof".to_string(),
         DirEnd::ReadFailed(e) => format!("read: {e}"),
         DirEnd::WriteFailed(e) => format!("write: {e}"),
     };
     let (sent, received) = (up_end.1, down_end.1);
-    let upstream_end = reason(&up_end.0);
-    let downstream_end = reason(&down_end.0);
     let who = series.first().map(|s| &s.labels);
     tracing::event!(
         target: "access",
@@ -1226,8 +1237,8 @@ async fn splice(
         bytes.sent = sent,
         bytes.received = received,
         duration.ms = started.elapsed().as_millis() as u64,
-        upstream.end = %upstream_end,
-        downstream.end = %downstream_end,
+        upstream.end = %reason(&up_end.0),
+        downstream.end = %reason(&down_end.0),
         "connection closed"
     );
 }
@@ -1329,8 +1340,6 @@ mod tests {
                 ringway_hbone::PoolConfig::default(),
             )),
             next_endpoint: Cell::new(0),
-            series: RefCell::default(),
-            series_epoch: Cell::new(0),
         });
         let pod = Rc::new(PodLocal {
             shared: Arc::new(PodShared {
@@ -1341,6 +1350,7 @@ mod tests {
                 who: RwLock::default(),
                 flows: flows::FlowTable::default(),
                 preauth: Default::default(),
+                labels: Default::default(),
             }),
             listeners: RefCell::new(Vec::new()),
             conns: RefCell::new(HashMap::new()),

@@ -29,6 +29,12 @@ const SERVER_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
 /// target port 8080; `other` comes first, so a guess by port alone names
 /// it, and only `host=` names `web`. `db` fronts nothing of the server's.
 fn mesh(node: &str, zone: &str) -> Arc<Mesh> {
+    mesh_with(node, zone, "frontend", "2.1")
+}
+
+/// [`mesh`] with the client's `app` label and the server's
+/// `app.kubernetes.io/version` label given.
+fn mesh_with(node: &str, zone: &str, client_app: &str, server_version: &str) -> Arc<Mesh> {
     let yaml = format!(
         r#"clusterId: east-1
 locality: {{ region: r1, zone: {zone} }}
@@ -40,7 +46,7 @@ workloads:
     ips: [10.244.1.2, "fd00:244:1::2"]
     node: node1
     tunnel: true
-    labels: {{ app: frontend, version: v1 }}
+    labels: {{ app: {client_app}, version: v1 }}
     locality: {{ region: r1, zone: z1 }}
   - uid: server-0
     name: server-0
@@ -49,7 +55,7 @@ workloads:
     ips: [10.244.2.2, "fd00:244:2::2"]
     node: node2
     tunnel: true
-    labels: {{ service.istio.io/canonical-name: web, app: web-app, app.kubernetes.io/version: "2.1", version: v0 }}
+    labels: {{ service.istio.io/canonical-name: web, app: web-app, app.kubernetes.io/version: "{server_version}", version: v0 }}
 services:
   - hostname: other.shop.svc.cluster.local
     namespace: shop
@@ -230,6 +236,52 @@ fn metrics_full_label_set_direct_to_a_pod() {
         );
         let other = ["other.shop.svc.cluster.local", "shop", "other"];
         assert_eq!(dst, expected("destination", other, "z2"));
+    });
+}
+
+/// The mesh changes the client's and the server's labels while both run:
+/// connections opened afterwards are reported under the new labels on both
+/// sides (each proxy makes a pod's labels once per mesh, and caches series
+/// per mesh), those before stay under the old ones.
+#[test]
+fn metrics_labels_follow_a_mesh_update_hbone() {
+    run_isolated("metrics_labels_follow_a_mesh_update_hbone", || {
+        let t = bed("metrics_labels_update");
+        let vip = SocketAddr::new(VIP.parse().unwrap(), 80);
+        one_connection(&t, vip);
+        both_reporters(&t);
+        t.p1.set_mesh(mesh_with("node1", "z1", "frontend-v2", "2.2"));
+        t.p2.set_mesh(mesh_with("node2", "z2", "frontend-v2", "2.2"));
+        one_connection(&t, vip);
+        let web = ["web.shop.svc.cluster.local", "shop", "web"];
+        let updated = |reporter: &str, zone: &str| {
+            let mut e = expected(reporter, web, zone);
+            for k in ["source_canonical_service", "source_app"] {
+                e.insert(k.into(), "frontend-v2".into());
+            }
+            for k in ["destination_canonical_revision", "destination_version"] {
+                e.insert(k.into(), "2.2".into());
+            }
+            e
+        };
+        for (p, reporter, zone) in [(&t.p1, "source", "unknown"), (&t.p2, "destination", "z2")] {
+            assert!(
+                wait_until(TIMEOUT, || series(
+                    &text(p),
+                    "istio_tcp_connections_closed_total",
+                    reporter
+                )
+                .len()
+                    == 2),
+                "{}",
+                text(p)
+            );
+            let mut got = series(&text(p), "istio_tcp_connections_opened_total", reporter);
+            got.sort();
+            let mut want = vec![expected(reporter, web, zone), updated(reporter, zone)];
+            want.sort();
+            assert_eq!(got, want, "{}", text(p));
+        }
     });
 }
 
@@ -497,5 +549,116 @@ fn metrics_full_label_set_plaintext_vip_fast_path() {
 fn metrics_full_label_set_plaintext_vip_both_hops() {
     run_isolated("metrics_full_label_set_plaintext_vip_both_hops", || {
         plaintext_vip(false)
+    });
+}
+
+/// Plaintext on one node (fast path, or both hops): the mesh moves the
+/// server to another service account and renames the client's canonical
+/// service; the next connection's series on both reporters carry the new
+/// principal and names, the first connection's keep the old ones (one each).
+fn plaintext_mesh_update(fast_path: bool) {
+    use ringway_config::{CaptureMode, Datapath};
+    let vn = ringway_testbed::VirtualNode::build(1, 2).unwrap();
+    let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+    let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Auto);
+    settings.same_node_fast_path = fast_path;
+    let proxy = ringway_proxy::Proxy::start(settings).unwrap();
+    let mesh = |client_app: &str, server_sa: &str| {
+        let yaml = format!(
+            r#"workloads:
+  - {{ uid: {ua}, name: client-0, namespace: front, serviceAccount: frontend, ips: [{ia}], node: node1, labels: {{ app: {client_app} }} }}
+  - {{ uid: {ub}, name: server-0, namespace: shop, serviceAccount: {server_sa}, ips: [{ib}], node: node1 }}
+"#,
+            ua = a.name,
+            ub = b.name,
+            ia = a.ipv4,
+            ib = b.ipv4,
+        );
+        Arc::new(
+            MeshConfig::load_str(&yaml, "update mesh", &NoEnv).unwrap_or_else(|e| panic!("{e}")),
+        )
+    };
+    proxy.set_mesh(mesh("frontend", "web"));
+    for p in [&a, &b] {
+        common::capture(p, CaptureMode::Tproxy);
+        proxy.add_pod(&p.name, p.netns.dup_fd().unwrap()).unwrap();
+    }
+    let app = SocketAddr::new(b.ip(false), APP_PORT);
+    let l = b.netns.run(|| listen(app)).unwrap();
+    let echo = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for _ in 0..2 {
+            let Ok((mut s, _)) = l.accept() else { return };
+            let mut buf = [0u8; 64];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 || s.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let exchange = || {
+        a.netns.run(|| {
+            use std::io::{Read, Write};
+            let mut s = connect(app, TIMEOUT).unwrap();
+            s.set_read_timeout(Some(TIMEOUT)).unwrap();
+            s.write_all(b"ping").unwrap();
+            let mut back = [0u8; 4];
+            s.read_exact(&mut back).unwrap();
+        });
+        common::wait_no_active(&proxy);
+    };
+    exchange();
+    proxy.set_mesh(mesh("frontend-v2", "web-v2"));
+    exchange();
+    echo.join().unwrap();
+    let body = text(&proxy);
+    for reporter in ["source", "destination"] {
+        let got: BTreeMap<(String, String), usize> =
+            series(&body, "istio_tcp_connections_closed_total", reporter)
+                .into_iter()
+                .fold(BTreeMap::new(), |mut m, l| {
+                    *m.entry((
+                        l["source_canonical_service"].clone(),
+                        l["destination_principal"].clone(),
+                    ))
+                    .or_default() += 1;
+                    m
+                });
+        let want: BTreeMap<(String, String), usize> = [
+            (("frontend".into(), SERVER_ID.into()), 1),
+            (
+                (
+                    "frontend-v2".into(),
+                    "spiffe://cluster.local/ns/shop/sa/web-v2".into(),
+                ),
+                1,
+            ),
+        ]
+        .into();
+        assert_eq!(got, want, "{reporter}: {body}");
+        for l in series(&body, "istio_tcp_connections_closed_total", reporter) {
+            assert_eq!(l["source_principal"], "unknown", "plaintext: {body}");
+        }
+    }
+    for l in body
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_connections_closed_total{"))
+    {
+        assert!(l.ends_with(" 1"), "one connection per series: {l}\n{body}");
+    }
+}
+
+#[test]
+fn metrics_labels_follow_a_mesh_update_fast_path() {
+    run_isolated("metrics_labels_follow_a_mesh_update_fast_path", || {
+        plaintext_mesh_update(true)
+    });
+}
+
+#[test]
+fn metrics_labels_follow_a_mesh_update_both_hops() {
+    run_isolated("metrics_labels_follow_a_mesh_update_both_hops", || {
+        plaintext_mesh_update(false)
     });
 }

@@ -273,6 +273,113 @@ fn pod_churn_drops_series(fast_path: bool) {
     );
 }
 
+/// A pod the mesh renames while it runs (its owner changed: another
+/// `workloadName`) has reported under both names; removing it must drop
+/// the series of both, not only those of the name it has at the end (the
+/// others would stay in every scrape, and the proxy's memory, for good).
+fn renamed_pod_drops_all_series(fast_path: bool) {
+    use std::sync::Arc;
+    let vn = VirtualNode::build(1, 2).unwrap();
+    let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Auto);
+    settings.same_node_fast_path = fast_path;
+    let proxy = ringway_proxy::Proxy::start(settings).unwrap();
+    let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+    let mesh = |client: &str| {
+        let yaml = format!(
+            r#"workloads:
+  - {{ uid: {ua}, name: {ua}, namespace: front, serviceAccount: client, workloadName: {client}, ips: [{ia}], node: node1 }}
+  - {{ uid: {ub}, name: {ub}, namespace: shop, serviceAccount: web, workloadName: server, ips: [{ib}], node: node1 }}
+"#,
+            ua = a.name,
+            ub = b.name,
+            ia = a.ipv4,
+            ib = b.ipv4,
+        );
+        Arc::new(
+            ringway_config::MeshConfig::load_str(&yaml, "rename mesh", &ringway_config::NoEnv)
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+    };
+    proxy.set_mesh(mesh("client-v1"));
+    for p in [&a, &b] {
+        common::capture(p, CaptureMode::Tproxy);
+        proxy.add_pod(&p.name, p.netns.dup_fd().unwrap()).unwrap();
+    }
+    let addr = SocketAddr::new(b.ip(false), 8080);
+    let l = b
+        .netns
+        .run(|| ringway_testbed::traffic::listen(addr))
+        .unwrap();
+    let echo = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let Ok((mut s, _)) = l.accept() else { return };
+            let mut buf = [0u8; 64];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 || s.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let text = || ringway_proxy::metrics::encode(&proxy.metrics().registry(), false);
+    for name in ["client-v1", "client-v2"] {
+        if name == "client-v2" {
+            proxy.set_mesh(mesh(name));
+        }
+        let mut c = a
+            .netns
+            .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut back = [0u8; 4];
+        c.read_exact(&mut back).unwrap();
+        drop(c);
+        common::wait_no_active(&proxy);
+        let body = text();
+        assert_eq!(
+            sample(
+                &body,
+                "istio_tcp_connections_closed_total",
+                &[
+                    "reporter=\"source\"",
+                    &format!("source_workload=\"{name}\"")
+                ]
+            ),
+            Some(1.0),
+            "the connection is reported under the pod's name now ({name}):\n{body}"
+        );
+    }
+    echo.join().unwrap();
+    proxy.remove_pod(&a.name).unwrap();
+    let body = text();
+    let left: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_") && l.contains("client-v"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the removed pod's series under every name it had must go:\n{}",
+        left.join("\n")
+    );
+}
+
+#[test]
+fn adversarial_renamed_pod_drops_all_its_series_fast_path() {
+    run_isolated(
+        "adversarial_renamed_pod_drops_all_its_series_fast_path",
+        || renamed_pod_drops_all_series(true),
+    );
+}
+
+#[test]
+fn adversarial_renamed_pod_drops_all_its_series_both_hops() {
+    run_isolated(
+        "adversarial_renamed_pod_drops_all_its_series_both_hops",
+        || renamed_pod_drops_all_series(false),
+    );
+}
+
 #[test]
 fn adversarial_pod_churn_drops_metric_series_fast_path() {
     run_isolated(
