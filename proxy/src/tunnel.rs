@@ -785,20 +785,18 @@ async fn pump(
     }
 }
 
-/// Largest read from a client socket at once. The buffer is one per worker
-/// thread, reused: a connection holds no buffer while it waits, and bytes
-/// leave it at once as a `Bytes` handed to HTTP/2 without another copy.
+/// Largest read from a client socket at once.
 const READ_CHUNK: usize = 256 * 1024;
+
+/// The first read from a client socket, and the next one after a short
+/// read; reads double while they fill their buffer, up to [`READ_CHUNK`].
+const MIN_READ: usize = 4 * 1024;
 
 /// Size of the pieces a read is handed to HTTP/2 in.
 const PIECE: usize = 64 * 1024;
 
-thread_local! {
-    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_CHUNK]);
-}
-
 /// Both directions of a tunnelled connection in one task, driven by
-/// readiness: client -> stream reads up to [`READ_CHUNK`] per wake-up;
+/// readiness: client -> stream reads up to [`READ_CHUNK`] at once;
 /// stream -> client writes each DATA chunk as it arrived. EOF on one side
 /// becomes END_STREAM / `shutdown(SHUT_WR)` on the other; an error ends both.
 async fn pump_both(
@@ -809,11 +807,14 @@ async fn pump_both(
     up: &mut u64,
     down: &mut u64,
 ) -> io::Result<()> {
+    use std::future::Future;
     use std::task::Poll;
+    use tokio::io::AsyncReadExt;
     // Read chunks still to hand to HTTP/2, oldest first.
     let mut to_stream: std::collections::VecDeque<bytes::Bytes> = Default::default();
     let mut to_client = bytes::Bytes::new();
     let (mut up_done, mut down_done) = (false, false);
+    let mut want = MIN_READ;
     std::future::poll_fn(|cx| {
         // A busy connection yields after this many chunks per wake-up, so
         // the worker's other connections get their turn.
@@ -835,26 +836,25 @@ async fn pump_both(
                     Poll::Pending => break,
                 }
             }
-            // `poll_read` (not readiness + `try_read`): a short read clears
-            // the readiness, so a small message costs one `read`, not a
-            // second one that finds EAGAIN.
-            let read = READ_BUF.with(|b| {
-                let mut b = b.borrow_mut();
-                let mut rb = tokio::io::ReadBuf::new(&mut b);
-                match tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut *client), cx, &mut rb)
-                {
-                    Poll::Ready(Ok(())) => {
-                        let got = rb.filled();
-                        // Copied out in pieces below glibc's mmap threshold,
-                        // so the allocations reuse heap pages instead of
-                        // faulting in fresh ones for every read.
-                        to_stream.extend(got.chunks(PIECE).map(bytes::Bytes::copy_from_slice));
-                        Poll::Ready(Ok(got.len()))
-                    }
-                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                    Poll::Pending => Poll::Pending,
+            // One `poll_read` (not readiness + `try_read`): a short read
+            // clears the readiness, so a small message costs one `read`, not
+            // a second one that finds EAGAIN. The kernel writes straight into
+            // a new buffer that leaves as the `Bytes` HTTP/2 frames (no copy,
+            // no zeroing); a pending read frees it, so a quiet connection
+            // holds none.
+            let mut buf = bytes::BytesMut::with_capacity(want);
+            let read = std::pin::pin!(client.read_buf(&mut buf)).poll(cx);
+            if let Poll::Ready(Ok(n)) = read {
+                want = if n >= want {
+                    (want * 2).min(READ_CHUNK)
+                } else {
+                    MIN_READ
+                };
+                let mut got = buf.freeze();
+                while !got.is_empty() {
+                    to_stream.push_back(got.split_to(PIECE.min(got.len())));
                 }
-            });
+            }
             match read {
                 Poll::Ready(Ok(0)) => {
                     stream.finish()?;
