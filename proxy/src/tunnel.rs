@@ -448,19 +448,27 @@ const SPARE_TLS_BUFS: usize = 4;
 thread_local! {
     /// TLS read buffers not holding bytes of any connection: a connection
     /// holds one only while it has read bytes that TLS has not taken yet.
-    static SPARE_BUFS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPARE_BUFS: std::cell::RefCell<Vec<bytes::BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn take_tls_buf() -> Vec<u8> {
-    SPARE_BUFS
+/// An empty buffer with room for [`TLS_READ_BUF`] bytes: a spare when the
+/// worker has one, else a new allocation, never zeroed (the socket's bytes
+/// are read into its spare capacity).
+fn take_tls_buf() -> bytes::BytesMut {
+    let mut buf = SPARE_BUFS
         .with(|s| s.borrow_mut().pop())
-        .unwrap_or_else(|| vec![0; TLS_READ_BUF])
+        .unwrap_or_default();
+    // A spare is empty, so this only moves its start back (no allocation);
+    // a new one is allocated here, uninitialised.
+    buf.reserve(TLS_READ_BUF);
+    buf
 }
 
-fn give_tls_buf(buf: Vec<u8>) {
-    if buf.len() != TLS_READ_BUF {
+fn give_tls_buf(mut buf: bytes::BytesMut) {
+    if buf.capacity() == 0 {
         return;
     }
+    buf.clear();
     // During thread exit the spares may be gone already: then it is freed.
     let _ = SPARE_BUFS.try_with(|s| {
         let mut s = s.borrow_mut();
@@ -479,9 +487,9 @@ fn give_tls_buf(buf: Vec<u8>) {
 pub struct LazyBufIo<T = TcpStream> {
     tcp: T,
     buffered: bool,
-    buf: Vec<u8>,
-    pos: usize,
-    filled: usize,
+    /// Bytes read from the socket that TLS has not taken yet (none: no
+    /// buffer held).
+    buf: bytes::BytesMut,
 }
 
 impl<T> LazyBufIo<T> {
@@ -489,9 +497,7 @@ impl<T> LazyBufIo<T> {
         LazyBufIo {
             tcp,
             buffered: false,
-            buf: Vec::new(),
-            pos: 0,
-            filled: 0,
+            buf: bytes::BytesMut::new(),
         }
     }
 
@@ -502,7 +508,7 @@ impl<T> LazyBufIo<T> {
 
     /// Whether the connection holds a read buffer now (tests).
     pub fn holds_buffer(&self) -> bool {
-        !self.buf.is_empty()
+        self.buf.capacity() > 0
     }
 }
 
@@ -518,36 +524,33 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LazyBufIo<T> {
         cx: &mut std::task::Context<'_>,
         out: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<io::Result<()>> {
+        use std::future::Future;
         use std::task::Poll;
+        use tokio::io::AsyncReadExt;
         let this = self.get_mut();
-        if !this.buffered || (this.pos == this.filled && out.remaining() >= TLS_READ_BUF) {
+        if !this.buffered {
             return std::pin::Pin::new(&mut this.tcp).poll_read(cx, out);
         }
-        if this.pos == this.filled {
+        // (rustls reads at most one record, about 16 KiB, per call: always
+        // through the buffer once buffered.)
+        if this.buf.is_empty() {
             let mut buf = take_tls_buf();
-            let mut rb = tokio::io::ReadBuf::new(&mut buf);
-            let r = std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb);
-            let n = rb.filled().len();
-            match r {
-                Poll::Ready(Ok(())) if n > 0 => {
-                    this.buf = buf;
-                    this.filled = n;
-                    this.pos = 0;
-                }
+            match std::pin::pin!(this.tcp.read_buf(&mut buf)).poll(cx) {
+                Poll::Ready(Ok(n)) if n > 0 => this.buf = buf,
                 other => {
                     // Nothing read (pending, EOF or an error): nothing to keep.
                     give_tls_buf(buf);
-                    return other;
+                    return other.map_ok(|_| ());
                 }
             }
         }
-        let n = (this.filled - this.pos).min(out.remaining());
-        out.put_slice(&this.buf[this.pos..this.pos + n]);
-        this.pos += n;
-        if this.pos == this.filled {
+        let n = this.buf.len().min(out.remaining());
+        out.put_slice(&this.buf[..n]);
+        // Moves the start only (no copy, no allocation).
+        bytes::Buf::advance(&mut this.buf, n);
+        if this.buf.is_empty() {
             // All taken: the buffer goes back to the worker's spares.
             give_tls_buf(std::mem::take(&mut this.buf));
-            (this.pos, this.filled) = (0, 0);
         }
         Poll::Ready(Ok(()))
     }
@@ -1331,6 +1334,52 @@ mod tests {
             io.read_exact(&mut later).await.unwrap();
             assert_eq!(&later, b"later");
             assert!(!io.holds_buffer());
+        });
+    }
+
+    /// More tunnels holding unread TLS bytes at once than the worker keeps
+    /// spare buffers: each gets every byte back in order whatever the read
+    /// sizes, and once all are drained the worker keeps at most
+    /// `SPARE_TLS_BUFS` buffers (the rest are freed, none is leaked or
+    /// handed out twice).
+    #[test]
+    fn many_tunnels_share_the_spare_tls_buffers_without_mixing_bytes() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let n = SPARE_TLS_BUFS * 3;
+            let mut ends = Vec::new();
+            for i in 0..n {
+                let (mut peer, ours) = tokio::io::duplex(64 * 1024);
+                let mut io = LazyBufIo::new(ours);
+                io.buffer();
+                let msg: Vec<u8> = (0..40_000u32).map(|k| (k as usize * 7 + i) as u8).collect();
+                peer.write_all(&msg).await.unwrap();
+                // A first small read makes each hold a buffer with the rest.
+                let mut head = [0u8; 3];
+                io.read_exact(&mut head).await.unwrap();
+                assert_eq!(head, msg[..3]);
+                assert!(io.holds_buffer());
+                ends.push((peer, io, msg));
+            }
+            for (k, (_peer, io, msg)) in ends.iter_mut().enumerate() {
+                let mut rest = vec![0u8; msg.len() - 3];
+                let step = 1 + k * 997 % 5000;
+                let mut at = 0;
+                while at < rest.len() {
+                    let end = (at + step).min(rest.len());
+                    io.read_exact(&mut rest[at..end]).await.unwrap();
+                    at = end;
+                }
+                assert!(rest == msg[3..], "tunnel {k} got bytes of another");
+                assert!(!io.holds_buffer());
+            }
+            drop(ends);
+            let spares = SPARE_BUFS.with(|s| s.borrow().len());
+            assert!(spares <= SPARE_TLS_BUFS, "{spares} spare buffers kept");
         });
     }
 
