@@ -436,10 +436,11 @@ pub fn adopt(fd: OwnedFd) -> io::Result<TcpStream> {
 }
 
 /// How much TLS may hold of records not yet written to the socket. rustls'
-/// default (64 KiB) is less than one 64 KiB HTTP/2 DATA frame with its
-/// 9-byte header, which then took two `writev`s (and a tiny TLS record) per
-/// frame; with this a frame is one. Bounded per HTTP/2 connection, and held
-/// only while the socket is full.
+/// default (64 KiB) is less than one HTTP/2 DATA frame of a full read
+/// ([`READ_CHUNK`], 256 KiB) with its 9-byte header and 16 records' 22
+/// bytes of framing each, which would then take several `writev`s and a
+/// tiny TLS record per frame; with this a frame is one. Bounded per HTTP/2
+/// connection, and held only while the socket is full.
 const TLS_WRITE_LIMIT: usize = 256 * 1024 + 1024;
 
 /// Spare TLS read buffers kept per worker thread (more are freed).
@@ -795,9 +796,6 @@ const READ_CHUNK: usize = 256 * 1024;
 /// read; reads double while they fill their buffer, up to [`READ_CHUNK`].
 const MIN_READ: usize = 4 * 1024;
 
-/// Size of the pieces a read is handed to HTTP/2 in.
-const PIECE: usize = 64 * 1024;
-
 /// Both directions of a tunnelled connection in one task, driven by
 /// readiness: client -> stream reads up to [`READ_CHUNK`] at once;
 /// stream -> client writes each DATA chunk as it arrived. EOF on one side
@@ -853,10 +851,11 @@ async fn pump_both(
                 } else {
                     MIN_READ
                 };
-                let mut got = buf.freeze();
-                while !got.is_empty() {
-                    to_stream.push_back(got.split_to(PIECE.min(got.len())));
-                }
+                // One read, one DATA frame (up to the peer's max frame
+                // size, 1 MiB between ringway proxies; h2 splits it to a
+                // smaller one's): fewer frame headers, TLS writes and wake-ups
+                // per MB than 64 KiB pieces.
+                to_stream.push_back(buf.freeze());
             }
             match read {
                 Poll::Ready(Ok(0)) => {

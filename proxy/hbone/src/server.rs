@@ -517,7 +517,10 @@ enum PumpErr {
     Upstream(std::io::Error),
 }
 
-const READ_CHUNK: usize = 64 * 1024;
+/// Largest read from the app at once, sent as one DATA frame (when the
+/// peer's max frame size allows; 1 MiB between ringway proxies): one
+/// frame header, one TLS write and one wake-up of the peer per 256 KiB.
+const READ_CHUNK: usize = 256 * 1024;
 
 /// The first (and after a short read, the next) read size from the app.
 const MIN_READ: usize = 4 * 1024;
