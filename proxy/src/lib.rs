@@ -253,6 +253,11 @@ impl Proxy {
             }
             Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
+        if !sys::keep_heap_pages() {
+            tracing::warn!(
+                "cannot set glibc's malloc thresholds: freed buffers are faulted in again"
+            );
+        }
         let stats = Arc::new(Stats::default());
         let local_pods: LocalPods = Arc::new(RwLock::new(HashMap::new()));
         let metrics = Arc::new(metrics::Metrics::default());

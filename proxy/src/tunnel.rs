@@ -455,10 +455,11 @@ pub fn adopt_std(fd: OwnedFd) -> io::Result<std::net::TcpStream> {
 }
 
 /// How much TLS may hold of records not yet written to the socket. rustls'
-/// default (64 KiB) is less than one 64 KiB HTTP/2 DATA frame with its
-/// 9-byte header, which then took two `writev`s (and a tiny TLS record) per
-/// frame; with this a frame is one. Bounded per HTTP/2 connection, and held
-/// only while the socket is full.
+/// default (64 KiB) is less than one HTTP/2 DATA frame of a full read
+/// ([`READ_CHUNK`], 256 KiB) with its 9-byte header and 16 records' 22
+/// bytes of framing each, which would then take several `writev`s and a
+/// tiny TLS record per frame; with this a frame is one. Bounded per HTTP/2
+/// connection, and held only while the socket is full.
 const TLS_WRITE_LIMIT: usize = 256 * 1024 + 1024;
 
 /// Spare TLS read buffers kept per worker thread (more are freed).
@@ -467,19 +468,27 @@ const SPARE_TLS_BUFS: usize = 4;
 thread_local! {
     /// TLS read buffers not holding bytes of any connection: a connection
     /// holds one only while it has read bytes that TLS has not taken yet.
-    static SPARE_BUFS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPARE_BUFS: std::cell::RefCell<Vec<bytes::BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn take_tls_buf() -> Vec<u8> {
-    SPARE_BUFS
+/// An empty buffer with room for [`TLS_READ_BUF`] bytes: a spare when the
+/// worker has one, else a new allocation, never zeroed (the socket's bytes
+/// are read into its spare capacity).
+fn take_tls_buf() -> bytes::BytesMut {
+    let mut buf = SPARE_BUFS
         .with(|s| s.borrow_mut().pop())
-        .unwrap_or_else(|| vec![0; TLS_READ_BUF])
+        .unwrap_or_default();
+    // A spare is empty, so this only moves its start back (no allocation);
+    // a new one is allocated here, uninitialised.
+    buf.reserve(TLS_READ_BUF);
+    buf
 }
 
-fn give_tls_buf(buf: Vec<u8>) {
-    if buf.len() != TLS_READ_BUF {
+fn give_tls_buf(mut buf: bytes::BytesMut) {
+    if buf.capacity() == 0 {
         return;
     }
+    buf.clear();
     // During thread exit the spares may be gone already: then it is freed.
     let _ = SPARE_BUFS.try_with(|s| {
         let mut s = s.borrow_mut();
@@ -498,9 +507,9 @@ fn give_tls_buf(buf: Vec<u8>) {
 pub struct LazyBufIo<T = TcpStream> {
     tcp: T,
     buffered: bool,
-    buf: Vec<u8>,
-    pos: usize,
-    filled: usize,
+    /// Bytes read from the socket that TLS has not taken yet (none: no
+    /// buffer held).
+    buf: bytes::BytesMut,
 }
 
 impl<T> LazyBufIo<T> {
@@ -508,9 +517,7 @@ impl<T> LazyBufIo<T> {
         LazyBufIo {
             tcp,
             buffered: false,
-            buf: Vec::new(),
-            pos: 0,
-            filled: 0,
+            buf: bytes::BytesMut::new(),
         }
     }
 
@@ -521,7 +528,7 @@ impl<T> LazyBufIo<T> {
 
     /// Whether the connection holds a read buffer now (tests).
     pub fn holds_buffer(&self) -> bool {
-        !self.buf.is_empty()
+        self.buf.capacity() > 0
     }
 }
 
@@ -537,36 +544,33 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LazyBufIo<T> {
         cx: &mut std::task::Context<'_>,
         out: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<io::Result<()>> {
+        use std::future::Future;
         use std::task::Poll;
+        use tokio::io::AsyncReadExt;
         let this = self.get_mut();
-        if !this.buffered || (this.pos == this.filled && out.remaining() >= TLS_READ_BUF) {
+        if !this.buffered {
             return std::pin::Pin::new(&mut this.tcp).poll_read(cx, out);
         }
-        if this.pos == this.filled {
+        // (rustls reads at most one record, about 16 KiB, per call: always
+        // through the buffer once buffered.)
+        if this.buf.is_empty() {
             let mut buf = take_tls_buf();
-            let mut rb = tokio::io::ReadBuf::new(&mut buf);
-            let r = std::pin::Pin::new(&mut this.tcp).poll_read(cx, &mut rb);
-            let n = rb.filled().len();
-            match r {
-                Poll::Ready(Ok(())) if n > 0 => {
-                    this.buf = buf;
-                    this.filled = n;
-                    this.pos = 0;
-                }
+            match std::pin::pin!(this.tcp.read_buf(&mut buf)).poll(cx) {
+                Poll::Ready(Ok(n)) if n > 0 => this.buf = buf,
                 other => {
                     // Nothing read (pending, EOF or an error): nothing to keep.
                     give_tls_buf(buf);
-                    return other;
+                    return other.map_ok(|_| ());
                 }
             }
         }
-        let n = (this.filled - this.pos).min(out.remaining());
-        out.put_slice(&this.buf[this.pos..this.pos + n]);
-        this.pos += n;
-        if this.pos == this.filled {
+        let n = this.buf.len().min(out.remaining());
+        out.put_slice(&this.buf[..n]);
+        // Moves the start only (no copy, no allocation).
+        bytes::Buf::advance(&mut this.buf, n);
+        if this.buf.is_empty() {
             // All taken: the buffer goes back to the worker's spares.
             give_tls_buf(std::mem::take(&mut this.buf));
-            (this.pos, this.filled) = (0, 0);
         }
         Poll::Ready(Ok(()))
     }
@@ -793,20 +797,15 @@ async fn pump(
     }
 }
 
-/// Largest read from a client socket at once. The buffer is one per worker
-/// thread, reused: a connection holds no buffer while it waits, and bytes
-/// leave it at once as a `Bytes` handed to HTTP/2 without another copy.
+/// Largest read from a client socket at once.
 const READ_CHUNK: usize = 256 * 1024;
 
-/// Size of the pieces a read is handed to HTTP/2 in.
-const PIECE: usize = 64 * 1024;
-
-thread_local! {
-    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_CHUNK]);
-}
+/// The first read from a client socket, and the next one after a short
+/// read; reads double while they fill their buffer, up to [`READ_CHUNK`].
+const MIN_READ: usize = 4 * 1024;
 
 /// Both directions of a tunnelled connection in one task, driven by
-/// readiness: client -> stream reads up to [`READ_CHUNK`] per wake-up;
+/// readiness: client -> stream reads up to [`READ_CHUNK`] at once;
 /// stream -> client writes each DATA chunk as it arrived. EOF on one side
 /// becomes END_STREAM / `shutdown(SHUT_WR)` on the other; an error ends both.
 async fn pump_both(
@@ -817,11 +816,14 @@ async fn pump_both(
     up: &mut u64,
     down: &mut u64,
 ) -> io::Result<()> {
+    use std::future::Future;
     use std::task::Poll;
+    use tokio::io::AsyncReadExt;
     // Read chunks still to hand to HTTP/2, oldest first.
     let mut to_stream: std::collections::VecDeque<bytes::Bytes> = Default::default();
     let mut to_client = bytes::Bytes::new();
     let (mut up_done, mut down_done) = (false, false);
+    let mut want = MIN_READ;
     std::future::poll_fn(|cx| {
         // A busy connection yields after this many chunks per wake-up, so
         // the worker's other connections get their turn.
@@ -843,26 +845,26 @@ async fn pump_both(
                     Poll::Pending => break,
                 }
             }
-            // `poll_read` (not readiness + `try_read`): a short read clears
-            // the readiness, so a small message costs one `read`, not a
-            // second one that finds EAGAIN.
-            let read = READ_BUF.with(|b| {
-                let mut b = b.borrow_mut();
-                let mut rb = tokio::io::ReadBuf::new(&mut b);
-                match tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut *client), cx, &mut rb)
-                {
-                    Poll::Ready(Ok(())) => {
-                        let got = rb.filled();
-                        // Copied out in pieces below glibc's mmap threshold,
-                        // so the allocations reuse heap pages instead of
-                        // faulting in fresh ones for every read.
-                        to_stream.extend(got.chunks(PIECE).map(bytes::Bytes::copy_from_slice));
-                        Poll::Ready(Ok(got.len()))
-                    }
-                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                    Poll::Pending => Poll::Pending,
-                }
-            });
+            // One `poll_read` (not readiness + `try_read`): a short read
+            // clears the readiness, so a small message costs one `read`, not
+            // a second one that finds EAGAIN. The kernel writes straight into
+            // a new buffer that leaves as the `Bytes` HTTP/2 frames (no copy,
+            // no zeroing); a pending read frees it, so a quiet connection
+            // holds none.
+            let mut buf = bytes::BytesMut::with_capacity(want);
+            let read = std::pin::pin!(client.read_buf(&mut buf)).poll(cx);
+            if let Poll::Ready(Ok(n)) = read {
+                want = if n >= want {
+                    (want * 2).min(READ_CHUNK)
+                } else {
+                    MIN_READ
+                };
+                // One read, one DATA frame (up to the peer's max frame
+                // size, 1 MiB between ringway proxies; h2 splits it to a
+                // smaller one's): fewer frame headers, TLS writes and wake-ups
+                // per MB than 64 KiB pieces.
+                to_stream.push_back(buf.freeze());
+            }
             match read {
                 Poll::Ready(Ok(0)) => {
                     stream.finish()?;
@@ -1401,6 +1403,52 @@ mod tests {
             io.read_exact(&mut later).await.unwrap();
             assert_eq!(&later, b"later");
             assert!(!io.holds_buffer());
+        });
+    }
+
+    /// More tunnels holding unread TLS bytes at once than the worker keeps
+    /// spare buffers: each gets every byte back in order whatever the read
+    /// sizes, and once all are drained the worker keeps at most
+    /// `SPARE_TLS_BUFS` buffers (the rest are freed, none is leaked or
+    /// handed out twice).
+    #[test]
+    fn many_tunnels_share_the_spare_tls_buffers_without_mixing_bytes() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let n = SPARE_TLS_BUFS * 3;
+            let mut ends = Vec::new();
+            for i in 0..n {
+                let (mut peer, ours) = tokio::io::duplex(64 * 1024);
+                let mut io = LazyBufIo::new(ours);
+                io.buffer();
+                let msg: Vec<u8> = (0..40_000u32).map(|k| (k as usize * 7 + i) as u8).collect();
+                peer.write_all(&msg).await.unwrap();
+                // A first small read makes each hold a buffer with the rest.
+                let mut head = [0u8; 3];
+                io.read_exact(&mut head).await.unwrap();
+                assert_eq!(head, msg[..3]);
+                assert!(io.holds_buffer());
+                ends.push((peer, io, msg));
+            }
+            for (k, (_peer, io, msg)) in ends.iter_mut().enumerate() {
+                let mut rest = vec![0u8; msg.len() - 3];
+                let step = 1 + k * 997 % 5000;
+                let mut at = 0;
+                while at < rest.len() {
+                    let end = (at + step).min(rest.len());
+                    io.read_exact(&mut rest[at..end]).await.unwrap();
+                    at = end;
+                }
+                assert!(rest == msg[3..], "tunnel {k} got bytes of another");
+                assert!(!io.holds_buffer());
+            }
+            drop(ends);
+            let spares = SPARE_BUFS.with(|s| s.borrow().len());
+            assert!(spares <= SPARE_TLS_BUFS, "{spares} spare buffers kept");
         });
     }
 

@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{Method, Request, Response, StatusCode};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn, Instrument};
 
@@ -517,36 +517,34 @@ enum PumpErr {
     Upstream(std::io::Error),
 }
 
-const READ_CHUNK: usize = 64 * 1024;
+/// Largest read from the app at once, sent as one DATA frame (when the
+/// peer's max frame size allows; 1 MiB between ringway proxies): one
+/// frame header, one TLS write and one wake-up of the peer per 256 KiB.
+const READ_CHUNK: usize = 256 * 1024;
 
 /// The first (and after a short read, the next) read size from the app.
 const MIN_READ: usize = 4 * 1024;
 
-thread_local! {
-    /// Reads from apps land here (one buffer per thread, borrowed only
-    /// during a read) and leave at once as an exact-size `Bytes`: a stream
-    /// waiting on a quiet app holds no buffer.
-    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_CHUNK]);
-}
-
-/// Reads up to `want` bytes from `r` through the thread's buffer; an empty
-/// `Bytes` is EOF.
+/// Reads up to `want` bytes from `r` straight into a new buffer of that
+/// capacity, which becomes the `Bytes` HTTP/2 frames: the kernel writes
+/// the app's bytes where TLS will encrypt them from, with no copy in
+/// between and no zeroing (the capacity is never initialised by us). An
+/// empty `Bytes` is EOF. A pending read frees the buffer at once, so a
+/// stream waiting on a quiet app holds none.
 fn poll_read_chunk(
     r: &mut (impl AsyncRead + Unpin),
     cx: &mut std::task::Context<'_>,
     want: usize,
 ) -> std::task::Poll<std::io::Result<Bytes>> {
-    READ_BUF.with(|b| {
-        let mut b = b.borrow_mut();
-        let mut rb = tokio::io::ReadBuf::new(&mut b[..want.min(READ_CHUNK)]);
-        match std::pin::Pin::new(r).poll_read(cx, &mut rb) {
-            std::task::Poll::Ready(Ok(())) => {
-                std::task::Poll::Ready(Ok(Bytes::copy_from_slice(rb.filled())))
-            }
-            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    })
+    let mut buf = BytesMut::with_capacity(want.min(READ_CHUNK));
+    // One poll of tokio's `read_buf` is one `poll_read` into the spare
+    // capacity; dropped right after, so nothing is kept across polls.
+    let read = std::pin::pin!(r.read_buf(&mut buf));
+    match read.poll(cx) {
+        std::task::Poll::Ready(Ok(_)) => std::task::Poll::Ready(Ok(buf.freeze())),
+        std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+        std::task::Poll::Pending => std::task::Poll::Pending,
+    }
 }
 
 /// Pumps bytes between an accepted stream and its upstream.
