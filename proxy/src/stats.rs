@@ -60,6 +60,10 @@ pub struct Stats {
     pub bytes_to_upstream: AtomicU64,
     /// Bytes written back toward the client.
     pub bytes_to_client: AtomicU64,
+    /// Workers inside their busy-poll window right now (`busyPollMicros`).
+    pub busy_polling: Gauge,
+    /// Zero-timeout polls of the event loop made by busy-polling workers.
+    pub busy_poll_yields: Counter,
 }
 
 /// A point-in-time copy of [`Stats`].
