@@ -217,7 +217,7 @@ fn iperf3(bin: &FsPath, path: &Path, streams: usize, secs: f64) -> anyhow::Resul
 }
 
 /// `sockperf ping-pong --tcp -m 64 --full-rtt` for `secs`: (p50, p99) µs.
-fn sockperf(bin: &FsPath, path: &Path, secs: f64) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn sockperf(bin: &FsPath, path: &Path, secs: f64) -> anyhow::Result<(f64, f64)> {
     let addr = path.listen;
     let mut s = Command::new(bin);
     s.args(["sr", "--tcp", "-i"])

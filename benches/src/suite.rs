@@ -1574,6 +1574,27 @@ pub fn profile(
                     line.push_str(&format!("\n  {:>8.2}  {ev}", per(*n)));
                 }
             }
+            // RINGWAY_BENCH_PROFILE_LOAD=sockperf: then sockperf's own
+            // ping-pong on the same path and proxy (untraced), when installed.
+            if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("sockperf") {
+                let (tools, _) = crate::crosscheck::find_tools();
+                if let Some(bin) = tools.get("sockperf") {
+                    let c0 = proxy.cpu_seconds();
+                    let (p50, p99) =
+                        crate::crosscheck::sockperf(bin, &path.on_port(PORT_BASE + 3), secs)?;
+                    line.push_str(&format!(
+                        "\nsockperf ping-pong 64 B, untraced: RTT p50 {p50:.1} µs, p99 {p99:.1} µs; proxy {:.2} CPU-s in {secs} s",
+                        proxy.cpu_seconds() - c0
+                    ));
+                }
+            }
+            // An idle proxy must not spin (busyPollMicros follows activity).
+            let c0 = proxy.cpu_seconds();
+            std::thread::sleep(Duration::from_secs(1));
+            line.push_str(&format!(
+                "\nidle for 1 s after the load: proxy {:.1} CPU-ms",
+                (proxy.cpu_seconds() - c0) * 1e3
+            ));
             line
         }
         // RINGWAY_BENCH_PROFILE_LOAD=rtt: 64 B ping-pong at 2,000/s on one

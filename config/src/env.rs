@@ -9,9 +9,9 @@ use crate::file::{
     ENV_CLUSTER_ID, ENV_NODE_REGION, ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
 };
 use crate::settings::{
-    duration_secs::MAX_SECS, ENV_BACKLOG, ENV_CAPTURE_MODE, ENV_CONNECT_TIMEOUT, ENV_DATAPATH,
-    ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH,
-    ENV_WORKERS,
+    duration_secs::MAX_SECS, ENV_BACKLOG, ENV_BUSY_POLL_MICROS, ENV_CAPTURE_MODE,
+    ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE,
+    ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
 };
 use crate::{ConfigError, MeshConfig};
 
@@ -205,6 +205,15 @@ pub static ENV_VARS: &[EnvVar] = &[
         },
     },
     EnvVar {
+        name: ENV_BUSY_POLL_MICROS,
+        field: "proxy.busyPollMicros",
+        help: "microseconds, 0..=1000; 0 = off",
+        apply: |c, v| {
+            c.proxy.busy_poll_micros = whole(v)?;
+            Ok(())
+        },
+    },
+    EnvVar {
         name: ENV_TRUST_DOMAIN,
         field: "trustDomain",
         help: "SPIFFE trust domain",
@@ -343,6 +352,7 @@ mod tests {
             ("RINGWAY_SAME_NODE_FAST_PATH", "false"),
             ("RINGWAY_DRAIN_PERIOD", "500ms"),
             ("RINGWAY_CONNECT_TIMEOUT", "2.5"),
+            ("RINGWAY_BUSY_POLL_MICROS", "50"),
             ("RINGWAY_TRUST_DOMAIN", "example.org"),
             ("RINGWAY_CLUSTER_ID", "east-1"),
             ("RINGWAY_NODE_REGION", "eu-west1"),
@@ -361,6 +371,7 @@ mod tests {
         assert!(!p.same_node_fast_path);
         assert_eq!(p.drain_period, Duration::from_millis(500));
         assert_eq!(p.connect_timeout, Duration::from_millis(2500));
+        assert_eq!(p.busy_poll_micros, 50);
         assert_eq!(mesh.trust_domain(), "example.org");
         assert_eq!(mesh.root_namespace(), "mesh-root");
         assert_eq!(mesh.cluster_id(), "east-1");
@@ -472,6 +483,10 @@ mod tests {
             "environment variable RINGWAY_WORKERS: proxy.workers: 5000 workers is more than 1024"
         );
         assert_eq!(
+            env_error("RINGWAY_BUSY_POLL_MICROS", "2000"),
+            "environment variable RINGWAY_BUSY_POLL_MICROS: proxy.busyPollMicros: 2000 µs is outside 0..=1000 µs"
+        );
+        assert_eq!(
             env_error("RINGWAY_PIPE_SIZE", "10"),
             "environment variable RINGWAY_PIPE_SIZE: proxy.pipeSize: 10 is outside 4096..=67108864 bytes"
         );
@@ -553,6 +568,7 @@ mod tests {
                 ENV_SAME_NODE_FAST_PATH,
                 ENV_DRAIN_PERIOD,
                 ENV_CONNECT_TIMEOUT,
+                ENV_BUSY_POLL_MICROS,
                 ENV_TRUST_DOMAIN,
                 ENV_CLUSTER_ID,
                 ENV_NODE_REGION,

@@ -384,6 +384,7 @@ pub(crate) const PROXY_FIELDS: &[&str] = &[
     "drainPeriod",
     "connectTimeout",
     "hbone",
+    "busyPollMicros",
 ];
 
 impl MeshConfig {

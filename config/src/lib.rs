@@ -91,9 +91,9 @@ pub use mesh::{
 };
 pub use names::{Cidr, StringMatch};
 pub use settings::{
-    CaptureMode, Datapath, HboneSettings, Ports, ProxySettings, ENV_BACKLOG, ENV_CAPTURE_MODE,
-    ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE,
-    ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
+    CaptureMode, Datapath, HboneSettings, Ports, ProxySettings, ENV_BACKLOG, ENV_BUSY_POLL_MICROS,
+    ENV_CAPTURE_MODE, ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL,
+    ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
 };
 pub use watch::{ConfigWatcher, POLL_INTERVAL};
 

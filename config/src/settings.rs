@@ -139,6 +139,11 @@ pub struct ProxySettings {
     pub connect_timeout: Duration,
     /// Limits of the tunnel listener (15008) against hostile peers.
     pub hbone: HboneSettings,
+    /// Busy-poll window, microseconds: after a socket of the datapath
+    /// became ready, a worker keeps polling its event loop without
+    /// sleeping for this long before it parks (0 = off). Spinning only
+    /// follows activity: an idle worker sleeps.
+    pub busy_poll_micros: u32,
 }
 
 /// Limits of the tunnel listener (`proxy.hbone`): what a connection to a
@@ -279,6 +284,8 @@ pub const ENV_SAME_NODE_FAST_PATH: &str = "RINGWAY_SAME_NODE_FAST_PATH";
 pub const ENV_DRAIN_PERIOD: &str = "RINGWAY_DRAIN_PERIOD";
 /// Overrides `proxy.connectTimeout` (seconds, as `ENV_DRAIN_PERIOD`; not 0).
 pub const ENV_CONNECT_TIMEOUT: &str = "RINGWAY_CONNECT_TIMEOUT";
+/// Overrides `proxy.busyPollMicros` (microseconds, 0..=1000).
+pub const ENV_BUSY_POLL_MICROS: &str = "RINGWAY_BUSY_POLL_MICROS";
 
 /// The defaults; each field's environment override is the `ENV_*` constant above.
 impl Default for ProxySettings {
@@ -296,9 +303,14 @@ impl Default for ProxySettings {
             drain_period: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             hbone: HboneSettings::default(),
+            busy_poll_micros: 0,
         }
     }
 }
+
+/// Largest `busyPollMicros`: a longer window only burns CPU (a reply that
+/// takes a millisecond is not waiting on the proxy's wake-up).
+pub const MAX_BUSY_POLL_MICROS: u32 = 1000;
 
 impl ProxySettings {
     /// Checks the values; the error names the field and the problem.
@@ -341,6 +353,15 @@ impl ProxySettings {
             return Err(ConfigError::Invalid {
                 field: "workers",
                 problem: format!("{} workers is more than 1024", self.workers),
+            });
+        }
+        if self.busy_poll_micros > MAX_BUSY_POLL_MICROS {
+            return Err(ConfigError::Invalid {
+                field: "busyPollMicros",
+                problem: format!(
+                    "{} µs is outside 0..={MAX_BUSY_POLL_MICROS} µs",
+                    self.busy_poll_micros
+                ),
             });
         }
         if self.connect_timeout.is_zero() {
@@ -450,6 +471,19 @@ mod tests {
             s.validate().unwrap_err().to_string(),
             "invalid `connectTimeout`: a connect timeout of 0 s gives up every upstream connect"
         );
+        let s = ProxySettings {
+            busy_poll_micros: 1001,
+            ..ProxySettings::default()
+        };
+        assert_eq!(
+            s.validate().unwrap_err().to_string(),
+            "invalid `busyPollMicros`: 1001 µs is outside 0..=1000 µs"
+        );
+        let s = ProxySettings {
+            busy_poll_micros: 1000,
+            ..ProxySettings::default()
+        };
+        s.validate().unwrap();
         assert_eq!(
             "nat".parse::<CaptureMode>().unwrap_err().to_string(),
             "invalid `captureMode`: \"nat\" is not one of \"tproxy\", \"redirect\""

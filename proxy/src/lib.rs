@@ -16,6 +16,7 @@
 
 #![deny(unsafe_code)]
 
+mod busy;
 pub mod control;
 pub mod copy;
 pub mod flows;

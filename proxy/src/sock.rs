@@ -96,16 +96,17 @@ impl Sock {
                 .as_ref()
         });
         match afd {
-            None => op::poll(&self.fd, interest).await.map(|_| ()),
+            None => op::poll(&self.fd, interest).await.map(|_| ())?,
             Some(afd) => {
                 let mut guard = match interest {
                     Interest::Readable => afd.readable().await?,
                     Interest::Writable => afd.writable().await?,
                 };
                 guard.clear_ready();
-                Ok(())
             }
         }
+        crate::busy::note_activity();
+        Ok(())
     }
 
     /// Accepts one connection (listener sockets only).

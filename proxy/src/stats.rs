@@ -64,6 +64,10 @@ pub struct Stats {
     /// other than the handshake thread (a datapath worker): 0 when the
     /// datapath is kept free of them.
     pub server_handshakes_off_thread: Counter,
+    /// Workers inside their busy-poll window right now (`busyPollMicros`).
+    pub busy_polling: Gauge,
+    /// Zero-timeout polls of the event loop made by busy-polling workers.
+    pub busy_poll_yields: Counter,
 }
 
 /// A point-in-time copy of [`Stats`].

@@ -332,6 +332,10 @@ pub fn run(
 
 async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
     tracing::debug!(worker = ctx.id, backend = %ctx.backend, "worker started");
+    if ctx.settings.busy_poll_micros > 0 {
+        let window = std::time::Duration::from_micros(ctx.settings.busy_poll_micros.into());
+        spawn_local(ctx.backend, crate::busy::run(window, ctx.stats.clone()));
+    }
     while let Some(cmd) = rx.recv().await {
         match cmd {
             Cmd::AddPod {

@@ -106,6 +106,10 @@ fn proxy_settings_errors_carry_the_proxy_prefix() {
         "config.yaml: proxy.pipeSize: 10 is outside 4096..=67108864 bytes"
     );
     assert_eq!(
+        error("proxy: {busyPollMicros: 5000}\n"),
+        "config.yaml: proxy.busyPollMicros: 5000 µs is outside 0..=1000 µs"
+    );
+    assert_eq!(
         error("proxy: {workers: 5000}\n"),
         "config.yaml: proxy.workers: 5000 workers is more than 1024"
     );

@@ -53,6 +53,8 @@ pub async fn accept(fd: &Arc<OwnedFd>) -> io::Result<(OwnedFd, SockAddr)> {
     let sqe = opcode::Accept::new(types::Fd(fd.as_raw_fd()), addr_ptr, len_ptr)
         .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
         .build();
+    // Queued until the runtime parks: a busy-polling worker must park.
+    crate::busy::note_ring_op();
     UnsubmittedOneshot::new(
         AcceptData {
             _fd: fd.clone(),

@@ -38,6 +38,8 @@ pub async fn connect(fd: &Arc<OwnedFd>, addr: SockAddr) -> io::Result<()> {
     // The SockAddr lives in a Box owned by the op's stable data, which
     // tokio-uring keeps alive until the CQE arrives, so the pointer stays valid.
     let sqe = opcode::Connect::new(types::Fd(fd.as_raw_fd()), addr.as_ptr(), addr.len()).build();
+    // Queued until the runtime parks: a busy-polling worker must park.
+    crate::busy::note_ring_op();
     UnsubmittedOneshot::new(
         ConnectData {
             _fd: fd.clone(),

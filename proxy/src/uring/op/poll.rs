@@ -46,6 +46,8 @@ pub async fn poll(fd: &Arc<OwnedFd>, interest: Interest) -> io::Result<u32> {
         Interest::Writable => libc::POLLOUT,
     } as u32;
     let sqe = opcode::PollAdd::new(types::Fd(fd.as_raw_fd()), mask).build();
+    // Queued until the runtime parks: a busy-polling worker must park.
+    crate::busy::note_ring_op();
     UnsubmittedOneshot::new(PollData { _fd: fd.clone() }, PollTransform, sqe)
         .submit()
         .await
