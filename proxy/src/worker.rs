@@ -1416,8 +1416,6 @@ mod tests {
                         ringway_hbone::PoolConfig::default(),
                     )),
                     next_endpoint: Cell::new(0),
-                    series: RefCell::default(),
-                    series_epoch: Cell::new(0),
                 });
                 let pod = Rc::new(PodLocal {
                     shared: Arc::new(PodShared {
@@ -1430,6 +1428,7 @@ mod tests {
                         who: RwLock::default(),
                         flows: flows::FlowTable::default(),
                         preauth: Default::default(),
+                        labels: Default::default(),
                     }),
                     listeners: RefCell::new(Vec::new()),
                     conns: RefCell::new(HashMap::new()),
