@@ -412,6 +412,10 @@ fn adversarial_conflicting_add_is_nacked() {
                 let uids: Vec<_> = run.proxy.pods().into_iter().map(|p| p.uid).collect();
                 assert_eq!(uids, vec!["b".to_string()]);
             }
+            // Stop this proxy before the agent's end closes: a client that
+            // saw the close first would reconnect, and the next round would
+            // accept that stale connection instead of the new proxy's.
+            drop(run);
             drop(conn);
         }
     });
