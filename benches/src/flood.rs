@@ -173,13 +173,17 @@ pub struct Neighbour {
     pub proxy_cores: f64,
     /// The datapath workers' run-queue delay (runnable, waiting for a CPU:
     /// `schedstat`), summed over the `ringway-worker` threads, ms per second
-    /// of the two runs: the scheduling share of the neighbour's tail.
+    /// of the latency run (not the throughput run, which saturates the
+    /// cores by design): the scheduling share of the neighbour's tail.
     pub worker_wait_ms_per_s: f64,
-    /// CPU of the proxy's `ringway-handshake` threads (pre-auth TLS, when the
-    /// proxy has them) / wall time: 0 when handshakes run on the workers.
+    /// CPU of the proxy's `ringway-handshake` thread (pre-auth TLS, when the
+    /// proxy has one) during the latency run / its wall time: 0 when
+    /// handshakes run on the workers.
     pub handshake_cores: f64,
-    /// p99 of how late the neighbour's load generator itself sent, µs: its
-    /// own share of the latency.
+    /// p99 of how late the neighbour's load generator sent, µs. Each of its
+    /// connections waits for a reply before the next request, so a reply
+    /// later than the send interval makes the next sends late too: this is
+    /// the generator's own scheduling delay plus that carry-over.
     pub gen_lateness_p99_us: f64,
 }
 
@@ -456,6 +460,11 @@ fn next_port(port: &mut u16) -> u16 {
     *port
 }
 
+/// Thread names as `/proc/<pid>/task/<tid>/comm` shows them: the kernel
+/// keeps the first 15 bytes (`ringway-handshake` reads `ringway-handsha`).
+const WORKER_COMM: &str = "ringway-worker";
+const HANDSHAKE_COMM: &str = "ringway-handsha";
+
 fn neighbour(
     config: &FloodConfig,
     base: &Path,
@@ -465,8 +474,8 @@ fn neighbour(
 ) -> anyhow::Result<Neighbour> {
     let dur = Duration::from_secs_f64(config.secs);
     let (c0, t0) = (proxy.cpu_seconds(), Instant::now());
-    let w0 = proxy.thread_wait_seconds("ringway-worker");
-    let h0 = proxy.thread_cpu_seconds("ringway-handshake");
+    let w0 = proxy.thread_wait_seconds(WORKER_COMM);
+    let h0 = proxy.thread_cpu_seconds(HANDSHAKE_COMM);
     let l = load::latency(
         &base.on_port(next_port(port)),
         config.rps,
@@ -474,14 +483,15 @@ fn neighbour(
         dur,
     )
     .context("neighbour latency")?;
+    let lat_wall = t0.elapsed().as_secs_f64();
+    let worker_wait_ms_per_s = (proxy.thread_wait_seconds(WORKER_COMM) - w0) * 1e3 / lat_wall;
+    let handshake_cores = (proxy.thread_cpu_seconds(HANDSHAKE_COMM) - h0) / lat_wall;
     sample();
     let t =
         load::throughput(&base.on_port(next_port(port)), 1, dur).context("neighbour throughput")?;
     sample();
     let wall = t0.elapsed().as_secs_f64();
     let proxy_cores = (proxy.cpu_seconds() - c0) / wall;
-    let worker_wait_ms_per_s = (proxy.thread_wait_seconds("ringway-worker") - w0) * 1e3 / wall;
-    let handshake_cores = (proxy.thread_cpu_seconds("ringway-handshake") - h0) / wall;
     let q = |p: f64| l.hist.value_at_quantile(p) as f64 / 1e3;
     Ok(Neighbour {
         p50_us: q(0.5),
@@ -617,12 +627,17 @@ fn run_round(
         rss_mib: p.rss_kib() / 1024.0,
         fds: p.fds(),
     };
-    // Warm the tunnel and the certificates.
+    // Warm the certificates and every worker's tunnel to the neighbour:
+    // one connection warmed one worker's pool only, and the quiet run's
+    // connections that landed on the other worker paid a tunnel's TLS
+    // handshake inside the measurement (a few ms at the handshake thread's
+    // low priority, carried over to the next sends: quiet p99s of 1-10 ms).
+    // 16 connections leave a worker without one with odds 2^-15 on 2 CPUs.
     load::latency(
         &base.on_port(next_port(port)),
-        200.0,
-        1,
-        Duration::from_millis(300),
+        800.0,
+        16,
+        Duration::from_millis(500),
     )
     .context("warm-up")?;
     let quiet = neighbour(config, base, port, &proxy, &mut || {})?;
