@@ -79,6 +79,33 @@ pub struct CrossCheck {
     pub rows: Vec<Row>,
     /// Measurements that failed.
     pub errors: Vec<String>,
+    /// How the machine's idle CPUs wait ([`cpu_idle`]): on a VM it sets
+    /// most of a 64 B round trip.
+    #[serde(default)]
+    pub cpu_idle: String,
+}
+
+/// The CPU idle driver, governor and (with the `haltpoll` driver of a KVM
+/// guest) how long an idle vCPU polls before it halts. A halted vCPU costs
+/// a trip through the hypervisor to wake: on the 2-core VM of 2026-12-03,
+/// `guest_halt_poll_ns` 0 (no polling) against 200000 moved the direct
+/// 64 B round trip from 91 to 19 µs and ringway's added p50 through both
+/// hops from about +100 to +62 µs, so latency figures are comparable only
+/// between machines that idle alike.
+pub fn cpu_idle() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into())
+    };
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver");
+    let governor = read("/sys/devices/system/cpu/cpuidle/current_governor");
+    let mut s = format!("cpuidle driver {driver}, governor {governor}");
+    if driver == "haltpoll" {
+        let ns = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns");
+        s.push_str(&format!(", guest_halt_poll_ns {ns}"));
+    }
+    s
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -321,6 +348,7 @@ pub fn run(config: &Config) -> anyhow::Result<CrossCheck> {
             })
             .collect(),
         errors: Vec::new(),
+        cpu_idle: cpu_idle(),
     };
     let secs = config.secs;
     let dur = Duration::from_secs_f64(secs);
@@ -476,6 +504,13 @@ pub fn render(doc: &CrossCheck) -> String {
             .collect::<Vec<_>>()
             .join("; ")
     ));
+    if !doc.cpu_idle.is_empty() {
+        s.push_str(&format!(
+            "Machine idle: {} (on a VM, how idle vCPUs wait sets most of a 64 B round trip: compare \
+             latencies only between runs that idle alike).\n\n",
+            doc.cpu_idle
+        ));
+    }
     if !doc.tools_missing.is_empty() {
         s.push_str(&format!(
             "**Not installed: {}; their columns are empty** (`apt-get install -y iperf3 sockperf wrk nginx-light`).\n\n",
