@@ -176,7 +176,7 @@ pub struct Neighbour {
     /// of the latency run (not the throughput run, which saturates the
     /// cores by design): the scheduling share of the neighbour's tail.
     pub worker_wait_ms_per_s: f64,
-    /// CPU of the proxy's `ringway-handshake` thread (pre-auth TLS, when the
+    /// CPU of the proxy's `ringway-tls-hs` thread (pre-auth TLS, when the
     /// proxy has one) during the latency run / its wall time: 0 when
     /// handshakes run on the workers.
     pub handshake_cores: f64,
@@ -460,10 +460,9 @@ fn next_port(port: &mut u16) -> u16 {
     *port
 }
 
-/// Thread names as `/proc/<pid>/task/<tid>/comm` shows them: the kernel
-/// keeps the first 15 bytes (`ringway-handshake` reads `ringway-handsha`).
+/// Thread-name prefixes as `/proc/<pid>/task/<tid>/comm` shows them.
 const WORKER_COMM: &str = "ringway-worker";
-const HANDSHAKE_COMM: &str = "ringway-handsha";
+const HANDSHAKE_COMM: &str = ringway_proxy::handshake::THREAD_NAME;
 
 fn neighbour(
     config: &FloodConfig,

@@ -15,8 +15,14 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-/// The name of the thread that runs the server TLS handshakes.
-pub const THREAD_NAME: &str = "ringway-handshake";
+/// The name of the thread that runs the server TLS handshakes. Within the
+/// 15 bytes the kernel keeps of a thread's name, so `top -H`, `ps`, `perf`
+/// and `/proc/<pid>/task/*/comm` show it whole.
+pub const THREAD_NAME: &str = "ringway-tls-hs";
+const _: () = assert!(
+    THREAD_NAME.len() <= 15,
+    "the kernel keeps 15 bytes of a thread name"
+);
 
 /// Whether the calling thread is the handshake thread.
 pub fn on_handshake_thread() -> bool {
