@@ -86,12 +86,10 @@ pub struct CrossCheck {
 }
 
 /// The CPU idle driver, governor and (with the `haltpoll` driver of a KVM
-/// guest) how long an idle vCPU polls before it halts. A halted vCPU costs
-/// a trip through the hypervisor to wake: on the 2-core VM of 2026-12-03,
-/// `guest_halt_poll_ns` 0 (no polling) against 200000 moved the direct
-/// 64 B round trip from 91 to 19 µs and ringway's added p50 through both
-/// hops from about +100 to +62 µs, so latency figures are comparable only
-/// between machines that idle alike.
+/// guest) how long an idle vCPU polls before it halts: waking a halted vCPU
+/// takes a trip through the hypervisor, which can outweigh the proxy's own
+/// work per message (BENCHMARKS.md, "What bounds a 64 B round trip on a
+/// VM"), so latencies compare only between machines that idle alike.
 pub fn cpu_idle() -> String {
     let read = |p: &str| {
         std::fs::read_to_string(p)

@@ -145,7 +145,10 @@ fn main() -> anyhow::Result<()> {
     let mut slots: Vec<Option<Conn>> = Vec::with_capacity(count as usize);
     let mut free: Vec<usize> = Vec::new();
     let mut connecting: Vec<usize> = Vec::with_capacity(IN_FLIGHT);
-    let mut held = 0usize;
+    // Established connections: the live slots that are not connecting.
+    let held = |slots: &Vec<Option<Conn>>, free: &Vec<usize>, connecting: &Vec<usize>| {
+        slots.len() - free.len() - connecting.len()
+    };
     let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).context("epoll_create")?;
     let mut events = vec![EpollEvent::empty(); 1024];
     let t0 = Instant::now();
@@ -218,7 +221,6 @@ fn main() -> anyhow::Result<()> {
                     Ok(None) => {
                         conn.connecting = false;
                         connecting.retain(|&k| k != slot);
-                        held += 1;
                         c.opened += 1;
                         ep.modify(
                             &conn.s,
@@ -265,7 +267,6 @@ fn main() -> anyhow::Result<()> {
             if conn.connecting {
                 connecting.retain(|&k| k != slot);
             } else {
-                held -= 1;
                 c.closed_by_proxy += 1;
             }
             free.push(slot);
@@ -274,11 +275,15 @@ fn main() -> anyhow::Result<()> {
         if burst_secs.is_none() && next >= count && connecting.is_empty() {
             let secs = t0.elapsed().as_secs_f64();
             burst_secs = Some(secs);
-            println!("{}", line("burst", &c, held, secs)?);
+            println!(
+                "{}",
+                line("burst", &c, held(&slots, &free, &connecting), secs)?
+            );
             std::io::stdout().flush()?;
         }
     }
     let burst_secs = burst_secs.unwrap_or_else(|| t0.elapsed().as_secs_f64());
+    let held = held(&slots, &free, &connecting);
     if next < count || !connecting.is_empty() {
         // Stopped before the burst was through: still say where it got.
         println!("{}", line("burst", &c, held, burst_secs)?);
