@@ -320,3 +320,162 @@ impl Drop for EchoServer {
         }
     }
 }
+
+/// A listener that is gone when it is dropped.
+///
+/// Closing a listening socket does not end it while another copy of its
+/// descriptor lives, and every process the test binary spawns (`ip`, `nft`,
+/// from any test thread) holds a copy of all its descriptors from fork until
+/// exec. A test that drops a listener on a fixed port and at once expects
+/// that port to refuse, or binds it again, then loses that race now and
+/// then. Dropping a `Listener` closes it and waits (up to 2 s) until its
+/// namespace no longer lists the address as listening.
+#[derive(Debug)]
+pub struct Listener {
+    inner: Option<TcpListener>,
+    netns: crate::Netns,
+    local: SocketAddr,
+}
+
+impl Listener {
+    /// Takes `l`, a listener created inside `netns`.
+    pub fn adopt(netns: &crate::Netns, l: TcpListener) -> io::Result<Listener> {
+        let local = l.local_addr()?;
+        Ok(Listener {
+            inner: Some(l),
+            netns: netns.clone(),
+            local,
+        })
+    }
+
+    /// Binds a listener on `addr` inside `netns`, as [`listen`] does.
+    pub fn bind(netns: &crate::Netns, addr: SocketAddr) -> io::Result<Listener> {
+        let l = netns.run(|| listen(addr))?;
+        Listener::adopt(netns, l)
+    }
+
+    /// The listener, which the caller then closes without waiting.
+    pub fn into_inner(mut self) -> TcpListener {
+        self.inner.take().expect("listener present until drop")
+    }
+}
+
+impl std::ops::Deref for Listener {
+    type Target = TcpListener;
+    fn deref(&self) -> &TcpListener {
+        self.inner.as_ref().expect("listener present until drop")
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let Some(l) = self.inner.take() else {
+            return;
+        };
+        drop(l);
+        let local = self.local;
+        let gone = self.netns.run(|| {
+            let end = std::time::Instant::now() + Duration::from_secs(2);
+            loop {
+                match is_listening(local) {
+                    Ok(false) => return true,
+                    Ok(true) if std::time::Instant::now() < end => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Ok(true) => return false,
+                    Err(e) => {
+                        eprintln!("listener {local}: cannot read the socket table: {e}");
+                        return false;
+                    }
+                }
+            }
+        });
+        if !gone {
+            eprintln!("listener {local}: still listening 2 s after it was closed");
+        }
+    }
+}
+
+/// Whether the calling thread's network namespace has a TCP socket
+/// listening on exactly `addr` (from `/proc/thread-self/net/tcp{,6}`).
+pub fn is_listening(addr: SocketAddr) -> io::Result<bool> {
+    let file = if addr.is_ipv6() { "tcp6" } else { "tcp" };
+    let table = std::fs::read_to_string(format!("/proc/thread-self/net/{file}"))?;
+    Ok(table
+        .lines()
+        .skip(1)
+        .filter_map(parse_socket_line)
+        .any(|(local, state)| state == TCP_LISTEN && local == addr))
+}
+
+/// `st` of a listening socket in `/proc/net/tcp`.
+const TCP_LISTEN: u8 = 0x0A;
+
+/// The local address and state of one line of `/proc/net/tcp{,6}`. The
+/// kernel prints each 32-bit word of the address as it lies in memory, so
+/// the words are turned back into bytes in native order.
+fn parse_socket_line(line: &str) -> Option<(SocketAddr, u8)> {
+    let mut fields = line.split_whitespace();
+    let local = fields.nth(1)?;
+    let state = u8::from_str_radix(fields.nth(1)?, 16).ok()?;
+    let (ip_hex, port_hex) = local.split_once(':')?;
+    if ip_hex.len() != 8 && ip_hex.len() != 32 {
+        return None;
+    }
+    let port = u16::from_str_radix(port_hex, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for chunk in ip_hex.as_bytes().chunks(8) {
+        let word = u32::from_str_radix(std::str::from_utf8(chunk).ok()?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip: std::net::IpAddr = match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes.as_slice()).ok()?.into(),
+        16 => <[u8; 16]>::try_from(bytes.as_slice()).ok()?.into(),
+        _ => return None,
+    };
+    Some((SocketAddr::new(ip, port), state))
+}
+
+#[cfg(test)]
+mod socket_table_tests {
+    use super::*;
+
+    #[test]
+    fn socket_table_lines_parse() {
+        let v4 = "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
+        let (a, st) = parse_socket_line(v4).unwrap();
+        if cfg!(target_endian = "little") {
+            assert_eq!(a, "127.0.0.1:8080".parse().unwrap());
+        }
+        assert_eq!(st, TCP_LISTEN);
+        let v6 = "   0: 00000000000000000000000001000000:3A98 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0";
+        let (a, _) = parse_socket_line(v6).unwrap();
+        if cfg!(target_endian = "little") {
+            assert_eq!(a, "[::1]:15000".parse().unwrap());
+        }
+        assert_eq!(
+            parse_socket_line("  sl  local_address rem_address   st"),
+            None
+        );
+        assert_eq!(parse_socket_line("   0: 0100007F 00000000:0000 0A"), None);
+        assert_eq!(
+            parse_socket_line("   0: 0100007:1F90 00000000:0000 0A"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_live_listener_is_listed_and_a_dropped_one_is_not() {
+        crate::run_isolated("a_live_listener_is_listed_and_a_dropped_one_is_not", || {
+            let netns = crate::Netns::create("listed").unwrap();
+            let l = Listener::bind(&netns, "127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = l.local_addr().unwrap();
+            assert!(netns.run(|| is_listening(addr)).unwrap());
+            assert!(!netns
+                .run(|| is_listening("127.0.0.1:1".parse().unwrap()))
+                .unwrap());
+            drop(l);
+            assert!(!netns.run(|| is_listening(addr)).unwrap());
+        });
+    }
+}

@@ -16,7 +16,7 @@ use ringway_redirect::{
     apply, apply_with_extra_rule_for_test, check_pod_netns, open_netns, remove, verify,
     CaptureMode, CaptureSpec, Drift, InjectedFault, RedirectError,
 };
-use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
+use ringway_testbed::traffic::{client_exchange, connect, Listener, PayloadServer};
 use ringway_testbed::{run_isolated, Pod, VirtualNode};
 use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 
@@ -74,6 +74,22 @@ fn transparent_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     s.bind(&addr.into())?;
     s.listen(128)?;
     Ok(s.into())
+}
+
+/// A listener in `pod` that is gone when dropped (see [`Listener`]): tests
+/// here reuse fixed ports and expect a closed one to refuse.
+fn listener(pod: &Pod, addr: SocketAddr) -> Listener {
+    Listener::bind(&pod.netns, addr)
+        .unwrap_or_else(|e| panic!("listen on {addr} in {}: {e}", pod.name))
+}
+
+/// A transparent listener in `pod` that is gone when dropped.
+fn tproxy_listener(pod: &Pod, addr: SocketAddr) -> Listener {
+    let l = pod
+        .netns
+        .run(|| transparent_listener(addr))
+        .unwrap_or_else(|e| panic!("transparent listen on {addr} in {}: {e}", pod.name));
+    Listener::adopt(&pod.netns, l).expect("listener address")
 }
 
 /// Accepts one connection within `d`, or `None`.
@@ -805,12 +821,9 @@ fn ipv6_disabled_pod_gets_ipv4_capture() {
 /// app on 8080 never sees it.
 fn inbound_tproxy_captured(p0: &Pod, p1: &Pod, v6: bool) {
     let app_addr = SocketAddr::new(p1.ip(v6), 8080);
-    let app = p1.netns.run(|| listen(app_addr)).unwrap();
-    let l = p1
-        .netns
-        .run(|| transparent_listener(any_addr(v6, 15006)))
-        .unwrap();
-    let srv = PayloadServer::start(l, 1);
+    let app = listener(p1, app_addr);
+    let l = tproxy_listener(p1, any_addr(v6, 15006));
+    let srv = PayloadServer::start(l.try_clone().expect("listener clone"), 1);
     let got = p0
         .netns
         .run(|| client_exchange(connect(app_addr, SHORT)?, 200_000, 300_000))
@@ -847,6 +860,7 @@ fn app_can_rebind_during_inbound_connection(p0: &Pod, p1: &Pod, v6: bool) {
                 Ok::<_, std::io::Error>(TcpListener::from(s))
             })
             .unwrap();
+        let proxy = Listener::adopt(&p1.netns, proxy).expect("listener address");
         let dst = SocketAddr::new(p1.ip(v6), port);
         let c = connect_from(p0, dst, None).expect("inbound connect");
         let (s, _) = accept_within(&proxy, SHORT).expect("captured");
@@ -871,7 +885,7 @@ fn app_can_rebind_during_inbound_connection(p0: &Pod, p1: &Pod, v6: bool) {
 /// it (input); they arrived, and none went past the capture chain.
 fn inbound_fails_closed(p0: &Pod, p1: &Pod, v6: bool) {
     let app_addr = SocketAddr::new(p1.ip(v6), 8080);
-    let app = p1.netns.run(|| listen(app_addr)).unwrap();
+    let app = listener(p1, app_addr);
     let probe = SynProbe::install(p1, 8080);
     let r = p0
         .netns
@@ -977,8 +991,8 @@ impl<'a> SynProbe<'a> {
 /// proxy mark goes straight to pod0.
 fn outbound_redirected(p0: &Pod, p1: &Pod, v6: bool) {
     let remote = SocketAddr::new(p0.ip(v6), 9000);
-    let remote_srv = p0.netns.run(|| listen(remote)).unwrap();
-    let outbound = p1.netns.run(|| listen(any_addr(v6, 15001))).unwrap();
+    let remote_srv = listener(p0, remote);
+    let outbound = listener(p1, any_addr(v6, 15001));
 
     let c = connect_from(p1, remote, None).expect("outbound connect");
     let (s, peer) = accept_within(&outbound, SHORT).expect("accepted on 15001");
@@ -1010,14 +1024,14 @@ fn outbound_redirected(p0: &Pod, p1: &Pod, v6: bool) {
 
 /// Loopback and the pod's own IP are not captured; 15008 is not captured.
 fn local_and_tunnel_not_captured(p0: &Pod, p1: &Pod, v6: bool) {
-    let outbound = p1.netns.run(|| listen(any_addr(v6, 15001))).unwrap();
+    let outbound = listener(p1, any_addr(v6, 15001));
     let lo = if v6 {
         IpAddr::V6(Ipv6Addr::LOCALHOST)
     } else {
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     };
     for dst in [SocketAddr::new(lo, 7000), SocketAddr::new(p1.ip(v6), 7001)] {
-        let l = p1.netns.run(|| listen(dst)).unwrap();
+        let l = listener(p1, dst);
         let c = connect_from(p1, dst, None).expect("local connect");
         let (s, _) = accept_within(&l, SHORT).unwrap_or_else(|| panic!("{dst} not reached"));
         assert_eq!(s.local_addr().unwrap(), dst);
@@ -1026,11 +1040,8 @@ fn local_and_tunnel_not_captured(p0: &Pod, p1: &Pod, v6: bool) {
     assert_nothing_accepted(&outbound, "15001 (local traffic captured)");
 
     let tunnel = SocketAddr::new(p1.ip(v6), 15008);
-    let l = p1.netns.run(|| transparent_listener(tunnel)).unwrap();
-    let inbound = p1
-        .netns
-        .run(|| transparent_listener(any_addr(v6, 15006)))
-        .unwrap();
+    let l = tproxy_listener(p1, tunnel);
+    let inbound = tproxy_listener(p1, any_addr(v6, 15006));
     let c = connect_from(p0, tunnel, None).expect("tunnel connect");
     let (s, peer) = accept_within(&l, SHORT).expect("15008 reached directly");
     assert_eq!(s.local_addr().unwrap(), tunnel);
@@ -1044,8 +1055,8 @@ fn local_and_tunnel_not_captured(p0: &Pod, p1: &Pod, v6: bool) {
 /// its replies come back through connmark + the policy route.
 fn spoofed_source_reaches_app(p0: &Pod, p1: &Pod, v6: bool) {
     let app_addr = SocketAddr::new(p1.ip(v6), 8081);
-    let app = p1.netns.run(|| listen(app_addr)).unwrap();
-    let srv = PayloadServer::start(app, 1);
+    let app = listener(p1, app_addr);
+    let srv = PayloadServer::start(app.try_clone().expect("listener clone"), 1);
     let got = p1
         .netns
         .run(|| {
@@ -1096,7 +1107,7 @@ fn probes_not_captured(
     }
     vn.node.ip(&add).expect("probe source on the node bridge");
     let app_addr = SocketAddr::new(p1.ip(v6), 8082);
-    let app = p1.netns.run(|| listen(app_addr)).unwrap();
+    let app = listener(p1, app_addr);
     let probe = vn
         .node
         .run(|| {
@@ -1134,10 +1145,7 @@ fn tproxy_traffic(v6: bool, test: &str) {
         outbound_redirected(&p0, &p1, v6);
         local_and_tunnel_not_captured(&p0, &p1, v6);
         spoofed_source_reaches_app(&p0, &p1, v6);
-        let inbound = p1
-            .netns
-            .run(|| transparent_listener(any_addr(v6, 15006)))
-            .unwrap();
+        let inbound = tproxy_listener(&p1, any_addr(v6, 15006));
         probes_not_captured(&vn, &p1, v6, &inbound, CaptureMode::Tproxy);
         assert_eq!(drift(&p1, &tproxy()), vec![]);
     });
@@ -1158,8 +1166,8 @@ fn tproxy_traffic_ipv6() {
 /// the app sees nothing.
 fn inbound_redirected(p0: &Pod, p1: &Pod, v6: bool) {
     let app_addr = SocketAddr::new(p1.ip(v6), 8080);
-    let app = p1.netns.run(|| listen(app_addr)).unwrap();
-    let inbound = p1.netns.run(|| listen(any_addr(v6, 15006))).unwrap();
+    let app = listener(p1, app_addr);
+    let inbound = listener(p1, any_addr(v6, 15006));
     let c = connect_from(p0, app_addr, None).expect("inbound connect");
     let (s, peer) = accept_within(&inbound, SHORT).expect("accepted on 15006");
     assert_eq!(original_dst(&s, v6), app_addr);
@@ -1179,7 +1187,7 @@ fn redirect_traffic(v6: bool, test: &str) {
         outbound_redirected(&p0, &p1, v6);
         local_and_tunnel_not_captured(&p0, &p1, v6);
         spoofed_source_reaches_app(&p0, &p1, v6);
-        let inbound = p1.netns.run(|| listen(any_addr(v6, 15006))).unwrap();
+        let inbound = listener(&p1, any_addr(v6, 15006));
         probes_not_captured(&vn, &p1, v6, &inbound, CaptureMode::Redirect);
         assert_eq!(drift(&p1, &redirect()), vec![]);
     });
@@ -1244,7 +1252,7 @@ fn traffic_is_direct_after_remove() {
         remove(p1.netns.fd(), &tproxy()).unwrap();
         for v6 in [false, true] {
             let app_addr = SocketAddr::new(p1.ip(v6), 8080);
-            let app = p1.netns.run(|| listen(app_addr)).unwrap();
+            let app = listener(&p1, app_addr);
             let c = connect_from(&p0, app_addr, None).expect("direct connect");
             let (s, peer) = accept_within(&app, SHORT).expect("app reached");
             assert_eq!(peer.ip(), p0.ip(v6));
