@@ -157,7 +157,7 @@ impl ProxyChild {
     }
 
     /// CPU seconds so far of the threads whose name starts with `prefix`
-    /// (e.g. `ringway-control`, `ringway-worker`).
+    /// (e.g. `ringway-control`, `ringway-wk-`).
     pub fn thread_cpu_seconds(&self, prefix: &str) -> f64 {
         proc_thread_cpu_seconds(self.pid, prefix)
     }

@@ -172,7 +172,7 @@ pub struct Neighbour {
     /// time: cores it used.
     pub proxy_cores: f64,
     /// The datapath workers' run-queue delay (runnable, waiting for a CPU:
-    /// `schedstat`), summed over the `ringway-worker` threads, ms per second
+    /// `schedstat`), summed over the `ringway-wk-N` worker threads, ms per second
     /// of the latency run (not the throughput run, which saturates the
     /// cores by design): the scheduling share of the neighbour's tail.
     pub worker_wait_ms_per_s: f64,
@@ -461,7 +461,7 @@ fn next_port(port: &mut u16) -> u16 {
 }
 
 /// Thread-name prefixes as `/proc/<pid>/task/<tid>/comm` shows them.
-const WORKER_COMM: &str = "ringway-worker";
+const WORKER_COMM: &str = ringway_proxy::worker::THREAD_PREFIX;
 const HANDSHAKE_COMM: &str = ringway_proxy::handshake::THREAD_NAME;
 
 fn neighbour(

@@ -1128,7 +1128,7 @@ fn run_scrape(config: &Config, bed: &Bed, round: usize, port: &mut u16) -> anyho
         });
         let (c0, w0) = (
             proxy.thread_cpu_seconds("ringway-control"),
-            proxy.thread_cpu_seconds("ringway-worker"),
+            proxy.thread_cpu_seconds(ringway_proxy::worker::THREAD_PREFIX),
         );
         let l = load::latency(
             &path.on_port(next_port(port)),
@@ -1140,7 +1140,7 @@ fn run_scrape(config: &Config, bed: &Bed, round: usize, port: &mut u16) -> anyho
         let scraped = scrape.map(|h| h.join().expect("scraper thread"));
         let (c1, w1) = (
             proxy.thread_cpu_seconds("ringway-control"),
-            proxy.thread_cpu_seconds("ringway-worker"),
+            proxy.thread_cpu_seconds(ringway_proxy::worker::THREAD_PREFIX),
         );
         let l = l?;
         insert_latency(&mut f, &format!("scrape_{key}"), &l);
@@ -1454,7 +1454,7 @@ fn perf_stat_finish(
 
 /// One measurement alone for `secs`, with `perf record -a -g` running beside
 /// it when `perf_out` is given (the proxy's pid is printed for `perf report
-/// --pid`; its threads are named `ringway-worker-N`). Returns a summary line.
+/// --pid`; its workers are named `ringway-wk-N`). Returns a summary line.
 pub fn profile(
     config: &Config,
     what: Profile,

@@ -286,7 +286,7 @@ impl Proxy {
                 hbone_pool: pool,
             };
             let join = std::thread::Builder::new()
-                .name(format!("ringway-worker-{id}"))
+                .name(worker::thread_name(id))
                 .spawn(move || {
                     if let Err(e) = worker::run(id, backend, s, shared, rx) {
                         tracing::error!(worker = id, error = %e, "worker failed");

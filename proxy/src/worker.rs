@@ -3,6 +3,21 @@
 //! SO_REUSEPORT listeners for every pod, and no work stealing. Workers take
 //! commands from the control thread over a channel and never block on it.
 
+/// The prefix of a worker thread's name: worker N is `ringway-wk-N`. Below
+/// 10,000 workers (the config allows 1,024) every name fits in the 15 bytes
+/// the kernel keeps, so `top -H`, `ps`, `perf` and
+/// `/proc/<pid>/task/*/comm` tell the workers apart.
+pub const THREAD_PREFIX: &str = "ringway-wk-";
+const _: () = assert!(
+    THREAD_PREFIX.len() + 4 <= 15,
+    "worker names up to 4 digits must fit the 15 bytes the kernel keeps"
+);
+
+/// The name of worker `id`'s thread.
+pub fn thread_name(id: usize) -> String {
+    format!("{THREAD_PREFIX}{id}")
+}
+
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
@@ -1299,6 +1314,22 @@ mod tests {
 
     fn null_fd() -> OwnedFd {
         std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    /// Every worker's name is whole in `/proc/<pid>/task/*/comm` (the kernel
+    /// keeps 15 bytes): the last worker the config allows, seen from its own
+    /// thread.
+    #[test]
+    fn worker_names_fit_what_the_kernel_keeps() {
+        let name = thread_name(1023);
+        let comm = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(|| std::fs::read_to_string("/proc/thread-self/comm").unwrap())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(comm.trim_end(), name);
+        assert!(name.starts_with(THREAD_PREFIX));
     }
 
     fn ret_size4<A, B, C, D, R>(_: impl Fn(A, B, C, D) -> R) -> usize {
