@@ -16,7 +16,14 @@ fn tiny_cni_add_ca_measures_every_mode() {
     let Some(md) = ringway_benches::run_cni_add_ca(cfg, bin).expect("cni-add-ca run") else {
         return; // privileges missing: run_isolated printed the banner (and panics under CI)
     };
-    for row in ["| off |", "| local key |", "| service |", "CSR round trip"] {
+    for row in [
+        "| off |",
+        "| local key |",
+        "| service |",
+        "CSR round trip",
+        // 3 pods' certificates and 3 CSR round trips, each authenticated.
+        " calls (the rest answered from the CA's review cache)",
+    ] {
         assert!(md.contains(row), "missing {row:?} in:\n{md}");
     }
     assert_eq!(
@@ -24,4 +31,5 @@ fn tiny_cni_add_ca_measures_every_mode() {
         2,
         "certificates in hand:\n{md}"
     );
+    assert!(md.contains(" for 6 calls "), "every call counted:\n{md}");
 }

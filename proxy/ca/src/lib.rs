@@ -7,7 +7,9 @@
 //! also get its certificates from the reference control plane's CA.
 //!
 //! - [`authn`]: the bearer token, reviewed by the Kubernetes TokenReview API
-//!   with the audience checked.
+//!   with the audience checked; a successful review is reused for a few
+//!   seconds ([`review_cache`]), so a node proxy starting many pods costs
+//!   the API server one review, not one per certificate.
 //! - [`authz`]: a caller gets its own identity; `ImpersonatedIdentity` only
 //!   for the node proxy's service account, and only for an identity a live
 //!   pod on the caller's node has (the caller's node from its token's pod,
@@ -31,6 +33,7 @@ pub mod client;
 pub mod grpc;
 pub mod pods;
 pub mod proto;
+pub mod review_cache;
 pub mod server;
 pub mod service;
 

@@ -37,6 +37,13 @@ pub struct Limits {
     pub max_lifetime: Duration,
     /// How far before now certificates start (clock skew between nodes).
     pub backdate: Duration,
+    /// How long a successful token review is used for later calls with the
+    /// same token (never past the token's `exp`); zero reviews every call.
+    /// A revoked token is refused at the latest this long after revocation.
+    pub review_cache_ttl: Duration,
+    /// Tokens whose review is kept at once; beyond, calls are reviewed
+    /// without caching.
+    pub review_cache_entries: usize,
 }
 
 impl Default for Limits {
@@ -50,8 +57,16 @@ impl Default for Limits {
             default_lifetime: Duration::from_secs(24 * 3600),
             max_lifetime: Duration::from_secs(24 * 3600),
             backdate: Duration::from_secs(300),
+            review_cache_ttl: Duration::from_secs(10),
+            review_cache_entries: 10_000,
         }
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReviewLabels {
+    /// `cached` or `reviewed`.
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +84,8 @@ pub struct CaService {
     /// Newest first.
     signers: Vec<Arc<CaSigner>>,
     reviews: Semaphore,
+    review_cache: crate::review_cache::ReviewCache,
+    reviewed: Family<ReviewLabels, Counter>,
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
     requests: Family<RequestLabels, Counter>,
     registry: Registry,
@@ -134,9 +151,20 @@ impl CaService {
             "CreateCertificate calls by gRPC code and reason",
             requests.clone(),
         );
+        let reviewed = Family::<ReviewLabels, Counter>::default();
+        registry.register(
+            "ringway_ca_token_reviews",
+            "Callers authenticated, by whether their token was reviewed for the call or a recent review of the same token was used",
+            reviewed.clone(),
+        );
         Ok(CaService {
             policy,
             reviews: Semaphore::new(limits.max_concurrent_reviews),
+            review_cache: crate::review_cache::ReviewCache::new(
+                limits.review_cache_ttl,
+                limits.review_cache_entries,
+            ),
+            reviewed,
             limits,
             reviewer,
             pods,
@@ -157,6 +185,18 @@ impl CaService {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Calls authenticated so far from a remembered review (`cached`) and
+    /// by a review of their own (`reviewed`, refusals included).
+    pub fn reviews(&self) -> (u64, u64) {
+        let n = |outcome| self.reviewed.get_or_create(&ReviewLabels { outcome }).get();
+        (n("cached"), n("reviewed"))
+    }
+
+    /// Tokens whose review is kept now (reviewed or being reviewed).
+    pub fn cached_tokens(&self) -> usize {
+        self.review_cache.len()
     }
 
     /// The number of calls that ended with `code` and `reason` so far.
@@ -230,16 +270,28 @@ impl CaService {
             .map_err(|m| invalid("bad_metadata", m))?;
 
         let token = bearer(authorization)?;
-        let caller = {
-            let _permit = self.reviews.try_acquire().map_err(|_| {
-                Status::new(
-                    Code::ResourceExhausted,
-                    "too_many_reviews",
-                    "too many token reviews in flight; retry",
-                )
-            })?;
-            self.reviewer.review(token).await?
-        };
+        let (caller, outcome) = self
+            .review_cache
+            .review(token, async {
+                let _permit = self.reviews.try_acquire().map_err(|_| {
+                    Status::new(
+                        Code::ResourceExhausted,
+                        "too_many_reviews",
+                        "too many token reviews in flight; retry",
+                    )
+                })?;
+                self.reviewer.review(token).await
+            })
+            .await;
+        self.reviewed
+            .get_or_create(&ReviewLabels {
+                outcome: match outcome {
+                    crate::review_cache::Outcome::Cached => "cached",
+                    crate::review_cache::Outcome::Reviewed => "reviewed",
+                },
+            })
+            .inc();
+        let caller = caller?;
         self.rate_limit(&caller.rate_key())?;
         let identity = authorize(&self.policy, &caller, impersonate, &*self.pods)?;
 

@@ -65,6 +65,10 @@ struct Bed {
 }
 
 fn bed_with(limits: Limits, signers: Vec<Arc<CaSigner>>) -> Bed {
+    bed_reviewed_by(limits, signers, Arc::new(FakeReviewer(known_tokens())))
+}
+
+fn known_tokens() -> HashMap<String, Caller> {
     let mut tokens = HashMap::new();
     tokens.insert(
         "web-token".into(),
@@ -90,6 +94,14 @@ fn bed_with(limits: Limits, signers: Vec<Arc<CaSigner>>) -> Bed {
         "proxy-unbound".into(),
         caller("ringway-system", "ringway-proxy", None),
     );
+    tokens
+}
+
+fn bed_reviewed_by(
+    limits: Limits,
+    signers: Vec<Arc<CaSigner>>,
+    reviewer: Arc<dyn TokenReviewer>,
+) -> Bed {
     let pods = StaticPods::default();
     pods.put(pod("shop", "web-1", "u-web-1", "node-a", "web"));
     pods.put(pod("shop", "cart-1", "u-cart-1", "node-a", "cart"));
@@ -115,7 +127,7 @@ fn bed_with(limits: Limits, signers: Vec<Arc<CaSigner>>) -> Bed {
             node_proxy: ("ringway-system".into(), "ringway-proxy".into()),
         },
         limits,
-        Arc::new(FakeReviewer(tokens)),
+        reviewer,
         Arc::new(pods.clone()),
         signers,
     )
@@ -938,4 +950,243 @@ fn csr_a_remote_source_dropped_inside_an_async_runtime_does_not_panic() {
     outer.block_on(async move {
         drop(source);
     });
+}
+
+// ------------------------------------------------------------ review cache
+
+/// The known tokens, counting the reviews made; each review takes `delay`,
+/// and the first review of each token in `fail_once` fails as the API server
+/// being unreachable would.
+struct CountingReviewer {
+    known: FakeReviewer,
+    delay: Duration,
+    reviews: std::sync::atomic::AtomicUsize,
+    fail_once: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl CountingReviewer {
+    fn new(delay: Duration, fail_once: &[&str]) -> Arc<CountingReviewer> {
+        let mut known = known_tokens();
+        let node_proxy = caller("ringway-system", "ringway-proxy", Some(("proxy-a", "u-pa")));
+        known.insert(jwt_expiring_in(-60), node_proxy.clone());
+        known.insert(jwt_expiring_in(3600), node_proxy);
+        for i in 0..100 {
+            known.insert(
+                format!("web-token-{i}"),
+                caller("shop", "web", Some(("web-1", "u-web-1"))),
+            );
+        }
+        Arc::new(CountingReviewer {
+            known: FakeReviewer(known),
+            delay,
+            reviews: Default::default(),
+            fail_once: std::sync::Mutex::new(fail_once.iter().map(|t| t.to_string()).collect()),
+        })
+    }
+
+    fn reviews(&self) -> usize {
+        self.reviews.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl TokenReviewer for CountingReviewer {
+    fn review<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Caller, Status>> {
+        Box::pin(async move {
+            self.reviews
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            if self.fail_once.lock().unwrap().remove(token) {
+                return Err(Status::new(
+                    Code::Unavailable,
+                    "token_review_failed",
+                    "the API server did not answer",
+                ));
+            }
+            self.known.review(token).await
+        })
+    }
+}
+
+/// A token shaped like a service-account JWT whose `exp` is `secs` from now
+/// (the signature is not checked here: the reviewer decides).
+fn jwt_expiring_in(secs: i64) -> String {
+    use base64::Engine as _;
+    let e = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    format!(
+        "{}.{}.c2ln",
+        e.encode(r#"{"alg":"RS256","kid":"k"}"#),
+        e.encode(format!(
+            r#"{{"sub":"system:serviceaccount:ringway-system:ringway-proxy","exp":{}}}"#,
+            now + secs
+        ))
+    )
+}
+
+fn cache_bed(ttl: Duration, entries: usize, reviewer: Arc<CountingReviewer>) -> Bed {
+    let limits = Limits {
+        review_cache_ttl: ttl,
+        review_cache_entries: entries,
+        rate_per_caller: 1e6,
+        burst_per_caller: 1e6,
+        ..Limits::default()
+    };
+    bed_reviewed_by(
+        limits,
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        reviewer,
+    )
+}
+
+fn node_proxy_request() -> Vec<u8> {
+    body(&request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/web"))
+}
+
+/// A node proxy starting pods signs every CSR with its one token: the API
+/// server reviews it once per TTL, not once per certificate; each call is
+/// still authorized on its own.
+#[test]
+fn token_review_is_reused_within_its_ttl() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &[]);
+    let b = cache_bed(Duration::from_secs(3600), 100, reviewer.clone());
+    let req = node_proxy_request();
+    for _ in 0..20 {
+        call(&b, Some("proxy-a"), &req).unwrap();
+    }
+    assert_eq!(
+        reviewer.reviews(),
+        1,
+        "one review for 20 calls with one token"
+    );
+    assert_eq!(b.service.reviews(), (19, 1));
+    // Authorization is per call: the cached caller still may not have
+    // an identity no pod on its node has.
+    let vault =
+        body(&request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/bank/sa/vault"));
+    let e = call(&b, Some("proxy-a"), &vault).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    assert_eq!(reviewer.reviews(), 1);
+    // Another token is reviewed on its own.
+    call(&b, Some("web-token"), &body(&request(&greedy_csr()))).unwrap();
+    assert_eq!(reviewer.reviews(), 2);
+    assert_eq!(issued(&b), 21);
+}
+
+#[test]
+fn token_review_is_made_again_after_its_ttl() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &[]);
+    let b = cache_bed(Duration::from_millis(50), 100, reviewer.clone());
+    let req = node_proxy_request();
+    call(&b, Some("proxy-a"), &req).unwrap();
+    call(&b, Some("proxy-a"), &req).unwrap();
+    assert_eq!(reviewer.reviews(), 1);
+    std::thread::sleep(Duration::from_millis(80));
+    call(&b, Some("proxy-a"), &req).unwrap();
+    assert_eq!(
+        reviewer.reviews(),
+        2,
+        "a review older than the TTL is not used"
+    );
+}
+
+#[test]
+fn token_review_cache_off_reviews_every_call() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &[]);
+    let b = cache_bed(Duration::ZERO, 100, reviewer.clone());
+    let req = node_proxy_request();
+    for _ in 0..3 {
+        call(&b, Some("proxy-a"), &req).unwrap();
+    }
+    assert_eq!(reviewer.reviews(), 3);
+    assert_eq!(b.service.cached_tokens(), 0);
+}
+
+/// Calls with one token that arrive together share the review in flight.
+#[test]
+fn concurrent_calls_with_one_token_share_one_review() {
+    let reviewer = CountingReviewer::new(Duration::from_millis(100), &[]);
+    let b = cache_bed(Duration::from_secs(3600), 100, reviewer.clone());
+    let req = node_proxy_request();
+    let results = rt().block_on(async {
+        let calls = (0..10).map(|_| b.service.create_certificate(Some("Bearer proxy-a"), &req));
+        futures::future::join_all(calls).await
+    });
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_eq!(reviewer.reviews(), 1);
+    assert_eq!(b.service.reviews(), (9, 1));
+}
+
+/// A refused or failed review is never remembered: the next call asks the
+/// API server again, and a token it rejects is never accepted.
+#[test]
+fn adversarial_token_review_failures_are_not_cached() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &["proxy-a"]);
+    let b = cache_bed(Duration::from_secs(3600), 100, reviewer.clone());
+    let req = node_proxy_request();
+    let e = call(&b, Some("proxy-a"), &req).unwrap_err();
+    assert_eq!(e.code, Code::Unavailable, "{e}");
+    call(&b, Some("proxy-a"), &req).unwrap();
+    assert_eq!(reviewer.reviews(), 2, "the failure was not kept");
+    for _ in 0..3 {
+        let e = call(&b, Some("forged"), &req).unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    }
+    assert_eq!(
+        reviewer.reviews(),
+        5,
+        "each call with a rejected token is reviewed"
+    );
+    assert_eq!(
+        b.service.cached_tokens(),
+        1,
+        "only the accepted token is kept"
+    );
+}
+
+/// A review is never used past the token's own `exp`.
+#[test]
+fn adversarial_an_expired_token_is_never_answered_from_the_cache() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &[]);
+    let b = cache_bed(Duration::from_secs(3600), 100, reviewer.clone());
+    let req = node_proxy_request();
+    let expired = jwt_expiring_in(-60);
+    for _ in 0..3 {
+        // The fake reviewer accepts it; a real API server would not. What
+        // matters here is that each call asks.
+        call(&b, Some(&expired), &req).unwrap();
+    }
+    assert_eq!(
+        reviewer.reviews(),
+        3,
+        "an expired token is reviewed every time"
+    );
+    let fresh = jwt_expiring_in(3600);
+    call(&b, Some(&fresh), &req).unwrap();
+    call(&b, Some(&fresh), &req).unwrap();
+    assert_eq!(reviewer.reviews(), 4, "a token valid for an hour is kept");
+}
+
+/// Callers with ever new tokens cannot grow the cache past its bound, and
+/// are all still answered.
+#[test]
+fn adversarial_unique_tokens_keep_the_review_cache_bounded() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &[]);
+    let b = cache_bed(Duration::from_secs(3600), 8, reviewer.clone());
+    let own = body(&request(&greedy_csr()));
+    for i in 0..100 {
+        call(&b, Some(&format!("web-token-{i}")), &own).unwrap();
+        assert!(b.service.cached_tokens() <= 8);
+    }
+    for i in 0..100 {
+        let e = call(&b, Some(&format!("unknown-{i}")), &own).unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated);
+    }
+    assert_eq!(b.service.cached_tokens(), 8);
+    assert_eq!(reviewer.reviews(), 200);
+    // The first 8 are kept and answered without a review.
+    call(&b, Some("web-token-0"), &own).unwrap();
+    assert_eq!(reviewer.reviews(), 200);
 }

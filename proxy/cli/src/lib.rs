@@ -121,6 +121,11 @@ struct CaArgs {
     /// node proxy has its own budget), else the service account.
     #[arg(long, default_value_t = 20.0)]
     rate_per_caller: f64,
+    /// Seconds a successful token review is reused for calls with the same
+    /// token (never past the token's expiry); 0 reviews every call. A
+    /// revoked token is refused at the latest this long after revocation.
+    #[arg(long, default_value_t = 10)]
+    token_review_cache_secs: u64,
     /// Metrics (`/metrics`) and readiness (`/healthz/ready`).
     #[arg(long, env = "RINGWAY_CA_METRICS_ADDR", default_value = "0.0.0.0:15014")]
     metrics_addr: std::net::SocketAddr,
@@ -735,6 +740,7 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
         max_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
         default_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
         rate_per_caller: args.rate_per_caller,
+        review_cache_ttl: std::time::Duration::from_secs(args.token_review_cache_secs),
         ..ringway_ca::Limits::default()
     };
     let service = Arc::new(ringway_ca::CaService::new(
