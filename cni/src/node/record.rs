@@ -1,4 +1,4 @@
-//! The agent's own record of the pods it enrolled: a JSON file on the node
+//! The agent's own record of the pods it enrolled: a file on the node
 //! ([`super::AgentConfig::state_file`]), where pods cannot write.
 //!
 //! The owner tag in a pod's `inet ringway` table is in the pod's own network
@@ -8,10 +8,18 @@
 //! and the namespace inode the pod was enrolled with), and takes the pod's
 //! identity from the record, never from the tag alone.
 //!
-//! The file is rewritten after every change (temp file, fsync, rename: a
-//! crash leaves the old or the new file, never half of one), mode 0600 in a
-//! directory of mode 0700. It belongs under a tmpfs such as `/var/run`: pod
-//! namespaces do not survive a reboot, and neither should the record.
+//! The file is a journal of JSON lines: a header (`{"version":2,"node":..}`),
+//! then one line per change (`{"put":{..pod..}}` or `{"del":"<uid>"}`), so a
+//! CNI ADD appends one line (and `fsync`s it) instead of rewriting every
+//! pod. [`RecordWriter`] rewrites the file whole (temp file, fsync, rename: a
+//! crash leaves the old or the new file, never half of one) at its first
+//! write after start and whenever the journal has grown past twice the pods
+//! it holds. A last line without its newline (the agent died while
+//! appending it) is ignored when the file is read; any other bad line makes
+//! the whole record invalid. Version 1 files (one JSON object) are still
+//! read. Mode 0600 in a directory of mode 0700. It belongs under a tmpfs
+//! such as `/var/run`: pod namespaces do not survive a reboot, and neither
+//! should the record.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -21,8 +29,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// The version of the file written by this build.
-pub const RECORD_VERSION: u32 = 1;
+/// The version of the file written by this build (the journal).
+pub const RECORD_VERSION: u32 = 2;
+/// The single-object format of earlier builds, still read.
+const RECORD_VERSION_1: u32 = 1;
+/// A journal is rewritten whole once it holds more lines than this plus
+/// twice the pods it records.
+const COMPACT_SLACK: usize = 64;
 /// The largest state file read (far above any node's pods; a bigger file is
 /// refused rather than read).
 pub const MAX_RECORD_BYTES: u64 = 16 << 20;
@@ -57,6 +70,24 @@ struct RecordFile {
     version: u32,
     node: String,
     pods: Vec<RecordedPod>,
+}
+
+/// The first line of a journal.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    version: u32,
+    node: String,
+}
+
+/// One change, one line.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+enum Change {
+    /// The pod is enrolled (or its record changed).
+    Put(RecordedPod),
+    /// The pod is no longer enrolled.
+    Del(String),
 }
 
 /// Why the record could not be read or written.
@@ -121,44 +152,100 @@ pub fn load(path: &Path) -> Result<Option<BTreeMap<String, RecordedPod>>, Record
         path: path.to_path_buf(),
         reason,
     };
-    let file: RecordFile = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-    if file.version != RECORD_VERSION {
-        return Err(invalid(format!(
-            "version {} (this build reads {RECORD_VERSION})",
+    let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    match serde_json::from_slice::<Header>(first) {
+        Ok(h) if h.version == RECORD_VERSION => parse_journal(&bytes).map(Some).map_err(invalid),
+        Ok(h) => Err(invalid(format!(
+            "version {} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})",
+            h.version
+        ))),
+        // Not a journal's header: a whole-file record of version 1?
+        Err(_) => parse_v1(&bytes).map(Some).map_err(invalid),
+    }
+}
+
+fn parse_v1(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> {
+    let file: RecordFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if file.version != RECORD_VERSION_1 {
+        return Err(format!(
+            "version {} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})",
             file.version
-        )));
+        ));
     }
     let mut pods = BTreeMap::new();
     for p in file.pods {
         if p.uid.is_empty() {
-            return Err(invalid("a pod with an empty uid".into()));
+            return Err("a pod with an empty uid".into());
         }
         if let Some(dup) = pods.insert(p.uid.clone(), p) {
-            return Err(invalid(format!("pod {} is recorded twice", dup.uid)));
+            return Err(format!("pod {} is recorded twice", dup.uid));
         }
     }
-    Ok(Some(pods))
+    Ok(pods)
 }
 
-/// Replaces the record in `path` with `pods` (temp file + fsync + rename).
-pub fn store(path: &Path, node: &str, pods: Vec<RecordedPod>) -> Result<(), RecordError> {
-    let write = |source| RecordError::Write {
+/// The pods a journal leaves recorded. Its first line is the header.
+fn parse_journal(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> {
+    let complete = bytes.ends_with(b"\n");
+    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+    // After a final newline `split` yields an empty piece; without one, the
+    // last piece is a line the agent died writing.
+    let (whole, torn) = lines.split_at(lines.len() - 1);
+    if !complete && !torn[0].is_empty() && whole.len() > 1 {
+        tracing::warn!(
+            bytes = torn[0].len(),
+            "the agent's record ends in a line cut short (the agent stopped while writing it): ignored"
+        );
+    }
+    let mut pods = BTreeMap::new();
+    for (i, line) in whole.iter().enumerate().skip(1) {
+        let change: Change =
+            serde_json::from_slice(line).map_err(|e| format!("line {}: {e}", i + 1))?;
+        match change {
+            Change::Put(p) if p.uid.is_empty() => {
+                return Err(format!("line {}: a pod with an empty uid", i + 1))
+            }
+            Change::Put(p) => {
+                pods.insert(p.uid.clone(), p);
+            }
+            Change::Del(uid) => {
+                pods.remove(&uid);
+            }
+        }
+    }
+    Ok(pods)
+}
+
+fn write_error(path: &Path) -> impl Fn(std::io::Error) -> RecordError + '_ {
+    move |source| RecordError::Write {
         path: path.to_path_buf(),
         source,
-    };
+    }
+}
+
+/// Writes the whole journal for `pods` and returns it opened for appending.
+fn store_journal<'a>(
+    path: &Path,
+    node: &str,
+    pods: impl Iterator<Item = &'a RecordedPod>,
+) -> Result<std::fs::File, RecordError> {
+    let write = write_error(path);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(write)?;
+            .map_err(&write)?;
     }
-    let body = serde_json::to_vec_pretty(&RecordFile {
+    let mut body = Vec::new();
+    let header = Header {
         version: RECORD_VERSION,
         node: node.to_string(),
-        pods,
-    })
-    .map_err(|e| write(std::io::Error::other(e)))?;
+    };
+    line(&mut body, &header).map_err(&write)?;
+    for p in pods {
+        line(&mut body, &Change::Put(p.clone())).map_err(&write)?;
+    }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -171,13 +258,98 @@ pub fn store(path: &Path, node: &str, pods: Vec<RecordedPod>) -> Result<(), Reco
             .open(&tmp)?;
         f.write_all(&body)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        std::fs::OpenOptions::new().append(true).open(path)
     })();
-    if let Err(e) = result {
+    result.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        return Err(write(e));
-    }
+        write(e)
+    })
+}
+
+fn line(out: &mut Vec<u8>, v: &impl Serialize) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, v).map_err(std::io::Error::other)?;
+    out.push(b'\n');
     Ok(())
+}
+
+/// Keeps the state file in step with the enrolled pods: each
+/// [`RecordWriter::sync`] appends the changes since the last one, or
+/// rewrites the file whole (the first time, after a failed write, and when
+/// the journal has grown past twice the pods it holds).
+#[derive(Debug)]
+pub struct RecordWriter {
+    path: PathBuf,
+    node: String,
+    /// What the file records (or, after a failed write, should).
+    written: BTreeMap<String, RecordedPod>,
+    /// The file opened for appending, while its content is known to be
+    /// `written`; `None` makes the next sync rewrite it whole.
+    append: Option<std::fs::File>,
+    /// Lines after the header.
+    lines: usize,
+}
+
+impl RecordWriter {
+    /// A writer of `path`; its first sync rewrites the file whole.
+    pub fn new(path: &Path, node: &str) -> RecordWriter {
+        RecordWriter {
+            path: path.to_path_buf(),
+            node: node.to_string(),
+            written: BTreeMap::new(),
+            append: None,
+            lines: 0,
+        }
+    }
+
+    /// The pods the file records.
+    pub fn written(&self) -> &BTreeMap<String, RecordedPod> {
+        &self.written
+    }
+
+    /// Records `put` (pods new or changed) and drops `del` (UIDs no longer
+    /// enrolled). On an error the file is rewritten whole at the next sync.
+    pub fn sync(&mut self, put: Vec<RecordedPod>, del: Vec<String>) -> Result<(), RecordError> {
+        let mut body = Vec::new();
+        let mut changes = 0;
+        for uid in del {
+            if self.written.remove(&uid).is_some() {
+                line(&mut body, &Change::Del(uid)).map_err(write_error(&self.path))?;
+                changes += 1;
+            }
+        }
+        for p in put {
+            line(&mut body, &Change::Put(p.clone())).map_err(write_error(&self.path))?;
+            self.written.insert(p.uid.clone(), p);
+            changes += 1;
+        }
+        let grown = self.lines + changes > 2 * self.written.len() + COMPACT_SLACK;
+        match self.append.as_mut() {
+            Some(f) if !grown => {
+                if body.is_empty() {
+                    return Ok(());
+                }
+                let appended = f.write_all(&body).and_then(|()| f.sync_data());
+                match appended {
+                    Ok(()) => {
+                        self.lines += changes;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.append = None;
+                        Err(write_error(&self.path)(e))
+                    }
+                }
+            }
+            _ => {
+                self.append = None;
+                let f = store_journal(&self.path, &self.node, self.written.values())?;
+                self.append = Some(f);
+                self.lines = self.written.len();
+                Ok(())
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -196,23 +368,182 @@ mod tests {
         }
     }
 
+    struct Dir(PathBuf);
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let d =
+                std::env::temp_dir().join(format!("ringway-record-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            Dir(d)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn lines(path: &Path) -> usize {
+        std::fs::read_to_string(path).unwrap().lines().count()
+    }
+
     #[test]
     fn round_trip_and_missing_file() {
-        let dir = std::env::temp_dir().join(format!("ringway-record-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let path = dir.join("sub/pods.json");
+        let dir = Dir::new("rt");
+        let path = dir.0.join("sub/pods.json");
         assert!(load(&path).unwrap().is_none());
-        store(&path, "node1", vec![pod("a"), pod("b")]).unwrap();
+        let mut w = RecordWriter::new(&path, "node1");
+        w.sync(vec![pod("a"), pod("b")], vec![]).unwrap();
         let got = load(&path).unwrap().unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got["a"], pod("a"));
-        store(&path, "node1", vec![]).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dmode = std::fs::metadata(path.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(dmode, 0o700);
+        w.sync(vec![], vec!["a".into(), "b".into()]).unwrap();
         assert!(load(&path).unwrap().unwrap().is_empty());
+    }
+
+    /// One ADD appends one line; the file is rewritten whole only once the
+    /// journal outgrows twice the pods it holds.
+    #[test]
+    fn changes_are_appended_and_the_journal_is_compacted() {
+        let dir = Dir::new("journal");
+        let path = dir.0.join("pods.json");
+        let mut w = RecordWriter::new(&path, "node1");
+        let all: Vec<RecordedPod> = (0..100).map(|i| pod(&format!("p{i}"))).collect();
+        w.sync(all.clone(), vec![]).unwrap();
+        assert_eq!(lines(&path), 101, "header + one line per pod");
+        w.sync(vec![pod("new")], vec![]).unwrap();
+        assert_eq!(lines(&path), 102, "one ADD, one appended line");
+        let mut moved = pod("p1");
+        moved.netns_inode = Some(1);
+        w.sync(vec![moved.clone()], vec!["p2".into(), "unknown".into()])
+            .unwrap();
+        assert_eq!(
+            lines(&path),
+            104,
+            "a changed pod and a removed one; nothing for an unknown uid"
+        );
+        let got = load(&path).unwrap().unwrap();
+        assert_eq!(got.len(), 100);
+        assert_eq!(got["p1"], moved);
+        assert!(!got.contains_key("p2") && got.contains_key("new"));
+        assert_eq!(&got, w.written());
+        // Churn: the file stays bounded by the pods it holds.
+        for round in 0..500 {
+            let uid = format!("churn{round}");
+            w.sync(vec![pod(&uid)], vec![]).unwrap();
+            w.sync(vec![], vec![uid]).unwrap();
+            assert!(
+                lines(&path) <= 1 + 2 * 100 + COMPACT_SLACK + 1,
+                "round {round}: {} lines",
+                lines(&path)
+            );
+        }
+        assert_eq!(&load(&path).unwrap().unwrap(), w.written());
+    }
+
+    /// A line the agent died writing is ignored; a bad line before the last
+    /// makes the record invalid, naming the line.
+    #[test]
+    fn a_torn_last_line_is_ignored_and_a_bad_one_is_refused() {
+        let dir = Dir::new("torn");
+        let path = dir.0.join("pods.json");
+        let mut w = RecordWriter::new(&path, "node1");
+        w.sync(vec![pod("a"), pod("b")], vec![]).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let mut torn = good.clone();
+        torn.extend_from_slice(br#"{"put":{"uid":"c","namesp"#);
+        std::fs::write(&path, &torn).unwrap();
+        let got = load(&path).unwrap().unwrap();
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["a", "b"]);
+        let mut bad = good.clone();
+        bad.extend_from_slice(b"garbage\n{\"del\":\"a\"}\n");
+        std::fs::write(&path, &bad).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("line 4"), "{e}");
+        let mut empty_uid = good;
+        empty_uid.extend_from_slice(
+            br#"{"put":{"uid":"","namespace":"n","name":"p","serviceAccount":"s"}}"#,
+        );
+        empty_uid.push(b'\n');
+        std::fs::write(&path, &empty_uid).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("line 4: a pod with an empty uid"), "{e}");
+        // A writer started afterwards rewrites the file whole first.
+        let mut w = RecordWriter::new(&path, "node1");
+        w.sync(vec![pod("z")], vec![]).unwrap();
+        assert_eq!(
+            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
+            ["z"]
+        );
+    }
+
+    #[test]
+    fn other_versions_and_garbage_are_refused_by_name() {
+        let dir = Dir::new("versions");
+        let path = dir.0.join("pods.json");
+        std::fs::create_dir_all(&dir.0).unwrap();
         std::fs::write(&path, b"{\"version\":9,\"node\":\"n\",\"pods\":[]}").unwrap();
         let e = load(&path).unwrap_err().to_string();
-        assert!(e.contains("version 9 (this build reads 1)"), "{e}");
+        assert!(e.contains("version 9 (this build reads 1 and 2)"), "{e}");
+        std::fs::write(&path, b"{\"version\":3,\"node\":\"n\"}\n").unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("version 3 (this build reads 1 and 2)"), "{e}");
         std::fs::write(&path, b"garbage").unwrap();
         assert!(matches!(load(&path), Err(RecordError::Invalid { .. })));
-        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::write(&path, vec![b' '; MAX_RECORD_BYTES as usize + 1]).unwrap();
+        assert!(matches!(load(&path), Err(RecordError::TooLarge { .. })));
+    }
+
+    /// A record written by an earlier build (one JSON object) is still read.
+    #[test]
+    fn version_1_records_are_read() {
+        let dir = Dir::new("v1");
+        let path = dir.0.join("pods.json");
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let v1 = serde_json::to_vec_pretty(&RecordFile {
+            version: 1,
+            node: "node1".into(),
+            pods: vec![pod("a"), pod("b")],
+        })
+        .unwrap();
+        std::fs::write(&path, v1).unwrap();
+        let got = load(&path).unwrap().unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got["b"], pod("b"));
+        std::fs::write(&path, br#"{"version":1,"node":"n","pods":[{"uid":"a","namespace":"n","name":"p","serviceAccount":"s"},{"uid":"a","namespace":"n","name":"p","serviceAccount":"s"}]}"#).unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("pod a is recorded twice"), "{e}");
+    }
+
+    /// After a failed write the next sync rewrites the file whole, so what
+    /// it records catches up with the pods.
+    #[test]
+    fn a_failed_write_is_mended_by_the_next() {
+        let dir = Dir::new("fail");
+        let path = dir.0.join("pods.json");
+        let mut w = RecordWriter::new(&path, "node1");
+        w.sync(vec![pod("a")], vec![]).unwrap();
+        // A directory where the file was: the rewrite (forced, as after a
+        // failed append) cannot rename over it.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        w.append = None;
+        let e = w.sync(vec![pod("b")], vec![]).unwrap_err().to_string();
+        assert!(e.contains("writing the agent's state file"), "{e}");
+        std::fs::remove_dir(&path).unwrap();
+        w.sync(vec![], vec![]).unwrap();
+        assert_eq!(
+            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
+            ["a", "b"]
+        );
     }
 }

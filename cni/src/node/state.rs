@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ringway_redirect::PodTag;
 
-use super::record::RecordedPod;
+use super::record::{RecordWriter, RecordedPod};
 use super::zds_server::{self, Conn};
 use super::{discover, AgentConfig, EnrollError, Pod, PodSource, PodStatus, ProxyStatus};
 
@@ -100,9 +100,35 @@ pub(super) struct Core {
     sockets: Mutex<Vec<(PathBuf, u64)>>,
     /// Prometheus metrics of the agent.
     pub(super) metrics: super::metrics::AgentMetrics,
-    /// Serialises writes of the state file (snapshot and write together, so
-    /// an older snapshot never overwrites a newer one).
-    record_lock: Mutex<()>,
+    /// The state file's writer (made at the first write), held while the
+    /// pods are compared with what it records and the changes are written,
+    /// so an older snapshot never overwrites a newer one.
+    record: Mutex<Option<RecordWriter>>,
+}
+
+/// How the state file records `e`.
+fn recorded(e: &Entry) -> RecordedPod {
+    RecordedPod {
+        uid: e.pod.uid.clone(),
+        namespace: e.pod.namespace.clone(),
+        name: e.pod.name.clone(),
+        service_account: e.pod.service_account.clone(),
+        container_id: e.pod.container_id.clone(),
+        ips: e.pod.ips.clone(),
+        netns_inode: e.inode,
+    }
+}
+
+/// Whether `r` is how the state file records `e` (compared in place: a
+/// write looks at every pod, and most are unchanged).
+fn recorded_as(e: &Entry, r: &RecordedPod) -> bool {
+    e.pod.uid == r.uid
+        && e.pod.namespace == r.namespace
+        && e.pod.name == r.name
+        && e.pod.service_account == r.service_account
+        && e.pod.container_id == r.container_id
+        && e.pod.ips == r.ips
+        && e.inode == r.netns_inode
 }
 
 /// Held while one enroll/unenroll of a pod runs.
@@ -143,34 +169,41 @@ impl Core {
             zds_conns: AtomicUsize::new(0),
             sockets: Mutex::new(Vec::new()),
             metrics: super::metrics::AgentMetrics::default(),
-            record_lock: Mutex::new(()),
+            record: Mutex::new(None),
         }
     }
 
-    /// Rewrites the state file with the pods held now (no-op without one).
-    /// A failure is logged: the pods stay enrolled, but a restarted agent
-    /// will not adopt the ones missing from the file.
+    /// Brings the state file in step with the pods held now (no-op without
+    /// one): appends what changed since the last write (see
+    /// [`RecordWriter`]). A failure is logged: the pods stay enrolled, but a
+    /// restarted agent will not adopt the ones missing from the file.
     pub(super) fn persist(&self) {
         let Some(path) = self.config.state_file.as_deref() else {
             return;
         };
-        let _serial = lock(&self.record_lock);
-        let pods: Vec<RecordedPod> = lock(&self.state)
-            .pods
-            .values()
-            .map(|e| RecordedPod {
-                uid: e.pod.uid.clone(),
-                namespace: e.pod.namespace.clone(),
-                name: e.pod.name.clone(),
-                service_account: e.pod.service_account.clone(),
-                container_id: e.pod.container_id.clone(),
-                ips: e.pod.ips.clone(),
-                netns_inode: e.inode,
-            })
-            .collect();
-        let n = pods.len();
-        match super::record::store(path, &self.config.node_name, pods) {
-            Ok(()) => tracing::debug!(state_file = %path.display(), pods = n, "state file written"),
+        let mut record = lock(&self.record);
+        let writer = record.get_or_insert_with(|| RecordWriter::new(path, &self.config.node_name));
+        let (put, del, n) = {
+            let st = lock(&self.state);
+            let written = writer.written();
+            let put: Vec<RecordedPod> = st
+                .pods
+                .iter()
+                .filter(|(uid, e)| written.get(*uid).is_none_or(|r| !recorded_as(e, r)))
+                .map(|(_, e)| recorded(e))
+                .collect();
+            let del: Vec<String> = written
+                .keys()
+                .filter(|uid| !st.pods.contains_key(*uid))
+                .cloned()
+                .collect();
+            (put, del, st.pods.len())
+        };
+        let changes = put.len() + del.len();
+        match writer.sync(put, del) {
+            Ok(()) => {
+                tracing::debug!(state_file = %path.display(), pods = n, changes, "state file written")
+            }
             Err(e) => {
                 tracing::error!(error = %e, "the agent's record of its pods is not up to date: a restarted agent will not adopt the pods missing from it")
             }

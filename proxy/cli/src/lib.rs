@@ -237,7 +237,8 @@ struct AgentArgs {
     #[arg(long, default_value = "/var/run/netns")]
     netns_dir: Vec<PathBuf>,
     /// The agent's record of its enrolled pods, on the node where pods
-    /// cannot write (rewritten atomically). At restart a pod is adopted only
+    /// cannot write (a journal: one appended line per change, rewritten
+    /// atomically when it grows). At restart a pod is adopted only
     /// when the owner tag in its namespace agrees with this record.
     #[arg(long, env = "RINGWAY_AGENT_STATE_FILE", default_value = ringway_cni::node::DEFAULT_STATE_FILE)]
     state_file: PathBuf,
