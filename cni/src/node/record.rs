@@ -153,25 +153,40 @@ pub fn load(path: &Path) -> Result<Option<BTreeMap<String, RecordedPod>>, Record
         reason,
     };
     let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    let unknown =
+        |v: u32| format!("version {v} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})");
     match serde_json::from_slice::<Header>(first) {
         Ok(h) if h.version == RECORD_VERSION => parse_journal(&bytes).map(Some).map_err(invalid),
-        Ok(h) => Err(invalid(format!(
-            "version {} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})",
-            h.version
-        ))),
-        // Not a journal's header: a whole-file record of version 1?
-        Err(_) => parse_v1(&bytes).map(Some).map_err(invalid),
+        Ok(h) if h.version == RECORD_VERSION_1 => Err(invalid(
+            "a version 1 record is one JSON object with its pods, not a header line".into(),
+        )),
+        Ok(h) => Err(invalid(unknown(h.version))),
+        // Not a journal's header line: one JSON object, as version 1 wrote?
+        Err(_) => match serde_json::from_slice::<Versioned>(&bytes) {
+            Ok(v) if v.version == RECORD_VERSION_1 => parse_v1(&bytes).map(Some).map_err(invalid),
+            Ok(v) if v.version == RECORD_VERSION => Err(invalid(
+                "a version 2 record starts with its header alone on the first line".into(),
+            )),
+            Ok(v) => Err(invalid(unknown(v.version))),
+            Err(e) => Err(invalid(format!(
+                "neither a journal (first line: {}) nor one JSON object ({e})",
+                serde_json::from_slice::<Header>(first)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
+            ))),
+        },
     }
+}
+
+/// Only the version of a one-object record.
+#[derive(Deserialize)]
+struct Versioned {
+    version: u32,
 }
 
 fn parse_v1(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> {
     let file: RecordFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    if file.version != RECORD_VERSION_1 {
-        return Err(format!(
-            "version {} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})",
-            file.version
-        ));
-    }
     let mut pods = BTreeMap::new();
     for p in file.pods {
         if p.uid.is_empty() {
@@ -191,7 +206,7 @@ fn parse_journal(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> 
     // After a final newline `split` yields an empty piece; without one, the
     // last piece is a line the agent died writing.
     let (whole, torn) = lines.split_at(lines.len() - 1);
-    if !complete && !torn[0].is_empty() && whole.len() > 1 {
+    if !complete && !torn[0].is_empty() && !whole.is_empty() {
         tracing::warn!(
             bytes = torn[0].len(),
             "the agent's record ends in a line cut short (the agent stopped while writing it): ignored"
@@ -310,18 +325,25 @@ impl RecordWriter {
     /// Records `put` (pods new or changed) and drops `del` (UIDs no longer
     /// enrolled). On an error the file is rewritten whole at the next sync.
     pub fn sync(&mut self, put: Vec<RecordedPod>, del: Vec<String>) -> Result<(), RecordError> {
-        let mut body = Vec::new();
-        let mut changes = 0;
-        for uid in del {
-            if self.written.remove(&uid).is_some() {
-                line(&mut body, &Change::Del(uid)).map_err(write_error(&self.path))?;
-                changes += 1;
-            }
+        // `written` takes every change first: whatever fails below, the
+        // next sync can rewrite the file whole from it.
+        let del: Vec<String> = del
+            .into_iter()
+            .filter(|uid| self.written.remove(uid).is_some())
+            .collect();
+        for p in &put {
+            self.written.insert(p.uid.clone(), p.clone());
         }
-        for p in put {
-            line(&mut body, &Change::Put(p.clone())).map_err(write_error(&self.path))?;
-            self.written.insert(p.uid.clone(), p);
-            changes += 1;
+        let changes = del.len() + put.len();
+        let mut body = Vec::new();
+        let lined = del
+            .into_iter()
+            .map(Change::Del)
+            .chain(put.into_iter().map(Change::Put))
+            .try_for_each(|c| line(&mut body, &c));
+        if let Err(e) = lined {
+            self.append = None;
+            return Err(write_error(&self.path)(e));
         }
         let grown = self.lines + changes > 2 * self.written.len() + COMPACT_SLACK;
         match self.append.as_mut() {
@@ -497,6 +519,18 @@ mod tests {
         std::fs::write(&path, b"{\"version\":3,\"node\":\"n\"}\n").unwrap();
         let e = load(&path).unwrap_err().to_string();
         assert!(e.contains("version 3 (this build reads 1 and 2)"), "{e}");
+        std::fs::write(&path, b"{\"version\":1,\"node\":\"n\"}\n").unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("a version 1 record is one JSON object"), "{e}");
+        std::fs::write(&path, b"{\"version\":2,\"node\":\"n\",\"pods\":[]}").unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("a version 2 record starts with its header alone"),
+            "{e}"
+        );
+        std::fs::write(&path, b"{\"version\":2,\"no\n{\"put\":{}}\n").unwrap();
+        let e = load(&path).unwrap_err().to_string();
+        assert!(e.contains("neither a journal (first line: "), "{e}");
         std::fs::write(&path, b"garbage").unwrap();
         assert!(matches!(load(&path), Err(RecordError::Invalid { .. })));
         std::fs::write(&path, vec![b' '; MAX_RECORD_BYTES as usize + 1]).unwrap();
@@ -524,7 +558,32 @@ mod tests {
         assert!(e.contains("pod a is recorded twice"), "{e}");
     }
 
-    /// After a failed write the next sync rewrites the file whole, so what
+    /// A failed append leaves the file to be rewritten whole at the next
+    /// sync, with every pod the failed one was to add.
+    #[test]
+    fn a_failed_append_is_mended_by_the_next_sync() {
+        let dir = Dir::new("append-fail");
+        let path = dir.0.join("pods.json");
+        let mut w = RecordWriter::new(&path, "node1");
+        w.sync(vec![pod("a")], vec![]).unwrap();
+        // The append descriptor swapped for a read-only one: the write fails.
+        w.append = Some(std::fs::File::open(&path).unwrap());
+        let e = w.sync(vec![pod("b")], vec![]).unwrap_err().to_string();
+        assert!(e.contains("writing the agent's state file"), "{e}");
+        assert_eq!(
+            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
+            ["a"]
+        );
+        w.sync(vec![], vec![]).unwrap();
+        assert_eq!(
+            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        w.sync(vec![pod("c")], vec![]).unwrap();
+        assert_eq!(lines(&path), 4, "appending again after the rewrite");
+    }
+
+    /// After a failed rewrite the next sync rewrites the file whole, so what
     /// it records catches up with the pods.
     #[test]
     fn a_failed_write_is_mended_by_the_next() {

@@ -120,15 +120,26 @@ fn recorded(e: &Entry) -> RecordedPod {
 }
 
 /// Whether `r` is how the state file records `e` (compared in place: a
-/// write looks at every pod, and most are unchanged).
+/// write looks at every pod, and most are unchanged). Every field is named,
+/// so a field added to [`RecordedPod`] fails to compile here until it is
+/// compared.
 fn recorded_as(e: &Entry, r: &RecordedPod) -> bool {
-    e.pod.uid == r.uid
-        && e.pod.namespace == r.namespace
-        && e.pod.name == r.name
-        && e.pod.service_account == r.service_account
-        && e.pod.container_id == r.container_id
-        && e.pod.ips == r.ips
-        && e.inode == r.netns_inode
+    let RecordedPod {
+        uid,
+        namespace,
+        name,
+        service_account,
+        container_id,
+        ips,
+        netns_inode,
+    } = r;
+    e.pod.uid == *uid
+        && e.pod.namespace == *namespace
+        && e.pod.name == *name
+        && e.pod.service_account == *service_account
+        && e.pod.container_id == *container_id
+        && e.pod.ips == *ips
+        && e.inode == *netns_inode
 }
 
 /// Held while one enroll/unenroll of a pod runs.
@@ -995,5 +1006,81 @@ mod tests {
         let merged = merge(watch, &cni);
         assert_eq!(merged.container_id.as_deref(), Some("c1"));
         assert_eq!(merged.ips, cni.ips);
+    }
+
+    fn entry(uid: &str, inode: u64) -> Entry {
+        Entry {
+            pod: Pod {
+                uid: uid.into(),
+                name: format!("pod-{uid}"),
+                namespace: "shop".into(),
+                service_account: "web".into(),
+                ips: vec!["10.0.0.5".parse().unwrap()],
+                container_id: Some(format!("c-{uid}")),
+            },
+            netns: None,
+            inode: Some(inode),
+            path: None,
+            source: PodSource::Enrolled,
+        }
+    }
+
+    /// The state file follows the held pods through every kind of change:
+    /// added, changed in place (a namespace gone: inode dropped), removed.
+    #[test]
+    fn persist_writes_what_changed_and_the_file_follows_the_pods() {
+        let dir = std::env::temp_dir().join(format!("ringway-persist-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("pods.json");
+        let core = Core::new(AgentConfig {
+            state_file: Some(path.clone()),
+            ..AgentConfig::default()
+        });
+        let on_file = || {
+            super::super::record::load(&path)
+                .unwrap()
+                .unwrap()
+                .into_values()
+                .map(|r| (r.uid, r.netns_inode))
+                .collect::<Vec<_>>()
+        };
+        core.insert_rediscovered(vec![entry("a", 1), entry("b", 2), entry("c", 3)]);
+        assert_eq!(
+            on_file(),
+            [
+                ("a".into(), Some(1)),
+                ("b".into(), Some(2)),
+                ("c".into(), Some(3))
+            ]
+        );
+        let before = std::fs::read_to_string(&path).unwrap().lines().count();
+        {
+            let mut st = lock(&core.state);
+            st.pods.get_mut("b").unwrap().inode = None;
+            st.pods.remove("c");
+            st.pods.insert("d".into(), entry("d", 4));
+        }
+        core.persist();
+        assert_eq!(
+            on_file(),
+            [
+                ("a".into(), Some(1)),
+                ("b".into(), None),
+                ("d".into(), Some(4))
+            ]
+        );
+        let after = std::fs::read_to_string(&path).unwrap().lines().count();
+        assert_eq!(
+            after,
+            before + 3,
+            "one line per change, nothing for the unchanged pod"
+        );
+        core.persist();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().lines().count(),
+            after,
+            "no change, no line"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

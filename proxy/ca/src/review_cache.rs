@@ -6,12 +6,13 @@
 //! A successful review is kept for [`crate::Limits::review_cache_ttl`] (and
 //! never past the token's own `exp`), keyed by the token's SHA-256 digest, so
 //! the cache holds no token. Calls with one token that arrive while it is
-//! being reviewed wait for that review instead of making their own.
+//! being reviewed wait for that review and get its answer, refusals
+//! included, instead of making their own.
 //!
-//! Only authentication is remembered: what the caller may be issued, its
-//! rate budget and the pod directory are checked on every call. A refused
-//! review is never kept, and a token revoked at the API server (its pod
-//! deleted) is refused here at the latest one TTL later. The number of
+//! Only authentication is remembered: what the caller may be issued (for
+//! impersonation, from the pod directory) and its rate budget are checked on
+//! every call. A refused review is never kept, and a token revoked at the
+//! API server (its pod deleted) is refused here at the latest one TTL later. The number of
 //! tokens held is bounded: beyond it, calls are reviewed without caching.
 
 use std::collections::HashMap;
@@ -29,7 +30,9 @@ type Digest = [u8; 32];
 struct Slot {
     /// Until when a successful review may be used.
     expires: Instant,
-    review: tokio::sync::OnceCell<Caller>,
+    /// The review's answer, refusals included: the calls waiting on one
+    /// review all get its answer. A refusal's slot leaves the map at once.
+    review: tokio::sync::OnceCell<Result<Caller, Status>>,
 }
 
 /// How a call was authenticated.
@@ -76,26 +79,25 @@ impl ReviewCache {
     where
         F: Future<Output = Result<Caller, Status>>,
     {
-        let Some(slot) = self.slot(token) else {
+        let Some((key, slot)) = self.slot(token) else {
             return (review.await, Outcome::Reviewed);
+        };
+        // Whatever happens to this call (answered, refused, or dropped while
+        // the review runs), a slot without an accepted answer does not stay.
+        let _forget = ForgetUnanswered {
+            cache: self,
+            key,
+            slot: slot.clone(),
         };
         let mut ran = false;
         let result = slot
             .review
-            .get_or_try_init(|| {
+            .get_or_init(|| {
                 ran = true;
                 review
             })
             .await
-            .cloned();
-        if result.is_err() {
-            // Forget the slot (if it is still this one): the next call asks again.
-            let key = digest(token);
-            let mut slots = self.lock();
-            if slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
-                slots.remove(&key);
-            }
-        }
+            .clone();
         let outcome = if ran {
             Outcome::Reviewed
         } else {
@@ -107,7 +109,7 @@ impl ReviewCache {
     /// The slot for `token`, made if needed; `None` when the token may not be
     /// kept (caching off, the token expires before the TTL would, or the
     /// cache is full of live entries).
-    fn slot(&self, token: &str) -> Option<Arc<Slot>> {
+    fn slot(&self, token: &str) -> Option<(Digest, Arc<Slot>)> {
         if self.ttl.is_zero() || self.max_entries == 0 {
             return None;
         }
@@ -116,11 +118,11 @@ impl ReviewCache {
         let mut slots = self.lock();
         if let Some(s) = slots.get(&key) {
             if s.expires > now {
-                return Some(s.clone());
+                return Some((key, s.clone()));
             }
             slots.remove(&key);
         }
-        let expires = now + self.ttl.min(token_lifetime_left(token)?);
+        let expires = now.checked_add(self.ttl.min(token_lifetime_left(token)?))?;
         if slots.len() >= self.max_entries {
             slots.retain(|_, s| s.expires > now);
             if slots.len() >= self.max_entries {
@@ -132,7 +134,30 @@ impl ReviewCache {
             review: tokio::sync::OnceCell::new(),
         });
         slots.insert(key, slot.clone());
-        Some(slot)
+        Some((key, slot))
+    }
+}
+
+/// Removes a slot that holds no accepted review when the call that took it
+/// ends (if the map still holds that slot).
+struct ForgetUnanswered<'a> {
+    cache: &'a ReviewCache,
+    key: Digest,
+    slot: Arc<Slot>,
+}
+
+impl Drop for ForgetUnanswered<'_> {
+    fn drop(&mut self) {
+        if matches!(self.slot.review.get(), Some(Ok(_))) {
+            return;
+        }
+        let mut slots = self.cache.lock();
+        if slots
+            .get(&self.key)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
+        {
+            slots.remove(&self.key);
+        }
     }
 }
 

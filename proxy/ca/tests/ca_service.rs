@@ -966,7 +966,22 @@ struct CountingReviewer {
 
 impl CountingReviewer {
     fn new(delay: Duration, fail_once: &[&str]) -> Arc<CountingReviewer> {
+        Self::knowing(delay, fail_once, &[])
+    }
+
+    /// Also accepts each of `node_proxy_tokens` as the node proxy's.
+    fn knowing(
+        delay: Duration,
+        fail_once: &[&str],
+        node_proxy_tokens: &[&str],
+    ) -> Arc<CountingReviewer> {
         let mut known = known_tokens();
+        for t in node_proxy_tokens {
+            known.insert(
+                t.to_string(),
+                caller("ringway-system", "ringway-proxy", Some(("proxy-a", "u-pa"))),
+            );
+        }
         let node_proxy = caller("ringway-system", "ringway-proxy", Some(("proxy-a", "u-pa")));
         known.insert(jwt_expiring_in(-60), node_proxy.clone());
         known.insert(jwt_expiring_in(3600), node_proxy);
@@ -1189,4 +1204,70 @@ fn adversarial_unique_tokens_keep_the_review_cache_bounded() {
     // The first 8 are kept and answered without a review.
     call(&b, Some("web-token-0"), &own).unwrap();
     assert_eq!(reviewer.reviews(), 200);
+}
+
+/// While the API server does not answer, calls waiting on one token's review
+/// all get its answer at once, instead of each making its own review after
+/// the last one failed; the next call asks again.
+#[test]
+fn adversarial_calls_waiting_on_a_failed_review_share_its_answer() {
+    let reviewer = CountingReviewer::new(Duration::from_millis(100), &["proxy-a"]);
+    let b = cache_bed(Duration::from_secs(3600), 100, reviewer.clone());
+    let req = node_proxy_request();
+    let results = rt().block_on(async {
+        let calls = (0..10).map(|_| b.service.create_certificate(Some("Bearer proxy-a"), &req));
+        futures::future::join_all(calls).await
+    });
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.code == Code::Unavailable)),
+        "{results:?}"
+    );
+    assert_eq!(reviewer.reviews(), 1, "one review answered all ten");
+    assert_eq!(b.service.cached_tokens(), 0, "the refusal is not kept");
+    call(&b, Some("proxy-a"), &req).unwrap();
+    assert_eq!(reviewer.reviews(), 2);
+}
+
+/// A call dropped while its token is reviewed (a client that resets its
+/// stream) leaves nothing in the cache: unique tokens and resets cannot fill
+/// it.
+#[test]
+fn adversarial_a_call_dropped_mid_review_leaves_no_slot() {
+    let reviewer = CountingReviewer::new(Duration::from_secs(5), &[]);
+    let b = cache_bed(Duration::from_secs(3600), 100, reviewer.clone());
+    let req = node_proxy_request();
+    rt().block_on(async {
+        for i in 0..20 {
+            let token = format!("Bearer garbage-{i}");
+            let call = b.service.create_certificate(Some(&token), &req);
+            assert!(tokio::time::timeout(Duration::from_millis(10), call)
+                .await
+                .is_err());
+        }
+    });
+    assert_eq!(reviewer.reviews(), 20);
+    assert_eq!(b.service.cached_tokens(), 0);
+}
+
+/// A review is used until the token's own `exp` and not after, however long
+/// the TTL.
+#[test]
+fn adversarial_a_review_ends_with_its_tokens_exp() {
+    let soon = jwt_expiring_in(3);
+    let reviewer = CountingReviewer::knowing(Duration::ZERO, &[], &[&soon]);
+    let b = cache_bed(Duration::from_secs(3600), 100, reviewer.clone());
+    let req = node_proxy_request();
+    call(&b, Some(&soon), &req).unwrap();
+    call(&b, Some(&soon), &req).unwrap();
+    assert_eq!(reviewer.reviews(), 1);
+    std::thread::sleep(Duration::from_millis(3100));
+    // Past its exp: reviewed again (a real API server would now refuse it).
+    let _ = call(&b, Some(&soon), &req);
+    assert_eq!(
+        reviewer.reviews(),
+        2,
+        "a review is not used past the token's exp"
+    );
 }
