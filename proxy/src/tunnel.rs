@@ -32,6 +32,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::copy::Meter;
 use crate::flows::{self, FlowAuthz};
+use crate::metrics::HboneRefusal;
 use crate::metrics::{DstService, Metrics, Peer, Series, SeriesKey, Side};
 use crate::sock;
 use crate::stats::Stats;
@@ -168,20 +169,20 @@ impl Drop for PreauthGuard {
 }
 
 /// Admits one more connection of `src` to the pod of `slots` before
-/// authentication, or names the cap it would pass (`per_source`, `per_pod`).
+/// authentication, or names the cap it would pass.
 pub fn admit_preauth(
     state: &TunnelState,
     slots: &Arc<PreauthSlots>,
     src: IpAddr,
-) -> Result<PreauthGuard, &'static str> {
+) -> Result<PreauthGuard, HboneRefusal> {
     let src = src.to_canonical();
     let mut p = slots.counts.lock().unwrap_or_else(|p| p.into_inner());
     if p.total >= state.limits.max_preauth_per_pod {
-        return Err("per_pod");
+        return Err(HboneRefusal::PerPod);
     }
     let n = p.by_source.entry(src).or_default();
     if *n >= state.limits.max_preauth_per_source {
-        return Err("per_source");
+        return Err(HboneRefusal::PerSource);
     }
     *n += 1;
     p.total += 1;
@@ -224,10 +225,12 @@ impl TunnelState {
     }
 
     /// Counts one refusal of the tunnel listener.
-    pub fn refused(&self, reason: &'static str) {
+    pub fn refused(&self, why: HboneRefusal) {
         self.metrics
             .hbone_refused
-            .get_or_create(&crate::metrics::RefusedLabels { reason })
+            .get_or_create(&crate::metrics::RefusedLabels {
+                reason: why.label(),
+            })
             .inc();
     }
 }
@@ -984,9 +987,11 @@ pub async fn inbound(
     )
     .await;
     match &served {
-        Err(ringway_hbone::HboneError::RapidReset(_)) => state.refused("rapid_reset"),
-        Err(ringway_hbone::HboneError::PrefaceTimeout(_)) => state.refused("preface_timeout"),
-        Err(ringway_hbone::HboneError::Idle(_)) => state.refused("idle"),
+        Err(ringway_hbone::HboneError::RapidReset(_)) => state.refused(HboneRefusal::RapidReset),
+        Err(ringway_hbone::HboneError::PrefaceTimeout(_)) => {
+            state.refused(HboneRefusal::PrefaceTimeout)
+        }
+        Err(ringway_hbone::HboneError::Idle(_)) => state.refused(HboneRefusal::Idle),
         _ => {}
     }
     served?;
@@ -1044,7 +1049,7 @@ async fn handshake_here(
     let accepted = match tokio::time::timeout(timeout, acceptor.accept(LazyBufIo::new(tcp))).await {
         Ok(r) => r,
         Err(_) => {
-            state.refused("handshake_timeout");
+            state.refused(HboneRefusal::HandshakeTimeout);
             Err(crate::metrics::HandshakeTimeout::io(timeout))
         }
     };
@@ -1084,7 +1089,7 @@ async fn decide(
         return Decision::Unavailable503("no mesh configuration".into());
     };
     if state.proxy_ports.contains(&dst.port()) {
-        state.refused("proxy_port");
+        state.refused(HboneRefusal::ProxyPort);
         return deny_401(
             state,
             format!("{dst} is a port of the proxy, not of the app"),
@@ -1174,10 +1179,10 @@ pub enum ClaimError {
 
 impl ClaimError {
     /// The `ringway_hbone_refused_total` reason.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> HboneRefusal {
         match self {
-            ClaimError::Reserved(_) => "forwarded_reserved",
-            _ => "forwarded_not_peer",
+            ClaimError::Reserved(_) => HboneRefusal::ForwardedReserved,
+            _ => HboneRefusal::ForwardedNotPeer,
         }
     }
 }

@@ -35,6 +35,7 @@ use tracing::Instrument;
 
 use crate::copy::{copy_one_way, DirEnd, Meter, PipePool};
 use crate::flows::{self, FlowAuthz};
+use crate::metrics::HboneRefusal;
 use crate::metrics::{DstService, Metrics, Peer, Series, SeriesKey, Side, TcpLabels};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
@@ -529,10 +530,10 @@ async fn admit_tunnel(
     loop {
         match tunnel::admit_preauth(&ctx.tunnel, slots, src.ip()) {
             Ok(g) => return Some(g),
-            Err("per_pod") => {
+            Err(HboneRefusal::PerPod) => {
                 if !paused {
                     paused = true;
-                    ctx.tunnel.refused("per_pod_paused");
+                    ctx.tunnel.refused(HboneRefusal::PerPodPaused);
                     tracing::debug!(pod = %pod.shared.uid, "tunnel port at the pre-auth cap; accepts paused");
                 }
                 slots.room(per_pod, &closing).await;
