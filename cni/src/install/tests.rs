@@ -8,16 +8,12 @@ use serde_json::{json, Value};
 
 use super::*;
 
-/// A fresh dir under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+/// A fresh dir with `net.d`, `bin` and a plugin binary to install.
+struct TempDir(crate::test_dir::ScratchDir);
 
 impl TempDir {
     fn new(test: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("ringway-install-{test}-{}-{n}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = crate::test_dir::ScratchDir::new(&format!("install-{test}"));
         fs::create_dir_all(dir.join("net.d")).unwrap();
         fs::create_dir_all(dir.join("bin")).unwrap();
         fs::write(dir.join("plugin"), b"#!/bin/sh\necho ringway\n").unwrap();
@@ -55,12 +51,6 @@ impl TempDir {
             .collect();
         v.sort();
         v
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
     }
 }
 

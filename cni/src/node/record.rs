@@ -162,18 +162,14 @@ pub fn load(path: &Path) -> Result<Option<BTreeMap<String, RecordedPod>>, Record
         )),
         Ok(h) => Err(invalid(unknown(h.version))),
         // Not a journal's header line: one JSON object, as version 1 wrote?
-        Err(_) => match serde_json::from_slice::<Versioned>(&bytes) {
+        Err(header) => match serde_json::from_slice::<Versioned>(&bytes) {
             Ok(v) if v.version == RECORD_VERSION_1 => parse_v1(&bytes).map(Some).map_err(invalid),
             Ok(v) if v.version == RECORD_VERSION => Err(invalid(
                 "a version 2 record starts with its header alone on the first line".into(),
             )),
             Ok(v) => Err(invalid(unknown(v.version))),
             Err(e) => Err(invalid(format!(
-                "neither a journal (first line: {}) nor one JSON object ({e})",
-                serde_json::from_slice::<Header>(first)
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default()
+                "neither a journal (first line: {header}) nor one JSON object ({e})"
             ))),
         },
     }
@@ -390,19 +386,10 @@ mod tests {
         }
     }
 
-    struct Dir(PathBuf);
-    impl Dir {
-        fn new(name: &str) -> Dir {
-            let d =
-                std::env::temp_dir().join(format!("ringway-record-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&d);
-            Dir(d)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    use crate::test_dir::ScratchDir as Dir;
+
+    fn uids(path: &Path) -> Vec<String> {
+        load(path).unwrap().unwrap().into_keys().collect()
     }
 
     fn lines(path: &Path) -> usize {
@@ -411,8 +398,8 @@ mod tests {
 
     #[test]
     fn round_trip_and_missing_file() {
-        let dir = Dir::new("rt");
-        let path = dir.0.join("sub/pods.json");
+        let dir = Dir::new("record-rt");
+        let path = dir.join("sub/pods.json");
         assert!(load(&path).unwrap().is_none());
         let mut w = RecordWriter::new(&path, "node1");
         w.sync(vec![pod("a"), pod("b")], vec![]).unwrap();
@@ -436,8 +423,8 @@ mod tests {
     /// journal outgrows twice the pods it holds.
     #[test]
     fn changes_are_appended_and_the_journal_is_compacted() {
-        let dir = Dir::new("journal");
-        let path = dir.0.join("pods.json");
+        let dir = Dir::new("record-journal");
+        let path = dir.join("pods.json");
         let mut w = RecordWriter::new(&path, "node1");
         let all: Vec<RecordedPod> = (0..100).map(|i| pod(&format!("p{i}"))).collect();
         w.sync(all.clone(), vec![]).unwrap();
@@ -476,8 +463,8 @@ mod tests {
     /// makes the record invalid, naming the line.
     #[test]
     fn a_torn_last_line_is_ignored_and_a_bad_one_is_refused() {
-        let dir = Dir::new("torn");
-        let path = dir.0.join("pods.json");
+        let dir = Dir::new("record-torn");
+        let path = dir.join("pods.json");
         let mut w = RecordWriter::new(&path, "node1");
         w.sync(vec![pod("a"), pod("b")], vec![]).unwrap();
         let good = std::fs::read(&path).unwrap();
@@ -502,17 +489,13 @@ mod tests {
         // A writer started afterwards rewrites the file whole first.
         let mut w = RecordWriter::new(&path, "node1");
         w.sync(vec![pod("z")], vec![]).unwrap();
-        assert_eq!(
-            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
-            ["z"]
-        );
+        assert_eq!(uids(&path), ["z"]);
     }
 
     #[test]
     fn other_versions_and_garbage_are_refused_by_name() {
-        let dir = Dir::new("versions");
-        let path = dir.0.join("pods.json");
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = Dir::new("record-versions");
+        let path = dir.join("pods.json");
         std::fs::write(&path, b"{\"version\":9,\"node\":\"n\",\"pods\":[]}").unwrap();
         let e = load(&path).unwrap_err().to_string();
         assert!(e.contains("version 9 (this build reads 1 and 2)"), "{e}");
@@ -540,9 +523,8 @@ mod tests {
     /// A record written by an earlier build (one JSON object) is still read.
     #[test]
     fn version_1_records_are_read() {
-        let dir = Dir::new("v1");
-        let path = dir.0.join("pods.json");
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = Dir::new("record-v1");
+        let path = dir.join("pods.json");
         let v1 = serde_json::to_vec_pretty(&RecordFile {
             version: 1,
             node: "node1".into(),
@@ -558,51 +540,28 @@ mod tests {
         assert!(e.contains("pod a is recorded twice"), "{e}");
     }
 
-    /// A failed append leaves the file to be rewritten whole at the next
-    /// sync, with every pod the failed one was to add.
+    /// After a failed append, and after a failed rewrite, the next sync
+    /// rewrites the file whole with every pod the failed ones were to add.
     #[test]
-    fn a_failed_append_is_mended_by_the_next_sync() {
-        let dir = Dir::new("append-fail");
-        let path = dir.0.join("pods.json");
+    fn failed_writes_are_mended_by_the_next_sync() {
+        let dir = Dir::new("record-fail");
+        let path = dir.join("pods.json");
         let mut w = RecordWriter::new(&path, "node1");
         w.sync(vec![pod("a")], vec![]).unwrap();
         // The append descriptor swapped for a read-only one: the write fails.
         w.append = Some(std::fs::File::open(&path).unwrap());
         let e = w.sync(vec![pod("b")], vec![]).unwrap_err().to_string();
         assert!(e.contains("writing the agent's state file"), "{e}");
-        assert_eq!(
-            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
-            ["a"]
-        );
-        w.sync(vec![], vec![]).unwrap();
-        assert_eq!(
-            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
-            ["a", "b"]
-        );
-        w.sync(vec![pod("c")], vec![]).unwrap();
-        assert_eq!(lines(&path), 4, "appending again after the rewrite");
-    }
-
-    /// After a failed rewrite the next sync rewrites the file whole, so what
-    /// it records catches up with the pods.
-    #[test]
-    fn a_failed_write_is_mended_by_the_next() {
-        let dir = Dir::new("fail");
-        let path = dir.0.join("pods.json");
-        let mut w = RecordWriter::new(&path, "node1");
-        w.sync(vec![pod("a")], vec![]).unwrap();
-        // A directory where the file was: the rewrite (forced, as after a
-        // failed append) cannot rename over it.
+        assert_eq!(uids(&path), ["a"]);
+        // A directory where the file was: the rewrite cannot rename over it.
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
-        w.append = None;
-        let e = w.sync(vec![pod("b")], vec![]).unwrap_err().to_string();
+        let e = w.sync(vec![pod("c")], vec![]).unwrap_err().to_string();
         assert!(e.contains("writing the agent's state file"), "{e}");
         std::fs::remove_dir(&path).unwrap();
         w.sync(vec![], vec![]).unwrap();
-        assert_eq!(
-            load(&path).unwrap().unwrap().keys().collect::<Vec<_>>(),
-            ["a", "b"]
-        );
+        assert_eq!(uids(&path), ["a", "b", "c"]);
+        w.sync(vec![pod("d")], vec![]).unwrap();
+        assert_eq!(lines(&path), 5, "appending again after the rewrite");
     }
 }

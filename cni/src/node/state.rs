@@ -1029,8 +1029,7 @@ mod tests {
     /// added, changed in place (a namespace gone: inode dropped), removed.
     #[test]
     fn persist_writes_what_changed_and_the_file_follows_the_pods() {
-        let dir = std::env::temp_dir().join(format!("ringway-persist-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::test_dir::ScratchDir::new("persist");
         let path = dir.join("pods.json");
         let core = Core::new(AgentConfig {
             state_file: Some(path.clone()),
@@ -1081,6 +1080,5 @@ mod tests {
             after,
             "no change, no line"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
