@@ -44,6 +44,16 @@ pub enum Outcome {
     Reviewed,
 }
 
+impl Outcome {
+    /// The `outcome` label of `ringway_ca_token_reviews_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Cached => "cached",
+            Outcome::Reviewed => "reviewed",
+        }
+    }
+}
+
 pub(crate) struct ReviewCache {
     ttl: Duration,
     max_entries: usize,

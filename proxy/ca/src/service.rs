@@ -65,7 +65,7 @@ impl Default for Limits {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReviewLabels {
-    /// `cached` or `reviewed`.
+    /// [`crate::review_cache::Outcome::label`].
     outcome: &'static str,
 }
 
@@ -190,8 +190,12 @@ impl CaService {
     /// Calls authenticated so far from a remembered review (`cached`) and
     /// by a review of their own (`reviewed`, refusals included).
     pub fn reviews(&self) -> (u64, u64) {
-        let n = |outcome| self.reviewed.get_or_create(&ReviewLabels { outcome }).get();
-        (n("cached"), n("reviewed"))
+        use crate::review_cache::Outcome;
+        let n = |o: Outcome| {
+            let labels = ReviewLabels { outcome: o.label() };
+            self.reviewed.get_or_create(&labels).get()
+        };
+        (n(Outcome::Cached), n(Outcome::Reviewed))
     }
 
     /// Tokens whose review is kept now (reviewed or being reviewed).
@@ -285,10 +289,7 @@ impl CaService {
             .await;
         self.reviewed
             .get_or_create(&ReviewLabels {
-                outcome: match outcome {
-                    crate::review_cache::Outcome::Cached => "cached",
-                    crate::review_cache::Outcome::Reviewed => "reviewed",
-                },
+                outcome: outcome.label(),
             })
             .inc();
         let caller = caller?;
