@@ -353,11 +353,6 @@ impl Listener {
         let l = netns.run(|| listen(addr))?;
         Listener::adopt(netns, l)
     }
-
-    /// The listener, which the caller then closes without waiting.
-    pub fn into_inner(mut self) -> TcpListener {
-        self.inner.take().expect("listener present until drop")
-    }
 }
 
 impl std::ops::Deref for Listener {
@@ -379,23 +374,12 @@ impl Drop for Listener {
         }
         drop(l);
         let gone = self.netns.run(|| {
-            let end = std::time::Instant::now() + Duration::from_secs(2);
-            loop {
-                match is_listening(local) {
-                    Ok(false) => return true,
-                    Ok(true) if std::time::Instant::now() < end => {
-                        std::thread::sleep(Duration::from_millis(1))
-                    }
-                    Ok(true) => return false,
-                    Err(e) => {
-                        eprintln!("listener {local}: cannot read the socket table: {e}");
-                        return false;
-                    }
-                }
-            }
+            crate::wait_until(Duration::from_secs(2), || {
+                matches!(is_listening(local), Ok(false))
+            })
         });
         if !gone {
-            eprintln!("listener {local}: still listening 2 s after it was closed");
+            eprintln!("listener {local}: still listed (or the socket table unreadable) 2 s after it was closed");
         }
     }
 }
