@@ -238,22 +238,18 @@ pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
     let metrics = ringway_testbed::http::get(CA_METRICS.parse()?, "/metrics")
         .map(|r| r.body)
         .unwrap_or_default();
-    let refused: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("ringway_ca_requests_total{") && !l.contains("code=\"ok\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    use crate::prom::{label, samples};
+    let refused: f64 = samples(&metrics, "ringway_ca_requests_total")
+        .filter(|(labels, _)| label(labels, "code") != Some("ok"))
+        .map(|(_, v)| v)
         .sum();
     if refused > 0.0 {
         bail!("the certificate service refused {refused} request(s):\n{metrics}");
     }
-    let reviews = |outcome: &str| -> Option<f64> {
-        metrics
-            .lines()
-            .find(|l| {
-                l.starts_with("ringway_ca_token_reviews_total{")
-                    && l.contains(&format!("outcome=\"{outcome}\""))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    let reviews = |outcome: &str| {
+        samples(&metrics, "ringway_ca_token_reviews_total")
+            .find(|(labels, _)| label(labels, "outcome") == Some(outcome))
+            .map(|(_, v)| v)
     };
     match (reviews("reviewed"), reviews("cached")) {
         (None, None) => out.push_str(

@@ -580,19 +580,10 @@ fn add_counts(a: &mut FloodCounts, b: FloodCounts) {
 fn refused(metrics: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
     let body = suite::http_get(metrics, "/metrics").context("scraping the proxy's /metrics")?;
     let mut m = BTreeMap::new();
-    for line in String::from_utf8_lossy(&body).lines() {
-        let Some(rest) = line.strip_prefix("ringway_hbone_refused_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let reason = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("reason=\""))
-            .map(|r| r.trim_end_matches('"').to_string())
-            .unwrap_or_else(|| labels.to_string());
-        *m.entry(reason).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(f64::NAN);
+    let text = String::from_utf8_lossy(&body);
+    for (labels, value) in crate::prom::samples(&text, "ringway_hbone_refused_total") {
+        let reason = crate::prom::label(labels, "reason").unwrap_or(labels);
+        *m.entry(reason.to_string()).or_insert(0.0) += value;
     }
     Ok(m)
 }

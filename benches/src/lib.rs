@@ -13,6 +13,7 @@ pub mod cni_ca;
 pub mod crosscheck;
 pub mod flood;
 pub mod load;
+pub mod prom;
 pub mod report;
 pub mod suite;
 

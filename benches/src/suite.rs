@@ -1013,23 +1013,13 @@ pub(crate) fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>>
 fn opened_by_security(metrics: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
     let body = http_get(metrics, "/metrics").context("scraping the proxy's /metrics")?;
     let mut m = BTreeMap::new();
-    for line in String::from_utf8_lossy(&body).lines() {
-        let Some(rest) = line.strip_prefix("istio_tcp_connections_opened_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        if !labels.contains("reporter=\"source\"") {
+    let text = String::from_utf8_lossy(&body);
+    for (labels, value) in crate::prom::samples(&text, "istio_tcp_connections_opened_total") {
+        if crate::prom::label(labels, "reporter") != Some("source") {
             continue;
         }
-        let policy = labels
-            .split("connection_security_policy=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or("")
-            .to_string();
-        *m.entry(policy).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+        let policy = crate::prom::label(labels, "connection_security_policy").unwrap_or("");
+        *m.entry(policy.to_string()).or_insert(0.0) += value;
     }
     Ok(m)
 }
