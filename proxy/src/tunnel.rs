@@ -32,8 +32,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::copy::Meter;
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::HboneRefusal;
-use crate::metrics::{DstService, Metrics, Peer, Series, SeriesKey, Side};
+use crate::metrics::{DstService, HboneRefusal, Metrics, Peer, Series, SeriesKey, Side};
 use crate::sock;
 use crate::stats::Stats;
 use crate::sys;

@@ -3,21 +3,6 @@
 //! SO_REUSEPORT listeners for every pod, and no work stealing. Workers take
 //! commands from the control thread over a channel and never block on it.
 
-/// The prefix of a worker thread's name: worker N is `ringway-wk-N`. Below
-/// 10,000 workers (the config allows 1,024) every name fits in the 15 bytes
-/// the kernel keeps, so `top -H`, `ps`, `perf` and
-/// `/proc/<pid>/task/*/comm` tell the workers apart.
-pub const THREAD_PREFIX: &str = "ringway-wk-";
-const _: () = assert!(
-    THREAD_PREFIX.len() + 4 <= 15,
-    "worker names up to 4 digits must fit the 15 bytes the kernel keeps"
-);
-
-/// The name of worker `id`'s thread.
-pub fn thread_name(id: usize) -> String {
-    format!("{THREAD_PREFIX}{id}")
-}
-
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,12 +20,26 @@ use tracing::Instrument;
 
 use crate::copy::{copy_one_way, DirEnd, Meter, PipePool};
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::HboneRefusal;
-use crate::metrics::{DstService, Metrics, Peer, Series, SeriesKey, Side, TcpLabels};
+use crate::metrics::{DstService, HboneRefusal, Metrics, Peer, Series, SeriesKey, Side, TcpLabels};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
 use crate::sys;
 use crate::tunnel::{self, TunnelState};
+
+/// The prefix of a worker thread's name: worker N is `ringway-wk-N`. Below
+/// 10,000 workers (the config allows 1,024) every name fits in the 15 bytes
+/// the kernel keeps, so `top -H`, `ps`, `perf` and
+/// `/proc/<pid>/task/*/comm` tell the workers apart.
+pub const THREAD_PREFIX: &str = "ringway-wk-";
+const _: () = assert!(
+    THREAD_PREFIX.len() + 4 <= 15,
+    "worker names up to 4 digits must fit the 15 bytes the kernel keeps"
+);
+
+/// The name of worker `id`'s thread.
+pub fn thread_name(id: usize) -> String {
+    format!("{THREAD_PREFIX}{id}")
+}
 
 /// A pod as every worker sees it (immutable, shared).
 #[derive(Debug)]
