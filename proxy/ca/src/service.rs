@@ -187,8 +187,9 @@ impl CaService {
         out
     }
 
-    /// Calls authenticated so far from a remembered review (`cached`) and
-    /// by a review of their own (`reviewed`, refusals included).
+    /// Calls so far answered by a review another call with the same token
+    /// made, earlier or while they waited (`cached`), and by a review of
+    /// their own (`reviewed`); refusals are counted too.
     pub fn reviews(&self) -> (u64, u64) {
         use crate::review_cache::Outcome;
         let n = |o: Outcome| {
