@@ -184,37 +184,68 @@ impl Core {
         }
     }
 
-    /// Brings the state file in step with the pods held now (no-op without
-    /// one): appends what changed since the last write (see
-    /// [`RecordWriter`]). A failure is logged: the pods stay enrolled, but a
-    /// restarted agent will not adopt the ones missing from the file.
+    /// Brings the whole state file in step with the pods held now (no-op
+    /// without one): compares every pod with what the file records and
+    /// appends the differences (see [`RecordWriter`]). For a start, where
+    /// every pod is new; one pod's change takes [`Core::persist_pods`].
     pub(super) fn persist(&self) {
+        self.sync_record(None);
+    }
+
+    /// Records the current state of the pods `uids` (held: written if the
+    /// file says otherwise; gone: dropped from it), comparing nothing else:
+    /// an enroll costs one line, however many pods the node has.
+    pub(super) fn persist_pods(&self, uids: &[String]) {
+        self.sync_record(Some(uids));
+    }
+
+    /// A failure is logged: the pods stay enrolled, but a restarted agent
+    /// will not adopt the ones missing from the file.
+    fn sync_record(&self, only: Option<&[String]>) {
         let Some(path) = self.config.state_file.as_deref() else {
             return;
         };
         let mut record = lock(&self.record);
         let writer = record.get_or_insert_with(|| RecordWriter::new(path, &self.config.node_name));
-        let (put, del, n) = {
+        let (put, del): (Vec<RecordedPod>, Vec<String>) = {
             let st = lock(&self.state);
             let written = writer.written();
-            let put: Vec<RecordedPod> = st
-                .pods
-                .iter()
-                .filter(|(uid, e)| written.get(*uid).is_none_or(|r| !recorded_as(e, r)))
-                .map(|(_, e)| recorded(e))
-                .collect();
-            let del: Vec<String> = written
-                .keys()
-                .filter(|uid| !st.pods.contains_key(*uid))
-                .cloned()
-                .collect();
-            (put, del, st.pods.len())
+            let stale =
+                |uid: &String, e: &Entry| written.get(uid).is_none_or(|r| !recorded_as(e, r));
+            match only {
+                Some(uids) => {
+                    let put = uids
+                        .iter()
+                        .filter_map(|uid| st.pods.get(uid).map(|e| (uid, e)))
+                        .filter(|(uid, e)| stale(uid, e))
+                        .map(|(_, e)| recorded(e))
+                        .collect();
+                    let del = uids
+                        .iter()
+                        .filter(|uid| !st.pods.contains_key(*uid) && written.contains_key(*uid))
+                        .cloned()
+                        .collect();
+                    (put, del)
+                }
+                None => {
+                    let put = st
+                        .pods
+                        .iter()
+                        .filter(|(uid, e)| stale(uid, e))
+                        .map(|(_, e)| recorded(e))
+                        .collect();
+                    let del = written
+                        .keys()
+                        .filter(|uid| !st.pods.contains_key(*uid))
+                        .cloned()
+                        .collect();
+                    (put, del)
+                }
+            }
         };
         let changes = put.len() + del.len();
         match writer.sync(put, del) {
-            Ok(()) => {
-                tracing::debug!(state_file = %path.display(), pods = n, changes, "state file written")
-            }
+            Ok(()) => tracing::debug!(state_file = %path.display(), changes, "state file written"),
             Err(e) => {
                 tracing::error!(error = %e, "the agent's record of its pods is not up to date: a restarted agent will not adopt the pods missing from it")
             }
@@ -542,7 +573,7 @@ impl Core {
                 },
             )
         };
-        self.persist();
+        self.persist_pods(std::slice::from_ref(&uid));
         match self.add_to_newest(&pod, send_fd.as_fd()) {
             Ok(conn) => {
                 tracing::info!(
@@ -564,7 +595,7 @@ impl Core {
                     st.gen += 1;
                     st.pods.remove(&uid)
                 };
-                self.persist();
+                self.persist_pods(std::slice::from_ref(&uid));
                 if let Some(conn) = fail.nacked_by {
                     // The proxy keeps retrying a nacked pod: tell it we gave up.
                     if let Err(e) = conn.exchange(&zds_server::del_request(&uid), None) {
@@ -686,7 +717,7 @@ impl Core {
                 .collect();
             (entry, conns)
         };
-        self.persist();
+        self.persist_pods(&[uid.to_string()]);
         let req = zds_server::del_request(uid);
         for conn in conns {
             match conn.exchange(&req, None) {
@@ -825,6 +856,9 @@ impl Core {
         if !released.is_empty() {
             st.gen += 1;
         }
+        drop(st);
+        // The record says the namespace is gone too (no inode to adopt).
+        self.persist_pods(&released);
         released
     }
 
@@ -1079,6 +1113,28 @@ mod tests {
             std::fs::read_to_string(&path).unwrap().lines().count(),
             after,
             "no change, no line"
+        );
+        // One pod's change writes that pod alone: added, then removed, and
+        // a uid neither held nor recorded writes nothing.
+        lock(&core.state).pods.insert("e".into(), entry("e", 5));
+        core.persist_pods(&["e".into(), "nobody".into()]);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().lines().count(),
+            after + 1
+        );
+        lock(&core.state).pods.remove("a");
+        core.persist_pods(&["a".into()]);
+        assert_eq!(
+            on_file(),
+            [
+                ("b".into(), None),
+                ("d".into(), Some(4)),
+                ("e".into(), Some(5))
+            ]
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().lines().count(),
+            after + 2
         );
     }
 }
