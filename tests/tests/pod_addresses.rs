@@ -88,17 +88,16 @@ fn adversarial_spoofed_neighbour_source_is_reset_and_counted() {
                 let first = seen.recv_timeout(TIMEOUT).unwrap();
                 assert_eq!(first.ip(), attacker.ip(v6));
                 // The neighbour's address on the attacker's lo (as NET_ADMIN allows).
+                // `nodad`: an IPv6 address stays tentative (bind gives
+                // EADDRNOTAVAIL) until duplicate detection ends, which CI
+                // once lost the race against.
                 let plen = if v6 { "128" } else { "32" };
-                attacker
-                    .netns
-                    .ip(&[
-                        "addr",
-                        "add",
-                        &format!("{}/{plen}", victim.ip(v6)),
-                        "dev",
-                        "lo",
-                    ])
-                    .unwrap();
+                let addr = format!("{}/{plen}", victim.ip(v6));
+                let mut add = vec!["addr", "add", addr.as_str(), "dev", "lo"];
+                if v6 {
+                    add.push("nodad");
+                }
+                attacker.netns.ip(&add).unwrap();
                 let r = exchange_from(&attacker.netns, victim.ip(v6), dst);
                 // Whatever the client saw, the destination must not have seen
                 // the spoofed source. The client's exchange has ended (reset,
