@@ -67,10 +67,19 @@ fn adversarial_unprivileged_run_fails_unless_the_skip_is_opted_out() {
     if ringway_testbed::skip_privileged(NAME) {
         return;
     }
+    use std::os::fd::AsRawFd as _;
     use std::os::unix::process::CommandExt;
+    // The unprivileged child is this binary, executed through a descriptor
+    // opened here as root: `nobody` may not be able to walk the path to it (a
+    // checkout under a 0700 directory such as root's home or a `mktemp -d`),
+    // and a descriptor's magic link in /proc skips that walk. The descriptor
+    // is close-on-exec, which an ELF program does not mind.
+    let exe = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+    let program = format!("/proc/self/fd/{}", exe.as_raw_fd());
     let probe = |env: &[(&str, &str)]| {
-        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        let mut cmd = std::process::Command::new(&program);
         cmd.args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .current_dir("/")
             .env(PROBE_CHILD, "1")
             .env_remove("CI")
             .env_remove(ringway_testbed::ALLOW_UNPRIVILEGED_SKIP)
@@ -79,7 +88,9 @@ fn adversarial_unprivileged_run_fails_unless_the_skip_is_opted_out() {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = cmd.output().unwrap();
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running the probe ({program}) as uid 65534: {e}"));
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
