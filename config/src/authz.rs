@@ -43,7 +43,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::mesh::{
-    Action, AuthorizationPolicy, Condition, MtlsMode, Operation, Rule, Source, Values, Workload,
+    Action, AuthorizationPolicy, Clause, Condition, Match, MatchFields, MtlsMode, Operation, Rule,
+    Source, Values, Workload,
 };
 use crate::names::{check_label, check_subdomain, check_trust_domain};
 use crate::Mesh;
@@ -216,8 +217,26 @@ struct Peer<'a> {
 }
 
 /// Decides whether `conn` may reach its destination; see the
-/// [module documentation](self) for the semantics.
+/// [module documentation](self) for the semantics. Dry-run policies take no
+/// part: see [`evaluate_dry_run`].
 pub fn evaluate(mesh: &Mesh, conn: &ConnInfo<'_>) -> Decision {
+    decide(mesh, conn, false)
+}
+
+/// What the verdict would be if the dry-run policies that govern `conn`'s
+/// destination were enforced, when that differs from [`evaluate`]'s
+/// `actual` verdict: the caller reports it (log, metric) and enforces
+/// `actual`. `None` when no dry-run policy governs the destination, or the
+/// verdict would be the same.
+pub fn evaluate_dry_run(mesh: &Mesh, conn: &ConnInfo<'_>, actual: &Decision) -> Option<Decision> {
+    if !mesh.policies_for(conn.dst_workload).any(|p| p.dry_run) {
+        return None;
+    }
+    let shadow = decide(mesh, conn, true);
+    (shadow != *actual).then_some(shadow)
+}
+
+fn decide(mesh: &Mesh, conn: &ConnInfo<'_>, with_dry_run: bool) -> Decision {
     let peer = Peer {
         ip: conn.src_ip.to_canonical(),
         identity: conn.src_identity,
@@ -236,6 +255,9 @@ pub fn evaluate(mesh: &Mesh, conn: &ConnInfo<'_>) -> Decision {
     let mut allow_policies = 0;
     let mut allowed = false;
     for policy in mesh.policies_for(conn.dst_workload) {
+        if policy.dry_run && !with_dry_run {
+            continue;
+        }
         match policy.action {
             Action::Deny => {
                 if let Some(rule) = policy.rules.iter().position(|r| r.matches(&peer)) {
@@ -277,6 +299,52 @@ impl Rule {
         any_of(&self.from, |s| s.matches(peer))
             && any_of(&self.to, |o| o.matches(peer.port))
             && self.when.iter().all(|c| c.matches(peer))
+            && self.clauses.iter().all(|c| c.matches(peer))
+    }
+}
+
+impl Clause {
+    /// Any match; a clause without matches matches (the reference's rule).
+    fn matches(&self, peer: &Peer<'_>) -> bool {
+        self.matches.is_empty() || self.matches.iter().any(|m| m.matches(peer))
+    }
+}
+
+impl Match {
+    fn matches(&self, peer: &Peer<'_>) -> bool {
+        match self {
+            Match::Always => true,
+            Match::Never => false,
+            Match::Fields(f) => !f.is_empty() && f.matches(peer),
+        }
+    }
+}
+
+impl MatchFields {
+    /// Identity fields never match a plaintext peer and their negations
+    /// always do, as for a rule's `from`.
+    fn matches(&self, peer: &Peer<'_>) -> bool {
+        let id = peer.identity;
+        let principal = |m: &crate::StringMatch| id.is_some_and(|i| m.matches_pieces(&i.pieces()));
+        let namespace = |m: &crate::StringMatch| id.is_some_and(|i| m.matches(&i.namespace));
+        let account = |sa: &crate::ServiceAccountRef| {
+            id.is_some_and(|i| sa.namespace == i.namespace && sa.name == i.service_account)
+        };
+        let src = |c: &crate::Cidr| c.contains(peer.ip);
+        let dst = |c: &crate::Cidr| c.contains(peer.dst_ip);
+        let port = |p: &u16| *p == peer.port;
+        any_of(&self.namespaces, namespace)
+            && none_of(&self.not_namespaces, namespace)
+            && any_of(&self.principals, principal)
+            && none_of(&self.not_principals, principal)
+            && any_of(&self.service_accounts, account)
+            && none_of(&self.not_service_accounts, account)
+            && any_of(&self.source_ips, src)
+            && none_of(&self.not_source_ips, src)
+            && any_of(&self.destination_ips, dst)
+            && none_of(&self.not_destination_ips, dst)
+            && any_of(&self.destination_ports, port)
+            && none_of(&self.not_destination_ports, port)
     }
 }
 

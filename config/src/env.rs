@@ -11,7 +11,7 @@ use crate::file::{
 use crate::settings::{
     duration_secs::MAX_SECS, ENV_BACKLOG, ENV_BUSY_POLL_MICROS, ENV_CAPTURE_MODE,
     ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE,
-    ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
+    ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS, ENV_WORKLOAD_WAIT,
 };
 use crate::{ConfigError, MeshConfig};
 
@@ -205,6 +205,15 @@ pub static ENV_VARS: &[EnvVar] = &[
         },
     },
     EnvVar {
+        name: ENV_WORKLOAD_WAIT,
+        field: "proxy.workloadWait",
+        help: "seconds: 5, 1.5, 5s or 500ms; at most 60",
+        apply: |c, v| {
+            c.proxy.workload_wait = duration(v)?;
+            Ok(())
+        },
+    },
+    EnvVar {
         name: ENV_BUSY_POLL_MICROS,
         field: "proxy.busyPollMicros",
         help: "microseconds, 0..=1000; 0 = off",
@@ -352,6 +361,7 @@ mod tests {
             ("RINGWAY_SAME_NODE_FAST_PATH", "false"),
             ("RINGWAY_DRAIN_PERIOD", "500ms"),
             ("RINGWAY_CONNECT_TIMEOUT", "2.5"),
+            ("RINGWAY_WORKLOAD_WAIT", "1.5"),
             ("RINGWAY_BUSY_POLL_MICROS", "50"),
             ("RINGWAY_TRUST_DOMAIN", "example.org"),
             ("RINGWAY_CLUSTER_ID", "east-1"),
@@ -371,6 +381,7 @@ mod tests {
         assert!(!p.same_node_fast_path);
         assert_eq!(p.drain_period, Duration::from_millis(500));
         assert_eq!(p.connect_timeout, Duration::from_millis(2500));
+        assert_eq!(p.workload_wait, Duration::from_millis(1500));
         assert_eq!(p.busy_poll_micros, 50);
         assert_eq!(mesh.trust_domain(), "example.org");
         assert_eq!(mesh.root_namespace(), "mesh-root");
@@ -568,6 +579,7 @@ mod tests {
                 ENV_SAME_NODE_FAST_PATH,
                 ENV_DRAIN_PERIOD,
                 ENV_CONNECT_TIMEOUT,
+                ENV_WORKLOAD_WAIT,
                 ENV_BUSY_POLL_MICROS,
                 ENV_TRUST_DOMAIN,
                 ENV_CLUSTER_ID,

@@ -383,6 +383,7 @@ pub(crate) const PROXY_FIELDS: &[&str] = &[
     "sameNodeFastPath",
     "drainPeriod",
     "connectTimeout",
+    "workloadWait",
     "hbone",
     "busyPollMicros",
 ];
@@ -493,7 +494,7 @@ mod tests {
         assert_eq!(mesh.trust_domain(), DEFAULT_TRUST_DOMAIN);
         assert_eq!(mesh.root_namespace(), DEFAULT_ROOT_NAMESPACE);
         assert_eq!(mesh.origin(), EMBEDDED_ORIGIN);
-        assert!(mesh.workloads().is_empty() && mesh.policies().is_empty());
+        assert!(mesh.workload_count() == 0 && mesh.policy_count() == 0);
     }
 
     /// The commented examples in default.yaml are valid once uncommented.
@@ -516,9 +517,9 @@ mod tests {
             .join("\n");
         let mesh = MeshConfig::load_str(&uncommented, "default.yaml uncommented", &NoEnv)
             .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
-        assert_eq!(mesh.workloads().len(), 1);
-        assert_eq!(mesh.services().len(), 1);
-        assert_eq!(mesh.policies().len(), 1);
+        assert_eq!(mesh.workload_count(), 1);
+        assert_eq!(mesh.service_count(), 1);
+        assert_eq!(mesh.policy_count(), 1);
         assert!(mesh.ca().is_some());
     }
 
@@ -536,11 +537,11 @@ mod tests {
     fn readme_example_is_valid() {
         let mesh = MeshConfig::load_str(readme_example(), "config/README.md", &NoEnv)
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(mesh.workloads().len(), 4);
-        assert_eq!(mesh.services().len(), 1);
-        assert_eq!(mesh.policies().len(), 3);
-        assert_eq!(mesh.policies()[0].action, Action::Deny);
-        assert!(mesh.policies()[0].mesh_wide);
+        assert_eq!(mesh.workload_count(), 4);
+        assert_eq!(mesh.service_count(), 1);
+        assert_eq!(mesh.policy_count(), 3);
+        assert_eq!(mesh.policies().next().unwrap().action, Action::Deny);
+        assert!(mesh.policies().next().unwrap().mesh_wide);
         // Its proxy section spells out the defaults.
         assert_eq!(mesh.proxy(), &ProxySettings::default());
     }
@@ -642,7 +643,7 @@ mod tests {
         ];
         for (labels, service, revision) in cases {
             let mesh = with_labels(labels).unwrap_or_else(|e| panic!("{labels}: {e}"));
-            let w = &mesh.workloads()[0];
+            let w = mesh.workloads().next().unwrap();
             assert_eq!(w.canonical_service(), *service, "{labels}");
             assert_eq!(w.canonical_revision(), *revision, "{labels}");
         }

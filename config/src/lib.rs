@@ -61,6 +61,7 @@
 #![forbid(unsafe_code)]
 
 pub mod authz;
+mod catalog;
 mod control_thread;
 pub mod enrollment;
 mod env;
@@ -84,16 +85,17 @@ pub use file::{
     ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN, MAX_FILE_BYTES,
 };
 pub use mesh::{
-    workload_name_of, Action, AuthorizationPolicy, CaPaths, CaService, ClusterPolicyNote,
-    Condition, Locality, Mesh, MtlsMode, Operation, PeerAuthentication, Rule, Service,
-    ServiceAccountRef, Source, Values, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL,
-    DEFAULT_CA_TOKEN_FILE,
+    workload_name_of, Action, AuthorizationPolicy, CaPaths, CaService, Claimant, Clause,
+    ClusterPolicyNote, Condition, EndpointPorts, Locality, Match, MatchFields, Mesh, MeshEdit,
+    MtlsMode, Operation, PeerAuthentication, Rule, Service, ServiceAccountRef, Source, Unsupported,
+    Values, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL, DEFAULT_CA_TOKEN_FILE,
 };
 pub use names::{Cidr, StringMatch};
 pub use settings::{
     CaptureMode, Datapath, HboneSettings, Ports, ProxySettings, ENV_BACKLOG, ENV_BUSY_POLL_MICROS,
     ENV_CAPTURE_MODE, ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL,
-    ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS,
+    ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS, ENV_WORKLOAD_WAIT,
+    MAX_WORKLOAD_WAIT,
 };
 pub use watch::{ConfigWatcher, POLL_INTERVAL};
 

@@ -1,12 +1,14 @@
 //! The validated, immutable mesh snapshot the proxy looks things up in.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::authz::Identity;
+use crate::catalog::Catalog;
+pub use crate::catalog::{Claimant, EndpointPorts};
 use crate::env::EnvOverride;
 use crate::names::{Cidr, StringMatch};
 use crate::ProxySettings;
@@ -37,6 +39,55 @@ pub struct Workload {
     /// The workload the pod belongs to (see [`workload_name_of`]); the pod's
     /// name when it has no controller.
     pub workload_name: String,
+    /// The trust domain of its identity when it is not the mesh's (the
+    /// control plane says so per workload).
+    pub trust_domain: Option<String>,
+    /// Its canonical service and revision as the control plane computed
+    /// them (from the pod's labels there); `None`: from [`Workload::labels`].
+    pub canonical: Option<(String, String)>,
+    /// Why traffic to it must not be sent straight to it (a waypoint, a
+    /// network gateway), which this proxy does not support yet: such traffic
+    /// is refused and counted, never sent around the waypoint.
+    pub unsupported: Option<Unsupported>,
+    /// Policies that apply to it because they name it (`namespace/name`;
+    /// the control plane's label-selected policies), beside the mesh-wide
+    /// and namespace ones.
+    pub authorization_policies: Vec<Arc<str>>,
+}
+
+/// A part of the mesh this proxy cannot honour yet, on a workload or a
+/// service: traffic that would need it is refused (fail closed).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Unsupported {
+    /// A waypoint proxy must see its inbound traffic (`namespace/hostname`
+    /// or address of the waypoint).
+    Waypoint(String),
+    /// It is reached through an east-west network gateway.
+    NetworkGateway(String),
+}
+
+impl Unsupported {
+    /// A short name for metrics labels.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Unsupported::Waypoint(_) => "waypoint",
+            Unsupported::NetworkGateway(_) => "network_gateway",
+        }
+    }
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unsupported::Waypoint(w) => write!(
+                f,
+                "its traffic must pass the waypoint {w}, which this proxy does not support"
+            ),
+            Unsupported::NetworkGateway(g) => {
+                write!(f, "it is reached through the network gateway {g}, which this proxy does not support")
+            }
+        }
+    }
 }
 
 /// A node's topology (`topology.kubernetes.io/region` and `zone`); empty
@@ -76,17 +127,25 @@ impl Workload {
     /// The workload's canonical service (the reference's rule: see
     /// [`CANONICAL_NAME_LABEL`]); the workload name when no label says.
     pub fn canonical_service(&self) -> &str {
-        first_label(&self.labels, &NAME_LABELS).unwrap_or(&self.workload_name)
+        match &self.canonical {
+            Some((name, _)) => name,
+            None => first_label(&self.labels, &NAME_LABELS).unwrap_or(&self.workload_name),
+        }
     }
 
     /// The workload's canonical revision; `latest` when no label says.
     pub fn canonical_revision(&self) -> &str {
-        first_label(&self.labels, &REVISION_LABELS).unwrap_or("latest")
+        match &self.canonical {
+            Some((_, revision)) => revision,
+            None => first_label(&self.labels, &REVISION_LABELS).unwrap_or("latest"),
+        }
     }
 
-    /// The workload's SPIFFE identity in `trust_domain`.
-    pub fn identity(&self, trust_domain: &str) -> Identity {
-        Identity::new(trust_domain, &self.namespace, &self.service_account)
+    /// The workload's SPIFFE identity: in its own trust domain when the
+    /// control plane gave one, else in `mesh_trust_domain`.
+    pub fn identity(&self, mesh_trust_domain: &str) -> Identity {
+        let td = self.trust_domain.as_deref().unwrap_or(mesh_trust_domain);
+        Identity::new(td, &self.namespace, &self.service_account)
     }
 }
 
@@ -99,13 +158,20 @@ pub struct Service {
     pub namespace: String,
     /// Virtual IPs.
     pub vips: Vec<IpAddr>,
-    /// Service port -> target port.
+    /// Service port -> target port (0: each endpoint says; see
+    /// [`Mesh::endpoints`]).
     pub ports: BTreeMap<u16, u16>,
-    /// Uids of the workloads behind the service (all exist in the mesh).
-    pub endpoints: Vec<String>,
+    /// Why its traffic must not go straight to its endpoints (a waypoint):
+    /// refused while this proxy does not support it.
+    pub unsupported: Option<Unsupported>,
 }
 
 impl Service {
+    /// `namespace/hostname`: how the mesh names it.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.hostname)
+    }
+
     /// The service's name: the host name's first part (`reviews` of
     /// `reviews.default.svc.cluster.local`).
     pub fn name(&self) -> &str {
@@ -158,10 +224,35 @@ pub struct AuthorizationPolicy {
     pub action: Action,
     /// Rules; the policy matches when any rule does (none: never).
     pub rules: Vec<Rule>,
+    /// It applies only to the workloads that name it in their
+    /// [`Workload::authorization_policies`] (the control plane's
+    /// WORKLOAD_SELECTOR scope), in any namespace.
+    pub listed: bool,
+    /// Evaluated and reported, never enforced.
+    pub dry_run: bool,
     pub(crate) qualified: Arc<str>,
 }
 
 impl AuthorizationPolicy {
+    /// A policy `namespace/name` doing `action` with no rules (it matches
+    /// nothing) and no selector; set the other fields, never the name or
+    /// the namespace, before use.
+    pub fn new(namespace: &str, name: &str, action: Action) -> AuthorizationPolicy {
+        AuthorizationPolicy {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            mesh_wide: false,
+            selector: None,
+            match_labels: None,
+            origin: None,
+            action,
+            rules: Vec::new(),
+            listed: false,
+            dry_run: false,
+            qualified: format!("{namespace}/{name}").into(),
+        }
+    }
+
     /// `namespace/name`, shared with [`crate::authz::Decision`] without copying.
     pub fn qualified_name(&self) -> &Arc<str> {
         &self.qualified
@@ -169,6 +260,12 @@ impl AuthorizationPolicy {
 
     /// Whether the policy's scope and selector include `workload`.
     pub fn applies_to(&self, workload: &Workload) -> bool {
+        if self.listed {
+            return workload
+                .authorization_policies
+                .iter()
+                .any(|n| **n == *self.qualified);
+        }
         (self.mesh_wide || self.namespace == workload.namespace)
             && self
                 .selector
@@ -262,6 +359,69 @@ pub struct Rule {
     pub to: Vec<Operation>,
     /// Conditions, every one of which must match.
     pub when: Vec<Condition>,
+    /// The control plane's form of a rule: every clause must match (in
+    /// addition to `from`, `to` and `when`, which it leaves empty).
+    pub clauses: Vec<Clause>,
+}
+
+/// A clause of a control-plane rule: matches when any of its matches does;
+/// a clause without matches matches every connection (as the reference
+/// evaluates it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Clause {
+    /// The alternatives.
+    pub matches: Vec<Match>,
+}
+
+/// One alternative of a [`Clause`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Match {
+    /// Matches when every field it sets matches (a match that sets none
+    /// matches nothing, as the reference evaluates it).
+    Fields(Box<MatchFields>),
+    /// Matches every connection: what an unreadable match of a DENY policy
+    /// becomes (fail toward deny).
+    Always,
+    /// Matches no connection: what an unreadable match of an ALLOW policy
+    /// becomes (fail toward deny).
+    Never,
+}
+
+/// The fields of a control-plane [`Match`]: in each pair the value must be
+/// one of the first list (when it is not empty) and none of the second.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MatchFields {
+    /// The peer identity's namespace.
+    pub namespaces: Vec<StringMatch>,
+    /// Negated.
+    pub not_namespaces: Vec<StringMatch>,
+    /// The peer's SPIFFE ID (patterns carry the `spiffe://` prefix).
+    pub principals: Vec<StringMatch>,
+    /// Negated.
+    pub not_principals: Vec<StringMatch>,
+    /// The peer identity's namespace and service account.
+    pub service_accounts: Vec<ServiceAccountRef>,
+    /// Negated.
+    pub not_service_accounts: Vec<ServiceAccountRef>,
+    /// The peer's address.
+    pub source_ips: Vec<Cidr>,
+    /// Negated.
+    pub not_source_ips: Vec<Cidr>,
+    /// The address connected to.
+    pub destination_ips: Vec<Cidr>,
+    /// Negated.
+    pub not_destination_ips: Vec<Cidr>,
+    /// The destination (target) port.
+    pub destination_ports: Vec<u16>,
+    /// Negated.
+    pub not_destination_ports: Vec<u16>,
+}
+
+impl MatchFields {
+    /// Whether it sets no field.
+    pub fn is_empty(&self) -> bool {
+        *self == MatchFields::default()
+    }
 }
 
 /// A `when` condition on an L4 attribute: matches when the attribute has
@@ -360,7 +520,7 @@ pub const DEFAULT_CA_TOKEN_FILE: &str = "/var/run/secrets/tokens/istio-token";
 
 /// An immutable, validated configuration with lookup indexes. Build one
 /// with [`crate::MeshConfig::load`] or [`crate::MeshConfig::validate`];
-/// share it as `Arc<Mesh>`.
+/// share it as `Arc<Mesh>`; derive the next one with [`Mesh::edit`].
 #[derive(Debug, Clone)]
 pub struct Mesh {
     pub(crate) proxy: ProxySettings,
@@ -368,19 +528,14 @@ pub struct Mesh {
     pub(crate) root_namespace: String,
     pub(crate) ca: Option<CaPaths>,
     pub(crate) ca_service: Option<CaService>,
-    pub(crate) workloads: Vec<Workload>,
-    pub(crate) services: Vec<Service>,
-    pub(crate) policies: Vec<AuthorizationPolicy>,
+    pub(crate) catalog: Catalog,
+    /// Whether every workload of the mesh is in it (the file is the whole
+    /// mesh), or workloads may still be on their way (a control plane).
+    pub(crate) complete: bool,
     pub(crate) peer_authentications: Vec<PeerAuthentication>,
     pub(crate) cluster_policy_notes: Vec<ClusterPolicyNote>,
-    pub(crate) workload_by_ip: HashMap<IpAddr, usize>,
-    pub(crate) workload_by_uid: HashMap<String, usize>,
-    pub(crate) service_by_vip: HashMap<IpAddr, usize>,
-    pub(crate) services_by_workload: HashMap<String, Vec<usize>>,
     pub(crate) cluster_id: String,
     pub(crate) locality: Locality,
-    pub(crate) mesh_wide_policies: Vec<usize>,
-    pub(crate) policies_by_namespace: HashMap<String, Vec<usize>>,
     pub(crate) origin: String,
     pub(crate) revision: u64,
     pub(crate) env_overrides: Vec<EnvOverride>,
@@ -421,30 +576,54 @@ impl Mesh {
         &self.root_namespace
     }
 
-    /// CA file paths, if configured.
+    /// CA files, when HBONE is configured with a local CA key.
     pub fn ca(&self) -> Option<&CaPaths> {
         self.ca.as_ref()
     }
 
-    /// The certificate service workload certificates come from (`ca.address`);
-    /// `None` in the local-key mode or without `ca`.
+    /// The certificate service, when HBONE is configured with one.
     pub fn ca_service(&self) -> Option<&CaService> {
         self.ca_service.as_ref()
     }
 
-    /// Every workload, in file order.
-    pub fn workloads(&self) -> &[Workload] {
-        &self.workloads
+    /// Every workload, by uid.
+    pub fn workloads(&self) -> impl Iterator<Item = &Workload> {
+        self.catalog.workloads().map(|w| &**w)
     }
 
-    /// Every service, in file order.
-    pub fn services(&self) -> &[Service] {
-        &self.services
+    /// How many workloads there are.
+    pub fn workload_count(&self) -> usize {
+        self.catalog.workload_count()
     }
 
-    /// Every policy, in file order.
-    pub fn policies(&self) -> &[AuthorizationPolicy] {
-        &self.policies
+    /// Every service, by `namespace/hostname`.
+    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.catalog.services()
+    }
+
+    /// How many services there are.
+    pub fn service_count(&self) -> usize {
+        self.catalog.service_count()
+    }
+
+    /// The service `namespace/hostname`.
+    pub fn service(&self, key: &str) -> Option<&Arc<Service>> {
+        self.catalog.service(key)
+    }
+
+    /// Every policy, in evaluation order (the file's order, then by name).
+    pub fn policies(&self) -> impl Iterator<Item = &AuthorizationPolicy> {
+        self.catalog.policies().map(|p| &**p)
+    }
+
+    /// How many policies there are.
+    pub fn policy_count(&self) -> usize {
+        self.catalog.policy_count()
+    }
+
+    /// The policy `namespace/name`.
+    pub fn policy(&self, name: &str) -> Option<&AuthorizationPolicy> {
+        self.catalog.policy(name).map(|p| &**p)
     }
 
     /// The cluster policy objects left out, or mapped with a part changed,
@@ -488,33 +667,85 @@ impl Mesh {
         (MtlsMode::Permissive, None)
     }
 
-    /// The workload that owns `ip` (IPv4-mapped IPv6 counts as IPv4).
+    /// The workload that owns `ip` (IPv4-mapped IPv6 counts as IPv4); `None`
+    /// when no workload, or more than one entry, claims it.
     pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Workload> {
-        self.workload_by_ip
-            .get(&ip.to_canonical())
-            .map(|&i| &self.workloads[i])
+        self.catalog.workload_by_ip(ip.to_canonical()).map(|w| &**w)
     }
 
     /// The workload with `uid`.
     pub fn workload_by_uid(&self, uid: &str) -> Option<&Workload> {
-        self.workload_by_uid.get(uid).map(|&i| &self.workloads[i])
+        self.catalog.workload(uid).map(|w| &**w)
     }
 
-    /// The service whose virtual IP is `vip`.
-    pub fn service_by_vip(&self, vip: IpAddr) -> Option<&Service> {
-        self.service_by_vip
-            .get(&vip.to_canonical())
-            .map(|&i| &self.services[i])
+    /// The service whose virtual IP is `vip` (`None` when the address is
+    /// contested).
+    pub fn service_by_vip(&self, vip: IpAddr) -> Option<&Arc<Service>> {
+        self.catalog.service_by_vip(vip.to_canonical())
     }
 
-    /// The services `uid` is an endpoint of, in file order.
-    pub fn services_of<'a>(&'a self, uid: &str) -> impl Iterator<Item = &'a Service> {
-        self.services_by_workload
-            .get(uid)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .map(|&i| &self.services[i])
+    /// Everything that claims `ip`: one entry normally; more when the
+    /// address is contested (then it resolves to nothing).
+    pub fn address_claimants(&self, ip: IpAddr) -> &[Claimant] {
+        self.catalog.claimants(ip.to_canonical())
+    }
+
+    /// The contested addresses and who claims each.
+    pub fn contested_addresses(&self) -> impl Iterator<Item = (IpAddr, &[Claimant])> {
+        self.catalog.contested()
+    }
+
+    /// The services `uid` is an endpoint of, by `namespace/hostname`.
+    pub fn services_of<'a>(&'a self, uid: &str) -> impl Iterator<Item = &'a Arc<Service>> {
+        self.catalog
+            .memberships(uid)
+            .filter_map(|k| self.catalog.service(k))
+    }
+
+    /// Whether every workload is in this snapshot (the configuration file
+    /// is the whole mesh). `false` when a control plane feeds it: a pod
+    /// whose workload is not here yet may only be waiting for it, and its
+    /// traffic must wait too, never be served under a guess
+    /// (`proxy.workloadWait`).
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// Whether `other` has the same workloads, services (with their
+    /// endpoints), policies and PeerAuthentications.
+    pub fn same_entries(&self, other: &Mesh) -> bool {
+        let eps = |m: &Mesh, s: &Service| -> Vec<(String, EndpointPorts)> {
+            m.endpoints(s)
+                .map(|(w, p)| (w.uid.clone(), p.clone()))
+                .collect()
+        };
+        self.workloads().eq(other.workloads())
+            && self
+                .services()
+                .map(|s| &**s)
+                .eq(other.services().map(|s| &**s))
+            && self.services().all(|s| eps(self, s) == eps(other, s))
+            && self.policies().eq(other.policies())
+            && self.peer_authentications == other.peer_authentications
+    }
+
+    /// A snapshot to change: its entries and indexes are shared with this
+    /// one until changed, so an edit costs what it touches.
+    pub fn edit(&self) -> MeshEdit {
+        MeshEdit { mesh: self.clone() }
+    }
+
+    /// This snapshot's settings (proxy, trust domain, CA, ...) with the
+    /// workloads, services and policies of `entries` (a control plane's
+    /// snapshot taking a reloaded file's settings).
+    pub fn with_entries_of(&self, entries: &Mesh) -> Mesh {
+        Mesh {
+            catalog: entries.catalog.clone(),
+            complete: entries.complete,
+            peer_authentications: entries.peer_authentications.clone(),
+            cluster_policy_notes: entries.cluster_policy_notes.clone(),
+            ..self.clone()
+        }
     }
 
     /// The cluster ID (`clusterId`): the metrics' `*_cluster` labels.
@@ -527,52 +758,61 @@ impl Mesh {
         &self.locality
     }
 
-    /// The workloads behind `service` (every uid is known: validated).
-    pub fn endpoints<'a>(&'a self, service: &'a Service) -> impl Iterator<Item = &'a Workload> {
-        service
-            .endpoints
-            .iter()
-            .filter_map(|uid| self.workload_by_uid(uid))
+    /// The workloads behind `service`, each with its own port overrides
+    /// (empty: the service's ports).
+    pub fn endpoints<'a>(
+        &'a self,
+        service: &'a Service,
+    ) -> impl Iterator<Item = (&'a Workload, &'a EndpointPorts)> {
+        self.catalog
+            .endpoints(&service.key())
+            .filter_map(|(uid, ports)| Some((&**self.catalog.workload(uid)?, ports)))
     }
 
-    /// The endpoints a new connection to `service` may go to: healthy
-    /// workloads with an address in `dst`'s family, as `(workload, address)`.
+    /// The uids of `service`'s endpoints that are workloads of the mesh.
+    pub fn endpoint_uids(&self, service: &Service) -> Vec<String> {
+        self.endpoints(service)
+            .map(|(w, _)| w.uid.clone())
+            .collect()
+    }
+
+    /// Where a new connection to `service`'s `port` may go: its healthy
+    /// endpoints with an address in the family asked for, each with the
+    /// port it takes the connection on (its own target port, else the
+    /// service's; an endpoint for which neither names one is left out).
     pub fn healthy_endpoints<'a>(
         &'a self,
         service: &'a Service,
+        port: u16,
         ipv6: bool,
-    ) -> impl Iterator<Item = (&'a Workload, IpAddr)> {
+    ) -> impl Iterator<Item = (&'a Workload, SocketAddr)> {
+        let default = service.target_port(port).filter(|p| *p != 0);
         self.endpoints(service)
-            .filter(|w| w.healthy)
-            .filter_map(move |w| {
-                w.ips
-                    .iter()
-                    .copied()
-                    .find(|ip| ip.is_ipv6() == ipv6)
-                    .map(|ip| (w, ip))
+            .filter(|(w, _)| w.healthy)
+            .filter_map(move |(w, ports)| {
+                let target = ports.get(&port).copied().filter(|p| *p != 0).or(default)?;
+                let ip = w.ips.iter().copied().find(|ip| ip.is_ipv6() == ipv6)?;
+                Some((w, SocketAddr::new(ip, target)))
             })
     }
 
     /// Policies of the root namespace (every workload is in their scope).
     pub fn mesh_wide_policies(&self) -> impl Iterator<Item = &AuthorizationPolicy> {
-        self.mesh_wide_policies.iter().map(|&i| &self.policies[i])
+        self.catalog.mesh_wide_policies().map(|p| &**p)
     }
 
-    /// Policies scoped to `namespace` (not the mesh-wide ones).
+    /// Policies scoped to `namespace` (not the mesh-wide ones, nor those
+    /// that apply by name).
     pub fn namespace_policies(
         &self,
         namespace: &str,
     ) -> impl Iterator<Item = &AuthorizationPolicy> {
-        self.policies_by_namespace
-            .get(namespace)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .map(|&i| &self.policies[i])
+        self.catalog.namespace_policies(namespace).map(|p| &**p)
     }
 
     /// The policies that govern connections to `workload`: mesh-wide, then
-    /// its namespace's, each in file order, restricted by selectors.
+    /// its namespace's, each in order and restricted by selectors, then
+    /// those it names (a name no policy has yet is skipped).
     pub fn policies_for<'a>(
         &'a self,
         workload: &'a Workload,
@@ -580,6 +820,13 @@ impl Mesh {
         self.mesh_wide_policies()
             .chain(self.namespace_policies(&workload.namespace))
             .filter(move |p| p.applies_to(workload))
+            .chain(
+                workload
+                    .authorization_policies
+                    .iter()
+                    .filter_map(|n| self.catalog.listed_policy(n))
+                    .map(|p| &**p),
+            )
     }
 
     /// Where the configuration came from (a path or the embedded default).
@@ -615,7 +862,7 @@ impl Mesh {
             s,
             " trustDomain={} rootNamespace={} clusterId={} locality={}/{} captureMode={} datapath={} workers={} (effective {}) \
              ports=outbound:{},inbound:{},tunnel:{} proxyMark={:#x} pipeSize={} pipePool={} \
-             backlog={} sameNodeFastPath={} drainPeriod={}s connectTimeout={}s",
+             backlog={} sameNodeFastPath={} drainPeriod={}s connectTimeout={}s workloadWait={}s",
             self.trust_domain,
             self.root_namespace,
             self.cluster_id,
@@ -635,6 +882,7 @@ impl Mesh {
             p.same_node_fast_path,
             p.drain_period.as_secs_f64(),
             p.connect_timeout.as_secs_f64(),
+            p.workload_wait.as_secs_f64(),
         );
         match (&self.ca, &self.ca_service) {
             (None, Some(svc)) => {
@@ -659,20 +907,96 @@ impl Mesh {
             }
         }
         let allow = self
-            .policies
-            .iter()
+            .policies()
             .filter(|p| p.action == Action::Allow)
             .count();
         let _ = write!(
             s,
             " workloads={} services={} policies={} (allow {}, deny {})",
-            self.workloads.len(),
-            self.services.len(),
-            self.policies.len(),
+            self.workload_count(),
+            self.service_count(),
+            self.policy_count(),
             allow,
-            self.policies.len() - allow
+            self.policy_count() - allow
         );
         s
+    }
+}
+
+/// Changes to a [`Mesh`] snapshot (from [`Mesh::edit`]): each operation
+/// touches its entry and the index paths to it; [`MeshEdit::finish`] gives
+/// the new snapshot. Entries are taken as they are: the caller (the control
+/// plane's client) has checked each one. Addresses two entries claim are
+/// contested, not refused: see [`Mesh::workload_by_ip`].
+#[derive(Debug)]
+pub struct MeshEdit {
+    mesh: Mesh,
+}
+
+impl MeshEdit {
+    /// Adds or replaces the workload `w.uid`, an endpoint of exactly the
+    /// services in `services` (`namespace/hostname` -> its port overrides).
+    /// Returns whether it replaced one.
+    pub fn upsert_workload(
+        &mut self,
+        w: Workload,
+        services: BTreeMap<String, BTreeMap<u16, u16>>,
+    ) -> bool {
+        let uid = w.uid.clone();
+        let replaced = self.mesh.catalog.upsert_workload(w).is_some();
+        self.mesh.catalog.set_memberships(
+            &uid,
+            services
+                .into_iter()
+                .map(|(k, p)| (Arc::from(k), Arc::new(p)))
+                .collect(),
+        );
+        replaced
+    }
+
+    /// Removes the workload `uid`; whether there was one.
+    pub fn remove_workload(&mut self, uid: &str) -> bool {
+        self.mesh.catalog.remove_workload(uid).is_some()
+    }
+
+    /// Adds or replaces the service `s.key()`; whether it replaced one.
+    pub fn upsert_service(&mut self, s: Service) -> bool {
+        self.mesh
+            .catalog
+            .upsert_service(Arc::from(s.key()), s)
+            .is_some()
+    }
+
+    /// Removes the service `namespace/hostname`; whether there was one.
+    pub fn remove_service(&mut self, key: &str) -> bool {
+        self.mesh.catalog.remove_service(key).is_some()
+    }
+
+    /// Adds or replaces the policy `namespace/name` (evaluated after the
+    /// file's, by name).
+    pub fn upsert_policy(&mut self, p: AuthorizationPolicy) {
+        self.mesh.catalog.upsert_policy(u32::MAX, p);
+    }
+
+    /// Removes the policy `namespace/name`; whether there was one.
+    pub fn remove_policy(&mut self, name: &str) -> bool {
+        self.mesh.catalog.remove_policy(name).is_some()
+    }
+
+    /// Says whether every workload is in the snapshot (see
+    /// [`Mesh::is_complete`]).
+    pub fn set_complete(&mut self, complete: bool) {
+        self.mesh.complete = complete;
+    }
+
+    /// The snapshot as edited so far.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// The new snapshot.
+    pub fn finish(self) -> Mesh {
+        self.mesh
     }
 }
 

@@ -137,6 +137,13 @@ pub struct ProxySettings {
     /// inbound side's connect to the app.
     #[serde(with = "duration_secs")]
     pub connect_timeout: Duration,
+    /// How long a connection to or from a pod waits for the pod's workload
+    /// (its identity, labels and policies) when the mesh comes from a control
+    /// plane that has not sent it yet; then it is refused and counted, never
+    /// authorized against a guess. Not used where the configuration file is
+    /// the whole mesh.
+    #[serde(with = "duration_secs")]
+    pub workload_wait: Duration,
     /// Limits of the tunnel listener (15008) against hostile peers.
     pub hbone: HboneSettings,
     /// Busy-poll window, microseconds: after a socket of the datapath
@@ -284,8 +291,13 @@ pub const ENV_SAME_NODE_FAST_PATH: &str = "RINGWAY_SAME_NODE_FAST_PATH";
 pub const ENV_DRAIN_PERIOD: &str = "RINGWAY_DRAIN_PERIOD";
 /// Overrides `proxy.connectTimeout` (seconds, as `ENV_DRAIN_PERIOD`; not 0).
 pub const ENV_CONNECT_TIMEOUT: &str = "RINGWAY_CONNECT_TIMEOUT";
+/// Overrides `proxy.workloadWait` (seconds, as `ENV_DRAIN_PERIOD`).
+pub const ENV_WORKLOAD_WAIT: &str = "RINGWAY_WORKLOAD_WAIT";
 /// Overrides `proxy.busyPollMicros` (microseconds, 0..=1000).
 pub const ENV_BUSY_POLL_MICROS: &str = "RINGWAY_BUSY_POLL_MICROS";
+
+/// The longest `workloadWait`: a connection is held that long at most.
+pub const MAX_WORKLOAD_WAIT: Duration = Duration::from_secs(60);
 
 /// The defaults; each field's environment override is the `ENV_*` constant above.
 impl Default for ProxySettings {
@@ -302,6 +314,7 @@ impl Default for ProxySettings {
             same_node_fast_path: true,
             drain_period: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
+            workload_wait: Duration::from_secs(5),
             hbone: HboneSettings::default(),
             busy_poll_micros: 0,
         }
@@ -368,6 +381,16 @@ impl ProxySettings {
             return Err(ConfigError::Invalid {
                 field: "connectTimeout",
                 problem: "a connect timeout of 0 s gives up every upstream connect".into(),
+            });
+        }
+        if self.workload_wait > MAX_WORKLOAD_WAIT {
+            return Err(ConfigError::Invalid {
+                field: "workloadWait",
+                problem: format!(
+                    "{} s holds a connection longer than {} s; a pod's workload that late is refused",
+                    self.workload_wait.as_secs_f64(),
+                    MAX_WORKLOAD_WAIT.as_secs()
+                ),
             });
         }
         self.hbone.validate()?;
@@ -552,6 +575,16 @@ mod tests {
         assert_eq!(s.connect_timeout, Duration::from_secs(10), "the default");
         let s: ProxySettings = serde_yaml::from_str("connectTimeout: 2.5\n").unwrap();
         assert_eq!(s.connect_timeout, Duration::from_millis(2500));
+        assert_eq!(s.workload_wait, Duration::from_secs(5), "the default");
+        let s: ProxySettings = serde_yaml::from_str("workloadWait: 0.25\n").unwrap();
+        assert_eq!(s.workload_wait, Duration::from_millis(250));
+        s.validate().unwrap();
+        let s: ProxySettings = serde_yaml::from_str("workloadWait: 61\n").unwrap();
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("invalid `workloadWait`: 61 s holds a connection longer than 60 s"),
+            "{e}"
+        );
         let err = serde_yaml::from_str::<ProxySettings>("wokers: 2\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `wokers`"), "{err}");
     }

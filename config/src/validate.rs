@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::authz::Identity;
+use crate::catalog::{Catalog, EndpointPorts};
 use crate::env::EnvOverride;
 use crate::file::{
     CaConfig, ConditionConfig, OperationConfig, PeerAuthenticationConfig, PolicyConfig,
@@ -71,7 +72,7 @@ pub(crate) fn validate(
         Some(ca) => ca_source(&cx, ca)?,
     };
 
-    let mut workloads = Vec::with_capacity(cfg.workloads.len());
+    let mut catalog = Catalog::default();
     let mut workload_by_uid: HashMap<String, usize> = HashMap::new();
     let mut workload_by_ip: HashMap<IpAddr, usize> = HashMap::new();
     for (i, w) in cfg.workloads.iter().enumerate() {
@@ -119,7 +120,7 @@ pub(crate) fn validate(
             ips.push(ip);
         }
         workload_by_uid.insert(w.uid.clone(), i);
-        workloads.push(Workload {
+        catalog.upsert_workload(Workload {
             uid: w.uid.clone(),
             name: w.name.clone(),
             namespace: w.namespace.clone(),
@@ -138,12 +139,15 @@ pub(crate) fn validate(
                     n.to_owned()
                 }
             },
+            trust_domain: None,
+            canonical: None,
+            unsupported: None,
+            authorization_policies: Vec::new(),
         });
     }
 
-    let mut services = Vec::with_capacity(cfg.services.len());
     let mut service_by_vip: HashMap<IpAddr, usize> = HashMap::new();
-    let mut services_by_workload: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut memberships: BTreeMap<&str, BTreeMap<Arc<str>, EndpointPorts>> = BTreeMap::new();
     let mut service_names: HashMap<(&str, &str), usize> = HashMap::new();
     for (i, s) in cfg.services.iter().enumerate() {
         let at = format!("services[{i}]");
@@ -201,22 +205,27 @@ pub(crate) fn validate(
                 return Err(cx.err(path, format!("{uid:?} is listed twice")));
             }
         }
-        for uid in &s.endpoints {
-            services_by_workload.entry(uid.clone()).or_default().push(i);
-        }
-        services.push(Service {
+        let service = Service {
             hostname: s.hostname.clone(),
             namespace: s.namespace.clone(),
             vips,
             ports,
-            endpoints: s.endpoints.clone(),
-        });
+            unsupported: None,
+        };
+        let key: Arc<str> = Arc::from(service.key());
+        for uid in &s.endpoints {
+            memberships
+                .entry(uid)
+                .or_default()
+                .insert(key.clone(), EndpointPorts::default());
+        }
+        catalog.upsert_service(key, service);
+    }
+    for (uid, services) in memberships {
+        catalog.set_memberships(uid, services);
     }
 
-    let mut policies = Vec::with_capacity(cfg.policies.len());
     let mut policy_names: HashMap<Arc<str>, usize> = HashMap::new();
-    let mut mesh_wide_policies = Vec::new();
-    let mut policies_by_namespace: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, p) in cfg.policies.iter().enumerate() {
         let policy = policy(&cx, &format!("policies[{i}]"), p, &cfg.root_namespace)?;
         if let Some(prev) = policy_names.insert(policy.qualified.clone(), i) {
@@ -228,15 +237,7 @@ pub(crate) fn validate(
                 ),
             ));
         }
-        if policy.mesh_wide {
-            mesh_wide_policies.push(i);
-        } else {
-            policies_by_namespace
-                .entry(policy.namespace.clone())
-                .or_default()
-                .push(i);
-        }
-        policies.push(policy);
+        catalog.upsert_policy(i as u32, policy);
     }
     let mut peer_authentications = Vec::with_capacity(cfg.peer_authentications.len());
     for (i, p) in cfg.peer_authentications.iter().enumerate() {
@@ -263,19 +264,12 @@ pub(crate) fn validate(
         root_namespace: cfg.root_namespace.clone(),
         ca,
         ca_service,
-        workloads,
-        services,
-        policies,
+        catalog,
+        complete: true,
         peer_authentications,
         cluster_policy_notes: Vec::new(),
-        workload_by_ip,
-        workload_by_uid,
-        service_by_vip,
-        services_by_workload,
         cluster_id: cluster_id(&cx, &cfg.cluster_id)?,
         locality: locality(&cx, "locality", &cfg.locality)?,
-        mesh_wide_policies,
-        policies_by_namespace,
         origin: origin.to_owned(),
         revision,
         env_overrides: overrides.to_vec(),
@@ -554,7 +548,12 @@ fn policy(cx: &Ctx<'_>, at: &str, p: &PolicyConfig, root: &str) -> Result<Author
             .enumerate()
             .map(|(c, cond)| condition(cx, &format!("{at}.when[{c}]"), cond))
             .collect::<Result<Vec<_>>>()?;
-        rules.push(Rule { from, to, when });
+        rules.push(Rule {
+            from,
+            to,
+            when,
+            clauses: Vec::new(),
+        });
     }
     let qualified = match p.origin {
         Some(_) => p.name.clone(),
@@ -569,6 +568,8 @@ fn policy(cx: &Ctx<'_>, at: &str, p: &PolicyConfig, root: &str) -> Result<Author
         origin: p.origin.clone(),
         action,
         rules,
+        listed: false,
+        dry_run: false,
         qualified: qualified.into(),
     })
 }

@@ -144,7 +144,7 @@ fn config_dump(proxy: &crate::Proxy) -> String {
             "origin": m.origin(),
             "revision": format!("{:016x}", m.revision()),
             "trustDomain": m.trust_domain(),
-            "workloads": m.workloads().iter().map(|w| serde_json::json!({
+            "workloads": m.workloads().map(|w| serde_json::json!({
                 "uid": w.uid,
                 "name": w.name,
                 "namespace": w.namespace,
@@ -154,14 +154,14 @@ fn config_dump(proxy: &crate::Proxy) -> String {
                 "tunnel": w.tunnel,
                 "healthy": w.healthy,
             })).collect::<Vec<_>>(),
-            "services": m.services().iter().map(|s| serde_json::json!({
+            "services": m.services().map(|s| serde_json::json!({
                 "hostname": s.hostname,
                 "namespace": s.namespace,
                 "vips": s.vips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
                 "ports": s.ports.iter().map(|(p, t)| (p.to_string(), *t)).collect::<std::collections::BTreeMap<_, _>>(),
-                "endpoints": s.endpoints,
+                "endpoints": m.endpoint_uids(s),
             })).collect::<Vec<_>>(),
-            "policies": m.policies().iter().map(|p| serde_json::json!({
+            "policies": m.policies().map(|p| serde_json::json!({
                 "name": p.qualified_name().as_ref(),
                 "action": p.action.to_string(),
                 "rules": p.rules.len(),

@@ -136,23 +136,34 @@ pub fn recheck<'a>(
 ) -> usize {
     let mut revoked = 0;
     for pod in pods {
+        // Gone from a control plane's mesh (removed, or its address now
+        // contested): nothing may reach it any more.
         let workload = crate::tunnel::pod_workload(mesh, pod);
         let mut flows = pod.flows.flows.lock().unwrap_or_else(|p| p.into_inner());
         for flow in flows.values_mut().filter(|f| !f.revoked) {
             let a = &flow.authz;
-            let verdict = authz::evaluate(
-                mesh,
-                &ConnInfo {
-                    src_ip: a.src_ip,
-                    src_identity: a.src_identity.as_ref(),
-                    dst_workload: &workload,
-                    dst_ip: a.dst_ip,
-                    dst_port: a.dst_port,
+            let refused = match &workload {
+                None => Some("the pod's workload left the mesh".to_owned()),
+                Some(w) => match &w.unsupported {
+                    Some(u) => Some(u.to_string()),
+                    None => {
+                        let v = authz::evaluate(
+                            mesh,
+                            &ConnInfo {
+                                src_ip: a.src_ip,
+                                src_identity: a.src_identity.as_ref(),
+                                dst_workload: w,
+                                dst_ip: a.dst_ip,
+                                dst_port: a.dst_port,
+                            },
+                        );
+                        (!v.is_allowed()).then(|| v.to_string())
+                    }
                 },
-            );
-            if verdict.is_allowed() {
+            };
+            let Some(verdict) = refused else {
                 continue;
-            }
+            };
             for fd in &flow.fds {
                 sys::tcp_abort(fd.as_fd());
             }

@@ -279,26 +279,31 @@ pub struct SeriesKey {
     pub src: Side,
     /// The destination.
     pub dst: Side,
-    /// The service, as its index in the mesh's services (see
-    /// [`SeriesKey::service_index`]; the cache holds one mesh's series).
-    pub service: Option<usize>,
+    /// The service the connection went to.
+    pub service: Option<ServiceRef>,
+}
+
+/// A mesh service as part of a series key: compared and hashed by which
+/// entry of the mesh it is (no string copied or hashed per connection); a
+/// snapshot derived from another shares the entries it did not change.
+#[derive(Clone, Debug)]
+pub struct ServiceRef(pub Arc<ringway_config::Service>);
+
+impl PartialEq for ServiceRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ServiceRef {}
+
+impl std::hash::Hash for ServiceRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
 }
 
 impl SeriesKey {
-    /// `service`'s index among `mesh`'s services (`None` when it is not one
-    /// of them). No string is copied or hashed.
-    pub fn service_index(
-        mesh: &ringway_config::Mesh,
-        service: &ringway_config::Service,
-    ) -> Option<usize> {
-        let all = mesh.services();
-        let size = std::mem::size_of::<ringway_config::Service>().max(1);
-        let i = (service as *const ringway_config::Service as usize)
-            .checked_sub(all.as_ptr() as usize)?
-            / size;
-        all.get(i).filter(|s| std::ptr::eq(*s, service)).map(|_| i)
-    }
-
     /// The labels of this series under `mesh`.
     pub fn labels(&self, mesh: Option<&ringway_config::Mesh>) -> TcpLabels {
         let mut src = self.src.peer(mesh);
@@ -306,10 +311,7 @@ impl SeriesKey {
             src.principal.clear();
         }
         let dst = self.dst.peer(mesh);
-        let service = self
-            .service
-            .and_then(|i| mesh?.services().get(i))
-            .map(DstService::of);
+        let service = self.service.as_ref().map(|s| DstService::of(&s.0));
         TcpLabels::new(
             self.reporter,
             &src,
@@ -391,6 +393,15 @@ pub struct DenyLabels {
     pub path: &'static str,
 }
 
+/// Labels of `ringway_authorization_dry_run_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DryRunLabels {
+    /// `would_deny` (the dry-run policies would refuse a connection that
+    /// was let through) or `would_allow` (they would let through one that
+    /// was refused).
+    pub decision: &'static str,
+}
+
 /// Labels of `ringway_cluster_policies_skipped`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterPolicyLabels {
@@ -405,7 +416,11 @@ pub struct ClusterPolicyLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefuseLabels {
     /// `source_not_pod_address` (outbound from an address that is not the
-    /// pod's) or `destination_not_pod_address` (plaintext inbound to one).
+    /// pod's), `destination_not_pod_address` (plaintext inbound to one),
+    /// `unknown_workload` (the control plane has not sent the pod's
+    /// workload within `proxy.workloadWait`), `waypoint` or
+    /// `network_gateway` (the destination's traffic must pass one, which
+    /// this proxy does not support: refused, never sent around it).
     pub reason: &'static str,
 }
 
@@ -657,6 +672,12 @@ pub enum HboneRefusal {
     PerPod,
     /// A pod's tunnel listeners paused at its pre-authentication cap.
     PerPodPaused,
+    /// A stream to a pod whose workload the control plane has not sent
+    /// (within `proxy.workloadWait`).
+    UnknownWorkload,
+    /// A stream to a workload whose traffic must pass a waypoint or a
+    /// network gateway this proxy does not support.
+    Unsupported,
 }
 
 impl HboneRefusal {
@@ -673,6 +694,8 @@ impl HboneRefusal {
             HboneRefusal::PerSource => "per_source",
             HboneRefusal::PerPod => "per_pod",
             HboneRefusal::PerPodPaused => "per_pod_paused",
+            HboneRefusal::UnknownWorkload => "unknown_workload",
+            HboneRefusal::Unsupported => "unsupported",
         }
     }
 }
@@ -717,6 +740,9 @@ pub struct Metrics {
     pub tls_handshakes: Family<TlsLabels, Counter>,
     /// `ringway_authorization_denials_total{path}`.
     pub denials: Family<DenyLabels, Counter>,
+    /// `ringway_authorization_dry_run_total{decision}`: connections whose
+    /// verdict the dry-run policies would have changed (never enforced).
+    pub dry_run: Family<DryRunLabels, Counter>,
     /// `ringway_hbone_refused_total{reason}`: what the tunnel listener refused.
     pub hbone_refused: Family<RefusedLabels, Counter>,
     /// `ringway_hbone_streams_total{side}`: tunnel streams opened.
@@ -933,6 +959,11 @@ impl Metrics {
             self.denials.clone(),
         );
         r.register(
+            "ringway_authorization_dry_run",
+            "Connections whose verdict the dry-run authorization policies would have changed (reported, never enforced)",
+            self.dry_run.clone(),
+        );
+        r.register(
             "ringway_cluster_policies_skipped",
             "Cluster AuthorizationPolicy and PeerAuthentication objects left out of the mesh in force, by reason (the admin config_dump names them)",
             self.cluster_policies_skipped.clone(),
@@ -969,7 +1000,7 @@ impl Metrics {
         );
         r.register(
             "ringway_connections_refused",
-            "Connections reset because their source (outbound) or destination (plaintext inbound) is not an address of the pod",
+            "Connections reset before any upstream was dialled, by reason: a source (outbound) or destination (plaintext inbound) that is not the pod's, a pod whose workload the control plane has not sent, a destination behind a waypoint or network gateway",
             self.refused.clone(),
         );
         r.register(
@@ -1394,7 +1425,7 @@ mod tests {
             &ringway_config::NoEnv,
         )
         .unwrap();
-        let w = &mesh.workloads()[0];
+        let w = mesh.workloads().next().unwrap();
         let loc = ringway_config::Locality {
             region: "r".into(),
             zone: String::new(),
@@ -1426,7 +1457,7 @@ mod tests {
         ] {
             assert_eq!(v, "unknown");
         }
-        let svc = DstService::of(&mesh.services()[0]);
+        let svc = DstService::of(mesh.services().next().unwrap());
         let l = TcpLabels::new(
             "destination",
             &Peer::default(),

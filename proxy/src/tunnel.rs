@@ -32,7 +32,9 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::copy::Meter;
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::{DstService, HboneRefusal, Metrics, Peer, Series, SeriesKey, Side};
+use crate::metrics::{
+    DstService, HboneRefusal, Metrics, Peer, Series, SeriesKey, ServiceRef, Side,
+};
 use crate::sock;
 use crate::stats::Stats;
 use crate::sys;
@@ -91,6 +93,29 @@ pub struct TunnelState {
     /// Where server TLS handshakes run (set once by the proxy at start;
     /// without it the tunnel listener refuses every connection).
     handshaker: std::sync::OnceLock<crate::handshake::Handshaker>,
+    /// Woken at every new mesh: connections waiting for their pod's
+    /// workload look again ([`TunnelState::mesh_knowing`]).
+    mesh_changed: tokio::sync::Notify,
+    /// How long they wait (`proxy.workloadWait`).
+    workload_wait: Duration,
+}
+
+/// A pod's connection came while the mesh (fed by a control plane) did not
+/// know the pod's workload, and it did not arrive in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownWorkload {
+    /// How long the connection waited.
+    pub waited: Duration,
+}
+
+impl std::fmt::Display for UnknownWorkload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the control plane has not sent the pod's workload (waited {:?})",
+            self.waited
+        )
+    }
 }
 
 /// A pod's tunnel connections before authentication (TLS and the HTTP/2
@@ -208,6 +233,8 @@ impl TunnelState {
             connect_timeout: settings.connect_timeout,
             proxy_ports,
             handshaker: std::sync::OnceLock::new(),
+            mesh_changed: tokio::sync::Notify::new(),
+            workload_wait: settings.workload_wait,
         }
     }
 
@@ -243,6 +270,37 @@ impl TunnelState {
     /// Publishes a new mesh snapshot (hot reload); open connections keep theirs.
     pub fn set_mesh(&self, mesh: Arc<Mesh>) {
         self.current.write().unwrap_or_else(|p| p.into_inner()).1 = Some(mesh);
+        self.mesh_changed.notify_waiters();
+    }
+
+    /// The mesh to serve a connection of `pod` under: the one in force when
+    /// it knows the pod's workload (or is the whole mesh, or there is none),
+    /// else the first one that does within `proxy.workloadWait`. `Err` when
+    /// none did: the caller refuses the connection.
+    pub async fn mesh_knowing(
+        &self,
+        pod: &PodShared,
+    ) -> Result<Option<Arc<Mesh>>, UnknownWorkload> {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.workload_wait;
+        loop {
+            // Registered before looking, so a mesh published in between
+            // still wakes it.
+            let changed = self.mesh_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let mesh = self.mesh();
+            match &mesh {
+                None => return Ok(None),
+                Some(m) if m.is_complete() || pod.workload(m).is_some() => return Ok(mesh),
+                Some(_) => {}
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(UnknownWorkload {
+                    waited: started.elapsed(),
+                });
+            }
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Current> {
@@ -294,15 +352,21 @@ pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
     Some(w.identity(td))
 }
 
-/// The workload of a pod for authorization: the mesh's, else one made from
-/// what the agent told us.
-pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workload> {
+/// The workload of a pod for authorization: the mesh's; where the mesh is
+/// the whole truth (the configuration file) and does not list the pod, one
+/// made from what the agent told us; `None` where a control plane feeds the
+/// mesh and has not sent it (its labels and policies are unknown: never
+/// authorize against a guess).
+pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Option<Cow<'m, Workload>> {
     if let Some(w) = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)) {
         // Borrowed: authorizing a connection copies nothing.
-        return Cow::Borrowed(w);
+        return Some(Cow::Borrowed(w));
+    }
+    if !mesh.is_complete() {
+        return None;
     }
     let who = pod.who.read().unwrap_or_else(|p| p.into_inner());
-    Cow::Owned(Workload {
+    Some(Cow::Owned(Workload {
         uid: pod.uid.to_string(),
         name: who.0.name.clone(),
         namespace: who.0.namespace.clone(),
@@ -314,7 +378,11 @@ pub(crate) fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Cow<'m, Workl
         labels: Default::default(),
         locality: Default::default(),
         workload_name: who.0.name.clone(),
-    })
+        trust_domain: None,
+        canonical: None,
+        unsupported: None,
+        authorization_policies: Vec::new(),
+    }))
 }
 
 /// How an outbound connection will be tunnelled.
@@ -373,13 +441,14 @@ pub fn authorize_plaintext(
     let Some(mesh) = state.mesh() else {
         return Ok(None);
     };
-    authorize(&mesh, pod, src, None, dst, "plaintext").map(Some)
+    authorize(&state.metrics, &mesh, pod, src, None, dst, "plaintext").map(Some)
 }
 
 /// Authorizes a same-node connection from pod `src_pod` (whose identity the
 /// proxy knows first hand: it captured the connection in that pod's netns)
 /// to `dst_pod`, as `dst_pod`'s inbound side would.
 pub fn authorize_local(
+    metrics: &Metrics,
     mesh: &Arc<Mesh>,
     src_pod: &PodShared,
     src_ip: IpAddr,
@@ -387,10 +456,11 @@ pub fn authorize_local(
     dst: SocketAddr,
 ) -> Result<FlowAuthz, String> {
     let id = pod_identity(mesh, src_pod);
-    authorize(mesh, dst_pod, src_ip, id, dst, "local")
+    authorize(metrics, mesh, dst_pod, src_ip, id, dst, "local")
 }
 
 fn authorize(
+    metrics: &Metrics,
     mesh: &Arc<Mesh>,
     pod: &PodShared,
     src_ip: IpAddr,
@@ -399,7 +469,15 @@ fn authorize(
     path: &'static str,
 ) -> Result<FlowAuthz, String> {
     let (dst_ip, dst_port) = (dst.ip().to_canonical(), dst.port());
-    let w = pod_workload(mesh, pod);
+    let Some(w) = pod_workload(mesh, pod) else {
+        return Err(format!(
+            "the control plane has not sent the workload of pod {}: refused, never authorized against a guess",
+            pod.uid
+        ));
+    };
+    if let Some(u) = &w.unsupported {
+        return Err(format!("workload {}/{}: {u}", w.namespace, w.name));
+    }
     let d = authz::evaluate(
         mesh,
         &ConnInfo {
@@ -410,6 +488,26 @@ fn authorize(
             dst_port,
         },
     );
+    let conn = ConnInfo {
+        src_ip,
+        src_identity: src_identity.as_ref(),
+        dst_workload: &w,
+        dst_ip,
+        dst_port,
+    };
+    if let Some(shadow) = authz::evaluate_dry_run(mesh, &conn, &d) {
+        let decision = if shadow.is_allowed() {
+            "would_allow"
+        } else {
+            "would_deny"
+        };
+        metrics
+            .dry_run
+            .get_or_create(&crate::metrics::DryRunLabels { decision })
+            .inc();
+        tracing::info!(target: "access", path, src.addr = %src_ip, dst.addr = %dst,
+            enforced = %d, dry_run = %shadow, "a dry-run policy would change this verdict (not enforced)");
+    }
     if d.is_allowed() {
         Ok(FlowAuthz {
             src_ip,
@@ -1084,9 +1182,18 @@ async fn decide(
     if !pod.ips.contains(&dst.ip().to_canonical()) {
         return Decision::BadRequest400(format!("{dst} is not an address of this pod"));
     }
-    let Some(mesh) = state.mesh() else {
-        return Decision::Unavailable503("no mesh configuration".into());
+    let mesh = match state.mesh_knowing(pod).await {
+        Ok(Some(mesh)) => mesh,
+        Ok(None) => return Decision::Unavailable503("no mesh configuration".into()),
+        Err(e) => {
+            state.refused(HboneRefusal::UnknownWorkload);
+            return Decision::Unavailable503(e.to_string());
+        }
     };
+    if let Some(u) = pod.workload(&mesh).and_then(|w| w.unsupported.as_ref()) {
+        state.refused(HboneRefusal::Unsupported);
+        return deny_401(state, format!("this pod's workload: {u}"));
+    }
     if state.proxy_ports.contains(&dst.port()) {
         state.refused(HboneRefusal::ProxyPort);
         return deny_401(
@@ -1104,7 +1211,15 @@ async fn decide(
         state.refused(why.reason());
         return deny_401(state, format!("client address {client}: {why}"));
     }
-    let authz = match authorize(&mesh, pod, client, Some(peer_id.clone()), dst, "hbone") {
+    let authz = match authorize(
+        &state.metrics,
+        &mesh,
+        pod,
+        client,
+        Some(peer_id.clone()),
+        dst,
+        "hbone",
+    ) {
         Ok(a) => a,
         Err(why) => return deny_401(state, why),
     };
@@ -1136,7 +1251,7 @@ async fn decide(
                 peer_id,
                 client_addr,
                 dst,
-                service.and_then(|s| SeriesKey::service_index(&mesh, s)),
+                service.map(|s| ServiceRef(s.clone())),
             );
             Decision::Accept(Upstream::tcp(s).with_guard(flow).observed(observer))
         }
@@ -1232,7 +1347,7 @@ pub(crate) fn inbound_service<'m>(
     pod: &PodShared,
     host: Option<&str>,
     port: u16,
-) -> Option<&'m ringway_config::Service> {
+) -> Option<&'m Arc<ringway_config::Service>> {
     let w = pod.workload(mesh)?;
     let named = host.and_then(|h| mesh.services_of(&w.uid).find(|s| s.hostname == h));
     named.or_else(|| {
@@ -1258,7 +1373,7 @@ struct InboundObserver {
 }
 
 impl InboundObserver {
-    /// `service`: the index in `mesh` of the service the stream went to.
+    /// `service`: the service the stream went to.
     fn new(
         metrics: &Metrics,
         mesh: &Arc<Mesh>,
@@ -1266,7 +1381,7 @@ impl InboundObserver {
         peer_id: &Identity,
         src_addr: SocketAddr,
         dst_addr: SocketAddr,
-        service: Option<usize>,
+        service: Option<ServiceRef>,
     ) -> Self {
         let dst = pod.labels(Some(mesh));
         let series = metrics.series(

@@ -20,7 +20,9 @@ use tracing::Instrument;
 
 use crate::copy::{copy_one_way, DirEnd, Meter, PipePool};
 use crate::flows::{self, FlowAuthz};
-use crate::metrics::{DstService, HboneRefusal, Metrics, Peer, Series, SeriesKey, Side, TcpLabels};
+use crate::metrics::{
+    DstService, HboneRefusal, Metrics, Peer, Series, SeriesKey, ServiceRef, Side, TcpLabels,
+};
 use crate::sock::{self, Backend, ListenerKind, Sock};
 use crate::stats::Stats;
 use crate::sys;
@@ -683,6 +685,13 @@ async fn handle_conn(
         refuse(&ctx, &client);
         return;
     }
+    // Where a control plane feeds the mesh, the pod's workload (its
+    // identity, labels, policies) may not have arrived yet: wait for it a
+    // bounded time, then refuse; never serve under a guess.
+    if let Err(e) = ctx.tunnel.mesh_knowing(&pod.shared).await {
+        refuse_counted(&ctx, &client, "unknown_workload", &e);
+        return;
+    }
     match kind {
         ListenerKind::Inbound => {
             // Relay only to the pod's own addresses (HBONE checks
@@ -728,6 +737,22 @@ fn refuse_foreign(ctx: &WorkerCtx, client: &OwnedFd, reason: &'static str, addr:
         .get_or_create(&crate::metrics::RefuseLabels { reason })
         .inc();
     tracing::warn!(target: "access", reason, addr = %addr, "connection refused: not an address of the pod; reset");
+    refuse(ctx, client);
+}
+
+/// Counts and logs a connection refused for `reason` (a label of
+/// `ringway_connections_refused_total`), and resets it.
+fn refuse_counted(
+    ctx: &WorkerCtx,
+    client: &OwnedFd,
+    reason: &'static str,
+    why: &dyn std::fmt::Display,
+) {
+    ctx.metrics
+        .refused
+        .get_or_create(&crate::metrics::RefuseLabels { reason })
+        .inc();
+    tracing::warn!(target: "access", reason, why = %why, "connection refused; reset");
     refuse(ctx, client);
 }
 
@@ -812,28 +837,29 @@ fn candidates(
     let Some((mesh, svc)) = mesh.and_then(|m| Some((m, m.service_by_vip(dst.ip())?))) else {
         return Ok(vec![dst]);
     };
-    let Some(port) = svc.target_port(dst.port()) else {
+    if svc.target_port(dst.port()).is_none() {
         return Err(format!(
             "service {} has no port {}",
             svc.hostname,
             dst.port()
         ));
-    };
-    let eps: Vec<IpAddr> = mesh
-        .healthy_endpoints(svc, dst.is_ipv6())
-        .map(|(_, ip)| ip)
+    }
+    let eps: Vec<SocketAddr> = mesh
+        .healthy_endpoints(svc, dst.port(), dst.is_ipv6())
+        .map(|(_, addr)| addr)
         .collect();
     if eps.is_empty() {
         return Err(format!(
-            "service {} has no healthy endpoint with an {} address",
+            "service {} has no healthy endpoint with an {} address and a target port for {}",
             svc.hostname,
-            if dst.is_ipv6() { "IPv6" } else { "IPv4" }
+            if dst.is_ipv6() { "IPv6" } else { "IPv4" },
+            dst.port()
         ));
     }
     let start = ctx.next_endpoint.get();
     ctx.next_endpoint.set(start.wrapping_add(1));
     Ok((0..eps.len().min(SERVICE_TRIES))
-        .map(|i| SocketAddr::new(eps[(start + i) % eps.len()], port))
+        .map(|i| eps[(start + i) % eps.len()])
         .collect())
 }
 
@@ -853,6 +879,19 @@ async fn outbound(
     // The service the client dialled (its VIP): the metrics'
     // destination_service* on this side, `host=` to the tunnel's far side.
     let service = mesh.as_deref().and_then(|m| m.service_by_vip(dst.ip()));
+    // A destination whose traffic must pass a waypoint (or a network
+    // gateway) this proxy does not support: refused, never sent around it.
+    let unsupported = match (service, mesh.as_deref()) {
+        (Some(s), _) => s.unsupported.as_ref(),
+        (None, Some(m)) => m
+            .workload_by_ip(dst.ip())
+            .and_then(|w| w.unsupported.as_ref()),
+        (None, None) => None,
+    };
+    if let Some(u) = unsupported {
+        refuse_counted(&ctx, &client, u.label(), u);
+        return;
+    }
     let targets = match candidates(&ctx, mesh.as_deref(), dst) {
         Ok(t) => t,
         Err(why) => {
@@ -871,7 +910,14 @@ async fn outbound(
                 tracing::Span::current().record("dst.pod", tracing::field::display(&target.uid));
                 let flow = match &mesh {
                     Some(mesh) => {
-                        match tunnel::authorize_local(mesh, &pod.shared, peer.ip(), &target, addr) {
+                        match tunnel::authorize_local(
+                            &ctx.metrics,
+                            mesh,
+                            &pod.shared,
+                            peer.ip(),
+                            &target,
+                            addr,
+                        ) {
                             Ok(f) => Some((target.clone(), f)),
                             Err(why) => {
                                 deny(&ctx, &client, "local", &why);
@@ -924,11 +970,8 @@ async fn outbound(
                 }
             }
             Route::Tunnel(mut plan) => {
-                plan.service = service.map(DstService::of);
-                let svc = mesh
-                    .as_deref()
-                    .zip(service)
-                    .and_then(|(m, s)| SeriesKey::service_index(m, s));
+                plan.service = service.map(|s| DstService::of(s));
+                let svc = service.map(|s| ServiceRef(s.clone()));
                 // Boxed: the tunnel's futures (TLS, HTTP/2, copies) are large
                 // and would otherwise sit in every spliced connection's state.
                 let open = tunnel_outbound(&ctx, mesh.as_ref(), &pod, &client, peer, plan, svc);
@@ -973,7 +1016,7 @@ struct OpenTunnel {
 }
 
 /// Opens an outbound connection's tunnel to `plan.dst` over HBONE; `svc`
-/// is the dialled service's index in `mesh` ([`SeriesKey::service`]).
+/// is the dialled service ([`SeriesKey::service`]).
 async fn tunnel_outbound(
     ctx: &WorkerCtx,
     mesh: Option<&Arc<Mesh>>,
@@ -981,7 +1024,7 @@ async fn tunnel_outbound(
     client: &Arc<OwnedFd>,
     peer: SocketAddr,
     plan: Box<tunnel::OutboundPlan>,
-    svc: Option<usize>,
+    svc: Option<ServiceRef>,
 ) -> TunnelOutcome {
     let cx = tunnel::ConnCtx {
         stats: &ctx.stats,
@@ -1145,7 +1188,7 @@ fn splice_labels(
     kind: ListenerKind,
     peer: SocketAddr,
     hop: &Hop,
-    service: Option<&ringway_config::Service>,
+    service: Option<&Arc<ringway_config::Service>>,
 ) -> Vec<Arc<Series>> {
     // A pod served here, else the mesh's workload at that address.
     let side = |ip: IpAddr| {
@@ -1167,7 +1210,7 @@ fn splice_labels(
         _ if fast => (me, Side::Pod(hop.netns.labels(mesh))),
         _ => (me, side(hop.addr.ip())),
     };
-    let index = |s: &ringway_config::Service| SeriesKey::service_index(mesh?, s);
+    let index = |s: &Arc<ringway_config::Service>| Some(ServiceRef(s.clone()));
     let inbound_service = |target: &PodShared| {
         let host = service.map(|s| s.hostname.as_str());
         let m = mesh?;

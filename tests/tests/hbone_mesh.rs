@@ -164,7 +164,6 @@ fn service_vip_load_balancing() {
 fn mark_unhealthy(m: &ringway_config::Mesh, uids: &[&str]) -> Arc<ringway_config::Mesh> {
     let ws: Vec<WorkloadYaml> = m
         .workloads()
-        .iter()
         .map(|w| WorkloadYaml {
             uid: w.uid.to_string(),
             name: w.name.to_string(),

@@ -126,9 +126,7 @@ impl Cluster {
 }
 
 fn has_policy(m: &Mesh, name: &str) -> bool {
-    m.policies()
-        .iter()
-        .any(|p| p.qualified_name().as_ref() == name)
+    m.policies().any(|p| p.qualified_name().as_ref() == name)
 }
 
 fn echo_once(s: &mut TcpStream) -> std::io::Result<()> {
@@ -176,7 +174,7 @@ fn authorization_policy_from_the_cluster_applies_live() {
         let t = two_nodes(Opts::new("policy_cluster_ap"));
         std::thread::scope(|scope| {
             let c = start_watch(scope, &t);
-            c.until("the pods are workloads", |m| m.workloads().len() == 2);
+            c.until("the pods are workloads", |m| m.workload_count() == 2);
             let server = SocketAddr::new(t.server().ip(false), APP_PORT);
             let app = EchoServer::start(t.server().netns.run(|| listen(server)).unwrap());
 
@@ -224,7 +222,7 @@ fn peer_authentication_strict_refuses_plaintext_while_hbone_passes() {
             let t = two_nodes(Opts::new("policy_cluster_pa"));
             std::thread::scope(|scope| {
                 let c = start_watch(scope, &t);
-                c.until("the pods are workloads", |m| m.workloads().len() == 2);
+                c.until("the pods are workloads", |m| m.workload_count() == 2);
                 let server = SocketAddr::new(t.server().ip(false), APP_PORT);
                 let _app = EchoServer::start(t.server().netns.run(|| listen(server)).unwrap());
 

@@ -165,7 +165,7 @@ fn custom_root_namespace() {
             reason: DenyReason::DenyPolicyMatched { rule: 0 }
         }
     );
-    assert!(m.policies()[0].mesh_wide && !m.policies()[1].mesh_wide);
+    assert!(m.policies().next().unwrap().mesh_wide && !m.policies().nth(1).unwrap().mesh_wide);
 }
 
 #[test]
@@ -649,7 +649,8 @@ fn random_meshes_agree_with_the_oracle() {
         for _ in 0..30 {
             let ip: IpAddr = rng.pick(SOURCES).parse().unwrap();
             let identity = rng.pick(&identities).as_ref();
-            let dst = rng.pick(mesh.workloads());
+            let all: Vec<_> = mesh.workloads().collect();
+            let dst = *rng.pick(&all);
             let port = *rng.pick(PORTS) as u16;
             let got = evaluate(
                 &mesh,
@@ -729,9 +730,9 @@ fn properties_of_added_policies() {
         let deny_none = with("DENY", vec![]);
         for _ in 0..20 {
             let identity = rng.pick(&identities).as_ref();
-            let dst_index = rng.below(base_mesh.workloads().len());
+            let dst_index = rng.below(base_mesh.workload_count());
             let conn = |m: &Mesh| {
-                let dst = &m.workloads()[dst_index];
+                let dst = m.workloads().nth(dst_index).unwrap();
                 evaluate(
                     m,
                     &ConnInfo {
@@ -743,7 +744,7 @@ fn properties_of_added_policies() {
                     },
                 )
             };
-            let dst = &base_mesh.workloads()[dst_index];
+            let dst = base_mesh.workloads().nth(dst_index).unwrap();
             let governed = ns.is_empty() || ns == "ringway-system" || ns == dst.namespace;
             let before = conn(&base_mesh);
             let deny_matched = matches!(

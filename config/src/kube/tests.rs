@@ -169,8 +169,8 @@ impl Harness {
         if let Ok(m) = self.meshes.recv_timeout(d) {
             panic!(
                 "unexpected snapshot: {} workloads, {} services",
-                m.workloads().len(),
-                m.services().len()
+                m.workload_count(),
+                m.service_count()
             );
         }
     }
@@ -181,7 +181,7 @@ fn workload<'a>(m: &'a Mesh, ns: &str, name: &str) -> Option<&'a crate::Workload
 }
 
 fn service_named<'a>(m: &'a Mesh, host: &str) -> Option<&'a crate::Service> {
-    m.services().iter().find(|s| s.hostname == host)
+    m.services().find(|s| s.hostname == host).map(|s| &**s)
 }
 
 const WEB: &str = "web.shop.svc.cluster.local";
@@ -208,14 +208,17 @@ fn the_cluster_becomes_the_mesh() {
     assert!(!legacy.tunnel, "its namespace is not in the mesh");
     assert!(workload(&m, "shop", "web-2").is_none(), "pending, no IP");
     assert!(workload(&m, "shop", "agent").is_none(), "host network");
-    assert_eq!(m.workloads().len(), 3);
+    assert_eq!(m.workload_count(), 3);
 
     let web = m.service_by_vip(ip("10.96.0.10")).expect("the web VIP");
     assert_eq!(web.hostname, WEB);
     assert_eq!(web.target_port(80), Some(8080), "named targetPort");
-    assert_eq!(web.endpoints, [uid("shop", "web-0"), uid("shop", "web-1")]);
     assert_eq!(
-        m.healthy_endpoints(web, false)
+        m.endpoint_uids(web),
+        [uid("shop", "web-0"), uid("shop", "web-1")]
+    );
+    assert_eq!(
+        m.healthy_endpoints(web, 80, false)
             .map(|(w, _)| w.name.as_str())
             .collect::<Vec<_>>(),
         ["web-0"]
@@ -223,10 +226,10 @@ fn the_cluster_becomes_the_mesh() {
     let db = service_named(&m, "db.shop.svc.cluster.local").expect("db");
     assert!(db.vips.is_empty(), "headless");
     assert!(service_named(&m, "ext.shop.svc.cluster.local").is_none());
-    assert_eq!(m.services().len(), 2);
+    assert_eq!(m.service_count(), 2);
 
     assert_eq!(m.trust_domain(), "example.org");
-    assert_eq!(m.policies().len(), 1);
+    assert_eq!(m.policy_count(), 1);
     assert_eq!(m.policies_for(web0).count(), 1);
     assert_eq!(m.origin(), "config.yaml + kubernetes");
     assert!(Arc::ptr_eq(&h.watch.current().unwrap(), &m));
@@ -259,7 +262,7 @@ fn watch_events_update_the_mesh() {
     h.api.delete(Kind::Pod, "shop", "web-0");
     let m = h.until("web-0 is gone", |m| workload(m, "shop", "web-0").is_none());
     assert_eq!(
-        m.service_by_vip(ip("10.96.0.10")).unwrap().endpoints,
+        m.endpoint_uids(m.service_by_vip(ip("10.96.0.10")).unwrap()),
         [uid("shop", "web-1")]
     );
 
@@ -277,7 +280,7 @@ fn watch_events_update_the_mesh() {
         workload(m, "shop", "web-1").is_some_and(|w| w.healthy)
     });
     let web = m.service_by_vip(ip("10.96.0.10")).unwrap();
-    assert_eq!(m.healthy_endpoints(web, false).count(), 1);
+    assert_eq!(m.healthy_endpoints(web, 80, false).count(), 1);
 
     // A service gets a VIP (dual stack).
     h.api.apply(
@@ -300,7 +303,7 @@ fn watch_events_update_the_mesh() {
     let m = h.until("shop left the mesh", |m| {
         workload(m, "shop", "web-1").is_some_and(|w| !w.tunnel)
     });
-    assert!(m.workloads().iter().all(|w| !w.tunnel));
+    assert!(m.workloads().all(|w| !w.tunnel));
 
     // A change the mesh does not depend on publishes nothing.
     let mut p = pod("shop", "web-3", &["10.1.0.13"]);
@@ -337,14 +340,14 @@ fn a_bad_object_is_left_out_and_the_rest_kept() {
     assert!(workload(&m, "shop", "web-1").is_some());
     assert!(workload(&m, "plain", "legacy-0").is_some());
     let web = service_named(&m, WEB).unwrap();
-    assert_eq!(web.endpoints, [uid("shop", "web-1")]);
-    assert_eq!(m.policies().len(), 1);
+    assert_eq!(m.endpoint_uids(web), [uid("shop", "web-1")]);
+    assert_eq!(m.policy_count(), 1);
 
     // The newer pod goes: the older one is back, with its endpoint.
     h.api.delete(Kind::Pod, "shop", "web-9");
     let m = h.until("web-0 is back", |m| workload(m, "shop", "web-0").is_some());
     assert_eq!(
-        service_named(&m, WEB).unwrap().endpoints,
+        m.endpoint_uids(service_named(&m, WEB).unwrap()),
         [uid("shop", "web-0"), uid("shop", "web-1")]
     );
 }
@@ -355,11 +358,11 @@ fn a_bad_object_is_left_out_and_the_rest_kept() {
 fn file_reloads_and_cluster_updates_merge() {
     let h = Harness::start(shop);
     let first = h.next();
-    assert_eq!(first.policies()[0].name, "web-from-frontend");
+    assert_eq!(first.policies().next().unwrap().name, "web-from-frontend");
 
     h.api.apply(Kind::Pod, pod("shop", "web-3", &["10.1.0.13"]));
     let m = h.until("web-3", |m| workload(m, "shop", "web-3").is_some());
-    assert_eq!(m.policies(), first.policies(), "policies survive");
+    assert!(m.policies().eq(first.policies()), "policies survive");
     assert_eq!(m.trust_domain(), "example.org");
 
     // The file is reloaded with another policy.
@@ -367,9 +370,9 @@ fn file_reloads_and_cluster_updates_merge() {
                     action: DENY, rules: [{to: [{ports: [9090]}]}]}\n";
     h.watch.set_file(file(reloaded));
     let m = h.until("the reloaded policy", |m| {
-        m.policies().iter().any(|p| p.name == "no-debug")
+        m.policies().any(|p| p.name == "no-debug")
     });
-    assert_eq!(m.policies().len(), 1);
+    assert_eq!(m.policy_count(), 1);
     assert!(
         workload(&m, "shop", "web-3").is_some(),
         "cluster state kept"
@@ -379,7 +382,7 @@ fn file_reloads_and_cluster_updates_merge() {
     // And survives the next cluster update.
     h.api.delete(Kind::Pod, "shop", "web-3");
     let m = h.until("web-3 gone", |m| workload(m, "shop", "web-3").is_none());
-    assert_eq!(m.policies()[0].name, "no-debug");
+    assert_eq!(m.policies().next().unwrap().name, "no-debug");
     assert!(Arc::ptr_eq(&h.watch.current().unwrap(), &m));
 }
 
@@ -397,7 +400,7 @@ fn api_errors_are_retried() {
     assert!(tries >= 2, "the slice list is retried ({tries} requests)");
     h.api.set_mode_of(Kind::EndpointSlice, ApiMode::Serve);
     let m = h.next();
-    assert_eq!(service_named(&m, WEB).unwrap().endpoints.len(), 2);
+    assert_eq!(m.endpoint_uids(service_named(&m, WEB).unwrap()).len(), 2);
 
     // The pod watch breaks; a change made meanwhile arrives once it is back.
     h.api.set_mode_of(Kind::Pod, ApiMode::Unreachable);
@@ -450,7 +453,7 @@ fn bursts_are_debounced() {
         let m = h.next();
         snapshots += 1;
         if workload(&m, "shop", "burst-49").is_some() {
-            assert_eq!(m.workloads().len(), 3 + 50);
+            assert_eq!(m.workload_count(), 3 + 50);
             break;
         }
     }
@@ -479,9 +482,7 @@ fn istio_object(ns: &str, name: &str, spec: Value) -> Value {
 }
 
 fn cluster_policy<'a>(m: &'a Mesh, name: &str) -> Option<&'a crate::AuthorizationPolicy> {
-    m.policies()
-        .iter()
-        .find(|p| p.qualified_name().as_ref() == name)
+    m.policies().find(|p| p.qualified_name().as_ref() == name)
 }
 
 fn deny_port(port: &str) -> Value {
@@ -492,7 +493,7 @@ fn deny_port(port: &str) -> Value {
 fn authorization_policy_watch_create_update_delete() {
     let h = Harness::start(shop);
     let m = h.next();
-    assert_eq!(m.policies().len(), 1, "the file's only");
+    assert_eq!(m.policy_count(), 1, "the file's only");
 
     h.api.apply(
         Kind::AuthorizationPolicy,
@@ -679,7 +680,7 @@ fn adversarial_authorization_policy_watch_without_the_crds_never_blocks_the_mesh
     });
     let m = h.next();
     assert!(workload(&m, "shop", "web-0").is_some());
-    assert_eq!(m.policies().len(), 1);
+    assert_eq!(m.policy_count(), 1);
     // The CRDs are installed later: their objects arrive (tried again after
     // the longest backoff).
     h.api.apply(

@@ -311,19 +311,16 @@ impl Publisher {
         let mesh = built.mesh;
         let same = self.last.as_ref().is_some_and(|(f, m)| {
             Arc::ptr_eq(f, &base)
-                && m.workloads() == mesh.workloads()
-                && m.services() == mesh.services()
-                && m.policies() == mesh.policies()
-                && m.peer_authentications() == mesh.peer_authentications()
+                && m.same_entries(&mesh)
                 && m.cluster_policy_notes() == mesh.cluster_policy_notes()
         });
         if same {
             return None;
         }
         let mesh = Arc::new(mesh);
-        let (workloads, services) = (mesh.workloads().len(), mesh.services().len());
+        let (workloads, services) = (mesh.workload_count(), mesh.service_count());
         let (policies, peer_authentications) =
-            (mesh.policies().len(), mesh.peer_authentications().len());
+            (mesh.policy_count(), mesh.peer_authentications().len());
         let left_out = self.reported.len();
         if self.last.is_none() {
             info!(

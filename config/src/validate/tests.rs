@@ -592,7 +592,7 @@ fn valid_forms_are_accepted_and_normalized() {
 ",
     );
     let mesh = MeshConfig::load_str(&yaml, ORIGIN, &NoEnv).unwrap();
-    let [all, p] = mesh.policies() else {
+    let [all, p] = mesh.policies().collect::<Vec<_>>()[..] else {
         panic!("two policies")
     };
     assert!(all.mesh_wide);
@@ -641,7 +641,7 @@ policies:
     let svc = mesh.service_by_vip(ip("fd00:96::1")).unwrap();
     assert_eq!(svc.target_port(443), Some(8443));
     assert_eq!(svc.target_port(8080), None);
-    let names: Vec<&str> = mesh.endpoints(svc).map(|w| w.name.as_str()).collect();
+    let names: Vec<&str> = mesh.endpoints(svc).map(|(w, _)| w.name.as_str()).collect();
     assert_eq!(names, ["web-0", "db-0"]);
     let web = mesh.workload_by_uid("w1").unwrap();
     let db = mesh.workload_by_uid("w2").unwrap();

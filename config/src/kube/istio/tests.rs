@@ -170,12 +170,11 @@ fn authorization_policy_becomes_a_cluster_policy_named_by_its_object() {
     let names: Vec<&str> = k
         .mesh
         .policies()
-        .iter()
         .map(|p| p.qualified_name().as_ref())
         .collect();
     // The file's policy of the same namespace and name stays: names never collide.
     assert_eq!(names, ["shop/file-policy", "istio/shop/file-policy"]);
-    let p = &k.mesh.policies()[1];
+    let p = &k.mesh.policies().nth(1).unwrap();
     assert_eq!(
         p.origin.as_deref(),
         Some("AuthorizationPolicy shop/file-policy")
@@ -194,7 +193,7 @@ fn authorization_policy_without_a_namespace_is_skipped_never_mesh_wide() {
         .unwrap()
         .remove("namespace");
     let k = build(vec![obj], vec![pa_obj]);
-    assert_eq!(k.mesh.policies().len(), 1, "the file's only");
+    assert_eq!(k.mesh.policy_count(), 1, "the file's only");
     assert!(k.mesh.peer_authentications().is_empty());
     assert!(allowed(&k.mesh, &PLAIN, "w-api", 80));
     assert_eq!(notes(&k).iter().filter(|n| n.1).count(), 2);
@@ -203,7 +202,10 @@ fn authorization_policy_without_a_namespace_is_skipped_never_mesh_wide() {
 #[test]
 fn authorization_policy_without_action_is_allow() {
     let k = build(vec![ap("shop", "p", json!({"rules": [{}]}))], vec![]);
-    assert_eq!(k.mesh.policies()[1].action, crate::Action::Allow);
+    assert_eq!(
+        k.mesh.policies().nth(1).unwrap().action,
+        crate::Action::Allow
+    );
 }
 
 #[test]
@@ -241,7 +243,7 @@ fn authorization_policy_in_the_root_namespace_is_mesh_wide() {
         )],
         vec![],
     );
-    assert!(k.mesh.policies()[1].mesh_wide);
+    assert!(k.mesh.policies().nth(1).unwrap().mesh_wide);
     assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
     assert!(!allowed(&k.mesh, &WEB, "w-api", 80));
 }
@@ -865,7 +867,7 @@ fn authorization_policy_audit_and_custom_are_skipped_with_a_note() {
         ],
         vec![],
     );
-    assert_eq!(k.mesh.policies().len(), 1, "only the file's");
+    assert_eq!(k.mesh.policy_count(), 1, "only the file's");
     assert_eq!(
         notes(&k),
         [
@@ -906,7 +908,7 @@ fn authorization_policy_with_target_refs_is_skipped() {
         ],
         vec![],
     );
-    assert_eq!(k.mesh.policies().len(), 1);
+    assert_eq!(k.mesh.policy_count(), 1);
     assert!(allowed(&k.mesh, &WEB, "w-db", 80));
     assert!(notes(&k).iter().all(|(_, s, c)| *s && *c == "target-ref"));
 }
@@ -933,7 +935,6 @@ fn authorization_policy_malformed_objects_are_skipped_and_the_others_kept() {
     let names: Vec<&str> = k
         .mesh
         .policies()
-        .iter()
         .map(|p| p.qualified_name().as_ref())
         .collect();
     assert_eq!(names, ["shop/file-policy", "istio/shop/good"]);
@@ -952,7 +953,6 @@ fn kept(spec: Value) -> KubeMesh {
     assert!(
         k.mesh
             .policies()
-            .iter()
             .any(|p| &**p.qualified_name() == "istio/shop/p"),
         "the policy was left out: {:?}",
         k.mesh.cluster_policy_notes()
