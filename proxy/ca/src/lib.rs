@@ -27,10 +27,13 @@
 
 #![forbid(unsafe_code)]
 
+/// gRPC framing and status codes, from the shared crate (`crate::grpc`
+/// paths predate the split).
+pub use ringway_grpc as grpc;
+
 pub mod authn;
 pub mod authz;
 pub mod client;
-pub mod grpc;
 pub mod pods;
 pub mod proto;
 pub mod review_cache;

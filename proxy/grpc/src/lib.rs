@@ -1,6 +1,25 @@
-//! gRPC's framing over HTTP/2, enough for one unary method: the 5-byte
+//! gRPC's framing over HTTP/2, shared by ringway's hand-written gRPC
+//! clients and servers (the certificate service, the xDS client): the 5-byte
 //! message prefix (compressed flag, big-endian length), status codes and the
 //! `grpc-status`/`grpc-message` trailers.
+//!
+//! - Unary calls: [`decode_unary`] (a whole request body holding exactly one
+//!   message) and [`encode_frame`].
+//! - Streams: [`MessageDecoder`] takes HTTP/2 DATA chunks as they arrive and
+//!   yields whole messages, across chunk boundaries and several per chunk; a
+//!   message whose prefix announces more than the configured limit is refused
+//!   from its prefix, before any of it is buffered ([`FrameError`]).
+//! - Status: [`Code`] and [`Status`] for what ringway sends, [`WireStatus`]
+//!   for what a peer sent (any code number), with `grpc-message`'s
+//!   percent-encoding ([`encode_message`], [`decode_message`]).
+//!
+//! No compression is negotiated anywhere, so a compressed message is refused.
+
+#![forbid(unsafe_code)]
+
+mod decoder;
+
+pub use decoder::{FrameError, MessageDecoder, PREFIX_LEN};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -176,6 +195,57 @@ pub fn decode_message(m: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The `grpc-status` and `grpc-message` a peer sent in a header block (the
+/// trailers, or the headers of a trailers-only response), with the code as a
+/// number: a peer may send codes [`Code`] has no name for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireStatus {
+    /// `grpc-status`; a value that is not a number reads as 2 (UNKNOWN), as
+    /// gRPC clients treat it.
+    pub code: u32,
+    /// `grpc-message`, percent-decoded (empty when absent).
+    pub message: String,
+}
+
+/// gRPC's UNKNOWN code, for a `grpc-status` that is not a number.
+pub const CODE_UNKNOWN: u32 = 2;
+
+impl WireStatus {
+    /// The status in `headers`, or `None` when there is no `grpc-status`.
+    pub fn from_headers(headers: &http::HeaderMap) -> Option<WireStatus> {
+        let raw = headers.get("grpc-status")?;
+        let code = raw
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(CODE_UNKNOWN);
+        let message = headers
+            .get("grpc-message")
+            .map(|v| decode_message(&String::from_utf8_lossy(v.as_bytes())))
+            .unwrap_or_default();
+        Some(WireStatus { code, message })
+    }
+
+    /// True for code 0.
+    pub fn is_ok(&self) -> bool {
+        self.code == 0
+    }
+
+    /// The code's lowercase name, when [`Code`] knows the number.
+    pub fn code_name(&self) -> Option<&'static str> {
+        Code::from_u32(self.code).map(Code::name)
+    }
+}
+
+impl std::fmt::Display for WireStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.code_name() {
+            Some(name) => write!(f, "{name} ({}): {}", self.code, self.message),
+            None => write!(f, "code {}: {}", self.code, self.message),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,5 +298,34 @@ mod tests {
         assert_eq!(encode_message("a%b\n"), "a%25b%0A");
         assert_eq!(decode_message("%zz%4%"), "%zz%4%", "bad escapes are kept");
         assert_eq!(decode_message("%C3%BC"), "ü");
+    }
+
+    #[test]
+    fn a_peers_status_is_read_from_its_headers() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(WireStatus::from_headers(&h), None, "no grpc-status");
+        h.insert("grpc-status", http::HeaderValue::from_static("14"));
+        h.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("%C3%BCberlastet 100%25"),
+        );
+        let s = WireStatus::from_headers(&h).unwrap();
+        assert_eq!(s.code, 14);
+        assert_eq!(s.message, "überlastet 100%");
+        assert_eq!(s.to_string(), "unavailable (14): überlastet 100%");
+        h.insert("grpc-status", http::HeaderValue::from_static("99"));
+        assert_eq!(
+            WireStatus::from_headers(&h).unwrap().to_string(),
+            "code 99: überlastet 100%"
+        );
+        h.insert("grpc-status", http::HeaderValue::from_static("x"));
+        let s = WireStatus::from_headers(&h).unwrap();
+        assert_eq!(s.code, CODE_UNKNOWN, "not a number reads as UNKNOWN");
+        assert!(!s.is_ok());
+        h.insert("grpc-status", http::HeaderValue::from_static("0"));
+        h.remove("grpc-message");
+        let s = WireStatus::from_headers(&h).unwrap();
+        assert!(s.is_ok());
+        assert_eq!(s.message, "");
     }
 }
