@@ -11,6 +11,9 @@
 //!   `clusterid` header, ACK/NACK of every response through a caller's
 //!   [`Handler`], resume by resource versions after a reconnect, typed
 //!   errors, jittered backoff, a size limit enforced before buffering.
+//! - `testing` (feature `testing`): `XdsServer`, a real test control plane
+//!   (TLS + h2 server) with fixtures, pushes, faults and a record of every
+//!   request, for this crate's tests and other crates' end-to-end tests.
 //!
 //! The client runs on the caller's runtime and spawns nothing; the caller
 //! (the proxy's control thread, on a current-thread runtime) owns the
@@ -20,6 +23,8 @@
 
 pub mod client;
 pub mod proto;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use client::{
     AdsClient, Backoff, ClientConfig, ConfigError, Event, Handler, Keepalive, Nack, XdsError,
