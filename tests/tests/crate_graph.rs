@@ -184,6 +184,7 @@ fn the_image_build_has_no_test_code() {
         "ringway-config feature \"testing\"",
         "ringway-cni feature \"testing\"",
         "ringway-redirect feature \"testing\"",
+        "ringway-xds feature \"testing\"",
         "tower-test",
     ] {
         assert!(

@@ -6,11 +6,29 @@
 //!   public schema's field numbers: delta ADS (`envoy.service.discovery.v3`),
 //!   `istio.workload` (workloads and services) and `istio.security` (L4
 //!   authorization policies), and the two type URLs.
+//! - [`client`]: [`AdsClient`], one delta ADS stream over TLS and HTTP/2
+//!   (h2 directly, no gRPC framework) with a bearer token and the
+//!   `clusterid` header, ACK/NACK of every response through a caller's
+//!   [`Handler`], resume by resource versions after a reconnect, typed
+//!   errors, jittered backoff, a size limit enforced before buffering.
+//! - `testing` (feature `testing`): `XdsServer`, a real test control plane
+//!   (TLS + h2 server) with fixtures, pushes, faults and a record of every
+//!   request, for this crate's tests and other crates' end-to-end tests.
+//!
+//! The client runs on the caller's runtime and spawns nothing; the caller
+//! (the proxy's control thread, on a current-thread runtime) owns the
+//! handler's state, which no disconnect ever empties.
 
 #![forbid(unsafe_code)]
 
+pub mod client;
 pub mod proto;
+#[cfg(feature = "testing")]
+pub mod testing;
 
+pub use client::{
+    AdsClient, Backoff, ClientConfig, ConfigError, Event, Handler, Keepalive, Nack, XdsError,
+};
 pub use proto::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Resource, TypedResource, ADDRESS_TYPE_URL,
     AUTHORIZATION_TYPE_URL, DELTA_ADS_PATH,
