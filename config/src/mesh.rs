@@ -735,6 +735,18 @@ impl Mesh {
         MeshEdit { mesh: self.clone() }
     }
 
+    /// This snapshot's settings with no workload, service or policy, and
+    /// not complete: what a control plane starts filling.
+    pub fn without_entries(&self) -> Mesh {
+        Mesh {
+            catalog: Catalog::default(),
+            complete: false,
+            peer_authentications: Vec::new(),
+            cluster_policy_notes: Vec::new(),
+            ..self.clone()
+        }
+    }
+
     /// This snapshot's settings (proxy, trust domain, CA, ...) with the
     /// workloads, services and policies of `entries` (a control plane's
     /// snapshot taking a reloaded file's settings).

@@ -221,6 +221,19 @@ impl Cidr {
         Cidr::read(s, true)
     }
 
+    /// The block of `addr`/`prefix_len`, host bits cleared (as the
+    /// reference reads a control plane's blocks). `Err` when the length is
+    /// longer than the address.
+    pub fn from_prefix(addr: IpAddr, prefix_len: u32) -> Result<Cidr, String> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix_len > max {
+            return Err(format!(
+                "{addr}/{prefix_len}: prefix length {prefix_len} is longer than {max}"
+            ));
+        }
+        Cidr::read(&format!("{addr}/{prefix_len}"), true).map(|(c, _)| c)
+    }
+
     fn read(s: &str, mask: bool) -> Result<(Cidr, bool), String> {
         let (addr_text, len_text) = match s.split_once('/') {
             Some((a, l)) => (a, Some(l)),

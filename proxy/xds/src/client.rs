@@ -943,7 +943,7 @@ impl BackoffState {
         self.attempt = self.attempt.saturating_add(1);
         let low = ceiling / 2;
         let spread = (ceiling - low).as_nanos() as u64;
-        low + Duration::from_nanos(rand::thread_rng().gen_range(0..=spread))
+        low + Duration::from_nanos(rand::rng().random_range(0..=spread))
     }
 }
 

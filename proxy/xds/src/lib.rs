@@ -1,6 +1,6 @@
-//! ringway's xDS client for the mesh control plane's workload API: the
-//! transport half (the conversion of resources into ringway's mesh model is
-//! the caller's).
+//! ringway's xDS client for the mesh control plane's workload API:
+//! workloads, services and L4 policies from the control plane into ringway's
+//! mesh model.
 //!
 //! - [`proto`]: the messages, written by hand with prost's derive from the
 //!   public schema's field numbers: delta ADS (`envoy.service.discovery.v3`),
@@ -11,6 +11,12 @@
 //!   `clusterid` header, ACK/NACK of every response through a caller's
 //!   [`Handler`], resume by resource versions after a reconnect, typed
 //!   errors, jittered backoff, a size limit enforced before buffering.
+//! - [`convert`]: each resource into the mesh model (`ringway_config`):
+//!   workloads and services refused whole when unreadable, policies never
+//!   refused but read toward deny where a part cannot be read.
+//! - [`state`]: [`state::MeshState`], the client's handler: each response
+//!   applied to the mesh snapshot incrementally and published, refusals
+//!   NACKed by name, the metrics and readiness ([`state::XdsStatus`]).
 //! - `testing` (feature `testing`): `XdsServer`, a real test control plane
 //!   (TLS + h2 server) with fixtures, pushes, faults and a record of every
 //!   request, for this crate's tests and other crates' end-to-end tests.
@@ -22,7 +28,9 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod convert;
 pub mod proto;
+pub mod state;
 #[cfg(feature = "testing")]
 pub mod testing;
 

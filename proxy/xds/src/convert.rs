@@ -1,0 +1,528 @@
+//! Resources of the workload API into ringway's mesh model
+//! (`ringway_config`): what each field becomes, what is refused and why.
+//!
+//! A workload or service whose resource cannot be read (a bad address, a
+//! port out of range, a name that does not match the resource) is refused
+//! whole: the caller NACKs it naming the field and treats the name as
+//! unknown, so traffic that needed it is refused, never served from a guess.
+//!
+//! An authorization policy is never refused whole: what cannot be read of it
+//! is replaced by what errs toward deny for the workloads it could select
+//! (an unreadable match of a DENY matches every connection, one of an ALLOW
+//! none; an unknown action is a DENY; an unknown scope is mesh-wide; a
+//! policy that cannot be decoded at all denies everything in its namespace,
+//! or the whole mesh when the namespace is unknown or the root), and each
+//! problem is reported for the NACK.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use ringway_config::authz::Identity;
+use ringway_config::{
+    Action, AuthorizationPolicy, Cidr, Clause, Locality, Match, MatchFields, Rule, Service,
+    ServiceAccountRef, StringMatch, Unsupported, Workload,
+};
+
+use crate::proto::security::{self, string_match::MatchType};
+use crate::proto::workload::{self as wl, address, gateway_address};
+
+/// The trust domain of a workload that names none (the control plane's
+/// convention for its own data).
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// The service account of a workload that names none.
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+
+/// Why a workload or service resource was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct Refused {
+    /// The field path in the resource (`workload.addresses[1]`).
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+fn refused(field: impl Into<String>, problem: impl Into<String>) -> Refused {
+    Refused {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// The services a workload is an endpoint of: `namespace/hostname` -> its
+/// own service port -> target port.
+pub type Memberships = BTreeMap<String, BTreeMap<u16, u16>>;
+
+/// An `Address` resource, read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    /// A workload and the services it is an endpoint of.
+    Workload(Box<Workload>, Memberships),
+    /// A service.
+    Service(Service),
+}
+
+/// Reads the `Address` resource named `name`.
+pub fn address(name: &str, a: &wl::Address) -> Result<Entry, Refused> {
+    match &a.kind {
+        None => Err(refused(
+            "type",
+            "neither a workload nor a service (the oneof is unset)",
+        )),
+        Some(address::Kind::Workload(w)) => {
+            if w.uid != name {
+                return Err(refused(
+                    "workload.uid",
+                    format!("{:?} is not the resource's name {name:?}", w.uid),
+                ));
+            }
+            workload(w).map(|(w, s)| Entry::Workload(Box::new(w), s))
+        }
+        Some(address::Kind::Service(s)) => {
+            let key = format!("{}/{}", s.namespace, s.hostname);
+            if key != name {
+                return Err(refused(
+                    "service",
+                    format!("{key:?} (namespace/hostname) is not the resource's name {name:?}"),
+                ));
+            }
+            service(s).map(Entry::Service)
+        }
+    }
+}
+
+/// Bytes that must be an IPv4 or IPv6 address.
+pub fn ip_of(bytes: &[u8]) -> Result<IpAddr, String> {
+    match bytes.len() {
+        4 => Ok(IpAddr::V4(Ipv4Addr::from(
+            <[u8; 4]>::try_from(bytes).expect("4 bytes"),
+        ))),
+        16 => Ok(IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(bytes).expect("16 bytes"),
+        ))
+        .to_canonical()),
+        n => Err(format!(
+            "{n} bytes are not an IPv4 (4) or IPv6 (16) address"
+        )),
+    }
+}
+
+fn port(field: &str, n: u32, zero_ok: bool) -> Result<u16, Refused> {
+    match u16::try_from(n) {
+        Ok(0) if !zero_ok => Err(refused(field, "port 0")),
+        Ok(p) => Ok(p),
+        Err(_) => Err(refused(field, format!("{n} is not a port (0..=65535)"))),
+    }
+}
+
+fn gateway(g: &wl::GatewayAddress) -> String {
+    let at = match &g.destination {
+        Some(gateway_address::Destination::Hostname(h)) => {
+            format!("{}/{}", h.namespace, h.hostname)
+        }
+        Some(gateway_address::Destination::Address(a)) => ip_of(&a.address)
+            .map(|ip| ip.to_string())
+            .unwrap_or_else(|e| format!("<{e}>")),
+        None => "<no destination>".to_owned(),
+    };
+    format!("{at}:{}", g.hbone_mtls_port)
+}
+
+/// Reads a `Workload`: the model's workload and its service memberships.
+pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
+    if w.uid.is_empty() {
+        return Err(refused("workload.uid", "must not be empty"));
+    }
+    let trust_domain = if w.trust_domain.is_empty() {
+        DEFAULT_TRUST_DOMAIN
+    } else {
+        &w.trust_domain
+    };
+    let service_account = if w.service_account.is_empty() {
+        DEFAULT_SERVICE_ACCOUNT
+    } else {
+        &w.service_account
+    };
+    // The identity it will be held to must be a valid SPIFFE ID.
+    let id = format!(
+        "spiffe://{trust_domain}/ns/{}/sa/{service_account}",
+        w.namespace
+    );
+    Identity::from_spiffe_id(&id).map_err(|e| {
+        refused(
+            "workload.{trustDomain,namespace,serviceAccount}",
+            e.to_string(),
+        )
+    })?;
+    let host_network = w.network_mode == wl::NetworkMode::HostNetwork as i32;
+    let mut ips = Vec::with_capacity(w.addresses.len());
+    if !host_network {
+        for (i, a) in w.addresses.iter().enumerate() {
+            let ip = ip_of(a).map_err(|p| refused(format!("workload.addresses[{i}]"), p))?;
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+    }
+    let tunnel = match w.tunnel_protocol {
+        x if x == wl::TunnelProtocol::Hbone as i32 => true,
+        x if x == wl::TunnelProtocol::None as i32 => false,
+        other => {
+            return Err(refused(
+                "workload.tunnelProtocol",
+                format!("{other} is not a tunnel protocol this proxy knows (NONE 0, HBONE 1)"),
+            ))
+        }
+    };
+    let healthy = match w.status {
+        x if x == wl::WorkloadStatus::Healthy as i32 => true,
+        x if x == wl::WorkloadStatus::Unhealthy as i32 => false,
+        other => {
+            return Err(refused(
+                "workload.status",
+                format!("{other} is not a status (HEALTHY 0, UNHEALTHY 1)"),
+            ))
+        }
+    };
+    let unsupported = match (&w.waypoint, &w.network_gateway) {
+        (Some(g), _) => Some(Unsupported::Waypoint(gateway(g))),
+        (None, Some(g)) => Some(Unsupported::NetworkGateway(gateway(g))),
+        (None, None) => None,
+    };
+    let mut services = BTreeMap::new();
+    for (key, list) in &w.services {
+        let at = format!("workload.services[{key}]");
+        if key
+            .split_once('/')
+            .is_none_or(|(ns, h)| ns.is_empty() || h.is_empty())
+        {
+            return Err(refused(at, "a service is named namespace/hostname"));
+        }
+        let mut ports = BTreeMap::new();
+        for (i, p) in list.ports.iter().enumerate() {
+            let sp = port(
+                &format!("{at}.ports[{i}].servicePort"),
+                p.service_port,
+                false,
+            )?;
+            let tp = port(&format!("{at}.ports[{i}].targetPort"), p.target_port, true)?;
+            ports.insert(sp, tp);
+        }
+        services.insert(key.clone(), ports);
+    }
+    let canonical = (!w.canonical_name.is_empty() || !w.canonical_revision.is_empty()).then(|| {
+        (
+            if w.canonical_name.is_empty() {
+                if w.workload_name.is_empty() {
+                    w.name.clone()
+                } else {
+                    w.workload_name.clone()
+                }
+            } else {
+                w.canonical_name.clone()
+            },
+            if w.canonical_revision.is_empty() {
+                "latest".to_owned()
+            } else {
+                w.canonical_revision.clone()
+            },
+        )
+    });
+    let locality = w
+        .locality
+        .as_ref()
+        .map(|l| Locality {
+            region: l.region.clone(),
+            zone: l.zone.clone(),
+        })
+        .unwrap_or_default();
+    Ok((
+        Workload {
+            uid: w.uid.clone(),
+            name: w.name.clone(),
+            namespace: w.namespace.clone(),
+            service_account: service_account.to_owned(),
+            ips,
+            node: w.node.clone(),
+            tunnel,
+            healthy,
+            labels: BTreeMap::new(),
+            locality,
+            workload_name: if w.workload_name.is_empty() {
+                w.name.clone()
+            } else {
+                w.workload_name.clone()
+            },
+            trust_domain: Some(trust_domain.to_owned()),
+            canonical,
+            unsupported,
+            authorization_policies: w
+                .authorization_policies
+                .iter()
+                .map(|p| Arc::from(p.as_str()))
+                .collect(),
+        },
+        services,
+    ))
+}
+
+/// Reads a `Service`.
+pub fn service(s: &wl::Service) -> Result<Service, Refused> {
+    if s.namespace.is_empty() || s.hostname.is_empty() {
+        return Err(refused(
+            "service.{namespace,hostname}",
+            "a service needs a namespace and a hostname",
+        ));
+    }
+    let mut vips = Vec::with_capacity(s.addresses.len());
+    for (i, a) in s.addresses.iter().enumerate() {
+        let ip = ip_of(&a.address).map_err(|p| refused(format!("service.addresses[{i}]"), p))?;
+        if !vips.contains(&ip) {
+            vips.push(ip);
+        }
+    }
+    let mut ports = BTreeMap::new();
+    for (i, p) in s.ports.iter().enumerate() {
+        let sp = port(
+            &format!("service.ports[{i}].servicePort"),
+            p.service_port,
+            false,
+        )?;
+        let tp = port(
+            &format!("service.ports[{i}].targetPort"),
+            p.target_port,
+            true,
+        )?;
+        ports.insert(sp, tp);
+    }
+    Ok(Service {
+        hostname: s.hostname.clone(),
+        namespace: s.namespace.clone(),
+        vips,
+        ports,
+        unsupported: s
+            .waypoint
+            .as_ref()
+            .map(|g| Unsupported::Waypoint(gateway(g))),
+    })
+}
+
+/// A policy as read, and what of it could not be read (each already
+/// replaced by what errs toward deny).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The policy to enforce.
+    pub policy: AuthorizationPolicy,
+    /// The problems, each naming its field (empty: read whole).
+    pub problems: Vec<String>,
+}
+
+/// Reads the `Authorization` resource named `name`. `root_namespace`: the
+/// namespace whose policies would apply mesh-wide.
+pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &str) -> Policy {
+    let mut problems = Vec::new();
+    let expected = format!("{}/{}", a.namespace, a.name);
+    if a.name.is_empty() || a.namespace.is_empty() || expected != name {
+        // Scoped by what the resource's name says: never narrower than it
+        // could have been.
+        problems.push(format!(
+            "name/namespace: {expected:?} is not the resource's name {name:?}"
+        ));
+        return Policy {
+            policy: deny_everything(name, root_namespace),
+            problems,
+        };
+    }
+    let action = match a.action {
+        x if x == security::Action::Allow as i32 => Action::Allow,
+        x if x == security::Action::Deny as i32 => Action::Deny,
+        other => {
+            problems.push(format!(
+                "action: {other} is not ALLOW (0) or DENY (1): enforced as DENY"
+            ));
+            Action::Deny
+        }
+    };
+    let mut p = AuthorizationPolicy::new(&a.namespace, &a.name, action);
+    p.origin = Some(format!("xds:{name}"));
+    p.dry_run = a.dry_run;
+    match a.scope {
+        x if x == security::Scope::Global as i32 => p.mesh_wide = true,
+        x if x == security::Scope::Namespace as i32 => {}
+        x if x == security::Scope::WorkloadSelector as i32 => p.listed = true,
+        other => {
+            problems.push(format!(
+                "scope: {other} is not GLOBAL (0), NAMESPACE (1) or WORKLOAD_SELECTOR (2): applied mesh-wide"
+            ));
+            p.mesh_wide = true;
+        }
+    }
+    let deny = action == Action::Deny;
+    p.rules = a
+        .rules
+        .iter()
+        .enumerate()
+        .map(|(r, rule)| Rule {
+            clauses: rule
+                .clauses
+                .iter()
+                .enumerate()
+                .map(|(c, clause)| Clause {
+                    matches: clause
+                        .matches
+                        .iter()
+                        .enumerate()
+                        .map(|(m, mt)| match match_fields(mt) {
+                            Ok(f) => Match::Fields(Box::new(f)),
+                            Err(e) => {
+                                let instead = if deny { "every" } else { "no" };
+                                problems.push(format!(
+                                    "rules[{r}].clauses[{c}].matches[{m}].{e}: it matches {instead} connection"
+                                ));
+                                if deny {
+                                    Match::Always
+                                } else {
+                                    Match::Never
+                                }
+                            }
+                        })
+                        .collect(),
+                })
+                .collect(),
+            ..Rule::default()
+        })
+        .collect();
+    Policy {
+        policy: p,
+        problems,
+    }
+}
+
+/// The policy that stands for the resource `name` when nothing of it can be
+/// read: it denies every connection to what it could have selected (its
+/// namespace's workloads; every workload when its namespace is the root or
+/// cannot be told).
+pub fn deny_everything(name: &str, root_namespace: &str) -> AuthorizationPolicy {
+    let (ns, short) = match name.split_once('/') {
+        Some((ns, n)) if !ns.is_empty() && !n.is_empty() => (ns.to_owned(), n.to_owned()),
+        _ => (root_namespace.to_owned(), name.replace('/', "_")),
+    };
+    let mut p = AuthorizationPolicy::new(&ns, &short, Action::Deny);
+    p.origin = Some(format!(
+        "xds:{name} (unreadable: denies everything it could select)"
+    ));
+    p.mesh_wide = ns == root_namespace;
+    p.rules = vec![Rule {
+        clauses: vec![Clause {
+            matches: vec![Match::Always],
+        }],
+        ..Rule::default()
+    }];
+    p
+}
+
+fn string_matches(
+    field: &str,
+    list: &[security::StringMatch],
+    principal: bool,
+) -> Result<Vec<StringMatch>, String> {
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let with_scheme = |s: &str| -> Box<str> {
+                if principal {
+                    format!("spiffe://{s}").into()
+                } else {
+                    s.into()
+                }
+            };
+            Ok(match &m.match_type {
+                None => return Err(format!("{field}[{i}]: no match type is set")),
+                Some(MatchType::Exact(s)) => StringMatch::Exact(with_scheme(s)),
+                // Principals are written without the scheme; a prefix or an
+                // exact value starts after it, a suffix ends the same way.
+                Some(MatchType::Prefix(s)) => StringMatch::Prefix(with_scheme(s)),
+                Some(MatchType::Suffix(s)) => StringMatch::Suffix(s.as_str().into()),
+                Some(MatchType::Presence(())) => StringMatch::Any,
+            })
+        })
+        .collect()
+}
+
+fn cidrs(field: &str, list: &[security::Address]) -> Result<Vec<Cidr>, String> {
+    list.iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let ip = ip_of(&a.address).map_err(|e| format!("{field}[{i}]: {e}"))?;
+            // A mapped IPv6 address was made IPv4: so is its length.
+            let len = if ip.is_ipv4() && a.address.len() == 16 {
+                a.length
+                    .checked_sub(96)
+                    .ok_or_else(|| format!("{field}[{i}]: an IPv4-mapped block shorter than /96"))?
+            } else {
+                a.length
+            };
+            Cidr::from_prefix(ip, len).map_err(|e| format!("{field}[{i}]: {e}"))
+        })
+        .collect()
+}
+
+fn ports(field: &str, list: &[u32]) -> Result<Vec<u16>, String> {
+    list.iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            u16::try_from(p).map_err(|_| format!("{field}[{i}]: {p} is not a port (0..=65535)"))
+        })
+        .collect()
+}
+
+fn accounts(
+    field: &str,
+    list: &[security::ServiceAccountMatch],
+) -> Result<Vec<ServiceAccountRef>, String> {
+    list.iter()
+        .enumerate()
+        .map(|(i, sa)| {
+            if sa.namespace.is_empty() || sa.service_account.is_empty() {
+                return Err(format!(
+                    "{field}[{i}]: a service account needs a namespace and a name"
+                ));
+            }
+            Ok(ServiceAccountRef {
+                namespace: sa.namespace.clone(),
+                name: sa.service_account.clone(),
+            })
+        })
+        .collect()
+}
+
+fn match_fields(m: &security::Match) -> Result<MatchFields, String> {
+    Ok(MatchFields {
+        namespaces: string_matches("namespaces", &m.namespaces, false)?,
+        not_namespaces: string_matches("notNamespaces", &m.not_namespaces, false)?,
+        principals: string_matches("principals", &m.principals, true)?,
+        not_principals: string_matches("notPrincipals", &m.not_principals, true)?,
+        service_accounts: accounts("serviceAccounts", &m.service_accounts)?,
+        not_service_accounts: accounts("notServiceAccounts", &m.not_service_accounts)?,
+        source_ips: cidrs("sourceIps", &m.source_ips)?,
+        not_source_ips: cidrs("notSourceIps", &m.not_source_ips)?,
+        destination_ips: cidrs("destinationIps", &m.destination_ips)?,
+        not_destination_ips: cidrs("notDestinationIps", &m.not_destination_ips)?,
+        destination_ports: ports("destinationPorts", &m.destination_ports)?,
+        not_destination_ports: ports("notDestinationPorts", &m.not_destination_ports)?,
+    })
+}
+
+/// One line naming a policy's problems, for logs and NACKs.
+pub fn describe_problems(name: &str, problems: &[String]) -> String {
+    let mut s = format!("Authorization {name}: ");
+    for (i, p) in problems.iter().enumerate() {
+        let _ = write!(s, "{}{p}", if i == 0 { "" } else { "; " });
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests;

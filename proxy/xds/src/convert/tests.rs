@@ -1,0 +1,439 @@
+//! Each field of the workload API as the model reads it, and every refusal
+//! naming what was wrong.
+
+use super::*;
+use crate::proto::security::{Address as SecAddress, Authorization, Clause as SecClause};
+use crate::proto::workload::{GatewayAddress, NamespacedHostname, NetworkAddress, Port, PortList};
+
+fn v4(s: &str) -> Vec<u8> {
+    s.parse::<Ipv4Addr>().unwrap().octets().to_vec()
+}
+
+fn v6(s: &str) -> Vec<u8> {
+    s.parse::<Ipv6Addr>().unwrap().octets().to_vec()
+}
+
+fn pod() -> wl::Workload {
+    wl::Workload {
+        uid: "Kubernetes//Pod/shop/web-0".into(),
+        name: "web-0".into(),
+        namespace: "shop".into(),
+        addresses: vec![v4("10.1.0.10"), v6("fd00::10")],
+        tunnel_protocol: wl::TunnelProtocol::Hbone as i32,
+        service_account: "web".into(),
+        node: "node-a".into(),
+        canonical_name: "web".into(),
+        canonical_revision: "v1".into(),
+        workload_name: "web".into(),
+        services: [(
+            "shop/web.shop.svc.cluster.local".to_owned(),
+            PortList {
+                ports: vec![Port {
+                    service_port: 80,
+                    target_port: 8080,
+                }],
+            },
+        )]
+        .into(),
+        authorization_policies: vec!["shop/web-allow".into()],
+        locality: Some(wl::Locality {
+            region: "eu".into(),
+            zone: "eu-1".into(),
+            subzone: String::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn address_of(w: wl::Workload) -> wl::Address {
+    wl::Address {
+        kind: Some(address::Kind::Workload(w)),
+    }
+}
+
+#[test]
+fn a_workload_is_read_field_by_field() {
+    let (w, services) = workload(&pod()).unwrap();
+    assert_eq!(w.uid, "Kubernetes//Pod/shop/web-0");
+    assert_eq!(w.ips, [ip("10.1.0.10"), ip("fd00::10")]);
+    assert!(w.tunnel && w.healthy);
+    assert_eq!(
+        w.trust_domain.as_deref(),
+        Some("cluster.local"),
+        "the default"
+    );
+    assert_eq!(
+        w.identity("ignored.example").to_string(),
+        "spiffe://cluster.local/ns/shop/sa/web"
+    );
+    assert_eq!(
+        (w.canonical_service(), w.canonical_revision()),
+        ("web", "v1")
+    );
+    assert_eq!(w.locality.zone, "eu-1");
+    assert_eq!(&*w.authorization_policies[0], "shop/web-allow");
+    assert_eq!(
+        services["shop/web.shop.svc.cluster.local"],
+        [(80, 8080)].into()
+    );
+    assert!(w.unsupported.is_none());
+
+    let mut p = pod();
+    p.service_account.clear();
+    p.trust_domain = "example.org".into();
+    p.status = wl::WorkloadStatus::Unhealthy as i32;
+    p.tunnel_protocol = wl::TunnelProtocol::None as i32;
+    p.canonical_name.clear();
+    p.canonical_revision.clear();
+    let (w, _) = workload(&p).unwrap();
+    assert_eq!(
+        w.identity("cluster.local").to_string(),
+        "spiffe://example.org/ns/shop/sa/default"
+    );
+    assert!(!w.healthy && !w.tunnel);
+    assert_eq!(w.canonical, None, "from labels (none): the workload name");
+    assert_eq!(w.canonical_service(), "web");
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn waypoints_and_gateways_are_unsupported_and_named() {
+    let mut p = pod();
+    p.waypoint = Some(GatewayAddress {
+        destination: Some(gateway_address::Destination::Hostname(NamespacedHostname {
+            namespace: "shop".into(),
+            hostname: "waypoint.shop.svc.cluster.local".into(),
+        })),
+        hbone_mtls_port: 15008,
+    });
+    let (w, _) = workload(&p).unwrap();
+    assert_eq!(
+        w.unsupported,
+        Some(Unsupported::Waypoint(
+            "shop/waypoint.shop.svc.cluster.local:15008".into()
+        ))
+    );
+    let mut p = pod();
+    p.network_gateway = Some(GatewayAddress {
+        destination: Some(gateway_address::Destination::Address(NetworkAddress {
+            network: "west".into(),
+            address: v4("192.0.2.1"),
+        })),
+        hbone_mtls_port: 15008,
+    });
+    let (w, _) = workload(&p).unwrap();
+    assert_eq!(
+        w.unsupported.unwrap().label(),
+        "network_gateway",
+        "reached through a gateway"
+    );
+    let s = service(&wl::Service {
+        namespace: "shop".into(),
+        hostname: "db".into(),
+        waypoint: p.network_gateway.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(s.unsupported.unwrap().label(), "waypoint");
+}
+
+#[test]
+fn a_host_network_workload_claims_no_address() {
+    let mut p = pod();
+    p.network_mode = wl::NetworkMode::HostNetwork as i32;
+    let (w, _) = workload(&p).unwrap();
+    assert!(w.ips.is_empty());
+}
+
+#[test]
+fn adversarial_unreadable_workloads_and_services_are_refused_naming_the_field() {
+    type Spoil = Box<dyn Fn(&mut wl::Workload)>;
+    let cases: Vec<(Spoil, &str)> = vec![
+        (
+            Box::new(|p| p.uid.clear()),
+            "workload.uid: must not be empty",
+        ),
+        (
+            Box::new(|p| p.addresses.push(vec![1, 2, 3])),
+            "workload.addresses[2]: 3 bytes are not an IPv4 (4) or IPv6 (16) address",
+        ),
+        (
+            Box::new(|p| p.tunnel_protocol = 7),
+            "workload.tunnelProtocol: 7 is not a tunnel protocol",
+        ),
+        (
+            Box::new(|p| p.status = 9),
+            "workload.status: 9 is not a status",
+        ),
+        (
+            Box::new(|p| p.service_account = "Bad_SA".into()),
+            "workload.{trustDomain,namespace,serviceAccount}",
+        ),
+        (
+            Box::new(|p| p.namespace.clear()),
+            "workload.{trustDomain,namespace,serviceAccount}",
+        ),
+        (
+            Box::new(|p| {
+                p.services.insert(
+                    "shop/x".into(),
+                    PortList {
+                        ports: vec![Port {
+                            service_port: 70000,
+                            target_port: 1,
+                        }],
+                    },
+                );
+            }),
+            "workload.services[shop/x].ports[0].servicePort: 70000 is not a port",
+        ),
+        (
+            Box::new(|p| {
+                p.services.insert("noslash".into(), PortList::default());
+            }),
+            "workload.services[noslash]: a service is named namespace/hostname",
+        ),
+    ];
+    for (i, (spoil, want)) in cases.into_iter().enumerate() {
+        let mut p = pod();
+        spoil(&mut p);
+        let name = p.uid.clone();
+        let e = address(&name, &address_of(p)).unwrap_err().to_string();
+        assert!(e.starts_with(want), "case {i}: {e}");
+    }
+    let e = address("other-uid", &address_of(pod())).unwrap_err();
+    assert_eq!(e.field, "workload.uid");
+    let e = address("x", &wl::Address { kind: None }).unwrap_err();
+    assert!(
+        e.problem.contains("neither a workload nor a service"),
+        "{e}"
+    );
+    let svc = wl::Service {
+        namespace: "shop".into(),
+        hostname: "web".into(),
+        addresses: vec![NetworkAddress {
+            network: String::new(),
+            address: vec![0; 5],
+        }],
+        ..Default::default()
+    };
+    let kind = Some(address::Kind::Service(svc));
+    let e = address("shop/web", &wl::Address { kind: kind.clone() }).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "service.addresses[0]: 5 bytes are not an IPv4 (4) or IPv6 (16) address"
+    );
+    let e = address("shop/other", &wl::Address { kind }).unwrap_err();
+    assert!(e.problem.contains("is not the resource's name"), "{e}");
+}
+
+#[test]
+fn a_service_is_read() {
+    let s = service(&wl::Service {
+        name: "web".into(),
+        namespace: "shop".into(),
+        hostname: "web.shop.svc.cluster.local".into(),
+        addresses: vec![
+            NetworkAddress {
+                network: String::new(),
+                address: v4("10.96.0.10"),
+            },
+            NetworkAddress {
+                network: String::new(),
+                address: v6("::ffff:10.96.0.10"),
+            },
+        ],
+        ports: vec![
+            Port {
+                service_port: 80,
+                target_port: 8080,
+            },
+            Port {
+                service_port: 443,
+                target_port: 0,
+            },
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        s.vips,
+        [ip("10.96.0.10")],
+        "a mapped address is the same VIP"
+    );
+    assert_eq!(s.ports, [(80, 8080), (443, 0)].into());
+    assert_eq!(s.key(), "shop/web.shop.svc.cluster.local");
+}
+
+fn string(m: MatchType) -> security::StringMatch {
+    security::StringMatch {
+        match_type: Some(m),
+    }
+}
+
+fn authz(action: i32, scope: i32, matches: Vec<security::Match>) -> Authorization {
+    Authorization {
+        name: "p".into(),
+        namespace: "shop".into(),
+        scope,
+        action,
+        rules: vec![security::Rule {
+            clauses: vec![SecClause { matches }],
+        }],
+        dry_run: false,
+    }
+}
+
+#[test]
+fn policies_scopes_actions_and_fields() {
+    let m = security::Match {
+        principals: vec![
+            string(MatchType::Exact("cluster.local/ns/front/sa/fe".into())),
+            string(MatchType::Prefix("cluster.local/ns/front/".into())),
+            string(MatchType::Suffix("/sa/fe".into())),
+            string(MatchType::Presence(())),
+        ],
+        namespaces: vec![string(MatchType::Exact("front".into()))],
+        source_ips: vec![
+            SecAddress {
+                address: v4("10.1.2.3"),
+                length: 16,
+            },
+            SecAddress {
+                address: v6("::ffff:10.9.0.0"),
+                length: 112,
+            },
+        ],
+        destination_ports: vec![80, 443],
+        service_accounts: vec![security::ServiceAccountMatch {
+            namespace: "front".into(),
+            service_account: "fe".into(),
+        }],
+        ..Default::default()
+    };
+    let a = authz(
+        security::Action::Allow as i32,
+        security::Scope::WorkloadSelector as i32,
+        vec![m],
+    );
+    let p = authorization("shop/p", &a, "istio-system");
+    assert!(p.problems.is_empty(), "{:?}", p.problems);
+    let p = p.policy;
+    assert!(p.listed && !p.mesh_wide && p.action == Action::Allow);
+    assert_eq!(&**p.qualified_name(), "shop/p");
+    let Match::Fields(f) = &p.rules[0].clauses[0].matches[0] else {
+        panic!("read")
+    };
+    assert_eq!(
+        f.principals,
+        [
+            StringMatch::Exact("spiffe://cluster.local/ns/front/sa/fe".into()),
+            StringMatch::Prefix("spiffe://cluster.local/ns/front/".into()),
+            StringMatch::Suffix("/sa/fe".into()),
+            StringMatch::Any,
+        ]
+    );
+    assert_eq!(f.namespaces, [StringMatch::Exact("front".into())]);
+    assert_eq!(
+        f.source_ips,
+        [
+            Cidr::parse("10.1.0.0/16").unwrap(),
+            Cidr::parse("10.9.0.0/16").unwrap()
+        ],
+        "host bits cleared; a mapped block is the IPv4 block"
+    );
+    assert_eq!(f.destination_ports, [80, 443]);
+    assert_eq!(f.service_accounts[0].name, "fe");
+
+    let g = authorization(
+        "shop/p",
+        &authz(0, security::Scope::Global as i32, vec![]),
+        "istio-system",
+    );
+    assert!(g.policy.mesh_wide && !g.policy.listed);
+    let n = authorization(
+        "shop/p",
+        &authz(1, security::Scope::Namespace as i32, vec![]),
+        "istio-system",
+    );
+    assert!(!n.policy.mesh_wide && !n.policy.listed && n.policy.action == Action::Deny);
+}
+
+#[test]
+fn adversarial_unknown_enum_values_fail_toward_deny() {
+    let p = authorization("shop/p", &authz(5, 9, vec![]), "istio-system");
+    assert_eq!(p.policy.action, Action::Deny, "unknown action: a DENY");
+    assert!(p.policy.mesh_wide, "unknown scope: every workload");
+    assert_eq!(p.problems.len(), 2, "{:?}", p.problems);
+    assert!(p.problems[0].starts_with("action: 5 is not ALLOW (0) or DENY (1)"));
+    assert!(p.problems[1].starts_with("scope: 9 is not GLOBAL"));
+}
+
+#[test]
+fn adversarial_unreadable_matches_fail_toward_deny() {
+    let bad = vec![
+        security::Match {
+            namespaces: vec![security::StringMatch { match_type: None }],
+            ..Default::default()
+        },
+        security::Match {
+            destination_ports: vec![70000],
+            ..Default::default()
+        },
+        security::Match {
+            source_ips: vec![SecAddress {
+                address: v4("10.0.0.0"),
+                length: 33,
+            }],
+            ..Default::default()
+        },
+        security::Match {
+            not_destination_ips: vec![SecAddress {
+                address: vec![1, 2],
+                length: 8,
+            }],
+            ..Default::default()
+        },
+        security::Match {
+            not_service_accounts: vec![security::ServiceAccountMatch::default()],
+            ..Default::default()
+        },
+    ];
+    let deny = authorization("shop/p", &authz(1, 1, bad.clone()), "istio-system");
+    assert_eq!(deny.problems.len(), 5, "{:?}", deny.problems);
+    assert!(deny.policy.rules[0].clauses[0]
+        .matches
+        .iter()
+        .all(|m| *m == Match::Always));
+    assert!(
+        deny.problems[1].contains("destinationPorts[0]: 70000 is not a port")
+            && deny.problems[1].ends_with("it matches every connection"),
+        "{:?}",
+        deny.problems
+    );
+    let allow = authorization("shop/p", &authz(0, 1, bad), "istio-system");
+    assert!(allow.policy.rules[0].clauses[0]
+        .matches
+        .iter()
+        .all(|m| *m == Match::Never));
+    assert!(allow.problems[2].ends_with("it matches no connection"));
+}
+
+#[test]
+fn adversarial_a_policy_named_unlike_its_resource_denies_what_it_could_select() {
+    let p = authorization("shop/p", &authz(0, 1, vec![]), "istio-system");
+    assert!(p.problems.is_empty());
+    let p = authorization("shop/other", &authz(0, 1, vec![]), "istio-system");
+    assert_eq!(p.problems.len(), 1);
+    assert_eq!(p.policy.action, Action::Deny);
+    assert_eq!(&**p.policy.qualified_name(), "shop/other");
+    assert!(!p.policy.mesh_wide, "its namespace by the resource's name");
+    assert_eq!(p.policy.rules[0].clauses[0].matches, [Match::Always]);
+    let g = deny_everything("garbage-without-namespace", "istio-system");
+    assert!(g.mesh_wide, "the namespace cannot be told: every workload");
+    let r = deny_everything("istio-system/x", "istio-system");
+    assert!(r.mesh_wide, "the root namespace's policies are mesh-wide");
+}

@@ -1,0 +1,579 @@
+//! What the control plane has sent, applied: [`MeshState`] is the client's
+//! [`Handler`]. Each response is applied to the mesh snapshot incrementally
+//! (only the resources it names are read and only their entries change,
+//! [`ringway_config::MeshEdit`]) and the new snapshot is published once per
+//! response. Nothing here is ever emptied because a stream dropped: the
+//! versions held are what the next stream resumes from.
+//!
+//! Refusals, each NACKed naming the resource and the field:
+//! - a workload or service that cannot be read (or one named twice in a
+//!   response) is dropped: its name is unknown, so traffic that needed it is
+//!   refused (an enrolled pod's after `proxy.workloadWait`), never served
+//!   from the copy held before;
+//! - a policy is never dropped: what of it cannot be read is read toward
+//!   deny ([`crate::convert`]), and a policy that cannot be decoded at all,
+//!   or is named twice, denies everything it could have selected.
+//!
+//! The rest of the response is applied either way.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use ringway_config::Mesh;
+
+use crate::client::{Event, Handler, Nack};
+use crate::convert::{self, Entry};
+use crate::proto::{security, workload, DeltaDiscoveryResponse, TypedResource};
+use crate::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
+
+/// One of the two type URLs, as the `'static` metrics label.
+fn static_url(type_url: &str) -> Option<&'static str> {
+    [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL]
+        .into_iter()
+        .find(|u| *u == type_url)
+}
+
+/// What one held resource name stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Held {
+    /// A workload, by uid (the resource's name).
+    Workload,
+    /// A service, by `namespace/hostname` (the resource's name).
+    Service,
+    /// A policy, by the name it is enforced under.
+    Policy(String),
+}
+
+#[derive(Debug, Clone)]
+struct HeldResource {
+    /// The version to resume from; `None` when the resource was refused
+    /// (the server must send it again).
+    version: Option<String>,
+    held: Held,
+}
+
+/// A resource refused, or read toward deny, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// `address` or `authorization`.
+    pub kind: &'static str,
+    /// The resource's name.
+    pub name: String,
+    /// What could not be read, and what was done instead.
+    pub why: String,
+}
+
+/// Labels of `istio_xds_connection_terminations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TerminationLabels {
+    /// Why the stream ended (`XdsError::reason`).
+    pub reason: &'static str,
+}
+
+/// Labels of the per-type xDS metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabels {
+    /// The type URL.
+    pub url: &'static str,
+}
+
+/// Labels of `ringway_xds_resources` and `ringway_xds_refused_resources`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `workload`, `service` or `authorization`.
+    pub kind: &'static str,
+}
+
+/// The xDS client's metrics and state, shared with the control endpoints
+/// (readiness, metrics, `config_dump`).
+#[derive(Debug, Default)]
+pub struct XdsStatus {
+    /// A stream is open.
+    connected: AtomicBool,
+    /// The first response of workloads/services was applied.
+    first_addresses: AtomicBool,
+    /// The first response of policies was applied.
+    first_policies: AtomicBool,
+    /// `ringway_xds_connected`.
+    pub connected_gauge: Gauge,
+    /// `istio_xds_connection_terminations_total{reason}`.
+    pub terminations: Family<TerminationLabels, Counter>,
+    /// `istio_xds_message_total{url}`: responses received.
+    pub messages: Family<TypeLabels, Counter>,
+    /// `ringway_xds_nacks_total{url}`: responses refused (in part).
+    pub nacks: Family<TypeLabels, Counter>,
+    /// `ringway_xds_resources{kind}`: resources held.
+    pub resources: Family<KindLabels, Gauge>,
+    /// `ringway_xds_refused_resources{kind}`: resources refused, or policies
+    /// read toward deny, now.
+    pub refused: Family<KindLabels, Gauge>,
+    /// `ringway_xds_contested_addresses`: addresses two resources claim
+    /// (they resolve to neither).
+    pub contested_gauge: Gauge,
+    problems: Mutex<Vec<Problem>>,
+    contested: Mutex<Vec<(IpAddr, Vec<String>)>>,
+}
+
+impl XdsStatus {
+    /// Whether a stream to the control plane is open.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::SeqCst)
+    }
+
+    /// Whether the first response of each type has been applied (the proxy
+    /// is ready only then).
+    pub fn synced(&self) -> bool {
+        self.first_addresses.load(Ordering::SeqCst) && self.first_policies.load(Ordering::SeqCst)
+    }
+
+    /// What is missing before [`XdsStatus::synced`], in words.
+    pub fn waiting_for(&self) -> Vec<&'static str> {
+        let mut w = Vec::new();
+        if !self.first_addresses.load(Ordering::SeqCst) {
+            w.push("workloads and services");
+        }
+        if !self.first_policies.load(Ordering::SeqCst) {
+            w.push("authorization policies");
+        }
+        w
+    }
+
+    /// The resources refused, or read toward deny, now.
+    pub fn problems(&self) -> Vec<Problem> {
+        self.problems
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The addresses two resources claim now, with who claims them.
+    pub fn contested(&self) -> Vec<(IpAddr, Vec<String>)> {
+        self.contested
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Registers the metrics in `r`.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "ringway_xds_connected",
+            "Whether a stream to the control plane (xDS) is open",
+            self.connected_gauge.clone(),
+        );
+        r.register(
+            "istio_xds_connection_terminations",
+            "xDS streams that ended, by reason",
+            self.terminations.clone(),
+        );
+        r.register(
+            "istio_xds_message",
+            "xDS responses received, by type URL",
+            self.messages.clone(),
+        );
+        r.register(
+            "ringway_xds_nacks",
+            "xDS responses refused in part (NACKed), by type URL",
+            self.nacks.clone(),
+        );
+        r.register(
+            "ringway_xds_resources",
+            "Resources held from the control plane, by kind",
+            self.resources.clone(),
+        );
+        r.register(
+            "ringway_xds_refused_resources",
+            "Resources from the control plane refused (workloads, services) or read toward deny (policies), now, by kind",
+            self.refused.clone(),
+        );
+        r.register(
+            "ringway_xds_contested_addresses",
+            "Addresses that two workloads or services from the control plane claim: they resolve to neither, so their traffic is refused",
+            self.contested_gauge.clone(),
+        );
+    }
+}
+
+/// Where each new snapshot goes (the proxy's `set_mesh`).
+pub type Publish = Box<dyn FnMut(Arc<Mesh>) + Send>;
+
+/// The client's handler: the mesh as the control plane says it.
+pub struct MeshState {
+    /// The file's snapshot: settings, trust domain, CA, root namespace.
+    base: Arc<Mesh>,
+    /// The entries from the control plane (`base`'s settings).
+    entries: Mesh,
+    held: [HashMap<String, HeldResource>; 2],
+    problems: BTreeMap<(&'static str, String), String>,
+    contested: BTreeSet<IpAddr>,
+    status: Arc<XdsStatus>,
+    publish: Publish,
+}
+
+impl std::fmt::Debug for MeshState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshState")
+            .field("workloads", &self.entries.workload_count())
+            .field("services", &self.entries.service_count())
+            .field("policies", &self.entries.policy_count())
+            .finish_non_exhaustive()
+    }
+}
+
+const ADDRESSES: usize = 0;
+const POLICIES: usize = 1;
+
+impl MeshState {
+    /// State on top of the file's snapshot `base` (its settings; the
+    /// control plane brings every workload, service and policy), publishing
+    /// to `publish`, counting into `status`.
+    pub fn new(base: Arc<Mesh>, status: Arc<XdsStatus>, publish: Publish) -> Self {
+        // The control plane brings every entry: none of the file's.
+        let entries = base.without_entries();
+        MeshState {
+            base,
+            entries,
+            held: [HashMap::new(), HashMap::new()],
+            problems: BTreeMap::new(),
+            contested: BTreeSet::new(),
+            status,
+            publish,
+        }
+    }
+
+    /// The shared status.
+    pub fn status(&self) -> &Arc<XdsStatus> {
+        &self.status
+    }
+
+    /// The snapshot now: the file's settings with the control plane's
+    /// entries.
+    pub fn mesh(&self) -> Mesh {
+        self.base.with_entries_of(&self.entries)
+    }
+
+    /// A reloaded file: its settings apply from now on (its workloads,
+    /// services and policies do not: the control plane's do).
+    pub fn set_base(&mut self, base: Arc<Mesh>) {
+        self.base = base;
+        let mesh = Arc::new(self.mesh());
+        (self.publish)(mesh);
+    }
+
+    fn forget(&mut self, ty: usize, name: &str, edit: &mut ringway_config::MeshEdit) {
+        if let Some(old) = self.held[ty].remove(name) {
+            match old.held {
+                Held::Workload => {
+                    edit.remove_workload(name);
+                }
+                Held::Service => {
+                    edit.remove_service(name);
+                }
+                Held::Policy(p) => {
+                    edit.remove_policy(&p);
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, resp: &DeltaDiscoveryResponse) -> Result<(), Nack> {
+        let (ty, kind) = match resp.type_url.as_str() {
+            ADDRESS_TYPE_URL => (ADDRESSES, "address"),
+            AUTHORIZATION_TYPE_URL => (POLICIES, "authorization"),
+            other => {
+                return Err(Nack::new(format!(
+                    "type {other:?} is not one this proxy subscribed to"
+                )))
+            }
+        };
+        let root = self.base.root_namespace().to_owned();
+        let mut edit = self.entries.edit();
+        let mut nacks: Vec<String> = Vec::new();
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for r in &resp.resources {
+            *counts.entry(r.name.as_str()).or_default() += 1;
+        }
+        for name in &resp.removed_resources {
+            self.forget(ty, name, &mut edit);
+            self.problems.remove(&(kind, name.clone()));
+        }
+        for (name, n) in counts.iter().filter(|(_, n)| **n > 1) {
+            let why = format!("named {n} times in one response: none of them applied");
+            self.forget(ty, name, &mut edit);
+            if ty == POLICIES {
+                let p = convert::deny_everything(name, &root);
+                let enforced = p.qualified_name().to_string();
+                edit.upsert_policy(p);
+                self.held[ty].insert(
+                    (*name).to_owned(),
+                    HeldResource {
+                        version: None,
+                        held: Held::Policy(enforced),
+                    },
+                );
+            }
+            nacks.push(format!("{name}: {why}"));
+            self.problems.insert((kind, (*name).to_owned()), why);
+        }
+        for r in resp
+            .resources
+            .iter()
+            .filter(|r| counts[r.name.as_str()] == 1)
+        {
+            let name = &r.name;
+            let problem = match ty {
+                ADDRESSES => self.apply_address(r, &mut edit),
+                _ => self.apply_policy(r, &root, &mut edit),
+            };
+            match problem {
+                Some(why) => {
+                    nacks.push(format!("{name}: {why}"));
+                    self.problems.insert((kind, name.clone()), why);
+                }
+                None => {
+                    self.problems.remove(&(kind, name.clone()));
+                }
+            }
+        }
+        self.entries = edit.finish();
+        self.check_contested(&resp.resources);
+        let mesh = Arc::new(self.mesh());
+        (self.publish)(mesh);
+        self.report(ty);
+        if nacks.is_empty() {
+            Ok(())
+        } else {
+            let n = nacks.len();
+            Err(Nack::new(format!(
+                "{n} {kind} resource(s) refused or read toward deny: {}",
+                nacks.join("; ")
+            )))
+        }
+    }
+
+    /// Applies one address resource; the problem when it was refused.
+    fn apply_address(
+        &mut self,
+        r: &crate::Resource,
+        edit: &mut ringway_config::MeshEdit,
+    ) -> Option<String> {
+        let name = &r.name;
+        let read = r
+            .resource
+            .as_ref()
+            .ok_or_else(|| "the resource carries no payload".to_owned())
+            .and_then(|any| workload::Address::from_any(any).map_err(|e| e.to_string()))
+            .and_then(|a| convert::address(name, &a).map_err(|e| e.to_string()));
+        match read {
+            Ok(entry) => {
+                let held = match entry {
+                    Entry::Workload(w, services) => {
+                        if self.held[ADDRESSES]
+                            .get(name)
+                            .is_some_and(|h| h.held != Held::Workload)
+                        {
+                            self.forget(ADDRESSES, name, edit);
+                        }
+                        edit.upsert_workload(*w, services);
+                        Held::Workload
+                    }
+                    Entry::Service(s) => {
+                        if self.held[ADDRESSES]
+                            .get(name)
+                            .is_some_and(|h| h.held != Held::Service)
+                        {
+                            self.forget(ADDRESSES, name, edit);
+                        }
+                        edit.upsert_service(s);
+                        Held::Service
+                    }
+                };
+                self.held[ADDRESSES].insert(
+                    name.clone(),
+                    HeldResource {
+                        version: Some(r.version.clone()),
+                        held,
+                    },
+                );
+                None
+            }
+            Err(why) => {
+                // Unknown from now on: never served from the copy held.
+                self.forget(ADDRESSES, name, edit);
+                Some(format!(
+                    "{why}: refused (the name is unknown until a readable version comes)"
+                ))
+            }
+        }
+    }
+
+    /// Applies one policy resource; the problem when part of it (or all)
+    /// was read toward deny.
+    fn apply_policy(
+        &mut self,
+        r: &crate::Resource,
+        root: &str,
+        edit: &mut ringway_config::MeshEdit,
+    ) -> Option<String> {
+        let name = &r.name;
+        let decoded = r
+            .resource
+            .as_ref()
+            .ok_or_else(|| "the resource carries no payload".to_owned())
+            .and_then(|any| security::Authorization::from_any(any).map_err(|e| e.to_string()));
+        let (policy, problem, version) = match decoded {
+            Ok(a) => {
+                let read = convert::authorization(name, &a, root);
+                let problem = (!read.problems.is_empty())
+                    .then(|| convert::describe_problems(name, &read.problems));
+                (read.policy, problem, Some(r.version.clone()))
+            }
+            Err(why) => (
+                convert::deny_everything(name, root),
+                Some(format!(
+                    "{why}: it denies every connection to what it could select until a readable version comes"
+                )),
+                None,
+            ),
+        };
+        self.forget(POLICIES, name, edit);
+        let enforced = policy.qualified_name().to_string();
+        edit.upsert_policy(policy);
+        self.held[POLICIES].insert(
+            name.clone(),
+            HeldResource {
+                version,
+                held: Held::Policy(enforced),
+            },
+        );
+        problem
+    }
+
+    /// Addresses of the entries this response touched that two entries now
+    /// claim (and whether those claimed before still are): logged when
+    /// they appear, counted, listed for the admin endpoint.
+    fn check_contested(&mut self, touched: &[crate::Resource]) {
+        let mut look: BTreeSet<IpAddr> = std::mem::take(&mut self.contested);
+        let before = look.clone();
+        for r in touched {
+            if let Some(w) = self.entries.workload_by_uid(&r.name) {
+                look.extend(w.ips.iter().copied());
+            } else if let Some(s) = self.entries.service(&r.name) {
+                look.extend(s.vips.iter().copied());
+            }
+        }
+        for ip in look {
+            let who = self.entries.address_claimants(ip);
+            if who.len() > 1 {
+                if !before.contains(&ip) {
+                    let names: Vec<String> = who.iter().map(|c| c.to_string()).collect();
+                    tracing::warn!(address = %ip, claimants = ?names,
+                        "two resources from the control plane claim one address: it resolves to neither until one lets it go");
+                }
+                self.contested.insert(ip);
+            }
+        }
+    }
+
+    fn report(&self, ty: usize) {
+        let s = &self.status;
+        match ty {
+            ADDRESSES => s.first_addresses.store(true, Ordering::SeqCst),
+            _ => s.first_policies.store(true, Ordering::SeqCst),
+        }
+        let e = &self.entries;
+        for (kind, n) in [
+            ("workload", e.workload_count()),
+            ("service", e.service_count()),
+            ("authorization", self.held[POLICIES].len()),
+        ] {
+            s.resources
+                .get_or_create(&KindLabels { kind })
+                .set(n as i64);
+        }
+        let mut refused: HashMap<&'static str, i64> = HashMap::new();
+        let mut list = Vec::with_capacity(self.problems.len());
+        for ((kind, name), why) in &self.problems {
+            *refused.entry(*kind).or_default() += 1;
+            list.push(Problem {
+                kind,
+                name: name.clone(),
+                why: why.clone(),
+            });
+        }
+        for kind in ["address", "authorization"] {
+            s.refused
+                .get_or_create(&KindLabels { kind })
+                .set(refused.get(kind).copied().unwrap_or(0));
+        }
+        *s.problems.lock().unwrap_or_else(|p| p.into_inner()) = list;
+        s.contested_gauge.set(self.contested.len() as i64);
+        *s.contested.lock().unwrap_or_else(|p| p.into_inner()) = self
+            .contested
+            .iter()
+            .map(|ip| {
+                let who = self.entries.address_claimants(*ip);
+                (*ip, who.iter().map(|c| c.to_string()).collect())
+            })
+            .collect();
+    }
+}
+
+impl Handler for MeshState {
+    fn on_response(&mut self, resp: &DeltaDiscoveryResponse) -> Result<(), Nack> {
+        let url = static_url(&resp.type_url);
+        if let Some(url) = url {
+            self.status
+                .messages
+                .get_or_create(&TypeLabels { url })
+                .inc();
+        }
+        let out = self.apply(resp);
+        if let (Err(_), Some(url)) = (&out, url) {
+            self.status.nacks.get_or_create(&TypeLabels { url }).inc();
+        }
+        out
+    }
+
+    fn resource_versions(&self, type_url: &str) -> HashMap<String, String> {
+        let ty = match type_url {
+            ADDRESS_TYPE_URL => ADDRESSES,
+            AUTHORIZATION_TYPE_URL => POLICIES,
+            _ => return HashMap::new(),
+        };
+        self.held[ty]
+            .iter()
+            .filter_map(|(n, r)| Some((n.clone(), r.version.clone()?)))
+            .collect()
+    }
+
+    fn on_event(&mut self, event: Event) {
+        let s = &self.status;
+        match event {
+            Event::Connected { .. } => {
+                s.connected.store(true, Ordering::SeqCst);
+                s.connected_gauge.set(1);
+            }
+            Event::Disconnected { error, .. } => {
+                s.connected.store(false, Ordering::SeqCst);
+                s.connected_gauge.set(0);
+                s.terminations
+                    .get_or_create(&TerminationLabels {
+                        reason: error.reason(),
+                    })
+                    .inc();
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

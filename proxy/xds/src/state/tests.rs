@@ -1,0 +1,509 @@
+//! Responses applied to the mesh: what each one changes, what a refusal
+//! leaves behind, what the next stream resumes from.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use prost_types::Any;
+use ringway_config::authz::{evaluate, ConnInfo, Identity};
+use ringway_config::{MeshConfig, NoEnv};
+
+use super::*;
+use crate::proto::security::{Authorization, Clause, Match, Rule, StringMatch};
+use crate::proto::workload::{address, Address, NetworkAddress, Port, PortList, Service, Workload};
+use crate::Resource;
+
+type Published = Arc<Mutex<Vec<Arc<Mesh>>>>;
+
+fn state() -> (MeshState, Published) {
+    let base = MeshConfig::load_str("rootNamespace: istio-system\n", "file.yaml", &NoEnv).unwrap();
+    let seen: Published = Arc::default();
+    let sink = seen.clone();
+    let st = MeshState::new(
+        Arc::new(base),
+        Arc::new(XdsStatus::default()),
+        Box::new(move |m| sink.lock().unwrap().push(m)),
+    );
+    (st, seen)
+}
+
+fn last(p: &Published) -> Arc<Mesh> {
+    p.lock()
+        .unwrap()
+        .last()
+        .cloned()
+        .expect("a snapshot was published")
+}
+
+fn v4(s: &str) -> Vec<u8> {
+    s.parse::<std::net::Ipv4Addr>().unwrap().octets().to_vec()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn pod(ns: &str, name: &str, addr: &str) -> Workload {
+    Workload {
+        uid: format!("c//Pod/{ns}/{name}"),
+        name: name.into(),
+        namespace: ns.into(),
+        addresses: vec![v4(addr)],
+        tunnel_protocol: 1,
+        service_account: name.into(),
+        ..Default::default()
+    }
+}
+
+fn wl_res(w: Workload, version: &str) -> Resource {
+    let name = w.uid.clone();
+    Resource::new(
+        name,
+        version,
+        Address {
+            kind: Some(address::Kind::Workload(w)),
+        }
+        .to_any(),
+    )
+}
+
+fn svc_res(ns: &str, host: &str, vip: &str, version: &str) -> Resource {
+    let s = Service {
+        name: host.into(),
+        namespace: ns.into(),
+        hostname: host.into(),
+        addresses: vec![NetworkAddress {
+            network: String::new(),
+            address: v4(vip),
+        }],
+        ports: vec![Port {
+            service_port: 80,
+            target_port: 8080,
+        }],
+        ..Default::default()
+    };
+    Resource::new(
+        format!("{ns}/{host}"),
+        version,
+        Address {
+            kind: Some(address::Kind::Service(s)),
+        }
+        .to_any(),
+    )
+}
+
+fn deny_from(ns: &str, name: &str, from_ns: &str) -> Resource {
+    let a = Authorization {
+        name: name.into(),
+        namespace: ns.into(),
+        scope: 1,
+        action: 1,
+        rules: vec![Rule {
+            clauses: vec![Clause {
+                matches: vec![Match {
+                    namespaces: vec![StringMatch {
+                        match_type: Some(crate::proto::security::string_match::MatchType::Exact(
+                            from_ns.into(),
+                        )),
+                    }],
+                    ..Default::default()
+                }],
+            }],
+        }],
+        dry_run: false,
+    };
+    Resource::new(format!("{ns}/{name}"), "1", a.to_any())
+}
+
+fn response(type_url: &str, resources: Vec<Resource>, removed: &[&str]) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        type_url: type_url.into(),
+        resources,
+        removed_resources: removed.iter().map(|s| s.to_string()).collect(),
+        nonce: "n".into(),
+        ..Default::default()
+    }
+}
+
+fn denied(m: &Mesh, dst: &str, from_ns: &str) -> bool {
+    let w = m.workload_by_ip(ip(dst)).expect("destination known");
+    let id = Identity::new("cluster.local", from_ns, "x");
+    !evaluate(
+        m,
+        &ConnInfo {
+            src_ip: ip("10.9.9.9"),
+            src_identity: Some(&id),
+            dst_workload: w,
+            dst_ip: ip(dst),
+            dst_port: 8080,
+        },
+    )
+    .is_allowed()
+}
+
+#[test]
+fn responses_are_applied_and_published_with_the_files_settings() {
+    let (mut st, seen) = state();
+    assert!(!st.status().synced());
+    let mut web = pod("shop", "web-0", "10.1.0.10");
+    web.services.insert(
+        "shop/web".into(),
+        PortList {
+            ports: vec![Port {
+                service_port: 80,
+                target_port: 9090,
+            }],
+        },
+    );
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(web, "1"), svc_res("shop", "web", "10.96.0.1", "1")],
+        &[],
+    ))
+    .unwrap();
+    assert_eq!(st.status().waiting_for(), ["authorization policies"]);
+    let m = last(&seen);
+    assert!(!m.is_complete(), "a control plane's mesh may lag");
+    assert_eq!(m.root_namespace(), "istio-system", "the file's settings");
+    let svc = m.service_by_vip(ip("10.96.0.1")).unwrap();
+    let eps: Vec<_> = m
+        .healthy_endpoints(svc, 80, false)
+        .map(|(_, a)| a)
+        .collect();
+    assert_eq!(eps, ["10.1.0.10:9090".parse().unwrap()]);
+    st.on_response(&response(
+        AUTHORIZATION_TYPE_URL,
+        vec![deny_from("shop", "no-evil", "evil")],
+        &[],
+    ))
+    .unwrap();
+    assert!(st.status().synced());
+    let m = last(&seen);
+    assert!(denied(&m, "10.1.0.10", "evil"));
+    assert!(!denied(&m, "10.1.0.10", "front"));
+    assert_eq!(
+        st.resource_versions(ADDRESS_TYPE_URL),
+        [
+            ("c//Pod/shop/web-0".to_owned(), "1".to_owned()),
+            ("shop/web".to_owned(), "1".to_owned())
+        ]
+        .into()
+    );
+    assert_eq!(st.resource_versions(AUTHORIZATION_TYPE_URL).len(), 1);
+
+    // Removals.
+    st.on_response(&response(AUTHORIZATION_TYPE_URL, vec![], &["shop/no-evil"]))
+        .unwrap();
+    assert!(!denied(&last(&seen), "10.1.0.10", "evil"));
+    st.on_response(&response(ADDRESS_TYPE_URL, vec![], &["c//Pod/shop/web-0"]))
+        .unwrap();
+    let m = last(&seen);
+    assert!(m.workload_by_ip(ip("10.1.0.10")).is_none());
+    assert!(st.resource_versions(AUTHORIZATION_TYPE_URL).is_empty());
+    assert_eq!(st.resource_versions(ADDRESS_TYPE_URL).len(), 1);
+}
+
+#[test]
+fn an_update_replaces_only_what_it_names() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![
+            wl_res(pod("shop", "a", "10.1.0.1"), "1"),
+            wl_res(pod("shop", "b", "10.1.0.2"), "1"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    let before = last(&seen);
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(pod("shop", "a", "10.1.0.9"), "2")],
+        &[],
+    ))
+    .unwrap();
+    let after = last(&seen);
+    assert!(after.workload_by_ip(ip("10.1.0.1")).is_none());
+    assert_eq!(after.workload_by_ip(ip("10.1.0.9")).unwrap().name, "a");
+    assert!(
+        std::ptr::eq(
+            before.workload_by_ip(ip("10.1.0.2")).unwrap(),
+            after.workload_by_ip(ip("10.1.0.2")).unwrap()
+        ),
+        "b was not touched: the same entry is shared"
+    );
+    assert_eq!(before.workload_by_ip(ip("10.1.0.1")).unwrap().name, "a");
+}
+
+#[test]
+fn adversarial_garbage_and_unreadable_addresses_are_refused_by_name_and_forgotten() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(pod("shop", "a", "10.1.0.1"), "1")],
+        &[],
+    ))
+    .unwrap();
+    let garbage = Resource::new(
+        "c//Pod/shop/a",
+        "2",
+        Any {
+            type_url: ADDRESS_TYPE_URL.into(),
+            value: vec![0xff, 0xff, 0xff, 0x0f, 0x01],
+        },
+    );
+    let mut bad = pod("shop", "b", "10.1.0.2");
+    bad.addresses.push(vec![9; 7]);
+    let nack = st
+        .on_response(&response(
+            ADDRESS_TYPE_URL,
+            vec![
+                garbage,
+                wl_res(bad, "1"),
+                wl_res(pod("shop", "c", "10.1.0.3"), "1"),
+                Resource::new(
+                    "shop/x",
+                    "1",
+                    Any {
+                        type_url: "type.googleapis.com/other.Thing".into(),
+                        value: vec![],
+                    },
+                ),
+            ],
+            &[],
+        ))
+        .unwrap_err();
+    let m = last(&seen);
+    assert!(
+        nack.message
+            .contains("c//Pod/shop/a: resource is not a valid"),
+        "{nack}"
+    );
+    assert!(
+        nack.message
+            .contains("c//Pod/shop/b: workload.addresses[1]: 7 bytes are not an IPv4"),
+        "{nack}"
+    );
+    assert!(
+        nack.message.contains("shop/x: resource is of type"),
+        "{nack}"
+    );
+    assert!(
+        m.workload_by_ip(ip("10.1.0.1")).is_none(),
+        "the copy held before is not served"
+    );
+    assert!(m.workload_by_ip(ip("10.1.0.2")).is_none());
+    assert_eq!(
+        m.workload_by_ip(ip("10.1.0.3")).unwrap().name,
+        "c",
+        "the rest applied"
+    );
+    let versions = st.resource_versions(ADDRESS_TYPE_URL);
+    assert_eq!(
+        versions.len(),
+        1,
+        "refused names are sent again: {versions:?}"
+    );
+    assert_eq!(st.status().problems().len(), 3);
+    // A readable version clears the problem.
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(pod("shop", "a", "10.1.0.1"), "3")],
+        &[],
+    ))
+    .unwrap();
+    assert_eq!(st.status().problems().len(), 2);
+    assert!(last(&seen).workload_by_ip(ip("10.1.0.1")).is_some());
+}
+
+#[test]
+fn adversarial_a_name_twice_in_one_response_applies_neither() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(pod("shop", "a", "10.1.0.1"), "1")],
+        &[],
+    ))
+    .unwrap();
+    let nack = st
+        .on_response(&response(
+            ADDRESS_TYPE_URL,
+            vec![
+                wl_res(pod("shop", "a", "10.1.0.7"), "2"),
+                wl_res(pod("shop", "a", "10.1.0.8"), "3"),
+            ],
+            &[],
+        ))
+        .unwrap_err();
+    assert!(
+        nack.message.contains("named 2 times in one response"),
+        "{nack}"
+    );
+    let m = last(&seen);
+    for a in ["10.1.0.1", "10.1.0.7", "10.1.0.8"] {
+        assert!(m.workload_by_ip(ip(a)).is_none(), "{a}");
+    }
+    // Policies named twice deny everything they could select.
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(pod("shop", "a", "10.1.0.1"), "4")],
+        &[],
+    ))
+    .unwrap();
+    let nack = st
+        .on_response(&response(
+            AUTHORIZATION_TYPE_URL,
+            vec![
+                deny_from("shop", "p", "evil"),
+                deny_from("shop", "p", "other"),
+            ],
+            &[],
+        ))
+        .unwrap_err();
+    assert!(nack.message.contains("shop/p: named 2 times"), "{nack}");
+    assert!(denied(&last(&seen), "10.1.0.1", "front"));
+}
+
+#[test]
+fn adversarial_garbage_policy_denies_everything_in_its_namespace() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![
+            wl_res(pod("shop", "a", "10.1.0.1"), "1"),
+            wl_res(pod("other", "b", "10.2.0.1"), "1"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    let nack = st
+        .on_response(&response(
+            AUTHORIZATION_TYPE_URL,
+            vec![Resource::new(
+                "shop/corrupt",
+                "1",
+                Any {
+                    type_url: AUTHORIZATION_TYPE_URL.into(),
+                    value: vec![0x0a, 0xff],
+                },
+            )],
+            &[],
+        ))
+        .unwrap_err();
+    assert!(nack.message.contains("shop/corrupt"), "{nack}");
+    let m = last(&seen);
+    assert!(denied(&m, "10.1.0.1", "front"), "its namespace: denied");
+    assert!(
+        !denied(&m, "10.2.0.1", "front"),
+        "another namespace: untouched"
+    );
+    assert!(
+        st.resource_versions(AUTHORIZATION_TYPE_URL).is_empty(),
+        "sent again on the next stream"
+    );
+    // Removed: the deny goes with it.
+    st.on_response(&response(AUTHORIZATION_TYPE_URL, vec![], &["shop/corrupt"]))
+        .unwrap();
+    assert!(!denied(&last(&seen), "10.1.0.1", "front"));
+    assert!(st.status().problems().is_empty());
+}
+
+#[test]
+fn adversarial_two_workloads_claiming_one_address_resolve_to_neither() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![
+            wl_res(pod("shop", "a", "10.1.0.1"), "1"),
+            wl_res(pod("evil", "b", "10.1.0.1"), "1"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    assert!(last(&seen).workload_by_ip(ip("10.1.0.1")).is_none());
+    let c = st.status().contested();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].1, ["workload c//Pod/evil/b", "workload c//Pod/shop/a"]);
+    st.on_response(&response(ADDRESS_TYPE_URL, vec![], &["c//Pod/evil/b"]))
+        .unwrap();
+    assert_eq!(
+        last(&seen).workload_by_ip(ip("10.1.0.1")).unwrap().name,
+        "a"
+    );
+    assert!(st.status().contested().is_empty());
+}
+
+#[test]
+fn a_name_that_changes_kind_replaces_the_old_entry() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![svc_res("shop", "web", "10.96.0.1", "1")],
+        &[],
+    ))
+    .unwrap();
+    let mut w = pod("shop", "web", "10.1.0.5");
+    w.uid = "shop/web".into();
+    st.on_response(&response(ADDRESS_TYPE_URL, vec![wl_res(w, "2")], &[]))
+        .unwrap();
+    let m = last(&seen);
+    assert!(m.service_by_vip(ip("10.96.0.1")).is_none());
+    assert!(m.workload_by_ip(ip("10.1.0.5")).is_some());
+}
+
+#[test]
+fn a_reloaded_file_changes_the_settings_not_the_entries() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(pod("shop", "a", "10.1.0.1"), "1")],
+        &[],
+    ))
+    .unwrap();
+    let file = MeshConfig::load_str(
+        "trustDomain: example.org\nworkloads:\n  - {uid: f, name: f, namespace: x, ips: [10.7.0.1], node: n}\n",
+        "file.yaml",
+        &NoEnv,
+    )
+    .unwrap();
+    st.set_base(Arc::new(file));
+    let m = last(&seen);
+    assert_eq!(m.trust_domain(), "example.org");
+    assert!(m.workload_by_ip(ip("10.1.0.1")).is_some());
+    assert!(
+        m.workload_by_ip(ip("10.7.0.1")).is_none(),
+        "the file's entries are not the mesh's"
+    );
+}
+
+#[test]
+fn metrics_follow_the_state() {
+    let (mut st, _) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![
+            wl_res(pod("shop", "a", "10.1.0.1"), "1"),
+            svc_res("shop", "web", "10.96.0.1", "1"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    let _ = st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![Resource::new("x", "1", Any::default())],
+        &[],
+    ));
+    let mut r = Registry::default();
+    st.status().register(&mut r);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+    for line in [
+        "ringway_xds_resources{kind=\"workload\"} 1",
+        "ringway_xds_resources{kind=\"service\"} 1",
+        "ringway_xds_refused_resources{kind=\"address\"} 1",
+        "istio_xds_message_total{url=\"type.googleapis.com/istio.workload.Address\"} 2",
+        "ringway_xds_nacks_total{url=\"type.googleapis.com/istio.workload.Address\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+}
