@@ -61,7 +61,19 @@ pub fn readiness_handler(ready: Arc<Readiness>) -> Handler {
 
 /// The metrics handler.
 pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
-    let registry = Arc::new(metrics.registry());
+    metrics_handler_with(metrics, stats, |_| {})
+}
+
+/// [`metrics_handler`] with more metrics: `extend` registers them (the xDS
+/// client's, say) beside the proxy's.
+pub fn metrics_handler_with(
+    metrics: Arc<Metrics>,
+    stats: Arc<Stats>,
+    extend: impl FnOnce(&mut prometheus_client::registry::Registry),
+) -> Handler {
+    let mut registry = metrics.registry();
+    extend(&mut registry);
+    let registry = Arc::new(registry);
     Arc::new(move |method, path, _, openmetrics| match (method, path) {
         (&hyper::Method::GET, "/metrics") | (&hyper::Method::GET, "/stats/prometheus") => {
             // Derived from the datapath's own counters at scrape time, so

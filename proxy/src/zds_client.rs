@@ -26,6 +26,9 @@ use crate::{PodIdentity, Proxy};
 /// What readiness depends on.
 #[derive(Debug, Default)]
 pub struct Readiness {
+    /// What the mesh's source still has to deliver before the proxy is
+    /// ready (a control plane's first workloads and policies); empty: none.
+    mesh_waiting: Mutex<String>,
     snapshot_done: AtomicBool,
     protocol_error: AtomicBool,
     draining: AtomicBool,
@@ -37,7 +40,11 @@ pub struct Readiness {
 impl Readiness {
     /// Ready: a snapshot is in, no pod is pending, no protocol error, not draining.
     pub fn is_ready(&self) -> bool {
-        self.snapshot_done.load(Ordering::SeqCst)
+        self.mesh_waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+            && self.snapshot_done.load(Ordering::SeqCst)
             && !self.protocol_error.load(Ordering::SeqCst)
             && !self.draining.load(Ordering::SeqCst)
             && self
@@ -55,6 +62,12 @@ impl Readiness {
         if self.protocol_error.load(Ordering::SeqCst) {
             return "ZDS protocol error; reconnecting".into();
         }
+        {
+            let w = self.mesh_waiting.lock().unwrap_or_else(|p| p.into_inner());
+            if !w.is_empty() {
+                return format!("waiting for {w}");
+            }
+        }
         if !self.snapshot_done.load(Ordering::SeqCst) {
             return "waiting for the node agent's snapshot".into();
         }
@@ -65,6 +78,12 @@ impl Readiness {
             return format!("pods pending: {}", v.join(", "));
         }
         "ready".into()
+    }
+
+    /// Says what the mesh's source has yet to deliver (`""`: nothing): the
+    /// proxy is not ready before it has.
+    pub fn set_mesh_waiting(&self, what: impl Into<String>) {
+        *self.mesh_waiting.lock().unwrap_or_else(|p| p.into_inner()) = what.into();
     }
 
     /// Declares the snapshot applied (running without a node agent).

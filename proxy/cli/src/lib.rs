@@ -27,6 +27,7 @@ use anyhow::{bail, Context};
 
 #[cfg(feature = "sandbox")]
 mod sandbox;
+mod xds;
 use clap::{Parser, Subcommand, ValueEnum};
 use ringway_config::{CaptureMode, ProxySettings};
 use ringway_proxy::Proxy;
@@ -176,12 +177,15 @@ struct ProxyArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Where the mesh's workloads and services come from: `file` (the
-    /// configuration's `workloads`/`services`) or `kubernetes` (pods,
+    /// configuration's `workloads`/`services`), `kubernetes` (pods,
     /// services and EndpointSlices watched through the API server with the
     /// pod's service account, added to the file's, and the cluster's
     /// security.istio.io AuthorizationPolicies and PeerAuthentications
     /// enforced beside the file's policies; trust domain and CA always come
-    /// from the file).
+    /// from the file) or `xds` (the mesh's control plane: workloads,
+    /// services and L4 policies over its workload API, certificates from it
+    /// too unless the file has a `ca:` section; the file gives settings
+    /// only).
     #[arg(long, value_enum, env = "RINGWAY_MESH_SOURCE", default_value_t = MeshSource::File)]
     mesh_source: MeshSource,
     /// The cluster's DNS domain: services are `<name>.<namespace>.svc.<domain>`
@@ -193,6 +197,9 @@ struct ProxyArgs {
     /// namespace).
     #[arg(long, env = "RINGWAY_ISTIO_ROOT_NAMESPACE", default_value = ringway_config::kube::istio::DEFAULT_ISTIO_ROOT_NAMESPACE)]
     istio_root_namespace: String,
+    /// With `--mesh-source xds`.
+    #[command(flatten)]
+    xds: xds::XdsArgs,
 }
 
 /// `ringway proxy --mesh-source`.
@@ -202,6 +209,8 @@ enum MeshSource {
     File,
     /// The Kubernetes API (in-cluster config), merged with the file.
     Kubernetes,
+    /// The mesh's control plane (istiod) over its workload API.
+    Xds,
 }
 
 #[derive(clap::Args, Debug)]
@@ -372,7 +381,8 @@ fn start_kube_mesh(
     Ok(watch)
 }
 
-/// Waits for the Kubernetes source's first snapshot, logging while it does;
+/// Waits for the mesh source's first snapshot (Kubernetes or xDS), logging
+/// while it does;
 /// false when stopped (or the watch ended) first.
 fn wait_first_snapshot(
     rx: &std::sync::mpsc::Receiver<()>,
@@ -384,7 +394,7 @@ fn wait_first_snapshot(
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(()) => {
-                tracing::info!(waited = ?t0.elapsed(), "first Kubernetes snapshot in; taking pods from the agent");
+                tracing::info!(waited = ?t0.elapsed(), "first mesh snapshot in; taking pods from the agent");
                 return true;
             }
             Err(RecvTimeoutError::Disconnected) => return false,
@@ -393,7 +403,7 @@ fn wait_first_snapshot(
                     return false;
                 }
                 if t0.elapsed() >= next_log {
-                    tracing::warn!(waited = ?t0.elapsed(), "waiting for the first Kubernetes snapshot (pods, services, EndpointSlices) before taking pods");
+                    tracing::warn!(waited = ?t0.elapsed(), "waiting for the mesh source's first snapshot (Kubernetes: pods, services, EndpointSlices; xDS: the control plane's first workloads and policies) before taking pods");
                     next_log += Duration::from_secs(10);
                 }
             }
@@ -875,35 +885,59 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         }
     }
     let drain_period = settings.drain_period;
+    if args.mesh_source == MeshSource::Xds {
+        xds::check_file(&mesh)?;
+    }
     let proxy = Arc::new(Proxy::start(settings)?);
-    // HBONE: on when the config has a CA (`ca:`); off otherwise.
-    let _refresher = match mesh.ca_service() {
-        None => proxy.enable_hbone(&mesh)?,
-        Some(svc) => Some(enable_hbone_with_ca_service(
+    // HBONE: on when the config has a CA (`ca:`); with the control plane as
+    // the mesh source, its certificate service otherwise; off otherwise.
+    let _refresher = match (mesh.ca(), mesh.ca_service(), args.mesh_source) {
+        (None, None, MeshSource::Xds) => Some(enable_hbone_with_ca_service(
+            &proxy,
+            &args.xds.ca_service()?,
+            mesh.trust_domain(),
+        )?),
+        (_, None, _) => proxy.enable_hbone(&mesh)?,
+        (_, Some(svc), _) => Some(enable_hbone_with_ca_service(
             &proxy,
             svc,
             mesh.trust_domain(),
         )?),
     };
     let mesh = Arc::new(mesh);
-    proxy.set_mesh(mesh.clone());
+    if args.mesh_source != MeshSource::Xds {
+        proxy.set_mesh(mesh.clone());
+    }
+    let ready = Arc::new(ringway_proxy::zds_client::Readiness::default());
     // `--mesh-source kubernetes`: the cluster's workloads and services are
     // added to the file's, on the `ringway-kube` control thread; until its
     // first snapshot (every watch listed) the file's mesh is in force.
     let (first_tx, first_rx) = std::sync::mpsc::sync_channel(1);
-    let (kube_mesh, first_snapshot) = match args.mesh_source {
-        MeshSource::File => (None, None),
-        MeshSource::Kubernetes => (
-            Some(Arc::new(start_kube_mesh(
+    let (mut kube_mesh, mut xds_mesh, mut first_snapshot) = (None, None, None);
+    match args.mesh_source {
+        MeshSource::File => {}
+        MeshSource::Kubernetes => {
+            kube_mesh = Some(Arc::new(start_kube_mesh(
                 mesh,
                 &args.cluster_domain,
                 &args.istio_root_namespace,
                 proxy.clone(),
                 first_tx,
-            )?)),
-            Some(first_rx),
-        ),
-    };
+            )?));
+            first_snapshot = Some(first_rx);
+        }
+        MeshSource::Xds => {
+            xds_mesh = Some(Arc::new(xds::start(
+                mesh,
+                &args.xds,
+                &args.cluster_domain,
+                proxy.clone(),
+                ready.clone(),
+                first_tx,
+            )?));
+            first_snapshot = Some(first_rx);
+        }
+    }
     // Hot reload of the mesh (workloads, policies): connections opened after
     // a valid edit use it; datapath settings and the CA need a restart. With
     // the Kubernetes source the edit is merged with the cluster's objects.
@@ -911,15 +945,17 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         Some(path) => {
             let p = proxy.clone();
             let kube_mesh = kube_mesh.clone();
+            let xds_mesh = xds_mesh.clone();
             Some(
                 ringway_config::ConfigWatcher::spawn(
                     path.clone(),
                     ringway_config::ProcessEnv,
                     move |m| {
                         tracing::info!(revision = m.revision(), "configuration reloaded");
-                        match &kube_mesh {
-                            Some(k) => k.set_file(m),
-                            None => {
+                        match (&kube_mesh, &xds_mesh) {
+                            (Some(k), _) => k.set_file(m),
+                            (None, Some(x)) => x.set_file(m),
+                            (None, None) => {
                                 p.set_mesh(m);
                             }
                         }
@@ -931,9 +967,14 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let xds_status = xds_mesh.as_ref().map(|x| x.status().clone());
     let metrics_server = ringway_proxy::control::ControlServer::serve_shared(
         args.metrics_addr,
-        ringway_proxy::control::metrics_handler(proxy.metrics(), proxy.stats_handle()),
+        ringway_proxy::control::metrics_handler_with(proxy.metrics(), proxy.stats_handle(), |r| {
+            if let Some(s) = &xds_status {
+                s.register(r);
+            }
+        }),
     )
     .with_context(|| format!("binding the metrics endpoint on {}", args.metrics_addr))?;
     tracing::info!(addr = %metrics_server.addr, "metrics endpoint: GET /metrics");
@@ -946,7 +987,6 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("binding the admin endpoint on {}", args.admin_addr))?;
     tracing::info!(addr = %admin_server.addr, "admin endpoint: GET /config_dump, POST /logging?level=");
-    let ready = Arc::new(ringway_proxy::zds_client::Readiness::default());
     let control = ringway_proxy::control::ControlServer::start(args.readiness_addr, ready.clone())
         .with_context(|| format!("binding the readiness endpoint on {}", args.readiness_addr))?;
     tracing::info!(addr = %control.addr, "readiness endpoint: GET /healthz/ready");
@@ -1023,6 +1063,7 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if let Some(t) = zds_thread {
         let _ = t.join();
     }
+    drop(xds_mesh);
     drop(control);
     drop(metrics_server);
     drop(admin_server);

@@ -259,6 +259,13 @@ impl MeshState {
         self.base.with_entries_of(&self.entries)
     }
 
+    /// Publishes the snapshot now (before the first response: the file's
+    /// settings with no entries, not complete).
+    pub fn publish(&mut self) {
+        let mesh = Arc::new(self.mesh());
+        (self.publish)(mesh);
+    }
+
     /// A reloaded file: its settings apply from now on (its workloads,
     /// services and policies do not: the control plane's do).
     pub fn set_base(&mut self, base: Arc<Mesh>) {
@@ -344,9 +351,9 @@ impl MeshState {
         }
         self.entries = edit.finish();
         self.check_contested(&resp.resources);
+        self.report(ty);
         let mesh = Arc::new(self.mesh());
         (self.publish)(mesh);
-        self.report(ty);
         if nacks.is_empty() {
             Ok(())
         } else {
@@ -572,6 +579,32 @@ impl Handler for MeshState {
             }
             _ => {}
         }
+    }
+}
+
+/// A [`MeshState`] shared with the configuration's reload, which swaps the
+/// file's settings under it ([`MeshState::set_base`]): the client's handler,
+/// locking it for each call.
+#[derive(Debug, Clone)]
+pub struct SharedMeshState(pub Arc<Mutex<MeshState>>);
+
+impl SharedMeshState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MeshState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Handler for SharedMeshState {
+    fn on_response(&mut self, response: &DeltaDiscoveryResponse) -> Result<(), Nack> {
+        self.lock().on_response(response)
+    }
+
+    fn resource_versions(&self, type_url: &str) -> HashMap<String, String> {
+        self.lock().resource_versions(type_url)
+    }
+
+    fn on_event(&mut self, event: Event) {
+        self.lock().on_event(event)
     }
 }
 
