@@ -2,10 +2,14 @@
 //! pods besides the CNI plugin (which captures pods as they are created), and the rule
 //! both follow.
 //!
-//! [`run_watch`] watches this node's pods (field selector `spec.nodeName=<node>`) and the
-//! namespaces labelled `ringway.io/dataplane-mode=enabled` (label selector: a namespace
-//! that loses the label leaves the watch, which reports it as deleted), and calls the
-//! agent through the [`Enrollment`] trait. The module is a thin layer:
+//! [`run_watch`] watches this node's pods (field selector `spec.nodeName=<node>`) and
+//! every namespace (keeping the names of those whose labels enroll their pods), and
+//! calls the agent through the [`Enrollment`] trait. Namespaces are not label-selected:
+//! either `ringway.io/dataplane-mode=enabled` or the Istio ambient mesh's
+//! `istio.io/dataplane-mode=ambient` enrolls one, no one selector says "either", and two
+//! selected watches cannot order an update that moves a namespace from one label to the
+//! other (its pods would be released and captured again; see
+//! `ringway_config::enrollment`, "Watching the namespaces"). The module is a thin layer:
 //! - [`decide`] is the whole policy, a pure function of a pod and its namespace;
 //! - [`Selector`] holds what the watch knows and answers the CNI path's question
 //!   "capture this pod?" with the same policy ([`Verdict`]);
@@ -15,8 +19,7 @@
 //! # One rule for the CNI ADD and the watch
 //! A pod is captured unless its namespace is excluded by the agent
 //! ([`Enrollment::excludes`]) or [`decide`] says [`Unenroll`](Decision::Unenroll)
-//! (hostNetwork, pod label `disabled`, neither pod nor namespace labelled `enabled`,
-//! finished). The CNI ADD asks [`Selector::selects`]: from the watch's caches when they
+//! (hostNetwork, opted out, neither pod nor namespace enrolled by a label, finished). The CNI ADD asks [`Selector::selects`]: from the watch's caches when they
 //! hold the pod, else (a new pod: the ADD usually runs before the watch sees it) from the
 //! API server, GETting the pod and, when its labels leave the answer to its namespace,
 //! the namespace, within [`LOOKUP_TIMEOUT`] (2 s). The API server's object counts even
@@ -39,17 +42,20 @@
 //! makes the same choice (its ADD fails when it cannot read the pod).
 //!
 //! # The decision ([`decide`])
+//! The labels are ringway's `ringway.io/dataplane-mode` and the Istio ambient mesh's
+//! `istio.io/dataplane-mode` (the rule and its precedence: [`ringway_config::enrollment`]).
+//!
 //! | pod | decision |
 //! | --- | --- |
 //! | `spec.hostNetwork` | [`Unenroll`](Decision::Unenroll) (never enrolled: its netns is the node's) |
-//! | label `disabled` | Unenroll (opt-out, whatever the namespace says) |
-//! | neither its label nor its namespace's is `enabled` | Unenroll |
+//! | opted out: `ringway.io/dataplane-mode=disabled` or `istio.io/dataplane-mode=none` | Unenroll (whatever the other label and the namespace say) |
+//! | neither the pod nor its namespace labelled `ringway.io/dataplane-mode=enabled` or `istio.io/dataplane-mode=ambient` | Unenroll |
 //! | wanted, phase `Succeeded`/`Failed` | Unenroll |
 //! | wanted, `deletionTimestamp` set | [`Ignore`](Decision::Ignore): stays captured through graceful termination |
 //! | wanted, not `Running` yet, or no IP yet | Ignore: the CNI ADD captures new pods |
 //! | wanted, running with an IP | [`Enroll`](Decision::Enroll) |
 //!
-//! A label value other than `enabled`/`disabled` on a pod counts as no label.
+//! Any other value of either label counts as no label.
 //!
 //! # Calls to the agent
 //! - The agent's [`Enrollment::enrolled`] set is the truth (the CNI plugin enrolls pods
@@ -87,8 +93,9 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 pub use self::decide::{
-    decide, namespace_enabled, Decision, IgnoreReason, PodIdentity, UnenrollReason,
+    decide, namespace_enabled, Decision, IgnoreReason, PodIdentity, PodMode, UnenrollReason,
     DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
+    ISTIO_DATAPLANE_MODE_AMBIENT, ISTIO_DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_NONE,
 };
 use self::reconcile::Reconciler;
 pub use self::select::{SelectError, Selected, Selector, Verdict, LOOKUP_TIMEOUT};
@@ -288,9 +295,11 @@ fn pod_watch_config(node: &str) -> watcher::Config {
     watcher::Config::default().fields(&format!("spec.nodeName={node}"))
 }
 
-/// The enabled namespaces only: the others are not needed to decide.
+/// Every namespace: either of two labels enrolls one, and no label selector says
+/// "either" (see `ringway_config::enrollment`, "Watching the namespaces"). Only the
+/// names of the enrolled ones are kept.
 fn namespace_watch_config() -> watcher::Config {
-    watcher::Config::default().labels(&format!("{DATAPLANE_MODE_LABEL}={DATAPLANE_MODE_ENABLED}"))
+    watcher::Config::default()
 }
 
 #[expect(

@@ -193,7 +193,7 @@ fn cni_add_captures_only_what_the_labels_select() {
         );
         assert_eq!(
             cni_line(&cfg.cni_socket, format!("{line}\n").as_bytes()),
-            r#"{"ok":true,"passThrough":"neither pod nor namespace labelled enabled"}"#
+            r#"{"ok":true,"passThrough":"neither pod nor namespace labelled ringway.io/dataplane-mode=enabled or istio.io/dataplane-mode=ambient"}"#
         );
         // The agent's own namespace passes through whatever its labels say.
         api.apply_namespace("ringway-system", Some("enabled"));
@@ -426,6 +426,103 @@ fn adversarial_cni_add_enrolls_only_with_the_pods_real_service_account() {
         assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
         assert_eq!(held, ["uid-web"]);
+        agent.shutdown();
+    });
+}
+
+/// The Istio ambient mesh's labels, end to end: a pod labelled
+/// `istio.io/dataplane-mode=none` in a namespace labelled
+/// `istio.io/dataplane-mode=ambient` is never captured (its CNI ADD passes it
+/// through; the watch never enrolls it, not once it runs, not when it and its
+/// namespace gain ringway's `enabled` too: the opt-out wins); a captured pod
+/// whose label changes from `ambient` to `none` is released (`Del` to the
+/// proxy, its rules removed).
+#[test]
+fn adversarial_an_istio_opt_out_is_never_captured_and_a_switch_to_none_releases() {
+    run_isolated("adversarial_istio_opt_out", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_istio_opt_out");
+        let kube = Kube::start(Duration::from_secs(2));
+        let cfg = config_with("adversarial_istio_opt_out", &dir, &kube);
+        let vn = VirtualNode::build(65, 2).unwrap();
+        let api = &kube.api;
+        api.apply_namespace_labels("amb", &[("istio.io/dataplane-mode", "ambient")]);
+        let pod = |i: usize, uid: &str| {
+            let mut p = CniPod::of(vn.pod(i), uid);
+            p.namespace = "amb".into();
+            p
+        };
+        let (opted_out, switched) = (pod(0, "uid-none"), pod(1, "uid-switch"));
+        let fake = |p: &CniPod, istio: &str| {
+            FakePod::new(&p.uid, "amb", &p.name, &cfg.node_name)
+                .service_account("web")
+                .istio_mode(istio)
+        };
+        let running = |f: FakePod, p: &CniPod| {
+            let ips: Vec<String> = p
+                .ips
+                .iter()
+                .map(|a| a.split('/').next().unwrap().to_string())
+                .collect();
+            let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+            f.running(&ips)
+        };
+        api.apply_pod(fake(&opted_out, "none").json());
+        api.apply_pod(fake(&switched, "ambient").json());
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        kube.watch(&cfg.node_name, &agent);
+        assert!(
+            wait_until(WAIT, || kube.selector.synced()),
+            "watch not synced"
+        );
+
+        // The CNI ADD: the opted-out pod passes through, the other is captured.
+        let line = format!(
+            r#"{{"op":"add","containerId":"c-1","netns":"{}","pod":{{"name":"{}","namespace":"amb","uid":"uid-none"}}}}"#,
+            opted_out.netns.display(),
+            opted_out.name
+        );
+        assert_eq!(
+            cni_line(&cfg.cni_socket, format!("{line}\n").as_bytes()),
+            r#"{"ok":true,"passThrough":"pod opted out (ringway.io/dataplane-mode=disabled or istio.io/dataplane-mode=none)"}"#
+        );
+        ok(plugin("ADD", &opted_out, &cfg.cni_socket));
+        assert_uncaptured(vn.pod(0));
+        ok(plugin("ADD", &switched, &cfg.cni_socket));
+        let add = &proxy.wait_for(2)[1];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-switch"));
+
+        // Both run; then everything else says "enroll" for the opted-out pod.
+        api.apply_pod(running(fake(&opted_out, "none"), &opted_out).json());
+        api.apply_pod(running(fake(&switched, "ambient"), &switched).json());
+        api.apply_namespace_labels(
+            "amb",
+            &[
+                ("istio.io/dataplane-mode", "ambient"),
+                ("ringway.io/dataplane-mode", "enabled"),
+            ],
+        );
+        api.apply_pod(running(fake(&opted_out, "none").mode("enabled"), &opted_out).json());
+        // The switch to none comes after those on the same pod watch: once its
+        // Del is at the proxy, they have been applied.
+        api.apply_pod(running(fake(&switched, "none"), &switched).json());
+        let del = &proxy.wait_for(3)[2];
+        assert_eq!((del.kind, del.uid.as_str()), ("Del", "uid-switch"));
+        assert!(
+            wait_until(WAIT, || agent.pods().is_empty()),
+            "the agent still holds {:?}",
+            agent.pods()
+        );
+        // The rules go after the proxy's ack of the Del.
+        assert!(
+            wait_until(WAIT, || read_tag(vn.pod(1).netns.fd()).unwrap().is_none()),
+            "the released pod's rules are still there"
+        );
+        assert_uncaptured(vn.pod(1));
+        assert_uncaptured(vn.pod(0));
+        assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
         agent.shutdown();
     });
 }

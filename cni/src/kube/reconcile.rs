@@ -50,7 +50,7 @@ impl<'a> Enrolled<'a> {
 pub(crate) struct Reconciler {
     enrollment: Arc<dyn Enrollment>,
     config: WatchConfig,
-    /// Holds the watched pods and enabled namespaces (shared with the CNI path).
+    /// Holds the watched pods and enrolled namespaces (shared with the CNI path).
     selector: Selector,
     /// Pods listed so far during a relist (replaces the cached pods at its end).
     pods_relist: Option<HashMap<String, PodFacts>>,
@@ -79,7 +79,7 @@ impl Reconciler {
         }
     }
 
-    /// Nothing is enrolled or unenrolled before both lists are in: a pod of an enabled
+    /// Nothing is enrolled or unenrolled before both lists are in: a pod of an enrolled
     /// namespace must not be unenrolled because the namespace was not listed yet.
     fn ready(&self) -> bool {
         self.selector.cache().synced()
@@ -192,7 +192,7 @@ impl Reconciler {
                     self.evaluate_namespace(&name);
                 }
             }
-            // Deleted, or no longer matching the `enabled` label selector.
+            // Deleted.
             Event::Delete(ns) => {
                 let Some(name) = ns.metadata.name else { return };
                 let removed = self.selector.cache().namespaces.remove(&name);

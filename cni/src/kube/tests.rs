@@ -187,6 +187,16 @@ fn namespace(name: &str, mode: Option<&str>, rv: &str) -> Value {
     ns
 }
 
+/// [`fixtures::namespace_with_labels`] at resourceVersion `rv`.
+fn namespace_labelled(name: &str, labels: &[(&str, &str)], rv: &str) -> Value {
+    let mut ns = fixtures::namespace_with_labels(name, labels);
+    ns["metadata"]["resourceVersion"] = json!(rv);
+    ns
+}
+
+const RINGWAY: &str = DATAPLANE_MODE_LABEL;
+const ISTIO: &str = ISTIO_DATAPLANE_MODE_LABEL;
+
 fn fast() -> WatchConfig {
     WatchConfig {
         node: NODE.into(),
@@ -259,7 +269,8 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
         }
     );
 
-    // The requests.
+    // The requests: the pods of this node; every namespace (either of two labels
+    // enrolls one: no label selector).
     let pod_watch = api.next_watch(Kind::Pod).await;
     let ns_watch = api.next_watch(Kind::Namespace).await;
     let pod_reqs = api.requests_of(Kind::Pod);
@@ -271,19 +282,15 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
         Some("spec.nodeName=node-a")
     );
     assert_eq!(list.query.get("labelSelector"), None);
-    assert!(!ns_reqs[0].query.contains_key("fieldSelector"));
-    assert_eq!(
-        ns_reqs[0].query.get("labelSelector").map(String::as_str),
-        Some("ringway.io/dataplane-mode=enabled")
-    );
+    assert_eq!(ns_reqs.len(), 2, "{ns_reqs:?}");
+    for r in &ns_reqs {
+        assert!(!r.query.contains_key("fieldSelector"));
+        assert!(!r.query.contains_key("labelSelector"));
+    }
     assert_eq!(pod_watch.query["watch"], "true");
     assert_eq!(pod_watch.query["fieldSelector"], "spec.nodeName=node-a");
     assert_eq!(pod_watch.query["resourceVersion"], "100");
     assert_eq!(pod_watch.query["allowWatchBookmarks"], "true");
-    assert_eq!(
-        ns_watch.query["labelSelector"],
-        "ringway.io/dataplane-mode=enabled"
-    );
     assert_eq!(ns_watch.query["resourceVersion"], "50");
 
     // e starts running with an IP: enrolled. A new hostNetwork pod, and an annotation
@@ -557,6 +564,111 @@ async fn nothing_is_called_before_both_lists_are_in() {
     assert_eq!(agent.wait_calls(1).await, [enroll("n")]);
     settle().await;
     assert_eq!(agent.calls(), [enroll("n")]);
+    task.abort();
+}
+
+/// The Istio ambient mesh's labels: `istio.io/dataplane-mode=ambient` on a namespace
+/// or on a pod enrolls, `none` on a pod opts it out whatever its namespace says. A
+/// namespace moved from one enrolling label to the other in one update, either way, or
+/// given both and then one removed, never leaves the mesh (no call for its pod); it
+/// leaves when it has neither.
+#[tokio::test]
+async fn istio_labels_enroll_opt_out_and_either_namespace_label_holds() {
+    let (client, api) = scripted(
+        vec![
+            pod("m", "amb").json(),
+            pod("o", "amb").istio_mode("none").json(),
+            pod("p", "plain").istio_mode("ambient").json(),
+            pod("q", "plain").json(),
+            pod("r", "both").json(),
+            pod("z", "late").json(),
+        ],
+        vec![
+            namespace_labelled("amb", &[(ISTIO, "ambient")], "7"),
+            namespace_labelled("both", &[(RINGWAY, "enabled")], "8"),
+            namespace_labelled("plain", &[(ISTIO, "none")], "9"),
+        ],
+    );
+    let agent = Arc::new(FakeAgent::default());
+    let task = spawn(client, &agent, fast());
+    assert_eq!(
+        sorted(agent.wait_calls(3).await),
+        [enroll("m"), enroll("p"), enroll("r")]
+    );
+    let pods = api.next_watch(Kind::Pod).await;
+    let namespaces = api.next_watch(Kind::Namespace).await;
+
+    // "both": ringway's label -> istio's -> both -> ringway's -> istio's, each in one
+    // update. The watch applies its events in order, so a later one whose call is
+    // awaited (namespace "late" enrolled: its pod z enrolled) is a barrier.
+    let steps: [&[(&str, &str)]; 4] = [
+        &[(ISTIO, "ambient")],
+        &[(ISTIO, "ambient"), (RINGWAY, "enabled")],
+        &[(RINGWAY, "enabled")],
+        &[(ISTIO, "ambient"), (RINGWAY, "disabled")],
+    ];
+    for (i, labels) in steps.into_iter().enumerate() {
+        namespaces.send(
+            "MODIFIED",
+            namespace_labelled("both", labels, &(10 + i).to_string()),
+        );
+    }
+    namespaces.send(
+        "ADDED",
+        namespace_labelled("late", &[(ISTIO, "ambient")], "20"),
+    );
+    assert_eq!(agent.wait_calls(4).await[3], enroll("z"));
+    // Neither label (a namespace has no opt-out, and `none` there enrolls nothing).
+    namespaces.send(
+        "MODIFIED",
+        namespace_labelled("both", &[(ISTIO, "none")], "21"),
+    );
+    assert_eq!(agent.wait_calls(5).await[4], unenroll("r"));
+
+    // The pod's own label: none removed (its namespace enrolls it), then set on
+    // another pod of that namespace; ambient removed from a pod of a plain namespace.
+    pods.send("MODIFIED", pod("o", "amb").resource_version("30").json());
+    assert_eq!(agent.wait_calls(6).await[5], enroll("o"));
+    pods.send(
+        "MODIFIED",
+        pod("m", "amb")
+            .istio_mode("none")
+            .resource_version("31")
+            .json(),
+    );
+    assert_eq!(agent.wait_calls(7).await[6], unenroll("m"));
+    pods.send("MODIFIED", pod("p", "plain").resource_version("32").json());
+    assert_eq!(agent.wait_calls(8).await[7], unenroll("p"));
+    // Another value of the istio.io label is no label; the opt-out beats ringway's
+    // enabled on the same pod.
+    pods.send(
+        "MODIFIED",
+        pod("q", "plain")
+            .istio_mode("Ambient")
+            .resource_version("33")
+            .json(),
+    );
+    pods.send(
+        "MODIFIED",
+        pod("r", "both")
+            .mode("enabled")
+            .istio_mode("none")
+            .resource_version("34")
+            .json(),
+    );
+    pods.send(
+        "MODIFIED",
+        pod("q", "plain")
+            .istio_mode("ambient")
+            .resource_version("35")
+            .json(),
+    );
+    assert_eq!(agent.wait_calls(9).await[8], enroll("q"));
+    assert_eq!(
+        agent.enrolled_set(),
+        ["o", "q", "z"].into_iter().map(String::from).collect()
+    );
+    drop(namespaces);
     task.abort();
 }
 
@@ -1089,6 +1201,74 @@ mod selector {
         api.apply_pod(again);
         settle().await;
         assert_eq!(agent.calls(), [enroll("a")]);
+        task.abort();
+    }
+
+    /// A pod labelled `istio.io/dataplane-mode=none` in a namespace labelled
+    /// `istio.io/dataplane-mode=ambient` is never captured: the CNI path passes it
+    /// through (from the API server, then from the watch's cache), and the watch never
+    /// enrolls it, not when its namespace gains ringway's label too, not when the pod
+    /// gains `ringway.io/dataplane-mode=enabled` (the opt-out wins), not after a relist.
+    /// A captured pod whose label changes from `ambient` to `none` is released.
+    #[tokio::test]
+    async fn adversarial_an_istio_opt_out_is_never_captured_and_releases() {
+        let (s, api) = start();
+        api.apply_namespace_labels("amb", &[(ISTIO, "ambient")]);
+        let opted_out = || {
+            FakePod::new("x", "amb", "pod-x", NODE)
+                .service_account("sa-x")
+                .istio_mode("none")
+                .running(&["10.0.0.8"])
+        };
+        let switched = || {
+            FakePod::new("y", "amb", "pod-y", NODE)
+                .service_account("sa-x")
+                .running(&["10.0.0.9"])
+        };
+        api.apply_pod(opted_out().json());
+        api.apply_pod(switched().istio_mode("ambient").json());
+        let out = Verdict::PassThrough(UnenrollReason::PodOptOut);
+        assert_eq!(ask(&s, "x", "amb", "pod-x").await.unwrap(), out);
+        assert_eq!(
+            ask(&s, "y", "amb", "pod-y").await.unwrap(),
+            Verdict::Capture
+        );
+
+        // The CNI ADD captured y (the agent holds it with the watch's identity).
+        let agent = Arc::new(FakeAgent::default());
+        agent.hold("y", "amb", "sa-x");
+        let task = spawn_with(s.clone(), &agent, fast());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.synced() {
+            assert!(Instant::now() < deadline, "the watch did not list");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(ask(&s, "x", "amb", "pod-x").await.unwrap(), out);
+
+        // Everything else says "enroll": still not. Each watch applies its events in
+        // order, so a later event of the same watch whose call is awaited is a
+        // barrier: namespace amb2 (after amb's change) enrolls pod b; y's switch to
+        // none (after x's change and a relist of the pods) releases y.
+        api.apply_pod(
+            FakePod::new("b", "amb2", "pod-b", NODE)
+                .service_account("sa-x")
+                .running(&["10.0.0.10"])
+                .json(),
+        );
+        api.apply_namespace_labels("amb", &[(ISTIO, "ambient"), (RINGWAY, "enabled")]);
+        api.apply_namespace("amb2", Some("enabled"));
+        api.apply_pod(opted_out().mode("enabled").json());
+        api.expire(Kind::Pod);
+        api.apply_pod(switched().istio_mode("none").json());
+        assert_eq!(
+            sorted(agent.wait_calls(2).await),
+            [enroll("b"), unenroll("y")]
+        );
+        assert_eq!(ask(&s, "x", "amb", "pod-x").await.unwrap(), out);
+        assert_eq!(ask(&s, "y", "amb", "pod-y").await.unwrap(), out);
+        settle().await;
+        assert_eq!(agent.calls().len(), 2, "{:?}", agent.calls());
+        assert_eq!(agent.enrolled_set(), BTreeSet::from(["b".to_string()]));
         task.abort();
     }
 }

@@ -20,8 +20,10 @@
 //! [`AgentConfig::selection`]): pods of `exclude_namespaces` never; then, with
 //! [`Selection::All`] (no cluster: the sandbox, tests) every other pod, with
 //! [`Selection::Kubernetes`] the pods [`crate::kube::decide`] wants (label
-//! `ringway.io/dataplane-mode=enabled` on the pod or its namespace, pod label
-//! `disabled` opts out, never hostNetwork), answered from the watch's caches or,
+//! `ringway.io/dataplane-mode=enabled` or `istio.io/dataplane-mode=ambient` on
+//! the pod or its namespace, pod label `ringway.io/dataplane-mode=disabled` or
+//! `istio.io/dataplane-mode=none` opts out and wins over any enrollment, never
+//! hostNetwork: [`ringway_config::enrollment`]), answered from the watch's caches or,
 //! for a pod the watch has not seen yet, from the API server
 //! ([`crate::kube::Selector`]). A CNI ADD for a pod the rule passes over answers
 //! `{"ok":true,"passThrough":"<why>"}`: no rules, no `Add` to the proxy, and the

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::testing::fixtures::{self, endpoint, external_service, namespace, service, uid};
 use super::testing::{ApiMode, FakeApiServer, Kind};
 use super::*;
+use crate::enrollment::{DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_LABEL};
 use crate::{Mesh, MeshConfig, NoEnv};
 
 // ------------------------------------------------------------------ objects
@@ -231,8 +232,8 @@ fn the_cluster_becomes_the_mesh() {
     assert_eq!(m.origin(), "config.yaml + kubernetes");
     assert!(Arc::ptr_eq(&h.watch.current().unwrap(), &m));
 
-    // One list and one watch per kind, cluster-wide; only the enabled
-    // namespaces are watched.
+    // One list and one watch per kind, cluster-wide, none label-selected:
+    // every namespace is watched (either of two labels enrolls one).
     for kind in Kind::ALL {
         let reqs = h.api.requests_of(kind);
         assert!(
@@ -240,9 +241,7 @@ fn the_cluster_becomes_the_mesh() {
             "{kind:?}: {reqs:?}"
         );
         for q in reqs.into_iter().map(|r| r.query) {
-            let label = q.get("labelSelector").map(String::as_str);
-            let want = (kind == Kind::Namespace).then_some("ringway.io/dataplane-mode=enabled");
-            assert_eq!(label, want, "{kind:?}");
+            assert_eq!(q.get("labelSelector"), None, "{kind:?}");
             assert!(!q.contains_key("fieldSelector"), "{kind:?}: cluster-wide");
         }
     }
@@ -301,6 +300,47 @@ fn watch_events_update_the_mesh() {
         workload(m, "shop", "web-1").is_some_and(|w| !w.tunnel)
     });
     assert!(m.workloads().iter().all(|w| !w.tunnel));
+
+    // The Istio ambient mesh's label enrolls it again.
+    h.api.apply(
+        Kind::Namespace,
+        fixtures::namespace_with_labels("shop", &[(ISTIO_DATAPLANE_MODE_LABEL, "ambient")]),
+    );
+    h.until("shop is in the mesh by its istio.io label", |m| {
+        workload(m, "shop", "web-1").is_some_and(|w| w.tunnel)
+    });
+    // Moved from one label to the other in one update, both ways, then
+    // both labels and one removed: it never leaves the mesh.
+    for labels in [
+        &[(DATAPLANE_MODE_LABEL, "enabled")][..],
+        &[(ISTIO_DATAPLANE_MODE_LABEL, "ambient")],
+        &[
+            (ISTIO_DATAPLANE_MODE_LABEL, "ambient"),
+            (DATAPLANE_MODE_LABEL, "enabled"),
+        ],
+        &[(ISTIO_DATAPLANE_MODE_LABEL, "ambient")],
+    ] {
+        h.api.apply(
+            Kind::Namespace,
+            fixtures::namespace_with_labels("shop", labels),
+        );
+    }
+    // A pod opted out by the Istio label, in the enrolled namespace.
+    let mut opted_out = pod("shop", "web-3", &["10.1.0.13"]);
+    opted_out["metadata"]["labels"][ISTIO_DATAPLANE_MODE_LABEL] = json!("none");
+    h.api.apply(Kind::Pod, opted_out);
+    // Every snapshot up to it has shop in the mesh.
+    h.until("web-3 opted out", |m| {
+        assert!(
+            workload(m, "shop", "web-1").is_some_and(|w| w.tunnel),
+            "shop left the mesh while one of its labels enrolled it"
+        );
+        workload(m, "shop", "web-3").is_some_and(|w| !w.tunnel)
+    });
+    h.api.apply(Kind::Pod, pod("shop", "web-3", &["10.1.0.13"]));
+    h.until("web-3 back", |m| {
+        workload(m, "shop", "web-3").is_some_and(|w| w.tunnel)
+    });
 
     // A change the mesh does not depend on publishes nothing.
     let mut p = pod("shop", "web-3", &["10.1.0.13"]);

@@ -216,7 +216,8 @@ struct AgentArgs {
     #[arg(long, env = "NODE_NAME", default_value = "")]
     node_name: String,
     /// Watch this node's pods in Kubernetes and enroll/unenroll running pods
-    /// by the `ringway.io/dataplane-mode` label.
+    /// by the `ringway.io/dataplane-mode` label (or the Istio ambient mesh's
+    /// `istio.io/dataplane-mode`).
     #[arg(long)]
     kube: bool,
     /// Install the CNI plugin binary and keep ringway's entry in the node's
@@ -489,9 +490,9 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     }
     let settings = load_settings(args.config.as_ref())?;
     // With --kube the CNI ADD and the watch follow one rule (the
-    // `ringway.io/dataplane-mode` labels), answered from the watch's caches or
-    // the API server: the client and the runtime it runs on exist before the
-    // agent serves its first ADD. The runtime is the agent's control plane, on
+    // `ringway.io/dataplane-mode` and `istio.io/dataplane-mode` labels),
+    // answered from the watch's caches or the API server: the client and the
+    // runtime it runs on exist before the agent serves its first ADD. The runtime is the agent's control plane, on
     // its own thread (`ringway-kube`, below), never the datapath's.
     let kube = if args.kube {
         if args.node_name.is_empty() {

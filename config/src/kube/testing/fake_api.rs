@@ -558,6 +558,15 @@ impl FakeApiServer {
         self.apply(Kind::Namespace, fixtures::namespace(name, mode));
     }
 
+    /// Creates or replaces namespace `name` with these labels
+    /// ([`fixtures::namespace_with_labels`]).
+    pub fn apply_namespace_labels(&self, name: &str, labels: &[(&str, &str)]) {
+        self.apply(
+            Kind::Namespace,
+            fixtures::namespace_with_labels(name, labels),
+        );
+    }
+
     /// Deletes an object without telling anyone (an event the watches
     /// missed); the kind's resourceVersion moves on.
     pub fn delete_unseen(&self, kind: Kind, namespace: &str, name: &str) {
