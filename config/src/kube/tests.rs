@@ -856,3 +856,114 @@ fn the_fake_api_server_over_http_lists_and_reviews_tokens() {
         },
     );
 }
+
+/// The fake's `PATCH`: a JSON merge patch of a pod's `status` subresource (as
+/// a node agent annotates a pod) is applied to the stored object (`null`
+/// removes a key, the spec is left alone), the watches see it, and the
+/// request is recorded with its body; a patch naming another uid, of an
+/// absent pod, or of another patch type is refused; the patch mode fails
+/// patches only.
+#[test]
+fn the_fake_api_server_applies_and_records_merge_patches() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, api) = FakeApiServer::start(runtime.handle());
+    api.apply_pod(pod("shop", "web-1", &["10.0.0.5"]));
+    let uid = uid("shop", "web-1");
+    runtime.block_on(async {
+        let pods = ::kube::Api::<Pod>::namespaced(client.clone(), "shop");
+        let mut events = std::pin::pin!(kube::runtime::watcher(
+            ::kube::Api::<Pod>::all(client),
+            Default::default()
+        ));
+        use futures::StreamExt;
+        // The watch's list is in.
+        loop {
+            let e = tokio::time::timeout(PATIENCE, events.next()).await.unwrap();
+            if matches!(e, Some(Ok(kube::runtime::watcher::Event::InitDone))) {
+                break;
+            }
+        }
+        let set = json!({"metadata": {"uid": uid, "annotations": {"a.b/c": "on", "keep": "x"}},
+            "spec": {"nodeName": "elsewhere"}});
+        let patched = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&set))
+            .await
+            .unwrap();
+        let annotations = patched.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations["a.b/c"], "on");
+        assert_eq!(
+            patched.spec.unwrap().node_name.as_deref(),
+            Some("node-a"),
+            "the status subresource leaves the spec alone"
+        );
+        // The watch sees the change.
+        loop {
+            match tokio::time::timeout(PATIENCE, events.next()).await.unwrap() {
+                Some(Ok(kube::runtime::watcher::Event::Apply(p))) => {
+                    assert_eq!(p.metadata.annotations.unwrap()["a.b/c"], "on");
+                    break;
+                }
+                other => assert!(matches!(other, Some(Ok(_))), "{other:?}"),
+            }
+        }
+        let remove = json!({"metadata": {"uid": uid, "annotations": {"a.b/c": null}}});
+        pods.patch_status("web-1", &PatchParams::default(), &Patch::Merge(&remove))
+            .await
+            .unwrap();
+        let stored = api.get(Kind::Pod, "shop", "web-1").unwrap();
+        assert_eq!(stored["metadata"]["annotations"], json!({"keep": "x"}));
+
+        // Refused: another uid (409), an absent pod (404), a strategic merge
+        // patch (415).
+        let code = |e: kube::Error| match e {
+            kube::Error::Api(s) => s.code,
+            other => panic!("{other:?}"),
+        };
+        let other = json!({"metadata": {"uid": "uid-of-another", "annotations": {"z": "1"}}});
+        let e = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&other))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 409);
+        let e = pods
+            .patch_status("gone", &PatchParams::default(), &Patch::Merge(&set))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 404);
+        let e = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Strategic(&set))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 415);
+
+        // The patch mode: patches refused, GETs still served.
+        api.set_patch_mode(ApiMode::Refuse(403));
+        let e = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&set))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 403);
+        assert!(pods.get("web-1").await.is_ok());
+    });
+    let patches = api.patches();
+    assert_eq!(patches.len(), 6, "{patches:?}");
+    assert_eq!(patches[0].path, "/api/v1/namespaces/shop/pods/web-1/status");
+    assert_eq!(
+        patches[0].content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(patches[1].body.as_deref().unwrap()).unwrap(),
+        json!({"metadata": {"uid": uid, "annotations": {"a.b/c": null}}})
+    );
+    assert_eq!(
+        api.get(Kind::Pod, "shop", "web-1").unwrap()["metadata"]["annotations"],
+        json!({"keep": "x"}),
+        "nothing refused was applied"
+    );
+}
