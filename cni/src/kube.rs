@@ -70,6 +70,11 @@
 //!   decided again, and an enrolled pod that was not listed is unenrolled when it is still
 //!   unknown [`WatchConfig::orphan_grace`] later (a pod bound just after the list was
 //!   taken may already be enrolled by its CNI ADD; its ADDED event will come).
+//! - The pods' [`REDIRECTION_ANNOTATION`] (`ambient.istio.io/redirection`, which the
+//!   agent sets on the pods it captures, see [`Annotator`]): a running pod the agent holds
+//!   without it, or a pod the rule passes over with it, is reported to the agent
+//!   ([`Enrollment::annotation_seen`]), which puts it right; so an annotation lost while
+//!   the agent was down, or written by someone else, is repaired from the watch.
 //! - A failed `enroll`/`unenroll` is retried with exponential backoff
 //!   ([`WatchConfig::retry_min`] doubling up to [`WatchConfig::retry_max`]), deciding
 //!   again each time (the pod may have changed or gone meanwhile).
@@ -80,6 +85,7 @@
 //! Watch errors (API server unreachable, 403) are logged at warn and retried by the
 //! watcher with backoff; the last known state stays in effect meanwhile.
 
+mod annotate;
 mod decide;
 mod reconcile;
 mod select;
@@ -92,6 +98,9 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+pub use self::annotate::{
+    Annotator, AnnotatorConfig, PatchError, PodRef, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED,
+};
 pub use self::decide::{
     decide, namespace_enabled, Decision, IgnoreReason, PodIdentity, PodMode, UnenrollReason,
     DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
@@ -122,6 +131,14 @@ pub trait Enrollment: Send + Sync {
     fn excludes(&self, namespace: &str) -> bool {
         let _ = namespace;
         false
+    }
+    /// The watch saw `pod`'s [`REDIRECTION_ANNOTATION`] say `enabled` (`annotated`) or
+    /// not while it thinks the agent does not hold the pod, or holds it: called for a
+    /// running pod the agent holds that lacks it, and for a pod the rule passes over
+    /// that has it. The agent, which knows what it holds, puts the annotation right
+    /// through its [`Annotator`] (none: nothing to do, the default).
+    fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
+        let _ = (pod, annotated);
     }
 }
 

@@ -150,6 +150,8 @@ pub(crate) struct PodFacts {
     pub(crate) phase: Phase,
     pub(crate) terminating: bool,
     pub(crate) ips: Vec<IpAddr>,
+    /// Its `ambient.istio.io/redirection` annotation says `enabled`.
+    pub(crate) redirection: bool,
 }
 
 impl PodFacts {
@@ -186,6 +188,11 @@ impl PodFacts {
             phase,
             terminating: meta.deletion_timestamp.is_some(),
             ips: ips.into_iter().filter_map(|ip| ip.parse().ok()).collect(),
+            redirection: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::REDIRECTION_ANNOTATION))
+                .is_some_and(|v| v == super::REDIRECTION_ENABLED),
         })
     }
 
@@ -203,6 +210,7 @@ impl PodFacts {
             phase: Phase::Unknown,
             terminating: false,
             ips: Vec::new(),
+            redirection: false,
         }
     }
 

@@ -13,7 +13,7 @@ use tracing::{debug, info, trace, warn};
 
 use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
 use super::select::{Cache, Selector};
-use super::{EnrolledPod, Enrollment, WatchConfig};
+use super::{EnrolledPod, Enrollment, PodRef, WatchConfig};
 
 /// A pod whose enroll or unenroll failed (retried with backoff), or that was enrolled
 /// but absent from a relist (checked again after the orphan grace).
@@ -287,6 +287,10 @@ impl Reconciler {
     /// The decision is the CNI path's rule ([`super::Verdict`]): an excluded namespace
     /// first ([`Enrollment::excludes`]), then [`decide_facts`] on the cached pod and
     /// namespace, so the watch never unenrolls a pod the CNI ADD captured.
+    ///
+    /// A pod whose `ambient.istio.io/redirection` annotation disagrees with that (held,
+    /// running and without it; not held and with it) is reported to the agent
+    /// ([`Enrollment::annotation_seen`]).
     fn evaluate(&mut self, uid: &str, enrolled: &mut Enrolled<'_>) {
         let (facts, ns_enabled) = {
             let cache = self.selector.cache();
@@ -295,6 +299,7 @@ impl Reconciler {
                 None => (None, false),
             }
         };
+        let annotated = facts.as_ref().map(|p| p.redirection);
         let (decision, namespace, name) = match facts {
             Some(p) if self.enrollment.excludes(&p.namespace) => (
                 Decision::Unenroll(UnenrollReason::Excluded),
@@ -315,6 +320,10 @@ impl Reconciler {
                     Some(held) if *held == wanted => {
                         trace!(pod.uid = %uid, "already enrolled");
                         self.retries.remove(uid);
+                        if annotated == Some(false) {
+                            self.enrollment
+                                .annotation_seen(&pod_ref(uid, &namespace, &name), false);
+                        }
                         return;
                     }
                     Some(held) => {
@@ -343,6 +352,10 @@ impl Reconciler {
                 if !enrolled.set().contains_key(uid) {
                     trace!(pod.uid = %uid, %reason, "not enrolled");
                     self.retries.remove(uid);
+                    if annotated == Some(true) {
+                        self.enrollment
+                            .annotation_seen(&pod_ref(uid, &namespace, &name), true);
+                    }
                     return;
                 }
                 match self.enrollment.unenroll(uid) {
@@ -375,6 +388,14 @@ impl Reconciler {
                 due: now + delay,
             },
         );
+    }
+}
+
+fn pod_ref(uid: &str, namespace: &str, name: &str) -> PodRef {
+    PodRef {
+        uid: uid.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
     }
 }
 

@@ -30,6 +30,8 @@ struct AgentState {
     calls: Vec<(Call, Instant)>,
     fail_enrolls: usize,
     fail_unenrolls: usize,
+    /// `annotation_seen` calls: (pod, annotated).
+    annotations_seen: Vec<(PodRef, bool)>,
 }
 
 /// Records every call; `enrolled()` is what was enrolled and not unenrolled.
@@ -140,6 +142,14 @@ impl Enrollment for FakeAgent {
 
     fn excludes(&self, namespace: &str) -> bool {
         namespace == "ringway-system"
+    }
+
+    fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
+        self.0
+            .lock()
+            .unwrap()
+            .annotations_seen
+            .push((pod.clone(), annotated));
     }
 }
 
@@ -669,6 +679,76 @@ async fn istio_labels_enroll_opt_out_and_either_namespace_label_holds() {
         ["o", "q", "z"].into_iter().map(String::from).collect()
     );
     drop(namespaces);
+    task.abort();
+}
+
+/// The watch reports the pods whose `ambient.istio.io/redirection` annotation
+/// disagrees with what the agent holds: a running pod it holds without it, a pod the
+/// rule passes over with it. The others (held with it, not held without it, a pod
+/// the watch enrolls: the agent annotates those itself) are not reported.
+#[tokio::test]
+async fn the_watch_reports_annotations_that_disagree_with_the_agent() {
+    let annotated = |p: FakePod| p.annotate(REDIRECTION_ANNOTATION, REDIRECTION_ENABLED);
+    let (client, api) = scripted(
+        vec![
+            pod("held-bare", "mesh").json(),
+            annotated(pod("held-annotated", "mesh")).json(),
+            annotated(pod("stray", "plain")).json(),
+            pod("plain", "plain").json(),
+            annotated(pod("new", "mesh")).json(),
+            // Another value is not `enabled`: a held pod with it is reported.
+            pod("held-other", "mesh")
+                .annotate(REDIRECTION_ANNOTATION, "pending")
+                .json(),
+        ],
+        vec![namespace("mesh", Some("enabled"), "7")],
+    );
+    let agent = FakeAgent::with_enrolled(&[
+        ("held-bare", "mesh"),
+        ("held-annotated", "mesh"),
+        ("held-other", "mesh"),
+    ]);
+    let task = spawn(client, &agent, fast());
+    assert_eq!(agent.wait_calls(1).await, [enroll("new")]);
+    let seen = |agent: &FakeAgent| {
+        let mut seen: Vec<(String, bool)> = agent
+            .0
+            .lock()
+            .unwrap()
+            .annotations_seen
+            .iter()
+            .map(|(p, a)| {
+                assert_eq!(p.name, format!("pod-{}", p.uid), "{p:?}");
+                (p.uid.clone(), *a)
+            })
+            .collect();
+        seen.sort();
+        seen
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen(&agent).len() < 3 {
+        assert!(Instant::now() < deadline, "{:?}", seen(&agent));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let want = vec![
+        ("held-bare".to_string(), false),
+        ("held-other".to_string(), false),
+        ("stray".to_string(), true),
+    ];
+    assert_eq!(seen(&agent), want);
+
+    // Once annotated, no more reports; the namespace of "stray" is still plain.
+    let w = api.next_watch(Kind::Pod).await;
+    w.send(
+        "MODIFIED",
+        annotated(pod("held-bare", "mesh"))
+            .resource_version("2")
+            .json(),
+    );
+    // A barrier on the same watch: a pod whose enroll call is awaited.
+    w.send("ADDED", pod("late", "mesh").resource_version("3").json());
+    assert_eq!(agent.wait_calls(2).await[1], enroll("late"));
+    assert_eq!(seen(&agent), want);
     task.abort();
 }
 
@@ -1270,5 +1350,235 @@ mod selector {
         assert_eq!(agent.calls().len(), 2, "{:?}", agent.calls());
         assert_eq!(agent.enrolled_set(), BTreeSet::from(["b".to_string()]));
         task.abort();
+    }
+}
+
+/// The annotator against the fake API server: what it patches, when, and how it
+/// retries.
+mod annotator {
+    use super::*;
+    use prometheus_client::registry::Registry;
+
+    fn fast() -> AnnotatorConfig {
+        AnnotatorConfig {
+            retry_min: Duration::from_millis(20),
+            retry_max: Duration::from_millis(100),
+            request_timeout: Duration::from_millis(200),
+        }
+    }
+
+    fn web() -> PodRef {
+        PodRef {
+            uid: "u-web".into(),
+            namespace: "shop".into(),
+            name: "web-1".into(),
+        }
+    }
+
+    fn start(config: AnnotatorConfig) -> (Annotator, FakeApiServer) {
+        let rt = tokio::runtime::Handle::current();
+        let (client, api) = FakeApiServer::start(&rt);
+        api.apply_pod(
+            FakePod::new("u-web", "shop", "web-1", NODE)
+                .annotate("other", "kept")
+                .json(),
+        );
+        (Annotator::start(client, &rt, config), api)
+    }
+
+    /// The stored pod's `ambient.istio.io/redirection`.
+    fn annotation(api: &FakeApiServer, ns: &str, name: &str) -> Option<String> {
+        api.get(Kind::Pod, ns, name)?["metadata"]["annotations"][REDIRECTION_ANNOTATION]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// Waits (10 s at most) until `ok`.
+    async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ok() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn metrics(a: &Annotator) -> String {
+        let mut r = Registry::default();
+        a.register_metrics(&mut r);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+        out
+    }
+
+    /// A sample's value (0 when absent).
+    fn sample(text: &str, series: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn body(r: &crate::testing::ApiRequest) -> Value {
+        serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
+    }
+
+    /// Captured: one merge patch of the pod's status subresource, naming its uid, sets
+    /// the annotation (the others kept); released: one more removes it.
+    #[tokio::test]
+    async fn the_annotation_is_set_once_captured_and_removed_once_released() {
+        let (a, api) = start(fast());
+        a.captured(&web());
+        until("the annotation", || {
+            annotation(&api, "shop", "web-1").as_deref() == Some("enabled")
+        })
+        .await;
+        until("nothing pending", || a.pending() == 0).await;
+        let patches = api.patches();
+        assert_eq!(patches.len(), 1, "{patches:?}");
+        assert_eq!(patches[0].path, "/api/v1/namespaces/shop/pods/web-1/status");
+        assert_eq!(
+            patches[0].content_type.as_deref(),
+            Some("application/merge-patch+json")
+        );
+        assert_eq!(
+            body(&patches[0]),
+            json!({"metadata": {"uid": "u-web",
+                "annotations": {"ambient.istio.io/redirection": "enabled"}}})
+        );
+        a.released(&web());
+        until("the annotation removed", || {
+            annotation(&api, "shop", "web-1").is_none()
+        })
+        .await;
+        until("nothing pending", || a.pending() == 0).await;
+        let patches = api.patches();
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert_eq!(
+            body(&patches[1]),
+            json!({"metadata": {"uid": "u-web",
+                "annotations": {"ambient.istio.io/redirection": null}}})
+        );
+        let pod = api.get(Kind::Pod, "shop", "web-1").unwrap();
+        assert_eq!(pod["metadata"]["annotations"], json!({"other": "kept"}));
+        let m = metrics(&a);
+        let ok = |op: &str| {
+            sample(
+                &m,
+                &format!(
+                    "ringway_agent_redirection_annotation_patches_total{{op=\"{op}\",outcome=\"ok\"}}"
+                ),
+            )
+        };
+        assert_eq!((ok("set"), ok("remove")), (1, 1), "{m}");
+        assert!(
+            m.contains("ringway_agent_redirection_annotation_pending 0"),
+            "{m}"
+        );
+    }
+
+    /// A refused, unreachable or silent API server: the patch is tried again, with a
+    /// doubling delay, counted as an error each time, and lands once the API server
+    /// takes it.
+    #[tokio::test]
+    async fn a_failing_patch_is_retried_with_backoff_until_it_lands() {
+        let config = AnnotatorConfig {
+            retry_min: Duration::from_millis(40),
+            retry_max: Duration::from_millis(160),
+            request_timeout: Duration::from_millis(100),
+        };
+        let (a, api) = start(config);
+        api.set_patch_mode(ApiMode::Refuse(403));
+        let started = Instant::now();
+        a.captured(&web());
+        until("four refused patches", || api.patches().len() >= 4).await;
+        // Three waits before the fourth try: 40 + 80 + 160 ms at least.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(280), "{took:?}");
+        assert_eq!(a.pending(), 1);
+        let errors = || {
+            sample(
+                &metrics(&a),
+                "ringway_agent_redirection_annotation_patches_total{op=\"set\",outcome=\"error\"}",
+            )
+        };
+        assert!(errors() >= 3, "{}", metrics(&a));
+        assert!(
+            metrics(&a).contains("ringway_agent_redirection_annotation_pending 1"),
+            "{}",
+            metrics(&a)
+        );
+
+        // Unreachable, then silent (each patch times out): still tried.
+        for mode in [ApiMode::Unreachable, ApiMode::Hang] {
+            api.set_patch_mode(mode);
+            let (n, e) = (api.patches().len(), errors());
+            until("two more failed patches", || {
+                api.patches().len() >= n + 2 && errors() >= e + 2
+            })
+            .await;
+            assert_eq!(annotation(&api, "shop", "web-1"), None, "{mode:?}");
+        }
+        api.set_patch_mode(ApiMode::Serve);
+        until("the annotation", || {
+            annotation(&api, "shop", "web-1").as_deref() == Some("enabled")
+        })
+        .await;
+        until("nothing pending", || a.pending() == 0).await;
+    }
+
+    /// The last wish wins, also over a patch in flight; a pod re-created under the
+    /// same name (another uid) is left alone (409: replaced); a pod that is gone
+    /// needs nothing (404); neither is tried again.
+    #[tokio::test]
+    async fn the_last_wish_wins_and_other_pods_are_left_alone() {
+        let (a, api) = start(fast());
+        api.set_patch_mode(ApiMode::Hold);
+        a.captured(&web());
+        until("the set patch in flight", || api.patches().len() == 1).await;
+        a.released(&web());
+        a.captured(&web());
+        a.released(&web());
+        api.set_patch_mode(ApiMode::Serve);
+        until("nothing pending", || a.pending() == 0).await;
+        let ops: Vec<Value> = api
+            .patches()
+            .iter()
+            .map(|p| body(p)["metadata"]["annotations"][REDIRECTION_ANNOTATION].clone())
+            .collect();
+        assert_eq!(ops, [json!("enabled"), Value::Null]);
+        assert_eq!(annotation(&api, "shop", "web-1"), None);
+
+        // web-1 re-created (uid u-new) and annotated by its own capture; the old
+        // pod's release must not touch it.
+        api.apply_pod(
+            FakePod::new("u-new", "shop", "web-1", NODE)
+                .annotate(REDIRECTION_ANNOTATION, REDIRECTION_ENABLED)
+                .json(),
+        );
+        a.released(&web());
+        let gone = PodRef {
+            uid: "u-gone".into(),
+            namespace: "shop".into(),
+            name: "gone".into(),
+        };
+        a.released(&gone);
+        until("nothing pending", || a.pending() == 0).await;
+        assert_eq!(
+            annotation(&api, "shop", "web-1").as_deref(),
+            Some("enabled")
+        );
+        let m = metrics(&a);
+        let series = |outcome: &str| {
+            sample(
+                &m,
+                &format!(
+                    "ringway_agent_redirection_annotation_patches_total{{op=\"remove\",outcome=\"{outcome}\"}}"
+                ),
+            )
+        };
+        assert_eq!((series("replaced"), series("not_found")), (1, 1), "{m}");
+        let n = api.patches().len();
+        assert_eq!(n, 4, "{:?}", api.patches());
+        settle().await;
+        assert_eq!(api.patches().len(), n, "tried again");
     }
 }

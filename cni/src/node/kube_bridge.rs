@@ -4,7 +4,7 @@
 use std::os::fd::AsFd;
 
 use super::{discover, Enroller, Pod};
-use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity};
+use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity, PodRef};
 
 impl WatchEnrollment for Enroller {
     /// Enrolls a running pod. Its namespace is the one the agent already
@@ -47,6 +47,28 @@ impl WatchEnrollment for Enroller {
                 service_account: p.pod.service_account,
             })
             .collect()
+    }
+
+    /// Puts the pod's `ambient.istio.io/redirection` annotation right when the
+    /// watch saw it disagree with what the agent holds now: a held pod gets it,
+    /// a pod the agent does not hold loses it. Without an annotator, nothing.
+    fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
+        let Some(annotator) = &self.0.config().annotator else {
+            return;
+        };
+        match (self.0.holds(&pod.uid), annotated) {
+            (true, false) => {
+                tracing::info!(pod.uid = %pod.uid, pod.namespace = %pod.namespace, pod.name = %pod.name,
+                    "a captured pod lacks its redirection annotation: setting it");
+                annotator.captured(pod);
+            }
+            (false, true) => {
+                tracing::info!(pod.uid = %pod.uid, pod.namespace = %pod.namespace, pod.name = %pod.name,
+                    "a pod the agent does not hold carries the redirection annotation: removing it");
+                annotator.released(pod);
+            }
+            _ => {}
+        }
     }
 
     fn excludes(&self, namespace: &str) -> bool {
