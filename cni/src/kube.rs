@@ -74,7 +74,9 @@
 //!   agent sets on the pods it captures, see [`Annotator`]): a running pod the agent holds
 //!   without it, or a pod the rule passes over with it, is reported to the agent
 //!   ([`Enrollment::annotation_seen`]), which puts it right; so an annotation lost while
-//!   the agent was down, or written by someone else, is repaired from the watch.
+//!   the agent was down, or written by someone else, is repaired from the watch. A pod
+//!   deleted from the API server is reported too ([`Enrollment::pod_deleted`]): its
+//!   pending wishes are dropped.
 //! - A failed `enroll`/`unenroll` is retried with exponential backoff
 //!   ([`WatchConfig::retry_min`] doubling up to [`WatchConfig::retry_max`]), deciding
 //!   again each time (the pod may have changed or gone meanwhile).
@@ -139,6 +141,12 @@ pub trait Enrollment: Send + Sync {
     /// through its [`Annotator`] (none: nothing to do, the default).
     fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
         let _ = (pod, annotated);
+    }
+    /// The watch saw pod `uid` deleted from the API server (after deciding on it): a
+    /// wish about its annotation the agent still has (a removal the API server keeps
+    /// refusing) is moot once the agent no longer holds the pod. Default: nothing.
+    fn pod_deleted(&self, uid: &str) {
+        let _ = uid;
     }
 }
 

@@ -743,7 +743,8 @@ fn captured_pods_carry_the_redirection_annotation_until_released() {
 /// while the API server leaves the patches unanswered (and the annotator would
 /// wait a minute for each), or refuses them, pods are captured as usual; each
 /// failure is logged and counted, the patch tried again, and it lands once the
-/// API server takes it.
+/// API server takes it. A removal still refused when the watch sees the pod
+/// deleted is dropped (the pending wishes stay bounded by the node's pods).
 #[test]
 fn a_failing_annotation_patch_never_fails_the_cni_add() {
     run_isolated("agent_selection_annotation_fails", || {
@@ -823,13 +824,24 @@ fn a_failing_annotation_patch_never_fails_the_cni_add() {
                 p.uid
             );
         }
+        let pending = |n: u32| {
+            let line = format!("ringway_agent_redirection_annotation_pending {n}");
+            wait_until(WAIT, || agent.metrics_text().contains(&line))
+        };
+        assert!(pending(0), "{}", agent.metrics_text());
+
+        // Refused again (RBAC lost): a's release is wished, refused, retried...
+        api.set_patch_mode(ApiMode::Refuse(403));
+        kube.watch(&cfg.node_name, &agent);
         assert!(
-            wait_until(WAIT, || agent
-                .metrics_text()
-                .contains("ringway_agent_redirection_annotation_pending 0")),
-            "{}",
-            agent.metrics_text()
+            wait_until(WAIT, || kube.selector.synced()),
+            "watch not synced"
         );
+        ok(plugin("DEL", &a, &cfg.cni_socket));
+        assert!(pending(1), "{}", agent.metrics_text());
+        // ... until the pod's object is gone: nothing left to un-annotate.
+        api.delete_pod("shop", &a.name);
+        assert!(pending(0), "{}", agent.metrics_text());
         agent.shutdown();
     });
 }

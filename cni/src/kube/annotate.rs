@@ -29,7 +29,9 @@
 //!   annotated by hand) is put right by the Kubernetes watch, which sees each pod's
 //!   annotation and tells the agent when it disagrees with what the agent holds
 //!   ([`super::Enrollment::annotation_seen`]): a held pod without it gets it again, a pod
-//!   the agent does not hold loses it.
+//!   the agent does not hold loses it. A pod the watch sees deleted takes its wishes
+//!   with it ([`Annotator::forget`]), so wishes the API server keeps refusing (a
+//!   missing RBAC rule) stay bounded by the node's pods.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -241,6 +243,15 @@ impl Annotator {
     /// The agent let `pod` go: the annotation is to be removed. Never blocks.
     pub fn released(&self, pod: &PodRef) {
         self.wish(pod, Wish::Remove);
+    }
+
+    /// Drops any wish about pod `uid` (its object is gone: there is nothing left to
+    /// annotate). A patch in flight finishes; it is not tried again.
+    pub fn forget(&self, uid: &str) {
+        if let Some(job) = self.0.queue().jobs.remove(uid) {
+            debug!(pod.uid = %uid, annotation.op = job.wish.op(), failures = job.failures,
+                "redirection annotation wish dropped: the pod is gone");
+        }
     }
 
     /// Pods whose annotation is not yet as wished (queued, in flight or failing).

@@ -146,6 +146,8 @@ impl Reconciler {
                 if self.ready() {
                     self.evaluate(&uid, &mut Enrolled::new(&*self.enrollment.clone()));
                 }
+                // Its object is gone: no annotation of it is left to write.
+                self.enrollment.pod_deleted(&uid);
             }
         }
     }

@@ -32,6 +32,8 @@ struct AgentState {
     fail_unenrolls: usize,
     /// `annotation_seen` calls: (pod, annotated).
     annotations_seen: Vec<(PodRef, bool)>,
+    /// `pod_deleted` calls.
+    deleted: Vec<String>,
 }
 
 /// Records every call; `enrolled()` is what was enrolled and not unenrolled.
@@ -150,6 +152,10 @@ impl Enrollment for FakeAgent {
             .unwrap()
             .annotations_seen
             .push((pod.clone(), annotated));
+    }
+
+    fn pod_deleted(&self, uid: &str) {
+        self.0.lock().unwrap().deleted.push(uid.to_owned());
     }
 }
 
@@ -737,7 +743,8 @@ async fn the_watch_reports_annotations_that_disagree_with_the_agent() {
     ];
     assert_eq!(seen(&agent), want);
 
-    // Once annotated, no more reports; the namespace of "stray" is still plain.
+    // Once annotated, no more reports; the namespace of "stray" is still plain. A
+    // deleted pod is reported as such (its wishes are moot).
     let w = api.next_watch(Kind::Pod).await;
     w.send(
         "MODIFIED",
@@ -745,10 +752,17 @@ async fn the_watch_reports_annotations_that_disagree_with_the_agent() {
             .resource_version("2")
             .json(),
     );
+    w.send(
+        "DELETED",
+        annotated(pod("stray", "plain"))
+            .resource_version("3")
+            .json(),
+    );
     // A barrier on the same watch: a pod whose enroll call is awaited.
-    w.send("ADDED", pod("late", "mesh").resource_version("3").json());
+    w.send("ADDED", pod("late", "mesh").resource_version("4").json());
     assert_eq!(agent.wait_calls(2).await[1], enroll("late"));
     assert_eq!(seen(&agent), want);
+    assert_eq!(agent.0.lock().unwrap().deleted, ["stray"]);
     task.abort();
 }
 
@@ -1580,5 +1594,24 @@ mod annotator {
         assert_eq!(n, 4, "{:?}", api.patches());
         settle().await;
         assert_eq!(api.patches().len(), n, "tried again");
+    }
+
+    /// A wish the API server keeps refusing is dropped when forgotten (its pod is
+    /// gone), and not tried again.
+    #[tokio::test]
+    async fn a_forgotten_wish_is_not_tried_again() {
+        let (a, api) = start(fast());
+        api.set_patch_mode(ApiMode::Refuse(403));
+        a.released(&web());
+        until("two refused patches", || api.patches().len() >= 2).await;
+        assert_eq!(a.pending(), 1);
+        a.forget("u-web");
+        assert_eq!(a.pending(), 0);
+        // At most the patch in flight when it was forgotten lands after it.
+        settle().await;
+        let n = api.patches().len();
+        settle().await;
+        assert_eq!(api.patches().len(), n, "tried again");
+        assert_eq!(a.pending(), 0);
     }
 }

@@ -71,6 +71,17 @@ impl WatchEnrollment for Enroller {
         }
     }
 
+    /// The pod's object is gone: unless the agent still holds it, any wish about
+    /// its annotation is dropped (a removal the API server keeps refusing would
+    /// otherwise be retried for ever).
+    fn pod_deleted(&self, uid: &str) {
+        if let Some(annotator) = &self.0.config().annotator {
+            if !self.0.holds(uid) {
+                annotator.forget(uid);
+            }
+        }
+    }
+
     fn excludes(&self, namespace: &str) -> bool {
         self.0
             .config()
