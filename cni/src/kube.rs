@@ -2,10 +2,14 @@
 //! pods besides the CNI plugin (which captures pods as they are created), and the rule
 //! both follow.
 //!
-//! [`run_watch`] watches this node's pods (field selector `spec.nodeName=<node>`) and the
-//! namespaces labelled `ringway.io/dataplane-mode=enabled` (label selector: a namespace
-//! that loses the label leaves the watch, which reports it as deleted), and calls the
-//! agent through the [`Enrollment`] trait. The module is a thin layer:
+//! [`run_watch`] watches this node's pods (field selector `spec.nodeName=<node>`) and
+//! every namespace (keeping the names of those whose labels enroll their pods), and
+//! calls the agent through the [`Enrollment`] trait. Namespaces are not label-selected:
+//! either `ringway.io/dataplane-mode=enabled` or the Istio ambient mesh's
+//! `istio.io/dataplane-mode=ambient` enrolls one, no one selector says "either", and two
+//! selected watches cannot order an update that moves a namespace from one label to the
+//! other (its pods would be released and captured again; see
+//! `ringway_config::enrollment`, "Watching the namespaces"). The module is a thin layer:
 //! - [`decide`] is the whole policy, a pure function of a pod and its namespace;
 //! - [`Selector`] holds what the watch knows and answers the CNI path's question
 //!   "capture this pod?" with the same policy ([`Verdict`]);
@@ -15,8 +19,7 @@
 //! # One rule for the CNI ADD and the watch
 //! A pod is captured unless its namespace is excluded by the agent
 //! ([`Enrollment::excludes`]) or [`decide`] says [`Unenroll`](Decision::Unenroll)
-//! (hostNetwork, pod label `disabled`, neither pod nor namespace labelled `enabled`,
-//! finished). The CNI ADD asks [`Selector::selects`]: from the watch's caches when they
+//! (hostNetwork, opted out, neither pod nor namespace enrolled by a label, finished). The CNI ADD asks [`Selector::selects`]: from the watch's caches when they
 //! hold the pod, else (a new pod: the ADD usually runs before the watch sees it) from the
 //! API server, GETting the pod and, when its labels leave the answer to its namespace,
 //! the namespace, within [`LOOKUP_TIMEOUT`] (2 s). The API server's object counts even
@@ -39,17 +42,20 @@
 //! makes the same choice (its ADD fails when it cannot read the pod).
 //!
 //! # The decision ([`decide`])
+//! The labels are ringway's `ringway.io/dataplane-mode` and the Istio ambient mesh's
+//! `istio.io/dataplane-mode` (the rule and its precedence: [`ringway_config::enrollment`]).
+//!
 //! | pod | decision |
 //! | --- | --- |
 //! | `spec.hostNetwork` | [`Unenroll`](Decision::Unenroll) (never enrolled: its netns is the node's) |
-//! | label `disabled` | Unenroll (opt-out, whatever the namespace says) |
-//! | neither its label nor its namespace's is `enabled` | Unenroll |
+//! | opted out: `ringway.io/dataplane-mode=disabled` or `istio.io/dataplane-mode=none` | Unenroll (whatever the other label and the namespace say) |
+//! | neither the pod nor its namespace labelled `ringway.io/dataplane-mode=enabled` or `istio.io/dataplane-mode=ambient` | Unenroll |
 //! | wanted, phase `Succeeded`/`Failed` | Unenroll |
 //! | wanted, `deletionTimestamp` set | [`Ignore`](Decision::Ignore): stays captured through graceful termination |
 //! | wanted, not `Running` yet, or no IP yet | Ignore: the CNI ADD captures new pods |
 //! | wanted, running with an IP | [`Enroll`](Decision::Enroll) |
 //!
-//! A label value other than `enabled`/`disabled` on a pod counts as no label.
+//! Any other value of either label counts as no label.
 //!
 //! # Calls to the agent
 //! - The agent's [`Enrollment::enrolled`] set is the truth (the CNI plugin enrolls pods
@@ -64,6 +70,13 @@
 //!   decided again, and an enrolled pod that was not listed is unenrolled when it is still
 //!   unknown [`WatchConfig::orphan_grace`] later (a pod bound just after the list was
 //!   taken may already be enrolled by its CNI ADD; its ADDED event will come).
+//! - The pods' [`REDIRECTION_ANNOTATION`] (`ambient.istio.io/redirection`, which the
+//!   agent sets on the pods it captures, see [`Annotator`]): a running pod the agent holds
+//!   without it, or a pod the rule passes over with it, is reported to the agent
+//!   ([`Enrollment::annotation_seen`]), which puts it right; so an annotation lost while
+//!   the agent was down, or written by someone else, is repaired from the watch. A pod
+//!   deleted from the API server is reported too ([`Enrollment::pod_deleted`]): its
+//!   pending wishes are dropped.
 //! - A failed `enroll`/`unenroll` is retried with exponential backoff
 //!   ([`WatchConfig::retry_min`] doubling up to [`WatchConfig::retry_max`]), deciding
 //!   again each time (the pod may have changed or gone meanwhile).
@@ -74,6 +87,7 @@
 //! Watch errors (API server unreachable, 403) are logged at warn and retried by the
 //! watcher with backoff; the last known state stays in effect meanwhile.
 
+mod annotate;
 mod decide;
 mod reconcile;
 mod select;
@@ -86,9 +100,13 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+pub use self::annotate::{
+    Annotator, AnnotatorConfig, PatchError, PodRef, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED,
+};
 pub use self::decide::{
-    decide, namespace_enabled, Decision, IgnoreReason, PodIdentity, UnenrollReason,
+    decide, namespace_enabled, Decision, IgnoreReason, PodIdentity, PodMode, UnenrollReason,
     DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
+    ISTIO_DATAPLANE_MODE_AMBIENT, ISTIO_DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_NONE,
 };
 use self::reconcile::Reconciler;
 pub use self::select::{SelectError, Selected, Selector, Verdict, LOOKUP_TIMEOUT};
@@ -115,6 +133,20 @@ pub trait Enrollment: Send + Sync {
     fn excludes(&self, namespace: &str) -> bool {
         let _ = namespace;
         false
+    }
+    /// The watch saw `pod`'s [`REDIRECTION_ANNOTATION`] say `enabled` (`annotated`) or
+    /// not while it thinks the agent does not hold the pod, or holds it: called for a
+    /// running pod the agent holds that lacks it, and for a pod the rule passes over
+    /// that has it. The agent, which knows what it holds, puts the annotation right
+    /// through its [`Annotator`] (none: nothing to do, the default).
+    fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
+        let _ = (pod, annotated);
+    }
+    /// The watch saw pod `uid` deleted from the API server (after deciding on it): a
+    /// wish about its annotation the agent still has (a removal the API server keeps
+    /// refusing) is moot once the agent no longer holds the pod. Default: nothing.
+    fn pod_deleted(&self, uid: &str) {
+        let _ = uid;
     }
 }
 
@@ -288,9 +320,11 @@ fn pod_watch_config(node: &str) -> watcher::Config {
     watcher::Config::default().fields(&format!("spec.nodeName={node}"))
 }
 
-/// The enabled namespaces only: the others are not needed to decide.
+/// Every namespace: either of two labels enrolls one, and no label selector says
+/// "either" (see `ringway_config::enrollment`, "Watching the namespaces"). Only the
+/// names of the enrolled ones are kept.
 fn namespace_watch_config() -> watcher::Config {
-    watcher::Config::default().labels(&format!("{DATAPLANE_MODE_LABEL}={DATAPLANE_MODE_ENABLED}"))
+    watcher::Config::default()
 }
 
 #[expect(

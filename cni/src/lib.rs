@@ -28,7 +28,7 @@
 //! `excludeNamespaces` (default `["ringway-system"]`: the node agent's own pods must
 //! start without waiting for the agent). See [`capture_target`]. The agent then
 //! applies its own selection rule (in a cluster: the `ringway.io/dataplane-mode`
-//! labels, the same rule as its Kubernetes watch, see [`node`] and [`kube`]) and may
+//! and `istio.io/dataplane-mode` labels, the same rule as its Kubernetes watch, see [`node`] and [`kube`]) and may
 //! answer that the pod passes through ([`Added::PassedThrough`]): the ADD prints
 //! `prevResult` back as for any other pass-through pod.
 //!

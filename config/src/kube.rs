@@ -2,8 +2,9 @@
 //!
 //! In a cluster, the workloads and services of the mesh come from the API
 //! server instead of the file: [`MeshWatch`] watches Pods, Services and
-//! EndpointSlices cluster-wide (plus the namespaces labelled
-//! `ringway.io/dataplane-mode=enabled`, which the enrollment rule needs), and
+//! EndpointSlices cluster-wide (plus the Namespaces, whose
+//! `ringway.io/dataplane-mode` and `istio.io/dataplane-mode` labels the
+//! enrollment rule needs), and
 //! publishes a new `Arc<Mesh>` whenever they change. It also watches the
 //! mesh's `security.istio.io` AuthorizationPolicies and PeerAuthentications
 //! ([`istio`]), enforced beside the file's policies. The trust domain, the
@@ -29,7 +30,7 @@
 //! # Mapping
 //! | object | becomes |
 //! | --- | --- |
-//! | Pod, `Running` with an IP, not `hostNetwork` | a workload: `uid`, `name`, `namespace`, `serviceAccount` (`spec.serviceAccountName`, default `default`), `ips` (`status.podIPs`, else `status.podIP`), `node` (`spec.nodeName`), `tunnel` = the pod is enrolled by the node agent's rule ([`crate::enrollment`]: its labels, its namespace's label, never in [`KubeOptions::exclude_namespaces`]), `healthy` = no EndpointSlice endpoint of it has `conditions.ready: false` |
+//! | Pod, `Running` with an IP, not `hostNetwork` | a workload: `uid`, `name`, `namespace`, `serviceAccount` (`spec.serviceAccountName`, default `default`), `ips` (`status.podIPs`, else `status.podIP`), `node` (`spec.nodeName`), `tunnel` = the pod is enrolled by the node agent's rule ([`crate::enrollment`]: its `ringway.io/dataplane-mode` and `istio.io/dataplane-mode` labels, its namespace's, never in [`KubeOptions::exclude_namespaces`]), `healthy` = no EndpointSlice endpoint of it has `conditions.ready: false` |
 //! | other pods (pending, finished, no IP yet, host network) | nothing |
 //! | Service, not `ExternalName` | a service: `hostname` `<name>.<namespace>.svc.<clusterDomain>`, `vips` = `spec.clusterIPs` (none for a headless service), `ports` = each TCP `port: targetPort` (see below), `endpoints` = the pods (by `targetRef` uid) of its EndpointSlices that are workloads |
 //! | EndpointSlice (label `kubernetes.io/service-name`) | its service's endpoints and their readiness |

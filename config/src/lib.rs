@@ -12,7 +12,8 @@
 //!   `Arc<Mesh>` only when an edit is valid;
 //! - [`authz`]: the layer-4 authorization engine;
 //! - [`enrollment`]: which pods are in the mesh (the
-//!   `ringway.io/dataplane-mode` labels), shared with the node agent;
+//!   `ringway.io/dataplane-mode` labels, and the Istio ambient mesh's
+//!   `istio.io/dataplane-mode`), shared with the node agent;
 //! - `kube` (feature `kube`): in a cluster, the workloads and services
 //!   filled from Kubernetes (pods, services, EndpointSlices) through kube-rs
 //!   watches, merged with the file's policies, trust domain and CA.

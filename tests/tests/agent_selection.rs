@@ -3,7 +3,9 @@
 //! server about a pod the watch has not seen yet, passes the others straight
 //! through (prevResult back, no rules, nothing to the proxy), fails with
 //! "try again later" when the API server cannot be read; the watch leaves the
-//! CNI-captured pods enrolled and fills in their service account.
+//! CNI-captured pods enrolled and fills in their service account. The pods it
+//! captures carry `ambient.istio.io/redirection: enabled` until released, and
+//! a failing patch of it never fails a CNI ADD.
 //!
 //! The fake API server (`ringway_cni::testing::FakeApiServer`) and the watch
 //! run on a tokio runtime driven by a thread of the test, as `ringway agent
@@ -14,9 +16,12 @@ mod agent_support;
 use std::time::{Duration, Instant};
 
 use agent_support::*;
-use ringway_cni::kube::{run_watch_with, Enrollment as WatchEnrollment, Selector, WatchConfig};
+use ringway_cni::kube::{
+    run_watch_with, Annotator, AnnotatorConfig, Enrollment as WatchEnrollment, Selector,
+    WatchConfig,
+};
 use ringway_cni::node::{AgentConfig, Selection};
-use ringway_cni::testing::{ApiMode, FakeApiServer, FakePod};
+use ringway_cni::testing::{ApiMode, FakeApiServer, FakePod, Kind};
 use ringway_redirect::{read_tag, verify, CaptureSpec, Drift};
 use ringway_testbed::{run_isolated, VirtualNode};
 
@@ -25,6 +30,7 @@ use ringway_testbed::{run_isolated, VirtualNode};
 struct Kube {
     api: FakeApiServer,
     selector: Selector,
+    annotator: Annotator,
     runtime: tokio::runtime::Handle,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -32,12 +38,25 @@ struct Kube {
 
 impl Kube {
     fn start(lookup_timeout: Duration) -> Kube {
+        Kube::start_with(
+            lookup_timeout,
+            AnnotatorConfig {
+                retry_min: Duration::from_millis(20),
+                retry_max: Duration::from_millis(200),
+                request_timeout: Duration::from_millis(500),
+            },
+        )
+    }
+
+    /// With the annotator's timings.
+    fn start_with(lookup_timeout: Duration, annotator: AnnotatorConfig) -> Kube {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let runtime = rt.handle().clone();
         let (client, api) = FakeApiServer::start(&runtime);
+        let annotator = Annotator::start(client.clone(), &runtime, annotator);
         let selector = Selector::with_lookup_timeout(client, runtime.clone(), lookup_timeout);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -48,6 +67,7 @@ impl Kube {
         Kube {
             api,
             selector,
+            annotator,
             runtime,
             stop: Some(stop),
             thread: Some(thread),
@@ -82,9 +102,12 @@ impl Drop for Kube {
     }
 }
 
+/// As `ringway agent --kube` runs: the selector and the annotator on the
+/// Kubernetes runtime.
 fn config_with(test: &str, dir: &TempDir, kube: &Kube) -> AgentConfig {
     AgentConfig {
         selection: Selection::Kubernetes(kube.selector.clone()),
+        annotator: Some(kube.annotator.clone()),
         ..config(test, &dir.0)
     }
 }
@@ -99,6 +122,22 @@ fn assert_uncaptured(pod: &ringway_testbed::Pod) {
         "{}",
         pod.name
     );
+}
+
+/// The stored pod's `ambient.istio.io/redirection` annotation.
+fn redirection(api: &FakeApiServer, ns: &str, name: &str) -> Option<String> {
+    api.get(Kind::Pod, ns, name)?["metadata"]["annotations"]["ambient.istio.io/redirection"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A sample of the agent's metrics (0 when absent).
+fn sample(agent: &ringway_cni::node::AgentHandle, series: &str) -> u64 {
+    agent
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The CNI error code a failed plugin run printed.
@@ -193,7 +232,7 @@ fn cni_add_captures_only_what_the_labels_select() {
         );
         assert_eq!(
             cni_line(&cfg.cni_socket, format!("{line}\n").as_bytes()),
-            r#"{"ok":true,"passThrough":"neither pod nor namespace labelled enabled"}"#
+            r#"{"ok":true,"passThrough":"neither pod nor namespace labelled ringway.io/dataplane-mode=enabled or istio.io/dataplane-mode=ambient"}"#
         );
         // The agent's own namespace passes through whatever its labels say.
         api.apply_namespace("ringway-system", Some("enabled"));
@@ -426,6 +465,383 @@ fn adversarial_cni_add_enrolls_only_with_the_pods_real_service_account() {
         assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
         assert_eq!(held, ["uid-web"]);
+        agent.shutdown();
+    });
+}
+
+/// The Istio ambient mesh's labels, end to end: a pod labelled
+/// `istio.io/dataplane-mode=none` in a namespace labelled
+/// `istio.io/dataplane-mode=ambient` is never captured (its CNI ADD passes it
+/// through; the watch never enrolls it, not once it runs, not when it and its
+/// namespace gain ringway's `enabled` too: the opt-out wins) nor annotated; a
+/// captured pod whose label changes from `ambient` to `none` is released (`Del`
+/// to the proxy, its rules removed, its `ambient.istio.io/redirection`
+/// annotation removed).
+#[test]
+fn adversarial_an_istio_opt_out_is_never_captured_and_a_switch_to_none_releases() {
+    run_isolated("adversarial_istio_opt_out", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_istio_opt_out");
+        let kube = Kube::start(Duration::from_secs(2));
+        let cfg = config_with("adversarial_istio_opt_out", &dir, &kube);
+        let vn = VirtualNode::build(65, 2).unwrap();
+        let api = &kube.api;
+        api.apply_namespace_labels("amb", &[("istio.io/dataplane-mode", "ambient")]);
+        let pod = |i: usize, uid: &str| {
+            let mut p = CniPod::of(vn.pod(i), uid);
+            p.namespace = "amb".into();
+            p
+        };
+        let (opted_out, switched) = (pod(0, "uid-none"), pod(1, "uid-switch"));
+        let fake = |p: &CniPod, istio: &str| {
+            FakePod::new(&p.uid, "amb", &p.name, &cfg.node_name)
+                .service_account("web")
+                .istio_mode(istio)
+        };
+        let running = |f: FakePod, p: &CniPod| {
+            let ips: Vec<String> = p
+                .ips
+                .iter()
+                .map(|a| a.split('/').next().unwrap().to_string())
+                .collect();
+            let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+            f.running(&ips)
+        };
+        api.apply_pod(fake(&opted_out, "none").json());
+        api.apply_pod(fake(&switched, "ambient").json());
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        kube.watch(&cfg.node_name, &agent);
+        assert!(
+            wait_until(WAIT, || kube.selector.synced()),
+            "watch not synced"
+        );
+
+        // The CNI ADD: the opted-out pod passes through, the other is captured.
+        let line = format!(
+            r#"{{"op":"add","containerId":"c-1","netns":"{}","pod":{{"name":"{}","namespace":"amb","uid":"uid-none"}}}}"#,
+            opted_out.netns.display(),
+            opted_out.name
+        );
+        assert_eq!(
+            cni_line(&cfg.cni_socket, format!("{line}\n").as_bytes()),
+            r#"{"ok":true,"passThrough":"pod opted out (ringway.io/dataplane-mode=disabled or istio.io/dataplane-mode=none)"}"#
+        );
+        ok(plugin("ADD", &opted_out, &cfg.cni_socket));
+        assert_uncaptured(vn.pod(0));
+        ok(plugin("ADD", &switched, &cfg.cni_socket));
+        let add = &proxy.wait_for(2)[1];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-switch"));
+        assert!(
+            wait_until(WAIT, || redirection(api, "amb", &switched.name).as_deref()
+                == Some("enabled")),
+            "the captured pod is not annotated"
+        );
+
+        // Both run; then everything else says "enroll" for the opted-out pod.
+        api.apply_pod(running(fake(&opted_out, "none"), &opted_out).json());
+        api.apply_pod(running(fake(&switched, "ambient"), &switched).json());
+        api.apply_namespace_labels(
+            "amb",
+            &[
+                ("istio.io/dataplane-mode", "ambient"),
+                ("ringway.io/dataplane-mode", "enabled"),
+            ],
+        );
+        api.apply_pod(running(fake(&opted_out, "none").mode("enabled"), &opted_out).json());
+        // The switch to none comes after those on the same pod watch: once its
+        // Del is at the proxy, they have been applied.
+        api.apply_pod(running(fake(&switched, "none"), &switched).json());
+        let del = &proxy.wait_for(3)[2];
+        assert_eq!((del.kind, del.uid.as_str()), ("Del", "uid-switch"));
+        assert!(
+            wait_until(WAIT, || agent.pods().is_empty()),
+            "the agent still holds {:?}",
+            agent.pods()
+        );
+        // The rules go after the proxy's ack of the Del.
+        assert!(
+            wait_until(WAIT, || read_tag(vn.pod(1).netns.fd()).unwrap().is_none()),
+            "the released pod's rules are still there"
+        );
+        assert_uncaptured(vn.pod(1));
+        assert_uncaptured(vn.pod(0));
+        assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
+        // The released pod's annotation is removed (one patch naming it, null);
+        // the opted-out pod's is never written.
+        let removed = |p: &ringway_cni::testing::ApiRequest| {
+            p.path.ends_with(&format!("/pods/{}/status", switched.name))
+                && p.body.as_deref().is_some_and(|b| {
+                    serde_json::from_str::<serde_json::Value>(b).unwrap()["metadata"]["annotations"]
+                        ["ambient.istio.io/redirection"]
+                        .is_null()
+                })
+        };
+        assert!(
+            wait_until(WAIT, || api.patches().iter().any(removed)),
+            "no removal of the released pod's annotation: {:?}",
+            api.patches()
+        );
+        assert!(
+            api.patches()
+                .iter()
+                .all(|p| !p.path.contains(&format!("/pods/{}/", opted_out.name))),
+            "{:?}",
+            api.patches()
+        );
+        agent.shutdown();
+    });
+}
+
+/// The agent marks the pods it captures `ambient.istio.io/redirection: enabled`,
+/// as the Istio ambient mesh's CNI agent does, once their rules are in place and
+/// the proxy acked them (a pod the proxy nacks is never marked, nor one passed
+/// through), and removes the mark when it lets them go: at CNI DEL, and when the
+/// watch releases a pod whose label opts it out. One merge patch each, of the
+/// pod's status subresource, naming its uid. A mark lost while the pod is held
+/// is put back from the watch.
+#[test]
+fn captured_pods_carry_the_redirection_annotation_until_released() {
+    run_isolated("agent_selection_annotation", || {
+        init_logs();
+        let dir = TempDir::new("agent_selection_annotation");
+        let kube = Kube::start(Duration::from_secs(2));
+        let cfg = config_with("agent_selection_annotation", &dir, &kube);
+        let vn = VirtualNode::build(66, 4).unwrap();
+        let api = &kube.api;
+        api.apply_namespace("shop", Some("enabled"));
+        api.apply_namespace("plain", None);
+        let pod = |i: usize, uid: &str, ns: &str| {
+            let mut p = CniPod::of(vn.pod(i), uid);
+            p.namespace = ns.into();
+            p
+        };
+        let web = pod(0, "uid-web", "shop");
+        let nacked = pod(1, "uid-nacked", "shop");
+        let plain = pod(2, "uid-plain", "plain");
+        let later = pod(3, "uid-later", "shop");
+        let fake = |p: &CniPod| {
+            FakePod::new(&p.uid, &p.namespace, &p.name, &cfg.node_name).service_account("web")
+        };
+        for p in [&web, &nacked, &plain, &later] {
+            api.apply_pod(fake(p).json());
+        }
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        // Refused by the proxy (the ADD fails), passed through: never marked.
+        proxy.refuse("uid-nacked", "no listeners");
+        let out = plugin("ADD", &nacked, &cfg.cni_socket);
+        assert_eq!(out.exit_code, 1, "{}", out.stdout);
+        ok(plugin("ADD", &plain, &cfg.cni_socket));
+        // Captured: marked. The annotator patches one pod at a time, oldest wish
+        // first, so once web's patch is there, any wish about the other two would
+        // have been patched before it.
+        ok(plugin("ADD", &web, &cfg.cni_socket));
+        assert!(
+            wait_until(WAIT, || redirection(api, "shop", &web.name).as_deref()
+                == Some("enabled")),
+            "web not annotated: {:?}",
+            api.patches()
+        );
+        let patches = api.patches();
+        assert_eq!(patches.len(), 1, "{patches:?}");
+        assert_eq!(
+            patches[0].path,
+            format!("/api/v1/namespaces/shop/pods/{}/status", web.name)
+        );
+        assert_eq!(
+            patches[0].content_type.as_deref(),
+            Some("application/merge-patch+json")
+        );
+        let body: serde_json::Value =
+            serde_json::from_str(patches[0].body.as_deref().unwrap()).unwrap();
+        assert_eq!(body["metadata"]["uid"], "uid-web");
+        assert_eq!(redirection(api, "shop", &nacked.name), None);
+        assert_eq!(redirection(api, "plain", &plain.name), None);
+
+        // CNI DEL: removed.
+        ok(plugin("DEL", &web, &cfg.cni_socket));
+        assert!(
+            wait_until(WAIT, || redirection(api, "shop", &web.name).is_none()),
+            "web still annotated: {:?}",
+            api.patches()
+        );
+        let body: serde_json::Value =
+            serde_json::from_str(api.patches()[1].body.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            body["metadata"]["annotations"]["ambient.istio.io/redirection"],
+            serde_json::Value::Null
+        );
+
+        // The watch: a running pod captured at ADD, then opted out by its
+        // label: released, and its mark removed.
+        kube.watch(&cfg.node_name, &agent);
+        assert!(
+            wait_until(WAIT, || kube.selector.synced()),
+            "watch not synced"
+        );
+        ok(plugin("ADD", &later, &cfg.cni_socket));
+        assert!(
+            wait_until(WAIT, || redirection(api, "shop", &later.name).as_deref()
+                == Some("enabled")),
+            "later not annotated"
+        );
+        let ip = later.ips[0].split('/').next().unwrap().to_string();
+        // It runs, and its mark is removed by someone else (the object replaced
+        // without it): the watch sees a pod the agent holds without it, and the
+        // agent marks it again.
+        api.apply_pod(fake(&later).running(&[&ip]).json());
+        assert!(
+            wait_until(WAIT, || redirection(api, "shop", &later.name).as_deref()
+                == Some("enabled")),
+            "later's lost annotation not repaired: {:?}",
+            api.patches()
+        );
+        let mut opted_out = fake(&later).running(&[&ip]).mode("disabled").json();
+        opted_out["metadata"]["annotations"] =
+            serde_json::json!({"ambient.istio.io/redirection": "enabled"});
+        api.apply_pod(opted_out);
+        assert!(
+            wait_until(WAIT, || redirection(api, "shop", &later.name).is_none()),
+            "later still annotated after its release: {:?}",
+            api.patches()
+        );
+        assert_eq!(
+            proxy
+                .kinds()
+                .into_iter()
+                .filter(|(_, uid)| uid == "uid-later")
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>(),
+            ["Add", "Del"]
+        );
+        assert!(
+            wait_until(WAIT, || sample(
+                &agent,
+                "ringway_agent_redirection_annotation_patches_total{op=\"remove\",outcome=\"ok\"}"
+            ) == 2),
+            "{}",
+            agent.metrics_text()
+        );
+        assert_eq!(
+            sample(
+                &agent,
+                "ringway_agent_redirection_annotation_patches_total{op=\"set\",outcome=\"ok\"}"
+            ),
+            3,
+            "{}",
+            agent.metrics_text()
+        );
+        agent.shutdown();
+    });
+}
+
+/// A patch of the annotation that fails never fails, nor holds up, a CNI ADD:
+/// while the API server leaves the patches unanswered (and the annotator would
+/// wait a minute for each), or refuses them, pods are captured as usual; each
+/// failure is logged and counted, the patch tried again, and it lands once the
+/// API server takes it. A removal still refused when the watch sees the pod
+/// deleted is dropped (the pending wishes stay bounded by the node's pods).
+#[test]
+fn a_failing_annotation_patch_never_fails_the_cni_add() {
+    run_isolated("agent_selection_annotation_fails", || {
+        init_logs();
+        let dir = TempDir::new("agent_selection_annotation_fails");
+        let kube = Kube::start_with(
+            Duration::from_secs(2),
+            AnnotatorConfig {
+                retry_min: Duration::from_millis(20),
+                retry_max: Duration::from_millis(200),
+                // Far beyond the CNI socket's 5 s deadline: an ADD that waited for
+                // a hanging patch would fail.
+                request_timeout: Duration::from_secs(60),
+            },
+        );
+        let cfg = config_with("agent_selection_annotation_fails", &dir, &kube);
+        let vn = VirtualNode::build(67, 2).unwrap();
+        let api = &kube.api;
+        api.apply_namespace("shop", Some("enabled"));
+        let (a, b) = (
+            CniPod::of(vn.pod(0), "uid-a"),
+            CniPod::of(vn.pod(1), "uid-b"),
+        );
+        for p in [&a, &b] {
+            api.apply_pod(
+                FakePod::new(&p.uid, "shop", &p.name, &cfg.node_name)
+                    .service_account("web")
+                    .json(),
+            );
+        }
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        api.set_patch_mode(ApiMode::Hang);
+        ok(plugin("ADD", &a, &cfg.cni_socket));
+        assert_eq!(proxy.wait_for(2)[1].uid, "uid-a");
+        assert!(
+            wait_until(WAIT, || api.patches().len() == 1),
+            "no patch of a: {:?}",
+            api.patches()
+        );
+        // The patch hangs; another ADD goes through meanwhile.
+        ok(plugin("ADD", &b, &cfg.cni_socket));
+        assert_eq!(proxy.wait_for(3)[2].uid, "uid-b");
+
+        // Refused (the hanging patch is dropped): errors, counted, retried.
+        api.set_patch_mode(ApiMode::Refuse(500));
+        let errors = || {
+            sample(
+                &agent,
+                "ringway_agent_redirection_annotation_patches_total{op=\"set\",outcome=\"error\"}",
+            )
+        };
+        assert!(
+            wait_until(WAIT, || errors() >= 4),
+            "{}",
+            agent.metrics_text()
+        );
+        assert!(
+            agent
+                .metrics_text()
+                .contains("ringway_agent_redirection_annotation_pending 2"),
+            "{}",
+            agent.metrics_text()
+        );
+        assert_eq!(redirection(api, "shop", &a.name), None);
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-a", "uid-b"]);
+
+        api.set_patch_mode(ApiMode::Serve);
+        for p in [&a, &b] {
+            assert!(
+                wait_until(WAIT, || redirection(api, "shop", &p.name).as_deref()
+                    == Some("enabled")),
+                "{} not annotated",
+                p.uid
+            );
+        }
+        let pending = |n: u32| {
+            let line = format!("ringway_agent_redirection_annotation_pending {n}");
+            wait_until(WAIT, || agent.metrics_text().contains(&line))
+        };
+        assert!(pending(0), "{}", agent.metrics_text());
+
+        // Refused again (RBAC lost): a's release is wished, refused, retried...
+        api.set_patch_mode(ApiMode::Refuse(403));
+        kube.watch(&cfg.node_name, &agent);
+        assert!(
+            wait_until(WAIT, || kube.selector.synced()),
+            "watch not synced"
+        );
+        ok(plugin("DEL", &a, &cfg.cni_socket));
+        assert!(pending(1), "{}", agent.metrics_text());
+        // ... until the pod's object is gone: nothing left to un-annotate.
+        api.delete_pod("shop", &a.name);
+        assert!(pending(0), "{}", agent.metrics_text());
         agent.shutdown();
     });
 }

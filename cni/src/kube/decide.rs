@@ -1,4 +1,4 @@
-//! The enrollment decision: a pure function of a pod and its namespace's label.
+//! The enrollment decision: a pure function of a pod and its namespace's labels.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 // proxy's Kubernetes mesh source (a workload's `tunnel` flag).
 use ringway_config::enrollment::{self, NotSelected};
 pub use ringway_config::enrollment::{
-    DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
+    PodMode, DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
+    ISTIO_DATAPLANE_MODE_AMBIENT, ISTIO_DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_NONE,
 };
 
 /// What the node agent needs to enroll a running pod.
@@ -45,9 +46,11 @@ pub enum Decision {
 pub enum UnenrollReason {
     /// `spec.hostNetwork`: its network namespace is the node's.
     HostNetwork,
-    /// The pod's own label is `disabled`.
+    /// The pod opted out: `ringway.io/dataplane-mode=disabled` or
+    /// `istio.io/dataplane-mode=none` ([`PodMode::OptOut`]).
     PodOptOut,
-    /// Neither the pod nor its namespace is labelled `enabled`.
+    /// Neither the pod nor its namespace is enrolled by either label
+    /// (`ringway.io/dataplane-mode=enabled`, `istio.io/dataplane-mode=ambient`).
     NotLabelled,
     /// Phase `Succeeded` or `Failed`: its containers are done.
     Finished,
@@ -78,9 +81,10 @@ pub enum IgnoreReason {
 impl fmt::Display for UnenrollReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            UnenrollReason::HostNetwork => "host network",
-            UnenrollReason::PodOptOut => "pod label disabled",
-            UnenrollReason::NotLabelled => "neither pod nor namespace labelled enabled",
+            // The label rule's own words (one place for them).
+            UnenrollReason::HostNetwork => return fmt::Display::fmt(&NotSelected::HostNetwork, f),
+            UnenrollReason::PodOptOut => return fmt::Display::fmt(&NotSelected::PodOptOut, f),
+            UnenrollReason::NotLabelled => return fmt::Display::fmt(&NotSelected::NotLabelled, f),
             UnenrollReason::Finished => "pod finished",
             UnenrollReason::Gone => "pod gone",
             UnenrollReason::Excluded => "namespace excluded from capture (exclude_namespaces)",
@@ -101,10 +105,13 @@ impl fmt::Display for IgnoreReason {
 
 /// The decision for `pod`, given its namespace (`None`: unknown, treated as unlabelled).
 ///
-/// In order: hostNetwork pods are never enrolled; a pod is wanted when its label is
-/// `enabled`, or when its namespace's label is `enabled` and the pod's label is not
-/// `disabled`; a wanted pod that finished is unenrolled; a wanted pod that is
-/// terminating, not running, or has no IP yet is left alone; otherwise it is enrolled.
+/// In order: hostNetwork pods are never enrolled; a pod opted out by either label
+/// (`ringway.io/dataplane-mode=disabled`, `istio.io/dataplane-mode=none`) is not
+/// wanted; a pod is wanted when either label enrolls it
+/// (`ringway.io/dataplane-mode=enabled`, `istio.io/dataplane-mode=ambient`), or when
+/// either label enrolls its namespace; a wanted pod that finished is unenrolled; a
+/// wanted pod that is terminating, not running, or has no IP yet is left alone;
+/// otherwise it is enrolled (the label part: [`ringway_config::enrollment`]).
 pub fn decide(pod: &Pod, namespace: Option<&Namespace>) -> Decision {
     match PodFacts::from_pod(pod) {
         Some(facts) => decide_facts(&facts, namespace.is_some_and(namespace_enabled)),
@@ -112,16 +119,10 @@ pub fn decide(pod: &Pod, namespace: Option<&Namespace>) -> Decision {
     }
 }
 
-/// Whether a namespace enrolls its pods (its label is `enabled`).
+/// Whether a namespace enrolls its pods (`ringway.io/dataplane-mode=enabled` or
+/// `istio.io/dataplane-mode=ambient`).
 pub fn namespace_enabled(ns: &Namespace) -> bool {
-    enrollment::namespace_enabled(label(&ns.metadata.labels))
-}
-
-fn label(labels: &Option<std::collections::BTreeMap<String, String>>) -> Option<&str> {
-    labels
-        .as_ref()
-        .and_then(|l| l.get(DATAPLANE_MODE_LABEL))
-        .map(String::as_str)
+    enrollment::namespace_enabled(ns.metadata.labels.as_ref())
 }
 
 /// `status.phase`.
@@ -143,12 +144,14 @@ pub(crate) struct PodFacts {
     pub(crate) name: String,
     pub(crate) namespace: String,
     pub(crate) service_account: String,
-    /// The pod's [`DATAPLANE_MODE_LABEL`].
-    pub(crate) mode: Option<String>,
+    /// What the pod's [`DATAPLANE_MODE_LABEL`] and [`ISTIO_DATAPLANE_MODE_LABEL`] say.
+    pub(crate) mode: PodMode,
     pub(crate) host_network: bool,
     pub(crate) phase: Phase,
     pub(crate) terminating: bool,
     pub(crate) ips: Vec<IpAddr>,
+    /// Its `ambient.istio.io/redirection` annotation says `enabled`.
+    pub(crate) redirection: bool,
 }
 
 impl PodFacts {
@@ -180,11 +183,16 @@ impl PodFacts {
                 .and_then(|s| s.service_account_name.clone())
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "default".to_owned()),
-            mode: label(&meta.labels).map(str::to_owned),
+            mode: PodMode::from_labels(meta.labels.as_ref()),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             phase,
             terminating: meta.deletion_timestamp.is_some(),
             ips: ips.into_iter().filter_map(|ip| ip.parse().ok()).collect(),
+            redirection: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::REDIRECTION_ANNOTATION))
+                .is_some_and(|v| v == super::REDIRECTION_ENABLED),
         })
     }
 
@@ -197,11 +205,12 @@ impl PodFacts {
             name: name.to_owned(),
             namespace: namespace.to_owned(),
             service_account: String::new(),
-            mode: None,
+            mode: PodMode::Unset,
             host_network: false,
             phase: Phase::Unknown,
             terminating: false,
             ips: Vec::new(),
+            redirection: false,
         }
     }
 
@@ -216,9 +225,9 @@ impl PodFacts {
     }
 }
 
-/// [`decide`] on the extracted facts; `ns_enabled`: the namespace's label is `enabled`.
+/// [`decide`] on the extracted facts; `ns_enabled`: the namespace's labels enroll its pods.
 pub(crate) fn decide_facts(pod: &PodFacts, ns_enabled: bool) -> Decision {
-    if let Err(why) = enrollment::selected(pod.host_network, pod.mode.as_deref(), ns_enabled) {
+    if let Err(why) = enrollment::selected(pod.host_network, pod.mode, ns_enabled) {
         return Decision::Unenroll(match why {
             NotSelected::HostNetwork => UnenrollReason::HostNetwork,
             NotSelected::PodOptOut => UnenrollReason::PodOptOut,
@@ -240,50 +249,90 @@ mod tests {
 
     use super::*;
 
-    /// Every combination of the inputs, checked against the rules stated as properties.
+    /// Every combination of the inputs (both labels on the pod and on its namespace,
+    /// host network, phase, deletion, IPs), as Kubernetes objects through [`decide`],
+    /// checked against the rules stated as properties.
     #[test]
     fn exhaustive_over_every_input_combination() {
-        let modes = [None, Some("enabled"), Some("disabled"), Some("ambient")];
-        let phases = [
-            Phase::Pending,
-            Phase::Running,
-            Phase::Succeeded,
-            Phase::Failed,
-            Phase::Unknown,
+        let values = [
+            None,
+            Some("enabled"),
+            Some("disabled"),
+            Some("ambient"),
+            Some("none"),
         ];
+        let phases = [
+            (Some("Pending"), Phase::Pending),
+            (Some("Running"), Phase::Running),
+            (Some("Succeeded"), Phase::Succeeded),
+            (Some("Failed"), Phase::Failed),
+            (None, Phase::Unknown),
+        ];
+        let labels = |ringway: Option<&str>, istio: Option<&str>| {
+            let mut l = json!({"app": "web"});
+            if let Some(v) = ringway {
+                l[DATAPLANE_MODE_LABEL] = json!(v);
+            }
+            if let Some(v) = istio {
+                l[ISTIO_DATAPLANE_MODE_LABEL] = json!(v);
+            }
+            l
+        };
         let ip: IpAddr = "10.0.0.7".parse().unwrap();
         let mut n = 0;
+        let mut enrolled = 0;
         for host_network in [false, true] {
-            for mode in modes {
-                for ns_enabled in [false, true] {
-                    for phase in phases {
+            for (pod_ringway, pod_istio) in values.iter().flat_map(|a| values.map(|b| (*a, b))) {
+                for (ns_ringway, ns_istio) in values.iter().flat_map(|a| values.map(|b| (*a, b))) {
+                    let namespace: Namespace = serde_json::from_value(json!({
+                        "metadata": {"name": "ns", "labels": labels(ns_ringway, ns_istio)}
+                    }))
+                    .unwrap();
+                    for (phase_name, phase) in phases {
                         for terminating in [false, true] {
-                            for ips in [vec![], vec![ip]] {
+                            for has_ip in [false, true] {
                                 n += 1;
-                                let pod = PodFacts {
-                                    uid: "u".into(),
-                                    name: "p".into(),
-                                    namespace: "ns".into(),
-                                    service_account: "sa".into(),
-                                    mode: mode.map(str::to_owned),
-                                    host_network,
-                                    phase,
-                                    terminating,
-                                    ips: ips.clone(),
-                                };
-                                let got = decide_facts(&pod, ns_enabled);
-                                let wanted = mode == Some("enabled")
-                                    || (mode != Some("disabled") && ns_enabled);
+                                let mut v = json!({
+                                    "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                                        "labels": labels(pod_ringway, pod_istio)},
+                                    "spec": {"containers": [], "serviceAccountName": "sa",
+                                        "hostNetwork": host_network},
+                                    "status": {}
+                                });
+                                if let Some(p) = phase_name {
+                                    v["status"]["phase"] = json!(p);
+                                }
+                                if has_ip {
+                                    v["status"]["podIP"] = json!(ip.to_string());
+                                }
+                                if terminating {
+                                    v["metadata"]["deletionTimestamp"] =
+                                        json!("2026-01-01T00:00:00Z");
+                                }
+                                let got = decide(&pod(v), Some(&namespace));
+
+                                let opt_out =
+                                    pod_ringway == Some("disabled") || pod_istio == Some("none");
+                                let pod_in =
+                                    pod_ringway == Some("enabled") || pod_istio == Some("ambient");
+                                let ns_in =
+                                    ns_ringway == Some("enabled") || ns_istio == Some("ambient");
+                                let wanted = !opt_out && (pod_in || ns_in);
                                 let finished = matches!(phase, Phase::Succeeded | Phase::Failed);
-                                let ctx = format!("{pod:?} ns_enabled={ns_enabled} -> {got:?}");
+                                let ctx = format!(
+                                    "pod=({pod_ringway:?}, {pod_istio:?}) ns=({ns_ringway:?}, \
+                                     {ns_istio:?}) hostNetwork={host_network} {phase:?} \
+                                     terminating={terminating} ip={has_ip} -> {got:?}"
+                                );
 
                                 // Enrolled exactly when every condition holds.
                                 let enroll = !host_network
                                     && wanted
                                     && phase == Phase::Running
                                     && !terminating
-                                    && !ips.is_empty();
+                                    && has_ip;
                                 assert_eq!(matches!(got, Decision::Enroll(_)), enroll, "{ctx}");
+                                enrolled += usize::from(enroll);
                                 // Unenrolled exactly when capture is wrong whatever happens next.
                                 let unenroll = host_network || !wanted || finished;
                                 assert_eq!(matches!(got, Decision::Unenroll(_)), unenroll, "{ctx}");
@@ -291,7 +340,7 @@ mod tests {
                                 // The reason is the first rule that applies.
                                 let want = if host_network {
                                     Decision::Unenroll(UnenrollReason::HostNetwork)
-                                } else if mode == Some("disabled") {
+                                } else if opt_out {
                                     Decision::Unenroll(UnenrollReason::PodOptOut)
                                 } else if !wanted {
                                     Decision::Unenroll(UnenrollReason::NotLabelled)
@@ -301,7 +350,7 @@ mod tests {
                                     Decision::Ignore(IgnoreReason::Terminating)
                                 } else if phase != Phase::Running {
                                     Decision::Ignore(IgnoreReason::NotRunning)
-                                } else if ips.is_empty() {
+                                } else if !has_ip {
                                     Decision::Ignore(IgnoreReason::NoIp)
                                 } else {
                                     Decision::Enroll(PodIdentity {
@@ -319,7 +368,23 @@ mod tests {
                 }
             }
         }
-        assert_eq!(n, 2 * 4 * 2 * 5 * 2 * 2);
+        assert_eq!(n, 2 * 25 * 25 * 5 * 2 * 2);
+        assert!(enrolled > 0, "no combination enrolls");
+    }
+
+    /// The words a pass-through names, for each label reason: the rule's own.
+    #[test]
+    fn the_reasons_name_both_labels() {
+        assert_eq!(
+            UnenrollReason::PodOptOut.to_string(),
+            "pod opted out (ringway.io/dataplane-mode=disabled or istio.io/dataplane-mode=none)"
+        );
+        assert_eq!(
+            UnenrollReason::NotLabelled.to_string(),
+            "neither pod nor namespace labelled ringway.io/dataplane-mode=enabled or \
+             istio.io/dataplane-mode=ambient"
+        );
+        assert_eq!(UnenrollReason::HostNetwork.to_string(), "host network");
     }
 
     fn pod(v: serde_json::Value) -> Pod {
@@ -388,6 +453,38 @@ mod tests {
         );
         assert_eq!(
             decide(&pod(opted_out), Some(&enabled)),
+            Decision::Unenroll(UnenrollReason::PodOptOut)
+        );
+
+        // The Istio ambient mesh's label, on the pod or its namespace.
+        let ambient: Namespace = serde_json::from_value(json!({"metadata": {"name": "shop",
+            "labels": { ISTIO_DATAPLANE_MODE_LABEL: "ambient" }}}))
+        .unwrap();
+        assert_eq!(
+            decide(&pod(unlabelled.clone()), Some(&ambient)),
+            web(&["10.1.0.5", "fd00::5"])
+        );
+        assert_eq!(
+            decide(
+                &pod(running(json!({ ISTIO_DATAPLANE_MODE_LABEL: "ambient" }))),
+                Some(&plain)
+            ),
+            web(&["10.1.0.5", "fd00::5"])
+        );
+        assert_eq!(
+            decide(
+                &pod(running(json!({ ISTIO_DATAPLANE_MODE_LABEL: "none" }))),
+                Some(&ambient)
+            ),
+            Decision::Unenroll(UnenrollReason::PodOptOut)
+        );
+        // The labels disagree on the pod: the opt-out wins.
+        assert_eq!(
+            decide(
+                &pod(running(json!({ DATAPLANE_MODE_LABEL: "enabled",
+                    ISTIO_DATAPLANE_MODE_LABEL: "none" }))),
+                Some(&enabled)
+            ),
             Decision::Unenroll(UnenrollReason::PodOptOut)
         );
 

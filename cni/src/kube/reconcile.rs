@@ -13,7 +13,7 @@ use tracing::{debug, info, trace, warn};
 
 use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
 use super::select::{Cache, Selector};
-use super::{EnrolledPod, Enrollment, WatchConfig};
+use super::{EnrolledPod, Enrollment, PodRef, WatchConfig};
 
 /// A pod whose enroll or unenroll failed (retried with backoff), or that was enrolled
 /// but absent from a relist (checked again after the orphan grace).
@@ -50,7 +50,7 @@ impl<'a> Enrolled<'a> {
 pub(crate) struct Reconciler {
     enrollment: Arc<dyn Enrollment>,
     config: WatchConfig,
-    /// Holds the watched pods and enabled namespaces (shared with the CNI path).
+    /// Holds the watched pods and enrolled namespaces (shared with the CNI path).
     selector: Selector,
     /// Pods listed so far during a relist (replaces the cached pods at its end).
     pods_relist: Option<HashMap<String, PodFacts>>,
@@ -79,7 +79,7 @@ impl Reconciler {
         }
     }
 
-    /// Nothing is enrolled or unenrolled before both lists are in: a pod of an enabled
+    /// Nothing is enrolled or unenrolled before both lists are in: a pod of an enrolled
     /// namespace must not be unenrolled because the namespace was not listed yet.
     fn ready(&self) -> bool {
         self.selector.cache().synced()
@@ -146,6 +146,8 @@ impl Reconciler {
                 if self.ready() {
                     self.evaluate(&uid, &mut Enrolled::new(&*self.enrollment.clone()));
                 }
+                // Its object is gone: no annotation of it is left to write.
+                self.enrollment.pod_deleted(&uid);
             }
         }
     }
@@ -192,7 +194,7 @@ impl Reconciler {
                     self.evaluate_namespace(&name);
                 }
             }
-            // Deleted, or no longer matching the `enabled` label selector.
+            // Deleted.
             Event::Delete(ns) => {
                 let Some(name) = ns.metadata.name else { return };
                 let removed = self.selector.cache().namespaces.remove(&name);
@@ -287,6 +289,10 @@ impl Reconciler {
     /// The decision is the CNI path's rule ([`super::Verdict`]): an excluded namespace
     /// first ([`Enrollment::excludes`]), then [`decide_facts`] on the cached pod and
     /// namespace, so the watch never unenrolls a pod the CNI ADD captured.
+    ///
+    /// A pod whose `ambient.istio.io/redirection` annotation disagrees with that (held,
+    /// running and without it; not held and with it) is reported to the agent
+    /// ([`Enrollment::annotation_seen`]).
     fn evaluate(&mut self, uid: &str, enrolled: &mut Enrolled<'_>) {
         let (facts, ns_enabled) = {
             let cache = self.selector.cache();
@@ -295,6 +301,7 @@ impl Reconciler {
                 None => (None, false),
             }
         };
+        let annotated = facts.as_ref().map(|p| p.redirection);
         let (decision, namespace, name) = match facts {
             Some(p) if self.enrollment.excludes(&p.namespace) => (
                 Decision::Unenroll(UnenrollReason::Excluded),
@@ -315,6 +322,10 @@ impl Reconciler {
                     Some(held) if *held == wanted => {
                         trace!(pod.uid = %uid, "already enrolled");
                         self.retries.remove(uid);
+                        if annotated == Some(false) {
+                            self.enrollment
+                                .annotation_seen(&pod_ref(uid, &namespace, &name), false);
+                        }
                         return;
                     }
                     Some(held) => {
@@ -343,6 +354,10 @@ impl Reconciler {
                 if !enrolled.set().contains_key(uid) {
                     trace!(pod.uid = %uid, %reason, "not enrolled");
                     self.retries.remove(uid);
+                    if annotated == Some(true) {
+                        self.enrollment
+                            .annotation_seen(&pod_ref(uid, &namespace, &name), true);
+                    }
                     return;
                 }
                 match self.enrollment.unenroll(uid) {
@@ -375,6 +390,14 @@ impl Reconciler {
                 due: now + delay,
             },
         );
+    }
+}
+
+fn pod_ref(uid: &str, namespace: &str, name: &str) -> PodRef {
+    PodRef {
+        uid: uid.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
     }
 }
 

@@ -80,13 +80,14 @@ pub enum SelectError {
     Stopped,
 }
 
-/// What the watch knows: this node's pods and the names of the `enabled` namespaces.
+/// What the watch knows: this node's pods and the names of the enrolled namespaces.
 /// Written by the watch only; read by [`Selector::selects`].
 #[derive(Debug, Default)]
 pub(crate) struct Cache {
     /// This node's pods by uid.
     pub(crate) pods: HashMap<String, PodFacts>,
-    /// Names of the namespaces labelled `enabled`.
+    /// Names of the namespaces whose labels enroll their pods
+    /// (`ringway.io/dataplane-mode=enabled` or `istio.io/dataplane-mode=ambient`).
     pub(crate) namespaces: HashSet<String>,
     pub(crate) pods_synced: bool,
     pub(crate) namespaces_synced: bool,

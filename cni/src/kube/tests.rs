@@ -30,6 +30,10 @@ struct AgentState {
     calls: Vec<(Call, Instant)>,
     fail_enrolls: usize,
     fail_unenrolls: usize,
+    /// `annotation_seen` calls: (pod, annotated).
+    annotations_seen: Vec<(PodRef, bool)>,
+    /// `pod_deleted` calls.
+    deleted: Vec<String>,
 }
 
 /// Records every call; `enrolled()` is what was enrolled and not unenrolled.
@@ -141,6 +145,18 @@ impl Enrollment for FakeAgent {
     fn excludes(&self, namespace: &str) -> bool {
         namespace == "ringway-system"
     }
+
+    fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
+        self.0
+            .lock()
+            .unwrap()
+            .annotations_seen
+            .push((pod.clone(), annotated));
+    }
+
+    fn pod_deleted(&self, uid: &str) {
+        self.0.lock().unwrap().deleted.push(uid.to_owned());
+    }
 }
 
 fn enroll(uid: &str) -> Call {
@@ -186,6 +202,16 @@ fn namespace(name: &str, mode: Option<&str>, rv: &str) -> Value {
     ns["metadata"]["resourceVersion"] = json!(rv);
     ns
 }
+
+/// [`fixtures::namespace_with_labels`] at resourceVersion `rv`.
+fn namespace_labelled(name: &str, labels: &[(&str, &str)], rv: &str) -> Value {
+    let mut ns = fixtures::namespace_with_labels(name, labels);
+    ns["metadata"]["resourceVersion"] = json!(rv);
+    ns
+}
+
+const RINGWAY: &str = DATAPLANE_MODE_LABEL;
+const ISTIO: &str = ISTIO_DATAPLANE_MODE_LABEL;
 
 fn fast() -> WatchConfig {
     WatchConfig {
@@ -259,7 +285,8 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
         }
     );
 
-    // The requests.
+    // The requests: the pods of this node; every namespace (either of two labels
+    // enrolls one: no label selector).
     let pod_watch = api.next_watch(Kind::Pod).await;
     let ns_watch = api.next_watch(Kind::Namespace).await;
     let pod_reqs = api.requests_of(Kind::Pod);
@@ -271,19 +298,15 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
         Some("spec.nodeName=node-a")
     );
     assert_eq!(list.query.get("labelSelector"), None);
-    assert!(!ns_reqs[0].query.contains_key("fieldSelector"));
-    assert_eq!(
-        ns_reqs[0].query.get("labelSelector").map(String::as_str),
-        Some("ringway.io/dataplane-mode=enabled")
-    );
+    assert_eq!(ns_reqs.len(), 2, "{ns_reqs:?}");
+    for r in &ns_reqs {
+        assert!(!r.query.contains_key("fieldSelector"));
+        assert!(!r.query.contains_key("labelSelector"));
+    }
     assert_eq!(pod_watch.query["watch"], "true");
     assert_eq!(pod_watch.query["fieldSelector"], "spec.nodeName=node-a");
     assert_eq!(pod_watch.query["resourceVersion"], "100");
     assert_eq!(pod_watch.query["allowWatchBookmarks"], "true");
-    assert_eq!(
-        ns_watch.query["labelSelector"],
-        "ringway.io/dataplane-mode=enabled"
-    );
     assert_eq!(ns_watch.query["resourceVersion"], "50");
 
     // e starts running with an IP: enrolled. A new hostNetwork pod, and an annotation
@@ -557,6 +580,189 @@ async fn nothing_is_called_before_both_lists_are_in() {
     assert_eq!(agent.wait_calls(1).await, [enroll("n")]);
     settle().await;
     assert_eq!(agent.calls(), [enroll("n")]);
+    task.abort();
+}
+
+/// The Istio ambient mesh's labels: `istio.io/dataplane-mode=ambient` on a namespace
+/// or on a pod enrolls, `none` on a pod opts it out whatever its namespace says. A
+/// namespace moved from one enrolling label to the other in one update, either way, or
+/// given both and then one removed, never leaves the mesh (no call for its pod); it
+/// leaves when it has neither.
+#[tokio::test]
+async fn istio_labels_enroll_opt_out_and_either_namespace_label_holds() {
+    let (client, api) = scripted(
+        vec![
+            pod("m", "amb").json(),
+            pod("o", "amb").istio_mode("none").json(),
+            pod("p", "plain").istio_mode("ambient").json(),
+            pod("q", "plain").json(),
+            pod("r", "both").json(),
+            pod("z", "late").json(),
+        ],
+        vec![
+            namespace_labelled("amb", &[(ISTIO, "ambient")], "7"),
+            namespace_labelled("both", &[(RINGWAY, "enabled")], "8"),
+            namespace_labelled("plain", &[(ISTIO, "none")], "9"),
+        ],
+    );
+    let agent = Arc::new(FakeAgent::default());
+    let task = spawn(client, &agent, fast());
+    assert_eq!(
+        sorted(agent.wait_calls(3).await),
+        [enroll("m"), enroll("p"), enroll("r")]
+    );
+    let pods = api.next_watch(Kind::Pod).await;
+    let namespaces = api.next_watch(Kind::Namespace).await;
+
+    // "both": ringway's label -> istio's -> both -> ringway's -> istio's, each in one
+    // update. The watch applies its events in order, so a later one whose call is
+    // awaited (namespace "late" enrolled: its pod z enrolled) is a barrier.
+    let steps: [&[(&str, &str)]; 4] = [
+        &[(ISTIO, "ambient")],
+        &[(ISTIO, "ambient"), (RINGWAY, "enabled")],
+        &[(RINGWAY, "enabled")],
+        &[(ISTIO, "ambient"), (RINGWAY, "disabled")],
+    ];
+    for (i, labels) in steps.into_iter().enumerate() {
+        namespaces.send(
+            "MODIFIED",
+            namespace_labelled("both", labels, &(10 + i).to_string()),
+        );
+    }
+    namespaces.send(
+        "ADDED",
+        namespace_labelled("late", &[(ISTIO, "ambient")], "20"),
+    );
+    assert_eq!(agent.wait_calls(4).await[3], enroll("z"));
+    // Neither label (a namespace has no opt-out, and `none` there enrolls nothing).
+    namespaces.send(
+        "MODIFIED",
+        namespace_labelled("both", &[(ISTIO, "none")], "21"),
+    );
+    assert_eq!(agent.wait_calls(5).await[4], unenroll("r"));
+
+    // The pod's own label: none removed (its namespace enrolls it), then set on
+    // another pod of that namespace; ambient removed from a pod of a plain namespace.
+    pods.send("MODIFIED", pod("o", "amb").resource_version("30").json());
+    assert_eq!(agent.wait_calls(6).await[5], enroll("o"));
+    pods.send(
+        "MODIFIED",
+        pod("m", "amb")
+            .istio_mode("none")
+            .resource_version("31")
+            .json(),
+    );
+    assert_eq!(agent.wait_calls(7).await[6], unenroll("m"));
+    pods.send("MODIFIED", pod("p", "plain").resource_version("32").json());
+    assert_eq!(agent.wait_calls(8).await[7], unenroll("p"));
+    // Another value of the istio.io label is no label; the opt-out beats ringway's
+    // enabled on the same pod.
+    pods.send(
+        "MODIFIED",
+        pod("q", "plain")
+            .istio_mode("Ambient")
+            .resource_version("33")
+            .json(),
+    );
+    pods.send(
+        "MODIFIED",
+        pod("r", "both")
+            .mode("enabled")
+            .istio_mode("none")
+            .resource_version("34")
+            .json(),
+    );
+    pods.send(
+        "MODIFIED",
+        pod("q", "plain")
+            .istio_mode("ambient")
+            .resource_version("35")
+            .json(),
+    );
+    assert_eq!(agent.wait_calls(9).await[8], enroll("q"));
+    assert_eq!(
+        agent.enrolled_set(),
+        ["o", "q", "z"].into_iter().map(String::from).collect()
+    );
+    drop(namespaces);
+    task.abort();
+}
+
+/// The watch reports the pods whose `ambient.istio.io/redirection` annotation
+/// disagrees with what the agent holds: a running pod it holds without it, a pod the
+/// rule passes over with it. The others (held with it, not held without it, a pod
+/// the watch enrolls: the agent annotates those itself) are not reported.
+#[tokio::test]
+async fn the_watch_reports_annotations_that_disagree_with_the_agent() {
+    let annotated = |p: FakePod| p.annotate(REDIRECTION_ANNOTATION, REDIRECTION_ENABLED);
+    let (client, api) = scripted(
+        vec![
+            pod("held-bare", "mesh").json(),
+            annotated(pod("held-annotated", "mesh")).json(),
+            annotated(pod("stray", "plain")).json(),
+            pod("plain", "plain").json(),
+            annotated(pod("new", "mesh")).json(),
+            // Another value is not `enabled`: a held pod with it is reported.
+            pod("held-other", "mesh")
+                .annotate(REDIRECTION_ANNOTATION, "pending")
+                .json(),
+        ],
+        vec![namespace("mesh", Some("enabled"), "7")],
+    );
+    let agent = FakeAgent::with_enrolled(&[
+        ("held-bare", "mesh"),
+        ("held-annotated", "mesh"),
+        ("held-other", "mesh"),
+    ]);
+    let task = spawn(client, &agent, fast());
+    assert_eq!(agent.wait_calls(1).await, [enroll("new")]);
+    let seen = |agent: &FakeAgent| {
+        let mut seen: Vec<(String, bool)> = agent
+            .0
+            .lock()
+            .unwrap()
+            .annotations_seen
+            .iter()
+            .map(|(p, a)| {
+                assert_eq!(p.name, format!("pod-{}", p.uid), "{p:?}");
+                (p.uid.clone(), *a)
+            })
+            .collect();
+        seen.sort();
+        seen
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen(&agent).len() < 3 {
+        assert!(Instant::now() < deadline, "{:?}", seen(&agent));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let want = vec![
+        ("held-bare".to_string(), false),
+        ("held-other".to_string(), false),
+        ("stray".to_string(), true),
+    ];
+    assert_eq!(seen(&agent), want);
+
+    // Once annotated, no more reports; the namespace of "stray" is still plain. A
+    // deleted pod is reported as such (its wishes are moot).
+    let w = api.next_watch(Kind::Pod).await;
+    w.send(
+        "MODIFIED",
+        annotated(pod("held-bare", "mesh"))
+            .resource_version("2")
+            .json(),
+    );
+    w.send(
+        "DELETED",
+        annotated(pod("stray", "plain"))
+            .resource_version("3")
+            .json(),
+    );
+    // A barrier on the same watch: a pod whose enroll call is awaited.
+    w.send("ADDED", pod("late", "mesh").resource_version("4").json());
+    assert_eq!(agent.wait_calls(2).await[1], enroll("late"));
+    assert_eq!(seen(&agent), want);
+    assert_eq!(agent.0.lock().unwrap().deleted, ["stray"]);
     task.abort();
 }
 
@@ -1090,5 +1296,322 @@ mod selector {
         settle().await;
         assert_eq!(agent.calls(), [enroll("a")]);
         task.abort();
+    }
+
+    /// A pod labelled `istio.io/dataplane-mode=none` in a namespace labelled
+    /// `istio.io/dataplane-mode=ambient` is never captured: the CNI path passes it
+    /// through (from the API server, then from the watch's cache), and the watch never
+    /// enrolls it, not when its namespace gains ringway's label too, not when the pod
+    /// gains `ringway.io/dataplane-mode=enabled` (the opt-out wins), not after a relist.
+    /// A captured pod whose label changes from `ambient` to `none` is released.
+    #[tokio::test]
+    async fn adversarial_an_istio_opt_out_is_never_captured_and_releases() {
+        let (s, api) = start();
+        api.apply_namespace_labels("amb", &[(ISTIO, "ambient")]);
+        let opted_out = || {
+            FakePod::new("x", "amb", "pod-x", NODE)
+                .service_account("sa-x")
+                .istio_mode("none")
+                .running(&["10.0.0.8"])
+        };
+        let switched = || {
+            FakePod::new("y", "amb", "pod-y", NODE)
+                .service_account("sa-x")
+                .running(&["10.0.0.9"])
+        };
+        api.apply_pod(opted_out().json());
+        api.apply_pod(switched().istio_mode("ambient").json());
+        let out = Verdict::PassThrough(UnenrollReason::PodOptOut);
+        assert_eq!(ask(&s, "x", "amb", "pod-x").await.unwrap(), out);
+        assert_eq!(
+            ask(&s, "y", "amb", "pod-y").await.unwrap(),
+            Verdict::Capture
+        );
+
+        // The CNI ADD captured y (the agent holds it with the watch's identity).
+        let agent = Arc::new(FakeAgent::default());
+        agent.hold("y", "amb", "sa-x");
+        let task = spawn_with(s.clone(), &agent, fast());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.synced() {
+            assert!(Instant::now() < deadline, "the watch did not list");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(ask(&s, "x", "amb", "pod-x").await.unwrap(), out);
+
+        // Everything else says "enroll": still not. Each watch applies its events in
+        // order, so a later event of the same watch whose call is awaited is a
+        // barrier: namespace amb2 (after amb's change) enrolls pod b; y's switch to
+        // none (after x's change and a relist of the pods) releases y.
+        api.apply_pod(
+            FakePod::new("b", "amb2", "pod-b", NODE)
+                .service_account("sa-x")
+                .running(&["10.0.0.10"])
+                .json(),
+        );
+        api.apply_namespace_labels("amb", &[(ISTIO, "ambient"), (RINGWAY, "enabled")]);
+        api.apply_namespace("amb2", Some("enabled"));
+        api.apply_pod(opted_out().mode("enabled").json());
+        api.expire(Kind::Pod);
+        api.apply_pod(switched().istio_mode("none").json());
+        assert_eq!(
+            sorted(agent.wait_calls(2).await),
+            [enroll("b"), unenroll("y")]
+        );
+        assert_eq!(ask(&s, "x", "amb", "pod-x").await.unwrap(), out);
+        assert_eq!(ask(&s, "y", "amb", "pod-y").await.unwrap(), out);
+        settle().await;
+        assert_eq!(agent.calls().len(), 2, "{:?}", agent.calls());
+        assert_eq!(agent.enrolled_set(), BTreeSet::from(["b".to_string()]));
+        task.abort();
+    }
+}
+
+/// The annotator against the fake API server: what it patches, when, and how it
+/// retries.
+mod annotator {
+    use super::*;
+    use prometheus_client::registry::Registry;
+
+    fn fast() -> AnnotatorConfig {
+        AnnotatorConfig {
+            retry_min: Duration::from_millis(20),
+            retry_max: Duration::from_millis(100),
+            request_timeout: Duration::from_millis(200),
+        }
+    }
+
+    fn web() -> PodRef {
+        PodRef {
+            uid: "u-web".into(),
+            namespace: "shop".into(),
+            name: "web-1".into(),
+        }
+    }
+
+    fn start(config: AnnotatorConfig) -> (Annotator, FakeApiServer) {
+        let rt = tokio::runtime::Handle::current();
+        let (client, api) = FakeApiServer::start(&rt);
+        api.apply_pod(
+            FakePod::new("u-web", "shop", "web-1", NODE)
+                .annotate("other", "kept")
+                .json(),
+        );
+        (Annotator::start(client, &rt, config), api)
+    }
+
+    /// The stored pod's `ambient.istio.io/redirection`.
+    fn annotation(api: &FakeApiServer, ns: &str, name: &str) -> Option<String> {
+        api.get(Kind::Pod, ns, name)?["metadata"]["annotations"][REDIRECTION_ANNOTATION]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// Waits (10 s at most) until `ok`.
+    async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ok() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn metrics(a: &Annotator) -> String {
+        let mut r = Registry::default();
+        a.register_metrics(&mut r);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+        out
+    }
+
+    /// A sample's value (0 when absent).
+    fn sample(text: &str, series: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn body(r: &crate::testing::ApiRequest) -> Value {
+        serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
+    }
+
+    /// Captured: one merge patch of the pod's status subresource, naming its uid, sets
+    /// the annotation (the others kept); released: one more removes it.
+    #[tokio::test]
+    async fn the_annotation_is_set_once_captured_and_removed_once_released() {
+        let (a, api) = start(fast());
+        a.captured(&web());
+        until("the annotation", || {
+            annotation(&api, "shop", "web-1").as_deref() == Some("enabled")
+        })
+        .await;
+        until("nothing pending", || a.pending() == 0).await;
+        let patches = api.patches();
+        assert_eq!(patches.len(), 1, "{patches:?}");
+        assert_eq!(patches[0].path, "/api/v1/namespaces/shop/pods/web-1/status");
+        assert_eq!(
+            patches[0].content_type.as_deref(),
+            Some("application/merge-patch+json")
+        );
+        assert_eq!(
+            body(&patches[0]),
+            json!({"metadata": {"uid": "u-web",
+                "annotations": {"ambient.istio.io/redirection": "enabled"}}})
+        );
+        a.released(&web());
+        until("the annotation removed", || {
+            annotation(&api, "shop", "web-1").is_none()
+        })
+        .await;
+        until("nothing pending", || a.pending() == 0).await;
+        let patches = api.patches();
+        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert_eq!(
+            body(&patches[1]),
+            json!({"metadata": {"uid": "u-web",
+                "annotations": {"ambient.istio.io/redirection": null}}})
+        );
+        let pod = api.get(Kind::Pod, "shop", "web-1").unwrap();
+        assert_eq!(pod["metadata"]["annotations"], json!({"other": "kept"}));
+        let m = metrics(&a);
+        let ok = |op: &str| {
+            sample(
+                &m,
+                &format!(
+                    "ringway_agent_redirection_annotation_patches_total{{op=\"{op}\",outcome=\"ok\"}}"
+                ),
+            )
+        };
+        assert_eq!((ok("set"), ok("remove")), (1, 1), "{m}");
+        assert!(
+            m.contains("ringway_agent_redirection_annotation_pending 0"),
+            "{m}"
+        );
+    }
+
+    /// A refused, unreachable or silent API server: the patch is tried again, with a
+    /// doubling delay, counted as an error each time, and lands once the API server
+    /// takes it.
+    #[tokio::test]
+    async fn a_failing_patch_is_retried_with_backoff_until_it_lands() {
+        let config = AnnotatorConfig {
+            retry_min: Duration::from_millis(40),
+            retry_max: Duration::from_millis(160),
+            request_timeout: Duration::from_millis(100),
+        };
+        let (a, api) = start(config);
+        api.set_patch_mode(ApiMode::Refuse(403));
+        let started = Instant::now();
+        a.captured(&web());
+        until("four refused patches", || api.patches().len() >= 4).await;
+        // Three waits before the fourth try: 40 + 80 + 160 ms at least.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(280), "{took:?}");
+        assert_eq!(a.pending(), 1);
+        let errors = || {
+            sample(
+                &metrics(&a),
+                "ringway_agent_redirection_annotation_patches_total{op=\"set\",outcome=\"error\"}",
+            )
+        };
+        assert!(errors() >= 3, "{}", metrics(&a));
+        assert!(
+            metrics(&a).contains("ringway_agent_redirection_annotation_pending 1"),
+            "{}",
+            metrics(&a)
+        );
+
+        // Unreachable, then silent (each patch times out): still tried.
+        for mode in [ApiMode::Unreachable, ApiMode::Hang] {
+            api.set_patch_mode(mode);
+            let (n, e) = (api.patches().len(), errors());
+            until("two more failed patches", || {
+                api.patches().len() >= n + 2 && errors() >= e + 2
+            })
+            .await;
+            assert_eq!(annotation(&api, "shop", "web-1"), None, "{mode:?}");
+        }
+        api.set_patch_mode(ApiMode::Serve);
+        until("the annotation", || {
+            annotation(&api, "shop", "web-1").as_deref() == Some("enabled")
+        })
+        .await;
+        until("nothing pending", || a.pending() == 0).await;
+    }
+
+    /// The last wish wins, also over a patch in flight; a pod re-created under the
+    /// same name (another uid) is left alone (409: replaced); a pod that is gone
+    /// needs nothing (404); neither is tried again.
+    #[tokio::test]
+    async fn the_last_wish_wins_and_other_pods_are_left_alone() {
+        let (a, api) = start(fast());
+        api.set_patch_mode(ApiMode::Hold);
+        a.captured(&web());
+        until("the set patch in flight", || api.patches().len() == 1).await;
+        a.released(&web());
+        a.captured(&web());
+        a.released(&web());
+        api.set_patch_mode(ApiMode::Serve);
+        until("nothing pending", || a.pending() == 0).await;
+        let ops: Vec<Value> = api
+            .patches()
+            .iter()
+            .map(|p| body(p)["metadata"]["annotations"][REDIRECTION_ANNOTATION].clone())
+            .collect();
+        assert_eq!(ops, [json!("enabled"), Value::Null]);
+        assert_eq!(annotation(&api, "shop", "web-1"), None);
+
+        // web-1 re-created (uid u-new) and annotated by its own capture; the old
+        // pod's release must not touch it.
+        api.apply_pod(
+            FakePod::new("u-new", "shop", "web-1", NODE)
+                .annotate(REDIRECTION_ANNOTATION, REDIRECTION_ENABLED)
+                .json(),
+        );
+        a.released(&web());
+        let gone = PodRef {
+            uid: "u-gone".into(),
+            namespace: "shop".into(),
+            name: "gone".into(),
+        };
+        a.released(&gone);
+        until("nothing pending", || a.pending() == 0).await;
+        assert_eq!(
+            annotation(&api, "shop", "web-1").as_deref(),
+            Some("enabled")
+        );
+        let m = metrics(&a);
+        let series = |outcome: &str| {
+            sample(
+                &m,
+                &format!(
+                    "ringway_agent_redirection_annotation_patches_total{{op=\"remove\",outcome=\"{outcome}\"}}"
+                ),
+            )
+        };
+        assert_eq!((series("replaced"), series("not_found")), (1, 1), "{m}");
+        let n = api.patches().len();
+        assert_eq!(n, 4, "{:?}", api.patches());
+        settle().await;
+        assert_eq!(api.patches().len(), n, "tried again");
+    }
+
+    /// A wish the API server keeps refusing is dropped when forgotten (its pod is
+    /// gone), and not tried again.
+    #[tokio::test]
+    async fn a_forgotten_wish_is_not_tried_again() {
+        let (a, api) = start(fast());
+        api.set_patch_mode(ApiMode::Refuse(403));
+        a.released(&web());
+        until("two refused patches", || api.patches().len() >= 2).await;
+        assert_eq!(a.pending(), 1);
+        a.forget("u-web");
+        assert_eq!(a.pending(), 0);
+        // At most the patch in flight when it was forgotten lands after it.
+        settle().await;
+        let n = api.patches().len();
+        settle().await;
+        assert_eq!(api.patches().len(), n, "tried again");
+        assert_eq!(a.pending(), 0);
     }
 }

@@ -4,7 +4,7 @@
 use std::os::fd::AsFd;
 
 use super::{discover, Enroller, Pod};
-use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity};
+use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity, PodRef};
 
 impl WatchEnrollment for Enroller {
     /// Enrolls a running pod. Its namespace is the one the agent already
@@ -47,6 +47,39 @@ impl WatchEnrollment for Enroller {
                 service_account: p.pod.service_account,
             })
             .collect()
+    }
+
+    /// Puts the pod's `ambient.istio.io/redirection` annotation right when the
+    /// watch saw it disagree with what the agent holds now: a held pod gets it,
+    /// a pod the agent does not hold loses it. Without an annotator, nothing.
+    fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
+        let Some(annotator) = &self.0.config().annotator else {
+            return;
+        };
+        match (self.0.holds(&pod.uid), annotated) {
+            (true, false) => {
+                tracing::info!(pod.uid = %pod.uid, pod.namespace = %pod.namespace, pod.name = %pod.name,
+                    "a captured pod lacks its redirection annotation: setting it");
+                annotator.captured(pod);
+            }
+            (false, true) => {
+                tracing::info!(pod.uid = %pod.uid, pod.namespace = %pod.namespace, pod.name = %pod.name,
+                    "a pod the agent does not hold carries the redirection annotation: removing it");
+                annotator.released(pod);
+            }
+            _ => {}
+        }
+    }
+
+    /// The pod's object is gone: unless the agent still holds it, any wish about
+    /// its annotation is dropped (a removal the API server keeps refusing would
+    /// otherwise be retried for ever).
+    fn pod_deleted(&self, uid: &str) {
+        if let Some(annotator) = &self.0.config().annotator {
+            if !self.0.holds(uid) {
+                annotator.forget(uid);
+            }
+        }
     }
 
     fn excludes(&self, namespace: &str) -> bool {

@@ -1,5 +1,7 @@
 //! The node agent's Prometheus metrics: CNI request latency (ADD's is the
 //! time a pod waits in ContainerCreating for its capture), outcomes, pods.
+//! With `--kube`, the annotator's (`ringway_agent_redirection_annotation_*`)
+//! are added beside them by [`crate::kube::Annotator::register_metrics`].
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

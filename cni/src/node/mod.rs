@@ -20,8 +20,10 @@
 //! [`AgentConfig::selection`]): pods of `exclude_namespaces` never; then, with
 //! [`Selection::All`] (no cluster: the sandbox, tests) every other pod, with
 //! [`Selection::Kubernetes`] the pods [`crate::kube::decide`] wants (label
-//! `ringway.io/dataplane-mode=enabled` on the pod or its namespace, pod label
-//! `disabled` opts out, never hostNetwork), answered from the watch's caches or,
+//! `ringway.io/dataplane-mode=enabled` or `istio.io/dataplane-mode=ambient` on
+//! the pod or its namespace, pod label `ringway.io/dataplane-mode=disabled` or
+//! `istio.io/dataplane-mode=none` opts out and wins over any enrollment, never
+//! hostNetwork: [`ringway_config::enrollment`]), answered from the watch's caches or,
 //! for a pod the watch has not seen yet, from the API server
 //! ([`crate::kube::Selector`]). A CNI ADD for a pod the rule passes over answers
 //! `{"ok":true,"passThrough":"<why>"}`: no rules, no `Add` to the proxy, and the
@@ -62,6 +64,18 @@
 //! to every ready proxy (acks awaited with [`ACK_TIMEOUT`]; a nack is
 //! logged), removes the rules when the agent still holds the netns, and
 //! releases it. Unknown UIDs are fine.
+//!
+//! # The `ambient.istio.io/redirection` annotation
+//! With an [`AgentConfig::annotator`] (`--kube`), a successful enroll asks
+//! for `ambient.istio.io/redirection: enabled` on the pod (after its rules
+//! are in place and the proxy acked it), and an unenroll, or a failed
+//! re-enroll that drops a pod the agent held, for its removal, as the Istio
+//! ambient mesh's CNI agent does (its control plane and sidecars read it).
+//! The request is queued and patched on the Kubernetes runtime, retried with
+//! backoff: it never blocks or fails the CNI ADD. The watch reports the pods
+//! whose annotation disagrees with what the agent holds
+//! ([`crate::kube::Enrollment::annotation_seen`]), so it is repaired after a
+//! restart.
 //!
 //! # ZDS, per proxy connection
 //! Hello within 5 s (else the connection is closed), then the snapshot: `Add`
@@ -200,6 +214,12 @@ pub struct AgentConfig {
     /// with SO_PEERCRED at accept, on top of the sockets' mode 0600). Default:
     /// root only.
     pub peer_uids: Vec<u32>,
+    /// With a Kubernetes client (`ringway agent --kube`): keeps the
+    /// `ambient.istio.io/redirection: enabled` annotation on the pods the agent
+    /// captures, set once a pod's rules are in place and the proxy acked it,
+    /// removed when the agent lets it go ([`crate::kube::Annotator`]; never in
+    /// the way of a CNI ADD). `None`: no annotation.
+    pub annotator: Option<crate::kube::Annotator>,
 }
 
 /// Which pods the node agent captures: the one rule of the CNI ADD and the
@@ -280,6 +300,7 @@ impl Default for AgentConfig {
             state_file: None,
             service_accounts: Vec::new(),
             peer_uids: vec![0],
+            annotator: None,
         }
     }
 }
@@ -503,12 +524,17 @@ impl AgentHandle {
     }
 
     /// A registry of the agent's metrics (for `/metrics`): CNI request
-    /// latency and outcomes, refused connections, and the enrolled pods read
-    /// at scrape time. It can live on another thread; encode it with
+    /// latency and outcomes, refused connections, the enrolled pods read
+    /// at scrape time, and with an [`AgentConfig::annotator`] its patches
+    /// (`ringway_agent_redirection_annotation_patches_total{op,outcome}`,
+    /// `ringway_agent_redirection_annotation_pending`). It can live on another thread; encode it with
     /// prometheus-client (the binary adds the process collector).
     pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
         let mut r = self.core.metrics.registry();
         r.register_collector(Box::new(metrics::EnrolledPods(self.core.clone())));
+        if let Some(annotator) = &self.core.config().annotator {
+            annotator.register_metrics(&mut r);
+        }
         r
     }
 

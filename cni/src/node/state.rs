@@ -142,6 +142,15 @@ fn recorded_as(e: &Entry, r: &RecordedPod) -> bool {
         && e.inode == *netns_inode
 }
 
+/// How the annotator names `pod`'s API object.
+fn pod_ref(pod: &Pod) -> crate::kube::PodRef {
+    crate::kube::PodRef {
+        uid: pod.uid.clone(),
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+    }
+}
+
 /// Held while one enroll/unenroll of a pod runs.
 pub(super) struct PodGuard<'a> {
     core: &'a Core,
@@ -472,6 +481,11 @@ impl Core {
         was_there
     }
 
+    /// Whether the agent holds pod `uid`.
+    pub(super) fn holds(&self, uid: &str) -> bool {
+        lock(&self.state).pods.contains_key(uid)
+    }
+
     pub(super) fn enrolled(&self) -> Vec<PodStatus> {
         lock(&self.state)
             .pods
@@ -581,6 +595,10 @@ impl Core {
                     replaced_netns = ?replaced.as_ref().filter(|_| !same_netns).and_then(|e| e.inode),
                     "pod enrolled"
                 );
+                // Rules in place, the proxy acked: the pod is captured.
+                if let Some(annotator) = &self.config.annotator {
+                    annotator.captured(&pod_ref(&pod));
+                }
                 Ok(())
             }
             Err(fail) => {
@@ -606,6 +624,10 @@ impl Core {
                     if let Err(e) = ringway_redirect::remove(fd.as_fd(), spec) {
                         tracing::warn!(error = %e, "rolling back the rules failed");
                     }
+                }
+                // A pod held before (in another netns) is no longer captured.
+                if let (Some(annotator), Some(before)) = (&self.config.annotator, &replaced) {
+                    annotator.released(&pod_ref(&before.pod));
                 }
                 Err(fail.error)
             }
@@ -729,6 +751,10 @@ impl Core {
                     self.drop_conn(&conn, &format!("Del of pod {uid}: {e}"));
                 }
             }
+        }
+        // The proxies dropped it: no longer captured, whatever the rules do next.
+        if let (Some(annotator), Some(e)) = (&self.config.annotator, &entry) {
+            annotator.released(&pod_ref(&e.pod));
         }
         if let Some(fd) = entry.as_ref().and_then(|e| e.netns.as_ref()) {
             ringway_redirect::remove(fd.as_fd(), &self.config.capture).map_err(|e| {

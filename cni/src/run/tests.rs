@@ -123,7 +123,7 @@ fn add_captures_the_pod_and_prints_prev_result() {
 #[test]
 fn add_succeeds_when_the_agent_passes_the_pod_through() {
     let agent = FakeAgent::new();
-    agent.pass_through("neither pod nor namespace labelled enabled");
+    agent.pass_through("neither pod nor namespace labelled ringway.io/dataplane-mode=enabled or istio.io/dataplane-mode=ambient");
     let out = run(&env("ADD"), &conf("1.0.0", Some(prev_100())), &agent);
     assert_eq!(ok(&out), RESULT_100);
     assert_eq!(agent.calls().len(), 1);

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::istio::{self, AuthorizationPolicyObject, PeerAuthenticationObject, PolicyContext};
 use super::{KubeOptions, SERVICE_NAME_LABEL};
-use crate::enrollment::{self, DATAPLANE_MODE_LABEL};
+use crate::enrollment::{self, PodMode};
 use crate::mesh::ClusterPolicyNote;
 use crate::{
     ConfigError, LocalityConfig, Mesh, MeshConfig, PortMapConfig, ServiceConfig, WorkloadConfig,
@@ -30,8 +30,8 @@ mod tests;
 pub struct Cluster {
     /// Pods (of every namespace).
     pub pods: Vec<Arc<Pod>>,
-    /// Namespaces; only their `ringway.io/dataplane-mode` label is read (the
-    /// watch holds only the namespaces labelled `enabled`).
+    /// Namespaces; only their `ringway.io/dataplane-mode` and
+    /// `istio.io/dataplane-mode` labels are read.
     pub namespaces: Vec<Arc<Namespace>>,
     /// Services.
     pub services: Vec<Arc<KubeService>>,
@@ -126,7 +126,7 @@ pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> Kube
     let enabled_namespaces: HashSet<&str> = cluster
         .namespaces
         .iter()
-        .filter(|ns| enrollment::namespace_enabled(mode_label(&ns.metadata)))
+        .filter(|ns| enrollment::namespace_enabled(ns.metadata.labels.as_ref()))
         .filter_map(|ns| ns.metadata.name.as_deref())
         .collect();
 
@@ -201,13 +201,6 @@ fn object(kind: &str, meta: &ObjectMeta) -> String {
     )
 }
 
-fn mode_label(meta: &ObjectMeta) -> Option<&str> {
-    meta.labels
-        .as_ref()
-        .and_then(|l| l.get(DATAPLANE_MODE_LABEL))
-        .map(String::as_str)
-}
-
 /// Running pods before terminating ones, then newest first (the owner of a
 /// reused IP is the newest pod), then by namespace and name.
 fn pod_order(pod: &Pod) -> impl Ord + '_ {
@@ -259,7 +252,7 @@ pub(crate) fn workload(
     let tunnel = !excluded
         && enrollment::selected(
             false,
-            mode_label(meta),
+            PodMode::from_labels(meta.labels.as_ref()),
             enabled_namespaces.contains(namespace.as_str()),
         )
         .is_ok();

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::testing::fixtures::{self, endpoint, external_service, namespace, service, uid};
 use super::testing::{ApiMode, FakeApiServer, Kind};
 use super::*;
+use crate::enrollment::{DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_LABEL};
 use crate::{Mesh, MeshConfig, NoEnv};
 
 // ------------------------------------------------------------------ objects
@@ -234,8 +235,8 @@ fn the_cluster_becomes_the_mesh() {
     assert_eq!(m.origin(), "config.yaml + kubernetes");
     assert!(Arc::ptr_eq(&h.watch.current().unwrap(), &m));
 
-    // One list and one watch per kind, cluster-wide; only the enabled
-    // namespaces are watched.
+    // One list and one watch per kind, cluster-wide, none label-selected:
+    // every namespace is watched (either of two labels enrolls one).
     for kind in Kind::ALL {
         let reqs = h.api.requests_of(kind);
         assert!(
@@ -243,9 +244,7 @@ fn the_cluster_becomes_the_mesh() {
             "{kind:?}: {reqs:?}"
         );
         for q in reqs.into_iter().map(|r| r.query) {
-            let label = q.get("labelSelector").map(String::as_str);
-            let want = (kind == Kind::Namespace).then_some("ringway.io/dataplane-mode=enabled");
-            assert_eq!(label, want, "{kind:?}");
+            assert_eq!(q.get("labelSelector"), None, "{kind:?}");
             assert!(!q.contains_key("fieldSelector"), "{kind:?}: cluster-wide");
         }
     }
@@ -304,6 +303,47 @@ fn watch_events_update_the_mesh() {
         workload(m, "shop", "web-1").is_some_and(|w| !w.tunnel)
     });
     assert!(m.workloads().all(|w| !w.tunnel));
+
+    // The Istio ambient mesh's label enrolls it again.
+    h.api.apply(
+        Kind::Namespace,
+        fixtures::namespace_with_labels("shop", &[(ISTIO_DATAPLANE_MODE_LABEL, "ambient")]),
+    );
+    h.until("shop is in the mesh by its istio.io label", |m| {
+        workload(m, "shop", "web-1").is_some_and(|w| w.tunnel)
+    });
+    // Moved from one label to the other in one update, both ways, then
+    // both labels and one removed: it never leaves the mesh.
+    for labels in [
+        &[(DATAPLANE_MODE_LABEL, "enabled")][..],
+        &[(ISTIO_DATAPLANE_MODE_LABEL, "ambient")],
+        &[
+            (ISTIO_DATAPLANE_MODE_LABEL, "ambient"),
+            (DATAPLANE_MODE_LABEL, "enabled"),
+        ],
+        &[(ISTIO_DATAPLANE_MODE_LABEL, "ambient")],
+    ] {
+        h.api.apply(
+            Kind::Namespace,
+            fixtures::namespace_with_labels("shop", labels),
+        );
+    }
+    // A pod opted out by the Istio label, in the enrolled namespace.
+    let mut opted_out = pod("shop", "web-3", &["10.1.0.13"]);
+    opted_out["metadata"]["labels"][ISTIO_DATAPLANE_MODE_LABEL] = json!("none");
+    h.api.apply(Kind::Pod, opted_out);
+    // Every snapshot up to it has shop in the mesh.
+    h.until("web-3 opted out", |m| {
+        assert!(
+            workload(m, "shop", "web-1").is_some_and(|w| w.tunnel),
+            "shop left the mesh while one of its labels enrolled it"
+        );
+        workload(m, "shop", "web-3").is_some_and(|w| !w.tunnel)
+    });
+    h.api.apply(Kind::Pod, pod("shop", "web-3", &["10.1.0.13"]));
+    h.until("web-3 back", |m| {
+        workload(m, "shop", "web-3").is_some_and(|w| w.tunnel)
+    });
 
     // A change the mesh does not depend on publishes nothing.
     let mut p = pod("shop", "web-3", &["10.1.0.13"]);
@@ -815,5 +855,116 @@ fn the_fake_api_server_over_http_lists_and_reviews_tokens() {
             });
             assert_eq!(api.token_reviews(), 4);
         },
+    );
+}
+
+/// The fake's `PATCH`: a JSON merge patch of a pod's `status` subresource (as
+/// a node agent annotates a pod) is applied to the stored object (`null`
+/// removes a key, the spec is left alone), the watches see it, and the
+/// request is recorded with its body; a patch naming another uid, of an
+/// absent pod, or of another patch type is refused; the patch mode fails
+/// patches only.
+#[test]
+fn the_fake_api_server_applies_and_records_merge_patches() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, api) = FakeApiServer::start(runtime.handle());
+    api.apply_pod(pod("shop", "web-1", &["10.0.0.5"]));
+    let uid = uid("shop", "web-1");
+    runtime.block_on(async {
+        let pods = ::kube::Api::<Pod>::namespaced(client.clone(), "shop");
+        let mut events = std::pin::pin!(kube::runtime::watcher(
+            ::kube::Api::<Pod>::all(client),
+            Default::default()
+        ));
+        use futures::StreamExt;
+        // The watch's list is in.
+        loop {
+            let e = tokio::time::timeout(PATIENCE, events.next()).await.unwrap();
+            if matches!(e, Some(Ok(kube::runtime::watcher::Event::InitDone))) {
+                break;
+            }
+        }
+        let set = json!({"metadata": {"uid": uid, "annotations": {"a.b/c": "on", "keep": "x"}},
+            "spec": {"nodeName": "elsewhere"}});
+        let patched = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&set))
+            .await
+            .unwrap();
+        let annotations = patched.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations["a.b/c"], "on");
+        assert_eq!(
+            patched.spec.unwrap().node_name.as_deref(),
+            Some("node-a"),
+            "the status subresource leaves the spec alone"
+        );
+        // The watch sees the change.
+        loop {
+            match tokio::time::timeout(PATIENCE, events.next()).await.unwrap() {
+                Some(Ok(kube::runtime::watcher::Event::Apply(p))) => {
+                    assert_eq!(p.metadata.annotations.unwrap()["a.b/c"], "on");
+                    break;
+                }
+                other => assert!(matches!(other, Some(Ok(_))), "{other:?}"),
+            }
+        }
+        let remove = json!({"metadata": {"uid": uid, "annotations": {"a.b/c": null}}});
+        pods.patch_status("web-1", &PatchParams::default(), &Patch::Merge(&remove))
+            .await
+            .unwrap();
+        let stored = api.get(Kind::Pod, "shop", "web-1").unwrap();
+        assert_eq!(stored["metadata"]["annotations"], json!({"keep": "x"}));
+
+        // Refused: another uid (409), an absent pod (404), a strategic merge
+        // patch (415).
+        let code = |e: kube::Error| match e {
+            kube::Error::Api(s) => s.code,
+            other => panic!("{other:?}"),
+        };
+        let other = json!({"metadata": {"uid": "uid-of-another", "annotations": {"z": "1"}}});
+        let e = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&other))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 409);
+        let e = pods
+            .patch_status("gone", &PatchParams::default(), &Patch::Merge(&set))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 404);
+        let e = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Strategic(&set))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 415);
+
+        // The patch mode: patches refused, GETs still served.
+        api.set_patch_mode(ApiMode::Refuse(403));
+        let e = pods
+            .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&set))
+            .await
+            .unwrap_err();
+        assert_eq!(code(e), 403);
+        assert!(pods.get("web-1").await.is_ok());
+    });
+    let patches = api.patches();
+    assert_eq!(patches.len(), 6, "{patches:?}");
+    assert_eq!(patches[0].path, "/api/v1/namespaces/shop/pods/web-1/status");
+    assert_eq!(
+        patches[0].content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(patches[1].body.as_deref().unwrap()).unwrap(),
+        json!({"metadata": {"uid": uid, "annotations": {"a.b/c": null}}})
+    );
+    assert_eq!(
+        api.get(Kind::Pod, "shop", "web-1").unwrap()["metadata"]["annotations"],
+        json!({"keep": "x"}),
+        "nothing refused was applied"
     );
 }

@@ -1,6 +1,11 @@
-//! The watches: reflector caches of Pods, Services, EndpointSlices and the
-//! enabled Namespaces, and a snapshot built from them (debounced) whenever
-//! they or the configuration file change.
+//! The watches: reflector caches of Pods, Services, EndpointSlices and
+//! Namespaces, and a snapshot built from them (debounced) whenever they or
+//! the configuration file change.
+//!
+//! Every namespace is watched (name and labels kept), not only the enrolled
+//! ones: either of two labels enrolls a namespace, and two label-selected
+//! watches cannot order an update that moves it from one label to the other
+//! (see [`crate::enrollment`], "Watching the namespaces").
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,7 +29,6 @@ use tracing::{debug, error, info, warn};
 use super::istio::{AuthorizationPolicyObject, PeerAuthenticationObject, SecurityVersion};
 use super::{build_mesh, Cluster, KubeOptions, Skipped};
 use crate::control_thread::ControlThread;
-use crate::enrollment::{DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL};
 use crate::Mesh;
 
 /// Why the Kubernetes source could not start.
@@ -134,8 +138,7 @@ impl MeshWatch {
     }
 }
 
-/// Watches Pods, Services, EndpointSlices (cluster-wide) and the Namespaces
-/// labelled `ringway.io/dataplane-mode=enabled`, and calls `on_change` with
+/// Watches Pods, Services, EndpointSlices and Namespaces (cluster-wide), and calls `on_change` with
 /// [`build_mesh`] of the latest `file` and the cached objects: first once
 /// every watch has listed its objects, then after changes, at most once per
 /// [`KubeOptions::debounce`] and at most that long after the change, and
@@ -156,7 +159,6 @@ where
 {
     options.validate()?;
     let backoff = || Jittered::new(options.backoff_min, options.backoff_max);
-    let enabled = format!("{DATAPLANE_MODE_LABEL}={DATAPLANE_MODE_ENABLED}");
     let mut pods = Cache::new(
         "pods",
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
@@ -167,8 +169,9 @@ where
         "namespaces",
         watcher(
             Api::<Namespace>::all(client.clone()),
-            watcher::Config::default().labels(&enabled),
+            watcher::Config::default(),
         )
+        // Name and labels: the enrollment rule's.
         .modify(|ns: &mut Namespace| {
             slim_meta(&mut ns.metadata);
             ns.spec = None;
@@ -227,7 +230,7 @@ where
     );
     info!(
         istio.root_namespace = %options.istio_root_namespace,
-        "watching pods, services, endpointslices, nodes, enabled namespaces, \
+        "watching pods, services, endpointslices, nodes, namespaces, \
          authorizationpolicies and peerauthentications for the mesh"
     );
 

@@ -225,7 +225,9 @@ struct AgentArgs {
     #[arg(long, env = "NODE_NAME", default_value = "")]
     node_name: String,
     /// Watch this node's pods in Kubernetes and enroll/unenroll running pods
-    /// by the `ringway.io/dataplane-mode` label.
+    /// by the `ringway.io/dataplane-mode` label (or the Istio ambient mesh's
+    /// `istio.io/dataplane-mode`); annotate the captured pods
+    /// `ambient.istio.io/redirection: enabled`.
     #[arg(long)]
     kube: bool,
     /// Install the CNI plugin binary and keep ringway's entry in the node's
@@ -499,9 +501,9 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     }
     let settings = load_settings(args.config.as_ref())?;
     // With --kube the CNI ADD and the watch follow one rule (the
-    // `ringway.io/dataplane-mode` labels), answered from the watch's caches or
-    // the API server: the client and the runtime it runs on exist before the
-    // agent serves its first ADD. The runtime is the agent's control plane, on
+    // `ringway.io/dataplane-mode` and `istio.io/dataplane-mode` labels),
+    // answered from the watch's caches or the API server: the client and the
+    // runtime it runs on exist before the agent serves its first ADD. The runtime is the agent's control plane, on
     // its own thread (`ringway-kube`, below), never the datapath's.
     let kube = if args.kube {
         if args.node_name.is_empty() {
@@ -514,14 +516,24 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         let client = rt.block_on(ringway_cni::kube::connect()).context(
             "--kube: without the Kubernetes API the agent cannot tell which pods to capture",
         )?;
+        // The pods it captures carry `ambient.istio.io/redirection: enabled`,
+        // patched on the same runtime, never in the way of a CNI ADD.
+        let annotator = ringway_cni::kube::Annotator::start(
+            client.clone(),
+            rt.handle(),
+            ringway_cni::kube::AnnotatorConfig::default(),
+        );
         let selector = ringway_cni::kube::Selector::new(client, rt.handle().clone());
-        Some((rt, selector))
+        Some((rt, selector, annotator))
     } else {
         None
     };
-    let selection = match &kube {
-        Some((_, selector)) => ringway_cni::node::Selection::Kubernetes(selector.clone()),
-        None => ringway_cni::node::Selection::All,
+    let (selection, annotator) = match &kube {
+        Some((_, selector, annotator)) => (
+            ringway_cni::node::Selection::Kubernetes(selector.clone()),
+            Some(annotator.clone()),
+        ),
+        None => (ringway_cni::node::Selection::All, None),
     };
     let config = ringway_cni::node::AgentConfig {
         zds_socket: args.zds_socket.clone(),
@@ -533,6 +545,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         state_file: Some(args.state_file.clone()),
         service_accounts: args.pod_service_account.clone(),
         peer_uids: args.peer_uids.clone(),
+        annotator,
         ..ringway_cni::node::AgentConfig::default()
     };
     let agent = ringway_cni::node::NodeAgent::start(config).context("starting the node agent")?;
@@ -582,7 +595,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         None
     };
     let kube_rt = match kube {
-        Some((rt, selector)) => {
+        Some((rt, selector, _)) => {
             let enrollment: std::sync::Arc<dyn ringway_cni::kube::Enrollment> =
                 std::sync::Arc::new(agent.enrollment());
             let node = args.node_name.clone();

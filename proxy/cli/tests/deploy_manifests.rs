@@ -43,9 +43,12 @@ const PROXY_CAPS: &[&str] = &["NET_ADMIN", "SYS_ADMIN"];
 const AGENT_PRIVILEGED: bool = true;
 
 /// The agent's API access: exactly these verbs on exactly these (API group, resource).
+/// Its one write: the `ambient.istio.io/redirection` annotation of the pods it captures,
+/// through the status subresource (metadata, never the spec).
 const AGENT_RBAC: &[(&str, &str, &[&str])] = &[
     ("", "namespaces", &["get", "list", "watch"]),
     ("", "pods", &["get", "list", "watch"]),
+    ("", "pods/status", &["patch"]),
 ];
 
 /// The proxy's, with `proxy.meshSource: kubernetes` (the default): the mesh's workloads
@@ -1344,7 +1347,7 @@ fn check_invariants(o: &Objects, text: &str) {
         "proxy ServiceAccount: a token exactly for the Kubernetes mesh source"
     );
 
-    // --- RBAC: exactly the verbs and resources listed above, read-only ----------------
+    // --- RBAC: exactly the verbs and resources listed above ----------------------------
     check_rbac(o, kube);
 }
 

@@ -45,6 +45,7 @@ pub fn config(test: &str, dir: &Path) -> AgentConfig {
         // The pods of `CniPod::of` (file mode: CNI passes no service account).
         service_accounts: vec!["shop=shop-sa".parse().unwrap()],
         peer_uids: vec![0],
+        annotator: None,
     }
 }
 

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::enrollment::{DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_LABEL};
 use crate::kube::testing::fixtures::{
     self, endpoint, external_service, namespace, service, slice, uid,
 };
@@ -217,50 +218,67 @@ fn pods_that_are_not_workloads() {
     }
 }
 
-/// `tunnel` is the node agent's enrollment rule.
+/// `tunnel` is the node agent's enrollment rule, with either mesh's labels.
 #[test]
 fn tunnel_follows_the_enrollment_labels() {
-    let with_label = |ns: &str, mode: Option<&str>| {
+    let with_labels = |ns: &str, ringway: Option<&str>, istio: Option<&str>| {
         let mut p = pod(ns, "p", &["10.1.0.9"]);
-        if let Some(m) = mode {
+        if let Some(m) = ringway {
             p["metadata"]["labels"][DATAPLANE_MODE_LABEL] = json!(m);
+        }
+        if let Some(m) = istio {
+            p["metadata"]["labels"][ISTIO_DATAPLANE_MODE_LABEL] = json!(m);
         }
         p
     };
     let cases = [
-        // (namespace, pod label, namespace enabled, tunnel)
-        ("shop", None, true, true),
-        ("shop", None, false, false),
-        ("shop", Some("enabled"), false, true),
-        ("shop", Some("disabled"), true, false),
-        ("shop", Some("ambient"), false, false),
-        ("shop", Some("ambient"), true, true),
+        // (namespace, pod's ringway label, pod's istio label, namespace enabled, tunnel)
+        ("shop", None, None, true, true),
+        ("shop", None, None, false, false),
+        ("shop", Some("enabled"), None, false, true),
+        ("shop", Some("disabled"), None, true, false),
+        ("shop", Some("ambient"), None, false, false),
+        ("shop", Some("ambient"), None, true, true),
+        ("shop", None, Some("ambient"), false, true),
+        ("shop", None, Some("none"), true, false),
+        ("shop", None, Some("enabled"), false, false),
+        // The labels disagree: the opt-out wins.
+        ("shop", Some("enabled"), Some("none"), true, false),
+        ("shop", Some("disabled"), Some("ambient"), true, false),
         // ringway's own namespace is never captured, whatever its labels say.
-        ("ringway-system", Some("enabled"), true, false),
+        ("ringway-system", Some("enabled"), None, true, false),
+        ("ringway-system", None, Some("ambient"), true, false),
     ];
-    for (ns, mode, ns_enabled, tunnel) in cases {
+    for (ns, ringway, istio, ns_enabled, tunnel) in cases {
         let enabled: &[&str] = if ns_enabled { &[ns] } else { &[] };
-        let w = workload_of(with_label(ns, mode), enabled).unwrap();
+        let w = workload_of(with_labels(ns, ringway, istio), enabled).unwrap();
         assert_eq!(
             w.tunnel, tunnel,
-            "{ns} pod={mode:?} ns_enabled={ns_enabled}"
+            "{ns} pod=({ringway:?}, {istio:?}) ns_enabled={ns_enabled}"
         );
     }
-    // Through build_mesh: the namespaces' labels are read from the objects.
+    // Through build_mesh: the namespaces' labels are read from the objects,
+    // either mesh's label enrolling.
     let objects = Objects {
         pods: vec![
             pod("shop", "in", &["10.1.0.1"]),
             pod("plain", "out", &["10.1.0.2"]),
+            pod("ambient", "in", &["10.1.0.3"]),
+            pod("none", "out", &["10.1.0.4"]),
         ],
         namespaces: vec![
             namespace("shop", Some("enabled")),
             namespace("plain", Some("disabled")),
+            fixtures::namespace_with_labels("ambient", &[(ISTIO_DATAPLANE_MODE_LABEL, "ambient")]),
+            fixtures::namespace_with_labels("none", &[(ISTIO_DATAPLANE_MODE_LABEL, "none")]),
         ],
         ..Objects::default()
     };
     let mesh = objects.build().mesh;
     assert!(mesh.workload_by_ip(ip("10.1.0.1")).unwrap().tunnel);
     assert!(!mesh.workload_by_ip(ip("10.1.0.2")).unwrap().tunnel);
+    assert!(mesh.workload_by_ip(ip("10.1.0.3")).unwrap().tunnel);
+    assert!(!mesh.workload_by_ip(ip("10.1.0.4")).unwrap().tunnel);
 }
 
 // ------------------------------------------------------------------ services

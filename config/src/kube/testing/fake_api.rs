@@ -1,8 +1,8 @@
 //! A fake Kubernetes API server: kube's [`Client`] over a `tower_test` mock
 //! service, answering from an object store the test edits.
 //!
-//! It serves the kinds of [`Kind`] (`GET` only; another method is answered
-//! 405, an unknown path 404):
+//! It serves the kinds of [`Kind`] (`GET`, and `PATCH` of one object; another
+//! method is answered 405, an unknown path 404):
 //! - lists and watches, cluster-wide (`/api/v1/pods`) or of one namespace
 //!   (`/api/v1/namespaces/<ns>/pods`), with a `fieldSelector` `a.b=v` (a
 //!   dotted path into the object) and a `labelSelector` `k=v`. A list carries
@@ -10,7 +10,15 @@
 //!   after the requested `resourceVersion` (so a change between a list and its
 //!   watch is not lost), then streams the new ones; a selected watch reports
 //!   an object that stops matching as `DELETED`;
-//! - GETs of one object (404 `NotFound` when absent).
+//! - GETs of one object (404 `NotFound` when absent);
+//! - JSON merge patches (`application/merge-patch+json`, RFC 7386: `null`
+//!   removes a key) of one object or of its `status` subresource (which, as
+//!   for pods, changes its metadata and status, never its spec): applied to
+//!   the stored object, which gets a new resourceVersion, the watches told
+//!   (`MODIFIED`); 404 when absent, 415 for another patch type, 409 when the
+//!   patch's `metadata.uid` is not the object's (the API server refuses to
+//!   change a uid: the patch was meant for an object deleted and re-created
+//!   under that name).
 //!
 //! It also answers TokenReviews (`POST
 //! /apis/authentication.k8s.io/v1/tokenreviews`) for the tokens a test
@@ -20,12 +28,14 @@
 //! HTTP on a listener the test made, for a process of its own (a kubeconfig
 //! pointing at `http://<addr>`).
 //!
-//! Every request is recorded ([`FakeApiServer::requests`]). To make the
+//! Every request is recorded ([`FakeApiServer::requests`]; a request's
+//! body with it: [`FakeApiServer::patches`]). To make the
 //! watchers' hard cases, a test can also change objects without the watches
 //! seeing it ([`FakeApiServer::replace_unseen`],
 //! [`FakeApiServer::delete_unseen`]), end a kind's watches with 410 Gone
 //! ([`FakeApiServer::expire`]) or close them ([`FakeApiServer::end_watches`]),
-//! make requests fail, hang or wait ([`ApiMode`], for every kind or one), or
+//! make requests fail, hang, wait or be refused ([`ApiMode`], for every kind,
+//! one kind, or the `PATCH` requests: [`FakeApiServer::set_patch_mode`]), or
 //! take a kind's watches over and write their events itself
 //! ([`FakeApiServer::script_watches`], [`WatchStream`]).
 //!
@@ -163,6 +173,9 @@ pub enum ApiMode {
     /// Later: the requests wait, and are answered as the next mode says once
     /// it changes (with [`ApiMode::Serve`], from the store as it is then).
     Hold,
+    /// With this HTTP status and a `Status` object, as an API server that
+    /// refuses (403: the caller's RBAC role lacks the verb; 500, 503, ...).
+    Refuse(u16),
 }
 
 /// One request the fake received.
@@ -178,6 +191,10 @@ pub struct ApiRequest {
     pub collection: Option<Kind>,
     /// A watch (`watch=true`).
     pub watch: bool,
+    /// The `Content-Type` header, when there is one.
+    pub content_type: Option<String>,
+    /// The body of a request that has one (`POST`, `PATCH`), as text.
+    pub body: Option<String>,
 }
 
 /// What a request's path names.
@@ -186,6 +203,8 @@ enum Target {
     Collection(Kind, Option<String>),
     /// One object (namespace `""` for a cluster-scoped kind).
     Object(Kind, String, String),
+    /// One object's `status` subresource.
+    Status(Kind, String, String),
     Unknown,
 }
 
@@ -211,6 +230,12 @@ impl Target {
                 (["namespaces", ns, p, name], true) if *p == plural => {
                     return Target::Object(kind, (*ns).to_owned(), (*name).to_owned())
                 }
+                ([p, name, "status"], false) if *p == plural => {
+                    return Target::Status(kind, String::new(), (*name).to_owned())
+                }
+                (["namespaces", ns, p, name, "status"], true) if *p == plural => {
+                    return Target::Status(kind, (*ns).to_owned(), (*name).to_owned())
+                }
                 _ => {}
             }
         }
@@ -219,7 +244,9 @@ impl Target {
 
     fn kind(&self) -> Option<Kind> {
         match self {
-            Target::Collection(kind, _) | Target::Object(kind, _, _) => Some(*kind),
+            Target::Collection(kind, _)
+            | Target::Object(kind, _, _)
+            | Target::Status(kind, _, _) => Some(*kind),
             Target::Unknown => None,
         }
     }
@@ -303,6 +330,8 @@ struct State {
     /// Watches of a kind from an older resourceVersion than this get 410 Gone.
     expired_before: BTreeMap<Kind, u64>,
     modes: BTreeMap<Kind, ApiMode>,
+    /// How `PATCH` requests are answered, whatever their kind's mode.
+    patch_mode: Option<ApiMode>,
     waiting: Vec<Waiting>,
     /// Kinds whose watches go to the test ([`FakeApiServer::script_watches`]).
     scripted: BTreeSet<Kind>,
@@ -392,6 +421,7 @@ impl FakeApiServer {
             watches: Vec::new(),
             expired_before: BTreeMap::new(),
             modes: Kind::ALL.into_iter().map(|k| (k, ApiMode::Serve)).collect(),
+            patch_mode: None,
             waiting: Vec::new(),
             scripted: BTreeSet::new(),
             handed: BTreeMap::new(),
@@ -404,7 +434,7 @@ impl FakeApiServer {
             while let Some((req, send)) = handle.next_request().await {
                 let uri = req.uri();
                 let query = parse_query(uri.query().unwrap_or(""));
-                let request = ApiRequest {
+                let mut request = ApiRequest {
                     method: req.method().to_string(),
                     path: uri.path().to_owned(),
                     collection: match Target::of(uri.path()) {
@@ -413,24 +443,38 @@ impl FakeApiServer {
                     },
                     watch: query.get("watch").map(String::as_str) == Some("true"),
                     query,
+                    content_type: req
+                        .headers()
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
+                    body: None,
                 };
-                let review = request.method == "POST" && request.path == TOKEN_REVIEWS;
-                let mut s = server.state();
-                s.requests.push(request.clone());
-                if review {
-                    drop(s);
-                    let server = server.clone();
-                    tokio::spawn(async move {
-                        use http_body_util::BodyExt;
-                        let answer = match req.into_body().collect().await {
-                            Ok(b) => server.state().token_review(&b.to_bytes()),
-                            Err(_) => status(StatusCode::BAD_REQUEST, "BadRequest"),
-                        };
-                        send.send_response(answer);
-                    });
-                } else {
+                if request.method == "GET" {
+                    let mut s = server.state();
+                    s.requests.push(request.clone());
                     s.handle(request, send);
+                    continue;
                 }
+                // A request with a body: read it first, then record and answer it.
+                let server = server.clone();
+                tokio::spawn(async move {
+                    use http_body_util::BodyExt;
+                    let Ok(bytes) = req.into_body().collect().await.map(|b| b.to_bytes()) else {
+                        send.send_response(status(StatusCode::BAD_REQUEST, "BadRequest"));
+                        return;
+                    };
+                    request.body = Some(String::from_utf8_lossy(&bytes).into_owned());
+                    let review = request.method == "POST" && request.path == TOKEN_REVIEWS;
+                    let mut s = server.state();
+                    s.requests.push(request.clone());
+                    if review {
+                        let answer = s.token_review(&bytes);
+                        send.send_response(answer);
+                    } else {
+                        s.handle(request, send);
+                    }
+                });
             }
         });
         (service, api)
@@ -490,6 +534,34 @@ impl FakeApiServer {
         let mut s = self.state();
         s.modes.insert(kind, mode);
         s.release();
+    }
+
+    /// How new `PATCH` requests (of any kind) are answered, whatever their
+    /// kind's mode says (which the GETs, lists and watches keep following);
+    /// [`ApiMode::Serve`] applies them.
+    pub fn set_patch_mode(&self, mode: ApiMode) {
+        let mut s = self.state();
+        s.patch_mode = Some(mode);
+        s.release();
+    }
+
+    /// The `PATCH` requests so far, in order (path, content type, body).
+    pub fn patches(&self) -> Vec<ApiRequest> {
+        self.state()
+            .requests
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .cloned()
+            .collect()
+    }
+
+    /// The stored object `namespace/name` of `kind` (namespace `""` for a
+    /// cluster-scoped kind), as a GET would return it.
+    pub fn get(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        self.state()
+            .objects
+            .get(&(kind, namespace.to_owned(), name.to_owned()))
+            .cloned()
     }
 
     /// Every request so far.
@@ -556,6 +628,15 @@ impl FakeApiServer {
     /// Creates or replaces namespace `name` ([`fixtures::namespace`]).
     pub fn apply_namespace(&self, name: &str, mode: Option<&str>) {
         self.apply(Kind::Namespace, fixtures::namespace(name, mode));
+    }
+
+    /// Creates or replaces namespace `name` with these labels
+    /// ([`fixtures::namespace_with_labels`]).
+    pub fn apply_namespace_labels(&self, name: &str, labels: &[(&str, &str)]) {
+        self.apply(
+            Kind::Namespace,
+            fixtures::namespace_with_labels(name, labels),
+        );
     }
 
     /// Deletes an object without telling anyone (an event the watches
@@ -694,10 +775,21 @@ impl State {
         *rv
     }
 
-    /// Answers `request` as its kind's mode says.
+    /// The mode `request` is answered under: the patch mode for a `PATCH`
+    /// when one is set, else its kind's.
+    fn mode_of(&self, request: &ApiRequest) -> ApiMode {
+        match self.patch_mode {
+            Some(mode) if request.method == "PATCH" => mode,
+            _ => Target::of(&request.path)
+                .kind()
+                .map_or(ApiMode::Serve, |k| self.modes[&k]),
+        }
+    }
+
+    /// Answers `request` as its mode says.
     fn handle(&mut self, request: ApiRequest, send: SendResponse<Response<Body>>) {
         let target = Target::of(&request.path);
-        let mode = target.kind().map_or(ApiMode::Serve, |k| self.modes[&k]);
+        let mode = self.mode_of(&request);
         match mode {
             ApiMode::Serve => self.serve(&request, target, send),
             ApiMode::Unreachable => send.send_error(std::io::Error::new(
@@ -709,6 +801,10 @@ impl State {
                 request,
                 send,
             }),
+            ApiMode::Refuse(code) => {
+                let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                send.send_response(status(code, code.canonical_reason().unwrap_or("Error")));
+            }
         }
     }
 
@@ -717,9 +813,7 @@ impl State {
     fn release(&mut self) {
         let waiting = std::mem::take(&mut self.waiting);
         for w in waiting {
-            let now = Target::of(&w.request.path)
-                .kind()
-                .map_or(ApiMode::Serve, |k| self.modes[&k]);
+            let now = self.mode_of(&w.request);
             if now == w.mode {
                 self.waiting.push(w);
             } else if w.mode == ApiMode::Hold {
@@ -739,6 +833,18 @@ impl State {
                 send.send_response(status(StatusCode::NOT_FOUND, "NotFound"));
                 return;
             }
+        }
+        if request.method == "PATCH" {
+            let answer = match target {
+                Target::Object(kind, ns, name) => self.patch(kind, (ns, name), false, request),
+                Target::Status(kind, ns, name) => self.patch(kind, (ns, name), true, request),
+                Target::Collection(..) => {
+                    status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed")
+                }
+                Target::Unknown => status(StatusCode::NOT_FOUND, "NotFound"),
+            };
+            send.send_response(answer);
+            return;
         }
         if request.method != "GET" {
             send.send_response(status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"));
@@ -773,7 +879,50 @@ impl State {
                     None => status(StatusCode::NOT_FOUND, "NotFound"),
                 });
             }
-            Target::Unknown => send.send_response(status(StatusCode::NOT_FOUND, "NotFound")),
+            Target::Status(..) | Target::Unknown => {
+                send.send_response(status(StatusCode::NOT_FOUND, "NotFound"))
+            }
+        }
+    }
+
+    /// A JSON merge patch of one object (`status_only`: of its `status`
+    /// subresource, which leaves the spec alone); see the module docs.
+    fn patch(
+        &mut self,
+        kind: Kind,
+        (namespace, name): (String, String),
+        status_only: bool,
+        request: &ApiRequest,
+    ) -> Response<Body> {
+        let key = (kind, namespace, name);
+        let Some(old) = self.objects.get(&key).cloned() else {
+            return status(StatusCode::NOT_FOUND, "NotFound");
+        };
+        if request.content_type.as_deref() != Some("application/merge-patch+json") {
+            return status(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType");
+        }
+        let Ok(mut patch) = serde_json::from_str::<Value>(request.body.as_deref().unwrap_or(""))
+        else {
+            return status(StatusCode::BAD_REQUEST, "BadRequest");
+        };
+        if let Some(uid) = patch["metadata"].get("uid").and_then(Value::as_str) {
+            if old["metadata"]["uid"].as_str() != Some(uid) {
+                return status(StatusCode::CONFLICT, "Conflict");
+            }
+        }
+        if status_only {
+            if let Some(p) = patch.as_object_mut() {
+                p.remove("spec");
+            }
+        }
+        let mut new = old.clone();
+        merge_patch(&mut new, &patch);
+        match self.commit(kind, Some(old), Some(new)) {
+            Some(stored) => {
+                self.objects.insert(key, stored.clone());
+                body(StatusCode::OK, &stored)
+            }
+            None => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
         }
     }
 
@@ -882,6 +1031,27 @@ impl WatchStream {
     /// Ends the watch as expired (410 Gone): the watcher must list again.
     pub fn gone(&self) {
         self.send("ERROR", expired());
+    }
+}
+
+/// RFC 7386: `patch` merged into `target` (an object patch merges key by
+/// key, `null` removing one; anything else replaces).
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Some(t) = target.as_object_mut() {
+        for (k, v) in fields {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use crate::enrollment::DATAPLANE_MODE_LABEL;
+use crate::enrollment::{DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_LABEL};
 use crate::kube::SERVICE_NAME_LABEL;
 
 /// The node of [`pod`]'s pods.
@@ -37,6 +37,19 @@ impl FakePod {
     /// `ringway.io/dataplane-mode=<mode>` on the pod.
     pub fn mode(self, mode: &str) -> FakePod {
         self.label(DATAPLANE_MODE_LABEL, mode)
+    }
+
+    /// `istio.io/dataplane-mode=<mode>` on the pod (the Istio ambient mesh's label).
+    pub fn istio_mode(self, mode: &str) -> FakePod {
+        self.label(ISTIO_DATAPLANE_MODE_LABEL, mode)
+    }
+
+    /// No `istio.io/dataplane-mode` label on the pod.
+    pub fn without_istio_mode(mut self) -> FakePod {
+        if let Some(labels) = self.0["metadata"]["labels"].as_object_mut() {
+            labels.remove(ISTIO_DATAPLANE_MODE_LABEL);
+        }
+        self
     }
 
     /// No `ringway.io/dataplane-mode` label on the pod.
@@ -156,13 +169,22 @@ pub fn service_account_user(ns: &str, sa: &str, pod: Option<(&str, &str, &str)>)
 /// Namespace `name` (uid `ns-<name>`), with `ringway.io/dataplane-mode=<mode>`
 /// when `mode` is given.
 pub fn namespace(name: &str, mode: Option<&str>) -> Value {
-    let mut labels = json!({ "kubernetes.io/metadata.name": name });
-    if let Some(m) = mode {
-        labels[DATAPLANE_MODE_LABEL] = json!(m);
+    match mode {
+        Some(m) => namespace_with_labels(name, &[(DATAPLANE_MODE_LABEL, m)]),
+        None => namespace_with_labels(name, &[]),
+    }
+}
+
+/// Namespace `name` (uid `ns-<name>`) with these labels besides
+/// `kubernetes.io/metadata.name` (such as `istio.io/dataplane-mode=ambient`).
+pub fn namespace_with_labels(name: &str, labels: &[(&str, &str)]) -> Value {
+    let mut all = json!({ "kubernetes.io/metadata.name": name });
+    for (k, v) in labels {
+        all[*k] = json!(v);
     }
     json!({
         "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": name, "uid": format!("ns-{name}"), "labels": labels}
+        "metadata": {"name": name, "uid": format!("ns-{name}"), "labels": all}
     })
 }
 
