@@ -126,6 +126,17 @@ async fn connection(
     Ok(())
 }
 
+/// Serves one `CreateCertificate` stream of an HTTP/2 connection someone
+/// else accepted (a server that also serves other methods on the same
+/// port, as the mesh's control plane serves xDS and certificates on 15012).
+pub async fn serve_stream(
+    req: Request<h2::RecvStream>,
+    respond: h2::server::SendResponse<Bytes>,
+    service: &CaService,
+) {
+    respond_with(respond, call(req, service).await);
+}
+
 async fn call(req: Request<h2::RecvStream>, service: &CaService) -> Result<Bytes, Status> {
     if req.uri().path() != CREATE_CERTIFICATE_PATH {
         return Err(Status::new(

@@ -317,13 +317,31 @@ fn unsubscribe(sub: &mut Subscription, names: &[String]) {
     }
 }
 
-#[derive(Debug)]
+/// Serves a stream of another gRPC method on the same port (the mesh's
+/// control plane serves certificates beside xDS).
+pub type OtherMethods = Arc<
+    dyn Fn(
+            http::Request<h2::RecvStream>,
+            h2::server::SendResponse<Bytes>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
 struct Shared {
+    /// Streams of other paths than delta ADS go here (none: UNIMPLEMENTED).
+    other: Mutex<Option<OtherMethods>>,
     state: Mutex<State>,
     changed: Condvar,
     seen: watch::Sender<usize>,
     /// Bumped to stall every connection open at the time.
     stall: watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
 }
 
 impl Shared {
@@ -377,6 +395,7 @@ impl XdsServer {
             tokio::net::TcpListener::from_std(listener)?
         };
         let shared = Arc::new(Shared {
+            other: Mutex::new(None),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             seen: watch::channel(0).0,
@@ -402,6 +421,16 @@ impl XdsServer {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Serves streams of other methods than delta ADS with `other` (a
+    /// certificate service on the same port, as the control plane has).
+    pub fn set_other_methods(&self, other: OtherMethods) {
+        *self
+            .shared
+            .other
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(other);
     }
 
     /// Changes the fixture of `type_url` without telling any stream (what
@@ -748,6 +777,15 @@ async fn serve_stream(
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
     if req.uri().path() != DELTA_ADS_PATH {
+        let other = shared
+            .other
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(other) = other {
+            other(req, respond).await;
+            return;
+        }
         let mut resp = grpc_headers();
         resp.headers_mut().extend(status_trailers(
             12,
