@@ -33,6 +33,10 @@ use serde_json::Value as Json;
 const RELEASE: &str = "ringway";
 const NAMESPACE: &str = "ringway-system";
 
+/// The values of `deploy/manifests/ringway-xds.yaml` (and of `helm template ... --set
+/// proxy.meshSource=xds`).
+const XDS_VALUES: &str = "proxy: {meshSource: xds}\n";
+
 /// Capabilities of each container, as deploy/README.md ("Capabilities") documents them.
 /// Agent: NET_ADMIN (nftables, routes, sysctls in pod namespaces), SYS_ADMIN (setns),
 /// SYS_PTRACE (/proc/<pid>/ns/net of other users' processes).
@@ -103,6 +107,12 @@ fn chart_dir() -> PathBuf {
 
 fn manifests_path() -> PathBuf {
     deploy().join("manifests/ringway.yaml")
+}
+
+/// The chart rendered with [`XDS_VALUES`]: ringway in a cluster that runs the Istio
+/// ambient mesh.
+fn xds_manifests_path() -> PathBuf {
+    deploy().join("manifests/ringway-xds.yaml")
 }
 
 fn read(path: &Path) -> String {
@@ -434,6 +444,19 @@ fn f_files_get(args: &[Value]) -> Result<Value, FuncError> {
     })
 }
 
+/// Helm's `fromYaml`: a YAML mapping as a map; anything else (a list, a scalar,
+/// invalid YAML) as a map holding only `Error`, the message. Empty text is an empty map.
+fn f_from_yaml(args: &[Value]) -> Result<Value, FuncError> {
+    let text = go_string(arg(args, 0, "fromYaml")?);
+    let error = |e: String| Value::Map(HashMap::from([("Error".to_string(), Value::from(e))]));
+    Ok(match serde_yaml::from_str::<Json>(&text) {
+        Ok(Json::Null) => Value::Map(HashMap::new()),
+        Ok(m @ Json::Object(_)) => json_to_gtmpl(&m),
+        Ok(other) => error(format!("cannot unmarshal {other} into a map")),
+        Err(e) => error(e.to_string()),
+    })
+}
+
 /// The template functions the chart may use (besides Go's builtins: and, or, not, eq,
 /// ne, lt, le, gt, ge, len, index, print, printf). deploy/README.md lists them.
 const HELM_FUNCS: &[(&str, gtmpl::Func)] = &[
@@ -449,6 +472,7 @@ const HELM_FUNCS: &[(&str, gtmpl::Func)] = &[
     ("base", f_base),
     ("dir", f_dir),
     ("filesGet", f_files_get),
+    ("fromYaml", f_from_yaml),
 ];
 
 fn json_to_gtmpl(v: &Json) -> Value {
@@ -571,15 +595,21 @@ fn split_manifests(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// values.yaml with `overrides` merged over it, as Helm gives them to the templates.
+fn merged_values(overrides: &str) -> Json {
+    let mut values = values();
+    if !overrides.trim().is_empty() {
+        merge(&mut values, &yaml_to_json(overrides, "overrides"));
+    }
+    values
+}
+
 /// Renders the chart with `overrides` merged over values.yaml, in `namespace`, as
 /// `helm template RELEASE deploy/helm/ringway -n NAMESPACE` prints it.
 fn render_chart(overrides: &str, namespace: &str) -> Result<String, String> {
     let dir = chart_dir();
     let chart = yaml_to_json(&read(&dir.join("Chart.yaml")), "Chart.yaml");
-    let mut values = yaml_to_json(&read(&dir.join("values.yaml")), "values.yaml");
-    if !overrides.trim().is_empty() {
-        merge(&mut values, &yaml_to_json(overrides, "overrides"));
-    }
+    let values = merged_values(overrides);
     let mut files = BTreeMap::new();
     for e in std::fs::read_dir(dir.join("files")).expect("chart files/") {
         let p = e.unwrap().path();
@@ -961,9 +991,9 @@ fn adversarial_proxy_reaches_neither_the_cni_socket_nor_the_agent_state() {
     check_trust_boundaries(&o);
 }
 
-fn check_invariants(o: &Objects, text: &str) {
+/// The invariants of a rendering of the chart with the values `v`.
+fn check_invariants(o: &Objects, text: &str, v: &Json) {
     let top = help(None);
-    let v = values();
 
     // No key material, ever.
     assert!(
@@ -1077,16 +1107,19 @@ fn check_invariants(o: &Objects, text: &str) {
     assert_ne!(proxy_spec.host_pid, Some(true), "proxy: no hostPID");
     let (sub, proxy_args) = check_args(proxy, &top);
     assert_eq!(sub, "proxy");
-    // The mesh source: the value, and with it the token (kubernetes) or none (file).
+    // The mesh source: the value, and with it the API token (kubernetes) or none
+    // (file, xds).
     let source = v["proxy"]["meshSource"].as_str().expect("proxy.meshSource");
     assert_eq!(proxy_args["--mesh-source"], source, "proxy: --mesh-source");
     let kube = source == "kubernetes";
+    let xds = source == "xds";
     assert_eq!(
         proxy_spec.automount_service_account_token,
         Some(kube),
         "proxy: an API token exactly for the Kubernetes mesh source"
     );
-    if kube {
+    if kube || xds {
+        // Service host names (kubernetes); the node id `<ns>.svc.<domain>` (xds).
         assert_eq!(
             Json::from(proxy_args["--cluster-domain"].as_str()),
             v["clusterDomain"],
@@ -1220,11 +1253,26 @@ fn check_invariants(o: &Objects, text: &str) {
         "proxy: maxSurge >= 1"
     );
     // The CA. Local mode: only the proxy mounts the Secret, where the config says.
-    // Service mode: the proxy holds no key, the certificate service does.
+    // Service mode: the proxy holds no key, the certificate service does. Neither with
+    // the xds source: the control plane's certificate service (the xDS root and token).
+    if xds {
+        check_xds(o, v);
+    }
     if mesh.ca_service().is_some() {
         check_ca_service(o);
+    } else if xds && mesh.ca().is_none() {
+        assert!(
+            !o.deployments.contains_key("ringway-ca") && !o.services.contains_key("ringway-ca"),
+            "certificates from istiod: no ringway-ca"
+        );
+        assert!(
+            pod_specs(o)
+                .iter()
+                .all(|(_, spec)| secret_refs(spec).is_empty()),
+            "certificates from istiod: no pod refers to a Secret"
+        );
     } else {
-        let ca = mesh.ca().expect("the default config names the CA");
+        let ca = mesh.ca().expect("the config names the CA");
         let secret_vol = proxy_spec
             .volumes
             .iter()
@@ -1432,16 +1480,16 @@ fn real_helm() -> Option<PathBuf> {
     })
 }
 
-#[test]
-fn manifests_are_the_chart_rendered_with_default_values() {
-    let rendered = render_chart("", NAMESPACE).unwrap_or_else(|e| panic!("rendering: {e}"));
-    let path = manifests_path();
+/// `path` is the chart rendered with `overrides`, byte for byte; with
+/// `RINGWAY_UPDATE_MANIFESTS` set, it is rewritten instead.
+fn check_committed_rendering(path: &Path, overrides: &str, test: &str) {
+    let rendered = render_chart(overrides, NAMESPACE).unwrap_or_else(|e| panic!("rendering: {e}"));
     if std::env::var_os("RINGWAY_UPDATE_MANIFESTS").is_some() {
-        std::fs::write(&path, &rendered).unwrap();
+        std::fs::write(path, &rendered).unwrap();
         eprintln!("wrote {}", path.display());
         return;
     }
-    let committed = read(&path);
+    let committed = read(path);
     if committed != rendered {
         let first = committed
             .lines()
@@ -1451,13 +1499,31 @@ fn manifests_are_the_chart_rendered_with_default_values() {
         panic!(
             "{} differs from the chart's rendering from line {}:\n  committed: {:?}\n  rendered:  {:?}\n\
              Regenerate it: RINGWAY_UPDATE_MANIFESTS=1 cargo test -p ringway --test deploy_manifests \
-             manifests_are_the_chart_rendered_with_default_values (or helm template, deploy/README.md)",
+             {test} (or helm template, deploy/README.md)",
             path.display(),
             first + 1,
             committed.lines().nth(first),
             rendered.lines().nth(first),
         );
     }
+}
+
+#[test]
+fn manifests_are_the_chart_rendered_with_default_values() {
+    check_committed_rendering(
+        &manifests_path(),
+        "",
+        "manifests_are_the_chart_rendered_with_default_values",
+    );
+}
+
+#[test]
+fn xds_manifests_are_the_chart_rendered_with_mesh_source_xds() {
+    check_committed_rendering(
+        &xds_manifests_path(),
+        XDS_VALUES,
+        "xds_manifests_are_the_chart_rendered_with_mesh_source_xds",
+    );
 }
 
 /// The same comparison against a real `helm template`. Helm is optional
@@ -1483,27 +1549,35 @@ fn helm_template_agrees_with_the_manifests() {
         "RINGWAY_HELM={} is not a file",
         helm.display()
     );
-    let path = manifests_path();
-    let committed = read(&path);
-    let out = Command::new(&helm)
-        .args(["template", RELEASE])
-        .arg(chart_dir())
-        .args(["--namespace", NAMESPACE])
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", helm.display()));
-    assert!(
-        out.status.success(),
-        "helm template failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let helm_docs = documents(&String::from_utf8(out.stdout).unwrap());
-    assert_eq!(
-        helm_docs,
-        documents(&committed),
-        "`helm template` ({}) disagrees with {}",
-        helm.display(),
-        path.display()
-    );
+    for (path, set) in [
+        (manifests_path(), None),
+        (xds_manifests_path(), Some("proxy.meshSource=xds")),
+    ] {
+        let committed = read(&path);
+        let mut cmd = Command::new(&helm);
+        cmd.args(["template", RELEASE])
+            .arg(chart_dir())
+            .args(["--namespace", NAMESPACE]);
+        if let Some(set) = set {
+            cmd.args(["--set", set]);
+        }
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", helm.display()));
+        assert!(
+            out.status.success(),
+            "helm template failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let helm_docs = documents(&String::from_utf8(out.stdout).unwrap());
+        assert_eq!(
+            helm_docs,
+            documents(&committed),
+            "`helm template` ({}) disagrees with {}",
+            helm.display(),
+            path.display()
+        );
+    }
     eprintln!("helm template ({}) agrees", helm.display());
 }
 
@@ -1515,7 +1589,35 @@ fn manifests_parse_strictly_and_hold_the_invariants() {
     // The certificate service's Service is the only one (service mode, the default).
     assert!(o.priority_classes.is_empty() && o.others.is_empty());
     assert_eq!(o.services.keys().collect::<Vec<_>>(), ["ringway-ca"]);
-    check_invariants(&o, &text);
+    check_invariants(&o, &text, &values());
+}
+
+/// The rendered example for a cluster that runs the Istio ambient mesh: the proxy on
+/// the control plane's workload API, its certificates from istiod, no CA of ringway's
+/// own and no API access for the proxy.
+#[test]
+fn xds_manifests_parse_strictly_and_hold_the_invariants() {
+    let text = read(&xds_manifests_path());
+    let o = typed_objects(&text);
+    let v = merged_values(XDS_VALUES);
+    assert_eq!(v["proxy"]["meshSource"], "xds");
+    assert_eq!(
+        o.daemonsets.keys().collect::<Vec<_>>(),
+        ["ringway-agent", "ringway-proxy"]
+    );
+    assert!(o.deployments.is_empty() && o.pod_disruption_budgets.is_empty());
+    assert!(o.services.is_empty(), "no ringway-ca Service");
+    assert_eq!(
+        o.service_accounts.keys().collect::<Vec<_>>(),
+        ["ringway-agent", "ringway-proxy"]
+    );
+    check_invariants(&o, &text, &v); // with check_xds
+    let mesh = mesh_of(&o);
+    assert!(
+        mesh.ca().is_none() && mesh.ca_service().is_none(),
+        "no `ca:` section: the proxy asks istiod for certificates"
+    );
+    check_rbac(&o, false);
 }
 
 #[test]
@@ -1843,6 +1945,14 @@ fn renderer_matches_helm_semantics() {
         t.render(&Context::empty()).unwrap(),
         "\"x\" 30 40 d b.json a\n  a\n  b"
     );
+    // fromYaml: a mapping, an `Error` for anything else, an empty map for nothing.
+    let mut t = Template::default();
+    t.add_funcs(HELM_FUNCS);
+    t.parse(
+        r#"{{ $m := fromYaml "a: [1, 2]" }}{{ len $m.a }} {{ if $m.Error }}bad{{ end }}{{ $e := fromYaml "- x" }}{{ if $e.Error }}error{{ end }} {{ if fromYaml "" }}full{{ else }}empty{{ end }}"#,
+    )
+    .unwrap();
+    assert_eq!(t.render(&Context::empty()).unwrap(), "2 error empty");
 }
 
 /// Without the API (`agent.kube: false`) the service accounts of CNI-enrolled pods come
@@ -2275,7 +2385,7 @@ fn check_ca_service(o: &Objects) {
 fn ca_service_mode_renders_and_holds_the_invariants() {
     let text = render_chart(CA_SERVICE_VALUES, NAMESPACE).unwrap_or_else(|e| panic!("{e}"));
     let o = typed_objects(&text);
-    check_invariants(&o, &text);
+    check_invariants(&o, &text, &merged_values(CA_SERVICE_VALUES));
     check_ca_service(&o);
     check_rbac(&o, true);
     // Two roots: two pairs, in order, each from its own Secret.
@@ -2392,4 +2502,342 @@ fn ca_service_with_host_network_proxy_uses_cluster_dns() {
         pod_spec(&o, "ringway-proxy").dns_policy.as_deref(),
         Some("ClusterFirstWithHostNet")
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The mesh's control plane as the source (`proxy.meshSource: xds`)
+// ---------------------------------------------------------------------------------------
+
+/// The downward-API environment the xDS client reads for its node id and metadata.
+const XDS_ENV: &[(&str, &str)] = &[
+    ("POD_NAME", "metadata.name"),
+    ("POD_NAMESPACE", "metadata.namespace"),
+    // status.podIPs cannot be an env var: the primary IP only.
+    ("INSTANCE_IP", "status.podIP"),
+    ("NODE_NAME", "spec.nodeName"),
+];
+
+/// The resources only the Kubernetes mesh source watches.
+const KUBE_WATCHED: &[(&str, &str)] = &[
+    ("", "pods"),
+    ("", "services"),
+    ("", "nodes"),
+    ("discovery.k8s.io", "endpointslices"),
+    ("security.istio.io", "authorizationpolicies"),
+    ("security.istio.io", "peerauthentications"),
+];
+
+/// The proxy as an xDS client of istiod, rendered with values `v`: its flags (against
+/// `ringway proxy --help`), the mesh root from the ConfigMap, the projected token of
+/// audience istio-ca with a bounded lifetime, the downward-API environment, and no
+/// Kubernetes API access at all.
+fn check_xds(o: &Objects, v: &Json) {
+    let top = help(None);
+    let proxy_help = help(Some("proxy"));
+    let spec = pod_spec(o, "ringway-proxy");
+    let proxy = container(spec, "proxy");
+    let (_, args) = check_args(proxy, &top);
+    let xv = &v["proxy"]["xds"];
+    assert_eq!(args["--mesh-source"], "xds");
+    assert_eq!(Json::from(args["--xds-address"].as_str()), xv["address"]);
+    match xv["serverName"].as_str().unwrap_or_default() {
+        "" => assert!(
+            !args.contains_key("--xds-server-name"),
+            "proxy: no --xds-server-name (the host of --xds-address)"
+        ),
+        name => assert_eq!(
+            args.get("--xds-server-name").map(String::as_str),
+            Some(name)
+        ),
+    }
+    assert_eq!(
+        Json::from(args["--cluster-domain"].as_str()),
+        v["clusterDomain"],
+        "proxy: --cluster-domain (the node id's domain)"
+    );
+
+    // The mesh root: where the reference node proxy reads it (the binary's default),
+    // from the ConfigMap's root-cert.pem.
+    let root = &args["--xds-root-cert"];
+    assert!(
+        proxy_help.text.contains(&format!("[default: {root}]")),
+        "--xds-root-cert {root} is the binary's default"
+    );
+    let (vol, mount) = volume_of(spec, proxy, root).expect("proxy: --xds-root-cert is on a volume");
+    let cm = vol
+        .config_map
+        .as_ref()
+        .expect("proxy: the mesh root from a ConfigMap (public), not a Secret");
+    assert_eq!(Json::from(cm.name.clone()), xv["rootCertConfigMap"]);
+    let rel = Path::new(root)
+        .strip_prefix(&mount)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        cm.items
+            .iter()
+            .flatten()
+            .any(|i| i.key == "root-cert.pem" && i.path == rel),
+        "proxy: {root} is the ConfigMap's key root-cert.pem"
+    );
+
+    // The token: projected, audience istio-ca, bounded lifetime.
+    let token = &args["--xds-token-file"];
+    assert!(
+        proxy_help.text.contains(&format!("[default: {token}]")),
+        "--xds-token-file {token} is the binary's default"
+    );
+    let (vol, mount) =
+        volume_of(spec, proxy, token).expect("proxy: --xds-token-file is on a volume");
+    let sources = vol
+        .projected
+        .as_ref()
+        .and_then(|p| p.sources.clone())
+        .expect("proxy: the xDS token from a projected volume");
+    assert_eq!(
+        sources.len(),
+        1,
+        "proxy: the token volume holds the token only"
+    );
+    let sat = sources[0]
+        .service_account_token
+        .as_ref()
+        .expect("proxy: a projected service-account token");
+    assert_eq!(
+        sat.audience.as_deref(),
+        Some("istio-ca"),
+        "proxy: token audience"
+    );
+    let exp = sat
+        .expiration_seconds
+        .expect("proxy: the token's lifetime is bounded");
+    assert!((600..=86_400).contains(&exp), "token lifetime {exp}");
+    assert_eq!(Json::from(exp), xv["tokenExpirationSeconds"]);
+    assert_eq!(Path::new(&mount).join(&sat.path), Path::new(token));
+
+    for m in proxy.volume_mounts.iter().flatten() {
+        assert_eq!(m.read_only, Some(true), "proxy: {} read-only", m.mount_path);
+    }
+
+    // The node id and metadata from the downward API.
+    let env: BTreeMap<&str, Option<&str>> = proxy
+        .env
+        .iter()
+        .flatten()
+        .map(|e| {
+            let field = e
+                .value_from
+                .as_ref()
+                .and_then(|f| f.field_ref.as_ref())
+                .map(|f| f.field_path.as_str());
+            (e.name.as_str(), field)
+        })
+        .collect();
+    for (name, field) in XDS_ENV {
+        assert_eq!(env.get(name), Some(&Some(*field)), "proxy: env {name}");
+    }
+
+    // No Kubernetes API: no token mounted, no role, nothing bound to the proxy.
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(
+        o.service_accounts["ringway-proxy"].automount_service_account_token,
+        Some(false)
+    );
+    assert!(!o.cluster_roles.contains_key("ringway-proxy"));
+    for (name, b) in &o.cluster_role_bindings {
+        assert!(
+            b.subjects
+                .iter()
+                .flatten()
+                .all(|s| s.name != "ringway-proxy"),
+            "{name} is bound to ringway-proxy"
+        );
+    }
+    for (name, role) in &o.cluster_roles {
+        if name == "ringway-agent" || name == "ringway-ca" {
+            continue;
+        }
+        for r in role.rules.iter().flatten() {
+            for g in r.api_groups.iter().flatten() {
+                for res in r.resources.iter().flatten() {
+                    assert!(
+                        !KUBE_WATCHED.contains(&(g.as_str(), res.as_str())),
+                        "{name} grants {g}/{res}"
+                    );
+                }
+            }
+        }
+    }
+
+    // The configuration lists no workload, service or policy (the proxy refuses one
+    // that does).
+    let mesh = mesh_of(o);
+    assert_eq!(
+        (
+            mesh.workload_count(),
+            mesh.service_count(),
+            mesh.policy_count(),
+            mesh.peer_authentications().len()
+        ),
+        (0, 0, 0, 0),
+        "the configuration's mesh is empty"
+    );
+}
+
+/// Each xDS setting reaches the proxy; the Kubernetes DNS follows a host-network proxy.
+#[test]
+fn xds_settings_follow_the_values() {
+    let over = "proxy:\n  meshSource: xds\n  hostNetwork: true\n  updateStrategy: {maxSurge: 0}\n  \
+                xds:\n    address: istiod-1-24.istio-system.svc:15012\n    serverName: istiod.istio-system.svc\n    \
+                rootCertConfigMap: mesh-root\n    tokenExpirationSeconds: 3600\n\
+                clusterDomain: example.internal\n";
+    let v = merged_values(over);
+    let o = typed_objects(&render_chart(over, NAMESPACE).unwrap_or_else(|e| panic!("{e}")));
+    check_xds(&o, &v);
+    let spec = pod_spec(&o, "ringway-proxy");
+    assert_eq!(spec.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+    let (_, args) = check_args(container(spec, "proxy"), &help(None));
+    assert_eq!(args["--xds-address"], "istiod-1-24.istio-system.svc:15012");
+    assert_eq!(args["--xds-server-name"], "istiod.istio-system.svc");
+    assert_eq!(args["--cluster-domain"], "example.internal");
+}
+
+/// With the xds source, ringway's own CA only when asked for: `ca.mode: service` (the
+/// one token, audience istio-ca, serves istiod and ringway-ca) or `local`.
+#[test]
+fn xds_with_ringway_ca_when_asked_for() {
+    let over = "proxy: {meshSource: xds}\nca: {mode: service}\n";
+    let text = render_chart(over, NAMESPACE).unwrap_or_else(|e| panic!("{e}"));
+    let o = typed_objects(&text);
+    check_invariants(&o, &text, &merged_values(over));
+    assert!(o.deployments.contains_key("ringway-ca"));
+    assert!(mesh_of(&o).ca_service().is_some(), "config ca: ringway-ca");
+    check_rbac(&o, false);
+
+    let over = "proxy: {meshSource: xds}\nca: {mode: local}\n";
+    let text = render_chart(over, NAMESPACE).unwrap_or_else(|e| panic!("{e}"));
+    let o = typed_objects(&text);
+    check_invariants(&o, &text, &merged_values(over));
+    assert!(o.deployments.is_empty());
+    assert!(mesh_of(&o).ca().is_some(), "config ca: the local key");
+
+    // ca.mode istiod, said explicitly, is the xds default.
+    let explicit = render_chart("proxy: {meshSource: xds}\nca: {mode: istiod}\n", NAMESPACE)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        explicit,
+        render_chart(XDS_VALUES, NAMESPACE).unwrap(),
+        "ca.mode istiod"
+    );
+    // And the other sources keep ringway-ca by default.
+    for source in ["kubernetes", "file"] {
+        let o = typed_objects(
+            &render_chart(&format!("proxy: {{meshSource: {source}}}\n"), NAMESPACE).unwrap(),
+        );
+        assert!(o.deployments.contains_key("ringway-ca"), "{source}");
+    }
+}
+
+#[test]
+fn chart_refuses_what_xds_mode_cannot_run() {
+    let refused = |over: &str, want: &str| {
+        let err = render_chart(over, NAMESPACE)
+            .map(|_| ())
+            .expect_err(&format!("must be refused: {over}"));
+        assert!(err.contains(want), "{over}: {err}");
+    };
+    for entry in [
+        "workloads: [{uid: a, name: a, namespace: n, ips: [10.0.0.1]}]",
+        "services: [{name: s, namespace: n, hostname: s.n.svc.cluster.local, vips: [10.96.0.1]}]",
+        "policies: [{name: p, namespace: n, action: DENY}]",
+        "peerAuthentications: [{name: p, namespace: n, mode: STRICT}]",
+    ] {
+        refused(
+            &format!("proxy: {{meshSource: xds}}\nconfig: {{mesh: \"{entry}\"}}\n"),
+            "config.mesh must list none",
+        );
+    }
+    refused(
+        "proxy: {meshSource: xds}\nconfig: {mesh: \"- a\"}\n",
+        "config.mesh is not a YAML mapping",
+    );
+    // Empty lists and no mesh at all are fine.
+    for mesh in [
+        "",
+        "workloads: []\nservices: []\npolicies: []\npeerAuthentications: []",
+    ] {
+        let over = format!(
+            "proxy: {{meshSource: xds}}\nconfig: {{mesh: {}}}\n",
+            serde_json::to_string(mesh).unwrap()
+        );
+        render_chart(&over, NAMESPACE).unwrap_or_else(|e| panic!("{over}: {e}"));
+    }
+    refused(
+        "ca: {mode: istiod}",
+        "ca.mode=istiod needs proxy.meshSource=xds",
+    );
+    refused(
+        "proxy: {meshSource: xds}\nca: {mode: local, secretName: \"\"}\n",
+        "ca.mode=local needs ca.secretName",
+    );
+    refused(
+        "proxy: {meshSource: xds}\nca: {mode: service, service: {audience: ringway}}\n",
+        "ca.service.audience must be istio-ca",
+    );
+    refused(
+        "proxy: {meshSource: xds, xds: {address: \"\"}}",
+        "proxy.xds.address",
+    );
+    refused(
+        "proxy: {meshSource: xds, xds: {rootCertConfigMap: \"\"}}",
+        "proxy.xds.rootCertConfigMap",
+    );
+    for secs in [0, 599, 86_401] {
+        refused(
+            &format!("proxy: {{meshSource: xds, xds: {{tokenExpirationSeconds: {secs}}}}}"),
+            "tokenExpirationSeconds",
+        );
+    }
+    refused("ca: {mode: spire}", "ca.mode must be");
+    // Without xds, config.mesh may list anything.
+    render_chart(
+        "config: {mesh: \"policies: [{name: p, namespace: n, action: DENY}]\"}",
+        NAMESPACE,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// NOTES.txt (printed by `helm install`, not a manifest) renders for each mode and
+/// says where the mesh and the certificates come from.
+#[test]
+fn notes_render_for_each_mode() {
+    let text = read(&chart_dir().join("templates/NOTES.txt"));
+    let render = |over: &str| {
+        let values = merged_values(over);
+        let ctx = serde_json::json!({
+            "Values": values,
+            "Release": {"Name": RELEASE, "Namespace": NAMESPACE, "Service": "Helm"},
+        });
+        let mut t = Template::default();
+        t.add_funcs(HELM_FUNCS);
+        t.parse(text.as_str()).expect("NOTES.txt parses");
+        t.render(&Context::from(json_to_gtmpl(&ctx)))
+            .unwrap_or_else(|e| panic!("NOTES.txt with {over:?}: {e}"))
+    };
+    let default = render("");
+    assert!(default.contains("ca.mode=service"), "{default}");
+    assert!(!default.contains("xds"), "{default}");
+    let xds = render(XDS_VALUES);
+    assert!(
+        xds.contains("istiod.istio-system.svc:15012")
+            && xds.contains("CA_TRUSTED_NODE_ACCOUNTS=ringway-system/ringway-proxy")
+            && xds.contains("ca.mode=istiod"),
+        "{xds}"
+    );
+    assert!(!xds.contains("ringway-ca"), "{xds}");
+    let local = render("ca: {mode: local}");
+    assert!(local.contains("ca.mode=local"), "{local}");
+    let none = render("ca: {mode: local, secretName: \"\"}");
+    assert!(none.contains("No CA"), "{none}");
 }
