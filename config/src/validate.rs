@@ -94,8 +94,19 @@ pub(crate) fn validate(
         }
         check_subdomain("workload name", &w.name).map_err(|p| cx.err(format!("{at}.name"), p))?;
         check_label("namespace", &w.namespace).map_err(|p| cx.err(format!("{at}.namespace"), p))?;
-        check_subdomain("service account", &w.service_account)
-            .map_err(|p| cx.err(format!("{at}.serviceAccount"), p))?;
+        // An empty service account is a workload with no identity (a
+        // cluster's static pod): it cannot speak HBONE.
+        if w.service_account.is_empty() {
+            if w.tunnel {
+                return Err(cx.err(
+                    format!("{at}.serviceAccount"),
+                    "a workload without a service account has no identity and cannot speak HBONE (tunnel: true)",
+                ));
+            }
+        } else {
+            check_subdomain("service account", &w.service_account)
+                .map_err(|p| cx.err(format!("{at}.serviceAccount"), p))?;
+        }
         check_subdomain("node name", &w.node).map_err(|p| cx.err(format!("{at}.node"), p))?;
         if w.ips.is_empty() {
             return Err(cx.err(

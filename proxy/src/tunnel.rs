@@ -344,6 +344,10 @@ pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
         who.0.namespace.clone()
     };
     let w = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip))?;
+    if w.service_account.is_empty() {
+        // A pod without a service account has no identity.
+        return None;
+    }
     if !namespace.is_empty() && w.namespace != namespace {
         tracing::warn!(pod.uid = %pod.uid, pod.namespace = %namespace, workload.namespace = %w.namespace,
             "the agent sent no service account and the mesh's workload of the pod's IPs is of another namespace: no identity");

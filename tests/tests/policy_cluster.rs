@@ -385,3 +385,80 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
         },
     );
 }
+
+/// A pod is in the mesh from the moment it has an address, whatever its
+/// phase: `server-0` stays `Pending` (a container whose image cannot be
+/// pulled) while it serves, and the label-selected ALLOW that admits only
+/// namespace `other` governs it, so the client of namespace `front` is
+/// refused. Deleted from the API (a pod the watch has not seen), it is
+/// unknown: its traffic waits `proxy.workloadWait` and is refused, never
+/// authorized against a guess without its labels. Before the fix the
+/// Pending pod was left out of the mesh and both connections passed (the
+/// ALLOW's selector found no labels, and no ALLOW left means allow).
+#[test]
+fn adversarial_a_pending_or_unseen_pod_is_governed_never_guessed() {
+    run_isolated(
+        "adversarial_a_pending_or_unseen_pod_is_governed_never_guessed",
+        || {
+            let t = two_nodes(Opts::new("policy_cluster_pending"));
+            std::thread::scope(|scope| {
+                let c = start_watch(scope, &t);
+                c.api.apply(
+                    Kind::Pod,
+                    fixtures::FakePod::new("uid-server-0", "shop", "server-0", "node")
+                        .created("2026-01-01T00:00:00Z")
+                        .service_account("web")
+                        .label("app", "web")
+                        .mode("enabled")
+                        .running(&["10.244.2.2", "fd00:244:2::2"])
+                        .phase("Pending")
+                        .json(),
+                );
+                c.api.apply(
+                    Kind::AuthorizationPolicy,
+                    istio_object(
+                        "shop",
+                        "only-other",
+                        json!({"selector": {"matchLabels": {"app": "web"}}, "action": "ALLOW",
+                            "rules": [{"from": [{"source": {"namespaces": ["other"]}}]}]}),
+                    ),
+                );
+                // Both applied before the policy: one snapshot holds both
+                // (or, before the fix, a snapshot without the pod).
+                c.until("the policy is in force", |m| {
+                    has_policy(m, "istio/shop/only-other")
+                });
+                let server = SocketAddr::new(t.server().ip(false), APP_PORT);
+                let app = EchoServer::start(t.server().netns.run(|| listen(server)).unwrap());
+                expect_refused(
+                    exchange(&t.client().netns, server),
+                    "front -> a Pending pod only `other` may reach",
+                );
+                assert_eq!(app.connections(), 0, "the app saw the refused client");
+                c.until("the Pending pod is a workload", |m| {
+                    m.workloads().any(|w| w.name == "server-0")
+                });
+
+                // Gone from the API: the proxy does not know whom it serves.
+                c.api.delete(Kind::Pod, "shop", "server-0");
+                c.until("the pod left the mesh", |m| {
+                    !m.workloads().any(|w| w.name == "server-0")
+                });
+                let t0 = Instant::now();
+                expect_refused(
+                    exchange(&t.client().netns, server),
+                    "front -> a pod the mesh does not know",
+                );
+                let waited = t0.elapsed();
+                assert!(
+                    waited
+                        >= ringway_config::ProxySettings::default().workload_wait
+                            - std::time::Duration::from_millis(200),
+                    "refused after {waited:?}, before the wait for its workload ran out"
+                );
+                assert_eq!(app.connections(), 0);
+                c.watch.stop();
+            });
+        },
+    );
+}

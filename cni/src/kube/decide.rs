@@ -179,10 +179,11 @@ impl PodFacts {
             uid,
             name: meta.name.clone().unwrap_or_default(),
             namespace: meta.namespace.clone().unwrap_or_default(),
+            // None (a static pod's mirror; admission gives every other pod
+            // one): the pod has no identity, never `default`.
             service_account: spec
                 .and_then(|s| s.service_account_name.clone())
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| "default".to_owned()),
+                .unwrap_or_default(),
             mode: PodMode::from_labels(meta.labels.as_ref()),
             host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
             phase,
@@ -534,7 +535,8 @@ mod tests {
             Decision::Ignore(IgnoreReason::Terminating)
         );
 
-        // No service account name: the API server's default.
+        // No service account name (a static pod's mirror): no identity,
+        // never the API server's `default`.
         let mut no_sa = labelled.clone();
         no_sa["spec"]
             .as_object_mut()
@@ -543,7 +545,7 @@ mod tests {
         let Decision::Enroll(id) = decide(&pod(no_sa), None) else {
             panic!("not enrolled")
         };
-        assert_eq!(id.service_account, "default");
+        assert_eq!(id.service_account, "");
 
         let mut no_uid = labelled;
         no_uid["metadata"].as_object_mut().unwrap().remove("uid");

@@ -1248,7 +1248,7 @@ mod selector {
             } else {
                 ask(&s, &uid, &ns, &format!("pod-{uid}")).await.unwrap()
             };
-            agent.hold(&uid, &ns, "default");
+            agent.hold(&uid, &ns, "");
             if verdict == Verdict::Capture {
                 captured.insert(uid);
             }

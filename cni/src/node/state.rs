@@ -429,11 +429,13 @@ impl Core {
     }
 
     fn validate(&self, pod: &Pod) -> Result<(), EnrollError> {
+        // An empty service account is allowed: the API server's pod has
+        // none (a static pod's mirror), so the pod is captured with no
+        // identity (no certificate, no HBONE), never given `default`.
         for (field, v) in [
             ("uid", &pod.uid),
             ("name", &pod.name),
             ("namespace", &pod.namespace),
-            ("service account", &pod.service_account),
         ] {
             if v.trim().is_empty() {
                 return Err(EnrollError::BadInput(format!("pod {field} is empty")));

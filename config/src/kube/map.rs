@@ -188,6 +188,9 @@ pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> Kube
         },
     }));
     mesh.cluster_policy_notes = mapped.notes;
+    // Pods the watch has not seen yet may be enrolled already: their
+    // traffic waits for them (`proxy.workloadWait`), never guessed.
+    mesh.complete = false;
     skipped.sort();
     KubeMesh { mesh, skipped }
 }
@@ -219,7 +222,8 @@ fn pod_order(pod: &Pod) -> impl Ord + '_ {
 pub(crate) enum NotAWorkload {
     NoUid,
     HostNetwork,
-    NotRunning,
+    /// `Succeeded` or `Failed`: its containers are done.
+    Finished,
     NoIp,
 }
 
@@ -239,9 +243,16 @@ pub(crate) fn workload(
     if spec.and_then(|s| s.host_network).unwrap_or(false) {
         return Err(NotAWorkload::HostNetwork);
     }
+    // Labels and selectors apply from the moment a pod has an address,
+    // whatever its phase: a pod stuck `Pending` (an image that cannot be
+    // pulled) or serving from native sidecars during its init is a pod the
+    // policies must see.
     let status = pod.status.as_ref();
-    if status.and_then(|s| s.phase.as_deref()) != Some("Running") {
-        return Err(NotAWorkload::NotRunning);
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return Err(NotAWorkload::Finished);
     }
     let ips = status.map(pod_ips).unwrap_or_default();
     if ips.is_empty() {
@@ -249,22 +260,24 @@ pub(crate) fn workload(
     }
     let namespace = meta.namespace.clone().unwrap_or_default();
     let excluded = options.exclude_namespaces.contains(&namespace);
-    let tunnel = !excluded
-        && enrollment::selected(
-            false,
-            PodMode::from_labels(meta.labels.as_ref()),
-            enabled_namespaces.contains(namespace.as_str()),
-        )
-        .is_ok();
+    // No service account (a static pod's mirror): no identity, so no
+    // certificate and no HBONE; never `default`, an identity no such pod has.
     let service_account = spec
         .and_then(|s| {
             s.service_account_name
                 .as_deref()
                 .or(s.service_account.as_deref())
         })
-        .filter(|sa| !sa.is_empty())
-        .unwrap_or("default")
+        .unwrap_or("")
         .to_owned();
+    let tunnel = !excluded
+        && !service_account.is_empty()
+        && enrollment::selected(
+            false,
+            PodMode::from_labels(meta.labels.as_ref()),
+            enabled_namespaces.contains(namespace.as_str()),
+        )
+        .is_ok();
     Ok(WorkloadConfig {
         uid: uid.to_owned(),
         name: meta.name.clone().unwrap_or_default(),

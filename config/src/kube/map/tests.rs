@@ -110,7 +110,9 @@ fn a_running_pod_is_a_workload() {
         }
     );
 
-    // podIP alone (no podIPs); no service account name: the API server's default.
+    // podIP alone (no podIPs); no service account at all (the admission
+    // controller gives every pod one; a static pod's mirror has none): no
+    // identity, so no HBONE, never `default`.
     let mut p = pod("shop", "web-1", &[]);
     p["status"] = json!({"phase": "Running", "podIP": "10.1.0.6"});
     p["spec"]
@@ -119,7 +121,8 @@ fn a_running_pod_is_a_workload() {
         .remove("serviceAccountName");
     let w = workload_of(p, &[]).unwrap();
     assert_eq!(w.ips, ["10.1.0.6"]);
-    assert_eq!(w.service_account, "default");
+    assert_eq!(w.service_account, "");
+    assert!(!w.tunnel, "no identity: no HBONE");
     // The deprecated spec.serviceAccount still names it.
     let mut p = pod("shop", "web-2", &["10.1.0.7"]);
     p["spec"]
@@ -170,23 +173,28 @@ fn a_pods_locality_is_its_nodes_topology() {
 fn pods_that_are_not_workloads() {
     let base = pod("shop", "p", &["10.1.0.9"]);
     type Edit = Box<dyn Fn(&mut Value)>;
-    let cases: [(&str, Edit, NotAWorkload); 7] = [
+    let cases: [(&str, Edit, NotAWorkload); 8] = [
         (
-            "pending",
+            "pending, no IP yet",
             Box::new(|p| p["status"] = json!({"phase": "Pending"})),
-            NotAWorkload::NotRunning,
+            NotAWorkload::NoIp,
         ),
         (
             "succeeded",
             Box::new(|p| p["status"]["phase"] = json!("Succeeded")),
-            NotAWorkload::NotRunning,
+            NotAWorkload::Finished,
+        ),
+        (
+            "failed",
+            Box::new(|p| p["status"]["phase"] = json!("Failed")),
+            NotAWorkload::Finished,
         ),
         (
             "no status",
             Box::new(|p| {
                 p.as_object_mut().unwrap().remove("status");
             }),
-            NotAWorkload::NotRunning,
+            NotAWorkload::NoIp,
         ),
         (
             "running, no IP yet",
