@@ -174,7 +174,9 @@ struct ToSpec {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 struct OperationSpec {
+    #[serde(deserialize_with = "strings_or_numbers")]
     ports: Vec<String>,
+    #[serde(deserialize_with = "strings_or_numbers")]
     not_ports: Vec<String>,
     #[serde(flatten)]
     other: BTreeMap<String, Value>,
@@ -184,8 +186,30 @@ struct OperationSpec {
 #[serde(rename_all = "camelCase", default)]
 struct ConditionSpec {
     key: String,
+    #[serde(deserialize_with = "strings_or_numbers")]
     values: Vec<String>,
+    #[serde(deserialize_with = "strings_or_numbers")]
     not_values: Vec<String>,
+}
+
+/// A list whose entries the API takes as strings or integers (ports: `"22"`
+/// or `22`), read as strings; anything else is an error naming it.
+fn strings_or_numbers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Item {
+        Text(String),
+        Number(serde_json::Number),
+    }
+    let items: Option<Vec<Item>> = Option::deserialize(d)?;
+    Ok(items
+        .unwrap_or_default()
+        .into_iter()
+        .map(|i| match i {
+            Item::Text(s) => s,
+            Item::Number(n) => n.to_string(),
+        })
+        .collect())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -313,27 +337,31 @@ pub(crate) fn authorization_policy(
     let object = object_name(AP, &obj.metadata);
     let spec: AuthorizationPolicySpec = match parse_spec(&obj.spec) {
         Ok(spec) => spec,
-        Err(e) => match unreadable_allow(&obj.spec) {
-            // The reference's fail-safe: an ALLOW that cannot be read allows
-            // nothing, so it still denies what it selects.
-            Some(spec) => {
-                notes.push(note(
-                    &object,
-                    AP,
-                    false,
-                    "unreadable-allow",
-                    format!(
-                        "spec: {e}: an ALLOW policy that cannot be read is kept without \
-                         rules (it denies everything it selects)"
-                    ),
-                ));
-                spec
-            }
-            None => {
-                notes.push(note(&object, AP, true, "invalid", format!("spec: {e}")));
-                return None;
-            }
-        },
+        Err(e) if targets_another_proxy(&obj.spec) => {
+            notes.push(note(
+                &object,
+                AP,
+                true,
+                "target-ref",
+                format!("spec: {e}; targetRef/targetRefs: the policy is for another proxy"),
+            ));
+            return None;
+        }
+        Err(e) => {
+            let p = deny_everything_selected(obj, cx);
+            notes.push(note(
+                &object,
+                AP,
+                false,
+                "unreadable-deny-all",
+                format!(
+                    "spec: {e}: a policy that cannot be read denies every connection to what it \
+                     could select ({})",
+                    scope_of(&p)
+                ),
+            ));
+            return Some(p);
+        }
     };
     if spec.target_ref.is_some() || !spec.target_refs.is_empty() {
         notes.push(note(
@@ -361,14 +389,19 @@ pub(crate) fn authorization_policy(
             return None;
         }
         other => {
+            let p = deny_everything_selected(obj, cx);
             notes.push(note(
                 &object,
                 AP,
-                true,
-                "invalid",
-                format!("action {other:?} is not ALLOW, DENY, AUDIT or CUSTOM"),
+                false,
+                "unreadable-deny-all",
+                format!(
+                    "action {other:?} is not ALLOW, DENY, AUDIT or CUSTOM (the API's values): \
+                     the policy denies every connection to what it could select ({})",
+                    scope_of(&p)
+                ),
             ));
-            return None;
+            return Some(p);
         }
     };
     let allow = action == "ALLOW";
@@ -455,29 +488,71 @@ pub(crate) fn authorization_policy(
     })
 }
 
-/// The parts of an unreadable spec that make it an ALLOW whose scope is
-/// known (no `targetRef`, a readable or absent `selector`), as a spec
-/// without rules; `None` when it is anything else.
-fn unreadable_allow(spec: &Value) -> Option<AuthorizationPolicySpec> {
-    let obj = spec.as_object()?;
-    let absent = |k: &str| obj.get(k).is_none_or(Value::is_null);
-    match obj.get("action") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(a)) if a == "ALLOW" => {}
-        Some(_) => return None,
-    }
-    if !absent("targetRef") || !absent("targetRefs") {
-        return None;
-    }
-    let selector = match obj.get("selector") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(serde_json::from_value::<WorkloadSelector>(v.clone()).ok()?),
+/// Whether a spec (readable or not) names a `targetRef`: a policy for a
+/// waypoint or gateway, not for the node proxy.
+fn targets_another_proxy(spec: &Value) -> bool {
+    let Some(obj) = spec.as_object() else {
+        return false;
     };
-    Some(AuthorizationPolicySpec {
-        selector,
-        action: Some("ALLOW".into()),
-        ..AuthorizationPolicySpec::default()
+    ["targetRef", "targetRefs"].iter().any(|k| {
+        obj.get(*k)
+            .is_some_and(|v| !v.is_null() && v != &Value::Array(Vec::new()))
     })
+}
+
+/// The labels of a raw `selector.matchLabels` when they can be read (a map
+/// of strings, not empty); `None` otherwise.
+fn readable_selector(spec: &Value) -> Option<BTreeMap<String, String>> {
+    let labels = spec.get("selector")?.get("matchLabels")?;
+    let map: BTreeMap<String, String> = serde_json::from_value(labels.clone()).ok()?;
+    (!map.is_empty()).then_some(map)
+}
+
+/// What stands for an AuthorizationPolicy that cannot be understood: a DENY
+/// of every connection to what it could select: its selector when that can
+/// be read, else its namespace (every workload, in the root namespace).
+/// Whether it meant to allow or deny, nothing it selects is let through on
+/// a guess.
+pub(crate) fn deny_everything_selected(
+    obj: &AuthorizationPolicyObject,
+    cx: &PolicyContext<'_>,
+) -> PolicyConfig {
+    let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+    PolicyConfig {
+        name: entry_name(&obj.metadata),
+        namespace: if namespace == cx.root_namespace {
+            String::new()
+        } else {
+            namespace
+        },
+        selector: readable_selector(&obj.spec).map(|match_labels| SelectorConfig {
+            workloads: Vec::new(),
+            match_labels,
+        }),
+        action: "DENY".to_owned(),
+        rules: vec![RuleConfig::default()],
+        origin: Some(object_name(AP, &obj.metadata)),
+    }
+}
+
+/// In words, what a policy entry selects.
+pub(crate) fn scope_of(p: &PolicyConfig) -> String {
+    let scope = if p.namespace.is_empty() {
+        "every namespace".to_owned()
+    } else {
+        format!("namespace {}", p.namespace)
+    };
+    match &p.selector {
+        Some(s) if !s.match_labels.is_empty() => {
+            let labels: Vec<String> = s
+                .match_labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            format!("{scope}, workloads labelled {}", labels.join(","))
+        }
+        _ => format!("every workload of {scope}"),
+    }
 }
 
 fn parse_spec<T: serde::de::DeserializeOwned + Default>(spec: &Value) -> Result<T, String> {
@@ -568,6 +643,8 @@ struct MatchState {
     never: bool,
     /// It has an entry the reference keeps (an empty match never matches).
     present: bool,
+    /// An entry could not be read (skipped).
+    unreadable: bool,
 }
 
 impl MatchState {
@@ -576,6 +653,9 @@ impl MatchState {
     fn take(&mut self, e: Entries, positive: bool, allow: bool) -> Vec<String> {
         if !e.kept.is_empty() || e.never > 0 {
             self.present = true;
+        }
+        if e.skipped > 0 {
+            self.unreadable = true;
         }
         if e.kept.is_empty() {
             if positive && e.never > 0 {
@@ -723,6 +803,13 @@ fn map_rule(
                 allow,
             ),
         };
+        if !allow && !st.present && st.unreadable {
+            // A DENY's source none of whose entries can be read: it may
+            // have named anyone, so it matches every peer (toward deny;
+            // the reference would skip it and deny no one).
+            any_source = true;
+            continue;
+        }
         if st.never || (!st.present && empty_match_never(&source_l7)) {
             continue;
         }
@@ -755,6 +842,11 @@ fn map_rule(
             false,
             allow,
         );
+        if !allow && !st.present && st.unreadable {
+            // A DENY's operation none of whose ports can be read: any port.
+            any_port = true;
+            continue;
+        }
         if st.never || (!st.present && empty_match_never(&op_l7)) {
             continue;
         }
@@ -790,6 +882,11 @@ fn map_rule(
         let mut st = MatchState::default();
         let values = st.take(cx.entries("values", &c.values, read), true, allow);
         let not_values = st.take(cx.entries("notValues", &c.not_values, read), false, allow);
+        if !allow && !st.present && st.unreadable {
+            // A DENY's condition none of whose values can be read: it
+            // holds for every connection (toward deny).
+            continue;
+        }
         if st.never || !st.present {
             // No value that can match (or none at all): the condition, so
             // the rule, never matches.
@@ -817,14 +914,49 @@ pub(crate) fn peer_authentication(
     notes: &mut Vec<ClusterPolicyNote>,
 ) -> Option<PeerAuthenticationConfig> {
     let object = object_name(PA, &obj.metadata);
+    let namespace = obj.metadata.namespace.clone().unwrap_or_default();
     let spec: PeerAuthenticationSpec = match parse_spec(&obj.spec) {
         Ok(spec) => spec,
         Err(e) => {
-            notes.push(note(&object, PA, true, "invalid", format!("spec: {e}")));
-            return None;
+            let labels = readable_selector(&obj.spec);
+            if labels.is_some() && namespace == cx.root_namespace {
+                notes.push(note(
+                    &object,
+                    PA,
+                    true,
+                    "root-selector",
+                    format!("spec: {e}; a PeerAuthentication with a selector in the root namespace is ignored (as by the reference)"),
+                ));
+                return None;
+            }
+            // It may have said STRICT: it stays STRICT, over what it could
+            // select.
+            notes.push(note(
+                &object,
+                PA,
+                false,
+                "unreadable-strict",
+                format!(
+                    "spec: {e}: a PeerAuthentication that cannot be read is STRICT for what it \
+                     could select ({})",
+                    match &labels {
+                        Some(l) => format!("workloads labelled {l:?}"),
+                        None if namespace == cx.root_namespace => "the whole mesh".into(),
+                        None => format!("every workload of namespace {namespace}"),
+                    }
+                ),
+            ));
+            return Some(PeerAuthenticationConfig {
+                name: entry_name(&obj.metadata),
+                mesh_wide: namespace == cx.root_namespace,
+                namespace,
+                match_labels: labels,
+                mode: "STRICT".into(),
+                port_modes: Vec::new(),
+                origin: object,
+            });
         }
     };
-    let namespace = obj.metadata.namespace.clone().unwrap_or_default();
     let labels = spec
         .selector
         .map(|s| s.match_labels)
@@ -856,10 +988,23 @@ pub(crate) fn peer_authentication(
                 ));
                 "PERMISSIVE".into()
             }
-            other => other.to_owned(),
+            known @ ("UNSET" | "PERMISSIVE" | "STRICT") => known.to_owned(),
+            other => {
+                notes.push(note(
+                    &object,
+                    PA,
+                    false,
+                    "unknown-mode-strict",
+                    format!(
+                        "{at}: {other:?} is not UNSET, DISABLE, PERMISSIVE or STRICT (the API's \
+                         values): it counts as STRICT"
+                    ),
+                ));
+                "STRICT".into()
+            }
         }
     };
-    let mode = mode_of("mtls.mode", spec.mtls.as_ref(), notes);
+    let mut mode = mode_of("mtls.mode", spec.mtls.as_ref(), notes);
     let mut port_modes = Vec::new();
     if labels.is_none() && !spec.port_level_mtls.is_empty() {
         notes.push(note(
@@ -870,41 +1015,39 @@ pub(crate) fn peer_authentication(
             "portLevelMtls is ignored without a selector (as by the reference)".into(),
         ));
     } else {
+        let mut stricter_everywhere = false;
         for (port, m) in &spec.port_level_mtls {
-            // A port that cannot be read is one entry left out, never the
-            // whole object (a STRICT policy must stay STRICT).
+            let strict_or_unknown = !matches!(
+                m.mode.as_deref(),
+                None | Some("UNSET" | "PERMISSIVE" | "DISABLE")
+            );
+            // A port that cannot be read: an entry that may have made it
+            // STRICT cannot be placed, so the whole workload is STRICT;
+            // one that relaxes a port is left out (the workload's mode
+            // stays). Never the whole object.
             let n = match port_entry(port) {
                 Entry::Keep(n) => n.parse::<i64>().unwrap_or_default(),
                 Entry::Never(why) | Entry::Skip(why) => {
+                    let what = if strict_or_unknown {
+                        stricter_everywhere = true;
+                        "it may say STRICT, so every port of the workload is STRICT"
+                    } else {
+                        "the entry is skipped (the workload's mode applies to the port)"
+                    };
                     notes.push(note(
                         &object,
                         PA,
                         false,
-                        "entry-skipped",
-                        format!("portLevelMtls[{port:?}]: {why}: the entry is skipped"),
+                        if strict_or_unknown {
+                            "unreadable-strict"
+                        } else {
+                            "entry-skipped"
+                        },
+                        format!("portLevelMtls[{port:?}]: {why}: {what}"),
                     ));
                     continue;
                 }
             };
-            let known = matches!(
-                m.mode.as_deref(),
-                None | Some("UNSET" | "PERMISSIVE" | "STRICT" | "DISABLE")
-            );
-            if !known {
-                // One unreadable port entry, never the whole object.
-                notes.push(note(
-                    &object,
-                    PA,
-                    false,
-                    "entry-skipped",
-                    format!(
-                        "portLevelMtls[{port}]: mode {:?} is not UNSET, PERMISSIVE, STRICT or \
-                         DISABLE: the entry is skipped",
-                        m.mode.as_deref().unwrap_or_default()
-                    ),
-                ));
-                continue;
-            }
             // With the workload's own mode unset, the reference counts only
             // PERMISSIVE ports as exceptions to an inherited STRICT: a
             // DISABLE port then inherits (stays STRICT under STRICT).
@@ -925,6 +1068,9 @@ pub(crate) fn peer_authentication(
             }
             let m = mode_of(&format!("portLevelMtls[{port}]"), Some(m), notes);
             port_modes.push((n, m));
+        }
+        if stricter_everywhere {
+            mode = "STRICT".into();
         }
     }
     Some(PeerAuthenticationConfig {

@@ -617,19 +617,68 @@ fn merge(
                 let object = service_objects.remove(i - file_services);
                 skipped.push(Skipped { object, reason });
             }
+            // A policy the validation refuses is not dropped (a DENY or a
+            // STRICT would vanish): it stands as what errs toward deny for
+            // what it could select, its namespace. Only that replacement
+            // refused too (it cannot be) is left out.
             Culprit::Policy(i) => {
-                let p = cfg.policies.remove(i);
-                policies.notes.push(invalid(
-                    "AuthorizationPolicy",
-                    p.origin.unwrap_or(p.name),
-                    reason,
-                ));
+                let p = &mut cfg.policies[i];
+                let object = p.origin.clone().unwrap_or_else(|| p.name.clone());
+                let deny_all = crate::PolicyConfig {
+                    name: p.name.clone(),
+                    namespace: p.namespace.clone(),
+                    selector: None,
+                    action: "DENY".into(),
+                    rules: vec![crate::RuleConfig::default()],
+                    origin: p.origin.clone(),
+                };
+                if *p == deny_all {
+                    cfg.policies.remove(i);
+                    policies
+                        .notes
+                        .push(invalid("AuthorizationPolicy", object, reason));
+                } else {
+                    let scope = istio::scope_of(&deny_all);
+                    *p = deny_all;
+                    policies.notes.push(ClusterPolicyNote {
+                        object,
+                        kind: "AuthorizationPolicy",
+                        skipped: false,
+                        code: "unreadable-deny-all",
+                        reason: format!(
+                            "{reason}: a policy that cannot be read denies every connection to \
+                             what it could select ({scope})"
+                        ),
+                    });
+                }
             }
             Culprit::PeerAuthentication(i) => {
-                let p = cfg.peer_authentications.remove(i);
-                policies
-                    .notes
-                    .push(invalid("PeerAuthentication", p.origin, reason));
+                let p = &mut cfg.peer_authentications[i];
+                let strict = crate::PeerAuthenticationConfig {
+                    match_labels: None,
+                    mode: "STRICT".into(),
+                    port_modes: Vec::new(),
+                    ..p.clone()
+                };
+                if *p == strict {
+                    let p = cfg.peer_authentications.remove(i);
+                    policies
+                        .notes
+                        .push(invalid("PeerAuthentication", p.origin, reason));
+                } else {
+                    let object = p.origin.clone();
+                    *p = strict;
+                    policies.notes.push(ClusterPolicyNote {
+                        object,
+                        kind: "PeerAuthentication",
+                        skipped: false,
+                        code: "unreadable-strict",
+                        reason: format!(
+                            "{reason}: a PeerAuthentication that cannot be read is STRICT for \
+                             every workload of its namespace"
+                        ),
+                    });
+                }
             }
         }
     }

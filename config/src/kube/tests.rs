@@ -591,7 +591,7 @@ fn authorization_policy_watch_relists_after_410() {
 }
 
 #[test]
-fn authorization_policy_watch_skips_a_malformed_object_next_to_good_ones() {
+fn adversarial_authorization_policy_watch_reads_a_malformed_object_toward_deny_next_to_good_ones() {
     let h = Harness::start(shop);
     h.next();
     h.api.apply(
@@ -617,20 +617,23 @@ fn authorization_policy_watch_skips_a_malformed_object_next_to_good_ones() {
     let m = h.until("the good policy is in", |m| {
         cluster_policy(m, "istio/shop/good").is_some() && m.cluster_policy_notes().len() == 2
     });
-    let skipped: Vec<&str> = m
+    // Neither malformed object is dropped (a DENY would vanish): each
+    // denies every connection to what it could select, named in a note.
+    let toward_deny: Vec<&str> = m
         .cluster_policy_notes()
         .iter()
-        .filter(|n| n.skipped)
+        .filter(|n| !n.skipped && n.code == "unreadable-deny-all")
         .map(|n| n.object.as_str())
         .collect();
     assert_eq!(
-        skipped,
+        toward_deny,
         [
             "AuthorizationPolicy shop/bad",
             "AuthorizationPolicy shop/bad-principal"
         ]
     );
-    assert!(cluster_policy(&m, "istio/shop/bad").is_none());
+    let bad = cluster_policy(&m, "istio/shop/bad").expect("kept, toward deny");
+    assert_eq!(bad.action, crate::Action::Deny);
 
     // Fixed: it comes in, nothing is skipped any more.
     h.api.apply(

@@ -914,7 +914,7 @@ fn authorization_policy_with_target_refs_is_skipped() {
 }
 
 #[test]
-fn authorization_policy_malformed_objects_are_skipped_and_the_others_kept() {
+fn adversarial_authorization_policy_unreadable_objects_deny_what_they_could_select() {
     let k = build(
         vec![
             ap(
@@ -937,14 +937,48 @@ fn authorization_policy_malformed_objects_are_skipped_and_the_others_kept() {
         .policies()
         .map(|p| p.qualified_name().as_ref())
         .collect();
-    assert_eq!(names, ["shop/file-policy", "istio/shop/good"]);
-    let skipped: Vec<String> = notes(&k)
+    assert_eq!(
+        names,
+        [
+            "shop/file-policy",
+            "istio/shop/bad-action",
+            "istio/shop/bad-deny",
+            "istio/shop/bad-spec",
+            "istio/shop/good"
+        ],
+        "nothing dropped"
+    );
+    let toward_deny: Vec<String> = notes(&k)
         .into_iter()
-        .filter(|(_, s, c)| *s && *c == "invalid")
+        .filter(|(_, s, c)| !*s && *c == "unreadable-deny-all")
         .map(|(o, _, _)| o)
         .collect();
-    assert_eq!(skipped.len(), 3, "{:?}", k.mesh.cluster_policy_notes());
-    assert!(!allowed(&k.mesh, &WEB, "w-db", 80));
+    assert_eq!(toward_deny.len(), 3, "{:?}", k.mesh.cluster_policy_notes());
+    // Without `good`, each bad one alone denies its namespace.
+    for bad in [
+        json!({"action": "PERMIT", "rules": [{}]}),
+        json!({"action": "deny", "rules": [{}]}),
+        json!({"action": "DENY", "rules": "everything"}),
+        json!("everything"),
+    ] {
+        let k = build(vec![ap("shop", "bad", bad.clone())], vec![]);
+        assert!(
+            !allowed(&k.mesh, &WEB, "w-db", 80),
+            "{bad} let web reach db"
+        );
+        assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80), "{bad}");
+    }
+    // A readable selector narrows it to what it selects.
+    let k = build(
+        vec![ap(
+            "shop",
+            "bad",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "action": "DENY", "rules": 7}),
+        )],
+        vec![],
+    );
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    assert!(allowed(&k.mesh, &WEB, "w-db", 80), "selects web only");
 }
 
 /// The policy `p` in `shop` with `spec`, which must be kept.
@@ -1048,10 +1082,13 @@ fn adversarial_authorization_policy_field_with_every_entry_dropped_matches_nothi
             );
         }
     }
-    // DENY: a source left with no field denies nothing (as the reference:
-    // an empty match never matches), and the other policies still apply.
+    // DENY: a source none of whose entries can be read may have named
+    // anyone: it matches every peer (the reference would skip it and deny
+    // no one; toward deny here).
     let k = deny_from(json!({"ipBlocks": ["not-an-ip"]}));
-    assert!(allowed(&k.mesh, &WEB, "w-web", 80));
+    for p in [&DB, &WEB, &PLAIN, &OUTSIDE] {
+        assert!(!allowed(&k.mesh, p, "w-web", 80), "{} passed", p.ip);
+    }
     // A DENY whose other fields remain denies at least what they name.
     let k = deny_from(json!({"principals": ["example.org/ns/shop/sa/db"], "ipBlocks": ["nope"]}));
     assert!(!allowed(&k.mesh, &DB, "w-web", 80));
@@ -1077,7 +1114,7 @@ fn adversarial_authorization_policy_unreadable_allow_denies_what_it_selects() {
     assert!(allowed(&k.mesh, &WEB, "w-db", 80), "selects web only");
     assert!(notes(&k)
         .iter()
-        .any(|(_, s, c)| !*s && *c == "unreadable-allow"));
+        .any(|(_, s, c)| !*s && *c == "unreadable-deny-all"));
 }
 
 #[test]
@@ -1095,12 +1132,20 @@ fn adversarial_authorization_policy_bad_port_skips_only_that_port() {
         "rules": [{"to": [{"operation": {"ports": ["0", "80"]}}]}]}));
     assert!(allowed(&k.mesh, &WEB, "w-web", 80));
     assert!(!allowed(&k.mesh, &WEB, "w-web", 81));
-    // Only unreadable ports: the ALLOW admits nothing; the DENY denies nothing.
+    // Only unreadable ports: the ALLOW admits nothing; the DENY denies
+    // every port (it may have named any).
     let k = kept(json!({"selector": {"matchLabels": {"app": "web"}},
         "rules": [{"to": [{"operation": {"ports": ["+80"]}}]}]}));
     assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
     let k = kept(json!({"action": "DENY",
         "rules": [{"to": [{"operation": {"ports": ["+80"]}}]}]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 80));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 8080));
+    // Ports written as integers, as the API takes them, are ports.
+    let k = kept(json!({"action": "DENY",
+        "rules": [{"to": [{"operation": {"ports": [22, "8080"]}}]}]}));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 22));
+    assert!(!allowed(&k.mesh, &WEB, "w-web", 8080));
     assert!(allowed(&k.mesh, &WEB, "w-web", 80));
     // `when destination.port` likewise.
     let k = kept(json!({"action": "DENY",
@@ -1286,7 +1331,7 @@ fn peer_authentication_with_a_selector_in_the_root_namespace_is_ignored() {
 }
 
 #[test]
-fn peer_authentication_malformed_objects_are_skipped_and_the_others_kept() {
+fn adversarial_peer_authentication_unreadable_objects_and_unknown_modes_are_strict() {
     let k = build(
         vec![],
         vec![
@@ -1295,11 +1340,50 @@ fn peer_authentication_malformed_objects_are_skipped_and_the_others_kept() {
             pa("other", "good", strict()),
         ],
     );
-    assert_eq!(k.mesh.peer_authentications().len(), 1);
+    assert_eq!(k.mesh.peer_authentications().len(), 3, "nothing dropped");
     assert!(!allowed(&k.mesh, &PLAIN, "w-api", 80));
-    assert!(allowed(&k.mesh, &PLAIN, "w-web", 80));
-    let skipped = notes(&k).iter().filter(|n| n.1).count();
-    assert_eq!(skipped, 2, "{:?}", k.mesh.cluster_policy_notes());
+    assert!(!allowed(&k.mesh, &PLAIN, "w-web", 80));
+    assert_eq!(notes(&k).iter().filter(|n| n.1).count(), 0);
+    let codes: Vec<&str> = notes(&k).iter().map(|n| n.2).collect();
+    assert!(
+        codes.contains(&"unknown-mode-strict") && codes.contains(&"unreadable-strict"),
+        "{codes:?}"
+    );
+    // Each alone: `strict` in lower case (not the API's value) is STRICT;
+    // so is an unreadable spec.
+    for bad in [
+        json!({"mtls": {"mode": "strict"}}),
+        json!({"mtls": "STRICT"}),
+        json!({"mtls": {"mode": 1}}),
+    ] {
+        let k = build(vec![], vec![pa("shop", "x", bad.clone())]);
+        assert!(
+            !allowed(&k.mesh, &PLAIN, "w-web", 80),
+            "{bad} let plaintext in"
+        );
+        assert!(
+            allowed(&k.mesh, &PLAIN, "w-api", 80),
+            "{bad} reached another namespace"
+        );
+    }
+    // A STRICT policy whose one port entry cannot be read stays STRICT.
+    let k = build(
+        vec![],
+        vec![pa(
+            "shop",
+            "x",
+            json!({"selector": {"matchLabels": {"app": "web"}}, "mtls": {"mode": "PERMISSIVE"},
+                "portLevelMtls": {"http": {"mode": "STRICT"}, "9090": {"mode": "PERMISSIVE"}}}),
+        )],
+    );
+    assert!(
+        !allowed(&k.mesh, &PLAIN, "w-web", 80),
+        "an unplaceable STRICT entry makes the workload STRICT"
+    );
+    assert!(
+        allowed(&k.mesh, &PLAIN, "w-web", 9090),
+        "a readable exception stays"
+    );
 }
 
 #[test]
