@@ -97,7 +97,9 @@ const JSON: &str = "application/json";
 pub type SetLogLevel = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
 /// The admin handler (bind it to 127.0.0.1:15000 only):
-/// `GET /config_dump` (settings, pods with their listeners, counters) and
+/// `GET /config_dump` (settings, pods with their listeners, counters, and
+/// the reference node proxy's `workloads`, `services`, `policies` and
+/// `certificates`: [`crate::config_dump`]) and
 /// `POST /logging?level=<tracing filter>`.
 pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handler {
     Arc::new(move |method, path, query, _| match (method, path) {
@@ -196,7 +198,9 @@ fn config_dump(proxy: &crate::Proxy) -> String {
             })).collect::<Vec<_>>(),
         })
     });
-    let dump = serde_json::json!({
+    let mesh_now = proxy.mesh();
+    let ids = proxy.identities();
+    let mut dump = serde_json::json!({
         "settings": serde_json::to_value(proxy.settings()).unwrap_or_default(),
         "datapath": proxy.backend().to_string(),
         "pods": pods,
@@ -217,6 +221,13 @@ fn config_dump(proxy: &crate::Proxy) -> String {
             "bytesToClient": st.bytes_to_client,
         },
     });
+    // The reference node proxy's sections, for `istioctl ztunnel-config`.
+    if let Some(obj) = dump.as_object_mut() {
+        obj.extend(crate::config_dump::reference_sections(
+            mesh_now.as_deref(),
+            ids.as_deref(),
+        ));
+    }
     serde_json::to_string_pretty(&dump).unwrap_or_default() + "\n"
 }
 

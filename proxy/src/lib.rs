@@ -17,6 +17,7 @@
 #![deny(unsafe_code)]
 
 mod busy;
+pub mod config_dump;
 pub mod control;
 pub mod copy;
 pub mod flows;
@@ -385,6 +386,16 @@ impl Proxy {
             );
         }
         reset
+    }
+
+    /// The identity manager HBONE uses, if HBONE is on
+    /// ([`Proxy::set_identity`]).
+    pub fn identities(&self) -> Option<Arc<ringway_identity::IdentityManager>> {
+        self.metrics
+            .identities
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The mesh snapshot in force, if any.

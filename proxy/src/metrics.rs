@@ -370,6 +370,21 @@ impl Default for MetricsId {
     }
 }
 
+/// `istio_build`'s `component`: the reference node proxy's name (see
+/// [`Metrics::registry`]).
+pub const BUILD_COMPONENT: &str = "ztunnel";
+/// `istio_build`'s `tag`: this build's version.
+pub const BUILD_TAG: &str = env!("CARGO_PKG_VERSION");
+
+/// Labels of `istio_build`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// Always [`BUILD_COMPONENT`].
+    pub component: &'static str,
+    /// Always [`BUILD_TAG`].
+    pub tag: &'static str,
+}
+
 /// Labels of ZDS request counts.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ZdsLabels {
@@ -720,6 +735,11 @@ pub struct Metrics {
     pub opened: TcpFamily,
     /// `istio_tcp_connections_closed_total`.
     pub closed: TcpFamily,
+    /// `istio_tcp_connections_failed_total`: connections whose upstream
+    /// could not be reached (every endpoint tried) or whose tunnel the
+    /// destination refused, with the labels of their `UF` opened series
+    /// ([`Metrics::connection_failed`]).
+    pub failed: TcpFamily,
     /// `istio_tcp_sent_bytes_total` (destination -> source).
     pub sent: TcpFamily,
     /// `istio_tcp_received_bytes_total` (source -> destination).
@@ -837,9 +857,15 @@ impl Metrics {
         let n = owners
             .iter()
             .flat_map(|o| {
-                [&self.opened, &self.closed, &self.sent, &self.received]
-                    .into_iter()
-                    .map(move |f| f.forget(o))
+                [
+                    &self.opened,
+                    &self.closed,
+                    &self.failed,
+                    &self.sent,
+                    &self.received,
+                ]
+                .into_iter()
+                .map(move |f| f.forget(o))
             })
             .sum();
         self.series_epoch
@@ -892,12 +918,30 @@ impl Metrics {
         })
     }
 
-    /// `istio_tcp_*` series currently exported, over the four families.
+    /// Counts a connection that failed before it opened (its upstream could
+    /// not be reached, or the destination refused the tunnel): its series
+    /// `labels` with response flag `UF` is opened and closed at once, and
+    /// `istio_tcp_connections_failed_total` of the same labels goes up.
+    pub fn connection_failed(&self, labels: &TcpLabels) {
+        let l = labels.with_flags("UF");
+        self.opened.get_or_create(&l).inc();
+        self.closed.get_or_create(&l).inc();
+        self.failed.get_or_create(&l).inc();
+    }
+
+    /// `istio_tcp_*` series currently exported, over the five counter
+    /// families.
     pub fn tcp_series(&self) -> usize {
-        [&self.opened, &self.closed, &self.sent, &self.received]
-            .iter()
-            .map(|f| f.len())
-            .sum()
+        [
+            &self.opened,
+            &self.closed,
+            &self.failed,
+            &self.sent,
+            &self.received,
+        ]
+        .iter()
+        .map(|f| f.len())
+        .sum()
     }
 
     /// Builds the registry that exports these metrics.
@@ -912,6 +956,26 @@ impl Metrics {
             "istio_tcp_connections_closed",
             "Total number of TCP connections closed",
             self.closed.family().clone(),
+        );
+        r.register(
+            "istio_tcp_connections_failed",
+            "Total number of TCP connections that failed to establish: the upstream could not be reached (response_flags UF), or the destination refused the tunnel",
+            self.failed.family().clone(),
+        );
+        // The mesh's dashboards select the node proxy's build with
+        // component="ztunnel": ringway takes the node proxy's place, so it
+        // answers to that name, with its own version as the tag.
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                component: BUILD_COMPONENT,
+                tag: BUILD_TAG,
+            })
+            .set(1);
+        r.register(
+            "istio_build",
+            "Istio component build info: component=\"ztunnel\" (the node proxy's name, which ringway stands in for; dashboards select it) and tag=ringway's version",
+            build,
         );
         r.register(
             "istio_tcp_sent_bytes",

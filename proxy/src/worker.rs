@@ -778,9 +778,7 @@ fn connect_failed(ctx: &WorkerCtx, client: &OwnedFd, labels: &[TcpLabels], error
     tracing::info!(target: "access", %error, "connection failed: upstream connect; client reset");
     ctx.stats.connect_failed.inc();
     for l in labels {
-        let l = l.with_flags("UF");
-        ctx.metrics.opened.get_or_create(&l).inc();
-        ctx.metrics.closed.get_or_create(&l).inc();
+        ctx.metrics.connection_failed(l);
     }
     sys::tcp_abort(client.as_fd());
 }
@@ -1076,9 +1074,7 @@ async fn tunnel_outbound(
                 "tunnel denied by the destination (401); client reset"
             );
             ctx.stats.connect_failed.inc();
-            let l = series.labels.with_flags("UF");
-            ctx.metrics.opened.get_or_create(&l).inc();
-            ctx.metrics.closed.get_or_create(&l).inc();
+            ctx.metrics.connection_failed(&series.labels);
             sys::tcp_abort(client.as_fd());
             TunnelOutcome::Done
         }

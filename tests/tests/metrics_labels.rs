@@ -662,3 +662,50 @@ fn metrics_labels_follow_a_mesh_update_both_hops() {
         plaintext_mesh_update(false)
     });
 }
+
+/// An HBONE connection whose destination pod has nothing listening: node 2
+/// cannot connect inside the pod and answers 503, and node 1 reports the
+/// connection as failed: `istio_tcp_connections_failed_total` with the
+/// labels of its `UF` opened series, the full source label set.
+#[test]
+fn metrics_hbone_connect_failure_counts_failed_with_the_opened_labels() {
+    run_isolated(
+        "metrics_hbone_connect_failure_counts_failed_with_the_opened_labels",
+        || {
+            let t = bed("metrics_labels_failed");
+            // Nothing listens on APP_PORT in the server pod.
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            t.client().netns.run(|| {
+                use std::io::Read;
+                if let Ok(mut s) = connect(addr, TIMEOUT) {
+                    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+                    let mut b = [0u8; 1];
+                    // Reset (or closed) once the tunnel fails; never data.
+                    assert!(!matches!(s.read(&mut b), Ok(n) if n > 0));
+                }
+            });
+            let failed = |p: &ringway_proxy::Proxy| {
+                series(&text(p), "istio_tcp_connections_failed_total", "source")
+            };
+            assert!(
+                wait_until(TIMEOUT, || failed(&t.p1).len() == 1),
+                "node 1 reports the failed connection:\n{}",
+                text(&t.p1)
+            );
+            let body = text(&t.p1);
+            let got = failed(&t.p1).remove(0);
+            let mut want = expected("source", ["unknown", "unknown", "unknown"], "unknown");
+            want.insert("response_flags".into(), "UF".into());
+            assert_eq!(got, want, "{body}");
+            // The same labels as the connection's `UF` opened series.
+            let opened = series(&body, "istio_tcp_connections_opened_total", "source");
+            assert!(opened.contains(&want), "{body}");
+            assert!(
+                body.lines()
+                    .any(|l| l.starts_with("istio_tcp_connections_failed_total{")
+                        && l.ends_with("} 1")),
+                "{body}"
+            );
+        },
+    );
+}

@@ -396,34 +396,102 @@ fn adversarial_pod_churn_drops_metric_series_both_hops() {
     );
 }
 
-#[test]
-fn failed_upstream_connect_is_flagged() {
-    run_isolated("failed_upstream_connect_is_flagged", || {
-        let mn = common::MeshNode::new(2, CaptureMode::Tproxy, Datapath::Auto);
-        let server = ControlServer::serve(
-            "127.0.0.1:0".parse().unwrap(),
-            metrics_handler(mn.proxy.metrics(), mn.proxy.stats_handle()),
-        )
-        .unwrap();
-        // Nothing listens on 9999 in pod-b: the upstream connect is refused.
-        let addr = SocketAddr::new(mn.pod(1).ip(false), 9999);
-        let _ = mn.pod(0).netns.run(|| {
-            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-            s.set_read_timeout(Some(Duration::from_secs(3)))?;
-            let mut b = [0u8; 1];
-            s.read(&mut b)
-        });
-        common::wait_no_active(&mn.proxy);
-        let (_, body) = scrape(server.addr, false);
-        assert_eq!(
-            sample(
-                &body,
-                "istio_tcp_connections_closed_total",
-                &["response_flags=\"UF\"", "reporter=\"source\""]
-            ),
-            Some(1.0),
-            "{body}"
+/// The `istio_tcp_*` samples of `metric` as (labels, value), the labels
+/// exactly as exported.
+fn samples_of<'a>(body: &'a str, metric: &str) -> Vec<(&'a str, &'a str)> {
+    let prefix = format!("{metric}{{");
+    body.lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .filter_map(|l| l.rsplit_once("} "))
+        .collect()
+}
+
+/// A connection to a port nothing listens on, from one pod to the other of
+/// the same node, over the fast path or the plaintext hops: each reporter
+/// whose connect failed reports one `UF` connection opened and closed, and
+/// `istio_tcp_connections_failed_total` with exactly the same labels; the
+/// proxy also says which build it is (`istio_build`).
+fn failed_upstream_connect_is_counted(fast_path: bool) {
+    let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Auto);
+    settings.same_node_fast_path = fast_path;
+    let mn = common::MeshNode::with_settings(2, settings);
+    let server = ControlServer::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        metrics_handler(mn.proxy.metrics(), mn.proxy.stats_handle()),
+    )
+    .unwrap();
+    // Nothing listens on 9999 in pod-b: the upstream connect is refused.
+    let addr = SocketAddr::new(mn.pod(1).ip(false), 9999);
+    let _ = mn.pod(0).netns.run(|| {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let mut b = [0u8; 1];
+        s.read(&mut b)
+    });
+    common::wait_no_active(&mn.proxy);
+    let (_, body) = scrape(server.addr, false);
+    let failed = samples_of(&body, "istio_tcp_connections_failed_total");
+    let opened = samples_of(&body, "istio_tcp_connections_opened_total");
+    // Every failed series is the `UF` series its connection was opened (and
+    // closed) under, once.
+    for (labels, value) in &failed {
+        assert!(labels.contains("response_flags=\"UF\""), "{labels}");
+        assert_eq!(*value, "1", "{body}");
+        assert!(
+            opened.iter().any(|(l, v)| l == labels && *v == "1"),
+            "no opened series with the failed one's labels {labels}:\n{body}"
         );
+        assert!(
+            samples_of(&body, "istio_tcp_connections_closed_total")
+                .iter()
+                .any(|(l, v)| l == labels && *v == "1"),
+            "no closed series with the failed one's labels {labels}:\n{body}"
+        );
+    }
+    // Both pods are this proxy's. The fast path's one hop fails as the
+    // source and as the destination; over the plaintext hops the inbound
+    // hop always fails (the source's connect reached the proxy in pod-b,
+    // and whether it sees that hop's reset as its own connect failing
+    // depends on timing, so it is not required).
+    let required: &[&str] = if fast_path {
+        &["destination", "source"]
+    } else {
+        &["destination"]
+    };
+    for reporter in required {
+        let want = format!("reporter=\"{reporter}\"");
+        assert!(
+            failed.iter().any(|(l, _)| l.contains(&want)),
+            "no failed series for {reporter}:\n{body}"
+        );
+    }
+    assert!(failed.len() <= 2, "{body}");
+    assert_eq!(
+        sample(
+            &body,
+            "istio_build",
+            &[
+                "component=\"ztunnel\"",
+                &format!("tag=\"{}\"", env!("CARGO_PKG_VERSION"))
+            ]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(body.contains("# TYPE istio_build gauge"), "{body}");
+}
+
+#[test]
+fn failed_upstream_connect_is_counted_fast_path() {
+    run_isolated("failed_upstream_connect_is_counted_fast_path", || {
+        failed_upstream_connect_is_counted(true)
+    });
+}
+
+#[test]
+fn failed_upstream_connect_is_counted_both_hops() {
+    run_isolated("failed_upstream_connect_is_counted_both_hops", || {
+        failed_upstream_connect_is_counted(false)
     });
 }
 
@@ -501,7 +569,7 @@ fn grafana_dashboard_reads_exported_metrics() {
         "none",
         "-",
     );
-    for f in [&m.opened, &m.closed, &m.sent, &m.received] {
+    for f in [&m.opened, &m.closed, &m.failed, &m.sent, &m.received] {
         f.get_or_create(&l).inc();
     }
     m.zds.get_or_create(&ZdsLabels { outcome: "ack" }).inc();

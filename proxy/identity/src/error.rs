@@ -60,6 +60,12 @@ pub enum IdentityError {
         /// Why the last issuance failed, or that none was tried yet.
         reason: String,
     },
+    /// A certificate that cannot be read (DER that is not X.509).
+    #[error("unreadable certificate: {reason}")]
+    BadCertificate {
+        /// The parser's reason.
+        reason: String,
+    },
     /// Key generation or signing failed.
     #[error("cannot issue a certificate for {identity}: {reason}")]
     Issue {

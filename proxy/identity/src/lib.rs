@@ -78,6 +78,7 @@ mod ca;
 mod error;
 mod manager;
 mod spiffe;
+mod summary;
 mod tls;
 
 #[cfg(feature = "testing")]
@@ -93,6 +94,7 @@ pub use ringway_config::authz::Identity;
 pub use spiffe::{
     parse_spiffe, peer_identity, peer_identity_from_certs, spiffe_id_of, SpiffeError,
 };
+pub use summary::{base64, describe_certificate, rfc3339, CertState, CertSummary};
 pub use tls::{
     crypto_provider, placeholder_server_name, SpiffeClientVerifier, SpiffeServerVerifier, ALPN_H2,
     PLACEHOLDER_SERVER_NAME,

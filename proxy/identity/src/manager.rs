@@ -407,6 +407,37 @@ impl IdentityManager {
         out
     }
 
+    /// Every identity this manager holds a slot for (issued, being issued
+    /// or failing) and the state of its certificate, sorted by identity: a
+    /// certificate past its expiry that nothing renewed is `Unavailable`.
+    pub fn certificate_states(&self) -> Vec<(Identity, crate::CertState)> {
+        use crate::CertState;
+        let now = self.clock.now();
+        let mut out: Vec<(Identity, CertState)> = read(&self.certs)
+            .iter()
+            .map(|(id, slot)| {
+                let current = read(&slot.current).clone();
+                let failed = slot
+                    .retry
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .2
+                    .clone();
+                let state = match current {
+                    Some(c) if now < c.not_after => CertState::Available(c),
+                    Some(_) if failed.is_empty() => CertState::Unavailable(
+                        "the certificate expired and no renewal has been tried".to_owned(),
+                    ),
+                    _ if !failed.is_empty() => CertState::Unavailable(failed),
+                    _ => CertState::Initializing,
+                };
+                (id.clone(), state)
+            })
+            .collect();
+        out.sort_by_key(|a| a.0.to_string());
+        out
+    }
+
     /// [`crate::parse_spiffe`] in our trust domain.
     pub fn parse_spiffe(&self, id: &str) -> Result<Identity, IdentityError> {
         Ok(crate::parse_spiffe(id, &self.trust_domain)?)

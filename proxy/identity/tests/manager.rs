@@ -419,3 +419,61 @@ fn adversarial_oversized_ca_files_are_refused() {
     assert!(e.to_string().ends_with(want), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The admin dump's states: a certificate in hand is `Available`, an
+/// identity only asked for (`cached`, never issuing) is `Initializing`, and
+/// one whose issuance failed (the CA expired) is `Unavailable` with why.
+#[test]
+fn certificate_states_name_available_initializing_and_unavailable() {
+    use ringway_identity::CertState;
+    let now = SystemTime::now();
+    let ca = CaSigner::generate_for_tests_with_validity(
+        TD,
+        now - Duration::from_secs(60),
+        now + Duration::from_secs(600),
+    );
+    let clock = Arc::new(ManualClock::new(now));
+    let m = IdentityManager::new(ca, TrustBundle::new(), TD, DEFAULT_CERT_LIFETIME)
+        .unwrap()
+        .with_clock(clock.clone());
+    let (a, b, c) = (
+        Identity::new(TD, "a", "a"),
+        Identity::new(TD, "b", "b"),
+        Identity::new(TD, "c", "c"),
+    );
+    m.fetch(&a).unwrap();
+    assert!(m.cached(&b).is_err());
+    clock.advance(Duration::from_secs(700));
+    assert!(m.fetch(&c).is_err(), "the CA has expired");
+    let states = m.certificate_states();
+    let names: Vec<String> = states.iter().map(|(id, _)| id.to_string()).collect();
+    assert_eq!(names, [a.to_string(), b.to_string(), c.to_string()]);
+    // `a`'s certificate ended with the CA: nothing renewed it.
+    match &states[0].1 {
+        CertState::Unavailable(why) => assert!(why.contains("expired"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(states[1].1, CertState::Initializing), "{states:?}");
+    match &states[2].1 {
+        CertState::Unavailable(why) => assert!(why.contains("expired"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(states[2].1.label().starts_with("Unavailable: "));
+    // A certificate in hand is `Available`, with that certificate.
+    let m2 = IdentityManager::new(
+        CaSigner::generate_for_tests(TD),
+        TrustBundle::new(),
+        TD,
+        DEFAULT_CERT_LIFETIME,
+    )
+    .unwrap();
+    let cert = m2.fetch(&a).unwrap();
+    match &m2.certificate_states()[..] {
+        [(id, CertState::Available(got))] => {
+            assert_eq!(id, &a);
+            assert_eq!(got.serial(), cert.serial());
+            assert_eq!(CertState::Available(got.clone()).label(), "Available");
+        }
+        other => panic!("{other:?}"),
+    }
+}
