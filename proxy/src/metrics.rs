@@ -426,6 +426,18 @@ pub struct ClusterPolicyLabels {
     pub reason: &'static str,
 }
 
+/// Labels of `ringway_cluster_policies_read_toward_deny`: one series per
+/// object (their number is the cluster's policies at most).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyObjectLabels {
+    /// `AuthorizationPolicy` or `PeerAuthentication`.
+    pub kind: &'static str,
+    /// `Kind namespace/name`.
+    pub object: String,
+    /// `unreadable-deny-all`, `unreadable-strict` or `unknown-mode-strict`.
+    pub reason: &'static str,
+}
+
 /// Labels of `ringway_connections_refused_total`: connections reset before
 /// any upstream was dialled because what the pod sent cannot be its own.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -786,6 +798,10 @@ pub struct Metrics {
     /// cluster policies in force that were left out (`entry-skipped`:
     /// unreadable; `entry-never-matches`: a value no peer can have).
     pub cluster_policy_entries_skipped: Family<ClusterPolicyLabels, Gauge>,
+    /// `ringway_cluster_policies_read_toward_deny{kind,object,reason}`:
+    /// cluster policy objects in force that could not be read, enforced as
+    /// what errs toward deny for what they could select.
+    pub cluster_policies_toward_deny: Family<PolicyObjectLabels, Gauge>,
     /// The workers' tunnel pools, read at scrape time.
     pub hbone_pools: std::sync::OnceLock<Vec<ringway_hbone::Pool>>,
     /// Bumped each time series are dropped ([`Metrics::forget_workload`]):
@@ -802,7 +818,21 @@ impl Metrics {
     pub fn set_cluster_policy_notes(&self, notes: &[ringway_config::ClusterPolicyNote]) {
         self.cluster_policies_skipped.clear();
         self.cluster_policy_entries_skipped.clear();
+        self.cluster_policies_toward_deny.clear();
         for n in notes {
+            if matches!(
+                n.code,
+                "unreadable-deny-all" | "unreadable-strict" | "unknown-mode-strict"
+            ) {
+                self.cluster_policies_toward_deny
+                    .get_or_create(&PolicyObjectLabels {
+                        kind: n.kind,
+                        object: n.object.clone(),
+                        reason: n.code,
+                    })
+                    .set(1);
+                continue;
+            }
             let family = if n.skipped {
                 &self.cluster_policies_skipped
             } else if n.code.starts_with("entry-") {
@@ -1036,6 +1066,11 @@ impl Metrics {
             "ringway_cluster_policy_entries_skipped",
             "Entries of cluster AuthorizationPolicy and PeerAuthentication objects in force that were left out (unreadable, or a value no peer can have), by reason (the admin config_dump names each)",
             self.cluster_policy_entries_skipped.clone(),
+        );
+        r.register(
+            "ringway_cluster_policies_read_toward_deny",
+            "Cluster AuthorizationPolicy and PeerAuthentication objects that could not be read (or name a value the API does not define), enforced as a deny of everything they could select or as STRICT; one series per object",
+            self.cluster_policies_toward_deny.clone(),
         );
         r.register(
             "ringway_hbone_refused",

@@ -361,10 +361,16 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                 .unwrap()
                 .iter()
                 .any(|p| p["name"] == "istio/shop/broken"));
-            assert_eq!(
-                reason_of("AuthorizationPolicy shop/bad-action")["reason"],
-                "invalid"
-            );
+            // An action the API does not define: kept, denying everything
+            // of its namespace, named.
+            let bad_action = reason_of("AuthorizationPolicy shop/bad-action");
+            assert_eq!(bad_action["reason"], "unreadable-deny-all");
+            assert_eq!(bad_action["skipped"], false);
+            assert!(mesh["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "istio/shop/bad-action" && p["action"] == "DENY"));
             assert!(
                 broken["detail"]
                     .as_str()
@@ -373,12 +379,10 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                 "{broken}"
             );
             let text = ringway_proxy::metrics::encode(&proxy.metrics().registry(), false);
-            for reason in ["invalid", "unsupported-action"] {
-                let line = format!(
-                    "ringway_cluster_policies_skipped{{kind=\"AuthorizationPolicy\",reason=\"{reason}\"}} 1"
-                );
-                assert!(text.contains(&line), "{line} not in\n{text}");
-            }
+            let line = "ringway_cluster_policies_skipped{kind=\"AuthorizationPolicy\",reason=\"unsupported-action\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
+            let line = "ringway_cluster_policies_read_toward_deny{kind=\"AuthorizationPolicy\",object=\"AuthorizationPolicy shop/bad-action\",reason=\"unreadable-deny-all\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
             let line = "ringway_cluster_policy_entries_skipped{kind=\"AuthorizationPolicy\",reason=\"entry-skipped\"} 1";
             assert!(text.contains(line), "{line} not in\n{text}");
             watch.stop();

@@ -715,6 +715,45 @@ fn authorization_policy_watch_uses_v1beta1_when_v1_is_not_served() {
     });
 }
 
+/// A 403 on the policy watch (the proxy's RBAC role lacks the kind: RBAC
+/// drift) never means "no policies": policies may exist that the proxy
+/// cannot see, so no snapshot is published until it may list them (the
+/// proxy stays unready and takes no pods), where a missing CRD (404, no
+/// such policy can exist) publishes at once.
+#[test]
+fn adversarial_a_forbidden_policy_watch_holds_the_mesh_until_access() {
+    let h = Harness::start(|api| {
+        shop(api);
+        api.apply(
+            Kind::AuthorizationPolicy,
+            istio_object("shop", "deny", deny_port("8080")),
+        );
+        api.set_mode_of(Kind::AuthorizationPolicy, ApiMode::Refuse(403));
+    });
+    // Several rounds of refused lists (both versions, then again after the
+    // longest backoff, 50 ms here), and no snapshot.
+    let lists = || {
+        h.api
+            .requests_of(Kind::AuthorizationPolicy)
+            .iter()
+            .filter(|r| !r.watch)
+            .count()
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while lists() < 6 {
+        assert!(Instant::now() < deadline, "the lists are not retried");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        h.watch.current().is_none(),
+        "a snapshot was published without the policies the proxy may not see"
+    );
+    // Access granted: the policy is in the first snapshot.
+    h.api.set_mode_of(Kind::AuthorizationPolicy, ApiMode::Serve);
+    let m = h.next();
+    assert!(cluster_policy(&m, "istio/shop/deny").is_some());
+}
+
 #[test]
 fn adversarial_authorization_policy_watch_without_the_crds_never_blocks_the_mesh() {
     let h = Harness::start(|api| {

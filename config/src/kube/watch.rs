@@ -433,11 +433,15 @@ type EventStream<K> =
     std::pin::Pin<Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>>;
 
 /// The watch of a `security.istio.io` kind, of the version the API server
-/// serves: `v1`, else `v1beta1`. When neither is served (or the proxy may
-/// not list them) before any list succeeded, the kind counts as listed and
-/// empty, so that the mesh's snapshots never wait for it; after one did, the
-/// objects last listed stay. Both versions are tried again after
-/// [`KubeOptions::backoff_max`].
+/// serves: `v1`, else `v1beta1`. When neither is served (404: the CRDs are
+/// not installed, so no such policy can exist) before any list succeeded,
+/// the kind counts as listed and empty, so that the mesh's snapshots never
+/// wait for it. When the proxy may not list it (403: its RBAC role lacks
+/// the kind), policies may exist that it cannot see: that never means "no
+/// policies": the kind does not count as listed, so the first snapshot (the
+/// proxy's readiness, its pods) waits for access, with an error each try.
+/// After a list succeeded, the objects last listed stay either way. Both
+/// versions are tried again after [`KubeOptions::backoff_max`].
 fn istio_stream<K>(
     client: Client,
     options: &KubeOptions,
@@ -519,12 +523,26 @@ where
                         st.misses = 0;
                         st.version = SecurityVersion::V1;
                         st.retry_at = Some(Instant::now() + st.max);
+                    } else if code == 403 {
+                        // Policies may exist that this proxy may not see:
+                        // never "no policies". Hold the first snapshot.
+                        tracing::error!(
+                            kind,
+                            status = code,
+                            "the proxy may not list security.istio.io {kind} (403: its RBAC \
+                             role lacks the kind): cluster policies cannot be enforced unseen, \
+                             so no snapshot is published (the proxy stays unready and takes no \
+                             pods) until access is granted; trying again later"
+                        );
+                        st.misses = 0;
+                        st.version = SecurityVersion::V1;
+                        st.retry_at = Some(Instant::now() + st.max);
                     } else {
                         warn!(
                             kind,
                             status = code,
-                            "security.istio.io is not served in v1 or v1beta1 (or not allowed): \
-                             no cluster policies of this kind; trying again later"
+                            "security.istio.io is not served in v1 or v1beta1 (the CRDs are \
+                             not installed): no cluster policies of this kind; trying again later"
                         );
                         st.misses = 0;
                         st.version = SecurityVersion::V1;
