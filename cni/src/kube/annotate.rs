@@ -182,6 +182,8 @@ struct Job {
     due: Instant,
     /// Tells a wish from the one that replaced it while its patch was in flight.
     generation: u64,
+    /// Its patch is being sent.
+    in_flight: bool,
 }
 
 #[derive(Debug, Default)]
@@ -276,13 +278,20 @@ impl Annotator {
     fn wish(&self, pod: &PodRef, wish: Wish) {
         {
             let mut queue = self.0.queue();
-            if let Some(job) = queue.jobs.get(&pod.uid) {
+            let generation = queue.next_generation;
+            if let Some(job) = queue.jobs.get_mut(&pod.uid) {
                 if job.wish == wish && job.pod == *pod {
-                    // Already wished: its retries keep their pace.
+                    if job.in_flight {
+                        // Wished again while its patch is under way: the
+                        // object may have changed after the patch reached
+                        // it (a repair of a lost mark), so patch once more.
+                        job.generation = generation;
+                        queue.next_generation += 1;
+                    }
+                    // Otherwise already wished: its retries keep their pace.
                     return;
                 }
             }
-            let generation = queue.next_generation;
             queue.next_generation += 1;
             debug!(pod.uid = %pod.uid, pod.namespace = %pod.namespace, pod.name = %pod.name,
                 annotation.op = wish.op(), "redirection annotation queued");
@@ -294,6 +303,7 @@ impl Annotator {
                     failures: 0,
                     due: Instant::now(),
                     generation,
+                    in_flight: false,
                 },
             );
         }
@@ -350,6 +360,7 @@ impl Inner {
         let Some(job) = queue.jobs.get_mut(uid) else {
             return;
         };
+        job.in_flight = false;
         let pod = job.pod.clone();
         if job.generation != generation {
             // A newer wish came meanwhile: it runs next, whatever this one did.
@@ -395,14 +406,21 @@ enum Next {
 async fn run(inner: Arc<Inner>) {
     loop {
         let next = {
-            let queue = inner.queue();
+            let mut queue = inner.queue();
             let now = Instant::now();
-            match queue.jobs.values().min_by_key(|j| (j.due, j.generation)) {
-                Some(job) if job.due <= now => Next::Patch {
-                    pod: job.pod.clone(),
-                    wish: job.wish,
-                    generation: job.generation,
-                },
+            match queue
+                .jobs
+                .values_mut()
+                .min_by_key(|j| (j.due, j.generation))
+            {
+                Some(job) if job.due <= now => {
+                    job.in_flight = true;
+                    Next::Patch {
+                        pod: job.pod.clone(),
+                        wish: job.wish,
+                        generation: job.generation,
+                    }
+                }
                 Some(job) => Next::WaitUntil(job.due),
                 None => Next::Idle,
             }

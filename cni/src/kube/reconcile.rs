@@ -346,6 +346,13 @@ impl Reconciler {
                         info!(pod.namespace = %id.namespace, pod.name = %id.name, pod.uid = %uid, pod.ips = ?id.ips, pod.service_account = %id.service_account, update, "enrolled pod");
                         enrolled.set().insert(uid.to_owned(), wanted);
                         self.retries.remove(uid);
+                        // Held before and updated (new addresses, another
+                        // identity): its mark is still wanted, and this
+                        // event may be the only one to say it is gone.
+                        if update && annotated == Some(false) {
+                            self.enrollment
+                                .annotation_seen(&pod_ref(uid, &namespace, &name), false);
+                        }
                     }
                     Err(error) => self.retry_later(uid, "enroll", &error),
                 }

@@ -203,11 +203,9 @@ impl Selector {
             let cache = self.cache();
             if cache.synced() {
                 cache.decide(uid).map(|d| {
-                    let sa = cache
-                        .pods
-                        .get(uid)
-                        .map(|p| p.service_account.clone())
-                        .filter(|sa| !sa.is_empty());
+                    // Known when the API has the pod; empty when the pod
+                    // has none (no identity, never `default`).
+                    let sa = cache.pods.get(uid).map(|p| p.service_account.clone());
                     (d, sa)
                 })
             } else {
@@ -291,11 +289,12 @@ async fn lookup(
             PodFacts::unknown(uid, namespace, name)
         }
     };
+    // Known when the API has the pod (empty: it has none, so no identity);
+    // unknown (`None`) when it has no such pod.
     let service_account = pod
         .as_ref()
         .filter(|p| facts.uid == uid || mirror_of(p))
-        .map(|_| facts.service_account.clone())
-        .filter(|sa| !sa.is_empty());
+        .map(|_| facts.service_account.clone());
     let (plain, enabled) = (
         Verdict::of(&decide_facts(&facts, false)),
         Verdict::of(&decide_facts(&facts, true)),
