@@ -1599,4 +1599,32 @@ mod tests {
             Some("spiffe://cluster.local/ns/shop/sa/cart")
         );
     }
+
+    /// A pod that has no service account (a static pod's mirror) has no
+    /// identity: no certificate is asked for it and no tunnel carries it,
+    /// never `sa/default`.
+    #[test]
+    fn adversarial_a_pod_without_a_service_account_has_no_identity() {
+        let mesh = ringway_config::MeshConfig::parse(
+            "trustDomain: cluster.local\nworkloads:\n  - {uid: uid-static, name: static, namespace: kube-system, serviceAccount: \"\", ips: [10.0.0.7], node: n1}\n",
+            "test",
+        )
+        .unwrap()
+        .validate("test")
+        .unwrap();
+        assert_eq!(
+            pod_identity(&mesh, &pod("10.0.0.7", "kube-system", "")).map(|i| i.to_string()),
+            None
+        );
+        // Nor can the file say it speaks HBONE.
+        let e = ringway_config::MeshConfig::parse(
+            "workloads:\n  - {uid: u, name: s, namespace: x, serviceAccount: \"\", ips: [10.0.0.8], node: n1, tunnel: true}\n",
+            "test.yaml",
+        )
+        .unwrap()
+        .validate("test.yaml")
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cannot speak HBONE"), "{e}");
+    }
 }

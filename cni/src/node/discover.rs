@@ -170,7 +170,11 @@ fn disagreement(tag: &PodTag, rec: &RecordedPod, inode: u64) -> Option<String> {
 /// pod's rules and re-applies them only on drift; never removes any.
 pub(super) fn rediscover(core: &Core) -> Rediscovery {
     let cfg = core.config();
-    let recorded = match cfg.state_file.as_deref().map(record::load) {
+    let recorded = match cfg
+        .state_file
+        .as_deref()
+        .map(|p| record::load(p, &cfg.node_name))
+    {
         None => {
             tracing::info!("no state file configured: no pod is adopted at start");
             BTreeMap::new()

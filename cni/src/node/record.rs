@@ -108,6 +108,17 @@ pub enum RecordError {
         /// The state file.
         path: PathBuf,
     },
+    /// A record written by the agent of another node (a copied or moved
+    /// disk, a node renamed): none of its pods are this node's to adopt.
+    #[error("the agent's state file {} is the record of node {recorded:?}, not of this node {this:?}: refused", path.display())]
+    OtherNode {
+        /// The state file.
+        path: PathBuf,
+        /// The node it names.
+        recorded: String,
+        /// This node.
+        this: String,
+    },
     /// Not a record of this format.
     #[error("the agent's state file {} is not a valid record: {reason}", path.display())]
     Invalid {
@@ -127,9 +138,10 @@ pub enum RecordError {
     },
 }
 
-/// The pods recorded in `path` by UID; `Ok(None)` when there is no file (a
-/// first start).
-pub fn load(path: &Path) -> Result<Option<BTreeMap<String, RecordedPod>>, RecordError> {
+/// The pods recorded in `path` by UID, a record of node `node`; `Ok(None)`
+/// when there is no file (a first start). A record of another node is an
+/// error: its pods are never adopted here.
+pub fn load(path: &Path, node: &str) -> Result<Option<BTreeMap<String, RecordedPod>>, RecordError> {
     let read = |source| RecordError::Read {
         path: path.to_path_buf(),
         source,
@@ -155,7 +167,13 @@ pub fn load(path: &Path) -> Result<Option<BTreeMap<String, RecordedPod>>, Record
     let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
     let unknown =
         |v: u32| format!("version {v} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})");
+    let other_node = |recorded: String| RecordError::OtherNode {
+        path: path.to_path_buf(),
+        recorded,
+        this: node.to_owned(),
+    };
     match serde_json::from_slice::<Header>(first) {
+        Ok(h) if h.version == RECORD_VERSION && h.node != node => Err(other_node(h.node)),
         Ok(h) if h.version == RECORD_VERSION => parse_journal(&bytes).map(Some).map_err(invalid),
         Ok(h) if h.version == RECORD_VERSION_1 => Err(invalid(
             "a version 1 record is one JSON object with its pods, not a header line".into(),
@@ -163,7 +181,10 @@ pub fn load(path: &Path) -> Result<Option<BTreeMap<String, RecordedPod>>, Record
         Ok(h) => Err(invalid(unknown(h.version))),
         // Not a journal's header line: one JSON object, as version 1 wrote?
         Err(header) => match serde_json::from_slice::<Versioned>(&bytes) {
-            Ok(v) if v.version == RECORD_VERSION_1 => parse_v1(&bytes).map(Some).map_err(invalid),
+            Ok(v) if v.version == RECORD_VERSION_1 => match parse_v1(&bytes).map_err(invalid)? {
+                (recorded, _) if recorded != node => Err(other_node(recorded)),
+                (_, pods) => Ok(Some(pods)),
+            },
             Ok(v) if v.version == RECORD_VERSION => Err(invalid(
                 "a version 2 record starts with its header alone on the first line".into(),
             )),
@@ -181,7 +202,8 @@ struct Versioned {
     version: u32,
 }
 
-fn parse_v1(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> {
+/// A version 1 record's node and pods.
+fn parse_v1(bytes: &[u8]) -> Result<(String, BTreeMap<String, RecordedPod>), String> {
     let file: RecordFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     let mut pods = BTreeMap::new();
     for p in file.pods {
@@ -192,7 +214,7 @@ fn parse_v1(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> {
             return Err(format!("pod {} is recorded twice", dup.uid));
         }
     }
-    Ok(pods)
+    Ok((file.node, pods))
 }
 
 /// The pods a journal leaves recorded. Its first line is the header.
@@ -389,21 +411,42 @@ mod tests {
     use crate::test_dir::ScratchDir as Dir;
 
     fn uids(path: &Path) -> Vec<String> {
-        load(path).unwrap().unwrap().into_keys().collect()
+        load(path, "node1").unwrap().unwrap().into_keys().collect()
     }
 
     fn lines(path: &Path) -> usize {
         std::fs::read_to_string(path).unwrap().lines().count()
     }
 
+    /// A record the agent of another node wrote (a copied or moved disk, a
+    /// renamed node) is refused whole: none of its pods is this node's.
+    #[test]
+    fn adversarial_a_record_of_another_node_is_refused() {
+        let dir = Dir::new("record-other-node");
+        let path = dir.join("pods.json");
+        let mut w = RecordWriter::new(&path, "node1");
+        w.sync(vec![pod("a")], vec![]).unwrap();
+        assert_eq!(load(&path, "node1").unwrap().unwrap().len(), 1);
+        let e = load(&path, "node2").unwrap_err();
+        assert!(
+            matches!(&e, RecordError::OtherNode { recorded, this, .. } if recorded == "node1" && this == "node2"),
+            "{e}"
+        );
+        std::fs::write(&path, br#"{"version":1,"node":"node1","pods":[]}"#).unwrap();
+        assert!(matches!(
+            load(&path, "node2"),
+            Err(RecordError::OtherNode { .. })
+        ));
+    }
+
     #[test]
     fn round_trip_and_missing_file() {
         let dir = Dir::new("record-rt");
         let path = dir.join("sub/pods.json");
-        assert!(load(&path).unwrap().is_none());
+        assert!(load(&path, "node1").unwrap().is_none());
         let mut w = RecordWriter::new(&path, "node1");
         w.sync(vec![pod("a"), pod("b")], vec![]).unwrap();
-        let got = load(&path).unwrap().unwrap();
+        let got = load(&path, "node1").unwrap().unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got["a"], pod("a"));
         use std::os::unix::fs::PermissionsExt;
@@ -416,7 +459,7 @@ mod tests {
             & 0o777;
         assert_eq!(dmode, 0o700);
         w.sync(vec![], vec!["a".into(), "b".into()]).unwrap();
-        assert!(load(&path).unwrap().unwrap().is_empty());
+        assert!(load(&path, "node1").unwrap().unwrap().is_empty());
     }
 
     /// One ADD appends one line; the file is rewritten whole only once the
@@ -440,7 +483,7 @@ mod tests {
             104,
             "a changed pod and a removed one; nothing for an unknown uid"
         );
-        let got = load(&path).unwrap().unwrap();
+        let got = load(&path, "node1").unwrap().unwrap();
         assert_eq!(got.len(), 100);
         assert_eq!(got["p1"], moved);
         assert!(!got.contains_key("p2") && got.contains_key("new"));
@@ -456,7 +499,7 @@ mod tests {
                 lines(&path)
             );
         }
-        assert_eq!(&load(&path).unwrap().unwrap(), w.written());
+        assert_eq!(&load(&path, "node1").unwrap().unwrap(), w.written());
     }
 
     /// A line the agent died writing is ignored; a bad line before the last
@@ -471,12 +514,12 @@ mod tests {
         let mut torn = good.clone();
         torn.extend_from_slice(br#"{"put":{"uid":"c","namesp"#);
         std::fs::write(&path, &torn).unwrap();
-        let got = load(&path).unwrap().unwrap();
+        let got = load(&path, "node1").unwrap().unwrap();
         assert_eq!(got.keys().collect::<Vec<_>>(), ["a", "b"]);
         let mut bad = good.clone();
         bad.extend_from_slice(b"garbage\n{\"del\":\"a\"}\n");
         std::fs::write(&path, &bad).unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(e.contains("line 4"), "{e}");
         let mut empty_uid = good;
         empty_uid.extend_from_slice(
@@ -484,7 +527,7 @@ mod tests {
         );
         empty_uid.push(b'\n');
         std::fs::write(&path, &empty_uid).unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(e.contains("line 4: a pod with an empty uid"), "{e}");
         // A writer started afterwards rewrites the file whole first.
         let mut w = RecordWriter::new(&path, "node1");
@@ -497,27 +540,33 @@ mod tests {
         let dir = Dir::new("record-versions");
         let path = dir.join("pods.json");
         std::fs::write(&path, b"{\"version\":9,\"node\":\"n\",\"pods\":[]}").unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(e.contains("version 9 (this build reads 1 and 2)"), "{e}");
         std::fs::write(&path, b"{\"version\":3,\"node\":\"n\"}\n").unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(e.contains("version 3 (this build reads 1 and 2)"), "{e}");
         std::fs::write(&path, b"{\"version\":1,\"node\":\"n\"}\n").unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(e.contains("a version 1 record is one JSON object"), "{e}");
         std::fs::write(&path, b"{\"version\":2,\"node\":\"n\",\"pods\":[]}").unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(
             e.contains("a version 2 record starts with its header alone"),
             "{e}"
         );
         std::fs::write(&path, b"{\"version\":2,\"no\n{\"put\":{}}\n").unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(e.contains("neither a journal (first line: "), "{e}");
         std::fs::write(&path, b"garbage").unwrap();
-        assert!(matches!(load(&path), Err(RecordError::Invalid { .. })));
+        assert!(matches!(
+            load(&path, "node1"),
+            Err(RecordError::Invalid { .. })
+        ));
         std::fs::write(&path, vec![b' '; MAX_RECORD_BYTES as usize + 1]).unwrap();
-        assert!(matches!(load(&path), Err(RecordError::TooLarge { .. })));
+        assert!(matches!(
+            load(&path, "node1"),
+            Err(RecordError::TooLarge { .. })
+        ));
     }
 
     /// A record written by an earlier build (one JSON object) is still read.
@@ -532,11 +581,11 @@ mod tests {
         })
         .unwrap();
         std::fs::write(&path, v1).unwrap();
-        let got = load(&path).unwrap().unwrap();
+        let got = load(&path, "node1").unwrap().unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got["b"], pod("b"));
         std::fs::write(&path, br#"{"version":1,"node":"n","pods":[{"uid":"a","namespace":"n","name":"p","serviceAccount":"s"},{"uid":"a","namespace":"n","name":"p","serviceAccount":"s"}]}"#).unwrap();
-        let e = load(&path).unwrap_err().to_string();
+        let e = load(&path, "node1").unwrap_err().to_string();
         assert!(e.contains("pod a is recorded twice"), "{e}");
     }
 

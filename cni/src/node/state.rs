@@ -1098,7 +1098,7 @@ mod tests {
             ..AgentConfig::default()
         });
         let on_file = || {
-            super::super::record::load(&path)
+            super::super::record::load(&path, "")
                 .unwrap()
                 .unwrap()
                 .into_values()

@@ -223,15 +223,23 @@ fn scrape(addr: SocketAddr) -> String {
         .unwrap_or_default()
 }
 
+/// A new directory only this user can enter, made atomically under the
+/// temporary directory with a random name (`mkdtemp`): never a predictable
+/// path that another user could have put a symlink at, never one removed
+/// and made again.
+fn private_dir() -> anyhow::Result<std::path::PathBuf> {
+    let template = std::env::temp_dir().join("ringway-sandbox-XXXXXX");
+    nix::unistd::mkdtemp(&template)
+        .with_context(|| format!("making a private directory like {}", template.display()))
+}
+
 /// Runs the sandbox; `wait` keeps it up until `stop` is signalled.
 pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Result<()> {
     let t0 = Instant::now();
     println!(
         "ringway sandbox: two virtual nodes in this process's own network and mount namespaces"
     );
-    let dir = std::env::temp_dir().join(format!("ringway-sandbox-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let dir = private_dir()?;
     let _cleanup = Cleanup(dir.clone());
     // A tmpfs in the sandbox's private mount namespace: the CA key and the
     // sockets vanish with the namespace, even if this process crashes.
@@ -641,5 +649,31 @@ impl CaRig {
         took.sort();
         let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
         Ok((at(0.5), at(0.99)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each sandbox gets a fresh directory of its own, mode 0700, even when
+    /// a symlink sits at the old predictable path.
+    #[test]
+    fn adversarial_the_sandbox_directory_is_private_and_new() {
+        use std::os::unix::fs::PermissionsExt;
+        let predictable =
+            std::env::temp_dir().join(format!("ringway-sandbox-{}", std::process::id()));
+        let _ = std::fs::remove_file(&predictable);
+        std::os::unix::fs::symlink("/", &predictable).unwrap();
+        let (a, b) = (private_dir().unwrap(), private_dir().unwrap());
+        assert_ne!(a, b);
+        for d in [&a, &b] {
+            let meta = std::fs::symlink_metadata(d).unwrap();
+            assert!(meta.is_dir() && !meta.file_type().is_symlink());
+            assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+            assert_ne!(d, &predictable);
+            std::fs::remove_dir(d).unwrap();
+        }
+        std::fs::remove_file(&predictable).unwrap();
     }
 }
