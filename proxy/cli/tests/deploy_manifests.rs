@@ -431,6 +431,13 @@ fn f_dir(args: &[Value]) -> Result<Value, FuncError> {
     }))
 }
 
+/// Sprig's `trim`: Go's strings.TrimSpace.
+fn f_trim(args: &[Value]) -> Result<Value, FuncError> {
+    Ok(Value::from(
+        go_string(arg(args, 0, "trim")?).trim().to_string(),
+    ))
+}
+
 /// `.Files.Get "path"` (rewritten to `filesGet "path"` before parsing: gtmpl cannot call
 /// a method with arguments).
 fn f_files_get(args: &[Value]) -> Result<Value, FuncError> {
@@ -473,6 +480,7 @@ const HELM_FUNCS: &[(&str, gtmpl::Func)] = &[
     ("dir", f_dir),
     ("filesGet", f_files_get),
     ("fromYaml", f_from_yaml),
+    ("trim", f_trim),
 ];
 
 fn json_to_gtmpl(v: &Json) -> Value {
@@ -1764,8 +1772,17 @@ fn authorization_policy_and_peer_authentication_crds_are_optional() {
                 .open_api_v3_schema
                 .as_ref()
                 .unwrap();
-            let spec_schema = &schema.properties.as_ref().unwrap()["spec"];
-            assert_eq!(spec_schema.x_kubernetes_preserve_unknown_fields, Some(true));
+            // A real schema for the spec (pruned, as the mesh's); the status keeps anything.
+            let properties = schema.properties.as_ref().unwrap();
+            assert_eq!(
+                properties["spec"].x_kubernetes_preserve_unknown_fields,
+                None
+            );
+            assert!(properties["spec"].properties.is_some());
+            assert_eq!(
+                properties["status"].x_kubernetes_preserve_unknown_fields,
+                Some(true)
+            );
         }
     }
     check_rbac(&o, true);
@@ -1938,12 +1955,12 @@ fn renderer_matches_helm_semantics() {
     let mut t = Template::default();
     t.add_funcs(HELM_FUNCS);
     t.parse(
-        r#"{{ "x" | quote }} {{ 30 | int }} {{ add 30 10 }} {{ "" | default "d" }} {{ base "a/b.json" }} {{ dir "a/b.json" }}{{ "a\nb" | nindent 2 }}"#,
+        r#"{{ "x" | quote }} {{ 30 | int }} {{ add 30 10 }} {{ "" | default "d" }} {{ base "a/b.json" }} {{ dir "a/b.json" }}{{ "a\nb" | nindent 2 }}{{ " \n t \n" | trim | nindent 1 }}"#,
     )
     .unwrap();
     assert_eq!(
         t.render(&Context::empty()).unwrap(),
-        "\"x\" 30 40 d b.json a\n  a\n  b"
+        "\"x\" 30 40 d b.json a\n  a\n  b\n t"
     );
     // fromYaml: a mapping, an `Error` for anything else, an empty map for nothing.
     let mut t = Template::default();
