@@ -3000,7 +3000,7 @@ fn bundled_istio_crds_refuse_malformed_objects_at_admission() {
 }
 
 /// The proxy reads whole every object the bundled CRDs admit: none of them is an
-/// object it cannot read (`invalid`, `unreadable-allow`). Ports are strings on both
+/// object it cannot read (`invalid`, `unreadable-deny-all`, `unreadable-strict`, `unknown-mode-strict`). Ports are strings on both
 /// sides (the schema refuses a number, as the mesh's does).
 #[test]
 fn every_object_the_bundled_crds_admit_is_read_by_the_proxy() {
@@ -3027,7 +3027,12 @@ fn every_object_the_bundled_crds_admit_is_read_by_the_proxy() {
             .mesh
             .cluster_policy_notes()
             .iter()
-            .filter(|n| matches!(n.code, "invalid" | "unreadable-allow"))
+            .filter(|n| {
+                matches!(
+                    n.code,
+                    "invalid" | "unreadable-deny-all" | "unreadable-strict" | "unknown-mode-strict"
+                )
+            })
             .collect();
         assert!(unread.is_empty(), "admitted but not read: {o}: {unread:?}");
     }
