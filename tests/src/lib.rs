@@ -16,6 +16,7 @@
 pub mod cni;
 pub mod http;
 pub mod mesh;
+pub mod modgraph;
 pub mod node;
 pub mod ns;
 mod tempdir;
