@@ -561,6 +561,13 @@ fn csr_with_several_roots_the_newest_valid_one_signs() {
 fn kube_client(
     answer: impl Fn(&serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
 ) -> (kube::Client, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+    kube_client_answering(move |req| (201, answer(req)))
+}
+
+/// As [`kube_client`], the answer's HTTP status chosen too.
+fn kube_client_answering(
+    answer: impl Fn(&serde_json::Value) -> (u16, serde_json::Value) + Send + Sync + 'static,
+) -> (kube::Client, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
     use http_body_util::BodyExt;
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen2 = seen.clone();
@@ -575,11 +582,11 @@ fn kube_client(
             );
             let bytes = req.into_body().collect().await.unwrap().to_bytes();
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            let out = answer(&v);
+            let (code, out) = answer(&v);
             seen.lock().unwrap().push(v);
             Ok::<_, std::convert::Infallible>(
                 http::Response::builder()
-                    .status(201)
+                    .status(code)
                     .header("content-type", "application/json")
                     .body(kube::client::Body::from(serde_json::to_vec(&out).unwrap()))
                     .unwrap(),
@@ -662,6 +669,58 @@ fn csr_token_reviews_go_to_the_kubernetes_api_with_the_audience() {
                 (Code::Unauthenticated, reason),
                 "{token}: {e}"
             );
+        }
+    });
+}
+
+/// What the API server says about a token it refuses, or about itself when
+/// it fails, is for the CA's log: an unauthenticated caller gets a generic
+/// status (the API server's addresses, its storage's errors and its
+/// verdict's details would tell an attacker about the cluster).
+#[test]
+fn adversarial_api_server_error_text_never_reaches_the_caller() {
+    const SECRET: &str = "etcd-3.internal:2379 key kid-7f3a";
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, _) = kube_client_answering(|req| {
+            match req["spec"]["token"].as_str().unwrap() {
+                "api-down" => (
+                    500,
+                    serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": format!("etcdserver: request timed out talking to {SECRET}"),
+                        "reason": "InternalError", "code": 500
+                    }),
+                ),
+                _ => (
+                    201,
+                    review_answer(
+                        req,
+                        serde_json::json!({
+                            "authenticated": false,
+                            "error": format!("[invalid bearer token, square/go-jose: error in cryptographic primitive: {SECRET}]")
+                        }),
+                    ),
+                ),
+            }
+        });
+        let reviewer = KubeTokenReviewer::new(client, "istio-ca");
+        for (token, code, reason) in [
+            ("api-down", Code::Unavailable, "token_review_failed"),
+            ("forged", Code::Unauthenticated, "token_rejected"),
+        ] {
+            let e = reviewer.review(token).await.unwrap_err();
+            assert_eq!((e.code, e.reason), (code, reason), "{token}: {e}");
+            for leak in ["etcd", "kid-7f3a", "go-jose", "invalid bearer token", "500"] {
+                assert!(
+                    !e.message.contains(leak),
+                    "{token}: the caller is told {leak:?}: {e}"
+                );
+            }
+            assert!(!e.message.is_empty(), "{token}: still a status that says what failed");
         }
     });
 }
