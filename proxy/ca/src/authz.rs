@@ -109,26 +109,27 @@ pub fn authorize(
 }
 
 /// The caller's node: from its pod as the API knows it (the pod's UID must
-/// match the token's), cross-checked with the token's node name when the
-/// cluster puts one there.
+/// match the token's: a token bound to a pod names both, and one that names
+/// no UID cannot tell a replaced pod from the live one, so it is refused),
+/// cross-checked with the token's node name when the cluster puts one there.
 fn caller_node(caller: &Caller, pods: &dyn PodDirectory) -> Result<String, Status> {
     let deny = |reason, m: String| Status::new(Code::PermissionDenied, reason, m);
-    let name = caller.pod_name.as_deref().ok_or_else(|| {
-        deny(
+    let (Some(name), Some(uid)) = (caller.pod_name.as_deref(), caller.pod_uid.as_deref()) else {
+        return Err(deny(
             "token_not_bound_to_a_pod",
             format!(
-                "{}: the token is not bound to a pod, so the caller's node is unknown",
+                "{}: the token is not bound to a pod (its name and UID), so the caller's node is unknown",
                 caller.key()
             ),
-        )
-    })?;
+        ));
+    };
     let pod = pods.pod(&caller.namespace, name).ok_or_else(|| {
         deny(
             "caller_pod_unknown",
             format!("the caller's pod {}/{name} is not known", caller.namespace),
         )
     })?;
-    if caller.pod_uid.as_deref().is_some_and(|uid| uid != pod.uid) {
+    if uid != pod.uid {
         return Err(deny(
             "caller_pod_replaced",
             format!(

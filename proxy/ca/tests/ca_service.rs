@@ -341,6 +341,34 @@ fn adversarial_csr_a_node_proxy_cannot_mint_identities_of_pods_elsewhere() {
     assert_eq!(issued(&b), 0);
 }
 
+/// A token that names a pod but not its UID (a legacy or forged-looking
+/// review answer) does not prove which incarnation of the pod holds it: a
+/// replaced pod's token would pass. Impersonation needs a bound token.
+#[test]
+fn adversarial_impersonation_needs_a_token_bound_to_the_pods_uid() {
+    let mut tokens = known_tokens();
+    let mut no_uid = caller("ringway-system", "ringway-proxy", Some(("proxy-a", "")));
+    no_uid.pod_uid = None;
+    tokens.insert("proxy-a-no-uid".into(), no_uid);
+    let b = bed_reviewed_by(
+        Limits::default(),
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        Arc::new(FakeReviewer(tokens)),
+    );
+    let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
+    let e = call(&b, Some("proxy-a-no-uid"), &body(&req)).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::PermissionDenied, "token_not_bound_to_a_pod"),
+        "{e}"
+    );
+    assert_eq!(issued(&b), 0);
+    // Its own identity needs no pod.
+    call(&b, Some("proxy-a-no-uid"), &body(&request(&greedy_csr()))).unwrap();
+    // The same pod's bound token is served.
+    call(&b, Some("proxy-a"), &body(&req)).unwrap();
+}
+
 #[test]
 fn adversarial_csr_malformed_requests_get_invalid_argument_and_change_nothing() {
     let b = bed();
