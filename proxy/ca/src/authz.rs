@@ -17,10 +17,19 @@ pub struct PodView {
     pub uid: String,
     /// The node it is scheduled on (empty: not scheduled).
     pub node: String,
-    /// Its service account.
+    /// Its service account; empty when it has none (a static or mirror
+    /// pod), and then it has no identity.
     pub service_account: String,
     /// Running, or about to (not finished, not deleted).
     pub live: bool,
+}
+
+impl PodView {
+    /// Whether the pod counts as holding `ns/<namespace>/sa/<service_account>`:
+    /// live, and with a service account.
+    pub fn holds_identity(&self) -> bool {
+        self.live && !self.service_account.is_empty()
+    }
 }
 
 /// The pods of the cluster, as far as the CA has seen them.

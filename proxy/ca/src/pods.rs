@@ -27,11 +27,9 @@ pub fn view(pod: &Pod) -> Option<PodView> {
         name: meta.name.clone()?,
         uid: meta.uid.clone().unwrap_or_default(),
         node: spec.node_name.clone().unwrap_or_default(),
-        service_account: spec
-            .service_account_name
-            .clone()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".to_owned()),
+        // No service account (a static or mirror pod): no identity, never
+        // `default`'s.
+        service_account: spec.service_account_name.clone().unwrap_or_default(),
         live: meta.deletion_timestamp.is_none() && !matches!(phase, "Succeeded" | "Failed"),
     })
 }
@@ -107,7 +105,7 @@ impl PodDirectory for WatchedPods {
 
     fn has_identity_on_node(&self, node: &str, namespace: &str, service_account: &str) -> bool {
         self.store.state().iter().filter_map(|p| view(p)).any(|v| {
-            v.live
+            v.holds_identity()
                 && v.node == node
                 && v.namespace == namespace
                 && v.service_account == service_account
@@ -156,7 +154,7 @@ impl PodDirectory for StaticPods {
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .any(|v| {
-                v.live
+                v.holds_identity()
                     && v.node == node
                     && v.namespace == namespace
                     && v.service_account == service_account

@@ -369,6 +369,41 @@ fn adversarial_impersonation_needs_a_token_bound_to_the_pods_uid() {
     call(&b, Some("proxy-a"), &body(&req)).unwrap();
 }
 
+/// A pod without a service account (a static or mirror pod, which a
+/// node's kubelet may create in any namespace) has no identity: the CA never
+/// counts it as holding `sa/default`, so a node proxy cannot get
+/// `ns/<any>/sa/default` on its strength.
+#[test]
+fn adversarial_a_pod_without_a_service_account_lends_its_node_no_identity() {
+    let b = bed();
+    let mirror: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "kube-system", "name": "etcd-node-a", "uid": "u-etcd"},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "etcd"}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap();
+    let view = ringway_ca::pods::view(&mirror).unwrap();
+    assert_eq!(
+        view.service_account, "",
+        "no service account, not `default`"
+    );
+    b.pods.put(view);
+    // An explicit empty name is no service account either.
+    b.pods
+        .put(pod("payments", "static-1", "u-static-1", "node-a", ""));
+    for ns in ["kube-system", "payments"] {
+        let wanted = format!("spiffe://cluster.local/ns/{ns}/sa/default");
+        let req = request(&greedy_csr()).with_impersonation(&wanted);
+        let e = call(&b, Some("proxy-a"), &body(&req)).unwrap_err();
+        assert_eq!(
+            (e.code, e.reason),
+            (Code::PermissionDenied, "identity_not_on_node"),
+            "{wanted}: {e}"
+        );
+    }
+    assert_eq!(issued(&b), 0);
+}
+
 #[test]
 fn adversarial_csr_malformed_requests_get_invalid_argument_and_change_nothing() {
     let b = bed();
