@@ -32,10 +32,54 @@ impl PodView {
     }
 }
 
+/// Why a [`PodDirectory`] cannot answer now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The pods have not been listed yet.
+    #[error("the pod cache has not listed the cluster's pods yet")]
+    NotListed {
+        /// The watch's last error, when it is failing.
+        error: Option<String>,
+    },
+    /// The pod watch has been failing for longer than allowed: the cache
+    /// may lend a deleted or moved pod's identity.
+    #[error("the pod watch has been failing for {}s (more than the {}s allowed), so the pod cache may be stale", .failing_for.as_secs(), .allowed.as_secs())]
+    Stale {
+        /// Since the first failure.
+        failing_for: std::time::Duration,
+        /// The bound.
+        allowed: std::time::Duration,
+        /// The watch's last error.
+        error: String,
+    },
+}
+
+impl NotReady {
+    /// The `reason` of the refusal it causes.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NotReady::NotListed { .. } => "pod_cache_not_ready",
+            NotReady::Stale { .. } => "pod_cache_stale",
+        }
+    }
+
+    /// The message with the watch's last error (for the CA's readiness
+    /// endpoint and log; the caller gets the message alone).
+    pub fn detail(&self) -> String {
+        match self {
+            NotReady::NotListed { error: None } => self.to_string(),
+            NotReady::NotListed { error: Some(e) } | NotReady::Stale { error: e, .. } => {
+                format!("{self}; last error: {e}")
+            }
+        }
+    }
+}
+
 /// The pods of the cluster, as far as the CA has seen them.
 pub trait PodDirectory: Send + Sync {
-    /// `Err` with a reason while the cache cannot answer (not synced yet).
-    fn ready(&self) -> Result<(), String>;
+    /// `Err` while the cache cannot answer (not listed yet, or its watch
+    /// has been failing for too long).
+    fn ready(&self) -> Result<(), NotReady>;
     /// The pod `namespace/name`.
     fn pod(&self, namespace: &str, name: &str) -> Option<PodView>;
     /// Whether a live pod on `node` runs as `namespace/service_account`.
@@ -102,8 +146,8 @@ pub fn authorize(
     pods.ready().map_err(|why| {
         Status::new(
             Code::Unavailable,
-            "pod_cache_not_ready",
-            format!("cannot check ImpersonatedIdentity yet: {why}"),
+            why.reason(),
+            format!("cannot check ImpersonatedIdentity now: {why}"),
         )
     })?;
     let node = caller_node(caller, pods)?;

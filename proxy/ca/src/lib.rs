@@ -41,7 +41,7 @@ pub mod server;
 pub mod service;
 
 pub use authn::{Caller, KubeTokenReviewer, TokenReviewer};
-pub use authz::{PodDirectory, PodView, Policy};
+pub use authz::{NotReady, PodDirectory, PodView, Policy};
 pub use client::{CaClient, ClientError};
 pub use grpc::{Code, Status};
 pub use service::{CaService, Limits};

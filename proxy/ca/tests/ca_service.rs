@@ -404,6 +404,116 @@ fn adversarial_a_pod_without_a_service_account_lends_its_node_no_identity() {
     assert_eq!(issued(&b), 0);
 }
 
+/// Waits (at most 20 s) for `cond`.
+fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A service whose pods come from `pods`, with the usual tokens.
+fn service_with_pods(pods: Arc<dyn ringway_ca::PodDirectory>) -> Arc<CaService> {
+    Arc::new(
+        CaService::new(
+            Policy {
+                trust_domain: TD.into(),
+                node_proxy: ("ringway-system".into(), "ringway-proxy".into()),
+            },
+            Limits::default(),
+            Arc::new(FakeReviewer(known_tokens())),
+            pods,
+            vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        )
+        .unwrap(),
+    )
+}
+
+/// A pod watch that keeps failing leaves the CA with a cache that grows
+/// older every second: a pod deleted or moved meanwhile would still lend
+/// its identity to its old node. Impersonation is refused once the watch
+/// has been failing for longer than its bound (served within it), readiness
+/// says why, and both come back with the watch.
+#[test]
+fn adversarial_impersonation_is_refused_once_the_pod_watch_has_failed_too_long() {
+    use ringway_config::kube::testing::{ApiMode, FakeApiServer, FakePod, Kind};
+    let watch_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, api) = FakeApiServer::start(watch_rt.handle());
+    for (uid, ns, name, sa) in [
+        ("u-pa", "ringway-system", "proxy-a", "ringway-proxy"),
+        ("u-cart-1", "shop", "cart-1", "cart"),
+    ] {
+        api.apply_pod(
+            FakePod::new(uid, ns, name, "node-a")
+                .service_account(sa)
+                .running(&[])
+                .json(),
+        );
+    }
+    let (strict, patient) = {
+        let _g = watch_rt.enter();
+        (
+            Arc::new(ringway_ca::pods::WatchedPods::start(
+                client.clone(),
+                Duration::ZERO,
+            )),
+            Arc::new(ringway_ca::pods::WatchedPods::start(
+                client,
+                Duration::from_secs(3600),
+            )),
+        )
+    };
+    let (strict_ca, patient_ca) = (
+        service_with_pods(strict.clone()),
+        service_with_pods(patient.clone()),
+    );
+    let req =
+        body(&request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart"));
+    let ask = |ca: &CaService| rt().block_on(ca.create_certificate(Some("Bearer proxy-a"), &req));
+    use ringway_ca::PodDirectory;
+    until("both watches listed", || {
+        strict.ready().is_ok() && patient.ready().is_ok()
+    });
+    ask(&strict_ca).unwrap();
+    ask(&patient_ca).unwrap();
+
+    // The API server goes away: the open watches end, and every new list and
+    // watch fails.
+    api.set_mode_of(Kind::Pod, ApiMode::Unreachable);
+    api.end_watches(Kind::Pod);
+    until("the strict directory stops answering", || {
+        strict.ready().is_err()
+    });
+    let why = strict.ready().unwrap_err().detail();
+    assert!(why.contains("pod watch"), "readiness says why: {why}");
+    let e = ask(&strict_ca).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::Unavailable, "pod_cache_stale"),
+        "{e}"
+    );
+    // Within its bound the other one still answers, knowing the watch fails.
+    until("the patient directory sees the failure", || {
+        patient.watch_failing().is_some()
+    });
+    assert!(patient.ready().is_ok());
+    ask(&patient_ca).unwrap();
+
+    // The watch comes back (a fresh list): both answer again.
+    api.set_mode_of(Kind::Pod, ApiMode::Serve);
+    until("the strict directory recovers", || strict.ready().is_ok());
+    until("the patient directory recovers", || {
+        patient.watch_failing().is_none()
+    });
+    ask(&strict_ca).unwrap();
+    assert_eq!(strict_ca.count(Code::Unavailable, "pod_cache_stale"), 1);
+}
+
 #[test]
 fn adversarial_csr_malformed_requests_get_invalid_argument_and_change_nothing() {
     let b = bed();

@@ -127,6 +127,12 @@ struct CaArgs {
     /// revoked token is refused at the latest this long after revocation.
     #[arg(long, default_value_t = 10)]
     token_review_cache_secs: u64,
+    /// Seconds the pod watch may fail (the API server unreachable, the watch
+    /// refused) while the pods it last saw still authorize impersonation;
+    /// after that, impersonation is refused (UNAVAILABLE `pod_cache_stale`)
+    /// and `/healthz/ready` fails, until a list succeeds again.
+    #[arg(long, default_value_t = 60)]
+    pod_watch_stale_secs: u64,
     /// Metrics (`/metrics`) and readiness (`/healthz/ready`).
     #[arg(long, env = "RINGWAY_CA_METRICS_ADDR", default_value = "0.0.0.0:15014")]
     metrics_addr: std::net::SocketAddr,
@@ -758,7 +764,10 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
         .context("the certificate service needs the Kubernetes API (TokenReview, pods)")?;
     let pods = {
         let _guard = rt.enter();
-        Arc::new(ringway_ca::pods::WatchedPods::start(client.clone()))
+        Arc::new(ringway_ca::pods::WatchedPods::start(
+            client.clone(),
+            std::time::Duration::from_secs(args.pod_watch_stale_secs),
+        ))
     };
     let limits = ringway_ca::Limits {
         max_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
@@ -809,7 +818,7 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
                     Err(e) => (
                         hyper::StatusCode::SERVICE_UNAVAILABLE,
                         "text/plain; charset=utf-8",
-                        format!("not ready: {e}\n"),
+                        format!("not ready: {}\n", e.detail()),
                     ),
                 }
             }
