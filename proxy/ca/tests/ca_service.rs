@@ -1963,6 +1963,22 @@ fn adversarial_the_token_is_checked_before_the_body_is_read() {
             .unwrap();
         assert_eq!(grpc_status(resp).await.unwrap(), 0);
         assert_eq!(s.bed.service.count(Code::Ok, "issued"), 1);
+        // An authenticated caller's body larger than that window is read
+        // (the window opens as it is) and judged: here, too large a CSR.
+        let big = body(&request(&"A".repeat(40_000)));
+        assert!(big.len() as u32 > preauth);
+        let code = tokio::time::timeout(
+            Duration::from_secs(30),
+            grpc_call(&mut h2, "web-token", big),
+        )
+        .await
+        .expect("an answer")
+        .unwrap();
+        assert_eq!(code, Code::InvalidArgument.as_u32());
+        assert_eq!(
+            s.bed.service.count(Code::InvalidArgument, "csr_too_large"),
+            1
+        );
     });
 }
 
