@@ -404,6 +404,26 @@ fn renewals(
     })
 }
 
+/// `TcpExt` counters of this network namespace (`/proc/self/net/netstat`):
+/// `ListenOverflows` and `ListenDrops` (SYNs and handshakes dropped
+/// because a listener's accept queue was full).
+fn listen_drops() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/net/netstat").unwrap_or_default();
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return (0, 0);
+    };
+    let get = |want: &str| {
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == want)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("ListenOverflows"), get("ListenDrops"))
+}
+
 /// Runs the measurement (in the caller's isolated namespace); returns the
 /// report lines (Markdown).
 pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
@@ -516,6 +536,7 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
         cfg.idle_conns, cfg.junk_conns, cfg.junk_streams, cfg.secs
     ));
     let reviews0 = api.token_reviews();
+    let drops0 = listen_drops();
     // The flood starts a second before the renewals and ends with them.
     let ramp = 1.0;
     let (attacker, stats) = attack(cfg, tls.clone(), junk_body, cfg.secs + ramp);
@@ -525,6 +546,8 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
     let flood_cpu = ca.cpu_seconds() - cpu0;
     let _ = attacker.join();
     let reviews = api.token_reviews() - reviews0;
+    let drops = listen_drops();
+    let (overflows, drops) = (drops.0 - drops0.0, drops.1 - drops0.1);
     // The CA lets go of what the attacker held.
     std::thread::sleep(Duration::from_secs(2));
     let rss_after = crate::child::proc_rss_kib(pid);
@@ -580,7 +603,7 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
         .collect();
     let a = &stats;
     out.push_str(&format!(
-        "\nThe attacker: {} connection attempts, {} refused (reset at accept or closed in the handshake), at most {} held at once, {} closed by the CA after being held; {} junk calls answered ({} UNAUTHENTICATED, {} RESOURCE_EXHAUSTED, {} other), {} without an answer (the connection went).\n",
+        "\nThe attacker: {} connection attempts, {} refused (reset at accept or closed in the handshake), at most {} held at once, {} closed by the CA after being held; {} junk calls answered ({} UNAUTHENTICATED, {} RESOURCE_EXHAUSTED, {} other), {} without an answer (their connection was closed or reset).\n",
         a.attempts.load(Ordering::Relaxed),
         a.refused.load(Ordering::Relaxed),
         a.held_max.load(Ordering::Relaxed),
@@ -594,7 +617,7 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
         a.call_errors.load(Ordering::Relaxed),
     ));
     out.push_str(&format!(
-        "\nThe CA: RSS {:.1} MiB before, {:.1} MiB at the flood's peak, {:.1} MiB 2 s after; TokenReviews the flood phase cost the API server: {reviews}; connections refused: {}; calls: {}; token reviews: {}.\n",
+        "\nThe CA: RSS {:.1} MiB before, {:.1} MiB at the flood's peak, {:.1} MiB 2 s after; TokenReviews the flood phase cost the API server: {reviews}; connections refused: {}; calls: {}; token reviews: {}. The namespace's listen queues overflowed {overflows} times during the flood ({drops} SYNs or handshakes dropped).\n",
         rss_mib(rss_before),
         rss_mib(flood_peak),
         rss_mib(rss_after),
