@@ -26,6 +26,11 @@
 //! key and without HBONE, 200 pods each, and the CSR round trip (see
 //! `cni_ca`).
 //!
+//! `cargo bench -p ringway-benches -- --ca-flood [--quick]`: the
+//! certificate service's CSR renewals, quiet and while one source tries to
+//! hold 4,096 idle HTTP/2 connections to it and sends junk-token calls; its
+//! RSS (see `ca_flood`).
+//!
 //! `--profile-latency`: a 64 B closed-loop ping-pong through
 //! `RINGWAY_BENCH_PROFILE_SCENARIO` (default `tproxy_2hop`) with the proxy's
 //! syscalls, io_uring ops and context switches counted by `perf stat`.
@@ -94,6 +99,19 @@ fn main() {
         print_or_exit(
             "cni-add-ca",
             ringway_benches::run_cni_add_ca(cfg, config.proxy_bin.clone()),
+        );
+        return;
+    }
+    if args.iter().any(|a| a == "--ca-flood") {
+        let cfg = if quick {
+            ringway_benches::ca_flood::CaFloodConfig::quick()
+        } else {
+            ringway_benches::ca_flood::CaFloodConfig::full()
+        }
+        .with_env_overrides();
+        print_or_exit(
+            "ca-flood",
+            ringway_benches::run_ca_flood(cfg, config.proxy_bin.clone()),
         );
         return;
     }

@@ -31,10 +31,10 @@ use ringway_testbed::{Netns, TempDir};
 
 use crate::child::{ProxyArgs, ProxyChild};
 
-const TD: &str = "cluster.local";
-const CA_NAME: &str = "ringway-ca.ringway-system.svc";
-const CA_ADDR: &str = "127.0.0.1:15012";
-const CA_METRICS: &str = "127.0.0.1:15014";
+pub(crate) const TD: &str = "cluster.local";
+pub(crate) const CA_NAME: &str = "ringway-ca.ringway-system.svc";
+pub(crate) const CA_ADDR: &str = "127.0.0.1:15012";
+pub(crate) const CA_METRICS: &str = "127.0.0.1:15014";
 const PROXY_POD: &str = "proxy-node1";
 const TOKEN: &str = "bench-node1-proxy-token";
 
@@ -167,7 +167,10 @@ pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
             .json(),
         );
     }
-    let mut ca = start_ca(bin, &kubeconfig, &secret)?;
+    // One node enrolling pods back to back: above the default 20/s of
+    // one caller, which would refuse some and leave them to the refresher
+    // (the ADD would then not wait for their certificate).
+    let mut ca = start_ca(bin, &kubeconfig, &secret, &["--rate-per-caller", "1000"])?;
     let mut modes = Vec::new();
     for (k, (mode, tag)) in [("off", "off"), ("local key", "local"), ("service", "svc")]
         .into_iter()
@@ -266,8 +269,14 @@ pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// `ringway ca` (the same `ringway::main` as the proxy child), ready.
-fn start_ca(bin: &Path, kubeconfig: &Path, secret: &Path) -> anyhow::Result<ProxyChild> {
+/// `ringway ca` (the same `ringway::main` as the proxy child) with the
+/// root and serving certificate in `secret` and `extra` flags, ready.
+pub(crate) fn start_ca(
+    bin: &Path,
+    kubeconfig: &Path,
+    secret: &Path,
+    extra: &[&str],
+) -> anyhow::Result<ProxyChild> {
     let mut cmd = Command::new(bin);
     cmd.env_clear()
         .env("KUBECONFIG", kubeconfig)
@@ -282,10 +291,7 @@ fn start_ca(bin: &Path, kubeconfig: &Path, secret: &Path) -> anyhow::Result<Prox
         .arg(secret.join("root.crt"))
         .arg("--root-key")
         .arg(secret.join("root.key"))
-        // One node enrolling pods back to back: above the default 20/s of
-        // one caller, which would refuse some and leave them to the
-        // refresher (the ADD would then not wait for their certificate).
-        .args(["--rate-per-caller", "1000"]);
+        .args(extra);
     let ca = ProxyChild::spawn(
         cmd,
         Some("certificate service serving"),

@@ -3,11 +3,14 @@
 //! (`suite`: plaintext, HBONE on one node and between two nodes, scrape
 //! impact, pod churn through the command line and through CNI ADD) and the
 //! report with its consistency check (`report`); `cni_ca`: CNI ADD latency
-//! with the certificate service against a local CA key, and the CSR round trip.
+//! with the certificate service against a local CA key, and the CSR round trip;
+//! `ca_flood`: the certificate service's renewals while one source floods its
+//! port before authentication.
 //! `cargo bench -p ringway-benches` runs the suite; see BENCHMARKS.md.
 
 #![forbid(unsafe_code)]
 
+pub mod ca_flood;
 pub mod child;
 pub mod cni_ca;
 pub mod crosscheck;
@@ -101,6 +104,17 @@ pub fn run_cni_add_ca(
     bin: std::path::PathBuf,
 ) -> anyhow::Result<Option<String>> {
     ringway_testbed::run_isolated("bench_cni_add_ca", move || cni_ca::run(&config, &bin))
+        .transpose()
+}
+
+/// Runs the `--ca-flood` measurement (see [`ca_flood`]) in an isolated
+/// namespace with the `ringway` program `bin` (`ringway ca`). Returns the
+/// report lines; `None` without privileges.
+pub fn run_ca_flood(
+    config: ca_flood::CaFloodConfig,
+    bin: std::path::PathBuf,
+) -> anyhow::Result<Option<String>> {
+    ringway_testbed::run_isolated("bench_ca_flood", move || ca_flood::run(&config, &bin))
         .transpose()
 }
 

@@ -1,5 +1,9 @@
 //! Who is calling: the bearer token, reviewed by the Kubernetes API
 //! (TokenReview), with the audience checked.
+//!
+//! A refusal tells the caller, who is not authenticated yet, only what kind
+//! of failure it was (`token_rejected`, `token_review_failed`, ...): the API
+//! server's own words are logged, never sent back.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -99,10 +103,14 @@ impl TokenReviewer for KubeTokenReviewer {
                 ..TokenReview::default()
             };
             let reviewed = api.create(&PostParams::default(), &tr).await.map_err(|e| {
+                // The API server's words (its addresses, its storage's
+                // errors) are for this log, not for a caller not yet
+                // authenticated.
+                tracing::warn!(error = %e, "TokenReview failed");
                 Status::new(
                     Code::Unavailable,
                     "token_review_failed",
-                    format!("cannot review the token with the Kubernetes API: {e}"),
+                    "cannot review the token now; retry",
                 )
             })?;
             caller_from_review(&reviewed, &self.audience)
@@ -118,17 +126,16 @@ pub fn caller_from_review(tr: &TokenReview, audience: &str) -> Result<Caller, St
         .as_ref()
         .ok_or_else(|| unauth("token_rejected", "the token review has no status".into()))?;
     if status.authenticated != Some(true) {
-        let why = status.error.clone().unwrap_or_default();
+        // Why the API server refused it is logged, not told: the caller is
+        // not authenticated, and the reason can name the cluster's keys and
+        // authenticators.
+        tracing::info!(
+            ca.review_error = status.error.as_deref().unwrap_or(""),
+            "the Kubernetes API did not authenticate a token"
+        );
         return Err(unauth(
             "token_rejected",
-            format!(
-                "the Kubernetes API did not authenticate the token{}",
-                if why.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {why}")
-                }
-            ),
+            "the token was not authenticated".into(),
         ));
     }
     if !status

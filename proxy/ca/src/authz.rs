@@ -17,16 +17,69 @@ pub struct PodView {
     pub uid: String,
     /// The node it is scheduled on (empty: not scheduled).
     pub node: String,
-    /// Its service account.
+    /// Its service account; empty when it has none (a static or mirror
+    /// pod), and then it has no identity.
     pub service_account: String,
     /// Running, or about to (not finished, not deleted).
     pub live: bool,
 }
 
+impl PodView {
+    /// Whether the pod counts as holding `ns/<namespace>/sa/<service_account>`:
+    /// live, and with a service account.
+    pub fn holds_identity(&self) -> bool {
+        self.live && !self.service_account.is_empty()
+    }
+}
+
+/// Why a [`PodDirectory`] cannot answer now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The pods have not been listed yet.
+    #[error("the pod cache has not listed the cluster's pods yet")]
+    NotListed {
+        /// The watch's last error, when it is failing.
+        error: Option<String>,
+    },
+    /// The pod watch has been failing for longer than allowed: the cache
+    /// may lend a deleted or moved pod's identity.
+    #[error("the pod watch has been failing for {}s (more than the {}s allowed), so the pod cache may be stale", .failing_for.as_secs(), .allowed.as_secs())]
+    Stale {
+        /// Since the first failure.
+        failing_for: std::time::Duration,
+        /// The bound.
+        allowed: std::time::Duration,
+        /// The watch's last error.
+        error: String,
+    },
+}
+
+impl NotReady {
+    /// The `reason` of the refusal it causes.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            NotReady::NotListed { .. } => "pod_cache_not_ready",
+            NotReady::Stale { .. } => "pod_cache_stale",
+        }
+    }
+
+    /// The message with the watch's last error (for the CA's readiness
+    /// endpoint and log; the caller gets the message alone).
+    pub fn detail(&self) -> String {
+        match self {
+            NotReady::NotListed { error: None } => self.to_string(),
+            NotReady::NotListed { error: Some(e) } | NotReady::Stale { error: e, .. } => {
+                format!("{self}; last error: {e}")
+            }
+        }
+    }
+}
+
 /// The pods of the cluster, as far as the CA has seen them.
 pub trait PodDirectory: Send + Sync {
-    /// `Err` with a reason while the cache cannot answer (not synced yet).
-    fn ready(&self) -> Result<(), String>;
+    /// `Err` while the cache cannot answer (not listed yet, or its watch
+    /// has been failing for too long).
+    fn ready(&self) -> Result<(), NotReady>;
     /// The pod `namespace/name`.
     fn pod(&self, namespace: &str, name: &str) -> Option<PodView>;
     /// Whether a live pod on `node` runs as `namespace/service_account`.
@@ -93,8 +146,8 @@ pub fn authorize(
     pods.ready().map_err(|why| {
         Status::new(
             Code::Unavailable,
-            "pod_cache_not_ready",
-            format!("cannot check ImpersonatedIdentity yet: {why}"),
+            why.reason(),
+            format!("cannot check ImpersonatedIdentity now: {why}"),
         )
     })?;
     let node = caller_node(caller, pods)?;
@@ -109,26 +162,27 @@ pub fn authorize(
 }
 
 /// The caller's node: from its pod as the API knows it (the pod's UID must
-/// match the token's), cross-checked with the token's node name when the
-/// cluster puts one there.
+/// match the token's: a token bound to a pod names both, and one that names
+/// no UID cannot tell a replaced pod from the live one, so it is refused),
+/// cross-checked with the token's node name when the cluster puts one there.
 fn caller_node(caller: &Caller, pods: &dyn PodDirectory) -> Result<String, Status> {
     let deny = |reason, m: String| Status::new(Code::PermissionDenied, reason, m);
-    let name = caller.pod_name.as_deref().ok_or_else(|| {
-        deny(
+    let (Some(name), Some(uid)) = (caller.pod_name.as_deref(), caller.pod_uid.as_deref()) else {
+        return Err(deny(
             "token_not_bound_to_a_pod",
             format!(
-                "{}: the token is not bound to a pod, so the caller's node is unknown",
+                "{}: the token is not bound to a pod (its name and UID), so the caller's node is unknown",
                 caller.key()
             ),
-        )
-    })?;
+        ));
+    };
     let pod = pods.pod(&caller.namespace, name).ok_or_else(|| {
         deny(
             "caller_pod_unknown",
             format!("the caller's pod {}/{name} is not known", caller.namespace),
         )
     })?;
-    if caller.pod_uid.as_deref().is_some_and(|uid| uid != pod.uid) {
+    if uid != pod.uid {
         return Err(deny(
             "caller_pod_replaced",
             format!(

@@ -15,12 +15,17 @@
 //!   pod on the caller's node has (the caller's node from its token's pod,
 //!   pods from a watch, [`pods`]).
 //! - [`service`]: limits (request and CSR size, requests per caller per
-//!   second, token reviews in flight) and signing: the CA, not the CSR,
+//!   second; before authentication, token reviews per source address, a
+//!   bounded wait for a review slot, slots reserved for tokens that passed a
+//!   review before, refusals remembered) and signing: the CA, not the CSR,
 //!   decides the certificate (the authorized SPIFFE ID as the only SAN, key
 //!   usages, a lifetime capped by configuration); with several roots, the
 //!   newest valid one signs.
 //! - [`server`] and [`client`]: the transport (h2 directly: one unary
-//!   method needs no gRPC framework).
+//!   method needs no gRPC framework); the server bounds what a connection
+//!   may cost before its caller is authenticated (connections per source and
+//!   in all, handshake, preface, idle and call timeouts, the token checked
+//!   before the body is read).
 //!
 //! Every refusal is a gRPC status whose message says why, counted in
 //! `ringway_ca_requests_total{code,reason}`.
@@ -41,7 +46,7 @@ pub mod server;
 pub mod service;
 
 pub use authn::{Caller, KubeTokenReviewer, TokenReviewer};
-pub use authz::{PodDirectory, PodView, Policy};
+pub use authz::{NotReady, PodDirectory, PodView, Policy};
 pub use client::{CaClient, ClientError};
 pub use grpc::{Code, Status};
 pub use service::{CaService, Limits};

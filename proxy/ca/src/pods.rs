@@ -1,17 +1,29 @@
-//! The CA's view of the cluster's pods: a reflector cache filled by a watch
-//! (so an impersonation check costs no API call), and an in-memory directory
-//! for tests and single-node use.
+//! The CA's view of the cluster's pods: an index kept by a watch (so an
+//! impersonation check costs neither an API call nor a scan of the
+//! cluster's pods), and an in-memory directory for tests and single-node
+//! use.
+//!
+//! [`WatchedPods`] lists and watches every namespace's pods and keeps two
+//! indexes, updated by each event: pods by namespace/name, and the number of
+//! live pods with a service account by (node, namespace, service account).
+//! A check is one lookup under a read lock, whatever the cluster's size.
+//!
+//! A watch that fails is started again from a fresh list (with backoff);
+//! the index in hand keeps answering meanwhile, for at most the configured
+//! bound (`--pod-watch-stale-secs`): after that, [`PodDirectory::ready`]
+//! says why, impersonation is refused and `/healthz/ready` fails, until a
+//! list succeeds again. A cache the watch no longer feeds would go on
+//! lending a deleted or moved pod's identity to its old node.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 
-use crate::authz::{PodDirectory, PodView};
+use crate::authz::{NotReady, PodDirectory, PodView};
 
 /// A pod as the CA sees it.
 pub fn view(pod: &Pod) -> Option<PodView> {
@@ -27,91 +39,265 @@ pub fn view(pod: &Pod) -> Option<PodView> {
         name: meta.name.clone()?,
         uid: meta.uid.clone().unwrap_or_default(),
         node: spec.node_name.clone().unwrap_or_default(),
-        service_account: spec
-            .service_account_name
-            .clone()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".to_owned()),
+        // No service account (a static or mirror pod): no identity, never
+        // `default`'s.
+        service_account: spec.service_account_name.clone().unwrap_or_default(),
         live: meta.deletion_timestamp.is_none() && !matches!(phase, "Succeeded" | "Failed"),
     })
 }
 
-/// Pods from a kube-rs reflector (`list`+`watch` of every namespace's pods).
+/// The pods known, by name, and the identities held on each node.
+#[derive(Debug, Default)]
+struct PodIndex {
+    by_name: HashMap<(String, String), PodView>,
+    /// `node/namespace/serviceAccount` (none of the three holds a `/`) ->
+    /// how many pods there hold it ([`PodView::holds_identity`]).
+    identities: HashMap<String, usize>,
+}
+
+fn identity_key(node: &str, namespace: &str, service_account: &str) -> String {
+    format!("{node}/{namespace}/{service_account}")
+}
+
+impl PodIndex {
+    fn key_of(v: &PodView) -> Option<String> {
+        (v.holds_identity() && !v.node.is_empty())
+            .then(|| identity_key(&v.node, &v.namespace, &v.service_account))
+    }
+
+    fn insert(&mut self, v: PodView) {
+        if let Some(k) = Self::key_of(&v) {
+            *self.identities.entry(k).or_default() += 1;
+        }
+        if let Some(old) = self
+            .by_name
+            .insert((v.namespace.clone(), v.name.clone()), v)
+        {
+            self.uncount(&old);
+        }
+    }
+
+    /// Removes `namespace/name` when it is the pod `uid` (any pod of that
+    /// name when `uid` is empty).
+    fn remove(&mut self, namespace: &str, name: &str, uid: &str) {
+        let key = (namespace.to_owned(), name.to_owned());
+        if self
+            .by_name
+            .get(&key)
+            .is_some_and(|v| uid.is_empty() || v.uid == uid)
+        {
+            if let Some(old) = self.by_name.remove(&key) {
+                self.uncount(&old);
+            }
+        }
+    }
+
+    fn uncount(&mut self, v: &PodView) {
+        let Some(k) = Self::key_of(v) else { return };
+        if let Some(n) = self.identities.get_mut(&k) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.identities.remove(&k);
+            }
+        }
+    }
+}
+
+/// The watch's health.
+#[derive(Debug, Default)]
+struct Health {
+    /// A complete list has been indexed.
+    listed: bool,
+    /// Since when the watch has been failing, and its last error; `None`
+    /// once a list succeeds again.
+    failing: Option<(Instant, String)>,
+}
+
+struct Shared {
+    index: RwLock<PodIndex>,
+    health: Mutex<Health>,
+    stale_after: Duration,
+}
+
+impl Shared {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, PodIndex> {
+        #[cfg(test)]
+        EXAMINED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, PodIndex> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lists and watches until the runtime stops; a failure starts over
+    /// from a fresh list after a backoff.
+    async fn run(self: Arc<Self>, api: kube::Api<Pod>) {
+        const FIRST: Duration = Duration::from_millis(500);
+        const MAX: Duration = Duration::from_secs(30);
+        let mut backoff = FIRST;
+        loop {
+            let mut stream = std::pin::pin!(watcher(api.clone(), watcher::Config::default()));
+            // The list in progress: the index in hand keeps answering until
+            // it is complete.
+            let mut listing: Option<PodIndex> = None;
+            let error = loop {
+                let event = match stream.next().await {
+                    Some(Ok(e)) => e,
+                    Some(Err(e)) => break e.to_string(),
+                    None => break "the pod watch ended".to_owned(),
+                };
+                match event {
+                    watcher::Event::Init => listing = Some(PodIndex::default()),
+                    watcher::Event::InitApply(p) => {
+                        if let (Some(l), Some(v)) = (listing.as_mut(), view(&p)) {
+                            l.insert(v);
+                        }
+                    }
+                    watcher::Event::InitDone => {
+                        let fresh = listing.take().unwrap_or_default();
+                        let pods = fresh.by_name.len();
+                        let old = std::mem::replace(&mut *self.write(), fresh);
+                        drop(old);
+                        let was_failing = {
+                            let mut h = self.health();
+                            h.listed = true;
+                            h.failing.take()
+                        };
+                        backoff = FIRST;
+                        match was_failing {
+                            Some((since, _)) => tracing::info!(
+                                ca.pods = pods,
+                                ca.failed_for_s = since.elapsed().as_secs(),
+                                "pod watch healthy again"
+                            ),
+                            None => tracing::info!(ca.pods = pods, "pod cache synced"),
+                        }
+                    }
+                    watcher::Event::Apply(p) => {
+                        if let Some(v) = view(&p) {
+                            self.write().insert(v);
+                        }
+                    }
+                    watcher::Event::Delete(p) => {
+                        let m = &p.metadata;
+                        if let (Some(ns), Some(name)) = (m.namespace.as_deref(), m.name.as_deref())
+                        {
+                            self.write()
+                                .remove(ns, name, m.uid.as_deref().unwrap_or(""));
+                        }
+                    }
+                }
+            };
+            tracing::warn!(error = %error, ca.retry_in_ms = backoff.as_millis() as u64, "pod watch failed; listing again after a backoff");
+            self.health()
+                .failing
+                .get_or_insert_with(|| (Instant::now(), String::new()))
+                .1 = error;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX);
+        }
+    }
+}
+
+/// Pods from a watch of every namespace's pods (see the module docs).
 #[derive(Clone)]
 pub struct WatchedPods {
-    store: Store<Pod>,
-    synced: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for WatchedPods {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WatchedPods")
-            .field("synced", &self.synced.load(Ordering::Relaxed))
+            .field("health", &*self.shared.health())
+            .field("stale_after", &self.shared.stale_after)
             .finish_non_exhaustive()
     }
 }
 
 impl WatchedPods {
-    /// Starts the watch on the current tokio runtime.
-    pub fn start(client: kube::Client) -> WatchedPods {
-        let (store, writer) = reflector::store();
-        let synced = Arc::new(AtomicBool::new(false));
-        let stream = watcher(kube::Api::<Pod>::all(client), watcher::Config::default())
-            .modify(|p: &mut Pod| {
-                // Only what the authorization reads.
-                p.metadata.managed_fields = None;
-                p.metadata.annotations = None;
-                p.metadata.labels = None;
-                if let Some(status) = p.status.as_mut() {
-                    let phase = status.phase.take();
-                    *status = Default::default();
-                    status.phase = phase;
-                }
-            })
-            .default_backoff()
-            .reflect(writer);
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                if let Err(e) = event {
-                    tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
-                }
-            }
+    /// Starts the watch on the current tokio runtime. After `stale_after`
+    /// of a failing watch (zero: at once), the directory stops answering
+    /// until a list succeeds again.
+    pub fn start(client: kube::Client, stale_after: Duration) -> WatchedPods {
+        let shared = Arc::new(Shared {
+            index: RwLock::new(PodIndex::default()),
+            health: Mutex::new(Health::default()),
+            stale_after,
         });
-        let s = store.clone();
-        let flag = synced.clone();
-        tokio::spawn(async move {
-            if s.wait_until_ready().await.is_ok() {
-                flag.store(true, Ordering::SeqCst);
-                tracing::info!("pod cache synced");
-            }
-        });
-        WatchedPods { store, synced }
+        tokio::spawn(shared.clone().run(kube::Api::<Pod>::all(client)));
+        WatchedPods { shared }
+    }
+
+    /// Whether the watch is failing now (whether or not the bound has
+    /// passed): since how long, and its last error.
+    pub fn watch_failing(&self) -> Option<(Duration, String)> {
+        self.shared
+            .health()
+            .failing
+            .as_ref()
+            .map(|(since, e)| (since.elapsed(), e.clone()))
+    }
+
+    /// Pods indexed now.
+    pub fn len(&self) -> usize {
+        self.shared.read().by_name.len()
+    }
+
+    /// Whether no pod is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
+#[cfg(test)]
+static EXAMINED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Index lookups so far (the unit tests' measure of a check's cost).
+#[cfg(test)]
+fn examined() -> u64 {
+    EXAMINED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 impl PodDirectory for WatchedPods {
-    fn ready(&self) -> Result<(), String> {
-        if self.synced.load(Ordering::SeqCst) {
-            Ok(())
-        } else {
-            Err("the pod cache has not listed the cluster's pods yet".into())
+    fn ready(&self) -> Result<(), NotReady> {
+        let h = self.shared.health();
+        let error = h.failing.as_ref().map(|(_, e)| e.clone());
+        if !h.listed {
+            return Err(NotReady::NotListed { error });
+        }
+        match &h.failing {
+            Some((since, e)) if since.elapsed() >= self.shared.stale_after => {
+                Err(NotReady::Stale {
+                    failing_for: since.elapsed(),
+                    allowed: self.shared.stale_after,
+                    error: e.clone(),
+                })
+            }
+            _ => Ok(()),
         }
     }
 
     fn pod(&self, namespace: &str, name: &str) -> Option<PodView> {
-        self.store
-            .get(&ObjectRef::new(name).within(namespace))
-            .and_then(|p| view(&p))
+        self.shared
+            .read()
+            .by_name
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
     }
 
     fn has_identity_on_node(&self, node: &str, namespace: &str, service_account: &str) -> bool {
-        self.store.state().iter().filter_map(|p| view(p)).any(|v| {
-            v.live
-                && v.node == node
-                && v.namespace == namespace
-                && v.service_account == service_account
-        })
+        if service_account.is_empty() {
+            return false;
+        }
+        self.shared
+            .read()
+            .identities
+            .contains_key(&identity_key(node, namespace, service_account))
     }
 }
 
@@ -138,7 +324,7 @@ impl StaticPods {
 }
 
 impl PodDirectory for StaticPods {
-    fn ready(&self) -> Result<(), String> {
+    fn ready(&self) -> Result<(), NotReady> {
         Ok(())
     }
 
@@ -156,10 +342,170 @@ impl PodDirectory for StaticPods {
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .any(|v| {
-                v.live
+                v.holds_identity()
                     && v.node == node
                     && v.namespace == namespace
                     && v.service_account == service_account
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use ringway_config::kube::testing::{FakeApiServer, FakePod, Kind};
+
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Waits (at most 20 s) for `cond`.
+    fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn running(uid: &str, ns: &str, name: &str, node: &str, sa: &str) -> serde_json::Value {
+        FakePod::new(uid, ns, name, node)
+            .service_account(sa)
+            .running(&[])
+            .json()
+    }
+
+    fn watched(
+        api_pods: &[serde_json::Value],
+    ) -> (tokio::runtime::Runtime, FakeApiServer, WatchedPods) {
+        let rt = runtime();
+        let (client, api) = FakeApiServer::start(rt.handle());
+        for p in api_pods {
+            api.apply_pod(p.clone());
+        }
+        let pods = {
+            let _g = rt.enter();
+            WatchedPods::start(client, Duration::from_secs(60))
+        };
+        until("the pod watch listed", || pods.ready().is_ok());
+        (rt, api, pods)
+    }
+
+    /// An impersonation check looks its answer up: it neither clones nor
+    /// scans the cluster's pods (each check did, on the CA's two threads: a
+    /// node proxy's burst of renewals in a large cluster kept them busy).
+    #[test]
+    fn adversarial_impersonation_checks_do_not_scan_the_pod_store() {
+        let many: Vec<_> = (0..5_000)
+            .map(|i| {
+                running(
+                    &format!("u-{i}"),
+                    &format!("ns-{}", i % 100),
+                    &format!("p-{i}"),
+                    &format!("node-{}", i % 50),
+                    &format!("sa-{}", i % 7),
+                )
+            })
+            .collect();
+        let (_rt, _api, pods) = watched(&many);
+        let before = examined();
+        let mut hits = 0;
+        for i in 0..1_000 {
+            let node = format!("node-{}", i % 50);
+            let ns = format!("ns-{}", i % 100);
+            if pods.has_identity_on_node(&node, &ns, &format!("sa-{}", i % 7)) {
+                hits += 1;
+            }
+            assert!(pods.pod(&ns, &format!("p-{i}")).is_some());
+        }
+        // Pod i is ns-(i%100) on node-(i%50) as sa-(i%7): lookup i asks
+        // exactly for pod i's identity.
+        assert_eq!(hits, 1_000);
+        let cost = examined() - before;
+        assert!(
+            cost <= 2_000,
+            "2,000 lookups examined {cost} pod entries (the store has 5,000 pods)"
+        );
+    }
+
+    /// The index is kept by the watch's events: a finished, deleted, moved or
+    /// relisted-away pod stops counting, a second pod with the same identity
+    /// keeps it counted until it goes too, and a pod without a service
+    /// account never counts.
+    #[test]
+    fn adversarial_the_pod_index_follows_the_watch() {
+        let (_rt, api, pods) = watched(&[
+            running("u-web", "shop", "web-1", "node-a", "web"),
+            running("u-cart", "shop", "cart-1", "node-a", "cart"),
+            running("u-api-1", "shop", "api-1", "node-a", "api"),
+            running("u-api-2", "shop", "api-2", "node-a", "api"),
+            FakePod::new("u-etcd", "kube-system", "etcd-node-a", "node-a")
+                .running(&[])
+                .json(),
+        ]);
+        let has = |node: &str, ns: &str, sa: &str| pods.has_identity_on_node(node, ns, sa);
+        assert!(has("node-a", "shop", "web") && has("node-a", "shop", "cart"));
+        assert!(!has("node-b", "shop", "web"));
+        assert!(!has("node-a", "kube-system", "default") && !has("node-a", "kube-system", ""));
+        assert_eq!(
+            pods.pod("kube-system", "etcd-node-a")
+                .unwrap()
+                .service_account,
+            ""
+        );
+
+        // Finished.
+        api.apply_pod(
+            FakePod::new("u-web", "shop", "web-1", "node-a")
+                .service_account("web")
+                .running(&[])
+                .phase("Succeeded")
+                .json(),
+        );
+        until("a finished pod stops counting", || {
+            !has("node-a", "shop", "web")
+        });
+        assert!(!pods.pod("shop", "web-1").unwrap().live);
+
+        // Two pods with one identity: it counts until both are gone.
+        api.delete_pod("shop", "api-1");
+        until("the deletion arrived", || {
+            pods.pod("shop", "api-1").is_none()
+        });
+        assert!(has("node-a", "shop", "api"));
+        api.delete_pod("shop", "api-2");
+        until("the last api pod's identity goes", || {
+            !has("node-a", "shop", "api")
+        });
+
+        // Moved: the same name again, another UID, on node-b.
+        api.apply_pod(running("u-cart-2", "shop", "cart-1", "node-b", "cart"));
+        until("the moved pod counts on its new node", || {
+            has("node-b", "shop", "cart")
+        });
+        assert!(!has("node-a", "shop", "cart"));
+
+        // Deleted while the watch did not see it, then a relist (410 Gone).
+        api.delete_unseen(Kind::Pod, "shop", "cart-1");
+        api.apply_pod(running("u-new", "shop", "new-1", "node-c", "new"));
+        until("the new pod arrived", || has("node-c", "shop", "new"));
+        assert!(
+            has("node-b", "shop", "cart"),
+            "unseen: still counted until a relist"
+        );
+        api.expire(Kind::Pod);
+        until("the relist forgets the pod deleted unseen", || {
+            !has("node-b", "shop", "cart")
+        });
+        assert!(pods.pod("shop", "cart-1").is_none());
+        assert!(has("node-c", "shop", "new"), "the relist keeps what exists");
+        assert!(pods.ready().is_ok());
     }
 }

@@ -1,46 +1,203 @@
 //! The transport: TLS (the CA service's own serving certificate; callers
 //! authenticate with their token, not a client certificate), HTTP/2, one
 //! unary gRPC method.
+//!
+//! Port 15012 is open to every pod, so what a connection may cost before
+//! its caller is authenticated is bounded as on the tunnel port (15008):
+//! - at accept, a per-source cap ([`ServerLimits::max_connections_per_source`])
+//!   and then a global one ([`ServerLimits::max_connections`]); a connection
+//!   over either is reset at once, before TLS, and counted. The global cap is
+//!   taken after accept and after the source's, so one source can hold at
+//!   most its own share of it;
+//! - bounds on the TLS handshake, on the HTTP/2 preface after it, and on a
+//!   connection without a stream (idle); a call has its own bound;
+//! - a request's token is read from its headers and checked before any of
+//!   its body: an unauthenticated stream's flow-control window is what a
+//!   CSR needs ([`ServerLimits::preauth_body_bytes`]), and the body is read
+//!   (up to the request limit) only once the caller is authenticated.
+//!
+//! Each refusal is counted: connections in
+//! `ringway_ca_connections_refused_total{reason}`, calls in
+//! `ringway_ca_requests_total{code,reason}`.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use prost::Message;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 use crate::grpc::{encode_frame, encode_message, Code, Status};
-use crate::proto::CREATE_CERTIFICATE_PATH;
+use crate::proto::{IstioCertificateResponse, CREATE_CERTIFICATE_PATH};
 use crate::service::CaService;
 
 /// Transport limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Connections served at once; more wait in the kernel's backlog.
+    /// Connections open at once, from every source; more are reset at
+    /// accept.
     pub max_connections: usize,
-    /// Time for the TLS handshake and the HTTP/2 preface.
+    /// Connections open at once from one source address; more are reset at
+    /// accept (before the global cap is looked at).
+    pub max_connections_per_source: usize,
+    /// Time for the TLS handshake.
     pub handshake_timeout: Duration,
+    /// Time for the HTTP/2 preface and SETTINGS after TLS.
+    pub preface_timeout: Duration,
+    /// A connection without a stream for this long is closed (GOAWAY).
+    pub idle_timeout: Duration,
     /// Time for one call, from its headers to its last byte.
     pub request_timeout: Duration,
     /// Streams at once on one connection.
     pub max_concurrent_streams: u32,
     /// Largest header block.
     pub max_header_list_size: u32,
+    /// A stream's HTTP/2 flow-control window (SETTINGS_INITIAL_WINDOW_SIZE):
+    /// what a caller not yet authenticated may have buffered, per stream.
+    /// The body is read, and the window opened as it is, once the caller
+    /// is authenticated.
+    pub preauth_body_bytes: u32,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         ServerLimits {
             max_connections: 4096,
-            handshake_timeout: Duration::from_secs(10),
+            max_connections_per_source: 128,
+            handshake_timeout: Duration::from_secs(5),
+            preface_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(15),
             max_concurrent_streams: 32,
             max_header_list_size: 16 * 1024,
+            // A CSR (16 KiB at most) and the rest of its request.
+            preauth_body_bytes: 20 * 1024,
         }
+    }
+}
+
+/// A transport limit out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{limit}: {problem}")]
+pub struct ServerLimitsError {
+    /// The limit (its field name).
+    pub limit: &'static str,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl ServerLimits {
+    /// Checks the values; the error names the limit.
+    pub fn validate(&self) -> Result<(), ServerLimitsError> {
+        let err = |limit, problem: String| Err(ServerLimitsError { limit, problem });
+        if self.max_connections == 0 {
+            return err("max_connections", "0 would refuse every connection".into());
+        }
+        if self.max_connections_per_source == 0 {
+            return err(
+                "max_connections_per_source",
+                "0 would refuse every connection".into(),
+            );
+        }
+        if self.max_connections_per_source > self.max_connections {
+            return err(
+                "max_connections_per_source",
+                format!(
+                    "{} is more than max_connections ({})",
+                    self.max_connections_per_source, self.max_connections
+                ),
+            );
+        }
+        for (limit, d) in [
+            ("handshake_timeout", self.handshake_timeout),
+            ("preface_timeout", self.preface_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if d.is_zero() {
+                return err(limit, "must be more than 0".into());
+            }
+        }
+        if self.max_concurrent_streams == 0 {
+            return err("max_concurrent_streams", "0 would refuse every call".into());
+        }
+        if !(4096..=(1 << 20)).contains(&self.max_header_list_size) {
+            return err(
+                "max_header_list_size",
+                format!("{} is outside 4096..=1048576", self.max_header_list_size),
+            );
+        }
+        if !(1024..=(1 << 20)).contains(&self.preauth_body_bytes) {
+            return err(
+                "preauth_body_bytes",
+                format!("{} is outside 1024..=1048576", self.preauth_body_bytes),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Connections open, in total and per source.
+#[derive(Debug)]
+struct ConnSlots {
+    per_source: usize,
+    total: usize,
+    counts: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// One admitted connection; dropping it gives its places back.
+struct ConnGuard {
+    slots: Arc<ConnSlots>,
+    service: Arc<CaService>,
+    src: IpAddr,
+}
+
+impl ConnSlots {
+    /// Admits one more connection of `src`: its source's cap first (so one
+    /// source never holds more of the global cap than its own share), then
+    /// the global one; `Err` names the cap.
+    fn admit(
+        self: &Arc<Self>,
+        src: IpAddr,
+        service: &Arc<CaService>,
+    ) -> Result<ConnGuard, &'static str> {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let (total, by_source) = &mut *c;
+        let n = by_source.get(&src).copied().unwrap_or(0);
+        if n >= self.per_source {
+            return Err("per_source");
+        }
+        if *total >= self.total {
+            return Err("global");
+        }
+        by_source.insert(src, n + 1);
+        *total += 1;
+        service.connections_gauge().inc();
+        Ok(ConnGuard {
+            slots: self.clone(),
+            service: service.clone(),
+            src,
+        })
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        let mut c = self.slots.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let (total, by_source) = &mut *c;
+        *total = total.saturating_sub(1);
+        if let Some(n) = by_source.get_mut(&self.src) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                by_source.remove(&self.src);
+            }
+        }
+        self.service.connections_gauge().dec();
     }
 }
 
@@ -53,14 +210,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let conns = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Arc::new(ConnSlots {
+        per_source: limits.max_connections_per_source,
+        total: limits.max_connections,
+        counts: Mutex::new((0, HashMap::new())),
+    });
     let limits = Arc::new(limits);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            p = conns.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            () = &mut shutdown => return,
-        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -72,13 +229,41 @@ pub async fn serve(
             },
             () = &mut shutdown => return,
         };
+        let src = peer.ip().to_canonical();
+        let guard = match slots.admit(src, &service) {
+            Ok(g) => g,
+            Err(reason) => {
+                // Reset, not closed: nothing lingers on either side.
+                let _ = stream.set_zero_linger();
+                drop(stream);
+                service.connection_refused(reason);
+                tracing::debug!(ca.peer = %peer, ca.reason = reason, "connection over a cap; reset");
+                continue;
+            }
+        };
         let (acceptor, service, limits) = (acceptor.clone(), service.clone(), limits.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _guard = guard;
             if let Err(e) = connection(stream, peer, acceptor, service, limits).await {
                 tracing::debug!(ca.peer = %peer, error = %e, "connection ended");
             }
         });
+    }
+}
+
+/// Streams open on a connection, and when the last one ended.
+struct Activity {
+    open: AtomicUsize,
+    last_end: Mutex<Instant>,
+}
+
+/// One stream of a connection, open while it lives.
+struct StreamGuard(Arc<Activity>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        *self.0.last_end.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -90,70 +275,148 @@ async fn connection(
     limits: Arc<ServerLimits>,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
-    let mut h2 = tokio::time::timeout(limits.handshake_timeout, async {
-        let tls = acceptor
-            .accept(stream)
-            .await
-            .map_err(|e| format!("TLS: {e}"))?;
-        h2::server::Builder::new()
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            .max_header_list_size(limits.max_header_list_size)
-            .handshake::<_, Bytes>(tls)
-            .await
-            .map_err(|e| format!("HTTP/2 preface: {e}"))
-    })
-    .await
-    .map_err(|_| "handshake timed out".to_owned())??;
-    while let Some(req) = h2.accept().await {
-        let (req, respond) = req.map_err(|e| format!("HTTP/2: {e}"))?;
-        let (service, limits) = (service.clone(), limits.clone());
-        tokio::spawn(async move {
-            let timeout = limits.request_timeout;
-            let outcome = tokio::time::timeout(timeout, call(req, &service)).await;
-            let result = outcome.unwrap_or_else(|_| {
-                Err(Status::new(
-                    Code::Unavailable,
-                    "request_timeout",
-                    format!("the call took longer than {timeout:?}"),
-                ))
-            });
-            if let Err(s) = &result {
-                tracing::info!(ca.peer = %peer, ca.code = s.code.name(), ca.reason = s.reason, ca.message = %s.message, "CreateCertificate refused");
+    let refused = |reason: &'static str, e: String| {
+        service.connection_refused(reason);
+        e
+    };
+    let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
+        Err(_) => {
+            return Err(refused(
+                "handshake_timeout",
+                "TLS handshake timed out".into(),
+            ))
+        }
+        Ok(Err(e)) => return Err(refused("handshake_failed", format!("TLS: {e}"))),
+        Ok(Ok(tls)) => tls,
+    };
+    let preface = h2::server::Builder::new()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(limits.max_header_list_size)
+        .initial_window_size(limits.preauth_body_bytes)
+        .handshake::<_, Bytes>(tls);
+    let mut h2 = match tokio::time::timeout(limits.preface_timeout, preface).await {
+        Err(_) => {
+            return Err(refused(
+                "preface_timeout",
+                "HTTP/2 preface timed out".into(),
+            ))
+        }
+        Ok(Err(e)) => return Err(refused("preface_failed", format!("HTTP/2 preface: {e}"))),
+        Ok(Ok(h2)) => h2,
+    };
+    let src = peer.ip().to_canonical();
+    let idle = limits.idle_timeout;
+    let activity = Arc::new(Activity {
+        open: AtomicUsize::new(0),
+        last_end: Mutex::new(Instant::now()),
+    });
+    loop {
+        // While streams are open, look again one idle period later.
+        let deadline = if activity.open.load(Ordering::SeqCst) == 0 {
+            *activity.last_end.lock().unwrap_or_else(|p| p.into_inner()) + idle
+        } else {
+            Instant::now() + idle
+        };
+        tokio::select! {
+            next = h2.accept() => {
+                let Some(next) = next else { return Ok(()) };
+                let (req, respond) = next.map_err(|e| format!("HTTP/2: {e}"))?;
+                activity.open.fetch_add(1, Ordering::SeqCst);
+                let guard = StreamGuard(activity.clone());
+                let (service, limits) = (service.clone(), limits.clone());
+                tokio::spawn(async move {
+                    let _open = guard;
+                    serve_call(req, respond, &service, &limits, peer, src).await;
+                });
             }
-            respond_with(respond, result);
-        });
+            () = tokio::time::sleep_until(deadline.into()) => {
+                let quiet = activity.open.load(Ordering::SeqCst) == 0
+                    && activity.last_end.lock().unwrap_or_else(|p| p.into_inner()).elapsed() >= idle;
+                if quiet {
+                    service.connection_refused("idle_timeout");
+                    tracing::debug!(ca.peer = %peer, "connection idle; closing");
+                    h2.graceful_shutdown();
+                    // Lets the GOAWAY out; no stream is open to wait for.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        while let Some(Ok(_)) = h2.accept().await {}
+                    })
+                    .await;
+                    return Ok(());
+                }
+            }
+        }
     }
-    Ok(())
+}
+
+/// One call of a connection this server accepted: bounded by the request
+/// timeout, counted, answered.
+async fn serve_call(
+    req: Request<h2::RecvStream>,
+    respond: h2::server::SendResponse<Bytes>,
+    service: &CaService,
+    limits: &ServerLimits,
+    peer: SocketAddr,
+    src: IpAddr,
+) {
+    let timeout = limits.request_timeout;
+    let result = tokio::time::timeout(timeout, call(req, service, Some(src)))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::new(
+                Code::Unavailable,
+                "request_timeout",
+                format!("the call took longer than {timeout:?}"),
+            ))
+        });
+    service.record(&result);
+    if let Err(s) = &result {
+        // Refusals of callers not (yet) authenticated come in floods: the
+        // counters have them, the log at debug.
+        if matches!(s.code, Code::Unauthenticated | Code::ResourceExhausted) {
+            tracing::debug!(ca.peer = %peer, ca.code = s.code.name(), ca.reason = s.reason, ca.message = %s.message, "CreateCertificate refused");
+        } else {
+            tracing::info!(ca.peer = %peer, ca.code = s.code.name(), ca.reason = s.reason, ca.message = %s.message, "CreateCertificate refused");
+        }
+    }
+    respond_with(respond, result);
 }
 
 /// Serves one `CreateCertificate` stream of an HTTP/2 connection someone
 /// else accepted (a server that also serves other methods on the same
 /// port, as the mesh's control plane serves xDS and certificates on 15012).
+/// That server owns the connection's limits; no source budget applies.
 pub async fn serve_stream(
     req: Request<h2::RecvStream>,
     respond: h2::server::SendResponse<Bytes>,
     service: &CaService,
 ) {
-    respond_with(respond, call(req, service).await);
+    let result = call(req, service, None).await;
+    service.record(&result);
+    respond_with(respond, result);
 }
 
-async fn call(req: Request<h2::RecvStream>, service: &CaService) -> Result<Bytes, Status> {
-    if req.uri().path() != CREATE_CERTIFICATE_PATH {
+async fn call(
+    req: Request<h2::RecvStream>,
+    service: &CaService,
+    source: Option<IpAddr>,
+) -> Result<IstioCertificateResponse, Status> {
+    let (parts, mut body) = req.into_parts();
+    if parts.uri.path() != CREATE_CERTIFICATE_PATH {
         return Err(Status::new(
             Code::Unimplemented,
             "unknown_method",
-            format!("no method {}", req.uri().path()),
+            format!("no method {}", parts.uri.path()),
         ));
     }
-    if req.method() != http::Method::POST {
+    if parts.method != http::Method::POST {
         return Err(Status::new(
             Code::Unimplemented,
             "unknown_method",
             "gRPC calls are POSTs",
         ));
     }
-    let content_type = req
-        .headers()
+    let content_type = parts
+        .headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
@@ -164,15 +427,16 @@ async fn call(req: Request<h2::RecvStream>, service: &CaService) -> Result<Bytes
             format!("content-type is {content_type:?}, expected application/grpc"),
         ));
     }
-    let authorization = req
-        .headers()
+    let authorization = parts
+        .headers
         .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+        .and_then(|v| v.to_str().ok());
+    // The token first: nothing of the body is read (h2 holds at most the
+    // stream's window of it) until the caller is authenticated.
+    let caller = service.authenticate(source, authorization).await?;
     // Read at most the request limit (plus the frame prefix): a bigger body
     // is refused before it is all buffered.
     let cap = service.limits().max_request_bytes + 5;
-    let mut body = req.into_body();
     let mut buf = BytesMut::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|e| {
@@ -192,13 +456,13 @@ async fn call(req: Request<h2::RecvStream>, service: &CaService) -> Result<Bytes
         }
         buf.extend_from_slice(&chunk);
     }
-    let resp = service
-        .create_certificate(authorization.as_deref(), &buf)
-        .await?;
-    Ok(encode_frame(&resp.encode_to_vec()))
+    service.issue(&caller, &buf).await
 }
 
-fn respond_with(mut respond: h2::server::SendResponse<Bytes>, result: Result<Bytes, Status>) {
+fn respond_with(
+    mut respond: h2::server::SendResponse<Bytes>,
+    result: Result<IstioCertificateResponse, Status>,
+) {
     let ok_headers = || {
         Response::builder()
             .status(StatusCode::OK)
@@ -207,7 +471,8 @@ fn respond_with(mut respond: h2::server::SendResponse<Bytes>, result: Result<Byt
             .unwrap_or_default()
     };
     match result {
-        Ok(frame) => {
+        Ok(resp) => {
+            let frame = encode_frame(&resp.encode_to_vec());
             let Ok(mut send) = respond.send_response(ok_headers(), false) else {
                 return;
             };
@@ -317,6 +582,9 @@ impl Server {
         service: Arc<CaService>,
         limits: ServerLimits,
     ) -> std::io::Result<Server> {
+        limits
+            .validate()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         if rt.handle().runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,

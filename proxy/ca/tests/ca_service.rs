@@ -341,6 +341,179 @@ fn adversarial_csr_a_node_proxy_cannot_mint_identities_of_pods_elsewhere() {
     assert_eq!(issued(&b), 0);
 }
 
+/// A token that names a pod but not its UID (a legacy or forged-looking
+/// review answer) does not prove which incarnation of the pod holds it: a
+/// replaced pod's token would pass. Impersonation needs a bound token.
+#[test]
+fn adversarial_impersonation_needs_a_token_bound_to_the_pods_uid() {
+    let mut tokens = known_tokens();
+    let mut no_uid = caller("ringway-system", "ringway-proxy", Some(("proxy-a", "")));
+    no_uid.pod_uid = None;
+    tokens.insert("proxy-a-no-uid".into(), no_uid);
+    let b = bed_reviewed_by(
+        Limits::default(),
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        Arc::new(FakeReviewer(tokens)),
+    );
+    let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
+    let e = call(&b, Some("proxy-a-no-uid"), &body(&req)).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::PermissionDenied, "token_not_bound_to_a_pod"),
+        "{e}"
+    );
+    assert_eq!(issued(&b), 0);
+    // Its own identity needs no pod.
+    call(&b, Some("proxy-a-no-uid"), &body(&request(&greedy_csr()))).unwrap();
+    // The same pod's bound token is served.
+    call(&b, Some("proxy-a"), &body(&req)).unwrap();
+}
+
+/// A pod without a service account (a static or mirror pod, which a
+/// node's kubelet may create in any namespace) has no identity: the CA never
+/// counts it as holding `sa/default`, so a node proxy cannot get
+/// `ns/<any>/sa/default` on its strength.
+#[test]
+fn adversarial_a_pod_without_a_service_account_lends_its_node_no_identity() {
+    let b = bed();
+    let mirror: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "kube-system", "name": "etcd-node-a", "uid": "u-etcd"},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "etcd"}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap();
+    let view = ringway_ca::pods::view(&mirror).unwrap();
+    assert_eq!(
+        view.service_account, "",
+        "no service account, not `default`"
+    );
+    b.pods.put(view);
+    // An explicit empty name is no service account either.
+    b.pods
+        .put(pod("payments", "static-1", "u-static-1", "node-a", ""));
+    for ns in ["kube-system", "payments"] {
+        let wanted = format!("spiffe://cluster.local/ns/{ns}/sa/default");
+        let req = request(&greedy_csr()).with_impersonation(&wanted);
+        let e = call(&b, Some("proxy-a"), &body(&req)).unwrap_err();
+        assert_eq!(
+            (e.code, e.reason),
+            (Code::PermissionDenied, "identity_not_on_node"),
+            "{wanted}: {e}"
+        );
+    }
+    assert_eq!(issued(&b), 0);
+}
+
+/// Waits (at most 20 s) for `cond`.
+fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A service whose pods come from `pods`, with the usual tokens.
+fn service_with_pods(pods: Arc<dyn ringway_ca::PodDirectory>) -> Arc<CaService> {
+    Arc::new(
+        CaService::new(
+            Policy {
+                trust_domain: TD.into(),
+                node_proxy: ("ringway-system".into(), "ringway-proxy".into()),
+            },
+            Limits::default(),
+            Arc::new(FakeReviewer(known_tokens())),
+            pods,
+            vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        )
+        .unwrap(),
+    )
+}
+
+/// A pod watch that keeps failing leaves the CA with a cache that grows
+/// older every second: a pod deleted or moved meanwhile would still lend
+/// its identity to its old node. Impersonation is refused once the watch
+/// has been failing for longer than its bound (served within it), readiness
+/// says why, and both come back with the watch.
+#[test]
+fn adversarial_impersonation_is_refused_once_the_pod_watch_has_failed_too_long() {
+    use ringway_config::kube::testing::{ApiMode, FakeApiServer, FakePod, Kind};
+    let watch_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, api) = FakeApiServer::start(watch_rt.handle());
+    for (uid, ns, name, sa) in [
+        ("u-pa", "ringway-system", "proxy-a", "ringway-proxy"),
+        ("u-cart-1", "shop", "cart-1", "cart"),
+    ] {
+        api.apply_pod(
+            FakePod::new(uid, ns, name, "node-a")
+                .service_account(sa)
+                .running(&[])
+                .json(),
+        );
+    }
+    let (strict, patient) = {
+        let _g = watch_rt.enter();
+        (
+            Arc::new(ringway_ca::pods::WatchedPods::start(
+                client.clone(),
+                Duration::ZERO,
+            )),
+            Arc::new(ringway_ca::pods::WatchedPods::start(
+                client,
+                Duration::from_secs(3600),
+            )),
+        )
+    };
+    let (strict_ca, patient_ca) = (
+        service_with_pods(strict.clone()),
+        service_with_pods(patient.clone()),
+    );
+    let req =
+        body(&request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart"));
+    let ask = |ca: &CaService| rt().block_on(ca.create_certificate(Some("Bearer proxy-a"), &req));
+    use ringway_ca::PodDirectory;
+    until("both watches listed", || {
+        strict.ready().is_ok() && patient.ready().is_ok()
+    });
+    ask(&strict_ca).unwrap();
+    ask(&patient_ca).unwrap();
+
+    // The API server goes away: the open watches end, and every new list and
+    // watch fails.
+    api.set_mode_of(Kind::Pod, ApiMode::Unreachable);
+    api.end_watches(Kind::Pod);
+    until("the strict directory stops answering", || {
+        strict.ready().is_err()
+    });
+    let why = strict.ready().unwrap_err().detail();
+    assert!(why.contains("pod watch"), "readiness says why: {why}");
+    let e = ask(&strict_ca).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::Unavailable, "pod_cache_stale"),
+        "{e}"
+    );
+    // Within its bound the other one still answers, knowing the watch fails.
+    until("the patient directory sees the failure", || {
+        patient.watch_failing().is_some()
+    });
+    assert!(patient.ready().is_ok());
+    ask(&patient_ca).unwrap();
+
+    // The watch comes back (a fresh list): both answer again.
+    api.set_mode_of(Kind::Pod, ApiMode::Serve);
+    until("the strict directory recovers", || strict.ready().is_ok());
+    until("the patient directory recovers", || {
+        patient.watch_failing().is_none()
+    });
+    ask(&strict_ca).unwrap();
+    assert_eq!(strict_ca.count(Code::Unavailable, "pod_cache_stale"), 1);
+}
+
 #[test]
 fn adversarial_csr_malformed_requests_get_invalid_argument_and_change_nothing() {
     let b = bed();
@@ -561,6 +734,13 @@ fn csr_with_several_roots_the_newest_valid_one_signs() {
 fn kube_client(
     answer: impl Fn(&serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
 ) -> (kube::Client, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+    kube_client_answering(move |req| (201, answer(req)))
+}
+
+/// As [`kube_client`], the answer's HTTP status chosen too.
+fn kube_client_answering(
+    answer: impl Fn(&serde_json::Value) -> (u16, serde_json::Value) + Send + Sync + 'static,
+) -> (kube::Client, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
     use http_body_util::BodyExt;
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen2 = seen.clone();
@@ -575,11 +755,11 @@ fn kube_client(
             );
             let bytes = req.into_body().collect().await.unwrap().to_bytes();
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-            let out = answer(&v);
+            let (code, out) = answer(&v);
             seen.lock().unwrap().push(v);
             Ok::<_, std::convert::Infallible>(
                 http::Response::builder()
-                    .status(201)
+                    .status(code)
                     .header("content-type", "application/json")
                     .body(kube::client::Body::from(serde_json::to_vec(&out).unwrap()))
                     .unwrap(),
@@ -666,6 +846,58 @@ fn csr_token_reviews_go_to_the_kubernetes_api_with_the_audience() {
     });
 }
 
+/// What the API server says about a token it refuses, or about itself when
+/// it fails, is for the CA's log: an unauthenticated caller gets a generic
+/// status (the API server's addresses, its storage's errors and its
+/// verdict's details would tell an attacker about the cluster).
+#[test]
+fn adversarial_api_server_error_text_never_reaches_the_caller() {
+    const SECRET: &str = "etcd-3.internal:2379 key kid-7f3a";
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, _) = kube_client_answering(|req| {
+            match req["spec"]["token"].as_str().unwrap() {
+                "api-down" => (
+                    500,
+                    serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": format!("etcdserver: request timed out talking to {SECRET}"),
+                        "reason": "InternalError", "code": 500
+                    }),
+                ),
+                _ => (
+                    201,
+                    review_answer(
+                        req,
+                        serde_json::json!({
+                            "authenticated": false,
+                            "error": format!("[invalid bearer token, square/go-jose: error in cryptographic primitive: {SECRET}]")
+                        }),
+                    ),
+                ),
+            }
+        });
+        let reviewer = KubeTokenReviewer::new(client, "istio-ca");
+        for (token, code, reason) in [
+            ("api-down", Code::Unavailable, "token_review_failed"),
+            ("forged", Code::Unauthenticated, "token_rejected"),
+        ] {
+            let e = reviewer.review(token).await.unwrap_err();
+            assert_eq!((e.code, e.reason), (code, reason), "{token}: {e}");
+            for leak in ["etcd", "kid-7f3a", "go-jose", "invalid bearer token", "500"] {
+                assert!(
+                    !e.message.contains(leak),
+                    "{token}: the caller is told {leak:?}: {e}"
+                );
+            }
+            assert!(!e.message.is_empty(), "{token}: still a status that says what failed");
+        }
+    });
+}
+
 #[test]
 fn csr_a_review_answer_with_odd_service_account_names_is_refused() {
     for username in [
@@ -692,11 +924,19 @@ struct Served {
     client: CaClient,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     bed: Bed,
+    addr: std::net::SocketAddr,
+    /// A client TLS config trusting the serving certificate (ALPN h2).
+    tls: Arc<rustls::ClientConfig>,
 }
 
 /// The service on 127.0.0.1 (in the caller's own network namespace) with a
 /// serving certificate for `ca.test`.
 async fn serve(bed: Bed) -> Served {
+    serve_limited(bed, ringway_ca::server::ServerLimits::default()).await
+}
+
+/// [`serve`] with these transport limits.
+async fn serve_limited(bed: Bed, limits: ringway_ca::server::ServerLimits) -> Served {
     let key = KeyPair::generate().unwrap();
     let cert = CertificateParams::new(vec!["ca.test".to_owned()])
         .unwrap()
@@ -719,20 +959,23 @@ async fn serve(bed: Bed) -> Served {
         listener,
         Arc::new(tls),
         bed.service.clone(),
-        ringway_ca::server::ServerLimits::default(),
+        limits,
         async {
             let _ = stopped.await;
         },
     ));
+    let tls = CaClient::tls_config(&[cert.der().clone()]).unwrap();
     let client = CaClient::new(
         addr,
         rustls_pki_types::ServerName::try_from("ca.test").unwrap(),
-        CaClient::tls_config(&[cert.der().clone()]).unwrap(),
+        tls.clone(),
     );
     Served {
         client,
         stop: Some(stop),
         bed,
+        addr,
+        tls,
     }
 }
 
@@ -1152,8 +1395,9 @@ fn adversarial_token_review_failures_are_not_cached() {
     }
     assert_eq!(
         reviewer.reviews(),
-        5,
-        "each call with a rejected token is reviewed"
+        3,
+        "a rejected token is reviewed once, then refused from the refusal cache \
+         (adversarial_a_refused_token_costs_one_review_until_its_refusal_expires)"
     );
     assert_eq!(
         b.service.cached_tokens(),
@@ -1275,4 +1519,568 @@ fn adversarial_a_review_ends_with_its_tokens_exp() {
         2,
         "a review is not used past the token's exp"
     );
+}
+
+// ------------------------------------------------ before authentication (issue 23, 3)
+
+/// The known tokens; each review of a token starting with `slow-` waits for
+/// the gate to open (an API server that takes its time), the others are
+/// answered at once. Counts the reviews started.
+struct GatedReviewer {
+    known: FakeReviewer,
+    gate: tokio::sync::Semaphore,
+    started: std::sync::atomic::AtomicUsize,
+}
+
+impl GatedReviewer {
+    fn new() -> Arc<GatedReviewer> {
+        Self::knowing(known_tokens())
+    }
+
+    fn knowing(tokens: HashMap<String, Caller>) -> Arc<GatedReviewer> {
+        Arc::new(GatedReviewer {
+            known: FakeReviewer(tokens),
+            gate: tokio::sync::Semaphore::new(0),
+            started: Default::default(),
+        })
+    }
+
+    fn started(&self) -> usize {
+        self.started.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn open(&self) {
+        self.gate.add_permits(1 << 20);
+    }
+}
+
+impl TokenReviewer for GatedReviewer {
+    fn review<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Caller, Status>> {
+        Box::pin(async move {
+            self.started
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if token.starts_with("slow-") {
+                let _ = self.gate.acquire().await;
+            }
+            self.known.review(token).await
+        })
+    }
+}
+
+fn src(s: &str) -> std::net::IpAddr {
+    s.parse().unwrap()
+}
+
+/// A token the API server refused is refused again from memory for a short
+/// while: the same junk sent in a loop costs one review, not one per call.
+/// The memory is bounded, and keyed by the token's digest.
+#[test]
+fn adversarial_a_refused_token_costs_one_review_until_its_refusal_expires() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &[]);
+    let b = cache_bed(Duration::from_secs(3600), 8, reviewer.clone());
+    let req = node_proxy_request();
+    for _ in 0..50 {
+        let e = call(&b, Some("junk"), &req).unwrap_err();
+        assert_eq!(
+            (e.code, e.reason),
+            (Code::Unauthenticated, "token_rejected"),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        reviewer.reviews(),
+        1,
+        "one review for 50 calls with one junk token"
+    );
+    assert_eq!(b.service.refusals_cached(), 49);
+    // Unique junk: each is reviewed, and the refusals kept stay bounded.
+    for i in 0..100 {
+        let _ = call(&b, Some(&format!("junk-{i}")), &req).unwrap_err();
+    }
+    assert!(
+        b.service.refused_tokens() <= 8,
+        "{}",
+        b.service.refused_tokens()
+    );
+    // A real token is still reviewed and served.
+    call(&b, Some("proxy-a"), &req).unwrap();
+}
+
+/// Each source address has a budget of token reviews: junk from one pod
+/// (a new token every call, so no cache helps) costs the API server the
+/// budget's burst, not a review per call, and other sources keep theirs.
+/// A token that passed a review before is not charged.
+#[test]
+fn adversarial_one_source_cannot_spend_more_than_its_review_budget() {
+    let reviewer = CountingReviewer::new(Duration::ZERO, &[]);
+    let b = bed_reviewed_by(
+        Limits {
+            review_rate_per_source: 0.001,
+            review_burst_per_source: 5.0,
+            // Every call reviewed: only the budget limits them.
+            review_cache_ttl: Duration::ZERO,
+            ..Limits::default()
+        },
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        reviewer.clone(),
+    );
+    let req = node_proxy_request();
+    let own = body(&request(&greedy_csr()));
+    let attacker = src("10.0.0.66");
+    let ask = |from, token: &str, req: &[u8]| {
+        rt().block_on(b.service.create_certificate_from(
+            from,
+            Some(&format!("Bearer {token}")),
+            req,
+        ))
+    };
+    // The node proxy on the attacker's address (a shared node address)
+    // passes a review first.
+    ask(attacker, "proxy-a", &req).unwrap();
+    let mut limited = 0;
+    for i in 0..50 {
+        let e = ask(attacker, &format!("junk-{i}"), &req).unwrap_err();
+        match (e.code, e.reason) {
+            (Code::Unauthenticated, "token_rejected") => {}
+            (Code::ResourceExhausted, "source_rate_limited") => limited += 1,
+            other => panic!("{other:?}: {e}"),
+        }
+    }
+    assert_eq!(
+        reviewer.reviews(),
+        5,
+        "1 + the burst's 4 left: junk reviewed until the budget ran out"
+    );
+    assert_eq!(limited, 46);
+    assert_eq!(
+        b.service
+            .count(Code::ResourceExhausted, "source_rate_limited"),
+        46
+    );
+    // Another source is served, and so is the known token on the spent one.
+    ask(src("10.0.0.1"), "web-token", &own).unwrap();
+    ask(attacker, "proxy-a", &req).unwrap();
+    assert_eq!(reviewer.reviews(), 7);
+}
+
+/// When every review slot is taken, a call waits for one (up to a
+/// deadline) instead of failing at once.
+#[test]
+fn adversarial_calls_wait_for_a_review_slot_instead_of_failing_at_once() {
+    let mut tokens = known_tokens();
+    tokens.insert(
+        "slow-web".into(),
+        caller("shop", "web", Some(("web-1", "u-web-1"))),
+    );
+    let reviewer = GatedReviewer::knowing(tokens);
+    let b = bed_reviewed_by(
+        Limits {
+            max_concurrent_reviews: 1,
+            reserved_reviews: 0,
+            review_wait: Duration::from_secs(60),
+            ..Limits::default()
+        },
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        reviewer.clone(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let own = body(&request(&greedy_csr()));
+    let svc = b.service.clone();
+    let o = own.clone();
+    let first =
+        runtime.spawn(async move { svc.create_certificate(Some("Bearer slow-web"), &o).await });
+    until("the first review holds the only slot", || {
+        reviewer.started() == 1
+    });
+    let svc = b.service.clone();
+    let o = own.clone();
+    let second =
+        runtime.spawn(async move { svc.create_certificate(Some("Bearer proxy-a"), &o).await });
+    until("the second call waits for the slot (or has failed)", || {
+        b.service.reviews_waiting() == 1 || second.is_finished()
+    });
+    reviewer.open();
+    let (first, second) = runtime.block_on(async { (first.await.unwrap(), second.await.unwrap()) });
+    first.unwrap();
+    second.unwrap_or_else(|e| panic!("the second call did not wait for a slot: {e}"));
+    assert_eq!(
+        b.service.count(Code::ResourceExhausted, "too_many_reviews"),
+        0
+    );
+
+    // With a short deadline, a call that gets no slot in time is refused.
+    let closed = GatedReviewer::new();
+    let b = bed_reviewed_by(
+        Limits {
+            max_concurrent_reviews: 1,
+            reserved_reviews: 0,
+            review_wait: Duration::from_millis(100),
+            ..Limits::default()
+        },
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        closed.clone(),
+    );
+    let svc = b.service.clone();
+    let o = own.clone();
+    let _held =
+        runtime.spawn(async move { svc.create_certificate(Some("Bearer slow-held"), &o).await });
+    until("the slot is held", || closed.started() == 1);
+    let e = runtime
+        .block_on(b.service.create_certificate(Some("Bearer proxy-b"), &own))
+        .unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::ResourceExhausted, "too_many_reviews"),
+        "{e}"
+    );
+}
+
+/// Junk tokens from many sources can take every ordinary review slot; a
+/// caller whose token passed a review before still gets reviewed, from the
+/// slots reserved for such tokens, so renewals go on.
+#[test]
+fn adversarial_junk_tokens_cannot_starve_renewals_of_known_callers() {
+    let reviewer = GatedReviewer::new();
+    let b = bed_reviewed_by(
+        Limits {
+            max_concurrent_reviews: 4,
+            reserved_reviews: 1,
+            review_wait: Duration::from_secs(60),
+            // Every renewal needs a review.
+            review_cache_ttl: Duration::ZERO,
+            ..Limits::default()
+        },
+        vec![Arc::new(CaSigner::generate_for_tests(TD))],
+        reviewer.clone(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let req = node_proxy_request();
+    // The node proxy renewed before: its token passed a review.
+    runtime
+        .block_on(b.service.create_certificate(Some("Bearer proxy-a"), &req))
+        .unwrap();
+    let mut junk = Vec::new();
+    for i in 0..8 {
+        let svc = b.service.clone();
+        let r = req.clone();
+        junk.push(runtime.spawn(async move {
+            svc.create_certificate_from(
+                format!("10.1.0.{i}").parse().unwrap(),
+                Some(&format!("Bearer slow-junk-{i}")),
+                &r,
+            )
+            .await
+        }));
+    }
+    until("junk holds every ordinary slot", || {
+        reviewer.started() == 1 + 4
+    });
+    until("and more junk waits", || b.service.reviews_waiting() == 4);
+    let renewal = runtime.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            b.service.create_certificate(Some("Bearer proxy-a"), &req),
+        )
+        .await
+    });
+    let renewal = renewal.unwrap_or_else(|_| panic!("the renewal waited behind the junk"));
+    renewal.unwrap_or_else(|e| panic!("the renewal was starved by junk: {e}"));
+    reviewer.open();
+    for j in junk {
+        let e = runtime.block_on(j).unwrap().unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    }
+}
+
+// ---------------------------------------------- port 15012 before authentication
+
+/// A TCP connection to `to` from the local address `from` (in the test's
+/// own namespace: any 127.0.0.0/8 address is on its `lo`).
+async fn tcp_from(
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4()?;
+    sock.bind(std::net::SocketAddr::new(from, 0))?;
+    sock.connect(to).await
+}
+
+async fn tls_from(
+    from: std::net::IpAddr,
+    s: &Served,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let tcp = tcp_from(from, s.addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    tokio_rustls::TlsConnector::from(s.tls.clone())
+        .connect(
+            rustls_pki_types::ServerName::try_from("ca.test").unwrap(),
+            tcp,
+        )
+        .await
+        .map_err(|e| format!("TLS: {e}"))
+}
+
+/// An HTTP/2 connection from `from` (TLS and preface done); the task
+/// driving it ends when the connection does.
+async fn h2_from(
+    from: std::net::IpAddr,
+    s: &Served,
+) -> Result<
+    (
+        h2::client::SendRequest<bytes::Bytes>,
+        tokio::task::JoinHandle<()>,
+    ),
+    String,
+> {
+    let tls = tls_from(from, s).await?;
+    let (send, conn) = h2::client::handshake(tls)
+        .await
+        .map_err(|e| format!("HTTP/2: {e}"))?;
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let send = send.ready().await.map_err(|e| format!("HTTP/2: {e}"))?;
+    Ok((send, task))
+}
+
+fn grpc_request(token: &str) -> http::Request<()> {
+    http::Request::post("https://ca.test/istio.v1.auth.IstioCertificateService/CreateCertificate")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .unwrap()
+}
+
+/// The gRPC status of a response (trailers-only, or its trailers).
+async fn grpc_status(resp: h2::client::ResponseFuture) -> Result<u32, String> {
+    let resp = resp.await.map_err(|e| format!("HTTP/2: {e}"))?;
+    let code = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u32>().ok())
+    };
+    if let Some(c) = code(resp.headers()) {
+        return Ok(c);
+    }
+    let mut body = resp.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(|e| format!("HTTP/2: {e}"))?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body
+        .trailers()
+        .await
+        .map_err(|e| format!("HTTP/2: {e}"))?
+        .unwrap_or_default();
+    code(&trailers).ok_or_else(|| "no grpc-status".into())
+}
+
+/// One whole call on `send`.
+async fn grpc_call(
+    send: &mut h2::client::SendRequest<bytes::Bytes>,
+    token: &str,
+    body: Vec<u8>,
+) -> Result<u32, String> {
+    let (resp, mut stream) = send
+        .send_request(grpc_request(token), false)
+        .map_err(|e| format!("HTTP/2: {e}"))?;
+    stream
+        .send_data(body.into(), true)
+        .map_err(|e| format!("HTTP/2: {e}"))?;
+    grpc_status(resp).await
+}
+
+fn lo(n: u8) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, n))
+}
+
+/// The token is read from the headers and checked before any of the body:
+/// a caller with a bad token is refused at once, whatever it sends or holds
+/// back, and an unauthenticated stream is granted no more flow-control
+/// window than a CSR needs (h2 buffers what the window allows).
+#[test]
+fn adversarial_the_token_is_checked_before_the_body_is_read() {
+    isolated("ca_token_before_body", || async {
+        let mut tokens = known_tokens();
+        tokens.insert(
+            "slow-web".into(),
+            caller("shop", "web", Some(("web-1", "u-web-1"))),
+        );
+        let reviewer = GatedReviewer::knowing(tokens);
+        let bed = bed_reviewed_by(
+            Limits::default(),
+            vec![Arc::new(CaSigner::generate_for_tests(TD))],
+            reviewer.clone(),
+        );
+        let limits = ringway_ca::server::ServerLimits {
+            request_timeout: Duration::from_secs(3),
+            ..Default::default()
+        };
+        let preauth = limits.preauth_body_bytes;
+        let s = serve_limited(bed, limits).await;
+        let (mut h2, _conn) = h2_from(lo(1), &s).await.unwrap();
+
+        // A junk token and a body that never ends: refused from the headers.
+        let (resp, mut stream) = h2.send_request(grpc_request("junk"), false).unwrap();
+        stream.send_data(vec![0u8; 1000].into(), false).unwrap();
+        let code = tokio::time::timeout(Duration::from_secs(30), grpc_status(resp))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert_eq!(
+            code,
+            Code::Unauthenticated.as_u32(),
+            "refused from its headers, not after waiting for the body"
+        );
+
+        // A token under review: the stream may send no more than a CSR needs
+        // until it is authenticated.
+        let (resp, mut stream) = h2.send_request(grpc_request("slow-web"), false).unwrap();
+        until_async("the review started", || reviewer.started() == 2).await;
+        stream.reserve_capacity(60_000);
+        let granted = std::future::poll_fn(|cx| stream.poll_capacity(cx))
+            .await
+            .expect("a window")
+            .expect("a window");
+        assert!(
+            granted as u32 <= preauth,
+            "an unauthenticated stream was granted {granted} bytes of window (pre-auth cap {preauth})"
+        );
+        // Authenticated, the rest of a real request goes through.
+        reviewer.open();
+        stream
+            .send_data(body(&request(&greedy_csr())).into(), true)
+            .unwrap();
+        assert_eq!(grpc_status(resp).await.unwrap(), 0);
+        assert_eq!(s.bed.service.count(Code::Ok, "issued"), 1);
+        // An authenticated caller's body larger than that window is read
+        // (the window opens as it is) and judged: here, too large a CSR.
+        let big = body(&request(&"A".repeat(40_000)));
+        assert!(big.len() as u32 > preauth);
+        let code = tokio::time::timeout(
+            Duration::from_secs(30),
+            grpc_call(&mut h2, "web-token", big),
+        )
+        .await
+        .expect("an answer")
+        .unwrap();
+        assert_eq!(code, Code::InvalidArgument.as_u32());
+        assert_eq!(
+            s.bed.service.count(Code::InvalidArgument, "csr_too_large"),
+            1
+        );
+    });
+}
+
+/// Waits (at most 20 s) for `cond`, inside a runtime.
+async fn until_async(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One source holding idle HTTP/2 connections gets its per-source share of
+/// the connections and no more: the connections beyond are reset at
+/// accept, before TLS, and another source is still served.
+#[test]
+fn adversarial_one_source_cannot_take_every_connection() {
+    isolated("ca_per_source_cap", || async {
+        let limits = ringway_ca::server::ServerLimits {
+            max_connections: 8,
+            max_connections_per_source: 4,
+            ..Default::default()
+        };
+        let s = serve_limited(bed(), limits).await;
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..8 {
+            match tokio::time::timeout(Duration::from_secs(20), h2_from(lo(1), &s)).await {
+                Ok(Ok(c)) => held.push(c),
+                Ok(Err(_)) => refused += 1,
+                Err(_) => panic!("a connection neither served nor refused"),
+            }
+        }
+        assert_eq!((held.len(), refused), (4, 4), "4 served, 4 reset");
+        assert_eq!(s.bed.service.connections_refused("per_source"), 4);
+        // Another source: served, while the first holds its share.
+        let call = async {
+            let (mut h2, _c) = h2_from(lo(2), &s).await?;
+            grpc_call(&mut h2, "web-token", body(&request(&greedy_csr()))).await
+        };
+        let code = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .unwrap_or_else(|_| panic!("another source was starved"))
+            .unwrap();
+        assert_eq!(code, 0);
+    });
+}
+
+/// A connection that stops at any stage is closed after that stage's
+/// bound: silent TCP (the TLS handshake), TLS without the HTTP/2 preface,
+/// and an HTTP/2 connection without a stream (idle); each counted.
+#[test]
+fn adversarial_silent_connections_are_closed_at_each_stage() {
+    isolated("ca_silent_stages", || async {
+        use tokio::io::AsyncReadExt;
+        let limits = ringway_ca::server::ServerLimits {
+            handshake_timeout: Duration::from_secs(1),
+            preface_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let s = serve_limited(bed(), limits).await;
+        let wait = Duration::from_secs(30);
+        // Reads (what the server sends: its SETTINGS) until the server closes.
+        async fn closed(mut r: impl tokio::io::AsyncRead + Unpin) -> bool {
+            let mut buf = [0u8; 256];
+            loop {
+                match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => return true,
+                    Ok(_) => {}
+                }
+            }
+        }
+        // Silent TCP.
+        let tcp = tcp_from(lo(1), s.addr).await.unwrap();
+        assert!(
+            tokio::time::timeout(wait, closed(tcp)).await.is_ok(),
+            "silent TCP not closed"
+        );
+        // TLS, then no preface.
+        let tls = tls_from(lo(1), &s).await.unwrap();
+        assert!(
+            tokio::time::timeout(wait, closed(tls)).await.is_ok(),
+            "TLS without preface not closed"
+        );
+        // HTTP/2 without a stream.
+        let (_send, conn) = h2_from(lo(1), &s).await.unwrap();
+        tokio::time::timeout(wait, conn)
+            .await
+            .expect("an idle HTTP/2 connection was never closed")
+            .unwrap();
+        let svc = &s.bed.service;
+        for reason in ["handshake_timeout", "preface_timeout", "idle_timeout"] {
+            until_async(reason, || svc.connections_refused(reason) == 1).await;
+        }
+        // And a connection in use is served.
+        let (mut h2, _c) = h2_from(lo(1), &s).await.unwrap();
+        assert_eq!(
+            grpc_call(&mut h2, "web-token", body(&request(&greedy_csr())))
+                .await
+                .unwrap(),
+            0
+        );
+    });
 }

@@ -127,6 +127,73 @@ struct CaArgs {
     /// revoked token is refused at the latest this long after revocation.
     #[arg(long, default_value_t = 10)]
     token_review_cache_secs: u64,
+    /// Connections open at once, from every source; more are reset at
+    /// accept (counted in `ringway_ca_connections_refused_total{reason="global"}`).
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().max_connections)]
+    max_connections: usize,
+    /// Connections open at once from one source address; more are reset at
+    /// accept, before the global cap is looked at (`reason="per_source"`).
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().max_connections_per_source)]
+    max_connections_per_source: usize,
+    /// Seconds for a connection's TLS handshake (`reason="handshake_timeout"`).
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().handshake_timeout.as_secs())]
+    handshake_timeout_secs: u64,
+    /// Seconds for the HTTP/2 preface after TLS (`reason="preface_timeout"`).
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().preface_timeout.as_secs())]
+    preface_timeout_secs: u64,
+    /// Seconds a connection may stay without a call before it is closed
+    /// (`reason="idle_timeout"`).
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().idle_timeout.as_secs())]
+    idle_timeout_secs: u64,
+    /// Seconds for one call, from its headers to its answer (UNAVAILABLE
+    /// `request_timeout`).
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().request_timeout.as_secs())]
+    request_timeout_secs: u64,
+    /// Calls at once on one HTTP/2 connection.
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().max_concurrent_streams)]
+    max_streams_per_connection: u32,
+    /// Bytes of a call's body a caller may have sent before its token is
+    /// checked (the HTTP/2 stream window; the body is read once the caller
+    /// is authenticated).
+    #[arg(long, default_value_t = ringway_ca::server::ServerLimits::default().preauth_body_bytes)]
+    preauth_body_bytes: u32,
+    /// TokenReviews in flight at once, for any token.
+    #[arg(long, default_value_t = ringway_ca::Limits::default().max_concurrent_reviews)]
+    max_concurrent_reviews: usize,
+    /// Further TokenReviews in flight at once, only for tokens that passed a
+    /// review before (junk tokens cannot take them).
+    #[arg(long, default_value_t = ringway_ca::Limits::default().reserved_reviews)]
+    reserved_reviews: usize,
+    /// Seconds a call waits for a review slot before RESOURCE_EXHAUSTED
+    /// `too_many_reviews`.
+    #[arg(long, default_value_t = ringway_ca::Limits::default().review_wait.as_secs())]
+    review_wait_secs: u64,
+    /// TokenReviews per second one source address may cause (tokens that
+    /// passed a review before are not charged); more get RESOURCE_EXHAUSTED
+    /// `source_rate_limited`.
+    #[arg(long, default_value_t = ringway_ca::Limits::default().review_rate_per_source)]
+    reviews_per_source: f64,
+    /// TokenReviews a source may cause at once above that rate.
+    #[arg(long, default_value_t = ringway_ca::Limits::default().review_burst_per_source)]
+    review_burst_per_source: f64,
+    /// Seconds a token the API server refused is refused again without a
+    /// review; 0 reviews every call.
+    #[arg(long, default_value_t = ringway_ca::Limits::default().refusal_cache_ttl.as_secs())]
+    token_refusal_cache_secs: u64,
+    /// Seconds a token that passed a review counts as known (never past its
+    /// expiry): it may use the reserved review slots and is not charged to
+    /// its source's budget.
+    #[arg(long, default_value_t = ringway_ca::Limits::default().known_token_ttl.as_secs())]
+    known_token_secs: u64,
+    /// Tokens kept at once in each review memory (accepted, refused, known).
+    #[arg(long, default_value_t = ringway_ca::Limits::default().review_cache_entries)]
+    review_cache_entries: usize,
+    /// Seconds the pod watch may fail (the API server unreachable, the watch
+    /// refused) while the pods it last saw still authorize impersonation;
+    /// after that, impersonation is refused (UNAVAILABLE `pod_cache_stale`)
+    /// and `/healthz/ready` fails, until a list succeeds again.
+    #[arg(long, default_value_t = 60)]
+    pod_watch_stale_secs: u64,
     /// Metrics (`/metrics`) and readiness (`/healthz/ready`).
     #[arg(long, env = "RINGWAY_CA_METRICS_ADDR", default_value = "0.0.0.0:15014")]
     metrics_addr: std::net::SocketAddr,
@@ -738,6 +805,39 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
                 args.node_proxy_sa
             )
         })?;
+    let secs = std::time::Duration::from_secs;
+    let limits = ringway_ca::Limits {
+        max_lifetime: secs(args.max_lifetime_secs),
+        default_lifetime: secs(args.max_lifetime_secs),
+        rate_per_caller: args.rate_per_caller,
+        review_cache_ttl: secs(args.token_review_cache_secs),
+        refusal_cache_ttl: secs(args.token_refusal_cache_secs),
+        known_token_ttl: secs(args.known_token_secs),
+        review_cache_entries: args.review_cache_entries,
+        max_concurrent_reviews: args.max_concurrent_reviews,
+        reserved_reviews: args.reserved_reviews,
+        review_wait: secs(args.review_wait_secs),
+        review_rate_per_source: args.reviews_per_source,
+        review_burst_per_source: args.review_burst_per_source,
+        ..ringway_ca::Limits::default()
+    };
+    let server_limits = ringway_ca::server::ServerLimits {
+        max_connections: args.max_connections,
+        max_connections_per_source: args.max_connections_per_source,
+        handshake_timeout: secs(args.handshake_timeout_secs),
+        preface_timeout: secs(args.preface_timeout_secs),
+        idle_timeout: secs(args.idle_timeout_secs),
+        request_timeout: secs(args.request_timeout_secs),
+        max_concurrent_streams: args.max_streams_per_connection,
+        preauth_body_bytes: args.preauth_body_bytes,
+        ..ringway_ca::server::ServerLimits::default()
+    };
+    limits
+        .validate()
+        .context("the certificate service's limits")?;
+    server_limits
+        .validate()
+        .context("the certificate service's connection limits")?;
     let signers = args
         .root_certs
         .iter()
@@ -758,15 +858,12 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
         .context("the certificate service needs the Kubernetes API (TokenReview, pods)")?;
     let pods = {
         let _guard = rt.enter();
-        Arc::new(ringway_ca::pods::WatchedPods::start(client.clone()))
+        Arc::new(ringway_ca::pods::WatchedPods::start(
+            client.clone(),
+            std::time::Duration::from_secs(args.pod_watch_stale_secs),
+        ))
     };
-    let limits = ringway_ca::Limits {
-        max_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
-        default_lifetime: std::time::Duration::from_secs(args.max_lifetime_secs),
-        rate_per_caller: args.rate_per_caller,
-        review_cache_ttl: std::time::Duration::from_secs(args.token_review_cache_secs),
-        ..ringway_ca::Limits::default()
-    };
+
     let service = Arc::new(ringway_ca::CaService::new(
         ringway_ca::Policy {
             trust_domain: args.trust_domain.clone(),
@@ -780,14 +877,9 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
         pods.clone(),
         signers,
     )?);
-    let server = ringway_ca::server::Server::start(
-        rt,
-        args.listen,
-        tls,
-        service.clone(),
-        ringway_ca::server::ServerLimits::default(),
-    )
-    .with_context(|| format!("binding the certificate service on {}", args.listen))?;
+    let server =
+        ringway_ca::server::Server::start(rt, args.listen, tls, service.clone(), server_limits)
+            .with_context(|| format!("binding the certificate service on {}", args.listen))?;
     let metrics = service.clone();
     let ready_pods = pods;
     let control = ringway_proxy::control::ControlServer::serve(
@@ -809,7 +901,7 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
                     Err(e) => (
                         hyper::StatusCode::SERVICE_UNAVAILABLE,
                         "text/plain; charset=utf-8",
-                        format!("not ready: {e}\n"),
+                        format!("not ready: {}\n", e.detail()),
                     ),
                 }
             }

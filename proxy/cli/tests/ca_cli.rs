@@ -100,6 +100,38 @@ fn ringway_ca_names_what_is_wrong_in_its_configuration() {
             "nope.pem",
         ),
     ];
+    // Limits out of range are named before anything is served.
+    let good = [
+        "--tls-cert",
+        c,
+        "--tls-key",
+        k,
+        "--root-cert",
+        c,
+        "--root-key",
+        k,
+    ];
+    let limit_cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--max-connections-per-source", "5000"],
+            "max_connections_per_source: 5000 is more than max_connections (4096)",
+        ),
+        (
+            vec!["--idle-timeout-secs", "0"],
+            "idle_timeout: must be more than 0",
+        ),
+        (
+            vec!["--reviews-per-source", "0"],
+            "limit review_rate_per_source must be positive",
+        ),
+    ];
+    let cases = cases
+        .into_iter()
+        .chain(limit_cases.into_iter().map(|(extra, words)| {
+            let mut args = good.to_vec();
+            args.extend(extra);
+            (args, words)
+        }));
     for (args, words) in cases {
         let (code, err) = run(&args);
         assert_ne!(code, 0, "{args:?} must fail");
