@@ -3,13 +3,17 @@
 //! (`suite`: plaintext, HBONE on one node and between two nodes, scrape
 //! impact, pod churn through the command line and through CNI ADD) and the
 //! report with its consistency check (`report`); `cni_ca`: CNI ADD latency
-//! with the certificate service against a local CA key, and the CSR round trip.
+//! with the certificate service against a local CA key, and the CSR round trip;
+//! `control_plane`: the mesh sources at scale (xDS against the Kubernetes
+//! watch: time to the first snapshot, one change to its snapshot, CPU,
+//! memory per workload).
 //! `cargo bench -p ringway-benches` runs the suite; see BENCHMARKS.md.
 
 #![forbid(unsafe_code)]
 
 pub mod child;
 pub mod cni_ca;
+pub mod control_plane;
 pub mod crosscheck;
 pub mod flood;
 pub mod load;
@@ -124,4 +128,30 @@ pub fn run_crosscheck(
         doc.errors.len()
     );
     Ok(Some(md))
+}
+
+/// Runs the `--control-plane` measurement (see [`control_plane`]) in
+/// isolated namespaces with the `ringway` program `bin` as the proxy
+/// children, writes `control_plane.json` and `control_plane.md` to `out`
+/// and checks the report. Returns the Markdown, the report and its
+/// problems; `None` without privileges.
+pub fn run_control_plane(
+    config: control_plane::ControlPlaneConfig,
+    bin: std::path::PathBuf,
+    out: &std::path::Path,
+) -> anyhow::Result<Option<(String, control_plane::ControlPlaneReport, Vec<String>)>> {
+    let Some(r) = ringway_testbed::run_isolated("bench_control_plane", move || {
+        control_plane::run(&config, &bin)
+    }) else {
+        return Ok(None);
+    };
+    let r = r?;
+    let md = control_plane::write(out, &r)?;
+    let problems = control_plane::check(&r);
+    eprintln!(
+        "[bench] control-plane report written to {} ({} consistency problems)",
+        out.display(),
+        problems.len()
+    );
+    Ok(Some((md, r, problems)))
 }
