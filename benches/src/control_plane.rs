@@ -256,8 +256,12 @@ pub struct ChildFigures {
     pub rss_loaded_mib: Num,
     /// (loaded - empty) / workloads, KiB.
     pub kib_per_workload: Num,
-    /// VmHWM (peak RSS) of the loaded child, MiB.
+    /// VmHWM (peak RSS) of the loaded child at its first snapshot, MiB.
     pub hwm_loaded_mib: Num,
+    /// VmRSS after the changes given to it, MiB.
+    pub rss_end_mib: Num,
+    /// VmHWM after the changes (the peak while it applied them), MiB.
+    pub hwm_end_mib: Num,
     /// The proxy's own `process_resident_memory_bytes`, empty and loaded,
     /// as KiB per workload.
     pub metrics_kib_per_workload: Num,
@@ -949,6 +953,24 @@ fn logged_wait_ms(child: &ProxyChild) -> f64 {
     })
 }
 
+/// CPU seconds of `child`'s threads named `prefix...`; NaN when it has
+/// none (a wrapper's pid, say: never read as 0).
+fn thread_cpu_seconds(child: &ProxyChild, prefix: &str) -> f64 {
+    let has = std::fs::read_dir(format!("/proc/{}/task", child.pid))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|name| name.starts_with(prefix))
+        });
+    if has {
+        child.thread_cpu_seconds(prefix)
+    } else {
+        f64::NAN
+    }
+}
+
 /// VmHWM of `pid`, KiB.
 fn proc_hwm_kib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -1081,7 +1103,8 @@ fn measure_child(
     // Now, while the line is in the child's log tail (the ZDS thread's
     // retries push it out later).
     let logged = logged_wait_ms(&child);
-    let thread_cpu0 = child.thread_cpu_seconds(thread);
+    let thread_cpu = |child: &ProxyChild| thread_cpu_seconds(child, thread);
+    let thread_cpu0 = thread_cpu(&child);
     let l = child_state(&child, settle);
     let mut ack_ms = Vec::new();
     let mut cpu_us = Vec::new();
@@ -1089,7 +1112,7 @@ fn measure_child(
         ChildChanges::Xds(server) => {
             for k in 0..cfg.child_updates {
                 let i = (k * 104_729 + 31) % shape.workloads;
-                let cpu0 = child.thread_cpu_seconds(thread);
+                let cpu0 = thread_cpu(&child);
                 let t0 = Instant::now();
                 let nonces = server.push(
                     ADDRESS_TYPE_URL,
@@ -1107,22 +1130,23 @@ fn measure_child(
                     bail!("the child NACKed: {:?}", answer.nack_message());
                 }
                 std::thread::sleep(Duration::from_millis(2));
-                cpu_us.push((child.thread_cpu_seconds(thread) - cpu0) * 1e6);
+                cpu_us.push((thread_cpu(&child) - cpu0) * 1e6);
             }
         }
         ChildChanges::Kube(api, pause) => {
             for k in 0..cfg.child_updates {
                 let i = (k * 104_729 + 31) % shape.workloads;
-                let cpu0 = child.thread_cpu_seconds(thread);
+                let cpu0 = thread_cpu(&child);
                 api.api.apply(Kind::Pod, shape.kube_pod(i, k % 2 == 0));
                 std::thread::sleep(pause);
-                cpu_us.push((child.thread_cpu_seconds(thread) - cpu0) * 1e6);
+                cpu_us.push((thread_cpu(&child) - cpu0) * 1e6);
             }
         }
     }
     if !child.alive() {
         bail!("the {source} proxy child exited: {}", child.log_tail());
     }
+    let (rss_end, hwm_end) = (child.rss_kib(), proc_hwm_kib(child.pid));
     child.stop();
     ack_ms.sort_by(f64::total_cmp);
     cpu_us.sort_by(f64::total_cmp);
@@ -1134,6 +1158,8 @@ fn measure_child(
         rss_loaded_mib: Num(l.rss_kib / 1024.0),
         kib_per_workload: Num(per(l.rss_kib, e.rss_kib)),
         hwm_loaded_mib: Num(l.hwm_kib / 1024.0),
+        rss_end_mib: Num(rss_end / 1024.0),
+        hwm_end_mib: Num(hwm_end / 1024.0),
         metrics_kib_per_workload: Num(per(l.metrics_rss_kib, e.metrics_rss_kib)),
         spawn_to_first_ms: Num(ms(spawn_to_first)),
         logged_wait_ms: Num(logged),
@@ -1419,6 +1445,25 @@ pub fn render(r: &ControlPlaneReport) -> String {
             opt(ck.map(|c| f(c.hwm_loaded_mib, 1))),
         ),
         (
+            "proxy child RSS / peak RSS after its changes (MiB)".into(),
+            opt(cx.map(|c| {
+                format!(
+                    "{} / {} ({} workload changes)",
+                    f(c.rss_end_mib, 1),
+                    f(c.hwm_end_mib, 1),
+                    c.updates
+                )
+            })),
+            opt(ck.map(|c| {
+                format!(
+                    "{} / {} ({} pod changes)",
+                    f(c.rss_end_mib, 1),
+                    f(c.hwm_end_mib, 1),
+                    c.updates
+                )
+            })),
+        ),
+        (
             "largest message (first response of workloads and services)".into(),
             opt(x.map(|x| {
                 format!(
@@ -1604,6 +1649,16 @@ pub fn check(r: &ControlPlaneReport) -> Vec<String> {
                     &mut p,
                     &format!("{src} child thread CPU"),
                     c.thread_cpu_initial_ms,
+                );
+                need(
+                    &mut p,
+                    &format!("{src} child thread CPU per change"),
+                    c.thread_cpu_per_update_us,
+                );
+                need(
+                    &mut p,
+                    &format!("{src} child peak RSS at the end"),
+                    c.hwm_end_mib,
                 );
             }
         }
