@@ -42,6 +42,12 @@
 //! `cargo bench -p ringway-benches -- --flood [--quick]`: the
 //! `hbone_preauth_flood` scenario alone (see `flood`), to `results/flood/`.
 //!
+//! `cargo bench -p ringway-benches -- --control-plane [--quick]`: the mesh
+//! sources at scale (10,000 workloads, 2,000 services, 1,000 policies; a
+//! tenth with `--quick`): xDS against the Kubernetes watch (see
+//! `control_plane`), to `results/control-plane/` (`quick/` in it); the full and quick runs
+//! include it (`control_plane.md` beside `report.md`).
+//!
 //! `cargo bench -p ringway-benches -- --rerender [DIR]`: renders `report.md`
 //! and the charts again from `DIR/results.json` (default `results/`) and
 //! checks them, without measuring.
@@ -169,6 +175,47 @@ fn main() {
         }
         return;
     }
+    let control_plane_config = || {
+        if quick {
+            ringway_benches::control_plane::ControlPlaneConfig::quick()
+        } else {
+            ringway_benches::control_plane::ControlPlaneConfig::full()
+        }
+        .with_env_overrides()
+    };
+    if args.iter().any(|a| a == "--control-plane") {
+        let out = std::env::var("RINGWAY_BENCH_OUT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| {
+                let dir = root.join("control-plane");
+                if quick {
+                    dir.join("quick")
+                } else {
+                    dir
+                }
+            });
+        match ringway_benches::run_control_plane(
+            control_plane_config(),
+            config.proxy_bin.clone(),
+            &out,
+        ) {
+            Ok(Some((md, _, problems))) => {
+                println!("{md}");
+                if !problems.is_empty() {
+                    for p in &problems {
+                        eprintln!("[bench] control-plane report problem: {p}");
+                    }
+                    std::process::exit(1);
+                }
+            }
+            Ok(None) => eprintln!("[bench] not run: privileges missing (see the banner above)"),
+            Err(e) => {
+                eprintln!("[bench] control-plane failed: {e:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--cross-check") {
         let out = std::env::var("RINGWAY_BENCH_OUT")
             .map(PathBuf::from)
@@ -184,8 +231,9 @@ fn main() {
         Err(_) if quick => root.join("quick"),
         Err(_) => root,
     };
+    let proxy_bin = config.proxy_bin.clone();
     match ringway_benches::run_and_report(config, &out) {
-        Ok(Some((md, problems))) => {
+        Ok(Some((md, mut problems))) => {
             println!("{md}");
             // The full run: the same paths measured with iperf3, sockperf
             // and wrk (when installed; loud when not), in its own file
@@ -199,6 +247,20 @@ fn main() {
                         std::process::exit(1);
                     }
                 }
+            }
+            // The mesh sources at scale (a tenth of the sizes in the quick
+            // run), in its own files beside the report.
+            match ringway_benches::run_control_plane(control_plane_config(), proxy_bin, &out) {
+                Ok(Some((cp, _, cp_problems))) => {
+                    println!("\n{cp}");
+                    problems.extend(
+                        cp_problems
+                            .into_iter()
+                            .map(|p| format!("control plane: {p}")),
+                    );
+                }
+                Ok(None) => {}
+                Err(e) => problems.push(format!("control plane: {e:#}")),
             }
             if !problems.is_empty() {
                 for p in &problems {

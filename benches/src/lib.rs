@@ -6,6 +6,9 @@
 //! with the certificate service against a local CA key, and the CSR round trip;
 //! `ca_flood`: the certificate service's renewals while one source floods its
 //! port before authentication.
+//! `control_plane`: the mesh sources at scale (xDS against the Kubernetes
+//! watch: time to the first snapshot, one change to its snapshot, CPU,
+//! memory per workload).
 //! `cargo bench -p ringway-benches` runs the suite; see BENCHMARKS.md.
 
 #![forbid(unsafe_code)]
@@ -13,6 +16,7 @@
 pub mod ca_flood;
 pub mod child;
 pub mod cni_ca;
+pub mod control_plane;
 pub mod crosscheck;
 pub mod flood;
 pub mod load;
@@ -138,4 +142,30 @@ pub fn run_crosscheck(
         doc.errors.len()
     );
     Ok(Some(md))
+}
+
+/// Runs the `--control-plane` measurement (see [`control_plane`]) in
+/// isolated namespaces with the `ringway` program `bin` as the proxy
+/// children, writes `control_plane.json` and `control_plane.md` to `out`
+/// and checks the report. Returns the Markdown, the report and its
+/// problems; `None` without privileges.
+pub fn run_control_plane(
+    config: control_plane::ControlPlaneConfig,
+    bin: std::path::PathBuf,
+    out: &std::path::Path,
+) -> anyhow::Result<Option<(String, control_plane::ControlPlaneReport, Vec<String>)>> {
+    let Some(r) = ringway_testbed::run_isolated("bench_control_plane", move || {
+        control_plane::run(&config, &bin)
+    }) else {
+        return Ok(None);
+    };
+    let r = r?;
+    let md = control_plane::write(out, &r)?;
+    let problems = control_plane::check(&r);
+    eprintln!(
+        "[bench] control-plane report written to {} ({} consistency problems)",
+        out.display(),
+        problems.len()
+    );
+    Ok(Some((md, r, problems)))
 }
