@@ -228,7 +228,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "ringway-proxy: crate <-> flows <-> tunnel <-> worker",
     "ringway-identity: error <-> spiffe",
     "ringway-identity: manager <-> summary <-> tls",
-    "ringway-hbone: pool <-> stream",
     "ringway-cni: error <-> version",
     "ringway-cni: kube <-> kube::annotate <-> kube::decide <-> kube::reconcile <-> kube::select",
     "ringway-cni: node <-> node::cni_server <-> node::discover <-> node::metrics <-> node::state <-> node::zds_server",
