@@ -226,8 +226,6 @@ fn product_crates() -> Vec<(&'static str, PathBuf)> {
 const KNOWN_CYCLES: &[&str] = &[
     "ringway: crate <-> sandbox",
     "ringway-proxy: crate <-> flows <-> tunnel <-> worker",
-    "ringway-identity: error <-> spiffe",
-    "ringway-identity: manager <-> summary <-> tls",
     "ringway-cni: error <-> version",
     "ringway-cni: kube <-> kube::annotate <-> kube::decide <-> kube::reconcile <-> kube::select",
     "ringway-cni: node <-> node::cni_server <-> node::discover <-> node::metrics <-> node::state <-> node::zds_server",
