@@ -197,7 +197,7 @@ pub fn apply_for(
     let chains = ruleset::chains(spec);
     let pieces = owner
         .pieces((chains.len() + 1).min(tag::MAX_PIECES))
-        .map_err(RedirectError::TagTooLong)?;
+        .map_err(|e| RedirectError::TagTooLong(e.to_string()))?;
     apply_chains(netns, spec, chains, pieces)
 }
 
