@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use nix::errno::Errno;
 
+use crate::drift::Drift;
+use crate::tag::TagError;
+
 /// Why programming, verifying or removing a pod's capture failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -73,7 +76,7 @@ pub enum RedirectError {
     TagTooLong(String),
     /// The owner tag stored in the table cannot be read back.
     #[error(transparent)]
-    Tag(#[from] crate::tag::TagError),
+    Tag(#[from] TagError),
     /// The [`CaptureSpec`](crate::CaptureSpec) is inconsistent.
     #[error("invalid capture spec: {0}")]
     InvalidSpec(String),
@@ -82,7 +85,7 @@ pub enum RedirectError {
     #[error("capture rules not in place after apply: {}", join_drift(.drift))]
     NotInPlace {
         /// What verify found.
-        drift: Vec<crate::Drift>,
+        drift: Vec<Drift>,
     },
     /// Apply failed, and undoing its partial work failed too. The pod may
     /// hold ip rules/routes of ours but never a partial nft rule set.
@@ -95,7 +98,7 @@ pub enum RedirectError {
     },
 }
 
-fn join_drift(d: &[crate::Drift]) -> String {
+fn join_drift(d: &[Drift]) -> String {
     d.iter()
         .map(|x| x.to_string())
         .collect::<Vec<_>>()

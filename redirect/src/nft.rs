@@ -9,7 +9,8 @@
 //! transparent` load one byte; ports and addresses are in network order.
 
 use crate::abi::*;
-use crate::nl::{self, Attrs, Msg, RxMsg};
+use crate::nl::{self, Attrs, DecodeError, Msg, RxMsg};
+use crate::tag::NFT_USERDATA_MAX;
 
 /// Name of the table that holds the whole rule set.
 pub(crate) const TABLE: &str = "ringway";
@@ -360,7 +361,7 @@ pub(crate) fn msg_dump_rules() -> Msg {
 pub(crate) fn comment_udata(tag: &str) -> Vec<u8> {
     let bytes = tag.as_bytes();
     // The TLV length is one byte and includes the NUL.
-    let n = bytes.len().min(crate::tag::NFT_USERDATA_MAX - 3);
+    let n = bytes.len().min(NFT_USERDATA_MAX - 3);
     let mut v = Vec::with_capacity(n + 3);
     v.push(NFTNL_UDATA_RULE_COMMENT);
     v.push((n + 1) as u8);
@@ -508,15 +509,16 @@ impl DumpedRule {
     }
 }
 
-fn nfgen_attrs(m: &RxMsg) -> Result<Vec<nl::Attr<'_>>, String> {
-    let body = m
-        .payload
-        .get(4..)
-        .ok_or_else(|| "message shorter than its nfgenmsg header".to_string())?;
+fn nfgen_attrs(m: &RxMsg) -> Result<Vec<nl::Attr<'_>>, DecodeError> {
+    let body = m.payload.get(4..).ok_or(DecodeError::ShortNfgenmsg)?;
     nl::parse_attrs(body)
 }
 
-pub(crate) fn parse_chain(m: &RxMsg) -> Result<DumpedChain, String> {
+fn missing(object: &'static str, attribute: &'static str) -> DecodeError {
+    DecodeError::Missing { object, attribute }
+}
+
+pub(crate) fn parse_chain(m: &RxMsg) -> Result<DumpedChain, DecodeError> {
     let attrs = nfgen_attrs(m)?;
     let hook = match nl::find(&attrs, NFTA_CHAIN_HOOK) {
         Some(h) => {
@@ -536,7 +538,7 @@ pub(crate) fn parse_chain(m: &RxMsg) -> Result<DumpedChain, String> {
             .unwrap_or_default(),
         name: nl::find(&attrs, NFTA_CHAIN_NAME)
             .map(nl::strz)
-            .ok_or("chain without a name")?,
+            .ok_or_else(|| missing("chain", "name"))?,
         hook,
         policy: nl::find(&attrs, NFTA_CHAIN_POLICY).and_then(nl::be32),
         kind: nl::find(&attrs, NFTA_CHAIN_TYPE).map(nl::strz),
@@ -545,12 +547,12 @@ pub(crate) fn parse_chain(m: &RxMsg) -> Result<DumpedChain, String> {
 }
 
 /// The comment (user data) of a table the kernel returned, if any.
-pub(crate) fn parse_table_comment(m: &RxMsg) -> Result<Option<String>, String> {
+pub(crate) fn parse_table_comment(m: &RxMsg) -> Result<Option<String>, DecodeError> {
     let attrs = nfgen_attrs(m)?;
     Ok(nl::find(&attrs, NFTA_TABLE_USERDATA).and_then(parse_comment))
 }
 
-pub(crate) fn parse_rule(m: &RxMsg) -> Result<DumpedRule, String> {
+pub(crate) fn parse_rule(m: &RxMsg) -> Result<DumpedRule, DecodeError> {
     let attrs = nfgen_attrs(m)?;
     let mut exprs = Vec::new();
     if let Some(list) = nl::find(&attrs, NFTA_RULE_EXPRESSIONS) {
@@ -561,7 +563,7 @@ pub(crate) fn parse_rule(m: &RxMsg) -> Result<DumpedRule, String> {
             let e = nl::parse_attrs(elem)?;
             let name = nl::find(&e, NFTA_EXPR_NAME)
                 .map(nl::strz)
-                .ok_or("expression without a name")?;
+                .ok_or_else(|| missing("expression", "name"))?;
             let data = nl::find(&e, NFTA_EXPR_DATA).unwrap_or_default().to_vec();
             exprs.push((name, data));
         }
@@ -569,7 +571,7 @@ pub(crate) fn parse_rule(m: &RxMsg) -> Result<DumpedRule, String> {
     Ok(DumpedRule {
         chain: nl::find(&attrs, NFTA_RULE_CHAIN)
             .map(nl::strz)
-            .ok_or("rule without a chain")?,
+            .ok_or_else(|| missing("rule", "chain"))?,
         handle: nl::find(&attrs, NFTA_RULE_HANDLE)
             .and_then(nl::be64)
             .unwrap_or(0),

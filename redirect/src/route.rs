@@ -6,8 +6,9 @@ use nix::errno::Errno;
 
 use crate::abi::*;
 use crate::error::RedirectError;
-use crate::nl::{self, Attrs, Msg, NlError, NlSocket, RxMsg};
-use crate::CaptureSpec;
+use crate::nl::{self, Attrs, DecodeError, Msg, RxMsg};
+use crate::socket::{NlError, NlSocket};
+use crate::spec::CaptureSpec;
 
 /// An address family of the policy routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,8 +285,11 @@ pub(crate) struct FibRule {
     pub(crate) fwmask: Option<u32>,
 }
 
-fn parse_fib_rule(m: &RxMsg) -> Result<FibRule, String> {
-    let hdr = m.payload.get(..12).ok_or("short fib_rule_hdr")?;
+fn parse_fib_rule(m: &RxMsg) -> Result<FibRule, DecodeError> {
+    let hdr = m
+        .payload
+        .get(..12)
+        .ok_or(DecodeError::ShortHeader("fib_rule_hdr"))?;
     let attrs = nl::parse_attrs(&m.payload[12..])?;
     Ok(FibRule {
         action: hdr[7],
@@ -309,9 +313,9 @@ pub(crate) fn dump_rules(sock: &mut NlSocket, f: Family) -> Result<Vec<FibRule>,
     msgs.iter()
         .filter(|m| m.ty == RTM_NEWRULE)
         .map(|m| {
-            parse_fib_rule(m).map_err(|detail| RedirectError::Protocol {
+            parse_fib_rule(m).map_err(|e| RedirectError::Protocol {
                 what: what.clone(),
-                detail,
+                detail: e.to_string(),
             })
         })
         .collect()
@@ -326,8 +330,11 @@ pub(crate) struct RouteEntry {
     pub(crate) oif: Option<u32>,
 }
 
-fn parse_route(m: &RxMsg) -> Result<RouteEntry, String> {
-    let hdr = m.payload.get(..12).ok_or("short rtmsg")?;
+fn parse_route(m: &RxMsg) -> Result<RouteEntry, DecodeError> {
+    let hdr = m
+        .payload
+        .get(..12)
+        .ok_or(DecodeError::ShortHeader("rtmsg"))?;
     let attrs = nl::parse_attrs(&m.payload[12..])?;
     Ok(RouteEntry {
         table: nl::find(&attrs, RTA_TABLE)
@@ -351,9 +358,9 @@ pub(crate) fn dump_routes(
     msgs.iter()
         .filter(|m| m.ty == RTM_NEWROUTE)
         .map(|m| {
-            parse_route(m).map_err(|detail| RedirectError::Protocol {
+            parse_route(m).map_err(|e| RedirectError::Protocol {
                 what: what.clone(),
-                detail,
+                detail: e.to_string(),
             })
         })
         .collect()

@@ -4,8 +4,8 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::abi::*;
-use crate::nft::{Chain, ChainKind, Expr, Rule};
-use crate::{CaptureMode, CaptureSpec};
+use crate::nft::{Chain, ChainKind, Expr, Rule, TABLE};
+use crate::spec::{CaptureMode, CaptureSpec};
 
 /// Priority of the mangle-position chains (`prerouting`, `output`).
 pub(crate) const PRIO_MANGLE: i32 = -150;
@@ -362,7 +362,7 @@ pub(crate) fn chains(s: &CaptureSpec) -> Vec<Chain> {
 /// The rule set for `spec` in nft-like syntax, with each rule's number
 /// (as used in errors and drift reports).
 pub fn render(spec: &CaptureSpec) -> String {
-    let mut out = format!("table inet {} {{\n", crate::nft::TABLE);
+    let mut out = format!("table inet {TABLE} {{\n");
     for c in chains(spec) {
         out.push_str(&format!(
             "  chain {} {{ # {}; policy accept\n",

@@ -2,8 +2,8 @@
 //! `/proc/sys/net`, which resolves to the network namespace of the calling
 //! *thread* (the netns worker thread of [`crate::netns`]).
 
+use crate::drift::Drift;
 use crate::error::RedirectError;
-use crate::verify::Drift;
 
 /// `net.ipv4.tcp_migrate_req` (kernel 5.14+, per namespace, default 0; it
 /// covers IPv6 sockets too). With 1, when a `SO_REUSEPORT` listener closes,

@@ -59,6 +59,22 @@ pub struct PodTag {
     pub ips: Vec<IpAddr>,
 }
 
+/// Why a tag cannot be stored: its line needs more pieces than the rule set
+/// has objects to hold them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the owner tag of pod {uid} needs {len} bytes, but the rule set stores at most {} ({slots} objects of {PIECE_MAX} bytes)",
+    slots * PIECE_MAX
+)]
+pub(crate) struct TagTooLong {
+    /// The pod's UID.
+    pub(crate) uid: String,
+    /// The length of the encoded line.
+    pub(crate) len: usize,
+    /// The objects available to hold pieces.
+    pub(crate) slots: usize,
+}
+
 /// Why a stored tag could not be read back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("owner tag of table inet ringway is unreadable: {0}")]
@@ -162,7 +178,7 @@ impl PodTag {
 
     /// The comments to store: piece 0 for the table, then one per chain.
     /// Fails when the line needs more than `slots` pieces.
-    pub(crate) fn pieces(&self, slots: usize) -> Result<Vec<String>, String> {
+    pub(crate) fn pieces(&self, slots: usize) -> Result<Vec<String>, TagTooLong> {
         let line = self.encode();
         // The line is ASCII (escaped), so cutting at any byte is safe.
         let chunks: Vec<&str> = line
@@ -171,13 +187,11 @@ impl PodTag {
             .map(|c| std::str::from_utf8(c).unwrap_or_default())
             .collect();
         if chunks.len() > slots {
-            return Err(format!(
-                "the owner tag of pod {} needs {} bytes, but the rule set stores at most {} ({} objects of {PIECE_MAX} bytes)",
-                self.uid,
-                line.len(),
-                slots * PIECE_MAX,
-                slots
-            ));
+            return Err(TagTooLong {
+                uid: self.uid.clone(),
+                len: line.len(),
+                slots,
+            });
         }
         let n = chunks.len();
         Ok(chunks
@@ -302,7 +316,8 @@ mod tests {
         );
         let e = long.pieces(2).unwrap_err();
         assert!(
-            e.contains("needs 585 bytes, but the rule set stores at most 448"),
+            e.to_string()
+                .contains("needs 585 bytes, but the rule set stores at most 448"),
             "{e}"
         );
     }

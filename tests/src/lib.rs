@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cni;
+mod error;
 pub mod http;
 pub mod mesh;
 pub mod modgraph;
@@ -23,32 +24,11 @@ mod tempdir;
 pub mod traffic;
 mod wait;
 
+pub use error::Error;
 pub use node::{link_nodes, NodeLink, PauseProcess, Pod, VirtualNode};
 pub use ns::{private_tmpfs, Netns};
 pub use tempdir::TempDir;
 pub use wait::wait_until;
-
-/// Errors of the test bed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A syscall failed.
-    #[error("{0}: {1}")]
-    Sys(&'static str, #[source] nix::Error),
-    /// An I/O operation failed.
-    #[error("{0}: {1}")]
-    Io(&'static str, #[source] std::io::Error),
-    /// A helper command (`ip`, `nft`) failed.
-    #[error("command `{cmd}` failed: {stderr}")]
-    Command {
-        /// The command line.
-        cmd: String,
-        /// What it printed on stderr.
-        stderr: String,
-    },
-    /// A capacity or lookup limit of the test bed.
-    #[error("{0}")]
-    Capacity(&'static str),
-}
 
 /// Logs to the test output (libtest's capture) when `RUST_LOG` is set.
 /// Idempotent: the first call in a test binary installs the subscriber.

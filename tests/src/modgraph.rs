@@ -7,7 +7,9 @@
 //! (`crate::a::f()`, `super::T`, `child::g()`). A name re-exported by a
 //! module (`pub use b::T`) counts as the module that defines it, and a
 //! module's own re-exports are not edges of it (a facade). Test code is left
-//! out: `tests.rs` files and `#[cfg(test)] mod ... { ... }` blocks.
+//! out: `tests.rs` files and `#[cfg(test)] mod ... { ... }` blocks. Code in
+//! an inline module (`mod m { ... }` in a file) is read from that module, so
+//! its `super::` names the file's own module, and its edges are the file's.
 //!
 //! It reads paths, not types: a name brought in by a glob (`use a::*`)
 //! counts as an edge to `a`, and macros are not expanded. That is enough for
@@ -31,62 +33,56 @@ impl ModuleGraph {
     pub fn read(src: &Path) -> std::io::Result<ModuleGraph> {
         let mut files = BTreeMap::new();
         collect(src, src, &mut files)?;
+        // File module -> its code, by the module it is written in (the
+        // file's own, or an inline module inside it).
         let mut texts = BTreeMap::new();
         for (m, f) in &files {
-            texts.insert(m.clone(), strip(&std::fs::read_to_string(f)?));
+            texts.insert(m.clone(), scopes(&strip(&std::fs::read_to_string(f)?), m));
         }
         // Re-exports: (module, name) -> the module the name comes from.
         let modules: BTreeSet<String> = files.keys().cloned().collect();
         let mut reexports: BTreeMap<(String, String), String> = BTreeMap::new();
-        for (m, text) in &texts {
+        for (scope, text) in texts.values().flatten() {
             for (path, alias, public) in use_paths(text) {
                 if !public {
                     continue;
                 }
-                let Some((target, rest)) = resolve(m, &path, &modules) else {
+                let Some((target, rest)) = resolve(scope, &path, &modules) else {
                     continue;
                 };
                 let name = alias.or_else(|| path.last().cloned());
                 if let (Some(name), true) = (name, rest.len() == 1) {
-                    reexports.insert((m.clone(), name), target);
+                    reexports.insert((scope.clone(), name), target);
                 }
             }
         }
         let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (m, text) in &texts {
+        for (m, parts) in &texts {
             let mut out = BTreeSet::new();
-            let add = |path: &[String], out: &mut BTreeSet<String>| {
-                if let Some((mut target, rest)) = resolve(m, path, &modules) {
-                    // Follow a re-export to where the name is defined.
-                    let mut seen = 0;
-                    let mut rest = rest;
-                    while let Some(first) = rest.first() {
-                        match reexports.get(&(target.clone(), first.clone())) {
-                            Some(t) if seen < 8 && *t != target => {
-                                target = t.clone();
-                                rest = rest[1..].to_vec();
-                                seen += 1;
-                            }
-                            _ => break,
+            for (scope, text) in parts {
+                let add = |path: &[String], out: &mut BTreeSet<String>| {
+                    if let Some((target, rest)) = resolve(scope, path, &modules) {
+                        let target = file_module(&follow(&reexports, target, rest), &modules);
+                        if target != *m {
+                            out.insert(target);
                         }
                     }
-                    if target != *m {
-                        out.insert(target);
+                };
+                for (path, _, public) in use_paths(text) {
+                    // A facade's own re-exports are not its dependencies.
+                    if public
+                        && reexports.contains_key(&(
+                            scope.clone(),
+                            path.last().cloned().unwrap_or_default(),
+                        ))
+                    {
+                        continue;
                     }
+                    add(&path, &mut out);
                 }
-            };
-            for (path, _, public) in use_paths(text) {
-                // A facade's own re-exports are not its dependencies.
-                if public
-                    && reexports
-                        .contains_key(&(m.clone(), path.last().cloned().unwrap_or_default()))
-                {
-                    continue;
+                for path in code_paths(&without_uses(text), scope, &modules) {
+                    add(&path, &mut out);
                 }
-                add(&path, &mut out);
-            }
-            for path in code_paths(&without_uses(text), m, &modules) {
-                add(&path, &mut out);
             }
             edges.insert(m.clone(), out);
         }
@@ -123,6 +119,102 @@ impl ModuleGraph {
         out.sort();
         out
     }
+}
+
+/// Follows re-exports from `target` along `rest` to where the name is
+/// defined.
+fn follow(
+    reexports: &BTreeMap<(String, String), String>,
+    mut target: String,
+    mut rest: Vec<String>,
+) -> String {
+    let mut seen = 0;
+    while let Some(first) = rest.first() {
+        match reexports.get(&(target.clone(), first.clone())) {
+            Some(t) if seen < 8 && *t != target => {
+                target = t.clone();
+                rest = rest[1..].to_vec();
+                seen += 1;
+            }
+            _ => break,
+        }
+    }
+    target
+}
+
+/// The file module that holds `module`: itself, or for an inline module the
+/// file it is written in (the longest prefix that is a file module).
+fn file_module(module: &str, modules: &BTreeSet<String>) -> String {
+    let mut parts: Vec<&str> = module.split("::").collect();
+    while !parts.is_empty() && !modules.contains(&parts.join("::")) {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// The code of a file module `module`, split by the module it is written
+/// in: the file's own code (inline modules blanked out), then each inline
+/// module's (`mod name { ... }`, nested ones in turn) as `module::name`.
+fn scopes(text: &str, module: &str) -> Vec<(String, String)> {
+    let mut own = String::with_capacity(text.len());
+    let mut inner = Vec::new();
+    let mut rest = text;
+    while let Some((at, name, open)) = inline_mod(rest) {
+        let mut depth = 0;
+        let mut close = rest.len();
+        for (k, c) in rest[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = open + k;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        own.push_str(&rest[..at]);
+        own.push(' ');
+        let scope = if module.is_empty() {
+            name
+        } else {
+            format!("{module}::{name}")
+        };
+        inner.extend(scopes(&rest[(open + 1).min(close)..close], &scope));
+        rest = &rest[(close + 1).min(rest.len())..];
+    }
+    own.push_str(rest);
+    let mut out = vec![(module.to_owned(), own)];
+    out.extend(inner);
+    out
+}
+
+/// The first inline module of `text`: where `mod` starts, its name, and
+/// where its `{` is.
+fn inline_mod(text: &str) -> Option<(usize, String, usize)> {
+    let mut search = 0;
+    while let Some(found) = text[search..].find("mod ") {
+        let at = search + found;
+        search = at + 4;
+        if at > 0 && text[..at].chars().next_back().is_some_and(ident_char) {
+            continue;
+        }
+        let after = &text[at + 4..];
+        let name_len = after
+            .trim_start()
+            .find(|c: char| !ident_char(c))
+            .unwrap_or(0);
+        let skipped = after.len() - after.trim_start().len();
+        let name = &after[skipped..skipped + name_len];
+        let next = after[skipped + name_len..].trim_start();
+        if !name.is_empty() && next.starts_with('{') {
+            let open = text.len() - next.len();
+            return Some((at, name.to_owned(), open));
+        }
+    }
+    None
 }
 
 fn display(m: &str) -> String {
@@ -634,6 +726,34 @@ mod tests {
         assert_eq!(
             g.cycles(),
             [vec!["x".to_owned(), "x::inner".to_owned(), "y".to_owned()]]
+        );
+    }
+    #[test]
+    fn inline_modules_are_read_from_where_they_are() {
+        let g = graph(
+            "inline",
+            &[
+                ("lib.rs", "pub mod p;\n"),
+                (
+                    "p/mod.rs",
+                    "pub mod w;\npub mod s;\nimpl T for w::A {}\n",
+                ),
+                // `super::` in an inline module names the file's own module.
+                (
+                    "p/w.rs",
+                    "pub struct A { k: a::K }\npub struct B;\npub mod a {\n pub enum K { B(super::B) }\n pub mod deep { use super::super::B; }\n}\n",
+                ),
+                // One `super::` too many for the inline module: the parent.
+                ("p/s.rs", "pub mod m {\n fn f() { super::super::g(); }\n}\n"),
+            ],
+        );
+        assert!(g.cycles().is_empty(), "{:?}", g.edges);
+        assert!(g.edges["p::w"].is_empty(), "{:?}", g.edges);
+        assert_eq!(g.edges["p::s"], ["p".to_owned()].into());
+        assert_eq!(
+            g.edges["p"],
+            ["p::w".to_owned()].into(),
+            "children named in code are edges"
         );
     }
 }

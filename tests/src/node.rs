@@ -10,8 +10,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use crate::error::Error;
 use crate::ns::Netns;
-use crate::Error;
 
 /// One pod of a virtual node.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Where named namespaces are bind-mounted. Inside the test's private mount
 /// namespace this directory is a fresh tmpfs, so nothing leaks to the host.

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+mod ca_service;
 #[cfg(feature = "sandbox")]
 mod sandbox;
 mod xds;
@@ -921,49 +922,6 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// HBONE with certificates from a certificate service (`ca.address`): keys
-/// made here, one CSR per identity, renewed at half-life by the refresher
-/// (every second, so a failed issuance is retried with its backoff soon).
-fn enable_hbone_with_ca_service(
-    proxy: &Proxy,
-    svc: &ringway_config::CaService,
-    trust_domain: &str,
-) -> anyhow::Result<ringway_identity::Refresher> {
-    use std::net::ToSocketAddrs;
-    use std::sync::Arc;
-    let mut files = vec![svc.root_cert_file.clone()];
-    files.extend(svc.bundle_files.iter().cloned());
-    let bundle = ringway_identity::TrustBundle::from_pem_files(&files)
-        .context("loading the mesh root for the certificate service")?;
-    let addr = svc
-        .address
-        .to_socket_addrs()
-        .with_context(|| format!("resolving the certificate service {}", svc.address))?
-        .next()
-        .with_context(|| format!("the certificate service {} has no address", svc.address))?;
-    let name = rustls_pki_types::ServerName::try_from(svc.server_name.clone())
-        .with_context(|| format!("ca.serverName {:?}", svc.server_name))?;
-    let tls = ringway_ca::CaClient::tls_config(bundle.roots())
-        .map_err(|e| anyhow::anyhow!("the certificate service's TLS: {e}"))?;
-    let source = ringway_ca::client::RemoteSource::new(
-        ringway_ca::CaClient::new(addr, name, tls),
-        &svc.token_file,
-    )
-    .context("starting the certificate service client")?;
-    let ids = Arc::new(ringway_identity::IdentityManager::with_source(
-        Arc::new(source),
-        bundle,
-        trust_domain,
-        ringway_identity::DEFAULT_CERT_LIFETIME,
-    )?);
-    let refresher = ids
-        .spawn_refresher(std::time::Duration::from_secs(1))
-        .context("starting the certificate refresher")?;
-    proxy.set_identity(Some(ids));
-    tracing::info!(ca.address = %svc.address, ca.server_name = %svc.server_name, "HBONE on: workload certificates from the certificate service");
-    Ok(refresher)
-}
-
 /// Blocks SIGINT/SIGTERM in the calling thread (and the threads it spawns
 /// later) so they can be waited for with `wait_for_stop`.
 fn block_stop_signals() -> nix::sys::signal::SigSet {
@@ -997,13 +955,13 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     // HBONE: on when the config has a CA (`ca:`); with the control plane as
     // the mesh source, its certificate service otherwise; off otherwise.
     let _refresher = match (mesh.ca(), mesh.ca_service(), args.mesh_source) {
-        (None, None, MeshSource::Xds) => Some(enable_hbone_with_ca_service(
+        (None, None, MeshSource::Xds) => Some(ca_service::enable_hbone_with_ca_service(
             &proxy,
             &args.xds.ca_service()?,
             mesh.trust_domain(),
         )?),
         (_, None, _) => proxy.enable_hbone(&mesh)?,
-        (_, Some(svc), _) => Some(enable_hbone_with_ca_service(
+        (_, Some(svc), _) => Some(ca_service::enable_hbone_with_ca_service(
             &proxy,
             svc,
             mesh.trust_domain(),

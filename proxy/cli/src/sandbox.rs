@@ -24,6 +24,8 @@ use ringway_proxy::Proxy;
 use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
 use ringway_testbed::{Pod, VirtualNode};
 
+use crate::ca_service;
+
 /// What the sandbox was asked to do.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -108,7 +110,7 @@ fn start_node(
         // The product path of `ringway proxy` with `ca.address`: a key per
         // identity made here, a CSR to the certificate service.
         Some(svc) => Some(
-            crate::enable_hbone_with_ca_service(&proxy, svc, TD)
+            ca_service::enable_hbone_with_ca_service(&proxy, svc, TD)
                 .with_context(|| format!("node{index}'s proxy as a certificate service client"))?,
         ),
         None => {

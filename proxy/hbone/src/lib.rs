@@ -23,10 +23,15 @@
 //! an answer. Against hostile peers the server also bounds the header list, the streams
 //! authorizing/connecting at once, the streams reset before their answer (rapid reset:
 //! GOAWAY), the wait for the preface and the time without streams ([`ServerConfig`]).
+//!
+//! Modules name only modules below them (the workspace's module-graph test): the
+//! crate root's constants, `error`, `upstream` and `conn` (leaves), then `headers`, then
+//! `stream`, and `pool` and `server` on top.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
 
+mod conn;
 mod error;
 pub mod headers;
 mod pool;

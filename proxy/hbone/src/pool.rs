@@ -6,22 +6,21 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use h2::client::SendRequest;
 use h2::Reason;
 use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 use tracing::{debug, Instrument};
 
+use crate::conn::{Conn, ConnState, Counters, StreamGuard};
+use crate::error::HboneError;
 use crate::headers::{ConnectHeaders, TraceParent};
 use crate::stream::HboneStream;
-use crate::HboneError;
 
 /// Pool settings; [`Default`] is the reference mesh's.
 #[derive(Debug, Clone)]
@@ -73,54 +72,11 @@ struct Shared {
     counters: Arc<Counters>,
 }
 
-#[derive(Default)]
-struct Counters {
-    connections: AtomicUsize,
-    streams: AtomicUsize,
-    opened: AtomicU64,
-}
-
 /// The connections of one key, and the lock held while dialing a new one.
 #[derive(Default)]
 struct Slot {
     dial_lock: tokio::sync::Mutex<()>,
     conns: Mutex<Vec<Arc<Conn>>>,
-}
-
-struct Conn {
-    id: u64,
-    send: SendRequest<Bytes>,
-    state: Mutex<ConnState>,
-    /// Wakes the connection task when its last stream ends.
-    idle: Notify,
-    /// Closes the connection now (its streams are reset).
-    close: Notify,
-}
-
-struct ConnState {
-    active: usize,
-    /// No new streams (GOAWAY, error, idle close, PING timeout).
-    dead: bool,
-    idle_since: Option<Instant>,
-}
-
-/// Holds one stream slot on a connection; released on drop.
-pub(crate) struct StreamGuard {
-    conn: Arc<Conn>,
-    counters: Arc<Counters>,
-}
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        self.counters.streams.fetch_sub(1, Ordering::Relaxed);
-        let mut st = self.conn.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.active -= 1;
-        if st.active == 0 {
-            st.idle_since = Some(Instant::now());
-            drop(st);
-            self.conn.idle.notify_one();
-        }
-    }
 }
 
 impl fmt::Debug for Pool {
@@ -314,10 +270,7 @@ impl Pool {
                 st.active += 1;
                 st.idle_since = None;
                 self.shared.counters.streams.fetch_add(1, Ordering::Relaxed);
-                return Some(StreamGuard {
-                    conn: conn.clone(),
-                    counters: self.shared.counters.clone(),
-                });
+                return Some(StreamGuard::new(conn.clone(), self.shared.counters.clone()));
             }
         }
         None
@@ -359,10 +312,7 @@ impl Pool {
             close: Notify::new(),
         });
         counters.streams.fetch_add(1, Ordering::Relaxed);
-        let guard = StreamGuard {
-            conn: conn.clone(),
-            counters: counters.clone(),
-        };
+        let guard = StreamGuard::new(conn.clone(), counters.clone());
         slot.conns
             .lock()
             .unwrap_or_else(|p| p.into_inner())

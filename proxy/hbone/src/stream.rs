@@ -9,8 +9,8 @@ use bytes::Bytes;
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::conn::StreamGuard;
 use crate::error::h2_to_io;
-use crate::pool::StreamGuard;
 
 /// Largest single write handed to HTTP/2 at once (one max-size DATA frame).
 const MAX_WRITE: usize = crate::MAX_FRAME_SIZE as usize;

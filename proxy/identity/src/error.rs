@@ -1,10 +1,13 @@
-//! Errors of identity management and peer verification.
+//! Errors of identity management and peer verification, and of reading a
+//! SPIFFE ID ([`SpiffeError`]). Low in the crate: they name only the CA
+//! module's errors, and the SPIFFE, TLS, summary and manager modules name
+//! them.
 
 use std::time::Duration;
 
 use ringway_config::authz::Identity;
 
-use crate::SpiffeError;
+use crate::ca::CaError;
 
 /// Why an identity could not be issued, configured or verified. Never
 /// carries key material.
@@ -23,7 +26,7 @@ pub enum IdentityError {
     },
     /// A CA or bundle file cannot be used.
     #[error(transparent)]
-    Ca(#[from] crate::CaError),
+    Ca(#[from] CaError),
     /// A root of the bundle is not a usable trust anchor.
     #[error("trust bundle: {source}")]
     TrustBundle {
@@ -96,4 +99,38 @@ pub enum IdentityError {
         /// The SPIFFE ID the server presented.
         presented: String,
     },
+}
+
+/// A string that is not a workload identity of the expected trust domain.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpiffeError {
+    /// Not `spiffe://...`.
+    #[error("{id:?} is not a SPIFFE ID: the scheme must be \"spiffe\", not {scheme:?}")]
+    WrongScheme {
+        /// The string as given.
+        id: String,
+        /// What stood before `://` (empty when there was no scheme).
+        scheme: String,
+    },
+    /// A SPIFFE ID of another trust domain.
+    #[error("{id:?} is in trust domain {found:?}, not {expected:?}")]
+    WrongTrustDomain {
+        /// The string as given.
+        id: String,
+        /// Its trust domain.
+        found: String,
+        /// Ours.
+        expected: String,
+    },
+    /// The path is not `/ns/<namespace>/sa/<service account>`.
+    #[error("{id:?} is not a workload identity: the path {path:?} is not /ns/<namespace>/sa/<service account>")]
+    MissingParts {
+        /// The string as given.
+        id: String,
+        /// The path after the trust domain.
+        path: String,
+    },
+    /// A namespace, service account or trust domain that is not a valid name.
+    #[error(transparent)]
+    Invalid(#[from] ringway_config::authz::IdentityError),
 }

@@ -47,6 +47,12 @@
 //!   no cmake), rcgen (ring) to issue, x509-parser to read certificates;
 //!   chains are verified by rustls' webpki.
 //!
+//! # Layers
+//! Each module names only modules below it (checked by the workspace's
+//! module-graph test, `tests/tests/crate_graph.rs`): `ca` and `clock`
+//! (leaves), `cert` (a certificate in hand) and `error`, then `spiffe`, then
+//! `tls` and `summary`, and `manager` on top.
+//!
 //! # Example
 //!
 //! ```
@@ -75,6 +81,8 @@
 #![forbid(unsafe_code)]
 
 mod ca;
+mod cert;
+mod clock;
 mod error;
 mod manager;
 mod spiffe;
@@ -85,15 +93,15 @@ mod tls;
 pub mod testing;
 
 pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
-pub use error::IdentityError;
+pub use cert::WorkloadCert;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{IdentityError, SpiffeError};
 pub use manager::{
-    CertSource, Clock, IdentityManager, ManualClock, Refresher, SystemClock, WorkloadCert,
-    DEFAULT_BACKDATE, DEFAULT_CERT_LIFETIME, DEFAULT_MAX_CONCURRENT_ISSUANCE,
+    CertSource, IdentityManager, Refresher, DEFAULT_BACKDATE, DEFAULT_CERT_LIFETIME,
+    DEFAULT_MAX_CONCURRENT_ISSUANCE,
 };
 pub use ringway_config::authz::Identity;
-pub use spiffe::{
-    parse_spiffe, peer_identity, peer_identity_from_certs, spiffe_id_of, SpiffeError,
-};
+pub use spiffe::{parse_spiffe, peer_identity, peer_identity_from_certs, spiffe_id_of};
 pub use summary::{base64, describe_certificate, rfc3339, CertState, CertSummary};
 pub use tls::{
     crypto_provider, placeholder_server_name, SpiffeClientVerifier, SpiffeServerVerifier, ALPN_H2,

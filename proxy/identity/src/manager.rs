@@ -14,9 +14,13 @@ use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use crate::ca::fmt_time;
+use crate::ca::{fmt_time, CaSigner, TrustBundle};
+use crate::cert::WorkloadCert;
+use crate::clock::{Clock, SystemClock};
+use crate::error::IdentityError;
+use crate::spiffe::{self, peer_identity_from_certs};
+use crate::summary::CertState;
 use crate::tls::{self, SpiffeClientVerifier, SpiffeServerVerifier};
-use crate::{CaSigner, IdentityError, TrustBundle};
 
 /// Default workload certificate lifetime (as the reference mesh).
 pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
@@ -64,105 +68,6 @@ impl CertSource for CaSigner {
 
     fn remote(&self) -> bool {
         false
-    }
-}
-
-/// Where the manager reads the time: issuance, rotation and certificate
-/// validity checks all use it. [`SystemClock`] in production.
-pub trait Clock: Send + Sync + fmt::Debug + 'static {
-    /// Now.
-    fn now(&self) -> SystemTime;
-}
-
-/// The system's wall clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
-
-/// A clock that moves only when told (tests).
-#[derive(Debug)]
-pub struct ManualClock(Mutex<SystemTime>);
-
-impl ManualClock {
-    /// Starts at `now`.
-    pub fn new(now: SystemTime) -> Self {
-        ManualClock(Mutex::new(now))
-    }
-
-    /// Moves forward.
-    pub fn advance(&self, by: Duration) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) += by;
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> SystemTime {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// A workload's certificate chain and in-memory key, ready for rustls.
-pub struct WorkloadCert {
-    identity: Identity,
-    certified: Arc<CertifiedKey>,
-    serial: String,
-    not_before: SystemTime,
-    not_after: SystemTime,
-    refresh_at: SystemTime,
-}
-
-impl fmt::Debug for WorkloadCert {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WorkloadCert")
-            .field("identity", &self.identity.to_string())
-            .field("serial", &self.serial)
-            .field("not_before", &fmt_time(self.not_before))
-            .field("not_after", &fmt_time(self.not_after))
-            .field("refresh_at", &fmt_time(self.refresh_at))
-            .field("key", &"<redacted>")
-            .finish()
-    }
-}
-
-impl WorkloadCert {
-    /// The identity in the certificate.
-    pub fn identity(&self) -> &Identity {
-        &self.identity
-    }
-
-    /// Leaf first, then the CA chain.
-    pub fn chain(&self) -> &[CertificateDer<'static>] {
-        &self.certified.cert
-    }
-
-    /// Chain and signing key for rustls.
-    pub fn certified_key(&self) -> &Arc<CertifiedKey> {
-        &self.certified
-    }
-
-    /// The leaf's serial number (hex), for logs.
-    pub fn serial(&self) -> &str {
-        &self.serial
-    }
-
-    /// Start of validity (backdated).
-    pub fn not_before(&self) -> SystemTime {
-        self.not_before
-    }
-
-    /// End of validity.
-    pub fn not_after(&self) -> SystemTime {
-        self.not_after
-    }
-
-    /// Half-life: from then on it is renewed.
-    pub fn refresh_at(&self) -> SystemTime {
-        self.refresh_at
     }
 }
 
@@ -366,7 +271,7 @@ impl IdentityManager {
         self
     }
 
-    /// Replaces the clock (tests: [`ManualClock`]). Call before any fetch.
+    /// Replaces the clock (tests: [`ManualClock`](crate::ManualClock)). Call before any fetch.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.client_verifier = Arc::new(self.client_verifier.with_clock(clock.clone()));
         self.clock = clock;
@@ -400,7 +305,7 @@ impl IdentityManager {
             .filter_map(|(id, slot)| {
                 read(&slot.current)
                     .as_ref()
-                    .map(|c| (id.clone(), c.not_after))
+                    .map(|c| (id.clone(), c.not_after()))
             })
             .collect();
         out.sort_by_key(|a| a.0.to_string());
@@ -410,8 +315,7 @@ impl IdentityManager {
     /// Every identity this manager holds a slot for (issued, being issued
     /// or failing) and the state of its certificate, sorted by identity: a
     /// certificate past its expiry that nothing renewed is `Unavailable`.
-    pub fn certificate_states(&self) -> Vec<(Identity, crate::CertState)> {
-        use crate::CertState;
+    pub fn certificate_states(&self) -> Vec<(Identity, CertState)> {
         let now = self.clock.now();
         let mut out: Vec<(Identity, CertState)> = read(&self.certs)
             .iter()
@@ -424,7 +328,7 @@ impl IdentityManager {
                     .2
                     .clone();
                 let state = match current {
-                    Some(c) if now < c.not_after => CertState::Available(c),
+                    Some(c) if now < c.not_after() => CertState::Available(c),
                     Some(_) if failed.is_empty() => CertState::Unavailable(
                         "the certificate expired and no renewal has been tried".to_owned(),
                     ),
@@ -440,7 +344,7 @@ impl IdentityManager {
 
     /// [`crate::parse_spiffe`] in our trust domain.
     pub fn parse_spiffe(&self, id: &str) -> Result<Identity, IdentityError> {
-        Ok(crate::parse_spiffe(id, &self.trust_domain)?)
+        Ok(spiffe::parse_spiffe(id, &self.trust_domain)?)
     }
 
     fn check_domain(&self, id: &Identity) -> Result<(), IdentityError> {
@@ -473,8 +377,8 @@ impl IdentityManager {
         let current = read(&slot.current).clone();
         let now = self.clock.now();
         match current {
-            Some(c) if now < c.refresh_at => Ok(c),
-            Some(c) if now < c.not_after => {
+            Some(c) if now < c.refresh_at() => Ok(c),
+            Some(c) if now < c.not_after() => {
                 let _guard = match slot.issuing.try_lock() {
                     Ok(g) => g,
                     Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -504,7 +408,7 @@ impl IdentityManager {
         let slot = self.slot(identity)?;
         let current = read(&slot.current).clone();
         match current {
-            Some(c) if self.clock.now() < c.not_after => Ok(c),
+            Some(c) if self.clock.now() < c.not_after() => Ok(c),
             _ => Err(IdentityError::NotIssued {
                 identity: identity.clone(),
                 reason: {
@@ -571,7 +475,7 @@ impl IdentityManager {
     /// did. Caller holds `slot.issuing`.
     fn renew_locked(&self, slot: &Slot, id: &Identity) -> Result<Arc<WorkloadCert>, IdentityError> {
         if let Some(c) = read(&slot.current).as_ref() {
-            if self.clock.now() < c.refresh_at {
+            if self.clock.now() < c.refresh_at() {
                 return Ok(c.clone());
             }
         }
@@ -593,8 +497,8 @@ impl IdentityManager {
         write(&self.client_configs).retain(|(local, _), _| local != id);
         tracing::info!(
             identity = %id,
-            serial = %cert.serial,
-            not_after = %fmt_time(cert.not_after),
+            serial = %cert.serial(),
+            not_after = %fmt_time(cert.not_after()),
             rotated = old.is_some(),
             "issued workload certificate"
         );
@@ -623,7 +527,7 @@ impl IdentityManager {
             self.ca.issue(id, not_before, not_after).map_err(fail)?
         };
         // Whatever the source, the leaf must carry exactly this identity.
-        match crate::spiffe::peer_identity_from_certs(&chain) {
+        match peer_identity_from_certs(&chain) {
             Ok(got) if &got == id => {}
             Ok(got) => return Err(fail(format!("the certificate issued is for {got}"))),
             Err(e) => return Err(fail(format!("the certificate issued: {e}"))),
@@ -691,14 +595,14 @@ impl IdentityManager {
         };
         let not_after = secs(not_after);
         let refresh_at = now + not_after.duration_since(now).unwrap_or_default() / 2;
-        Ok(WorkloadCert {
-            identity: id.clone(),
-            certified: Arc::new(CertifiedKey::new(chain, signing_key)),
+        Ok(WorkloadCert::new(
+            id.clone(),
+            Arc::new(CertifiedKey::new(chain, signing_key)),
             serial,
-            not_before: secs(not_before),
+            secs(not_before),
             not_after,
             refresh_at,
-        })
+        ))
     }
 
     /// Renews every cached certificate past its half-life; returns how many
@@ -712,7 +616,7 @@ impl IdentityManager {
         for (id, slot) in slots {
             let now = self.clock.now();
             let due = match read(&slot.current).as_ref() {
-                Some(c) => now >= c.refresh_at,
+                Some(c) => now >= c.refresh_at(),
                 // Wanted but not in hand (a remote source's first issuance
                 // failed, or the datapath asked first).
                 None => self.ca.remote(),

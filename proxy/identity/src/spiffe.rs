@@ -6,41 +6,7 @@ use rustls::CommonState;
 use rustls_pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
 
-use crate::IdentityError;
-
-/// A string that is not a workload identity of the expected trust domain.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SpiffeError {
-    /// Not `spiffe://...`.
-    #[error("{id:?} is not a SPIFFE ID: the scheme must be \"spiffe\", not {scheme:?}")]
-    WrongScheme {
-        /// The string as given.
-        id: String,
-        /// What stood before `://` (empty when there was no scheme).
-        scheme: String,
-    },
-    /// A SPIFFE ID of another trust domain.
-    #[error("{id:?} is in trust domain {found:?}, not {expected:?}")]
-    WrongTrustDomain {
-        /// The string as given.
-        id: String,
-        /// Its trust domain.
-        found: String,
-        /// Ours.
-        expected: String,
-    },
-    /// The path is not `/ns/<namespace>/sa/<service account>`.
-    #[error("{id:?} is not a workload identity: the path {path:?} is not /ns/<namespace>/sa/<service account>")]
-    MissingParts {
-        /// The string as given.
-        id: String,
-        /// The path after the trust domain.
-        path: String,
-    },
-    /// A namespace, service account or trust domain that is not a valid name.
-    #[error(transparent)]
-    Invalid(#[from] ringway_config::authz::IdentityError),
-}
+use crate::error::{IdentityError, SpiffeError};
 
 /// Parses `spiffe://<trust_domain>/ns/<namespace>/sa/<service account>`,
 /// requiring the trust domain to be `trust_domain`.

@@ -7,7 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use rustls_pki_types::CertificateDer;
 
-use crate::{IdentityError, WorkloadCert};
+use crate::ca::fmt_time;
+use crate::cert::WorkloadCert;
+use crate::error::IdentityError;
 
 /// The state of one identity's certificate, as the admin dump names it.
 #[derive(Debug, Clone)]
@@ -63,7 +65,7 @@ pub fn describe_certificate(der: &CertificateDer<'_>) -> Result<CertSummary, Ide
 
 /// `t` as RFC 3339 in UTC with whole seconds (`2025-01-02T03:04:05Z`).
 pub fn rfc3339(t: SystemTime) -> String {
-    crate::ca::fmt_time(t)
+    fmt_time(t)
 }
 
 const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -17,8 +17,10 @@ use rustls::{
 };
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::manager::{Clock, WorkloadCert};
-use crate::{spiffe_id_of, IdentityError, SpiffeError};
+use crate::cert::WorkloadCert;
+use crate::clock::Clock;
+use crate::error::{IdentityError, SpiffeError};
+use crate::spiffe::{parse_spiffe, spiffe_id_of};
 
 /// The only ALPN protocol of HBONE.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -116,8 +118,7 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         self.inner
             .verify_client_cert(end_entity, intermediates, unix_time(self.clock.now()))?;
         let id = spiffe_id_of(end_entity).map_err(cert_error)?;
-        crate::parse_spiffe(&id, &self.trust_domain)
-            .map_err(|e| cert_error(IdentityError::Spiffe(e)))?;
+        parse_spiffe(&id, &self.trust_domain).map_err(|e| cert_error(IdentityError::Spiffe(e)))?;
         Ok(ClientCertVerified::assertion())
     }
 
@@ -200,7 +201,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         if presented != self.expected.to_string() {
             // Parse only to give the clearer error when it is not SPIFFE at all.
             if let Err(e @ (SpiffeError::WrongScheme { .. } | SpiffeError::MissingParts { .. })) =
-                crate::parse_spiffe(&presented, &self.expected.trust_domain)
+                parse_spiffe(&presented, &self.expected.trust_domain)
             {
                 return Err(cert_error(IdentityError::Spiffe(e)));
             }

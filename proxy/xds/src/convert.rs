@@ -93,8 +93,16 @@ pub fn address(name: &str, a: &wl::Address) -> Result<Entry, Refused> {
     }
 }
 
+/// Bytes that are not an address: neither 4 (IPv4) nor 16 (IPv6) of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{len} bytes are not an IPv4 (4) or IPv6 (16) address")]
+pub struct NotAnAddress {
+    /// How many bytes there were.
+    pub len: usize,
+}
+
 /// Bytes that must be an IPv4 or IPv6 address.
-pub fn ip_of(bytes: &[u8]) -> Result<IpAddr, String> {
+pub fn ip_of(bytes: &[u8]) -> Result<IpAddr, NotAnAddress> {
     match bytes.len() {
         4 => Ok(IpAddr::V4(Ipv4Addr::from(
             <[u8; 4]>::try_from(bytes).expect("4 bytes"),
@@ -103,9 +111,7 @@ pub fn ip_of(bytes: &[u8]) -> Result<IpAddr, String> {
             <[u8; 16]>::try_from(bytes).expect("16 bytes"),
         ))
         .to_canonical()),
-        n => Err(format!(
-            "{n} bytes are not an IPv4 (4) or IPv6 (16) address"
-        )),
+        len => Err(NotAnAddress { len }),
     }
 }
 
@@ -160,7 +166,8 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
     let mut ips = Vec::with_capacity(w.addresses.len());
     if !host_network {
         for (i, a) in w.addresses.iter().enumerate() {
-            let ip = ip_of(a).map_err(|p| refused(format!("workload.addresses[{i}]"), p))?;
+            let ip =
+                ip_of(a).map_err(|e| refused(format!("workload.addresses[{i}]"), e.to_string()))?;
             if !ips.contains(&ip) {
                 ips.push(ip);
             }
@@ -278,7 +285,8 @@ pub fn service(s: &wl::Service) -> Result<Service, Refused> {
     }
     let mut vips = Vec::with_capacity(s.addresses.len());
     for (i, a) in s.addresses.iter().enumerate() {
-        let ip = ip_of(&a.address).map_err(|p| refused(format!("service.addresses[{i}]"), p))?;
+        let ip = ip_of(&a.address)
+            .map_err(|e| refused(format!("service.addresses[{i}]"), e.to_string()))?;
         if !vips.contains(&ip) {
             vips.push(ip);
         }
@@ -427,7 +435,7 @@ fn string_matches(
     field: &str,
     list: &[security::StringMatch],
     principal: bool,
-) -> Result<Vec<StringMatch>, String> {
+) -> Result<Vec<StringMatch>, Refused> {
     list.iter()
         .enumerate()
         .map(|(i, m)| {
@@ -439,7 +447,7 @@ fn string_matches(
                 }
             };
             Ok(match &m.match_type {
-                None => return Err(format!("{field}[{i}]: no match type is set")),
+                None => return Err(refused(format!("{field}[{i}]"), "no match type is set")),
                 Some(MatchType::Exact(s)) => StringMatch::Exact(with_scheme(s)),
                 // Principals are written without the scheme; a prefix or an
                 // exact value starts after it, a suffix ends the same way.
@@ -451,29 +459,35 @@ fn string_matches(
         .collect()
 }
 
-fn cidrs(field: &str, list: &[security::Address]) -> Result<Vec<Cidr>, String> {
+fn cidrs(field: &str, list: &[security::Address]) -> Result<Vec<Cidr>, Refused> {
     list.iter()
         .enumerate()
         .map(|(i, a)| {
-            let ip = ip_of(&a.address).map_err(|e| format!("{field}[{i}]: {e}"))?;
+            let at = || format!("{field}[{i}]");
+            let ip = ip_of(&a.address).map_err(|e| refused(at(), e.to_string()))?;
             // A mapped IPv6 address was made IPv4: so is its length.
             let len = if ip.is_ipv4() && a.address.len() == 16 {
                 a.length
                     .checked_sub(96)
-                    .ok_or_else(|| format!("{field}[{i}]: an IPv4-mapped block shorter than /96"))?
+                    .ok_or_else(|| refused(at(), "an IPv4-mapped block shorter than /96"))?
             } else {
                 a.length
             };
-            Cidr::from_prefix(ip, len).map_err(|e| format!("{field}[{i}]: {e}"))
+            Cidr::from_prefix(ip, len).map_err(|e| refused(at(), e.to_string()))
         })
         .collect()
 }
 
-fn ports(field: &str, list: &[u32]) -> Result<Vec<u16>, String> {
+fn ports(field: &str, list: &[u32]) -> Result<Vec<u16>, Refused> {
     list.iter()
         .enumerate()
         .map(|(i, &p)| {
-            u16::try_from(p).map_err(|_| format!("{field}[{i}]: {p} is not a port (0..=65535)"))
+            u16::try_from(p).map_err(|_| {
+                refused(
+                    format!("{field}[{i}]"),
+                    format!("{p} is not a port (0..=65535)"),
+                )
+            })
         })
         .collect()
 }
@@ -481,13 +495,14 @@ fn ports(field: &str, list: &[u32]) -> Result<Vec<u16>, String> {
 fn accounts(
     field: &str,
     list: &[security::ServiceAccountMatch],
-) -> Result<Vec<ServiceAccountRef>, String> {
+) -> Result<Vec<ServiceAccountRef>, Refused> {
     list.iter()
         .enumerate()
         .map(|(i, sa)| {
             if sa.namespace.is_empty() || sa.service_account.is_empty() {
-                return Err(format!(
-                    "{field}[{i}]: a service account needs a namespace and a name"
+                return Err(refused(
+                    format!("{field}[{i}]"),
+                    "a service account needs a namespace and a name",
                 ));
             }
             Ok(ServiceAccountRef {
@@ -498,7 +513,7 @@ fn accounts(
         .collect()
 }
 
-fn match_fields(m: &security::Match) -> Result<MatchFields, String> {
+fn match_fields(m: &security::Match) -> Result<MatchFields, Refused> {
     Ok(MatchFields {
         namespaces: string_matches("namespaces", &m.namespaces, false)?,
         not_namespaces: string_matches("notNamespaces", &m.not_namespaces, false)?,
