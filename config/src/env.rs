@@ -5,15 +5,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::error::ConfigError;
+use crate::file::MeshConfig;
 use crate::file::{
     ENV_CLUSTER_ID, ENV_NODE_REGION, ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
 };
+use crate::model::EnvOverride;
 use crate::settings::{
     duration_secs::MAX_SECS, ENV_BACKLOG, ENV_BUSY_POLL_MICROS, ENV_CAPTURE_MODE,
     ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE,
     ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS, ENV_WORKLOAD_WAIT,
 };
-use crate::{ConfigError, MeshConfig};
 
 /// Where environment variables come from.
 pub trait EnvSource {
@@ -91,17 +93,6 @@ pub struct EnvVar {
     /// The accepted values.
     pub help: &'static str,
     apply: fn(&mut MeshConfig, &str) -> Result<(), String>,
-}
-
-/// An override that was applied: which variable set which field to what.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EnvOverride {
-    /// The variable.
-    pub var: &'static str,
-    /// The field path it replaced.
-    pub field: &'static str,
-    /// The value as given (trimmed).
-    pub value: String,
 }
 
 /// Every variable ringway-config reads, in the order they are applied.
@@ -302,6 +293,14 @@ fn duration(v: &str) -> Result<Duration, String> {
         return Err(format!("{v:?} is outside 0..=86400 seconds"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+impl MeshConfig {
+    /// Applies the `RINGWAY_*` overrides ([`crate::ENV_VARS`]) that `env`
+    /// sets; the error names the variable.
+    pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<Vec<EnvOverride>, ConfigError> {
+        apply(self, env)
+    }
 }
 
 /// Applies every set variable of [`ENV_VARS`] to `cfg`. An empty (or

@@ -7,19 +7,17 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::authz::Identity;
-use crate::catalog::{Catalog, EndpointPorts};
-use crate::env::EnvOverride;
+use crate::error::ConfigError;
 use crate::file::{
-    CaConfig, ConditionConfig, OperationConfig, PeerAuthenticationConfig, PolicyConfig,
-    SourceConfig,
+    CaConfig, ConditionConfig, LocalityConfig, MeshConfig, OperationConfig,
+    PeerAuthenticationConfig, PolicyConfig, SourceConfig,
 };
-use crate::mesh::{
-    Action, AuthorizationPolicy, CaPaths, CaService, Condition, MtlsMode, Operation,
-    PeerAuthentication, Rule, Service, ServiceAccountRef, Source, Values, Workload,
+use crate::model::{
+    Action, AuthorizationPolicy, CaPaths, CaService, Catalog, Condition, EndpointPorts,
+    EnvOverride, Identity, Locality, Mesh, MtlsMode, Operation, PeerAuthentication, Rule, Service,
+    ServiceAccountRef, Source, Values, Workload, DEFAULT_CA_TOKEN_FILE,
 };
 use crate::names::{check_label, check_subdomain, check_trust_domain, Cidr, StringMatch};
-use crate::{ConfigError, Mesh, MeshConfig};
 
 #[cfg(test)]
 mod tests;
@@ -375,7 +373,7 @@ fn ca_source(cx: &Ctx<'_>, ca: &CaConfig) -> Result<(Option<CaPaths>, Option<CaS
                     root_cert_file: file("ca.rootCertFile".into(), root)?,
                     token_file: file(
                         "ca.tokenFile".to_owned(),
-                        ca.token_file.as_deref().unwrap_or(crate::mesh::DEFAULT_CA_TOKEN_FILE),
+                        ca.token_file.as_deref().unwrap_or(DEFAULT_CA_TOKEN_FILE),
                     )?,
                     bundle_files,
                 }),
@@ -440,10 +438,10 @@ fn pod_labels(
 }
 
 /// A region and zone: label values (they come from node labels).
-fn locality(cx: &Ctx<'_>, at: &str, l: &crate::LocalityConfig) -> Result<crate::Locality> {
+fn locality(cx: &Ctx<'_>, at: &str, l: &LocalityConfig) -> Result<Locality> {
     check_label_value(&l.region).map_err(|p| cx.err(format!("{at}.region"), p))?;
     check_label_value(&l.zone).map_err(|p| cx.err(format!("{at}.zone"), p))?;
-    Ok(crate::Locality {
+    Ok(Locality {
         region: l.region.clone(),
         zone: l.zone.clone(),
     })

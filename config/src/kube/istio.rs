@@ -21,7 +21,7 @@ use crate::file::{
     ConditionConfig, OperationConfig, PeerAuthenticationConfig, PolicyConfig, RuleConfig,
     SelectorConfig, SourceConfig,
 };
-use crate::mesh::ClusterPolicyNote;
+use crate::model::ClusterPolicyNote;
 use crate::names::Cidr;
 use crate::validate::{namespace_pattern, principal_pattern, service_account};
 

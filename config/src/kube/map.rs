@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::istio::{self, AuthorizationPolicyObject, PeerAuthenticationObject, PolicyContext};
 use super::{KubeOptions, SERVICE_NAME_LABEL};
 use crate::enrollment::{self, PodMode};
-use crate::mesh::ClusterPolicyNote;
+use crate::model::ClusterPolicyNote;
 use crate::{
     ConfigError, LocalityConfig, Mesh, MeshConfig, PortMapConfig, ServiceConfig, WorkloadConfig,
 };
@@ -100,7 +100,7 @@ impl fmt::Display for Skipped {
 /// [`KubeMesh::skipped`].
 pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> KubeMesh {
     let mut skipped = Vec::new();
-    let Some(file) = base.source.clone() else {
+    let Some(file) = base.source::<MeshConfig>() else {
         // Cannot happen: every public way of building a Mesh keeps its
         // configuration. Keep the snapshot as it is rather than fail.
         skipped.push(Skipped {
@@ -290,7 +290,7 @@ pub(crate) fn workload(
         labels: meta.labels.clone().unwrap_or_default(),
         // Set by the caller, from the pod's Node.
         locality: Default::default(),
-        workload_name: Some(crate::mesh::workload_name_of(
+        workload_name: Some(crate::model::workload_name_of(
             meta.name.as_deref().unwrap_or_default(),
             meta.owner_references
                 .iter()
@@ -582,7 +582,7 @@ fn merge(
         let err =
             match crate::validate::validate(&cfg, &origin, base.env_overrides(), base.revision()) {
                 Ok(mut mesh) => {
-                    mesh.source = Some(file.clone());
+                    mesh.set_source(file.clone());
                     return mesh;
                 }
                 Err(err) => err,
