@@ -15,6 +15,8 @@
 
 pub mod cni;
 pub mod http;
+#[cfg(feature = "kube-api")]
+pub mod kube_api;
 pub mod mesh;
 pub mod modgraph;
 pub mod node;

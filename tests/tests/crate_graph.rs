@@ -181,7 +181,6 @@ fn the_image_build_has_no_test_code() {
         "ringway-testbed",
         "ringway-benches",
         "ringway-identity feature \"testing\"",
-        "ringway-config feature \"testing\"",
         "ringway-cni feature \"testing\"",
         "ringway-redirect feature \"testing\"",
         "ringway-xds feature \"testing\"",
