@@ -92,7 +92,7 @@ pub use model::{
     Unsupported, Values, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL,
     DEFAULT_CA_TOKEN_FILE,
 };
-pub use names::{Cidr, StringMatch};
+pub use names::{Cidr, CidrError, StringMatch};
 pub use settings::{
     CaptureMode, Datapath, HboneSettings, Ports, ProxySettings, ENV_BACKLOG, ENV_BUSY_POLL_MICROS,
     ENV_CAPTURE_MODE, ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL,

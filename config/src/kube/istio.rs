@@ -555,11 +555,13 @@ pub(crate) fn scope_of(p: &PolicyConfig) -> String {
     }
 }
 
-fn parse_spec<T: serde::de::DeserializeOwned + Default>(spec: &Value) -> Result<T, String> {
+fn parse_spec<T: serde::de::DeserializeOwned + Default>(
+    spec: &Value,
+) -> Result<T, serde_json::Error> {
     if spec.is_null() {
         return Ok(T::default());
     }
-    serde_json::from_value(spec.clone()).map_err(|e| e.to_string())
+    serde_json::from_value(spec.clone())
 }
 
 /// The names of the non-empty fields of `other` (attributes this proxy
@@ -675,7 +677,7 @@ impl MatchState {
 fn ip_entry(text: &str) -> Entry {
     match Cidr::parse_masked(text) {
         Ok((cidr, _)) => Entry::Keep(cidr.to_string()),
-        Err(e) => Entry::Skip(e),
+        Err(e) => Entry::Skip(e.to_string()),
     }
 }
 
@@ -695,7 +697,7 @@ fn port_entry(text: &str) -> Entry {
 fn namespace_entry(text: &str) -> Entry {
     match namespace_pattern(text) {
         Ok(_) => Entry::Keep(text.to_owned()),
-        Err(e) => Entry::Never(e),
+        Err(e) => Entry::Never(e.to_string()),
     }
 }
 
@@ -717,7 +719,7 @@ fn principal_entry(text: &str) -> Entry {
             "a suffix longer than <trust domain>/ns/<namespace>/sa/<service account>".into(),
         ),
         Ok(_) => Entry::Keep(text.to_owned()),
-        Err(e) => Entry::Never(e),
+        Err(e) => Entry::Never(e.to_string()),
     }
 }
 
@@ -760,7 +762,7 @@ fn map_rule(
             };
             match service_account(&full) {
                 Ok(_) => Entry::Keep(full),
-                Err(e) => Entry::Never(e),
+                Err(e) => Entry::Never(e.to_string()),
             }
         };
         cx.at = format!("{rule_at}.from[{j}].source");

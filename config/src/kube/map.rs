@@ -464,6 +464,11 @@ pub(crate) fn service(
     })
 }
 
+/// A named `targetPort` that no pod of the service defines.
+#[derive(Debug, thiserror::Error)]
+#[error("targetPort {0:?} is not a TCP container port of its pods")]
+struct UnresolvedPort(String);
+
 /// The number a named `targetPort` stands for, and the other numbers it
 /// stands for on other pods (if any).
 fn named_target(
@@ -473,7 +478,7 @@ fn named_target(
     index: &Index<'_>,
     selector: &Option<BTreeMap<String, String>>,
     namespace: &str,
-) -> Result<(i32, Vec<i32>), String> {
+) -> Result<(i32, Vec<i32>), UnresolvedPort> {
     // The EndpointSlice controller writes, per group of pods, the service
     // port's name and the number the target name resolved to on them.
     let wanted = sp.name.as_deref().unwrap_or("");
@@ -516,7 +521,7 @@ fn named_target(
         .chain(selected)
         .find_map(|pod| container_port(pod, port_name))
         .map(|n| (n, Vec::new()))
-        .ok_or_else(|| format!("targetPort {port_name:?} is not a TCP container port of its pods"))
+        .ok_or_else(|| UnresolvedPort(port_name.to_owned()))
 }
 
 /// Kubernetes' FindPort: the TCP port called `name` of the pod's containers
