@@ -401,7 +401,7 @@ impl MeshConfig {
     /// document is refused (an accidentally emptied ConfigMap must not
     /// silently drop every workload and policy): write `{}` for all defaults.
     pub fn parse(text: &str, origin: &str) -> Result<MeshConfig, ConfigError> {
-        match serde_yaml::from_str::<Option<MeshConfig>>(text) {
+        match serde_norway::from_str::<Option<MeshConfig>>(text) {
             Ok(Some(cfg)) => Ok(cfg),
             Ok(None) => Err(ConfigError::Parse {
                 origin: origin.to_owned(),
@@ -522,13 +522,13 @@ mod tests {
     fn proxy_fields_list_is_complete() {
         // Every name is a ProxySettings field...
         for field in PROXY_FIELDS {
-            let err = serde_yaml::from_str::<ProxySettings>(&format!("{field}: !bad x"))
+            let err = serde_norway::from_str::<ProxySettings>(&format!("{field}: !bad x"))
                 .unwrap_err()
                 .to_string();
             assert!(!err.contains("unknown field"), "{field}: {err}");
         }
         // ...and the list names them all (serde's error enumerates the fields).
-        let err = serde_yaml::from_str::<ProxySettings>("nope: 1")
+        let err = serde_norway::from_str::<ProxySettings>("nope: 1")
             .unwrap_err()
             .to_string();
         let listed = err.matches('`').count() / 2 - 1;
