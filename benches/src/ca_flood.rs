@@ -4,7 +4,7 @@
 //!
 //! `ringway ca` runs as a child process (the same `ringway::main`) with its
 //! default limits, reviewing tokens and watching pods through a fake API
-//! server over HTTP in this process (`ringway_config::kube::testing`), as
+//! server over HTTP in this process (`ringway_testbed::kube_api`), as
 //! `cni_ca` does. Two node proxies (`proxy-node1`, `proxy-node2`, each with
 //! its own bound token) renew their pods' certificates the way a proxy does
 //! (a P-256 key, a CSR, the gRPC call over TLS with `ImpersonatedIdentity`,
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::bail;
 use prost::Message;
-use ringway_config::kube::testing::{fixtures, FakeApiServer, FakePod};
+use ringway_testbed::kube_api::{fixtures, FakeApiServer, FakePod};
 use ringway_testbed::TempDir;
 
 use crate::cni_ca::{start_ca, CA_ADDR, CA_METRICS, CA_NAME, TD};

@@ -13,7 +13,7 @@
 //! - `service`: `ca.address`, a `ringway ca` child process (the same
 //!   `ringway::main`) signing from CSRs, authenticating every call with a
 //!   TokenReview to a fake API server over HTTP in this process
-//!   (`ringway_config::kube::testing`).
+//!   (`ringway_testbed::kube_api`).
 //!
 //! Then the CSR round trip as the proxy makes it (a P-256 key, a CSR, the
 //! gRPC call over TLS, the chain checked), `csr_rounds` times in a row.
@@ -26,7 +26,7 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
-use ringway_config::kube::testing::{fixtures, FakeApiServer, FakePod};
+use ringway_testbed::kube_api::{fixtures, FakeApiServer, FakePod};
 use ringway_testbed::{Netns, TempDir};
 
 use crate::child::{ProxyArgs, ProxyChild};

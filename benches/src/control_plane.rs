@@ -15,7 +15,7 @@
 //!   published.
 //! - **Kubernetes watch**: the same mesh as objects (namespaces, pods,
 //!   services, EndpointSlices, AuthorizationPolicies) in the fake API server
-//!   (`ringway_config::kube::testing`), served over HTTP on 127.0.0.1;
+//!   (`ringway_testbed::kube_api`), served over HTTP on 127.0.0.1;
 //!   `kube::MeshWatch` on its `ringway-kube` thread as the proxy runs it
 //!   (default options: 100 ms debounce). Timed: start -> first snapshot, one
 //!   changed object (a pod, a policy) -> the snapshot that has it.
@@ -42,9 +42,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use prost::Message;
-use ringway_config::kube::testing::{FakeApiServer, Kind};
 use ringway_config::kube::{KubeOptions, MeshWatch};
 use ringway_config::{Mesh, MeshConfig, NoEnv};
+use ringway_testbed::kube_api::{FakeApiServer, Kind};
 use ringway_xds::state::{MeshState, XdsStatus};
 use ringway_xds::testing::{server_tls, XdsServer};
 use ringway_xds::{

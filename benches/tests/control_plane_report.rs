@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use ringway_benches::control_plane::gen::{Scope, Shape, PORTS};
 use ringway_benches::control_plane::{self, ControlPlaneConfig, ControlPlaneReport};
-use ringway_config::kube::testing::FakeApiServer;
 use ringway_config::kube::{KubeOptions, MeshWatch};
 use ringway_config::{Mesh, MeshConfig, NoEnv};
+use ringway_testbed::kube_api::FakeApiServer;
 use ringway_xds::proto::{workload, TypedResource};
 use ringway_xds::state::{MeshState, XdsStatus};
 use ringway_xds::{DeltaDiscoveryResponse, Handler, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
@@ -195,10 +195,7 @@ fn generated_objects_are_the_same_mesh_through_the_kubernetes_watch() {
         assert_eq!(kube.endpoint_uids(k).len(), xds.endpoint_uids(x).len());
     }
     // The change the bench makes: a pod labelled out of the mesh.
-    api.apply(
-        ringway_config::kube::testing::Kind::Pod,
-        s.kube_pod(7, true),
-    );
+    api.apply(ringway_testbed::kube_api::Kind::Pod, s.kube_pod(7, true));
     let uid = s.pod_uid(7);
     let out = loop {
         let m = rx

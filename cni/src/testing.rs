@@ -1,11 +1,6 @@
 //! Fakes for tests of this crate and (with the `testing` feature) of others: a
-//! scripted, recording fake of the node agent ([`FakeAgent`]), and the fake
-//! Kubernetes API server and object fixtures of `ringway_config::kube::testing`
-//! ([`FakeApiServer`], [`FakePod`], [`fixtures`]), re-exported.
-
-pub use ringway_config::kube::testing::{
-    fixtures, ApiMode, ApiRequest, FakeApiServer, FakePod, Kind, WatchStream,
-};
+//! scripted, recording fake of the node agent ([`FakeAgent`]). The fake
+//! Kubernetes API server is the test bed's (`ringway_testbed::kube_api`).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

@@ -5,15 +5,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::error::ConfigError;
+use crate::file::MeshConfig;
 use crate::file::{
     ENV_CLUSTER_ID, ENV_NODE_REGION, ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN,
 };
+use crate::model::EnvOverride;
 use crate::settings::{
     duration_secs::MAX_SECS, ENV_BACKLOG, ENV_BUSY_POLL_MICROS, ENV_CAPTURE_MODE,
     ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL, ENV_PIPE_SIZE,
     ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS, ENV_WORKLOAD_WAIT,
 };
-use crate::{ConfigError, MeshConfig};
 
 /// Where environment variables come from.
 pub trait EnvSource {
@@ -90,18 +92,7 @@ pub struct EnvVar {
     pub field: &'static str,
     /// The accepted values.
     pub help: &'static str,
-    apply: fn(&mut MeshConfig, &str) -> Result<(), String>,
-}
-
-/// An override that was applied: which variable set which field to what.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EnvOverride {
-    /// The variable.
-    pub var: &'static str,
-    /// The field path it replaced.
-    pub field: &'static str,
-    /// The value as given (trimmed).
-    pub value: String,
+    apply: fn(&mut MeshConfig, &str) -> Result<(), EnvValueError>,
 }
 
 /// Every variable ringway-config reads, in the order they are applied.
@@ -111,7 +102,7 @@ pub static ENV_VARS: &[EnvVar] = &[
         field: "proxy.captureMode",
         help: "tproxy or redirect",
         apply: |c, v| {
-            c.proxy.capture_mode = v.parse().map_err(problem)?;
+            c.proxy.capture_mode = v.parse().map_err(EnvValueError::Setting)?;
             Ok(())
         },
     },
@@ -120,7 +111,7 @@ pub static ENV_VARS: &[EnvVar] = &[
         field: "proxy.datapath",
         help: "auto, uring or epoll",
         apply: |c, v| {
-            c.proxy.datapath = v.parse().map_err(problem)?;
+            c.proxy.datapath = v.parse().map_err(EnvValueError::Setting)?;
             Ok(())
         },
     },
@@ -167,7 +158,7 @@ pub static ENV_VARS: &[EnvVar] = &[
         apply: |c, v| {
             c.proxy.proxy_mark = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
                 Some(hex) => u32::from_str_radix(hex, 16)
-                    .map_err(|_| format!("{v:?} is not a 32-bit hexadecimal number"))?,
+                    .map_err(|_| EnvValueError::Hexadecimal(v.to_owned()))?,
                 None => whole(v)?,
             };
             Ok(())
@@ -181,7 +172,7 @@ pub static ENV_VARS: &[EnvVar] = &[
             c.proxy.same_node_fast_path = match v {
                 "true" => true,
                 "false" => false,
-                _ => return Err(format!("{v:?} is not one of \"true\", \"false\"")),
+                _ => return Err(EnvValueError::Boolean(v.to_owned())),
             };
             Ok(())
         },
@@ -269,22 +260,48 @@ pub static ENV_VARS: &[EnvVar] = &[
     },
 ];
 
-fn problem(e: ConfigError) -> String {
+/// Why a variable's value cannot be used (the variable is the caller's:
+/// [`ConfigError::Env`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum EnvValueError {
+    /// Not one of the setting's words (`tproxy`, `redirect`, ...): the
+    /// setting's own error.
+    #[error("{}", problem(.0))]
+    Setting(ConfigError),
+    /// Not a whole number in the setting's range.
+    #[error("{0:?} is not a whole number in range")]
+    Whole(String),
+    /// Not a 32-bit hexadecimal number.
+    #[error("{0:?} is not a 32-bit hexadecimal number")]
+    Hexadecimal(String),
+    /// Not `true` or `false`.
+    #[error("{0:?} is not one of \"true\", \"false\"")]
+    Boolean(String),
+    /// Not a duration.
+    #[error("{0:?} is not a duration (seconds: 30, 1.5, 30s or 500ms)")]
+    Duration(String),
+    /// A duration outside 0..=86400 seconds.
+    #[error("{0:?} is outside 0..=86400 seconds")]
+    DurationRange(String),
+}
+
+/// The problem of a setting's error, without its field.
+fn problem(e: &ConfigError) -> String {
     match e {
-        ConfigError::Invalid { problem, .. } => problem,
+        ConfigError::Invalid { problem, .. } => problem.clone(),
         other => other.to_string(),
     }
 }
 
-fn whole<T: std::str::FromStr>(v: &str) -> Result<T, String> {
+fn whole<T: std::str::FromStr>(v: &str) -> Result<T, EnvValueError> {
     // `FromStr` for integers accepts a leading `+`; a setting does not need it.
     v.parse::<T>()
         .ok()
         .filter(|_| v.bytes().all(|b| b.is_ascii_digit()))
-        .ok_or_else(|| format!("{v:?} is not a whole number in range"))
+        .ok_or_else(|| EnvValueError::Whole(v.to_owned()))
 }
 
-fn duration(v: &str) -> Result<Duration, String> {
+fn duration(v: &str) -> Result<Duration, EnvValueError> {
     let (number, scale) = if let Some(ms) = v.strip_suffix("ms") {
         (ms, 1e-3)
     } else if let Some(s) = v.strip_suffix('s') {
@@ -297,11 +314,19 @@ fn duration(v: &str) -> Result<Duration, String> {
         .ok()
         .filter(|_| number.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
         .map(|n| n * scale)
-        .ok_or_else(|| format!("{v:?} is not a duration (seconds: 30, 1.5, 30s or 500ms)"))?;
+        .ok_or_else(|| EnvValueError::Duration(v.to_owned()))?;
     if !(0.0..=MAX_SECS).contains(&secs) {
-        return Err(format!("{v:?} is outside 0..=86400 seconds"));
+        return Err(EnvValueError::DurationRange(v.to_owned()));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+impl MeshConfig {
+    /// Applies the `RINGWAY_*` overrides ([`crate::ENV_VARS`]) that `env`
+    /// sets; the error names the variable.
+    pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<Vec<EnvOverride>, ConfigError> {
+        apply(self, env)
+    }
 }
 
 /// Applies every set variable of [`ENV_VARS`] to `cfg`. An empty (or
@@ -319,9 +344,9 @@ pub(crate) fn apply(
         if value.is_empty() {
             continue;
         }
-        (var.apply)(cfg, value).map_err(|problem| ConfigError::Env {
+        (var.apply)(cfg, value).map_err(|e| ConfigError::Env {
             var: var.name,
-            problem,
+            problem: e.to_string(),
         })?;
         applied.push(EnvOverride {
             var: var.name,

@@ -77,10 +77,10 @@ impl ConfigError {
         }
     }
 
-    /// Turns a `serde_yaml` error into [`ConfigError::Parse`], keeping its
+    /// Turns a `serde_norway` error into [`ConfigError::Parse`], keeping its
     /// line and column and dropping the duplicate "at line N column M" from
     /// the message.
-    pub(crate) fn yaml(origin: &str, err: &serde_yaml::Error) -> ConfigError {
+    pub(crate) fn yaml(origin: &str, err: &serde_norway::Error) -> ConfigError {
         let mut message = err.to_string();
         let (line, column) = err
             .location()

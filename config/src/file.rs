@@ -1,5 +1,7 @@
 //! The configuration file as written: serde structs that refuse unknown
-//! fields. [`MeshConfig::validate`] turns one into a [`Mesh`] snapshot.
+//! fields, parsed from YAML ([`MeshConfig::parse`]). The layers above apply
+//! the environment's overrides to one (`env`) and validate it into a
+//! [`Mesh`](crate::Mesh) snapshot (`validate`, `load`).
 //!
 //! Addresses, CIDR blocks, principals, actions and ports are kept as
 //! written here (strings, wide integers) so that validation, not the YAML
@@ -11,8 +13,8 @@ use std::path::Path;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::env::{self, EnvOverride, EnvSource};
-use crate::{ConfigError, Mesh, ProxySettings};
+use crate::error::ConfigError;
+use crate::settings::ProxySettings;
 
 /// Default `trustDomain`.
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
@@ -399,7 +401,7 @@ impl MeshConfig {
     /// document is refused (an accidentally emptied ConfigMap must not
     /// silently drop every workload and policy): write `{}` for all defaults.
     pub fn parse(text: &str, origin: &str) -> Result<MeshConfig, ConfigError> {
-        match serde_yaml::from_str::<Option<MeshConfig>>(text) {
+        match serde_norway::from_str::<Option<MeshConfig>>(text) {
             Ok(Some(cfg)) => Ok(cfg),
             Ok(None) => Err(ConfigError::Parse {
                 origin: origin.to_owned(),
@@ -423,50 +425,6 @@ impl MeshConfig {
             }
         }
     }
-
-    /// Applies the `RINGWAY_*` overrides ([`crate::ENV_VARS`]) that `env`
-    /// sets; the error names the variable.
-    pub fn apply_env(&mut self, env: &dyn EnvSource) -> Result<Vec<EnvOverride>, ConfigError> {
-        env::apply(self, env)
-    }
-
-    /// Checks every field and builds the snapshot; `origin` names the file
-    /// in errors.
-    pub fn validate(&self, origin: &str) -> Result<Mesh, ConfigError> {
-        Ok(crate::validate::validate(self, origin, &[], 0)?.with_source(|| self.clone()))
-    }
-
-    /// Reads `path` (or the embedded default when `None`), applies `env`'s
-    /// overrides and validates. A field set by a variable that fails
-    /// validation is reported against the variable.
-    pub fn load(path: Option<&Path>, env: &dyn EnvSource) -> Result<Mesh, ConfigError> {
-        match path {
-            None => MeshConfig::load_str(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, env),
-            Some(p) => {
-                let origin = p.display().to_string();
-                let bytes = read_file(p, &origin)?;
-                let text = String::from_utf8(bytes).map_err(|_| {
-                    ConfigError::io(
-                        &origin,
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidData,
-                            "stream did not contain valid UTF-8",
-                        ),
-                    )
-                })?;
-                MeshConfig::load_str(&text, &origin, env)
-            }
-        }
-    }
-
-    /// [`MeshConfig::load`] for text already read.
-    pub fn load_str(text: &str, origin: &str, env: &dyn EnvSource) -> Result<Mesh, ConfigError> {
-        let mut cfg = MeshConfig::parse(text, origin)?;
-        let overrides = cfg.apply_env(env)?;
-        let mesh =
-            crate::validate::validate(&cfg, origin, &overrides, content_hash(text.as_bytes()))?;
-        Ok(mesh.with_source(|| cfg))
-    }
 }
 
 /// FNV-1a 64 of the file's bytes: the snapshot's revision and the
@@ -483,7 +441,7 @@ pub(crate) fn content_hash(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Action, NoEnv};
+    use crate::{Action, Mesh, NoEnv};
 
     #[test]
     fn embedded_default_is_valid_and_equals_the_code_defaults() {
@@ -564,13 +522,13 @@ mod tests {
     fn proxy_fields_list_is_complete() {
         // Every name is a ProxySettings field...
         for field in PROXY_FIELDS {
-            let err = serde_yaml::from_str::<ProxySettings>(&format!("{field}: !bad x"))
+            let err = serde_norway::from_str::<ProxySettings>(&format!("{field}: !bad x"))
                 .unwrap_err()
                 .to_string();
             assert!(!err.contains("unknown field"), "{field}: {err}");
         }
         // ...and the list names them all (serde's error enumerates the fields).
-        let err = serde_yaml::from_str::<ProxySettings>("nope: 1")
+        let err = serde_norway::from_str::<ProxySettings>("nope: 1")
             .unwrap_err()
             .to_string();
         let listed = err.matches('`').count() / 2 - 1;

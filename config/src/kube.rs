@@ -23,9 +23,9 @@
 //! - [`MeshWatch`] / [`run`] keep kube-rs reflector caches of the objects and
 //!   call [`build_mesh`] at most once per [`KubeOptions::debounce`].
 //!
-//! Feature `testing` adds `kube::testing`: a fake API server behind kube's
-//! `Client` (or served over HTTP to another process, TokenReviews included)
-//! and object fixtures, for this crate's and other crates' tests.
+//! The tests run the watch against the fake API server of the test bed
+//! (`ringway_testbed::kube_api`), as a dev-dependency: the product carries
+//! no test server.
 //!
 //! # Mapping
 //! | object | becomes |
@@ -64,8 +64,6 @@
 
 pub mod istio;
 mod map;
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
 mod watch;
 
 use std::time::Duration;

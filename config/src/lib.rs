@@ -62,7 +62,6 @@
 #![forbid(unsafe_code)]
 
 pub mod authz;
-mod catalog;
 mod control_thread;
 pub mod enrollment;
 mod env;
@@ -70,13 +69,14 @@ mod error;
 mod file;
 #[cfg(feature = "kube")]
 pub mod kube;
-mod mesh;
+mod load;
+mod model;
 mod names;
 mod settings;
 mod validate;
 mod watch;
 
-pub use env::{EnvOverride, EnvSource, EnvVar, NoEnv, ProcessEnv, ENV_VARS};
+pub use env::{EnvSource, EnvVar, NoEnv, ProcessEnv, ENV_VARS};
 pub use error::{ConfigError, IoError};
 pub use file::{
     CaConfig, ConditionConfig, LocalityConfig, MeshConfig, OperationConfig,
@@ -85,13 +85,14 @@ pub use file::{
     DEFAULT_TRUST_DOMAIN, EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_CLUSTER_ID, ENV_NODE_REGION,
     ENV_NODE_ZONE, ENV_ROOT_NAMESPACE, ENV_TRUST_DOMAIN, MAX_FILE_BYTES,
 };
-pub use mesh::{
+pub use model::{
     workload_name_of, Action, AuthorizationPolicy, CaPaths, CaService, Claimant, Clause,
-    ClusterPolicyNote, Condition, EndpointPorts, Locality, Match, MatchFields, Mesh, MeshEdit,
-    MtlsMode, Operation, PeerAuthentication, Rule, Service, ServiceAccountRef, Source, Unsupported,
-    Values, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL, DEFAULT_CA_TOKEN_FILE,
+    ClusterPolicyNote, Condition, EndpointPorts, EnvOverride, Locality, Match, MatchFields, Mesh,
+    MeshEdit, MtlsMode, Operation, PeerAuthentication, Rule, Service, ServiceAccountRef, Source,
+    Unsupported, Values, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL,
+    DEFAULT_CA_TOKEN_FILE,
 };
-pub use names::{Cidr, StringMatch};
+pub use names::{Cidr, CidrError, StringMatch};
 pub use settings::{
     CaptureMode, Datapath, HboneSettings, Ports, ProxySettings, ENV_BACKLOG, ENV_BUSY_POLL_MICROS,
     ENV_CAPTURE_MODE, ENV_CONNECT_TIMEOUT, ENV_DATAPATH, ENV_DRAIN_PERIOD, ENV_PIPE_POOL,

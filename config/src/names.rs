@@ -1,34 +1,197 @@
 //! Checks for the names that appear in a mesh (namespaces, service
-//! accounts, trust domains), `*` globs, and CIDR blocks.
+//! accounts, trust domains, label keys and values), `*` globs, and CIDR
+//! blocks, each with its typed error.
 
 use std::fmt;
 use std::net::IpAddr;
 
+/// A name that is not valid where it appears (a namespace, a service
+/// account, a trust domain, a label key or value).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The name is empty where one is required.
+    #[error("must not be empty")]
+    Empty,
+    /// It holds a character the kind of name does not allow.
+    #[error("{value:?} is not a valid {what}: contains {found:?} (only {allowed} are allowed)")]
+    Character {
+        /// The name.
+        value: String,
+        /// The kind of name (`namespace`, `trust domain`, ...).
+        what: String,
+        /// The first character not allowed.
+        found: String,
+        /// The characters allowed, in words.
+        allowed: &'static str,
+    },
+    /// A DNS label that starts or ends with `-`.
+    #[error("{value:?} is not a valid {what}: it must start and end with a letter or digit")]
+    LabelEdge {
+        /// The name.
+        value: String,
+        /// The kind of name.
+        what: String,
+    },
+    /// A DNS subdomain with a part that is empty or starts or ends with `-`.
+    #[error("{value:?} is not a valid {what}: each dot-separated part must start and end with a letter or digit")]
+    SubdomainPart {
+        /// The name.
+        value: String,
+        /// The kind of name.
+        what: String,
+    },
+    /// Longer than the kind of name allows.
+    #[error("{value:?} is not a valid {what}: {len} characters is more than {max}")]
+    TooLong {
+        /// The name.
+        value: String,
+        /// The kind of name.
+        what: String,
+        /// Its length.
+        len: usize,
+        /// The longest allowed.
+        max: usize,
+    },
+    /// A label value longer than 63 characters.
+    #[error("{value:?}: {len} characters is more than 63")]
+    LabelValueTooLong {
+        /// The value.
+        value: String,
+        /// Its length.
+        len: usize,
+    },
+    /// A label value with a character other than letters, digits, `-`, `_`
+    /// and `.`.
+    #[error(
+        "{value:?} contains {found:?} (only letters, digits, \"-\", \"_\" and \".\" are allowed)"
+    )]
+    LabelValueCharacter {
+        /// The value.
+        value: String,
+        /// The first character not allowed.
+        found: String,
+    },
+    /// A label value that does not start and end with a letter or digit.
+    #[error("{value:?} must start and end with a letter or digit")]
+    LabelValueEdge {
+        /// The value.
+        value: String,
+    },
+    /// A label key (`[prefix/]name`) with an empty name.
+    #[error("label key {key:?} has an empty name")]
+    LabelKeyEmptyName {
+        /// The key.
+        key: String,
+    },
+    /// A label key whose name part is not a valid label value.
+    #[error("label key name {0}")]
+    LabelKeyName(Box<NameError>),
+}
+
+/// A string pattern (`*`, `prefix*`, `*suffix`) that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PatternError {
+    /// The pattern is empty.
+    #[error("must not be empty")]
+    Empty,
+    /// `*` appears more than once, or inside.
+    #[error("{0:?}: \"*\" may appear once, at the start or at the end")]
+    Star(String),
+}
+
+/// A CIDR block (`10.0.0.0/8`, `fd00::/8`, an address) that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CidrError {
+    /// The address part is not an IP address.
+    #[error("{text:?}: {addr:?} is not an IP address")]
+    Address {
+        /// The block as written.
+        text: String,
+        /// Its address part.
+        addr: String,
+    },
+    /// The length part is not a whole number.
+    #[error("{text:?}: {len:?} is not a prefix length")]
+    Length {
+        /// The block as written.
+        text: String,
+        /// Its length part.
+        len: String,
+    },
+    /// The prefix is longer than the address.
+    #[error("{text:?}: prefix length {len} is longer than {max}")]
+    TooLong {
+        /// The block as written.
+        text: String,
+        /// The prefix length.
+        len: u32,
+        /// The address's length in bits.
+        max: u32,
+    },
+    /// An address and a prefix length ([`Cidr::from_prefix`]) whose length
+    /// is longer than the address.
+    #[error("{addr}/{len}: prefix length {len} is longer than {max}")]
+    PrefixTooLong {
+        /// The address.
+        addr: IpAddr,
+        /// The prefix length.
+        len: u32,
+        /// The address's length in bits.
+        max: u32,
+    },
+    /// Bits below the prefix are set (and are refused, not cleared).
+    #[error("{text:?}: host bits are set (the block is {network}/{len})")]
+    HostBits {
+        /// The block as written.
+        text: String,
+        /// The block it would be with the host bits cleared.
+        network: IpAddr,
+        /// The prefix length.
+        len: u8,
+    },
+}
+
+/// The first character of `s` that `ok` refuses, as a string.
+fn first_bad(s: &str, ok: impl Fn(char) -> bool) -> Option<String> {
+    s.chars().find(|c| !ok(*c)).map(|c| c.to_string())
+}
+
 /// A DNS-1123 label (a Kubernetes namespace): 1 to 63 lowercase letters,
 /// digits and `-`, starting and ending with a letter or digit.
-pub(crate) fn check_label(what: &str, s: &str) -> Result<(), String> {
+pub(crate) fn check_label(what: &str, s: &str) -> Result<(), NameError> {
     if s.is_empty() {
-        return Err("must not be empty".into());
+        return Err(NameError::Empty);
     }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-    {
-        return Err(format!(
-            "{s:?} is not a valid {what}: contains {:?} (only lowercase letters, digits and \"-\" are allowed)",
-            c.to_string()
-        ));
+    if let Some(found) = first_bad(s, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'
+    }) {
+        return Err(NameError::Character {
+            value: s.to_owned(),
+            what: what.to_owned(),
+            found,
+            allowed: "lowercase letters, digits and \"-\"",
+        });
     }
     if s.starts_with('-') || s.ends_with('-') {
-        return Err(format!(
-            "{s:?} is not a valid {what}: it must start and end with a letter or digit"
-        ));
+        return Err(NameError::LabelEdge {
+            value: s.to_owned(),
+            what: what.to_owned(),
+        });
     }
-    if s.len() > 63 {
-        return Err(format!(
-            "{s:?} is not a valid {what}: {} characters is more than 63",
-            s.len()
-        ));
+    too_long(what, s, 63)
+}
+
+fn too_long(what: &str, s: &str, max: usize) -> Result<(), NameError> {
+    if s.len() > max {
+        return Err(NameError::TooLong {
+            value: s.to_owned(),
+            what: what.to_owned(),
+            len: s.len(),
+            max,
+        });
     }
     Ok(())
 }
@@ -36,56 +199,93 @@ pub(crate) fn check_label(what: &str, s: &str) -> Result<(), String> {
 /// A DNS-1123 subdomain (a Kubernetes object name, a service account, a
 /// host name): at most 253 characters, dot-separated parts of lowercase
 /// letters, digits and `-`, each starting and ending with a letter or digit.
-pub(crate) fn check_subdomain(what: &str, s: &str) -> Result<(), String> {
+pub(crate) fn check_subdomain(what: &str, s: &str) -> Result<(), NameError> {
     if s.is_empty() {
-        return Err("must not be empty".into());
+        return Err(NameError::Empty);
     }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
-    {
-        return Err(format!(
-            "{s:?} is not a valid {what}: contains {:?} (only lowercase letters, digits, \"-\" and \".\" are allowed)",
-            c.to_string()
-        ));
+    if let Some(found) = first_bad(s, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'
+    }) {
+        return Err(NameError::Character {
+            value: s.to_owned(),
+            what: what.to_owned(),
+            found,
+            allowed: "lowercase letters, digits, \"-\" and \".\"",
+        });
     }
     for part in s.split('.') {
         if part.is_empty() || part.starts_with('-') || part.ends_with('-') {
-            return Err(format!(
-                "{s:?} is not a valid {what}: each dot-separated part must start and end with a letter or digit"
-            ));
+            return Err(NameError::SubdomainPart {
+                value: s.to_owned(),
+                what: what.to_owned(),
+            });
         }
     }
-    if s.len() > 253 {
-        return Err(format!(
-            "{s:?} is not a valid {what}: {} characters is more than 253",
-            s.len()
-        ));
+    too_long(what, s, 253)
+}
+
+/// A SPIFFE trust domain: lowercase letters, digits, `.`, `-` and `_`.
+pub(crate) fn check_trust_domain(s: &str) -> Result<(), NameError> {
+    const WHAT: &str = "trust domain";
+    if s.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if let Some(found) = first_bad(s, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')
+    }) {
+        return Err(NameError::Character {
+            value: s.to_owned(),
+            what: WHAT.to_owned(),
+            found,
+            allowed: "lowercase letters, digits, \".\", \"-\" and \"_\"",
+        });
+    }
+    too_long(WHAT, s, 255)
+}
+
+/// A Kubernetes label value: empty, or at most 63 letters, digits, `-`,
+/// `_` and `.`, starting and ending with a letter or digit.
+pub(crate) fn check_label_value(s: &str) -> Result<(), NameError> {
+    if s.is_empty() {
+        return Ok(());
+    }
+    if s.len() > 63 {
+        return Err(NameError::LabelValueTooLong {
+            value: s.to_owned(),
+            len: s.len(),
+        });
+    }
+    if let Some(found) = first_bad(s, |c| {
+        c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
+    }) {
+        return Err(NameError::LabelValueCharacter {
+            value: s.to_owned(),
+            found,
+        });
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !alnum(s.chars().next()) || !alnum(s.chars().last()) {
+        return Err(NameError::LabelValueEdge {
+            value: s.to_owned(),
+        });
     }
     Ok(())
 }
 
-/// A SPIFFE trust domain: lowercase letters, digits, `.`, `-` and `_`.
-pub(crate) fn check_trust_domain(s: &str) -> Result<(), String> {
-    if s.is_empty() {
-        return Err("must not be empty".into());
+/// A Kubernetes label key: `[prefix/]name`, the prefix a DNS subdomain, the
+/// name as a non-empty label value.
+pub(crate) fn check_label_key(k: &str) -> Result<(), NameError> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        check_subdomain("label key prefix", p)?;
     }
-    if let Some(c) = s
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')))
-    {
-        return Err(format!(
-            "{s:?} is not a valid trust domain: contains {:?} (only lowercase letters, digits, \".\", \"-\" and \"_\" are allowed)",
-            c.to_string()
-        ));
+    if name.is_empty() {
+        return Err(NameError::LabelKeyEmptyName { key: k.to_owned() });
     }
-    if s.len() > 255 {
-        return Err(format!(
-            "{s:?} is not a valid trust domain: {} characters is more than 255",
-            s.len()
-        ));
-    }
-    Ok(())
+    check_label_value(name).map_err(|e| NameError::LabelKeyName(Box::new(e)))
 }
 
 /// A string pattern of an authorization rule: exact, `*` (anything
@@ -105,9 +305,9 @@ pub enum StringMatch {
 impl StringMatch {
     /// Splits a pattern into its kind and literal part; `*` may appear only
     /// once, at the start or at the end.
-    pub(crate) fn parse(s: &str) -> Result<StringMatch, String> {
+    pub(crate) fn parse(s: &str) -> Result<StringMatch, PatternError> {
         if s.is_empty() {
-            return Err("must not be empty".into());
+            return Err(PatternError::Empty);
         }
         if s == "*" {
             return Ok(StringMatch::Any);
@@ -120,9 +320,7 @@ impl StringMatch {
         } else if stars == 1 && s.starts_with('*') {
             StringMatch::Suffix(s[1..].into())
         } else {
-            return Err(format!(
-                "{s:?}: \"*\" may appear once, at the start or at the end"
-            ));
+            return Err(PatternError::Star(s.to_owned()));
         };
         Ok(m)
     }
@@ -209,7 +407,7 @@ pub struct Cidr {
 impl Cidr {
     /// Parses `addr/len` or `addr`. Host bits must be zero; an IPv4-mapped
     /// IPv6 block (`::ffff:10.0.0.0/104`) becomes the IPv4 block it means.
-    pub fn parse(s: &str) -> Result<Cidr, String> {
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
         Cidr::read(s, false).map(|(c, _)| c)
     }
 
@@ -217,31 +415,34 @@ impl Cidr {
     /// (`10.1.2.3/8` is `10.0.0.0/8`, as the reference reads a cluster
     /// policy's blocks); also tells whether any were set.
     #[cfg(feature = "kube")]
-    pub(crate) fn parse_masked(s: &str) -> Result<(Cidr, bool), String> {
+    pub(crate) fn parse_masked(s: &str) -> Result<(Cidr, bool), CidrError> {
         Cidr::read(s, true)
     }
 
     /// The block of `addr`/`prefix_len`, host bits cleared (as the
     /// reference reads a control plane's blocks). `Err` when the length is
     /// longer than the address.
-    pub fn from_prefix(addr: IpAddr, prefix_len: u32) -> Result<Cidr, String> {
+    pub fn from_prefix(addr: IpAddr, prefix_len: u32) -> Result<Cidr, CidrError> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix_len > max {
-            return Err(format!(
-                "{addr}/{prefix_len}: prefix length {prefix_len} is longer than {max}"
-            ));
+            return Err(CidrError::PrefixTooLong {
+                addr,
+                len: prefix_len,
+                max,
+            });
         }
         Cidr::read(&format!("{addr}/{prefix_len}"), true).map(|(c, _)| c)
     }
 
-    fn read(s: &str, mask: bool) -> Result<(Cidr, bool), String> {
+    fn read(s: &str, mask: bool) -> Result<(Cidr, bool), CidrError> {
         let (addr_text, len_text) = match s.split_once('/') {
             Some((a, l)) => (a, Some(l)),
             None => (s, None),
         };
-        let addr: IpAddr = addr_text
-            .parse()
-            .map_err(|_| format!("{s:?}: {addr_text:?} is not an IP address"))?;
+        let addr: IpAddr = addr_text.parse().map_err(|_| CidrError::Address {
+            text: s.to_owned(),
+            addr: addr_text.to_owned(),
+        })?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix_len = match len_text {
             None => max,
@@ -250,9 +451,16 @@ impl Cidr {
                     .parse()
                     .ok()
                     .filter(|_| l.bytes().all(|b| b.is_ascii_digit()))
-                    .ok_or_else(|| format!("{s:?}: {l:?} is not a prefix length"))?;
+                    .ok_or_else(|| CidrError::Length {
+                        text: s.to_owned(),
+                        len: l.to_owned(),
+                    })?;
                 if n > max {
-                    return Err(format!("{s:?}: prefix length {n} is longer than {max}"));
+                    return Err(CidrError::TooLong {
+                        text: s.to_owned(),
+                        len: n.into(),
+                        max: max.into(),
+                    });
                 }
                 n
             }
@@ -260,9 +468,11 @@ impl Cidr {
         let network = Cidr { addr, prefix_len }.network();
         let masked = network != addr;
         if masked && !mask {
-            return Err(format!(
-                "{s:?}: host bits are set (the block is {network}/{prefix_len})"
-            ));
+            return Err(CidrError::HostBits {
+                text: s.to_owned(),
+                network,
+                len: prefix_len,
+            });
         }
         if let IpAddr::V6(v6) = network {
             if let (Some(v4), true) = (v6.to_ipv4_mapped(), prefix_len >= 96) {
@@ -351,19 +561,19 @@ mod tests {
         let mapped = Cidr::parse("::ffff:10.0.0.0/104").unwrap();
         assert_eq!(mapped.to_string(), "10.0.0.0/8");
         assert_eq!(
-            Cidr::parse("10.0.0.0/33").unwrap_err(),
+            Cidr::parse("10.0.0.0/33").unwrap_err().to_string(),
             r#""10.0.0.0/33": prefix length 33 is longer than 32"#
         );
         assert_eq!(
-            Cidr::parse("fd00::/129").unwrap_err(),
+            Cidr::parse("fd00::/129").unwrap_err().to_string(),
             r#""fd00::/129": prefix length 129 is longer than 128"#
         );
         assert_eq!(
-            Cidr::parse("10.0.0.1/24").unwrap_err(),
+            Cidr::parse("10.0.0.1/24").unwrap_err().to_string(),
             r#""10.0.0.1/24": host bits are set (the block is 10.0.0.0/24)"#
         );
         assert_eq!(
-            Cidr::parse("10.0.0.0/+8").unwrap_err(),
+            Cidr::parse("10.0.0.0/+8").unwrap_err().to_string(),
             r#""10.0.0.0/+8": "+8" is not a prefix length"#
         );
     }

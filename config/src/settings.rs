@@ -556,36 +556,37 @@ mod tests {
         })
         .starts_with("invalid `hbone.handshakeNice`"));
         let s: ProxySettings =
-            serde_yaml::from_str("hbone: {handshakeTimeout: 1.5, maxPreauthPerSource: 8}\n")
+            serde_norway::from_str("hbone: {handshakeTimeout: 1.5, maxPreauthPerSource: 8}\n")
                 .unwrap();
         assert_eq!(s.hbone.handshake_timeout, Duration::from_millis(1500));
         assert_eq!(s.hbone.max_preauth_per_source, 8);
         assert_eq!(s.hbone.max_preauth_per_pod, 1024);
-        let err = serde_yaml::from_str::<ProxySettings>("hbone: {idle: 1}\n").unwrap_err();
+        let err = serde_norway::from_str::<ProxySettings>("hbone: {idle: 1}\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `idle`"), "{err}");
     }
 
     #[test]
     fn yaml_round_trip_and_unknown_fields() {
         let s: ProxySettings =
-            serde_yaml::from_str("captureMode: redirect\nworkers: 2\ndrainPeriod: 1.5\n").unwrap();
+            serde_norway::from_str("captureMode: redirect\nworkers: 2\ndrainPeriod: 1.5\n")
+                .unwrap();
         assert_eq!(s.capture_mode, CaptureMode::Redirect);
         assert_eq!(s.workers, 2);
         assert_eq!(s.drain_period, Duration::from_millis(1500));
         assert_eq!(s.connect_timeout, Duration::from_secs(10), "the default");
-        let s: ProxySettings = serde_yaml::from_str("connectTimeout: 2.5\n").unwrap();
+        let s: ProxySettings = serde_norway::from_str("connectTimeout: 2.5\n").unwrap();
         assert_eq!(s.connect_timeout, Duration::from_millis(2500));
         assert_eq!(s.workload_wait, Duration::from_secs(5), "the default");
-        let s: ProxySettings = serde_yaml::from_str("workloadWait: 0.25\n").unwrap();
+        let s: ProxySettings = serde_norway::from_str("workloadWait: 0.25\n").unwrap();
         assert_eq!(s.workload_wait, Duration::from_millis(250));
         s.validate().unwrap();
-        let s: ProxySettings = serde_yaml::from_str("workloadWait: 61\n").unwrap();
+        let s: ProxySettings = serde_norway::from_str("workloadWait: 61\n").unwrap();
         let e = s.validate().unwrap_err().to_string();
         assert!(
             e.contains("invalid `workloadWait`: 61 s holds a connection longer than 60 s"),
             "{e}"
         );
-        let err = serde_yaml::from_str::<ProxySettings>("wokers: 2\n").unwrap_err();
+        let err = serde_norway::from_str::<ProxySettings>("wokers: 2\n").unwrap_err();
         assert!(err.to_string().contains("unknown field `wokers`"), "{err}");
     }
 }

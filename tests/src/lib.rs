@@ -16,6 +16,8 @@
 pub mod cni;
 mod error;
 pub mod http;
+#[cfg(feature = "kube-api")]
+pub mod kube_api;
 pub mod mesh;
 pub mod modgraph;
 pub mod node;

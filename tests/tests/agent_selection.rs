@@ -7,7 +7,7 @@
 //! captures carry `ambient.istio.io/redirection: enabled` until released, and
 //! a failing patch of it never fails a CNI ADD.
 //!
-//! The fake API server (`ringway_cni::testing::FakeApiServer`) and the watch
+//! The fake API server (`ringway_testbed::kube_api::FakeApiServer`) and the watch
 //! run on a tokio runtime driven by a thread of the test, as `ringway agent
 //! --kube` runs them. Runs inside `run_isolated`.
 
@@ -21,8 +21,8 @@ use ringway_cni::kube::{
     WatchConfig,
 };
 use ringway_cni::node::{AgentConfig, Selection};
-use ringway_cni::testing::{ApiMode, FakeApiServer, FakePod, Kind};
 use ringway_redirect::{read_tag, verify, CaptureSpec, Drift};
+use ringway_testbed::kube_api::{ApiMode, FakeApiServer, FakePod, Kind};
 use ringway_testbed::{run_isolated, VirtualNode};
 
 /// A current-thread runtime driven by its own thread until dropped, with the
@@ -570,7 +570,7 @@ fn adversarial_an_istio_opt_out_is_never_captured_and_a_switch_to_none_releases(
         assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
         // The released pod's annotation is removed (one patch naming it, null);
         // the opted-out pod's is never written.
-        let removed = |p: &ringway_cni::testing::ApiRequest| {
+        let removed = |p: &ringway_testbed::kube_api::ApiRequest| {
             p.path.ends_with(&format!("/pods/{}/status", switched.name))
                 && p.body.as_deref().is_some_and(|b| {
                     serde_json::from_str::<serde_json::Value>(b).unwrap()["metadata"]["annotations"]

@@ -181,7 +181,6 @@ fn the_image_build_has_no_test_code() {
         "ringway-testbed",
         "ringway-benches",
         "ringway-identity feature \"testing\"",
-        "ringway-config feature \"testing\"",
         "ringway-cni feature \"testing\"",
         "ringway-redirect feature \"testing\"",
         "ringway-xds feature \"testing\"",
@@ -228,7 +227,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "ringway-cni: error <-> version",
     "ringway-cni: kube <-> kube::annotate <-> kube::decide <-> kube::reconcile <-> kube::select",
     "ringway-cni: node <-> node::cni_server <-> node::discover <-> node::metrics <-> node::state <-> node::zds_server",
-    "ringway-config: authz <-> catalog <-> env <-> file <-> mesh <-> validate",
     "ringway-benches: crosscheck <-> report <-> suite",
 ];
 

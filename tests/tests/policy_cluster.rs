@@ -16,9 +16,9 @@ use std::time::Instant;
 
 use common::hbone::{two_nodes, Opts, TwoNodes, APP_PORT};
 use common::{wait_until, TIMEOUT};
-use ringway_cni::testing::{fixtures, FakeApiServer, Kind};
 use ringway_config::kube::{KubeOptions, MeshWatch};
 use ringway_config::{Mesh, MeshConfig, NoEnv};
+use ringway_testbed::kube_api::{fixtures, FakeApiServer, Kind};
 use ringway_testbed::run_isolated;
 use ringway_testbed::traffic::{connect, listen, EchoServer};
 use serde_json::{json, Value};

@@ -19,8 +19,8 @@
 
 use std::net::Ipv4Addr;
 
-use ringway_config::kube::testing::fixtures;
-use ringway_config::kube::testing::{FakePod, Kind};
+use ringway_testbed::kube_api::fixtures;
+use ringway_testbed::kube_api::{FakePod, Kind};
 use ringway_xds::proto::security::{self, string_match::MatchType, StringMatch};
 use ringway_xds::proto::workload::{self, address, NetworkAddress, Port, PortList};
 use ringway_xds::proto::TypedResource;

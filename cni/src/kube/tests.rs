@@ -1,4 +1,4 @@
-//! The watch against the fake API server of `ringway_config::kube::testing`
+//! The watch against the fake API server of the test bed (`ringway_testbed::kube_api`)
 //! (kube's `Client` over a `tower_test` mock service): the watcher's lists are
 //! answered from the fake's store, and its watch requests are handed to the test,
 //! which writes their events. A recording fake [`Enrollment`] stands for the node
@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::*;
-use crate::testing::{fixtures, ApiMode, FakeApiServer, FakePod, Kind};
+use ringway_testbed::kube_api::{fixtures, ApiMode, FakeApiServer, FakePod, Kind};
 
 const NODE: &str = "node-a";
 
@@ -1431,7 +1431,7 @@ mod annotator {
             .unwrap_or(0)
     }
 
-    fn body(r: &crate::testing::ApiRequest) -> Value {
+    fn body(r: &ringway_testbed::kube_api::ApiRequest) -> Value {
         serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
     }
 

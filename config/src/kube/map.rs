@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::istio::{self, AuthorizationPolicyObject, PeerAuthenticationObject, PolicyContext};
 use super::{KubeOptions, SERVICE_NAME_LABEL};
 use crate::enrollment::{self, PodMode};
-use crate::mesh::ClusterPolicyNote;
+use crate::model::ClusterPolicyNote;
 use crate::{
     ConfigError, LocalityConfig, Mesh, MeshConfig, PortMapConfig, ServiceConfig, WorkloadConfig,
 };
@@ -100,7 +100,7 @@ impl fmt::Display for Skipped {
 /// [`KubeMesh::skipped`].
 pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> KubeMesh {
     let mut skipped = Vec::new();
-    let Some(file) = base.source.clone() else {
+    let Some(file) = base.source::<MeshConfig>() else {
         // Cannot happen: every public way of building a Mesh keeps its
         // configuration. Keep the snapshot as it is rather than fail.
         skipped.push(Skipped {
@@ -290,7 +290,7 @@ pub(crate) fn workload(
         labels: meta.labels.clone().unwrap_or_default(),
         // Set by the caller, from the pod's Node.
         locality: Default::default(),
-        workload_name: Some(crate::mesh::workload_name_of(
+        workload_name: Some(crate::model::workload_name_of(
             meta.name.as_deref().unwrap_or_default(),
             meta.owner_references
                 .iter()
@@ -464,6 +464,11 @@ pub(crate) fn service(
     })
 }
 
+/// A named `targetPort` that no pod of the service defines.
+#[derive(Debug, thiserror::Error)]
+#[error("targetPort {0:?} is not a TCP container port of its pods")]
+struct UnresolvedPort(String);
+
 /// The number a named `targetPort` stands for, and the other numbers it
 /// stands for on other pods (if any).
 fn named_target(
@@ -473,7 +478,7 @@ fn named_target(
     index: &Index<'_>,
     selector: &Option<BTreeMap<String, String>>,
     namespace: &str,
-) -> Result<(i32, Vec<i32>), String> {
+) -> Result<(i32, Vec<i32>), UnresolvedPort> {
     // The EndpointSlice controller writes, per group of pods, the service
     // port's name and the number the target name resolved to on them.
     let wanted = sp.name.as_deref().unwrap_or("");
@@ -516,7 +521,7 @@ fn named_target(
         .chain(selected)
         .find_map(|pod| container_port(pod, port_name))
         .map(|n| (n, Vec::new()))
-        .ok_or_else(|| format!("targetPort {port_name:?} is not a TCP container port of its pods"))
+        .ok_or_else(|| UnresolvedPort(port_name.to_owned()))
 }
 
 /// Kubernetes' FindPort: the TCP port called `name` of the pod's containers
@@ -582,7 +587,7 @@ fn merge(
         let err =
             match crate::validate::validate(&cfg, &origin, base.env_overrides(), base.revision()) {
                 Ok(mut mesh) => {
-                    mesh.source = Some(file.clone());
+                    mesh.set_source(file.clone());
                     return mesh;
                 }
                 Err(err) => err,

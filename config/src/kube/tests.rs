@@ -1,4 +1,4 @@
-//! The watch against the fake API server of [`super::testing`] (kube's
+//! The watch against the fake API server of the test bed (`ringway_testbed::kube_api`) (kube's
 //! `Client` over a `tower_test` mock service, answering the watchers' lists
 //! from an object store the test edits and their watches with the store's
 //! changes). [`MeshWatch`] runs exactly as in the proxy: on its own thread
@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::testing::fixtures::{self, endpoint, external_service, namespace, service, uid};
-use super::testing::{ApiMode, FakeApiServer, Kind};
 use super::*;
 use crate::enrollment::{DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_LABEL};
 use crate::{Mesh, MeshConfig, NoEnv};
+use ringway_testbed::kube_api::fixtures::{
+    self, endpoint, external_service, namespace, service, uid,
+};
+use ringway_testbed::kube_api::{ApiMode, FakeApiServer, Kind};
 
 // ------------------------------------------------------------------ objects
 
@@ -1009,4 +1011,16 @@ fn the_fake_api_server_applies_and_records_merge_patches() {
         json!({"keep": "x"}),
         "nothing refused was applied"
     );
+}
+
+/// The test bed's fixtures spell the labels the mapping reads (the test bed
+/// depends on no ringway crate, so it cannot name the constants).
+#[test]
+fn fixture_labels_are_the_ones_the_product_reads() {
+    assert_eq!(fixtures::DATAPLANE_MODE_LABEL, DATAPLANE_MODE_LABEL);
+    assert_eq!(
+        fixtures::ISTIO_DATAPLANE_MODE_LABEL,
+        ISTIO_DATAPLANE_MODE_LABEL
+    );
+    assert_eq!(fixtures::SERVICE_NAME_LABEL, SERVICE_NAME_LABEL);
 }

@@ -354,7 +354,7 @@ impl PodDirectory for StaticPods {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use ringway_config::kube::testing::{FakeApiServer, FakePod, Kind};
+    use ringway_testbed::kube_api::{FakeApiServer, FakePod, Kind};
 
     use super::*;
 

@@ -437,7 +437,7 @@ fn service_with_pods(pods: Arc<dyn ringway_ca::PodDirectory>) -> Arc<CaService> 
 /// says why, and both come back with the watch.
 #[test]
 fn adversarial_impersonation_is_refused_once_the_pod_watch_has_failed_too_long() {
-    use ringway_config::kube::testing::{ApiMode, FakeApiServer, FakePod, Kind};
+    use ringway_testbed::kube_api::{ApiMode, FakeApiServer, FakePod, Kind};
     let watch_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

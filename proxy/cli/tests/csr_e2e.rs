@@ -1,7 +1,7 @@
 //! The certificate service end to end, as the cluster runs it: separate
 //! processes. `ringway ca` serves on 127.0.0.1 of the test's own network
 //! namespace and reaches the test's fake Kubernetes API server
-//! (`ringway_config::kube::testing::FakeApiServer::serve_http`) through a
+//! (`ringway_testbed::kube_api::FakeApiServer::serve_http`) through a
 //! kubeconfig: TokenReviews of the node proxies' tokens, and the pods it
 //! watches. Two virtual nodes, each with a `ringway agent` and a `ringway
 //! proxy` in CA-client mode (`ca: {address, serverName, rootCertFile,
@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 mod support;
 
-use ringway_config::kube::testing::{fixtures, FakeApiServer, FakePod};
+use ringway_testbed::kube_api::{fixtures, FakeApiServer, FakePod};
 use ringway_testbed::traffic::{connect, listen, pattern_fill, PayloadServer, CLIENT_SEED};
 use ringway_testbed::{run_isolated, wait_until, Pod, TempDir, VirtualNode};
 use rustls_pki_types::CertificateDer;

@@ -120,7 +120,7 @@ fn read(path: &Path) -> String {
 }
 
 fn yaml_to_json(text: &str, what: &str) -> Json {
-    serde_yaml::from_str::<Json>(text).unwrap_or_else(|e| panic!("{what}: not YAML: {e}"))
+    serde_norway::from_str::<Json>(text).unwrap_or_else(|e| panic!("{what}: not YAML: {e}"))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -368,40 +368,40 @@ fn f_nindent(args: &[Value]) -> Result<Value, FuncError> {
 }
 
 /// A gtmpl value as YAML, keys sorted (Helm's toYaml goes through JSON: sorted keys).
-fn to_yaml_value(v: &Value) -> serde_yaml::Value {
+fn to_yaml_value(v: &Value) -> serde_norway::Value {
     match v {
-        Value::NoValue | Value::Nil | Value::Function(_) => serde_yaml::Value::Null,
-        Value::Bool(b) => serde_yaml::Value::Bool(*b),
-        Value::String(s) => serde_yaml::Value::String(s.clone()),
+        Value::NoValue | Value::Nil | Value::Function(_) => serde_norway::Value::Null,
+        Value::Bool(b) => serde_norway::Value::Bool(*b),
+        Value::String(s) => serde_norway::Value::String(s.clone()),
         Value::Number(n) => {
             if let Some(i) = n.as_i64() {
-                serde_yaml::Value::Number(i.into())
+                serde_norway::Value::Number(i.into())
             } else if let Some(u) = n.as_u64() {
-                serde_yaml::Value::Number(u.into())
+                serde_norway::Value::Number(u.into())
             } else {
                 let f = n.as_f64().unwrap_or(0.0);
                 if f.fract() == 0.0 && f.abs() < 1e15 {
-                    serde_yaml::Value::Number((f as i64).into())
+                    serde_norway::Value::Number((f as i64).into())
                 } else {
-                    serde_yaml::Value::Number(f.into())
+                    serde_norway::Value::Number(f.into())
                 }
             }
         }
-        Value::Array(a) => serde_yaml::Value::Sequence(a.iter().map(to_yaml_value).collect()),
+        Value::Array(a) => serde_norway::Value::Sequence(a.iter().map(to_yaml_value).collect()),
         Value::Map(m) | Value::Object(m) => {
             let sorted: BTreeMap<&String, &Value> = m.iter().collect();
-            let mut out = serde_yaml::Mapping::new();
+            let mut out = serde_norway::Mapping::new();
             for (k, v) in sorted {
-                out.insert(serde_yaml::Value::String(k.clone()), to_yaml_value(v));
+                out.insert(serde_norway::Value::String(k.clone()), to_yaml_value(v));
             }
-            serde_yaml::Value::Mapping(out)
+            serde_norway::Value::Mapping(out)
         }
     }
 }
 
 fn f_to_yaml(args: &[Value]) -> Result<Value, FuncError> {
     let v = arg(args, 0, "toYaml")?;
-    let s = serde_yaml::to_string(&to_yaml_value(v))
+    let s = serde_norway::to_string(&to_yaml_value(v))
         .map_err(|e| FuncError::Generic(format!("toYaml: {e}")))?;
     Ok(Value::from(s.trim_end_matches('\n').to_string()))
 }
@@ -456,7 +456,7 @@ fn f_files_get(args: &[Value]) -> Result<Value, FuncError> {
 fn f_from_yaml(args: &[Value]) -> Result<Value, FuncError> {
     let text = go_string(arg(args, 0, "fromYaml")?);
     let error = |e: String| Value::Map(HashMap::from([("Error".to_string(), Value::from(e))]));
-    Ok(match serde_yaml::from_str::<Json>(&text) {
+    Ok(match serde_norway::from_str::<Json>(&text) {
         Ok(Json::Null) => Value::Map(HashMap::new()),
         Ok(m @ Json::Object(_)) => json_to_gtmpl(&m),
         Ok(other) => error(format!("cannot unmarshal {other} into a map")),
@@ -656,7 +656,7 @@ fn render_chart(overrides: &str, namespace: &str) -> Result<String, String> {
         // Helm prints a missing value as nothing, not as Go's "<no value>".
         let out = out.replace("<no value>", "");
         for doc in split_manifests(&out) {
-            let head: Json = serde_yaml::from_str(&doc)
+            let head: Json = serde_norway::from_str(&doc)
                 .map_err(|e| format!("{source}: rendered invalid YAML: {e}\n{doc}"))?;
             let kind = head["kind"].as_str().unwrap_or_default().to_string();
             match INSTALL_ORDER.iter().position(|k| *k == kind) {
@@ -2494,7 +2494,7 @@ fn mapping_test_objects() -> Vec<(&'static str, Json)> {
 /// Every object a cluster with the mesh's CRDs would hold, from [`MESH_EXAMPLES`] and
 /// [`mapping_test_objects`], whole (in namespace `shop`, both versions).
 fn admissible_objects() -> Vec<Json> {
-    let mut out: Vec<Json> = serde_yaml::Deserializer::from_str(MESH_EXAMPLES)
+    let mut out: Vec<Json> = serde_norway::Deserializer::from_str(MESH_EXAMPLES)
         .map(|d| <Json as k8s_openapi::serde::Deserialize>::deserialize(d).unwrap())
         .collect();
     for (i, (kind, spec)) in mapping_test_objects().into_iter().enumerate() {

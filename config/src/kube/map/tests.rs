@@ -6,10 +6,10 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::enrollment::{DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_LABEL};
-use crate::kube::testing::fixtures::{
+use crate::Action;
+use ringway_testbed::kube_api::fixtures::{
     self, endpoint, external_service, namespace, service, slice, uid,
 };
-use crate::Action;
 
 const FILE: &str = r#"
 trustDomain: example.org

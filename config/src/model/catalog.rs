@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use imbl::{HashMap, OrdMap, OrdSet};
 
-use crate::mesh::{AuthorizationPolicy, Service, Workload};
+use super::policy::AuthorizationPolicy;
+use super::workload::{Service, Workload};
 
 /// A name in the catalog: a workload's uid, a service's
 /// `namespace/hostname`, a policy's `namespace/name`.

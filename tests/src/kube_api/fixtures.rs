@@ -7,8 +7,15 @@
 
 use serde_json::{json, Value};
 
-use crate::enrollment::{DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_LABEL};
-use crate::kube::SERVICE_NAME_LABEL;
+/// The pod and namespace label of ringway's enrollment rule
+/// (`ringway_config::enrollment::DATAPLANE_MODE_LABEL`).
+pub const DATAPLANE_MODE_LABEL: &str = "ringway.io/dataplane-mode";
+/// The Istio ambient mesh's enrollment label
+/// (`ringway_config::enrollment::ISTIO_DATAPLANE_MODE_LABEL`).
+pub const ISTIO_DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
+/// The EndpointSlice label naming its service
+/// (`ringway_config::kube::SERVICE_NAME_LABEL`).
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// The node of [`pod`]'s pods.
 pub const NODE: &str = "node-a";
