@@ -19,7 +19,7 @@ use super::state::{CheckError, Core};
 use super::zds_server::{chmod_600, clear_stale, create_parent, temp_path};
 use super::{EnrollError, Pod, Selection, StartError, CNI_IO_TIMEOUT, MAX_CNI_HANDLERS};
 use crate::kube::Verdict;
-use crate::result::PodIp;
+use crate::result::{PodIp, PodIpError};
 
 const TICK_MS: u16 = 200;
 
@@ -361,7 +361,7 @@ fn pod_of(f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
             .ok_or_else(|| bad(format!("{} request: \"ips\"[{i}] must be a string", f.op)))?;
         let ip: PodIp = s
             .parse()
-            .map_err(|e: String| bad(format!("{} request: \"ips\"[{i}]: {e}", f.op)))?;
+            .map_err(|e: PodIpError| bad(format!("{} request: \"ips\"[{i}]: {e}", f.op)))?;
         ips.push(ip.addr);
     }
     Ok(Pod {
