@@ -342,11 +342,13 @@ pub(super) fn find_pod_netns(
     cfg: &AgentConfig,
     uid: &str,
     ips: &[IpAddr],
-) -> Result<(OwnedFd, PathBuf), String> {
+) -> Result<(OwnedFd, PathBuf), FindNetnsError> {
     let needles = [uid.to_string(), uid.replace('-', "_")];
     let own = own_inodes();
-    let dir = std::fs::read_dir(&cfg.proc_root)
-        .map_err(|e| format!("cannot read {}: {e}", cfg.proc_root.display()))?;
+    let dir = std::fs::read_dir(&cfg.proc_root).map_err(|source| FindNetnsError::ProcRoot {
+        proc_root: cfg.proc_root.clone(),
+        source,
+    })?;
     let mut procs: Vec<(u64, u32, u64)> = dir
         .flatten()
         .filter_map(|e| {
@@ -365,10 +367,10 @@ pub(super) fn find_pod_netns(
         })
         .collect();
     if procs.is_empty() {
-        return Err(format!(
-            "no process of pod {uid} found (no {}/*/cgroup names it)",
-            cfg.proc_root.display()
-        ));
+        return Err(FindNetnsError::NoProcess {
+            uid: uid.to_owned(),
+            proc_root: cfg.proc_root.clone(),
+        });
     }
     procs.sort_unstable();
     let mut tried = HashSet::new();
@@ -410,10 +412,40 @@ pub(super) fn find_pod_netns(
         }
         return Ok((fd, path));
     }
-    Err(format!(
-        "no network namespace of pod {uid} found: {}",
-        why.join("; ")
-    ))
+    Err(FindNetnsError::NoNamespace {
+        uid: uid.to_owned(),
+        tried: why,
+    })
+}
+
+/// Why [`find_pod_netns`] found no namespace for a pod.
+#[derive(Debug, thiserror::Error)]
+pub enum FindNetnsError {
+    /// procfs could not be listed.
+    #[error("cannot read {}: {source}", proc_root.display())]
+    ProcRoot {
+        /// The agent's `proc_root`.
+        proc_root: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No process's cgroup names the pod.
+    #[error("no process of pod {uid} found (no {}/*/cgroup names it)", proc_root.display())]
+    NoProcess {
+        /// The pod's UID.
+        uid: String,
+        /// The agent's `proc_root`.
+        proc_root: PathBuf,
+    },
+    /// The pod's processes were found, none in a namespace that is the pod's.
+    #[error("no network namespace of pod {uid} found: {}", tried.join("; "))]
+    NoNamespace {
+        /// The pod's UID.
+        uid: String,
+        /// Why each candidate was passed over.
+        tried: Vec<String>,
+    },
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 use std::os::fd::AsFd;
 
 use super::{discover, Enroller, Pod};
-use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity, PodRef};
+use crate::kube::{
+    EnrolledPod, Enrollment as WatchEnrollment, EnrollmentError, PodIdentity, PodRef,
+};
 
 impl WatchEnrollment for Enroller {
     /// Enrolls a running pod. Its namespace is the one the agent already
@@ -13,7 +15,7 @@ impl WatchEnrollment for Enroller {
     /// and the proxy gets `Add` again for the same netns), else the one
     /// found among the processes whose cgroup names the UID (oldest first,
     /// never the host's namespace, confirmed by one of the pod's IPs).
-    fn enroll(&self, pod: &PodIdentity) -> Result<(), String> {
+    fn enroll(&self, pod: &PodIdentity) -> Result<(), EnrollmentError> {
         let wanted = Pod {
             uid: pod.uid.clone(),
             name: pod.name.clone(),
@@ -25,15 +27,18 @@ impl WatchEnrollment for Enroller {
         let (fd, path) = match self.0.pinned_netns(&pod.uid) {
             Some(found) => found,
             None => discover::find_pod_netns(self.0.config(), &pod.uid, &pod.ips)
-                .map(|(fd, path)| (fd, Some(path)))?,
+                .map(|(fd, path)| (fd, Some(path)))
+                .map_err(EnrollmentError::new)?,
         };
         tracing::info!(pod.uid = %pod.uid, netns = %path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), "enrolling a running pod");
-        ringway_redirect::check_pod_netns(fd.as_fd()).map_err(|e| e.to_string())?;
-        self.0.enroll(wanted, fd, path).map_err(|e| e.to_string())
+        ringway_redirect::check_pod_netns(fd.as_fd()).map_err(EnrollmentError::new)?;
+        self.0
+            .enroll(wanted, fd, path)
+            .map_err(EnrollmentError::new)
     }
 
-    fn unenroll(&self, uid: &str) -> Result<(), String> {
-        self.0.unenroll(uid).map_err(|e| e.to_string())
+    fn unenroll(&self, uid: &str) -> Result<(), EnrollmentError> {
+        self.0.unenroll(uid).map_err(EnrollmentError::new)
     }
 
     fn enrolled(&self) -> Vec<EnrolledPod> {
