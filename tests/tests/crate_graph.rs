@@ -230,7 +230,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "ringway-identity: manager <-> summary <-> tls",
     "ringway-hbone: pool <-> stream",
     "ringway-xds: proto <-> proto::workload",
-    "ringway-cni: node <-> node::cni_server <-> node::discover <-> node::metrics <-> node::state <-> node::zds_server",
     "ringway-redirect: crate <-> error <-> netns <-> nft <-> nl <-> route <-> ruleset <-> sysctl <-> verify",
     "ringway-config: authz <-> catalog <-> env <-> file <-> mesh <-> validate",
     "ringway-testbed: crate <-> ns",

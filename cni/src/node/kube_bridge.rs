@@ -1,9 +1,12 @@
-//! The agent as the Kubernetes watch sees it ([`crate::kube::Enrollment`]):
-//! the watch knows pods, the agent finds their network namespaces.
+//! The agent as the Kubernetes watch sees it ([`crate::kube::Enrollment`]),
+//! on top of the handle: the watch knows pods, the agent finds their network
+//! namespaces.
 
 use std::os::fd::AsFd;
 
-use super::{discover, Enroller, Pod};
+use super::handle::Enroller;
+use super::netns::find_pod_netns;
+use super::pod::Pod;
 use crate::kube::{
     EnrolledPod, Enrollment as WatchEnrollment, EnrollmentError, PodIdentity, PodRef,
 };
@@ -26,7 +29,7 @@ impl WatchEnrollment for Enroller {
         };
         let (fd, path) = match self.0.pinned_netns(&pod.uid) {
             Some(found) => found,
-            None => discover::find_pod_netns(self.0.config(), &pod.uid, &pod.ips)
+            None => find_pod_netns(&self.0.config().proc_root, &pod.uid, &pod.ips)
                 .map(|(fd, path)| (fd, Some(path)))
                 .map_err(EnrollmentError::new)?,
         };
