@@ -182,4 +182,4 @@ pub use error::{EnrollError, StartError, Unhealthy};
 pub use handle::{AgentHandle, Enroller, Enrollment, NodeAgent};
 pub use netns::FindNetnsError;
 pub use pod::{Pod, PodSource, PodStatus, ProxyStatus, Rediscovery};
-pub use record::{RecordError, RecordedPod, MAX_RECORD_BYTES};
+pub use record::{InvalidRecord, RecordError, RecordedPod, MAX_RECORD_BYTES};
