@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::version::CniVersion;
+use crate::version::{CniVersion, UnsupportedVersion};
 
 /// The error codes of the CNI spec (1.0.0/1.1.0), plus ringway's own (100 and up).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,6 +114,13 @@ impl CniError {
     }
 }
 
+impl From<UnsupportedVersion> for CniError {
+    /// Code 1 (incompatible version), naming the supported versions.
+    fn from(e: UnsupportedVersion) -> CniError {
+        CniError::new(ErrorCode::IncompatibleVersion, e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +132,16 @@ mod tests {
         assert_eq!(
             e.to_json(CniVersion::V1_0_0),
             r#"{"cniVersion":"1.0.0","code":7,"msg":"network config has no \"type\"","details":"see the conflist"}"#
+        );
+    }
+
+    #[test]
+    fn unsupported_version_is_code_1_with_the_list() {
+        let e = CniError::from(CniVersion::parse("cniVersion", "2.0.0").unwrap_err());
+        assert_eq!(e.code, ErrorCode::IncompatibleVersion);
+        assert_eq!(
+            e.msg,
+            r#"cniVersion "2.0.0" is not supported (supported: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)"#
         );
     }
 

@@ -48,36 +48,41 @@
 //! `.conflist`, holding the original plugin alone: equivalent for the runtime), then
 //! removes the binary. Entry first, binary second: the runtime must never be pointed at a
 //! missing binary.
+//!
+//! # Layers
+//! `error` ([`InstallError`]) at the bottom; `files` (which file is primary, reading
+//! and atomic writes) and `watch` ([`InstallWatch`], given the check to run) on it;
+//! this module ([`Installer`]: what the entry must be and the edits) on top.
 
-use std::ffi::OsStr;
+mod error;
+mod files;
+mod watch;
+
 use std::fs::{self, File};
-use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Map, Value};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
+pub use self::error::InstallError;
+use self::files::{
+    conf_files, file_has_our_entry, file_mode, is_conflist, is_ours, parse_object, plugins_mut,
+    read, sync_dir, temp_path, to_json, write_atomic,
+};
+pub use self::files::{primary_conf, CONF_EXTENSIONS, PLUGIN_TYPE};
+pub use self::watch::InstallWatch;
 use crate::conf::{LogLevel, DEFAULT_AGENT_SOCKET};
 
-/// The plugin's `type`, and its binary's name in the CNI bin dir.
-pub const PLUGIN_TYPE: &str = "ringway-cni";
 /// Where container runtimes look for plugin binaries by default.
 pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
 /// Where container runtimes look for network configs by default.
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
 /// How often the watch re-checks the config when no inotify event came.
 pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// The extensions of network config files, as libcni and containerd list them.
-pub const CONF_EXTENSIONS: [&str; 3] = ["conflist", "conf", "json"];
 
-/// Suffix of our temp files: not an extension the runtime loads.
-const TMP_SUFFIX: &str = ".ringway-tmp";
 /// How often an edit is redone when the target keeps changing under it.
 const MAX_ATTEMPTS: usize = 5;
 /// Permission bits of a config file we create (a wrapped `.conflist`).
@@ -138,137 +143,6 @@ impl InstallConfig {
     pub fn installed_binary(&self) -> PathBuf {
         self.bin_dir.join(PLUGIN_TYPE)
     }
-}
-
-/// Why an install step failed. Each variant names the file and the problem.
-#[derive(Debug, thiserror::Error)]
-pub enum InstallError {
-    /// The conf dir could not be listed.
-    #[error("cannot list CNI conf dir {dir}: {source}")]
-    ReadDir {
-        /// The conf dir.
-        dir: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// No `*.conflist`, `*.conf` or `*.json` in the conf dir: the primary CNI has not
-    /// written its config yet.
-    #[error("no CNI network config (*.conflist, *.conf, *.json) in {dir}")]
-    NoConfFile {
-        /// The conf dir.
-        dir: PathBuf,
-    },
-    /// A config file could not be read.
-    #[error("cannot read CNI config {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// A config file is not JSON.
-    #[error("CNI config {path} is not JSON: {source}")]
-    NotJson {
-        /// The file.
-        path: PathBuf,
-        /// The parser's error (with line and column).
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A config file is JSON but not an object.
-    #[error("CNI config {path} is a JSON {found}, expected an object")]
-    NotObject {
-        /// The file.
-        path: PathBuf,
-        /// The JSON type found.
-        found: &'static str,
-    },
-    /// A `.conflist` without a `plugins` array.
-    #[error("CNI config list {path} has no \"plugins\" array")]
-    NoPlugins {
-        /// The file.
-        path: PathBuf,
-    },
-    /// An element of `plugins` is not an object.
-    #[error("CNI config list {path}: plugins[{index}] is a JSON {found}, expected an object")]
-    PluginNotObject {
-        /// The file.
-        path: PathBuf,
-        /// The element's index.
-        index: usize,
-        /// The JSON type found.
-        found: &'static str,
-    },
-    /// A single-plugin config (`.conf`, `.json`) without a string field the wrap needs.
-    #[error("CNI config {path} has no string \"{field}\" (a single-plugin config needs one)")]
-    MissingField {
-        /// The file.
-        path: PathBuf,
-        /// `type` or `name`.
-        field: &'static str,
-    },
-    /// Wrapping a `.conf` would overwrite a `.conflist` that is not ours.
-    #[error("cannot wrap CNI config {conf}: {target} exists and was not written by ringway")]
-    WrapTargetExists {
-        /// The single-plugin config.
-        conf: PathBuf,
-        /// The `.conflist` it would become.
-        target: PathBuf,
-    },
-    /// The config kept changing while we tried to edit it.
-    #[error("CNI config {path} changed under every one of {attempts} attempts to edit it")]
-    Contended {
-        /// The file.
-        path: PathBuf,
-        /// How many attempts were made.
-        attempts: usize,
-    },
-    /// Writing, syncing or renaming a file failed.
-    #[error("cannot write {path}: {source}")]
-    Write {
-        /// The file being written (the final name, not the temp file).
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// Removing a file failed.
-    #[error("cannot remove {path}: {source}")]
-    Remove {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// The plugin binary could not be copied.
-    #[error("cannot copy plugin binary {from} to {to}: {source}")]
-    CopyBinary {
-        /// The source binary.
-        from: PathBuf,
-        /// The installed path.
-        to: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// The primary config does not hold our entry in last position ([`Installer::check`]).
-    #[error("CNI config {path} does not have the ringway-cni entry as its last plugin")]
-    NotInstalled {
-        /// The primary config.
-        path: PathBuf,
-    },
-    /// The watch could not be set up (inotify, pipe, thread).
-    #[error("cannot watch CNI conf dir {dir}: {source}")]
-    Watch {
-        /// The conf dir.
-        dir: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
 }
 
 /// What [`Installer::ensure_entry`] changed.
@@ -588,289 +462,13 @@ impl Installer {
     /// [`InstallConfig::recheck_interval`]. Failures are logged (at warn when they
     /// change, so a missing primary config does not log every second) and retried.
     pub fn watch(&self) -> Result<InstallWatch, InstallError> {
-        let dir = self.config.conf_dir.clone();
-        let watch_err = |source: io::Error| InstallError::Watch {
-            dir: dir.clone(),
-            source,
-        };
-        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
-            .map_err(|e| watch_err(e.into()))?;
-        inotify
-            .add_watch(
-                &dir,
-                AddWatchFlags::IN_CREATE
-                    | AddWatchFlags::IN_CLOSE_WRITE
-                    | AddWatchFlags::IN_MOVED_TO
-                    | AddWatchFlags::IN_MOVED_FROM
-                    | AddWatchFlags::IN_DELETE
-                    | AddWatchFlags::IN_ATTRIB,
-            )
-            .map_err(|e| watch_err(e.into()))?;
-        let (stop_rx, stop_tx) = nix::unistd::pipe().map_err(|e| watch_err(e.into()))?;
         let installer = self.clone();
-        let thread = std::thread::Builder::new()
-            .name("cni-install-watch".into())
-            .spawn(move || installer.watch_loop(&inotify, &stop_rx))
-            .map_err(watch_err)?;
-        Ok(InstallWatch {
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        })
+        watch::start(
+            self.config.conf_dir.clone(),
+            self.config.recheck_interval,
+            move || installer.ensure_entry().map(|_| ()),
+        )
     }
-
-    fn watch_loop(&self, inotify: &Inotify, stop: &OwnedFd) {
-        let dir = self.config.conf_dir.display().to_string();
-        info!(conf.dir = %dir, "watching CNI conf dir");
-        let timeout =
-            PollTimeout::try_from(self.config.recheck_interval).unwrap_or(PollTimeout::MAX);
-        let mut last_error: Option<String> = None;
-        loop {
-            match self.ensure_entry() {
-                Ok(_) => {
-                    if last_error.take().is_some() {
-                        info!(conf.dir = %dir, "CNI entry in place again");
-                    }
-                }
-                Err(e) => {
-                    let msg = e.to_string();
-                    if last_error.as_deref() != Some(msg.as_str()) {
-                        warn!(conf.dir = %dir, error = %msg, "cannot insert CNI entry, retrying");
-                    } else {
-                        debug!(conf.dir = %dir, error = %msg, "cannot insert CNI entry, retrying");
-                    }
-                    last_error = Some(msg);
-                }
-            }
-            let mut fds = [
-                PollFd::new(inotify.as_fd(), PollFlags::POLLIN),
-                PollFd::new(stop.as_fd(), PollFlags::POLLIN),
-            ];
-            match nix::poll::poll(&mut fds, timeout) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => {
-                    warn!(conf.dir = %dir, error = %e, "poll failed, watch stopped");
-                    return;
-                }
-            }
-            let stop_ready = fds[1].revents().is_some_and(|r| !r.is_empty());
-            if stop_ready {
-                debug!(conf.dir = %dir, "CNI conf dir watch stopped");
-                return;
-            }
-            // Drain: one ensure covers any number of events.
-            while let Ok(events) = inotify.read_events() {
-                if events.is_empty() {
-                    break;
-                }
-                for ev in &events {
-                    debug!(conf.dir = %dir, file = ?ev.name, mask = ?ev.mask, "conf dir event");
-                }
-            }
-        }
-    }
-}
-
-/// The running watch of [`Installer::watch`]. Dropping it stops the watch too.
-#[derive(Debug)]
-pub struct InstallWatch {
-    stop: Option<OwnedFd>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl InstallWatch {
-    /// Stops the watch and waits for its thread (at most the time of one
-    /// [`Installer::ensure_entry`]).
-    pub fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            // A closed write end wakes the reader with POLLHUP: no byte needed.
-            drop(stop);
-        }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                warn!("CNI conf dir watch thread panicked");
-            }
-        }
-    }
-}
-
-impl Drop for InstallWatch {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-/// The primary config: the first conf file of `dir` in lexical order.
-pub fn primary_conf(dir: &Path) -> Result<PathBuf, InstallError> {
-    conf_files(dir)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| InstallError::NoConfFile {
-            dir: dir.to_path_buf(),
-        })
-}
-
-/// The conf files of `dir` (not directories; `.conflist`, `.conf`, `.json`), sorted.
-fn conf_files(dir: &Path) -> Result<Vec<PathBuf>, InstallError> {
-    let read_dir_err = |source| InstallError::ReadDir {
-        dir: dir.to_path_buf(),
-        source,
-    };
-    let mut files = Vec::new();
-    for entry in fs::read_dir(dir).map_err(read_dir_err)? {
-        let entry = entry.map_err(read_dir_err)?;
-        let path = entry.path();
-        let ext_ok = path
-            .extension()
-            .and_then(OsStr::to_str)
-            .is_some_and(|e| CONF_EXTENSIONS.contains(&e));
-        // `file_type` does not follow symlinks: like libcni, only directories are skipped.
-        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(true);
-        if ext_ok && !is_dir {
-            files.push(path);
-        }
-    }
-    // Byte-wise order of the names, as the runtimes sort them.
-    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-    Ok(files)
-}
-
-fn is_conflist(path: &Path) -> bool {
-    path.extension() == Some(OsStr::new("conflist"))
-}
-
-fn is_ours(plugin: &Value) -> bool {
-    plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
-}
-
-fn file_has_our_entry(path: &Path) -> bool {
-    let Ok(bytes) = fs::read(path) else {
-        return false;
-    };
-    let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(&bytes) else {
-        return false;
-    };
-    matches!(doc.get("plugins"), Some(Value::Array(p)) if p.iter().any(is_ours))
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, InstallError> {
-    fs::read(path).map_err(|source| InstallError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn parse_object(path: &Path, bytes: &[u8]) -> Result<Map<String, Value>, InstallError> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(other) => Err(InstallError::NotObject {
-            path: path.to_path_buf(),
-            found: json_type(&other),
-        }),
-        Err(source) => Err(InstallError::NotJson {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-fn plugins_mut<'a>(
-    path: &Path,
-    doc: &'a mut Map<String, Value>,
-) -> Result<&'a mut Vec<Value>, InstallError> {
-    let Some(Value::Array(plugins)) = doc.get_mut("plugins") else {
-        return Err(InstallError::NoPlugins {
-            path: path.to_path_buf(),
-        });
-    };
-    if let Some((index, p)) = plugins.iter().enumerate().find(|(_, p)| !p.is_object()) {
-        return Err(InstallError::PluginNotObject {
-            path: path.to_path_buf(),
-            index,
-            found: json_type(p),
-        });
-    }
-    Ok(plugins)
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
-fn to_json(doc: &Map<String, Value>) -> Vec<u8> {
-    // Serializing a `Map` of `Value`s cannot fail (string keys, no custom Serialize).
-    let mut out = serde_json::to_vec_pretty(doc).unwrap_or_default();
-    out.push(b'\n');
-    out
-}
-
-fn file_mode(path: &Path) -> Option<u32> {
-    fs::metadata(path)
-        .ok()
-        .map(|m| m.permissions().mode() & 0o7777)
-}
-
-/// `.<name>.ringway-tmp` beside `path`.
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}{TMP_SUFFIX}"))
-}
-
-/// Writes `data` to `path` through a temp file and a rename. With `expect`, the rename
-/// only happens if `path` still holds exactly those bytes; `Ok(false)` when it does not
-/// (the temp file is removed and nothing changed).
-fn write_atomic(
-    path: &Path,
-    data: &[u8],
-    mode: u32,
-    expect: Option<&[u8]>,
-) -> Result<bool, InstallError> {
-    let tmp = temp_path(path);
-    let write = || -> io::Result<bool> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(data)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        drop(f);
-        if let Some(expect) = expect {
-            if fs::read(path)? != expect {
-                fs::remove_file(&tmp)?;
-                return Ok(false);
-            }
-        }
-        fs::rename(&tmp, path)?;
-        sync_dir(path)?;
-        Ok(true)
-    };
-    write().map_err(|source| {
-        let _ = fs::remove_file(&tmp);
-        InstallError::Write {
-            path: path.to_path_buf(),
-            source,
-        }
-    })
-}
-
-/// fsyncs the directory holding `path`, so a rename or removal survives a crash.
-fn sync_dir(path: &Path) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

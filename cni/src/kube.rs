@@ -16,6 +16,13 @@
 //! - `reconcile` keeps the watched state (in the selector) and turns decisions into calls;
 //! - [`run_watch`] only feeds it the events of kube's watcher and timer ticks.
 //!
+//! Its modules are layers, each using only those listed before it: `model` (the pod
+//! identity, [`PodRef`], [`EnrolledPod`], the annotation's name) and `backoff` at the
+//! bottom; `decide` (the pod facts and the [`Decision`]); `enrollment` (the
+//! [`Enrollment`] trait); `select` ([`Selector`]); `annotate` ([`Annotator`]);
+//! `reconcile` (the watch's state and calls, [`WatchConfig`]); this module, the
+//! watch itself, on top.
+//!
 //! # One rule for the CNI ADD and the watch
 //! A pod is captured unless its namespace is excluded by the agent
 //! ([`Enrollment::excludes`]) or [`decide`] says [`Unenroll`](Decision::Unenroll)
@@ -88,124 +95,37 @@
 //! watcher with backoff; the last known state stays in effect meanwhile.
 
 mod annotate;
+mod backoff;
 mod decide;
+mod enrollment;
+mod model;
 mod reconcile;
 mod select;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-pub use self::annotate::{
-    Annotator, AnnotatorConfig, PatchError, PodRef, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED,
-};
+pub use self::annotate::{Annotator, AnnotatorConfig, PatchError};
+use self::backoff::ExponentialBackoff;
 pub use self::decide::{
-    decide, namespace_enabled, Decision, IgnoreReason, PodIdentity, PodMode, UnenrollReason,
+    decide, namespace_enabled, Decision, IgnoreReason, PodMode, UnenrollReason,
     DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
     ISTIO_DATAPLANE_MODE_AMBIENT, ISTIO_DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_NONE,
 };
+pub use self::enrollment::{Enrollment, EnrollmentError};
+pub use self::model::{
+    EnrolledPod, PodIdentity, PodRef, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED,
+};
 use self::reconcile::Reconciler;
+pub use self::reconcile::WatchConfig;
 pub use self::select::{SelectError, Selected, Selector, Verdict, LOOKUP_TIMEOUT};
-use ::kube::runtime::utils::Backoff;
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::Api;
 pub use ::kube::Client;
-
-/// The node agent, as the watcher sees it. Implemented by the agent; every call is
-/// made from a blocking-pool thread, one at a time.
-pub trait Enrollment: Send + Sync {
-    /// Captures a running pod (finding its netns is the agent's job), or updates the
-    /// identity of one it holds (same netns: idempotent). Called only for pods not in
-    /// [`Enrollment::enrolled`] or held there with another identity; an error is retried
-    /// with backoff.
-    fn enroll(&self, pod: &PodIdentity) -> Result<(), String>;
-    /// Releases a pod by uid. Called only for pods in [`Enrollment::enrolled`]; an error
-    /// is retried with backoff.
-    fn unenroll(&self, uid: &str) -> Result<(), String>;
-    /// The pods the agent has captured, by this watch or by the CNI plugin.
-    fn enrolled(&self) -> Vec<EnrolledPod>;
-    /// Whether the agent never captures pods of `namespace` (its own). Such pods are
-    /// not enrolled whatever their labels say (the CNI ADD passes them through).
-    fn excludes(&self, namespace: &str) -> bool {
-        let _ = namespace;
-        false
-    }
-    /// The watch saw `pod`'s [`REDIRECTION_ANNOTATION`] say `enabled` (`annotated`) or
-    /// not while it thinks the agent does not hold the pod, or holds it: called for a
-    /// running pod the agent holds that lacks it, and for a pod the rule passes over
-    /// that has it. The agent, which knows what it holds, puts the annotation right
-    /// through its [`Annotator`] (none: nothing to do, the default).
-    fn annotation_seen(&self, pod: &PodRef, annotated: bool) {
-        let _ = (pod, annotated);
-    }
-    /// The watch saw pod `uid` deleted from the API server (after deciding on it): a
-    /// wish about its annotation the agent still has (a removal the API server keeps
-    /// refusing) is moot once the agent no longer holds the pod. Default: nothing.
-    fn pod_deleted(&self, uid: &str) {
-        let _ = uid;
-    }
-}
-
-/// A pod as the agent holds it: the identity it hands to the node proxy (ZDS
-/// `WorkloadInfo`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct EnrolledPod {
-    /// Pod uid.
-    pub uid: String,
-    /// Pod name.
-    pub name: String,
-    /// Pod namespace.
-    pub namespace: String,
-    /// Service account; empty when the pod was enrolled by CNI ADD and the watch has
-    /// not filled it in yet.
-    pub service_account: String,
-}
-
-impl From<&PodIdentity> for EnrolledPod {
-    fn from(id: &PodIdentity) -> EnrolledPod {
-        EnrolledPod {
-            uid: id.uid.clone(),
-            name: id.name.clone(),
-            namespace: id.namespace.clone(),
-            service_account: id.service_account.clone(),
-        }
-    }
-}
-
-/// The watch's settings: the node, and the timings (defaults from [`WatchConfig::new`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchConfig {
-    /// This node's name (`spec.nodeName` of its pods).
-    pub node: String,
-    /// First retry delay of a failed enroll/unenroll (500 ms).
-    pub retry_min: Duration,
-    /// Longest retry delay (30 s).
-    pub retry_max: Duration,
-    /// How long an enrolled pod missing from a relist is given to show up (30 s).
-    pub orphan_grace: Duration,
-    /// First delay before the watcher lists/watches again after an error (800 ms).
-    pub watch_backoff_min: Duration,
-    /// Longest such delay (30 s).
-    pub watch_backoff_max: Duration,
-}
-
-impl WatchConfig {
-    /// The defaults for `node`.
-    pub fn new(node: impl Into<String>) -> WatchConfig {
-        WatchConfig {
-            node: node.into(),
-            retry_min: Duration::from_millis(500),
-            retry_max: Duration::from_secs(30),
-            orphan_grace: Duration::from_secs(30),
-            watch_backoff_min: Duration::from_millis(800),
-            watch_backoff_max: Duration::from_secs(30),
-        }
-    }
-}
 
 /// Why [`connect`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -341,50 +261,6 @@ async fn sleep_until(due: Option<Instant>) {
     match due {
         Some(due) => tokio::time::sleep_until(due).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The watcher's backoff after an error: `min` doubling up to `max`, each delay scaled by
-/// a random factor in [0.5, 1) so that the agents of every node do not relist at the
-/// same instant after an API server outage; reset by kube's watcher on the next success.
-#[derive(Debug, Clone)]
-struct ExponentialBackoff {
-    min: Duration,
-    max: Duration,
-    failures: u32,
-}
-
-impl ExponentialBackoff {
-    fn new(min: Duration, max: Duration) -> ExponentialBackoff {
-        ExponentialBackoff {
-            min,
-            max,
-            failures: 0,
-        }
-    }
-}
-
-impl Iterator for ExponentialBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        self.failures = self.failures.saturating_add(1);
-        let delay = reconcile::backoff(self.min, self.max, self.failures);
-        Some(delay.mul_f64(0.5 + 0.5 * random_unit()))
-    }
-}
-
-/// A random number in [0, 1): std's per-process random hash keys, so no RNG dependency
-/// (the quality needed here is "not the same on every node").
-fn random_unit() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8) >> 11;
-    bits as f64 / (1u64 << 53) as f64
-}
-
-impl Backoff for ExponentialBackoff {
-    fn reset(&mut self) {
-        self.failures = 0;
     }
 }
 

@@ -88,6 +88,6 @@ pub use agent::{
 pub use conf::{Attachment, LogLevel, NetConf};
 pub use env::{CniArgs, Command, Env, EnvSource, PodRef, ProcessEnv};
 pub use error::{CniError, ErrorCode};
-pub use result::{PodIp, PrevResult};
+pub use result::{PodIp, PodIpError, PrevResult};
 pub use run::{capture_target, run, Outcome, PassThrough};
-pub use version::{CniVersion, SUPPORTED_VERSIONS};
+pub use version::{CniVersion, UnsupportedVersion, SUPPORTED_VERSIONS};

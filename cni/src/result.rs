@@ -27,19 +27,37 @@ pub struct PodIp {
 }
 
 impl FromStr for PodIp {
-    type Err = String;
+    type Err = PodIpError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let expected =
-            || format!("{s:?} is not an address with a prefix length (like 10.0.0.5/24)");
+        let expected = || PodIpError::NotAddressWithPrefix(s.to_owned());
         let (addr, prefix) = s.split_once('/').ok_or_else(expected)?;
         let addr: IpAddr = addr.parse().map_err(|_| expected())?;
         let prefix_len: u8 = prefix.parse().map_err(|_| expected())?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix_len > max {
-            return Err(format!("{s:?} has a prefix length above {max}"));
+            return Err(PodIpError::PrefixTooLong {
+                value: s.to_owned(),
+                max,
+            });
         }
         Ok(PodIp { addr, prefix_len })
     }
+}
+
+/// Why a string is not a [`PodIp`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodIpError {
+    /// Not `address/prefix`.
+    #[error("{0:?} is not an address with a prefix length (like 10.0.0.5/24)")]
+    NotAddressWithPrefix(String),
+    /// The prefix is longer than the address.
+    #[error("{value:?} has a prefix length above {max}")]
+    PrefixTooLong {
+        /// The string.
+        value: String,
+        /// 32 or 128.
+        max: u8,
+    },
 }
 
 impl fmt::Display for PodIp {
@@ -279,11 +297,11 @@ mod tests {
         let ip: PodIp = "fd00::1/128".parse().unwrap();
         assert_eq!(ip.prefix_len, 128);
         assert_eq!(
-            "10.0.0.5".parse::<PodIp>().unwrap_err(),
+            "10.0.0.5".parse::<PodIp>().unwrap_err().to_string(),
             r#""10.0.0.5" is not an address with a prefix length (like 10.0.0.5/24)"#
         );
         assert_eq!(
-            "10.0.0.5/33".parse::<PodIp>().unwrap_err(),
+            "10.0.0.5/33".parse::<PodIp>().unwrap_err().to_string(),
             r#""10.0.0.5/33" has a prefix length above 32"#
         );
         assert!("nonsense/24".parse::<PodIp>().is_err());

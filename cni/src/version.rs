@@ -2,8 +2,6 @@
 
 use serde::Serialize;
 
-use crate::error::{CniError, ErrorCode};
-
 /// A CNI spec version this plugin supports (for configs and for results).
 ///
 /// Ordered by release: `V0_3_0 < V0_3_1 < V0_4_0 < V1_0_0 < V1_1_0`.
@@ -51,16 +49,12 @@ impl CniVersion {
     }
 
     /// Parses the `cniVersion` of `what` ("cniVersion", "prevResult cniVersion"),
-    /// failing with code 1 and the supported list.
-    pub fn parse(what: &str, s: &str) -> Result<CniVersion, CniError> {
-        CniVersion::from_str_exact(s).ok_or_else(|| {
-            CniError::new(
-                ErrorCode::IncompatibleVersion,
-                format!(
-                    "{what} {s:?} is not supported (supported: {})",
-                    supported_list()
-                ),
-            )
+    /// failing with the supported list (a [`crate::CniError`] of code 1 through
+    /// `?`).
+    pub fn parse(what: &'static str, s: &str) -> Result<CniVersion, UnsupportedVersion> {
+        CniVersion::from_str_exact(s).ok_or_else(|| UnsupportedVersion {
+            what,
+            value: s.to_owned(),
         })
     }
 
@@ -74,6 +68,17 @@ impl std::fmt::Display for CniVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// A `cniVersion` this plugin does not speak: code 1 (incompatible version) in
+/// the error the runtime gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?} is not supported (supported: {})", supported_list())]
+pub struct UnsupportedVersion {
+    /// Which field: `cniVersion`, `prevResult cniVersion`.
+    pub what: &'static str,
+    /// The version it holds.
+    pub value: String,
 }
 
 /// `0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0`
@@ -117,11 +122,10 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_version_is_code_1_with_the_list() {
+    fn unsupported_version_names_the_list() {
         let e = CniVersion::parse("cniVersion", "2.0.0").unwrap_err();
-        assert_eq!(e.code, ErrorCode::IncompatibleVersion);
         assert_eq!(
-            e.msg,
+            e.to_string(),
             r#"cniVersion "2.0.0" is not supported (supported: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)"#
         );
         assert!(CniVersion::from_str_exact("0.2.0").is_none());

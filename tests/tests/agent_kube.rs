@@ -95,7 +95,7 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
         // The IPs must match: pod 1's process with pod 0's IP is refused.
         let e = WatchEnrollment::enroll(&watch, &ident(u1, 0, "db")).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             format!(
                 "no network namespace of pod {u1} found: net:[{}] of pid 101 holds none of the pod's IPs [{}]",
                 vn.pod(1).netns.inode(),
@@ -110,7 +110,7 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
 
         let e = WatchEnrollment::enroll(&watch, &ident("uid-nowhere", 2, "x")).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             format!(
                 "no process of pod uid-nowhere found (no {}/*/cgroup names it)",
                 proc_root.display()

@@ -285,7 +285,9 @@ fn health_check_names_what_is_wrong() {
         let live = agent.liveness_source();
         // Without a proxy every ADD of a pod to capture fails (code 11): not
         // ready, saying why; but live (a restart would not help).
-        let why = health().expect_err("an agent without a proxy is not ready");
+        let why = health()
+            .expect_err("an agent without a proxy is not ready")
+            .to_string();
         assert!(why.contains("no proxy has taken the snapshot"), "{why}");
         live().expect("an agent waiting for its proxy is live");
         let _p = AutoProxy::start(&cfg.zds_socket);
@@ -296,15 +298,17 @@ fn health_check_names_what_is_wrong() {
             "{ok}"
         );
         std::fs::remove_file(&cfg.cni_socket).unwrap();
-        let err = health().expect_err("CNI socket removed");
+        let err = health().expect_err("CNI socket removed").to_string();
         assert!(
             err.contains("CNI event socket") && err.contains("is gone"),
             "{err}"
         );
-        let err = live().expect_err("CNI socket removed: not live either");
+        let err = live()
+            .expect_err("CNI socket removed: not live either")
+            .to_string();
         assert!(err.contains("is gone"), "{err}");
         agent.shutdown();
-        let err = health().expect_err("stopped");
+        let err = health().expect_err("stopped").to_string();
         assert!(err.contains("shutting down"), "{err}");
     });
 }

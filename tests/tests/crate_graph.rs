@@ -224,9 +224,6 @@ fn product_crates() -> Vec<(&'static str, PathBuf)> {
 /// goal is an empty list.
 const KNOWN_CYCLES: &[&str] = &[
     "ringway-proxy: crate <-> flows <-> tunnel <-> worker",
-    "ringway-cni: error <-> version",
-    "ringway-cni: kube <-> kube::annotate <-> kube::decide <-> kube::reconcile <-> kube::select",
-    "ringway-cni: node <-> node::cni_server <-> node::discover <-> node::metrics <-> node::state <-> node::zds_server",
     "ringway-benches: crosscheck <-> report <-> suite",
 ];
 

@@ -1,3 +1,7 @@
+//! The installer against real files in a scratch dir: which file is primary,
+//! the entry kept last and alone, wrapping a single-plugin config, malformed
+//! configs named exactly, atomic writes, uninstall, and the watch.
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

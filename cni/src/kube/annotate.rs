@@ -49,32 +49,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::reconcile::backoff;
+use super::backoff::backoff;
+use super::model::{PodRef, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
 
-/// The annotation the Istio ambient mesh's CNI agent sets on each pod it captures.
-pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
-/// [`REDIRECTION_ANNOTATION`]'s value on a captured pod.
-pub const REDIRECTION_ENABLED: &str = "enabled";
 /// The field manager named in the patches.
 const FIELD_MANAGER: &str = "ringway-agent";
-
-/// The pod a patch is for: its API object, by namespace and name, and the uid it must
-/// have.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PodRef {
-    /// `metadata.uid`.
-    pub uid: String,
-    /// `metadata.namespace`.
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-}
-
-impl std::fmt::Display for PodRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
-    }
-}
 
 /// What the annotation is to say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

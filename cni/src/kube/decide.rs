@@ -1,9 +1,13 @@
-//! The enrollment decision: a pure function of a pod and its namespace's labels.
+//! The enrollment decision: a pure function of a pod and its namespace's labels
+//! ([`PodFacts`], the part of a pod it reads, and [`Decision`]). Uses only
+//! [`super::model`]; the selector and the reconciler build on it.
 
 use std::fmt;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+
+use super::model::{PodIdentity, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
 
 // The labels and the label rule are `ringway_config::enrollment`'s, shared with the
 // proxy's Kubernetes mesh source (a workload's `tunnel` flag).
@@ -12,22 +16,6 @@ pub use ringway_config::enrollment::{
     PodMode, DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
     ISTIO_DATAPLANE_MODE_AMBIENT, ISTIO_DATAPLANE_MODE_LABEL, ISTIO_DATAPLANE_MODE_NONE,
 };
-
-/// What the node agent needs to enroll a running pod.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PodIdentity {
-    /// `metadata.uid`: the key of every enroll/unenroll.
-    pub uid: String,
-    /// `metadata.name`.
-    pub name: String,
-    /// `metadata.namespace`.
-    pub namespace: String,
-    /// `spec.serviceAccountName` (`default` when unset).
-    pub service_account: String,
-    /// `status.podIPs` in order (primary first), or `status.podIP` when the list is
-    /// absent; values that are not IP addresses are left out.
-    pub ips: Vec<IpAddr>,
-}
 
 /// What to do with a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,8 +180,8 @@ impl PodFacts {
             redirection: meta
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(super::REDIRECTION_ANNOTATION))
-                .is_some_and(|v| v == super::REDIRECTION_ENABLED),
+                .and_then(|a| a.get(REDIRECTION_ANNOTATION))
+                .is_some_and(|v| v == REDIRECTION_ENABLED),
         })
     }
 

@@ -11,9 +11,42 @@ use kube::runtime::watcher::Event;
 use tokio::time::Instant;
 use tracing::{debug, info, trace, warn};
 
+use super::backoff::backoff;
 use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
+use super::enrollment::{Enrollment, EnrollmentError};
+use super::model::{EnrolledPod, PodRef};
 use super::select::{Cache, Selector};
-use super::{EnrolledPod, Enrollment, PodRef, WatchConfig};
+
+/// The watch's settings: the node, and the timings (defaults from [`WatchConfig::new`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchConfig {
+    /// This node's name (`spec.nodeName` of its pods).
+    pub node: String,
+    /// First retry delay of a failed enroll/unenroll (500 ms).
+    pub retry_min: Duration,
+    /// Longest retry delay (30 s).
+    pub retry_max: Duration,
+    /// How long an enrolled pod missing from a relist is given to show up (30 s).
+    pub orphan_grace: Duration,
+    /// First delay before the watcher lists/watches again after an error (800 ms).
+    pub watch_backoff_min: Duration,
+    /// Longest such delay (30 s).
+    pub watch_backoff_max: Duration,
+}
+
+impl WatchConfig {
+    /// The defaults for `node`.
+    pub fn new(node: impl Into<String>) -> WatchConfig {
+        WatchConfig {
+            node: node.into(),
+            retry_min: Duration::from_millis(500),
+            retry_max: Duration::from_secs(30),
+            orphan_grace: Duration::from_secs(30),
+            watch_backoff_min: Duration::from_millis(800),
+            watch_backoff_max: Duration::from_secs(30),
+        }
+    }
+}
 
 /// A pod whose enroll or unenroll failed (retried with backoff), or that was enrolled
 /// but absent from a relist (checked again after the orphan grace).
@@ -385,11 +418,11 @@ impl Reconciler {
 
     /// Schedules the next attempt, counted from now (the failed call may have taken a
     /// while).
-    fn retry_later(&mut self, uid: &str, call: &str, error: &str) {
+    fn retry_later(&mut self, uid: &str, call: &str, error: &EnrollmentError) {
         let now = Instant::now();
         let failures = self.retries.get(uid).map_or(0, |r| r.failures) + 1;
         let delay = backoff(self.config.retry_min, self.config.retry_max, failures);
-        warn!(pod.uid = %uid, call, error, failures, retry_in = ?delay, "node agent call failed");
+        warn!(pod.uid = %uid, call, %error, failures, retry_in = ?delay, "node agent call failed");
         self.retries.insert(
             uid.to_owned(),
             Retry {
@@ -406,10 +439,4 @@ fn pod_ref(uid: &str, namespace: &str, name: &str) -> PodRef {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
     }
-}
-
-/// `min * 2^(failures-1)`, at most `max`.
-pub(crate) fn backoff(min: Duration, max: Duration, failures: u32) -> Duration {
-    let factor = 1u32 << failures.saturating_sub(1).min(20);
-    min.saturating_mul(factor).min(max)
 }

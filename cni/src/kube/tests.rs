@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::*;
+use ::kube::runtime::utils::Backoff;
 use ringway_testbed::kube_api::{fixtures, ApiMode, FakeApiServer, FakePod, Kind};
 
 const NODE: &str = "node-a";
@@ -109,24 +110,28 @@ impl FakeAgent {
 }
 
 impl Enrollment for FakeAgent {
-    fn enroll(&self, pod: &PodIdentity) -> Result<(), String> {
+    fn enroll(&self, pod: &PodIdentity) -> Result<(), EnrollmentError> {
         let mut s = self.0.lock().unwrap();
         s.calls
             .push((Call::Enroll(pod.uid.clone()), Instant::now()));
         if s.fail_enrolls > 0 {
             s.fail_enrolls -= 1;
-            return Err("netns not found".into());
+            return Err(EnrollmentError::new(std::io::Error::other(
+                "netns not found",
+            )));
         }
         s.enrolled.insert(pod.uid.clone(), pod.clone());
         Ok(())
     }
 
-    fn unenroll(&self, uid: &str) -> Result<(), String> {
+    fn unenroll(&self, uid: &str) -> Result<(), EnrollmentError> {
         let mut s = self.0.lock().unwrap();
         s.calls.push((Call::Unenroll(uid.into()), Instant::now()));
         if s.fail_unenrolls > 0 {
             s.fail_unenrolls -= 1;
-            return Err("proxy did not ack".into());
+            return Err(EnrollmentError::new(std::io::Error::other(
+                "proxy did not ack",
+            )));
         }
         s.enrolled.remove(uid);
         Ok(())
@@ -911,16 +916,13 @@ current-context: x
 fn backoff_doubles_up_to_the_cap() {
     let ms = Duration::from_millis;
     let got: Vec<_> = (1..=6)
-        .map(|n| reconcile::backoff(ms(500), ms(5000), n))
+        .map(|n| backoff::backoff(ms(500), ms(5000), n))
         .collect();
     assert_eq!(
         got,
         [ms(500), ms(1000), ms(2000), ms(4000), ms(5000), ms(5000)]
     );
-    assert_eq!(
-        reconcile::backoff(ms(500), ms(30_000), u32::MAX),
-        ms(30_000)
-    );
+    assert_eq!(backoff::backoff(ms(500), ms(30_000), u32::MAX), ms(30_000));
     // The watcher's: the same, jittered into [d/2, d].
     let mut b = ExponentialBackoff::new(ms(100), ms(250));
     let mut seen = BTreeSet::new();

@@ -1,25 +1,31 @@
-//! The CNI event socket: one JSON request line in, one JSON response line
-//! out ([`super::protocol`]), 5 s deadlines each way.
+//! The CNI event socket, above the pod model and the socket helpers: one
+//! JSON request line in, one JSON response line out ([`super::protocol`]),
+//! 5 s deadlines each way. The request is checked and the selection rule
+//! applied here; what is enrolled comes from the owner of the state through
+//! the narrow [`Pods`] trait.
 
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::{Map, Value};
 
+use super::config::{AgentConfig, Selection, CNI_IO_TIMEOUT, MAX_CNI_HANDLERS};
+use super::error::{CheckError, EnrollError, StartError};
+use super::lifecycle::Lifecycle;
+use super::metrics::AgentMetrics;
+use super::pod::Pod;
 use super::protocol::{ErrorKind as Kind, Response, MAX_LINE};
-use super::state::{CheckError, Core};
-use super::zds_server::{chmod_600, clear_stale, create_parent, temp_path};
-use super::{EnrollError, Pod, Selection, StartError, CNI_IO_TIMEOUT, MAX_CNI_HANDLERS};
-use crate::kube::Verdict;
-use crate::result::PodIp;
+use super::sockets::{check_peer, chmod_600, clear_stale, create_parent, temp_path};
+use crate::kube::{SelectError, Selected, Verdict};
+use crate::result::{PodIp, PodIpError};
 
 const TICK_MS: u16 = 200;
 
@@ -50,60 +56,127 @@ pub(super) fn bind(path: &Path) -> Result<UnixListener, StartError> {
     Ok(listener)
 }
 
-/// Accepts plugin connections until shutdown; one worker per request.
-pub(super) fn accept_loop(core: Arc<Core>, listener: UnixListener) {
-    while !core.is_stopping() {
-        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(TICK_MS)) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "polling the CNI listener");
-                std::thread::sleep(Duration::from_millis(u64::from(TICK_MS)));
+/// What a CNI request needs from the owner of the pods.
+pub(super) trait Pods: Send + Sync + 'static {
+    /// Captures `pod` in `netns` (found at `path`) and hands it to the newest
+    /// ready proxy; returns once the proxy acknowledged it.
+    fn enroll(&self, pod: Pod, netns: OwnedFd, path: Option<PathBuf>) -> Result<(), EnrollError>;
+    /// The UID of the pod enrolled with sandbox `container_id` (by UID when
+    /// given).
+    fn find(&self, uid: Option<&str>, container_id: &str) -> Option<String>;
+    /// Unenrolls `uid` if it is enrolled with sandbox `container_id` and
+    /// netns `inode` (each when given). Returns whether it was.
+    fn unenroll_matching(
+        &self,
+        uid: &str,
+        container_id: Option<&str>,
+        inode: Option<u64>,
+    ) -> Result<bool, EnrollError>;
+    /// CHECK: the pod is enrolled with this sandbox and netns, a proxy is
+    /// ready, and the rules (with the owner tag) are in place.
+    fn check(
+        &self,
+        uid: &str,
+        container_id: &str,
+        netns_inode: Option<u64>,
+    ) -> Result<(), CheckError>;
+    /// Whether a proxy has taken the snapshot.
+    fn any_ready(&self) -> bool;
+    /// GC: unenrolls the pods enrolled through CNI whose sandbox is not in
+    /// `valid` and whose network namespace is gone. Returns their UIDs.
+    fn gc(&self, valid: &HashSet<String>) -> Vec<String>;
+}
+
+/// The CNI event socket's server.
+pub(super) struct CniServer {
+    pods: Arc<dyn Pods>,
+    config: Arc<AgentConfig>,
+    lifecycle: Arc<Lifecycle>,
+    metrics: Arc<AgentMetrics>,
+    /// Requests being served (at most [`MAX_CNI_HANDLERS`]).
+    handlers: AtomicUsize,
+}
+
+impl std::fmt::Debug for CniServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CniServer")
+            .field("handlers", &self.handlers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CniServer {
+    /// A server of `pods` under `config`'s selection rule and peers.
+    pub(super) fn new(
+        pods: Arc<dyn Pods>,
+        config: Arc<AgentConfig>,
+        lifecycle: Arc<Lifecycle>,
+        metrics: Arc<AgentMetrics>,
+    ) -> CniServer {
+        CniServer {
+            pods,
+            config,
+            lifecycle,
+            metrics,
+            handlers: AtomicUsize::new(0),
+        }
+    }
+
+    /// Accepts plugin connections until shutdown; one worker per request.
+    pub(super) fn accept_loop(self: Arc<Self>, listener: UnixListener) {
+        while !self.lifecycle.is_stopping() {
+            let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(TICK_MS)) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "polling the CNI listener");
+                    std::thread::sleep(Duration::from_millis(u64::from(TICK_MS)));
+                    continue;
+                }
+            }
+            let stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a CNI connection");
+                    std::thread::sleep(Duration::from_millis(u64::from(TICK_MS)));
+                    continue;
+                }
+            };
+            if self.handlers.fetch_add(1, Ordering::SeqCst) >= MAX_CNI_HANDLERS {
+                self.handlers.fetch_sub(1, Ordering::SeqCst);
+                tracing::warn!("CNI request refused: {MAX_CNI_HANDLERS} requests in progress");
+                let resp = Response::err(
+                    Kind::NotReady,
+                    format!("node agent busy: {MAX_CNI_HANDLERS} requests in progress"),
+                );
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_write_timeout(Some(CNI_IO_TIMEOUT));
+                let _ = (&stream).write_all(format!("{}\n", resp.to_line()).as_bytes());
                 continue;
             }
-        }
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "accepting a CNI connection");
-                std::thread::sleep(Duration::from_millis(u64::from(TICK_MS)));
-                continue;
+            // The slot is given back when the guard drops: after the request,
+            // when the handler panics, or with the closure if no thread starts.
+            let slot = HandlerSlot(self.clone());
+            let spawned = self.lifecycle.spawn_worker("ringway-cni".into(), move || {
+                handle(&slot.0, stream);
+                drop(slot);
+            });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no thread for a CNI request; dropped");
             }
-        };
-        if core.cni_handlers.fetch_add(1, Ordering::SeqCst) >= MAX_CNI_HANDLERS {
-            core.cni_handlers.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!("CNI request refused: {MAX_CNI_HANDLERS} requests in progress");
-            let resp = Response::err(
-                Kind::NotReady,
-                format!("node agent busy: {MAX_CNI_HANDLERS} requests in progress"),
-            );
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_write_timeout(Some(CNI_IO_TIMEOUT));
-            let _ = (&stream).write_all(format!("{}\n", resp.to_line()).as_bytes());
-            continue;
-        }
-        // The slot is given back when the guard drops: after the request,
-        // when the handler panics, or with the closure if no thread starts.
-        let slot = HandlerSlot(core.clone());
-        let spawned = core.spawn_worker("ringway-cni".into(), move || {
-            handle(&slot.0, stream);
-            drop(slot);
-        });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread for a CNI request; dropped");
         }
     }
 }
 
 /// One of the [`MAX_CNI_HANDLERS`] request slots, given back on drop (also
 /// when a handler panics, so a bad request can never use slots up).
-struct HandlerSlot(Arc<Core>);
+struct HandlerSlot(Arc<CniServer>);
 
 impl Drop for HandlerSlot {
     fn drop(&mut self) {
-        self.0.cni_handlers.fetch_sub(1, Ordering::SeqCst);
+        self.0.handlers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -157,13 +230,14 @@ fn read_line(stream: &mut UnixStream) -> Result<String, ReadError> {
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-fn handle(core: &Core, mut stream: UnixStream) {
+fn handle(srv: &CniServer, mut stream: UnixStream) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(CNI_IO_TIMEOUT));
     // The peer's uid first: nothing it sent is read before it is allowed.
-    if let Err(why) = core.check_peer(&stream, "cni") {
+    if let Err(why) = check_peer(&stream, "cni", &srv.config.peer_uids) {
+        srv.metrics.refuse("cni", why.reason());
         tracing::warn!(reason = %why, "CNI connection refused");
-        let resp = Response::err(Kind::Rejected, why);
+        let resp = Response::err(Kind::Rejected, why.to_string());
         if stream
             .write_all(format!("{}\n", resp.to_line()).as_bytes())
             .is_ok()
@@ -173,7 +247,7 @@ fn handle(core: &Core, mut stream: UnixStream) {
         return;
     }
     let resp = match read_line(&mut stream) {
-        Ok(line) => dispatch(core, &line),
+        Ok(line) => dispatch(srv, &line),
         Err(ReadError::Empty) => {
             tracing::debug!("CNI connection closed without a request");
             return;
@@ -307,7 +381,7 @@ impl<'a> Fields<'a> {
 }
 
 /// One request line to one response.
-pub(super) fn dispatch(core: &Core, line: &str) -> Response {
+pub(super) fn dispatch(srv: &CniServer, line: &str) -> Response {
     let value: Value = match serde_json::from_str(line) {
         Ok(v) => v,
         Err(e) => return bad(format!("request is not valid JSON: {e}")),
@@ -329,11 +403,11 @@ pub(super) fn dispatch(core: &Core, line: &str) -> Response {
     let _span = span.enter();
     let started = std::time::Instant::now();
     let r = match op {
-        "add" => add(core, &f),
-        "del" => del(core, &f),
-        "check" => check(core, &f),
-        "status" => Ok(status(core)),
-        "gc" => gc(core, &f),
+        "add" => add(srv, &f),
+        "del" => del(srv, &f),
+        "check" => check(srv, &f),
+        "status" => Ok(status(srv)),
+        "gc" => gc(srv, &f),
         other => Err(bad(format!(
             "unknown op {other:?} (expected add, del, check, status or gc)"
         ))),
@@ -346,7 +420,7 @@ pub(super) fn dispatch(core: &Core, line: &str) -> Response {
     } else {
         "ok"
     };
-    core.metrics
+    srv.metrics
         .observe(op, outcome, started.elapsed().as_secs_f64());
     resp
 }
@@ -361,7 +435,7 @@ fn pod_of(f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
             .ok_or_else(|| bad(format!("{} request: \"ips\"[{i}] must be a string", f.op)))?;
         let ip: PodIp = s
             .parse()
-            .map_err(|e: String| bad(format!("{} request: \"ips\"[{i}]: {e}", f.op)))?;
+            .map_err(|e: PodIpError| bad(format!("{} request: \"ips\"[{i}]: {e}", f.op)))?;
         ips.push(ip.addr);
     }
     Ok(Pod {
@@ -377,8 +451,8 @@ fn pod_of(f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
 /// The selection rule for a pod of an add or check request: `Ok(None)` to
 /// capture it, `Ok(Some(response))` when it passes through, `Err` (retry
 /// later) when the rule cannot be answered now.
-fn selection(core: &Core, pod: &Pod) -> Result<Option<Response>, Response> {
-    match core.selects(pod) {
+fn selection(srv: &CniServer, pod: &Pod) -> Result<Option<Response>, Response> {
+    match selects(&srv.config, pod) {
         Ok(Verdict::Capture) => Ok(None),
         Ok(Verdict::PassThrough(reason)) => {
             tracing::info!(pod.uid = %pod.uid, %reason, "the selection rule passes the pod over: not captured");
@@ -394,12 +468,25 @@ fn selection(core: &Core, pod: &Pod) -> Result<Option<Response>, Response> {
     }
 }
 
-fn add(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+/// The selection rule for `pod` (see [`Selection::selects`]).
+fn selects(config: &AgentConfig, pod: &Pod) -> Result<Verdict, SelectError> {
+    config.selection.selects(pod, &config.exclude_namespaces)
+}
+
+/// The selection rule for `pod`, with its service account when known (see
+/// [`Selection::select`]).
+fn select(config: &AgentConfig, pod: &Pod) -> Result<Selected, SelectError> {
+    config
+        .selection
+        .select(pod, &config.exclude_namespaces, &config.service_accounts)
+}
+
+fn add(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
     let mut pod = pod_of(f, &container_id)?;
     tracing::info!(pod.uid = %pod.uid, pod.name = %pod.name, pod.namespace = %pod.namespace, container_id = %container_id, netns = %netns, "CNI ADD");
-    let selected = match core.select(&pod) {
+    let selected = match select(&srv.config, &pod) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(pod.uid = %pod.uid, error = %e, "cannot tell whether to capture the pod: the runtime is to retry");
@@ -415,7 +502,7 @@ fn add(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
     }
     // The pod's identity: never a guess, never the request's word alone.
     let Some(sa) = selected.service_account else {
-        return Err(match core.config().selection {
+        return Err(match srv.config.selection {
             Selection::All => rejected(format!(
                 "no service account is configured for pod {pod}: without the Kubernetes API \
                  the agent takes it from --pod-service-account {ns}=SA or {ns}/{name}=SA, \
@@ -444,13 +531,15 @@ fn add(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
     pod.service_account = sa;
     let fd =
         ringway_redirect::open_netns(Path::new(&netns)).map_err(|e| rejected(e.to_string()))?;
-    Ok(match core.enroll(pod, fd, Some(PathBuf::from(&netns))) {
-        Ok(()) => Response::ok(),
-        Err(e) => from_enroll(e),
-    })
+    Ok(
+        match srv.pods.enroll(pod, fd, Some(PathBuf::from(&netns))) {
+            Ok(()) => Response::ok(),
+            Err(e) => from_enroll(e),
+        },
+    )
 }
 
-fn del(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+fn del(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.opt_str("netns")?.filter(|s| !s.is_empty());
     let uid = match f.obj.get("pod") {
@@ -464,8 +553,11 @@ fn del(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
         .as_deref()
         .and_then(|p| std::fs::metadata(p).ok())
         .map(|m| m.ino());
-    match core.find(uid.as_deref(), &container_id) {
-        Some((uid, _)) => match core.unenroll_matching(&uid, Some(&container_id), netns_inode) {
+    match srv.pods.find(uid.as_deref(), &container_id) {
+        Some(uid) => match srv
+            .pods
+            .unenroll_matching(&uid, Some(&container_id), netns_inode)
+        {
             Ok(_) => Ok(Response::ok()),
             Err(e) => Ok(from_enroll(e)),
         },
@@ -473,20 +565,20 @@ fn del(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
             // Not enrolled here; a netns that still carries this pod's rules
             // (state lost some other way) is cleaned up all the same.
             if let (Some(uid), Some(path)) = (uid.as_deref(), netns.as_deref()) {
-                remove_stray_rules(core, uid, Path::new(path));
+                remove_stray_rules(srv, uid, Path::new(path));
             }
             Ok(Response::ok())
         }
     }
 }
 
-fn remove_stray_rules(core: &Core, uid: &str, path: &Path) {
+fn remove_stray_rules(srv: &CniServer, uid: &str, path: &Path) {
     let Ok(fd) = ringway_redirect::open_netns(path) else {
         return;
     };
     if let Ok(Some(tag)) = ringway_redirect::read_tag(fd.as_fd()) {
         if tag.uid == uid {
-            match ringway_redirect::remove(fd.as_fd(), &core.config().capture) {
+            match ringway_redirect::remove(fd.as_fd(), &srv.config.capture) {
                 Ok(()) => {
                     tracing::info!(pod.uid = %uid, "removed the rules of a pod the agent did not hold")
                 }
@@ -496,14 +588,14 @@ fn remove_stray_rules(core: &Core, uid: &str, path: &Path) {
     }
 }
 
-fn check(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+fn check(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
     let pod = pod_of(f, &container_id)?;
     let inode = std::fs::metadata(&netns).ok().map(|m| m.ino());
-    Ok(match core.check(&pod.uid, &container_id, inode) {
+    Ok(match srv.pods.check(&pod.uid, &container_id, inode) {
         Ok(()) => Response::ok(),
-        Err(CheckError::Unknown) => match selection(core, &pod)? {
+        Err(CheckError::Unknown) => match selection(srv, &pod)? {
             // Not held because the rule passes it over: as the ADD left it.
             Some(pass) => pass,
             None => Response::err(
@@ -511,22 +603,22 @@ fn check(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
                 format!("container {container_id} (pod {}) is not enrolled", pod.uid),
             ),
         },
-        Err(CheckError::NotReady(m)) => Response::err(Kind::NotReady, m),
+        Err(e @ CheckError::NotReady) => Response::err(Kind::NotReady, e.to_string()),
         Err(CheckError::Failed(m)) => rejected(m),
     })
 }
 
-fn status(core: &Core) -> Response {
-    if core.is_stopping() {
+fn status(srv: &CniServer) -> Response {
+    if srv.lifecycle.is_stopping() {
         Response::err(Kind::NotReady, "node agent is shutting down")
-    } else if core.any_ready() {
+    } else if srv.pods.any_ready() {
         Response::ok()
     } else {
         Response::err(Kind::NotReady, "no node proxy is ready")
     }
 }
 
-fn gc(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
+fn gc(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let Some(list) = f.array("validAttachments")? else {
         return Err(bad("gc request has no \"validAttachments\"".into()));
     };
@@ -543,7 +635,7 @@ fn gc(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
             })?;
         valid.insert(cid.to_string());
     }
-    let removed = core.gc(&valid);
+    let removed = srv.pods.gc(&valid);
     tracing::info!(valid = valid.len(), removed = ?removed, "CNI GC");
     Ok(Response::ok())
 }
@@ -552,16 +644,50 @@ fn gc(core: &Core, f: &Fields<'_>) -> Result<Response, Response> {
 mod tests {
     use super::*;
 
+    /// No pods: enough for the server's own bookkeeping.
+    struct NoPods;
+
+    impl Pods for NoPods {
+        fn enroll(&self, _: Pod, _: OwnedFd, _: Option<PathBuf>) -> Result<(), EnrollError> {
+            Err(EnrollError::ShuttingDown)
+        }
+        fn find(&self, _: Option<&str>, _: &str) -> Option<String> {
+            None
+        }
+        fn unenroll_matching(
+            &self,
+            _: &str,
+            _: Option<&str>,
+            _: Option<u64>,
+        ) -> Result<bool, EnrollError> {
+            Ok(false)
+        }
+        fn check(&self, _: &str, _: &str, _: Option<u64>) -> Result<(), CheckError> {
+            Err(CheckError::Unknown)
+        }
+        fn any_ready(&self) -> bool {
+            false
+        }
+        fn gc(&self, _: &HashSet<String>) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
     #[test]
     fn adversarial_a_panicking_handler_gives_its_slot_back() {
-        let core = Arc::new(Core::new(super::super::AgentConfig::default()));
-        core.cni_handlers.fetch_add(1, Ordering::SeqCst);
-        let slot = HandlerSlot(core.clone());
+        let srv = Arc::new(CniServer::new(
+            Arc::new(NoPods),
+            Arc::new(AgentConfig::default()),
+            Arc::default(),
+            Arc::default(),
+        ));
+        srv.handlers.fetch_add(1, Ordering::SeqCst);
+        let slot = HandlerSlot(srv.clone());
         let t = std::thread::spawn(move || {
             let _slot = slot;
             panic!("a handler bug");
         });
         assert!(t.join().is_err());
-        assert_eq!(core.cni_handlers.load(Ordering::SeqCst), 0);
+        assert_eq!(srv.handlers.load(Ordering::SeqCst), 0);
     }
 }

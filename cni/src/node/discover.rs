@@ -1,118 +1,40 @@
-//! Finding network namespaces: the /proc and netns-directory scans behind
-//! rediscovery at start and the liveness check of pinned namespaces.
+//! Rediscovery at start, above the namespace scans and the record: the
+//! pods whose owner tags in the kernel agree with the agent's record (see the
+//! module docs of [`super`], "Restart"). It returns what it found
+//! ([`Rediscovered`]); the owner of the state adopts it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fs::File;
-use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use ringway_redirect::PodTag;
 
+use super::config::AgentConfig;
+use super::netns;
+use super::pod::{Pod, Rediscovery};
 use super::record::{self, RecordedPod};
-use super::state::{canonical_netns, Core, Entry};
-use super::{AgentConfig, Pod, PodSource, Rediscovery};
 
-/// A network namespace found by a scan.
-#[derive(Debug, Clone)]
-struct Found {
-    inode: u64,
-    /// `<proc_root>/<pid>/ns/net` or a file in a netns directory.
-    path: PathBuf,
-    via_process: bool,
+/// A pod found at start, its namespace pinned.
+#[derive(Debug)]
+pub(super) struct Adopted {
+    /// The pod, as the record has it.
+    pub(super) pod: Pod,
+    /// Its namespace, in the canonical form handed to proxies.
+    pub(super) netns: OwnedFd,
+    /// The namespace's inode.
+    pub(super) inode: u64,
+    /// The path it was found by.
+    pub(super) path: PathBuf,
 }
 
-/// `net:[4026532000]` -> 4026532000.
-fn parse_ns_link(link: &str) -> Option<u64> {
-    link.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
-}
-
-/// (pid, netns inode) of every process, pids ascending.
-fn processes(cfg: &AgentConfig) -> Vec<(u32, u64)> {
-    let Ok(dir) = std::fs::read_dir(&cfg.proc_root) else {
-        tracing::warn!(proc_root = %cfg.proc_root.display(), "cannot read proc_root");
-        return Vec::new();
-    };
-    let mut out: Vec<(u32, u64)> = dir
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let link = std::fs::read_link(e.path().join("ns/net")).ok()?;
-            Some((pid, parse_ns_link(link.to_str()?)?))
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
-
-/// (path, inode) of every file in the netns directories.
-fn mounted(cfg: &AgentConfig) -> Vec<(PathBuf, u64)> {
-    let mut out = Vec::new();
-    for d in &cfg.netns_dirs {
-        let Ok(dir) = std::fs::read_dir(d) else {
-            continue;
-        };
-        let mut here: Vec<(PathBuf, u64)> = dir
-            .flatten()
-            .filter_map(|e| {
-                let p = e.path();
-                let m = std::fs::metadata(&p).ok()?;
-                Some((p, m.ino()))
-            })
-            .collect();
-        here.sort();
-        out.extend(here);
-    }
-    out
-}
-
-/// Inodes of namespaces that are never a pod's: this process's, the calling
-/// thread's, PID 1's.
-fn own_inodes() -> HashSet<u64> {
-    [
-        "/proc/self/ns/net",
-        "/proc/thread-self/ns/net",
-        "/proc/1/ns/net",
-    ]
-    .iter()
-    .filter_map(|p| std::fs::metadata(p).ok().map(|m| m.ino()))
-    .collect()
-}
-
-/// Inodes of every namespace a process is in or a netns directory mounts.
-pub(super) fn live_inodes(cfg: &AgentConfig) -> HashSet<u64> {
-    processes(cfg)
-        .into_iter()
-        .map(|(_, ino)| ino)
-        .chain(mounted(cfg).into_iter().map(|(_, ino)| ino))
-        .collect()
-}
-
-/// Every distinct namespace, processes first (oldest pid first), then mounts.
-fn scan(cfg: &AgentConfig) -> Vec<Found> {
-    let own = own_inodes();
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for (pid, inode) in processes(cfg) {
-        if !own.contains(&inode) && seen.insert(inode) {
-            out.push(Found {
-                inode,
-                path: cfg.proc_root.join(pid.to_string()).join("ns/net"),
-                via_process: true,
-            });
-        }
-    }
-    for (path, inode) in mounted(cfg) {
-        if !own.contains(&inode) && seen.insert(inode) {
-            out.push(Found {
-                inode,
-                path,
-                via_process: false,
-            });
-        }
-    }
-    out
+/// What [`rediscover`] found: the report, and the pods to adopt.
+#[derive(Debug)]
+pub(super) struct Rediscovered {
+    /// What was examined, adopted, re-applied, skipped.
+    pub(super) report: Rediscovery,
+    /// The pods to adopt.
+    pub(super) pods: Vec<Adopted>,
 }
 
 fn pod_from_record(rec: &RecordedPod) -> Pod {
@@ -165,11 +87,11 @@ fn disagreement(tag: &PodTag, rec: &RecordedPod, inode: u64) -> Option<String> {
     None
 }
 
-/// Rebuilds the enrolled pods from the owner tags in the kernel that agree
-/// with the agent's record (see the module docs, "Restart"). Verifies each
-/// pod's rules and re-applies them only on drift; never removes any.
-pub(super) fn rediscover(core: &Core) -> Rediscovery {
-    let cfg = core.config();
+/// Finds the enrolled pods in the owner tags in the kernel that agree with
+/// the agent's record (see the module docs of [`super`], "Restart"). Verifies
+/// each pod's rules and re-applies them only on drift; never removes any.
+/// The owner of the state adopts what it returns.
+pub(super) fn rediscover(cfg: &AgentConfig) -> Rediscovered {
     let recorded = match cfg
         .state_file
         .as_deref()
@@ -189,12 +111,12 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
             BTreeMap::new()
         }
     };
-    let found = scan(cfg);
+    let found = netns::scan(&cfg.proc_root, &cfg.netns_dirs);
     let mut report = Rediscovery {
         namespaces: found.len(),
         ..Rediscovery::default()
     };
-    let mut adopted: BTreeMap<String, (RecordedPod, OwnedFd, Found)> = BTreeMap::new();
+    let mut adopted: BTreeMap<String, (RecordedPod, OwnedFd, netns::Found)> = BTreeMap::new();
     for f in found {
         let fd = match File::open(&f.path) {
             Ok(file) => OwnedFd::from(file),
@@ -251,7 +173,7 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
                     tag.uid, f.inode, prev.inode
                 ));
             }
-            _ => match canonical_netns(&fd) {
+            _ => match netns::canonical_netns(&fd) {
                 Ok(fd) => {
                     adopted.insert(tag.uid.clone(), (rec.clone(), fd, f));
                 }
@@ -266,10 +188,10 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
         }
     }
     let spec = &cfg.capture;
-    let mut entries = Vec::new();
+    let mut pods = Vec::new();
     for (uid, (rec, fd, f)) in adopted {
         let pod = pod_from_record(&rec);
-        let tag = core.tag(&pod);
+        let tag = pod.owner_tag(&cfg.node_name);
         match ringway_redirect::verify_for(fd.as_fd(), spec, &tag) {
             Ok(drift) if drift.is_empty() => {
                 tracing::info!(pod.uid = %uid, netns.inode = f.inode, "rediscovered; rules in place");
@@ -291,148 +213,19 @@ pub(super) fn rediscover(core: &Core) -> Rediscovery {
             }
         }
         report.adopted.push(uid);
-        entries.push(Entry {
+        pods.push(Adopted {
             pod,
-            netns: Some(fd),
-            inode: Some(f.inode),
-            path: Some(f.path),
-            source: PodSource::Rediscovered,
+            netns: fd,
+            inode: f.inode,
+            path: f.path,
         });
     }
-    core.insert_rediscovered(entries);
-    report
-}
-
-/// The start time (clock ticks since boot, field 22 of `stat`) of a process.
-fn start_time(stat: &str) -> Option<u64> {
-    // The command name (field 2) may hold spaces and parentheses: skip past its ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// The addresses configured in the namespace `fd`.
-fn addresses_in(fd: &OwnedFd) -> std::io::Result<Vec<IpAddr>> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
-            let addrs = nix::ifaddrs::getifaddrs()?;
-            Ok(addrs
-                .filter_map(|a| {
-                    let a = a.address?;
-                    if let Some(v4) = a.as_sockaddr_in() {
-                        Some(IpAddr::V4(v4.ip()))
-                    } else {
-                        a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
-                    }
-                })
-                .collect())
-        })
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("address listing thread panicked")))
-    })
-}
-
-/// Finds the network namespace of a running pod (for the Kubernetes watch,
-/// which knows pods, not namespaces): the processes whose
-/// `<proc_root>/<pid>/cgroup` names the pod UID (`pod<uid>` with the cgroupfs
-/// driver, `pod<uid with _ for ->` with systemd's), oldest first; the first
-/// of their namespaces that is a pod's (not the host's) and holds one of
-/// `ips` (when any are given) wins. Returns the fd and the path it was opened by.
-pub(super) fn find_pod_netns(
-    cfg: &AgentConfig,
-    uid: &str,
-    ips: &[IpAddr],
-) -> Result<(OwnedFd, PathBuf), String> {
-    let needles = [uid.to_string(), uid.replace('-', "_")];
-    let own = own_inodes();
-    let dir = std::fs::read_dir(&cfg.proc_root)
-        .map_err(|e| format!("cannot read {}: {e}", cfg.proc_root.display()))?;
-    let mut procs: Vec<(u64, u32, u64)> = dir
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let cgroup = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
-            if !needles.iter().any(|n| cgroup.contains(&format!("pod{n}"))) {
-                return None;
-            }
-            let link = std::fs::read_link(e.path().join("ns/net")).ok()?;
-            let ino = parse_ns_link(link.to_str()?)?;
-            let started = std::fs::read_to_string(e.path().join("stat"))
-                .ok()
-                .and_then(|s| start_time(&s))
-                .unwrap_or(u64::MAX);
-            Some((started, pid, ino))
-        })
-        .collect();
-    if procs.is_empty() {
-        return Err(format!(
-            "no process of pod {uid} found (no {}/*/cgroup names it)",
-            cfg.proc_root.display()
-        ));
-    }
-    procs.sort_unstable();
-    let mut tried = HashSet::new();
-    let mut why = Vec::new();
-    for (_, pid, ino) in procs {
-        if own.contains(&ino) {
-            why.push(format!("pid {pid} is in the host's network namespace"));
-            continue;
-        }
-        if !tried.insert(ino) {
-            continue;
-        }
-        let path = cfg.proc_root.join(pid.to_string()).join("ns/net");
-        let fd = match File::open(&path) {
-            Ok(f) => OwnedFd::from(f),
-            Err(e) => {
-                why.push(format!("{}: {e}", path.display()));
-                continue;
-            }
-        };
-        if let Err(e) = ringway_redirect::check_pod_netns(fd.as_fd()) {
-            why.push(e.to_string());
-            continue;
-        }
-        if !ips.is_empty() {
-            match addresses_in(&fd) {
-                Ok(have) if ips.iter().any(|ip| have.contains(ip)) => {}
-                Ok(_) => {
-                    why.push(format!(
-                        "net:[{ino}] of pid {pid} holds none of the pod's IPs {ips:?}"
-                    ));
-                    continue;
-                }
-                Err(e) => {
-                    why.push(format!("listing the addresses of net:[{ino}]: {e}"));
-                    continue;
-                }
-            }
-        }
-        return Ok((fd, path));
-    }
-    Err(format!(
-        "no network namespace of pod {uid} found: {}",
-        why.join("; ")
-    ))
+    Rediscovered { report, pods }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_times_parse_past_odd_command_names() {
-        let stat = "4242 (sle ep) (x) S 1 4242 4242 0 -1 4194560 103 0 0 0 0 0 0 0 20 0 1 0 987654 2457600 130";
-        assert_eq!(start_time(stat), Some(987654));
-        assert_eq!(start_time("garbage"), None);
-    }
-
-    #[test]
-    fn ns_links_parse() {
-        assert_eq!(parse_ns_link("net:[4026531840]"), Some(4026531840));
-        assert_eq!(parse_ns_link("mnt:[4026531840]"), None);
-        assert_eq!(parse_ns_link("net:[x]"), None);
-    }
 
     #[test]
     fn adversarial_a_tag_that_disagrees_with_the_record_is_refused() {

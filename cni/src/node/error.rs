@@ -1,5 +1,6 @@
-//! Errors of the node agent. Each says which side failed: the caller's input,
-//! the pod's namespace, the kernel (rules), or the node proxy.
+//! Errors of the node agent, a leaf. Each says which side failed: the
+//! caller's input, the pod's namespace, the kernel (rules), or the node
+//! proxy; and why the agent is not healthy.
 
 use std::path::PathBuf;
 
@@ -113,4 +114,66 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why CHECK failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CheckError {
+    /// The sandbox is not enrolled.
+    #[error("not enrolled")]
+    Unknown,
+    /// No proxy ready.
+    #[error("no node proxy is ready")]
+    NotReady,
+    /// Enrolled, but not as it should be.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Why the agent is not live or not ready (its `/healthz/live` and
+/// `/healthz/ready`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    /// The agent is stopping.
+    #[error("the agent is shutting down")]
+    ShuttingDown,
+    /// A socket file the CNI plugin or the proxies connect to was removed.
+    #[error("{what} {} is gone", path.display())]
+    SocketGone {
+        /// `ZDS socket` or `CNI event socket`.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+    },
+    /// No proxy has the snapshot yet: pods to capture cannot be added.
+    #[error(
+        "no proxy has taken the snapshot ({connected} connected): pods to capture cannot be added"
+    )]
+    NoProxy {
+        /// Proxies connected (none ready).
+        connected: usize,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_errors_are_the_proxy_side_ones() {
+        assert!(EnrollError::NoProxy { last_error: None }.is_retryable());
+        assert!(EnrollError::Nacked {
+            uid: "u".into(),
+            reason: "r".into()
+        }
+        .is_retryable());
+        assert!(!EnrollError::BadInput("x".into()).is_retryable());
+        assert_eq!(
+            EnrollError::NoProxy {
+                last_error: Some("proxy connection 3: the proxy closed the connection".into())
+            }
+            .to_string(),
+            "no node proxy is ready to take the pod (last proxy failure: proxy connection 3: the proxy closed the connection)"
+        );
+    }
 }

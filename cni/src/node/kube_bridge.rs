@@ -1,10 +1,15 @@
-//! The agent as the Kubernetes watch sees it ([`crate::kube::Enrollment`]):
-//! the watch knows pods, the agent finds their network namespaces.
+//! The agent as the Kubernetes watch sees it ([`crate::kube::Enrollment`]),
+//! on top of the handle: the watch knows pods, the agent finds their network
+//! namespaces.
 
 use std::os::fd::AsFd;
 
-use super::{discover, Enroller, Pod};
-use crate::kube::{EnrolledPod, Enrollment as WatchEnrollment, PodIdentity, PodRef};
+use super::handle::Enroller;
+use super::netns::find_pod_netns;
+use super::pod::Pod;
+use crate::kube::{
+    EnrolledPod, Enrollment as WatchEnrollment, EnrollmentError, PodIdentity, PodRef,
+};
 
 impl WatchEnrollment for Enroller {
     /// Enrolls a running pod. Its namespace is the one the agent already
@@ -13,7 +18,7 @@ impl WatchEnrollment for Enroller {
     /// and the proxy gets `Add` again for the same netns), else the one
     /// found among the processes whose cgroup names the UID (oldest first,
     /// never the host's namespace, confirmed by one of the pod's IPs).
-    fn enroll(&self, pod: &PodIdentity) -> Result<(), String> {
+    fn enroll(&self, pod: &PodIdentity) -> Result<(), EnrollmentError> {
         let wanted = Pod {
             uid: pod.uid.clone(),
             name: pod.name.clone(),
@@ -24,16 +29,19 @@ impl WatchEnrollment for Enroller {
         };
         let (fd, path) = match self.0.pinned_netns(&pod.uid) {
             Some(found) => found,
-            None => discover::find_pod_netns(self.0.config(), &pod.uid, &pod.ips)
-                .map(|(fd, path)| (fd, Some(path)))?,
+            None => find_pod_netns(&self.0.config().proc_root, &pod.uid, &pod.ips)
+                .map(|(fd, path)| (fd, Some(path)))
+                .map_err(EnrollmentError::new)?,
         };
         tracing::info!(pod.uid = %pod.uid, netns = %path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), "enrolling a running pod");
-        ringway_redirect::check_pod_netns(fd.as_fd()).map_err(|e| e.to_string())?;
-        self.0.enroll(wanted, fd, path).map_err(|e| e.to_string())
+        ringway_redirect::check_pod_netns(fd.as_fd()).map_err(EnrollmentError::new)?;
+        self.0
+            .enroll(wanted, fd, path)
+            .map_err(EnrollmentError::new)
     }
 
-    fn unenroll(&self, uid: &str) -> Result<(), String> {
-        self.0.unenroll(uid).map_err(|e| e.to_string())
+    fn unenroll(&self, uid: &str) -> Result<(), EnrollmentError> {
+        self.0.unenroll(uid).map_err(EnrollmentError::new)
     }
 
     fn enrolled(&self) -> Vec<EnrolledPod> {

@@ -1,5 +1,7 @@
-//! The node agent's Prometheus metrics: CNI request latency (ADD's is the
-//! time a pod waits in ContainerCreating for its capture), outcomes, pods.
+//! The node agent's Prometheus metrics, a leaf: CNI request latency (ADD's is
+//! the time a pod waits in ContainerCreating for its capture), outcomes,
+//! refused connections, and the enrolled pods, read at scrape time from the
+//! owner of the state through [`PodCount`].
 //! With `--kube`, the annotator's (`ringway_agent_redirection_annotation_*`)
 //! are added beside them by [`crate::kube::Annotator::register_metrics`].
 
@@ -99,9 +101,22 @@ impl AgentMetrics {
     }
 }
 
+/// What the pod gauge reads at scrape time (the owner of the state).
+pub(super) trait PodCount: Send + Sync + 'static {
+    /// How many pods are enrolled now.
+    fn pod_count(&self) -> usize;
+}
+
 /// `ringway_agent_pods_enrolled`, read from the agent's state at scrape time.
-#[derive(Debug)]
-pub(super) struct EnrolledPods(pub(super) std::sync::Arc<super::state::Core>);
+pub(super) struct EnrolledPods(pub(super) std::sync::Arc<dyn PodCount>);
+
+impl std::fmt::Debug for EnrolledPods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("EnrolledPods")
+            .field(&self.0.pod_count())
+            .finish()
+    }
+}
 
 impl prometheus_client::collector::Collector for EnrolledPods {
     fn encode(

@@ -125,7 +125,7 @@ pub enum RecordError {
         /// The state file.
         path: PathBuf,
         /// What is wrong.
-        reason: String,
+        reason: InvalidRecord,
     },
     /// Writing the file failed.
     #[error("writing the agent's state file {}: {source}", path.display())]
@@ -136,6 +136,48 @@ pub enum RecordError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What makes a state file not a valid record.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRecord {
+    /// A version this build does not read.
+    #[error("version {0} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})")]
+    UnknownVersion(u32),
+    /// A header line claiming version 1 (which has none).
+    #[error("a version 1 record is one JSON object with its pods, not a header line")]
+    HeaderOfVersion1,
+    /// One JSON object claiming version 2 (a journal).
+    #[error("a version 2 record starts with its header alone on the first line")]
+    ObjectOfVersion2,
+    /// Neither form parses.
+    #[error("neither a journal (first line: {header}) nor one JSON object ({object})")]
+    Unreadable {
+        /// Why the first line is not a header.
+        header: serde_json::Error,
+        /// Why the whole file is not one object.
+        object: serde_json::Error,
+    },
+    /// A version 1 object that does not parse.
+    #[error("{0}")]
+    Object(serde_json::Error),
+    /// A version 1 pod without a uid.
+    #[error("a pod with an empty uid")]
+    EmptyUid,
+    /// A version 1 pod listed twice.
+    #[error("pod {0} is recorded twice")]
+    Twice(String),
+    /// A journal line that does not parse.
+    #[error("line {line}: {error}")]
+    Line {
+        /// Its number, the header being 1.
+        line: usize,
+        /// Why.
+        error: serde_json::Error,
+    },
+    /// A journal line recording a pod without a uid.
+    #[error("line {0}: a pod with an empty uid")]
+    LineEmptyUid(usize),
 }
 
 /// The pods recorded in `path` by UID, a record of node `node`; `Ok(None)`
@@ -160,13 +202,11 @@ pub fn load(path: &Path, node: &str) -> Result<Option<BTreeMap<String, RecordedP
             path: path.to_path_buf(),
         });
     }
-    let invalid = |reason: String| RecordError::Invalid {
+    let invalid = |reason: InvalidRecord| RecordError::Invalid {
         path: path.to_path_buf(),
         reason,
     };
     let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
-    let unknown =
-        |v: u32| format!("version {v} (this build reads {RECORD_VERSION_1} and {RECORD_VERSION})");
     let other_node = |recorded: String| RecordError::OtherNode {
         path: path.to_path_buf(),
         recorded,
@@ -175,23 +215,17 @@ pub fn load(path: &Path, node: &str) -> Result<Option<BTreeMap<String, RecordedP
     match serde_json::from_slice::<Header>(first) {
         Ok(h) if h.version == RECORD_VERSION && h.node != node => Err(other_node(h.node)),
         Ok(h) if h.version == RECORD_VERSION => parse_journal(&bytes).map(Some).map_err(invalid),
-        Ok(h) if h.version == RECORD_VERSION_1 => Err(invalid(
-            "a version 1 record is one JSON object with its pods, not a header line".into(),
-        )),
-        Ok(h) => Err(invalid(unknown(h.version))),
+        Ok(h) if h.version == RECORD_VERSION_1 => Err(invalid(InvalidRecord::HeaderOfVersion1)),
+        Ok(h) => Err(invalid(InvalidRecord::UnknownVersion(h.version))),
         // Not a journal's header line: one JSON object, as version 1 wrote?
         Err(header) => match serde_json::from_slice::<Versioned>(&bytes) {
             Ok(v) if v.version == RECORD_VERSION_1 => match parse_v1(&bytes).map_err(invalid)? {
                 (recorded, _) if recorded != node => Err(other_node(recorded)),
                 (_, pods) => Ok(Some(pods)),
             },
-            Ok(v) if v.version == RECORD_VERSION => Err(invalid(
-                "a version 2 record starts with its header alone on the first line".into(),
-            )),
-            Ok(v) => Err(invalid(unknown(v.version))),
-            Err(e) => Err(invalid(format!(
-                "neither a journal (first line: {header}) nor one JSON object ({e})"
-            ))),
+            Ok(v) if v.version == RECORD_VERSION => Err(invalid(InvalidRecord::ObjectOfVersion2)),
+            Ok(v) => Err(invalid(InvalidRecord::UnknownVersion(v.version))),
+            Err(object) => Err(invalid(InvalidRecord::Unreadable { header, object })),
         },
     }
 }
@@ -203,22 +237,22 @@ struct Versioned {
 }
 
 /// A version 1 record's node and pods.
-fn parse_v1(bytes: &[u8]) -> Result<(String, BTreeMap<String, RecordedPod>), String> {
-    let file: RecordFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+fn parse_v1(bytes: &[u8]) -> Result<(String, BTreeMap<String, RecordedPod>), InvalidRecord> {
+    let file: RecordFile = serde_json::from_slice(bytes).map_err(InvalidRecord::Object)?;
     let mut pods = BTreeMap::new();
     for p in file.pods {
         if p.uid.is_empty() {
-            return Err("a pod with an empty uid".into());
+            return Err(InvalidRecord::EmptyUid);
         }
         if let Some(dup) = pods.insert(p.uid.clone(), p) {
-            return Err(format!("pod {} is recorded twice", dup.uid));
+            return Err(InvalidRecord::Twice(dup.uid));
         }
     }
     Ok((file.node, pods))
 }
 
 /// The pods a journal leaves recorded. Its first line is the header.
-fn parse_journal(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> {
+fn parse_journal(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, InvalidRecord> {
     let complete = bytes.ends_with(b"\n");
     let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     // After a final newline `split` yields an empty piece; without one, the
@@ -232,12 +266,10 @@ fn parse_journal(bytes: &[u8]) -> Result<BTreeMap<String, RecordedPod>, String> 
     }
     let mut pods = BTreeMap::new();
     for (i, line) in whole.iter().enumerate().skip(1) {
-        let change: Change =
-            serde_json::from_slice(line).map_err(|e| format!("line {}: {e}", i + 1))?;
+        let change: Change = serde_json::from_slice(line)
+            .map_err(|error| InvalidRecord::Line { line: i + 1, error })?;
         match change {
-            Change::Put(p) if p.uid.is_empty() => {
-                return Err(format!("line {}: a pod with an empty uid", i + 1))
-            }
+            Change::Put(p) if p.uid.is_empty() => return Err(InvalidRecord::LineEmptyUid(i + 1)),
             Change::Put(p) => {
                 pods.insert(p.uid.clone(), p);
             }

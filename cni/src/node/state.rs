@@ -1,80 +1,30 @@
-//! The agent's shared state and the enrollment logic: pods by UID, proxy
-//! connections, per-pod serialisation, shutdown.
+//! The owner of the agent's state: [`Core`] holds the pods and the proxy
+//! connections ([`State`], under one lock), the state file's writer and the
+//! per-pod locks, and is the only code that changes them: enroll and
+//! unenroll, the snapshot and catch-up of a proxy connection, the release
+//! of gone namespaces, CHECK and GC. The servers reach it through the narrow
+//! traits they define ([`Proxies`], [`Pods`]), the metrics through
+//! [`PodCount`]; it uses every leaf below it and nothing above.
 
 use std::collections::{BTreeMap, HashSet};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
-use ringway_redirect::PodTag;
-
-use super::record::{RecordWriter, RecordedPod};
-use super::zds_server::{self, Conn};
-use super::{discover, AgentConfig, EnrollError, Pod, PodSource, PodStatus, ProxyStatus};
-
-/// How long an enroll/unenroll waits for another one of the same pod.
-const BUSY_WAIT: Duration = Duration::from_secs(20);
-
-/// A poisoned lock only means a thread panicked while holding it; the data
-/// (maps of pods and connections) stays consistent at every await point.
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The inode of a namespace fd.
-pub(super) fn inode_of(fd: BorrowedFd<'_>) -> Option<u64> {
-    nix::sys::stat::fstat(fd.as_raw_fd()).ok().map(|s| s.st_ino)
-}
-
-/// The same namespace, reopened through `/proc/thread-self/ns/net` by a
-/// short-lived thread that entered it. An fd opened through a bind mount
-/// (`/var/run/netns/cni-...`, what runtimes pass as CNI_NETNS) shows that
-/// path in `/proc/<pid>/fd`; proxies that identify a netns fd by its link
-/// (`net:[inode]`) would refuse it, so every fd handed out is of this form.
-pub(super) fn canonical_netns(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
-            std::fs::File::open("/proc/thread-self/ns/net").map(OwnedFd::from)
-        })
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("netns reopen thread panicked")))
-    })
-}
-
-/// One enrolled pod.
-#[derive(Debug)]
-pub(super) struct Entry {
-    pub(super) pod: Pod,
-    /// The pinned namespace; `None` once it is gone.
-    pub(super) netns: Option<OwnedFd>,
-    pub(super) inode: Option<u64>,
-    /// The path the namespace was found by (CNI_NETNS, /proc/<pid>/ns/net).
-    pub(super) path: Option<PathBuf>,
-    pub(super) source: PodSource,
-}
-
-#[derive(Debug, Default)]
-pub(super) struct State {
-    pub(super) pods: BTreeMap<String, Entry>,
-    /// In accept order: the last ready one is the newest.
-    pub(super) conns: Vec<Arc<Conn>>,
-    /// Bumped on every change of `pods` (connections in their snapshot catch up).
-    pub(super) gen: u64,
-}
-
-/// What a snapshot sends for one pod.
-#[derive(Debug)]
-pub(super) struct SnapItem {
-    pub(super) pod: Pod,
-    /// `Some` = Add with this fd, `None` = Keep.
-    pub(super) netns: Option<OwnedFd>,
-    pub(super) inode: Option<u64>,
-}
+use super::cni_server::Pods;
+use super::config::AgentConfig;
+use super::discover::Adopted;
+use super::error::{CheckError, EnrollError};
+use super::lifecycle::Lifecycle;
+use super::locks::{lock, PodLocks};
+use super::metrics::PodCount;
+use super::netns::{canonical_netns, inode_of, live_inodes};
+use super::pod::{Pod, PodSource, PodStatus, ProxyStatus};
+use super::proxy_conn::{add_request, del_request, Answer, Conn, SnapItem};
+use super::record::RecordWriter;
+use super::table::{Entry, State};
+use super::zds_server::Proxies;
 
 /// Why sending a pod to a proxy failed, and to whom.
 struct AddFailure {
@@ -82,64 +32,18 @@ struct AddFailure {
     nacked_by: Option<Arc<Conn>>,
 }
 
+/// The owner of the agent's state.
 #[derive(Debug)]
 pub(super) struct Core {
-    config: AgentConfig,
+    config: Arc<AgentConfig>,
+    lifecycle: Arc<Lifecycle>,
     pub(super) state: Mutex<State>,
-    busy: Mutex<HashSet<String>>,
-    busy_cv: Condvar,
-    stopping: AtomicBool,
-    stop_lock: Mutex<()>,
-    stop_cv: Condvar,
-    next_conn: AtomicU64,
-    workers: Mutex<Vec<JoinHandle<()>>>,
-    pub(super) cni_handlers: AtomicUsize,
-    /// ZDS connections being served (at most [`super::MAX_ZDS_CONNECTIONS`]).
-    pub(super) zds_conns: AtomicUsize,
-    /// Socket files this agent created, with their inodes, removed at shutdown.
-    sockets: Mutex<Vec<(PathBuf, u64)>>,
-    /// Prometheus metrics of the agent.
-    pub(super) metrics: super::metrics::AgentMetrics,
+    /// One enroll/unenroll of a pod at a time.
+    pod_locks: PodLocks,
     /// The state file's writer (made at the first write), held while the
     /// pods are compared with what it records and the changes are written,
     /// so an older snapshot never overwrites a newer one.
     record: Mutex<Option<RecordWriter>>,
-}
-
-/// How the state file records `e`.
-fn recorded(e: &Entry) -> RecordedPod {
-    RecordedPod {
-        uid: e.pod.uid.clone(),
-        namespace: e.pod.namespace.clone(),
-        name: e.pod.name.clone(),
-        service_account: e.pod.service_account.clone(),
-        container_id: e.pod.container_id.clone(),
-        ips: e.pod.ips.clone(),
-        netns_inode: e.inode,
-    }
-}
-
-/// Whether `r` is how the state file records `e` (compared in place: a
-/// write looks at every pod, and most are unchanged). Every field is named,
-/// so a field added to [`RecordedPod`] fails to compile here until it is
-/// compared.
-fn recorded_as(e: &Entry, r: &RecordedPod) -> bool {
-    let RecordedPod {
-        uid,
-        namespace,
-        name,
-        service_account,
-        container_id,
-        ips,
-        netns_inode,
-    } = r;
-    e.pod.uid == *uid
-        && e.pod.namespace == *namespace
-        && e.pod.name == *name
-        && e.pod.service_account == *service_account
-        && e.pod.container_id == *container_id
-        && e.pod.ips == *ips
-        && e.inode == *netns_inode
 }
 
 /// How the annotator names `pod`'s API object.
@@ -151,46 +55,20 @@ fn pod_ref(pod: &Pod) -> crate::kube::PodRef {
     }
 }
 
-/// Held while one enroll/unenroll of a pod runs.
-pub(super) struct PodGuard<'a> {
-    core: &'a Core,
-    uid: String,
-}
-
-impl Drop for PodGuard<'_> {
-    fn drop(&mut self) {
-        lock(&self.core.busy).remove(&self.uid);
-        self.core.busy_cv.notify_all();
-    }
-}
-
 impl Core {
-    /// How many pods are enrolled.
-    pub(super) fn pod_count(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pods
-            .len()
-    }
-
-    pub(super) fn new(config: AgentConfig) -> Core {
+    /// The owner of an agent's state under `config`, stopping with `lifecycle`.
+    pub(super) fn new(config: Arc<AgentConfig>, lifecycle: Arc<Lifecycle>) -> Core {
         Core {
             config,
+            lifecycle,
             state: Mutex::new(State::default()),
-            busy: Mutex::new(HashSet::new()),
-            busy_cv: Condvar::new(),
-            stopping: AtomicBool::new(false),
-            stop_lock: Mutex::new(()),
-            stop_cv: Condvar::new(),
-            next_conn: AtomicU64::new(1),
-            workers: Mutex::new(Vec::new()),
-            cni_handlers: AtomicUsize::new(0),
-            zds_conns: AtomicUsize::new(0),
-            sockets: Mutex::new(Vec::new()),
-            metrics: super::metrics::AgentMetrics::default(),
+            pod_locks: PodLocks::default(),
             record: Mutex::new(None),
         }
+    }
+
+    pub(super) fn config(&self) -> &AgentConfig {
+        &self.config
     }
 
     /// Brings the whole state file in step with the pods held now (no-op
@@ -216,42 +94,7 @@ impl Core {
         };
         let mut record = lock(&self.record);
         let writer = record.get_or_insert_with(|| RecordWriter::new(path, &self.config.node_name));
-        let (put, del): (Vec<RecordedPod>, Vec<String>) = {
-            let st = lock(&self.state);
-            let written = writer.written();
-            let stale =
-                |uid: &String, e: &Entry| written.get(uid).is_none_or(|r| !recorded_as(e, r));
-            match only {
-                Some(uids) => {
-                    let put = uids
-                        .iter()
-                        .filter_map(|uid| st.pods.get(uid).map(|e| (uid, e)))
-                        .filter(|(uid, e)| stale(uid, e))
-                        .map(|(_, e)| recorded(e))
-                        .collect();
-                    let del = uids
-                        .iter()
-                        .filter(|uid| !st.pods.contains_key(*uid) && written.contains_key(*uid))
-                        .cloned()
-                        .collect();
-                    (put, del)
-                }
-                None => {
-                    let put = st
-                        .pods
-                        .iter()
-                        .filter(|(uid, e)| stale(uid, e))
-                        .map(|(_, e)| recorded(e))
-                        .collect();
-                    let del = written
-                        .keys()
-                        .filter(|uid| !st.pods.contains_key(*uid))
-                        .cloned()
-                        .collect();
-                    (put, del)
-                }
-            }
-        };
+        let (put, del) = lock(&self.state).record_changes(only, writer.written());
         let changes = put.len() + del.len();
         match writer.sync(put, del) {
             Ok(()) => tracing::debug!(state_file = %path.display(), changes, "state file written"),
@@ -261,171 +104,49 @@ impl Core {
         }
     }
 
-    pub(super) fn config(&self) -> &AgentConfig {
-        &self.config
-    }
-
-    /// The selection rule for `pod` (see [`super::Selection::selects`]).
-    pub(super) fn selects(
-        &self,
-        pod: &Pod,
-    ) -> Result<crate::kube::Verdict, crate::kube::SelectError> {
-        self.config
-            .selection
-            .selects(pod, &self.config.exclude_namespaces)
-    }
-
-    /// The selection rule for `pod`, with its service account when known (see
-    /// [`super::Selection::select`]).
-    pub(super) fn select(
-        &self,
-        pod: &Pod,
-    ) -> Result<crate::kube::Selected, crate::kube::SelectError> {
-        self.config.selection.select(
-            pod,
-            &self.config.exclude_namespaces,
-            &self.config.service_accounts,
-        )
-    }
-
-    /// Whether the peer of `sock` may use the agent's sockets: its uid
-    /// (SO_PEERCRED) is one of [`AgentConfig::peer_uids`]. `Err` names why not
-    /// (and is counted as refused on `socket`).
-    pub(super) fn check_peer(&self, sock: &impl AsFd, socket: &'static str) -> Result<(), String> {
-        match nix::sys::socket::getsockopt(sock, nix::sys::socket::sockopt::PeerCredentials) {
-            Ok(c) if self.config.peer_uids.contains(&c.uid()) => Ok(()),
-            Ok(c) => {
-                self.metrics.refuse(socket, "peer_uid");
-                Err(format!(
-                    "peer uid {} (pid {}) is not allowed on the {socket} socket (allowed uids: {:?})",
-                    c.uid(),
-                    c.pid(),
-                    self.config.peer_uids
-                ))
-            }
-            Err(e) => {
-                self.metrics.refuse(socket, "peer_unknown");
-                Err(format!("cannot read the peer's credentials: {e}"))
-            }
-        }
-    }
-
-    pub(super) fn next_conn_id(&self) -> u64 {
-        self.next_conn.fetch_add(1, Ordering::Relaxed)
-    }
-
-    // ------------------------------------------------------------ lifecycle
-
-    pub(super) fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
-    }
-
-    pub(super) fn register_socket(&self, path: &Path) {
-        if let Ok(m) = std::fs::symlink_metadata(path) {
-            lock(&self.sockets).push((path.to_path_buf(), m.ino()));
-        }
-    }
-
-    /// Runs `f` on a named thread that shutdown waits for.
-    pub(super) fn spawn_worker(
-        &self,
-        name: String,
-        f: impl FnOnce() + Send + 'static,
-    ) -> std::io::Result<()> {
-        let handle = std::thread::Builder::new().name(name).spawn(f)?;
-        let mut workers = lock(&self.workers);
-        workers.retain(|h| !h.is_finished());
-        workers.push(handle);
-        Ok(())
-    }
-
-    /// Stops accepting, wakes every loop, closes every proxy connection.
-    pub(super) fn begin_shutdown(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+    /// Adopts the pods rediscovery found at start, and rewrites the state
+    /// file with them (pods recorded but not found are gone: dropped from it).
+    pub(super) fn adopt(&self, pods: Vec<Adopted>) {
         {
-            let _g = lock(&self.stop_lock);
-            self.stop_cv.notify_all();
+            let mut st = lock(&self.state);
+            for a in pods {
+                st.pods.insert(
+                    a.pod.uid.clone(),
+                    Entry {
+                        pod: a.pod,
+                        netns: Some(a.netns),
+                        inode: Some(a.inode),
+                        path: Some(a.path),
+                        source: PodSource::Rediscovered,
+                    },
+                );
+            }
+            st.gen += 1;
         }
+        self.persist();
+    }
+
+    /// Every `reconcile_interval` until shutdown: release gone namespaces.
+    pub(super) fn reconcile_loop(&self) {
+        while !self.lifecycle.wait(self.config.reconcile_interval) {
+            self.release_gone_netns();
+        }
+    }
+
+    /// Closes every proxy connection (shutdown has begun).
+    pub(super) fn close_proxies(&self) {
         let conns = lock(&self.state).conns.clone();
         for c in conns {
             c.kill();
         }
     }
 
-    /// Waits for the worker threads, removes the socket files, releases
-    /// every pinned namespace. Rules are left in place.
-    pub(super) fn finish_shutdown(&self) {
-        let workers: Vec<_> = lock(&self.workers).drain(..).collect();
-        for w in workers {
-            let _ = w.join();
-        }
-        for (path, ino) in lock(&self.sockets).drain(..) {
-            // Only our own file: a new agent may already have replaced it.
-            if std::fs::symlink_metadata(&path).ok().map(|m| m.ino()) == Some(ino) {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
+    /// Forgets every connection and releases every pinned namespace (the
+    /// agent has stopped). Rules are left in place.
+    pub(super) fn release_all(&self) {
         let mut st = lock(&self.state);
         st.conns.clear();
         st.pods.clear();
-    }
-
-    /// Every `reconcile_interval` until shutdown: release gone namespaces.
-    pub(super) fn reconcile_loop(&self) {
-        loop {
-            {
-                let g = lock(&self.stop_lock);
-                if self.is_stopping() {
-                    return;
-                }
-                let _ = self
-                    .stop_cv
-                    .wait_timeout(g, self.config.reconcile_interval)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-            if self.is_stopping() {
-                return;
-            }
-            self.release_gone_netns();
-        }
-    }
-
-    // ------------------------------------------------------------ helpers
-
-    fn lock_pod(&self, uid: &str) -> Result<PodGuard<'_>, EnrollError> {
-        let deadline = Instant::now() + BUSY_WAIT;
-        let mut busy = lock(&self.busy);
-        while busy.contains(uid) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(EnrollError::Busy {
-                    uid: uid.to_string(),
-                    secs: BUSY_WAIT.as_secs(),
-                });
-            }
-            busy = self
-                .busy_cv
-                .wait_timeout(busy, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        busy.insert(uid.to_string());
-        Ok(PodGuard {
-            core: self,
-            uid: uid.to_string(),
-        })
-    }
-
-    pub(super) fn tag(&self, pod: &Pod) -> PodTag {
-        PodTag {
-            uid: pod.uid.clone(),
-            name: pod.name.clone(),
-            namespace: pod.namespace.clone(),
-            service_account: pod.service_account.clone(),
-            node: self.config.node_name.clone(),
-            container_id: pod.container_id.clone().unwrap_or_default(),
-            ips: pod.ips.clone(),
-        }
     }
 
     fn validate(&self, pod: &Pod) -> Result<(), EnrollError> {
@@ -450,27 +171,16 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn ready_conns(&self) -> Vec<Arc<Conn>> {
-        lock(&self.state)
-            .conns
-            .iter()
-            .filter(|c| c.is_ready() && !c.is_dead())
-            .cloned()
-            .collect()
-    }
-
     pub(super) fn any_ready(&self) -> bool {
-        !self.ready_conns().is_empty()
+        !lock(&self.state).ready_conns().is_empty()
     }
 
     /// Closes a connection and forgets it; logs once (returns whether it
     /// was still registered).
-    pub(super) fn drop_conn(&self, conn: &Conn, why: &str) -> bool {
+    fn close_conn(&self, conn: &Conn, why: &str) -> bool {
         conn.kill();
         let mut st = lock(&self.state);
-        let before = st.conns.len();
-        st.conns.retain(|c| c.id != conn.id);
-        let was_there = st.conns.len() != before;
+        let was_there = st.remove_conn(conn.id);
         if was_there {
             tracing::warn!(
                 proxy.conn = conn.id,
@@ -489,27 +199,11 @@ impl Core {
     }
 
     pub(super) fn enrolled(&self) -> Vec<PodStatus> {
-        lock(&self.state)
-            .pods
-            .values()
-            .map(|e| PodStatus {
-                pod: e.pod.clone(),
-                netns_inode: e.inode,
-                source: e.source,
-            })
-            .collect()
+        lock(&self.state).enrolled()
     }
 
     pub(super) fn proxies(&self) -> Vec<ProxyStatus> {
-        lock(&self.state)
-            .conns
-            .iter()
-            .map(|c| ProxyStatus {
-                id: c.id,
-                pid: c.pid,
-                ready: c.is_ready(),
-            })
-            .collect()
+        lock(&self.state).proxies()
     }
 
     // ------------------------------------------------------------ enroll
@@ -522,7 +216,7 @@ impl Core {
         netns: OwnedFd,
         path: Option<PathBuf>,
     ) -> Result<(), EnrollError> {
-        if self.is_stopping() {
+        if self.lifecycle.is_stopping() {
             return Err(EnrollError::ShuttingDown);
         }
         self.validate(&pod)?;
@@ -540,7 +234,7 @@ impl Core {
             netns.inode = inode.unwrap_or(0),
         );
         let _span = span.enter();
-        let _guard = self.lock_pod(&pod.uid)?;
+        let _guard = self.pod_locks.lock(&pod.uid)?;
         if !self.any_ready() {
             tracing::info!("no proxy ready: the runtime is to retry");
             return Err(EnrollError::NoProxy { last_error: None });
@@ -553,7 +247,7 @@ impl Core {
                 _ => (false, pod),
             }
         };
-        let tag = self.tag(&pod);
+        let tag = pod.owner_tag(&self.config.node_name);
         let spec = &self.config.capture;
         let rules = |e| EnrollError::Rules {
             uid: uid.clone(),
@@ -618,8 +312,8 @@ impl Core {
                 self.persist_pods(std::slice::from_ref(&uid));
                 if let Some(conn) = fail.nacked_by {
                     // The proxy keeps retrying a nacked pod: tell it we gave up.
-                    if let Err(e) = conn.exchange(&zds_server::del_request(&uid), None) {
-                        self.drop_conn(&conn, &format!("Del after nack: {e}"));
+                    if let Err(e) = conn.exchange(&del_request(&uid), None) {
+                        self.close_conn(&conn, &format!("Del after nack: {e}"));
                     }
                 }
                 if let Some(fd) = removed.as_ref().and_then(|e| e.netns.as_ref()) {
@@ -639,28 +333,21 @@ impl Core {
     /// Sends `Add` to the newest ready proxy; on a broken connection, to the
     /// next newest. Returns the connection id that acknowledged.
     fn add_to_newest(&self, pod: &Pod, netns: BorrowedFd<'_>) -> Result<u64, AddFailure> {
-        let req = zds_server::add_request(pod);
-        let mut tried = HashSet::new();
+        let req = add_request(pod);
+        let mut tried = Vec::new();
         let mut last_error = None;
         loop {
-            let target = {
-                let st = lock(&self.state);
-                st.conns
-                    .iter()
-                    .rev()
-                    .find(|c| c.is_ready() && !c.is_dead() && !tried.contains(&c.id))
-                    .cloned()
-            };
+            let target = lock(&self.state).newest_ready(&tried);
             let Some(conn) = target else {
                 return Err(AddFailure {
                     error: EnrollError::NoProxy { last_error },
                     nacked_by: None,
                 });
             };
-            tried.insert(conn.id);
+            tried.push(conn.id);
             match conn.exchange(&req, Some(netns)) {
-                Ok(Ok(())) => return Ok(conn.id),
-                Ok(Err(reason)) => {
+                Ok(Answer::Ack) => return Ok(conn.id),
+                Ok(Answer::Nack(reason)) => {
                     tracing::warn!(proxy.conn = conn.id, %reason, "proxy nacked the pod");
                     return Err(AddFailure {
                         error: EnrollError::Nacked {
@@ -672,7 +359,7 @@ impl Core {
                 }
                 Err(e) => {
                     let why = format!("Add of pod {}: {e}", pod.uid);
-                    self.drop_conn(&conn, &why);
+                    self.close_conn(&conn, &why);
                     last_error = Some(format!("proxy connection {}: {e}", conn.id));
                 }
             }
@@ -696,7 +383,7 @@ impl Core {
     ) -> Result<bool, EnrollError> {
         let span = tracing::info_span!("unenroll", pod.uid = %uid);
         let _span = span.enter();
-        let _guard = self.lock_pod(uid)?;
+        let _guard = self.pod_locks.lock(uid)?;
         let (entry, conns) = {
             let mut st = lock(&self.state);
             let matches = st.pods.get(uid).map(|e| {
@@ -733,24 +420,18 @@ impl Core {
             }
             st.gen += 1;
             let entry = st.pods.remove(uid);
-            let conns: Vec<_> = st
-                .conns
-                .iter()
-                .filter(|c| c.is_ready() && !c.is_dead())
-                .cloned()
-                .collect();
-            (entry, conns)
+            (entry, st.ready_conns())
         };
         self.persist_pods(&[uid.to_string()]);
-        let req = zds_server::del_request(uid);
+        let req = del_request(uid);
         for conn in conns {
             match conn.exchange(&req, None) {
-                Ok(Ok(())) => {}
-                Ok(Err(reason)) => {
+                Ok(Answer::Ack) => {}
+                Ok(Answer::Nack(reason)) => {
                     tracing::warn!(proxy.conn = conn.id, %reason, "proxy nacked Del")
                 }
                 Err(e) => {
-                    self.drop_conn(&conn, &format!("Del of pod {uid}: {e}"));
+                    self.close_conn(&conn, &format!("Del of pod {uid}: {e}"));
                 }
             }
         }
@@ -774,85 +455,17 @@ impl Core {
         Ok(true)
     }
 
-    // ------------------------------------------------------------ snapshot
-
-    /// Adds `conn` (not ready yet) and returns the snapshot with the
-    /// generation it reflects.
-    pub(super) fn register_and_snapshot(&self, conn: &Arc<Conn>) -> (Vec<SnapItem>, u64) {
-        let mut st = lock(&self.state);
-        st.conns.push(conn.clone());
-        let items = st
-            .pods
-            .values()
-            .map(|e| {
-                let netns = e.netns.as_ref().and_then(|f| match f.try_clone() {
-                    Ok(fd) => Some(fd),
-                    Err(err) => {
-                        tracing::warn!(pod.uid = %e.pod.uid, error = %err, "cannot duplicate the netns fd: sending Keep");
-                        None
-                    }
-                });
-                SnapItem {
-                    pod: e.pod.clone(),
-                    inode: netns.as_ref().and(e.inode),
-                    netns,
-                }
-            })
-            .collect();
-        (items, st.gen)
-    }
-
-    /// After `SnapshotSent`: either marks `conn` ready (nothing changed since
-    /// generation `seen`), or returns what changed: pods to Add (new netns)
-    /// and UIDs to Del, relative to what the connection was told.
-    pub(super) fn catch_up(
-        &self,
-        conn: &Conn,
-        seen: &mut u64,
-        told: &BTreeMap<String, Option<u64>>,
-    ) -> Option<(Vec<SnapItem>, Vec<String>)> {
-        let st = lock(&self.state);
-        if st.gen == *seen {
-            conn.set_ready();
-            return None;
-        }
-        *seen = st.gen;
-        let adds = st
-            .pods
-            .values()
-            .filter(|e| e.netns.is_some() && told.get(&e.pod.uid) != Some(&e.inode))
-            .filter_map(|e| {
-                Some(SnapItem {
-                    pod: e.pod.clone(),
-                    netns: Some(e.netns.as_ref()?.try_clone().ok()?),
-                    inode: e.inode,
-                })
-            })
-            .collect();
-        let dels = told
-            .keys()
-            .filter(|uid| !st.pods.contains_key(*uid))
-            .cloned()
-            .collect();
-        Some((adds, dels))
-    }
-
     // ------------------------------------------------------------ liveness
 
     /// Releases the netns of every pod whose namespace is gone (no process,
     /// no mount in `netns_dirs`, and its path no longer names it). Returns
     /// their UIDs.
     pub(super) fn release_gone_netns(&self) -> Vec<String> {
-        let candidates: Vec<(String, u64, Option<PathBuf>)> = lock(&self.state)
-            .pods
-            .values()
-            .filter(|e| e.netns.is_some())
-            .filter_map(|e| Some((e.pod.uid.clone(), e.inode?, e.path.clone())))
-            .collect();
+        let candidates = lock(&self.state).pinned();
         if candidates.is_empty() {
             return Vec::new();
         }
-        let live = discover::live_inodes(&self.config);
+        let live = live_inodes(&self.config.proc_root, &self.config.netns_dirs);
         let gone: Vec<(String, u64)> = candidates
             .into_iter()
             .filter(|(_, ino, path)| {
@@ -864,43 +477,10 @@ impl Core {
             })
             .map(|(uid, ino, _)| (uid, ino))
             .collect();
-        let mut released = Vec::new();
-        let mut st = lock(&self.state);
-        for (uid, ino) in gone {
-            if let Some(e) = st.pods.get_mut(&uid) {
-                if e.inode == Some(ino) {
-                    e.netns = None;
-                    e.inode = None;
-                    tracing::warn!(
-                        pod.uid = %uid,
-                        netns.inode = ino,
-                        "the pod's network namespace is gone (no process, no mount): released; \
-                         proxies are told to Keep the pod until it is unenrolled"
-                    );
-                    released.push(uid);
-                }
-            }
-        }
-        if !released.is_empty() {
-            st.gen += 1;
-        }
-        drop(st);
+        let released = lock(&self.state).release(gone);
         // The record says the namespace is gone too (no inode to adopt).
         self.persist_pods(&released);
         released
-    }
-
-    /// Records pods rebuilt at start, and rewrites the state file with them
-    /// (pods recorded but not found are gone: dropped from it).
-    pub(super) fn insert_rediscovered(&self, entries: Vec<Entry>) {
-        {
-            let mut st = lock(&self.state);
-            for e in entries {
-                st.pods.insert(e.pod.uid.clone(), e);
-            }
-            st.gen += 1;
-        }
-        self.persist();
     }
 
     /// A duplicate of the netns fd held for `uid`, with its path.
@@ -912,26 +492,8 @@ impl Core {
 
     // ------------------------------------------------------------ CNI
 
-    /// The pod enrolled with sandbox `container_id` (by UID when given).
-    pub(super) fn find(
-        &self,
-        uid: Option<&str>,
-        container_id: &str,
-    ) -> Option<(String, Option<u64>)> {
-        let st = lock(&self.state);
-        let e = match uid {
-            Some(uid) => st.pods.get(uid),
-            None => st
-                .pods
-                .values()
-                .find(|e| e.pod.container_id.as_deref() == Some(container_id)),
-        }?;
-        Some((e.pod.uid.clone(), e.inode))
-    }
-
-    /// CHECK: the pod is enrolled with this sandbox and netns, a proxy is
-    /// ready, and the rules (with the owner tag) are in place.
-    pub(super) fn check(
+    /// See [`Pods::check`].
+    fn check_pod(
         &self,
         uid: &str,
         container_id: &str,
@@ -957,10 +519,10 @@ impl Core {
                 }
             }
             let fd = e.netns.as_ref().and_then(|f| f.try_clone().ok());
-            (self.tag(&e.pod), fd)
+            (e.pod.owner_tag(&self.config.node_name), fd)
         };
         if !self.any_ready() {
-            return Err(CheckError::NotReady("no node proxy is ready".into()));
+            return Err(CheckError::NotReady);
         }
         let Some(fd) = fd else {
             return Err(CheckError::Failed(format!(
@@ -991,7 +553,7 @@ impl Core {
     /// would let its traffic bypass its policy. A live pod left out of the
     /// list keeps its capture (warned about) until its DEL, or until its
     /// namespace is gone and a later GC or DEL comes.
-    pub(super) fn gc(&self, valid: &HashSet<String>) -> Vec<String> {
+    fn collect_garbage(&self, valid: &HashSet<String>) -> Vec<String> {
         self.release_gone_netns();
         let unlisted: Vec<(String, String, bool)> = lock(&self.state)
             .pods
@@ -1035,15 +597,66 @@ fn merge(mut new: Pod, old: &Pod) -> Pod {
     new
 }
 
-/// Why CHECK failed.
-#[derive(Debug)]
-pub(super) enum CheckError {
-    /// The sandbox is not enrolled.
-    Unknown,
-    /// No proxy ready.
-    NotReady(String),
-    /// Enrolled, but not as it should be.
-    Failed(String),
+impl Proxies for Core {
+    fn snapshot(&self, conn: &Arc<Conn>) -> (Vec<SnapItem>, u64) {
+        self.release_gone_netns();
+        lock(&self.state).register_and_snapshot(conn)
+    }
+
+    fn catch_up(
+        &self,
+        conn: &Conn,
+        seen: &mut u64,
+        told: &BTreeMap<String, Option<u64>>,
+    ) -> Option<(Vec<SnapItem>, Vec<String>)> {
+        lock(&self.state).catch_up(conn, seen, told)
+    }
+
+    fn drop_conn(&self, conn: &Conn, why: &str) -> bool {
+        self.close_conn(conn, why)
+    }
+}
+
+impl Pods for Core {
+    fn enroll(&self, pod: Pod, netns: OwnedFd, path: Option<PathBuf>) -> Result<(), EnrollError> {
+        Core::enroll(self, pod, netns, path)
+    }
+
+    fn find(&self, uid: Option<&str>, container_id: &str) -> Option<String> {
+        lock(&self.state).find(uid, container_id)
+    }
+
+    fn unenroll_matching(
+        &self,
+        uid: &str,
+        container_id: Option<&str>,
+        inode: Option<u64>,
+    ) -> Result<bool, EnrollError> {
+        Core::unenroll_matching(self, uid, container_id, inode)
+    }
+
+    fn check(
+        &self,
+        uid: &str,
+        container_id: &str,
+        netns_inode: Option<u64>,
+    ) -> Result<(), CheckError> {
+        self.check_pod(uid, container_id, netns_inode)
+    }
+
+    fn any_ready(&self) -> bool {
+        Core::any_ready(self)
+    }
+
+    fn gc(&self, valid: &HashSet<String>) -> Vec<String> {
+        self.collect_garbage(valid)
+    }
+}
+
+impl PodCount for Core {
+    fn pod_count(&self) -> usize {
+        lock(&self.state).pods.len()
+    }
 }
 
 #[cfg(test)]
@@ -1093,10 +706,13 @@ mod tests {
     fn persist_writes_what_changed_and_the_file_follows_the_pods() {
         let dir = crate::test_dir::ScratchDir::new("persist");
         let path = dir.join("pods.json");
-        let core = Core::new(AgentConfig {
-            state_file: Some(path.clone()),
-            ..AgentConfig::default()
-        });
+        let core = Core::new(
+            Arc::new(AgentConfig {
+                state_file: Some(path.clone()),
+                ..AgentConfig::default()
+            }),
+            Arc::default(),
+        );
         let on_file = || {
             super::super::record::load(&path, "")
                 .unwrap()
@@ -1105,7 +721,13 @@ mod tests {
                 .map(|r| (r.uid, r.netns_inode))
                 .collect::<Vec<_>>()
         };
-        core.insert_rediscovered(vec![entry("a", 1), entry("b", 2), entry("c", 3)]);
+        {
+            let mut st = lock(&core.state);
+            for e in [entry("a", 1), entry("b", 2), entry("c", 3)] {
+                st.pods.insert(e.pod.uid.clone(), e);
+            }
+        }
+        core.persist();
         assert_eq!(
             on_file(),
             [

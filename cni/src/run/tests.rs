@@ -1,3 +1,7 @@
+//! The plugin's commands end to end through `run` with a scripted agent:
+//! every command's output and exit code, pass-through pods, the agent's
+//! answers as CNI codes, and the config and environment errors.
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
