@@ -97,6 +97,16 @@ impl Readiness {
     }
 }
 
+impl ringway_control::ReadyState for Readiness {
+    fn is_ready(&self) -> bool {
+        Readiness::is_ready(self)
+    }
+
+    fn reason(&self) -> String {
+        Readiness::reason(self)
+    }
+}
+
 /// Settings of the ZDS client.
 #[derive(Debug, Clone)]
 pub struct ZdsClientConfig {

@@ -203,6 +203,7 @@ fn product_crates() -> Vec<(&'static str, PathBuf)> {
     [
         ("ringway", "proxy/cli/src"),
         ("ringway-proxy", "proxy/src"),
+        ("ringway-control", "proxy/control/src"),
         ("ringway-identity", "proxy/identity/src"),
         ("ringway-hbone", "proxy/hbone/src"),
         ("ringway-ca", "proxy/ca/src"),
