@@ -62,10 +62,7 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
     Arc::new(move |method, path, query, _| match (method, path) {
         (&hyper::Method::GET, "/config_dump") => (StatusCode::OK, JSON, config_dump(&proxy)),
         (&hyper::Method::POST, "/logging") => {
-            let level = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("level="))
-                .unwrap_or("");
+            let level = log_filter_of(query);
             if level.is_empty() {
                 return (
                     StatusCode::BAD_REQUEST,
@@ -74,7 +71,6 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
                         .into(),
                 );
             }
-            let level = level.replace("%2C", ",").replace("%3D", "=");
             match set_level(&level) {
                 Ok(()) => (StatusCode::OK, TEXT, format!("log level: {level}\n")),
                 Err(e) => (
@@ -90,6 +86,17 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
             format!("no such endpoint: {path}\n"),
         ),
     })
+}
+
+/// The `level` of a `/logging` query string, decoded as
+/// `application/x-www-form-urlencoded` (`%XX` escapes, `+` for a space; a
+/// malformed escape is kept as it came, bytes that are not UTF-8 become
+/// U+FFFD); the first one when several are given, empty when none is.
+fn log_filter_of(query: &str) -> String {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "level")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
 }
 
 fn config_dump(proxy: &crate::Proxy) -> String {
@@ -186,4 +193,48 @@ fn config_dump(proxy: &crate::Proxy) -> String {
         ));
     }
     serde_json::to_string_pretty(&dump).unwrap_or_default() + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter_of;
+
+    /// The `/logging` query is form-decoded as a browser, curl
+    /// `--data-urlencode` or a hand-typed URL sends it.
+    #[test]
+    fn logging_level_is_form_decoded_whatever_the_client_sent() {
+        for (query, level) in [
+            // As typed: commas and `=` need no escape in a query.
+            ("level=info,access=debug", "info,access=debug"),
+            // Escaped by a client that escapes everything.
+            ("level=info%2Caccess%3Ddebug", "info,access=debug"),
+            ("level=info%2caccess%3ddebug", "info,access=debug"),
+            // Directives with spans and fields: brackets, braces, quotes.
+            (
+                "level=ringway_proxy%5Bconn%7Bpod.uid%3D%22a%22%7D%5D%3Dtrace",
+                "ringway_proxy[conn{pod.uid=\"a\"}]=trace",
+            ),
+            // `+` is a space in a form; an escaped `+` is a plus.
+            ("level=info,+access=debug", "info, access=debug"),
+            ("level=a%2Bb", "a+b"),
+            // Among other parameters, in any order; the first `level` wins.
+            ("x=1&level=warn&y=2", "warn"),
+            ("level=warn&level=debug", "warn"),
+            // A malformed escape is kept as sent, not dropped or guessed.
+            ("level=info%2", "info%2"),
+            ("level=%ZZdebug", "%ZZdebug"),
+            // Bytes that are not UTF-8 cannot smuggle anything through.
+            ("level=%FFdebug", "\u{FFFD}debug"),
+            // An escaped `&` or `=` is part of the value, not a separator.
+            ("level=a%26b%3Dc", "a&b=c"),
+            // No level: empty (the handler answers 400).
+            ("", ""),
+            ("level", ""),
+            ("level=", ""),
+            ("levels=debug", ""),
+            ("&&=&", ""),
+        ] {
+            assert_eq!(log_filter_of(query), level, "query {query:?}");
+        }
+    }
 }
