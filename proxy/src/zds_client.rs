@@ -244,7 +244,7 @@ fn session(
             retry_pending(proxy, ready, pending);
             last_retry = Instant::now();
         }
-        let packet = match zds::recv(sock.as_fd(), &crate::sys::adopt_received_fd) {
+        let packet = match crate::sys::zds_recv(sock.as_fd()) {
             Ok(p) => p,
             Err(ZdsError::Io { source, .. })
                 if matches!(
