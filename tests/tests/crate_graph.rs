@@ -226,7 +226,6 @@ fn product_crates() -> Vec<(&'static str, PathBuf)> {
 /// goal is an empty list.
 const KNOWN_CYCLES: &[&str] = &[
     "ringway: crate <-> sandbox",
-    "ringway-proxy: crate <-> flows <-> tunnel <-> worker",
     "ringway-identity: error <-> spiffe",
     "ringway-identity: manager <-> summary <-> tls",
     "ringway-hbone: pool <-> stream",
