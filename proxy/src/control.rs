@@ -1,63 +1,23 @@
-//! The control-plane HTTP endpoints, served from their own thread and
-//! current-thread tokio runtime, never from a datapath worker.
+//! The proxy's control endpoints, served by [`ControlServer`]s (the shared
+//! control server of `ringway-control`: its own thread and current-thread
+//! tokio runtime, never a datapath worker; bounded, see [`ControlLimits`]).
 //!
 //! | port | path | answer |
 //! | --- | --- | --- |
 //! | 15021 | `GET /healthz/ready` | 200 `ready` once the node agent's snapshot is applied and no pod is pending; 503 with the reason otherwise |
 //! | 15020 | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics when the `Accept` header asks for `application/openmetrics-text` |
-//!
-//! Every server is bounded ([`ControlLimits`]): a connection cap with
-//! eviction of the longest-idle connection when full, a header-read (and
-//! keep-alive idle) timeout and a write-stall timeout, so neither a flood
-//! of idle connections nor a client that never reads can take its fds or
-//! keep the probes out.
+//! | 127.0.0.1:15000 | `GET /config_dump`, `POST /logging?level=` | the admin endpoint ([`admin_handler`]) |
 
-use std::collections::HashMap;
-use std::convert::Infallible;
-use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::StatusCode;
+use ringway_control::{content_type, encode};
+pub use ringway_control::{
+    readiness_handler, Answer, ControlLimits, ControlServer, Handler, JSON, TEXT,
+};
 
-use crate::metrics::{content_type, encode, Metrics};
+use crate::metrics::Metrics;
 use crate::stats::Stats;
-use crate::zds_client::Readiness;
-
-/// What an endpoint answers: status, content type, body.
-pub type Answer = (StatusCode, &'static str, String);
-
-/// An endpoint handler: method, path, query string, whether OpenMetrics was asked for.
-pub type Handler = Arc<dyn Fn(&hyper::Method, &str, &str, bool) -> Answer + Send + Sync>;
-
-/// The readiness handler.
-pub fn readiness_handler(ready: Arc<Readiness>) -> Handler {
-    Arc::new(move |method, path, _, _| match (method, path) {
-        (&hyper::Method::GET, "/healthz/ready") => {
-            if ready.is_ready() {
-                (StatusCode::OK, TEXT, "ready\n".to_string())
-            } else {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    TEXT,
-                    format!("not ready: {}\n", ready.reason()),
-                )
-            }
-        }
-        (_, "/healthz/ready") => (StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into()),
-        (_, path) => (
-            StatusCode::NOT_FOUND,
-            TEXT,
-            format!("no such endpoint: {path}\n"),
-        ),
-    })
-}
 
 /// The metrics handler.
 pub fn metrics_handler(metrics: Arc<Metrics>, stats: Arc<Stats>) -> Handler {
@@ -90,9 +50,6 @@ pub fn metrics_handler_with(
     })
 }
 
-const TEXT: &str = "text/plain; charset=utf-8";
-const JSON: &str = "application/json";
-
 /// Changes the log filter at run time; returns the error text on a bad filter.
 pub type SetLogLevel = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
@@ -105,10 +62,7 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
     Arc::new(move |method, path, query, _| match (method, path) {
         (&hyper::Method::GET, "/config_dump") => (StatusCode::OK, JSON, config_dump(&proxy)),
         (&hyper::Method::POST, "/logging") => {
-            let level = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("level="))
-                .unwrap_or("");
+            let level = log_filter_of(query);
             if level.is_empty() {
                 return (
                     StatusCode::BAD_REQUEST,
@@ -117,7 +71,6 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
                         .into(),
                 );
             }
-            let level = level.replace("%2C", ",").replace("%3D", "=");
             match set_level(&level) {
                 Ok(()) => (StatusCode::OK, TEXT, format!("log level: {level}\n")),
                 Err(e) => (
@@ -133,6 +86,17 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
             format!("no such endpoint: {path}\n"),
         ),
     })
+}
+
+/// The `level` of a `/logging` query string, decoded as
+/// `application/x-www-form-urlencoded` (`%XX` escapes, `+` for a space; a
+/// malformed escape is kept as it came, bytes that are not UTF-8 become
+/// U+FFFD); the first one when several are given, empty when none is.
+fn log_filter_of(query: &str) -> String {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "level")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
 }
 
 fn config_dump(proxy: &crate::Proxy) -> String {
@@ -231,352 +195,46 @@ fn config_dump(proxy: &crate::Proxy) -> String {
     serde_json::to_string_pretty(&dump).unwrap_or_default() + "\n"
 }
 
-/// Limits of a control server: a pod or anything else that reaches the
-/// port must not be able to hold its fds or starve the probes.
-#[derive(Debug, Clone, Copy)]
-pub struct ControlLimits {
-    /// Connections served at once. When full, the next accepted connection
-    /// evicts the one that has gone longest without a request (idle
-    /// keep-alive or partial headers), so a flood of idle connections cannot
-    /// keep a probe out; the fds held stay at most `max_connections + 1`.
-    pub max_connections: usize,
-    /// Time for a request's headers to arrive, counted from when the
-    /// connection starts waiting for them: the first request's, and each
-    /// next one's on a kept-alive connection (so also the idle timeout).
-    pub header_read_timeout: Duration,
-    /// Time to write a response (a client that stops reading).
-    pub write_timeout: Duration,
-}
+#[cfg(test)]
+mod tests {
+    use super::log_filter_of;
 
-impl Default for ControlLimits {
-    fn default() -> Self {
-        ControlLimits {
-            max_connections: 256,
-            header_read_timeout: Duration::from_secs(5),
-            write_timeout: Duration::from_secs(10),
+    /// The `/logging` query is form-decoded as a browser, curl
+    /// `--data-urlencode` or a hand-typed URL sends it.
+    #[test]
+    fn logging_level_is_form_decoded_whatever_the_client_sent() {
+        for (query, level) in [
+            // As typed: commas and `=` need no escape in a query.
+            ("level=info,access=debug", "info,access=debug"),
+            // Escaped by a client that escapes everything.
+            ("level=info%2Caccess%3Ddebug", "info,access=debug"),
+            ("level=info%2caccess%3ddebug", "info,access=debug"),
+            // Directives with spans and fields: brackets, braces, quotes.
+            (
+                "level=ringway_proxy%5Bconn%7Bpod.uid%3D%22a%22%7D%5D%3Dtrace",
+                "ringway_proxy[conn{pod.uid=\"a\"}]=trace",
+            ),
+            // `+` is a space in a form; an escaped `+` is a plus.
+            ("level=info,+access=debug", "info, access=debug"),
+            ("level=a%2Bb", "a+b"),
+            // Among other parameters, in any order; the first `level` wins.
+            ("x=1&level=warn&y=2", "warn"),
+            ("level=warn&level=debug", "warn"),
+            // A malformed escape is kept as sent, not dropped or guessed.
+            ("level=info%2", "info%2"),
+            ("level=%ZZdebug", "%ZZdebug"),
+            // Bytes that are not UTF-8 cannot smuggle anything through.
+            ("level=%FFdebug", "\u{FFFD}debug"),
+            // An escaped `&` or `=` is part of the value, not a separator.
+            ("level=a%26b%3Dc", "a&b=c"),
+            // No level: empty (the handler answers 400).
+            ("", ""),
+            ("level", ""),
+            ("level=", ""),
+            ("levels=debug", ""),
+            ("&&=&", ""),
+        ] {
+            assert_eq!(log_filter_of(query), level, "query {query:?}");
         }
     }
-}
-
-/// A running control server.
-#[derive(Debug)]
-pub struct ControlServer {
-    /// The bound address.
-    pub addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ControlServer {
-    /// Serves the readiness endpoint on `addr`.
-    pub fn start(addr: SocketAddr, ready: Arc<Readiness>) -> std::io::Result<ControlServer> {
-        Self::serve(addr, readiness_handler(ready))
-    }
-
-    /// Binds `addr` and serves `handler` on a new thread named `ringway-control`.
-    pub fn serve(addr: SocketAddr, handler: Handler) -> std::io::Result<ControlServer> {
-        Self::serve_listener(bind(addr, false)?, handler)
-    }
-
-    /// [`ControlServer::serve`] with other limits.
-    pub fn serve_with(
-        addr: SocketAddr,
-        handler: Handler,
-        limits: ControlLimits,
-    ) -> std::io::Result<ControlServer> {
-        Self::serve_listener_with(bind(addr, false)?, handler, limits)
-    }
-
-    /// [`ControlServer::serve`] with SO_REUSEPORT: during an upgrade the new
-    /// proxy binds beside the old one (as its pod listeners do) instead of
-    /// failing; until the old one exits, either may answer.
-    pub fn serve_shared(addr: SocketAddr, handler: Handler) -> std::io::Result<ControlServer> {
-        Self::serve_listener(bind(addr, true)?, handler)
-    }
-
-    fn serve_listener(
-        std_listener: std::net::TcpListener,
-        handler: Handler,
-    ) -> std::io::Result<ControlServer> {
-        Self::serve_listener_with(std_listener, handler, ControlLimits::default())
-    }
-
-    /// Serves `handler` on an already bound listener with `limits`.
-    pub fn serve_listener_with(
-        std_listener: std::net::TcpListener,
-        handler: Handler,
-        limits: ControlLimits,
-    ) -> std::io::Result<ControlServer> {
-        std_listener.set_nonblocking(true)?;
-        let addr = std_listener.local_addr()?;
-        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("ringway-control".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot start the control runtime");
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(std_listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot register the control listener");
-                            return;
-                        }
-                    };
-                    let conns = Arc::new(Connections::new(limits.max_connections));
-                    loop {
-                        tokio::select! {
-                            _ = &mut rx => break,
-                            acc = listener.accept() => {
-                                let Ok((stream, _)) = acc else {
-                                    // Out of fds or similar: don't spin.
-                                    tokio::time::sleep(Duration::from_millis(20)).await;
-                                    continue;
-                                };
-                                // The semaphore around accept: a slot per
-                                // connection; when none is free, the longest
-                                // idle connection gives its own up.
-                                let permit = match conns.slots.clone().try_acquire_owned() {
-                                    Ok(p) => p,
-                                    Err(_) => {
-                                        conns.evict_oldest_idle();
-                                        tokio::select! {
-                                            _ = &mut rx => break,
-                                            p = conns.slots.clone().acquire_owned() => match p {
-                                                Ok(p) => p,
-                                                Err(_) => break,
-                                            },
-                                        }
-                                    }
-                                };
-                                let handler = handler.clone();
-                                let conns = conns.clone();
-                                tokio::spawn(async move {
-                                    serve_one(stream, handler, conns, limits).await;
-                                    drop(permit);
-                                });
-                            }
-                        }
-                    }
-                });
-            })?;
-        Ok(ControlServer {
-            addr,
-            stop: Some(tx),
-            thread: Some(thread),
-        })
-    }
-}
-
-/// Connections the kernel completes before the accept loop takes them: a
-/// flood fills a short queue faster than eviction empties it, and a probe's
-/// SYN dropped there waits a second for its retransmit.
-const BACKLOG: i32 = 1024;
-
-fn bind(addr: SocketAddr, shared: bool) -> std::io::Result<std::net::TcpListener> {
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM.cloexec(),
-        None,
-    )?;
-    sock.set_reuse_address(true)?;
-    if shared {
-        sock.set_reuse_port(true)?;
-    }
-    sock.bind(&addr.into())?;
-    sock.listen(BACKLOG)?;
-    Ok(sock.into())
-}
-
-/// The connections of one control server, for eviction.
-#[derive(Debug)]
-struct Connections {
-    slots: Arc<tokio::sync::Semaphore>,
-    /// Per connection: when it was accepted or last got a request (a
-    /// sequence number, smaller = longer ago) and the signal that evicts it.
-    waiting: std::sync::Mutex<HashMap<u64, (u64, Arc<tokio::sync::Notify>)>>,
-    seq: AtomicU64,
-}
-
-impl Connections {
-    fn new(max: usize) -> Connections {
-        Connections {
-            slots: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
-            waiting: std::sync::Mutex::new(HashMap::new()),
-            seq: AtomicU64::new(0),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (u64, Arc<tokio::sync::Notify>)>> {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn next(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Closes the connection that has gone longest without a request
-    /// (answers are synchronous on this one thread: no connection is in the
-    /// middle of computing one while the accept loop runs).
-    fn evict_oldest_idle(&self) {
-        let map = self.lock();
-        if let Some((_, n)) = map.values().min_by_key(|(since, _)| *since) {
-            n.notify_one();
-        }
-    }
-}
-
-/// Serves one connection until it ends, times out or is evicted.
-async fn serve_one(
-    stream: tokio::net::TcpStream,
-    handler: Handler,
-    conns: Arc<Connections>,
-    limits: ControlLimits,
-) {
-    let id = conns.next();
-    let evict = Arc::new(tokio::sync::Notify::new());
-    conns.lock().insert(id, (conns.next(), evict.clone()));
-    let c = conns.clone();
-    let svc = hyper::service::service_fn(move |req| {
-        // A request: this connection is in use, the last to evict.
-        if let Some(e) = c.lock().get_mut(&id) {
-            e.0 = c.next();
-        }
-        handle(req, handler.clone())
-    });
-    let io = TokioIo::new(TimedWrites::new(stream, limits.write_timeout));
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(16 * 1024)
-        .serve_connection(io, svc);
-    tokio::select! {
-        _ = conn => {}
-        // Dropping the connection closes it; it had no request in progress.
-        _ = evict.notified() => {
-            tracing::debug!(connection.id = id, "control connection evicted: the server is full and it was the longest idle");
-        }
-    }
-    conns.lock().remove(&id);
-}
-
-/// A stream whose writes fail once one has been pending for `limit` (a
-/// client that stops reading cannot hold a connection forever).
-struct TimedWrites {
-    inner: tokio::net::TcpStream,
-    limit: Duration,
-    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl TimedWrites {
-    fn new(inner: tokio::net::TcpStream, limit: Duration) -> TimedWrites {
-        TimedWrites {
-            inner,
-            limit,
-            stalled: None,
-        }
-    }
-
-    fn check(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        r: std::task::Poll<std::io::Result<usize>>,
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        use std::task::Poll;
-        match r {
-            Poll::Pending => {
-                let limit = self.limit;
-                let sleep = self
-                    .stalled
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-                if sleep.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("control client read nothing for {limit:?}"),
-                    )));
-                }
-                Poll::Pending
-            }
-            done => {
-                self.stalled = None;
-                done
-            }
-        }
-    }
-}
-
-impl tokio::io::AsyncRead for TimedWrites {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for TimedWrites {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.check(cx, r)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-async fn handle(
-    req: Request<Incoming>,
-    handler: Handler,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let openmetrics = req
-        .headers()
-        .get(hyper::header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/openmetrics-text"));
-    let (status, ct, body) = handler(
-        req.method(),
-        req.uri().path(),
-        req.uri().query().unwrap_or(""),
-        openmetrics,
-    );
-    Ok(Response::builder()
-        .status(status)
-        .header("content-type", ct)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::from_static(b"internal error\n")))))
 }

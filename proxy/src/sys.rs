@@ -1,9 +1,10 @@
 //! Thin syscall layer: entering a pod's network namespace, splice between
 //! sockets and pipes, aborting a TCP connection with a reset, raising the
-//! fd limit, a thread's nice value and glibc's heap thresholds. Six
+//! fd limit, a thread's nice value and glibc's heap thresholds. Seven
 //! `unsafe` blocks (the reset, epoll registration, adopting an SCM_RIGHTS
-//! fd, IP_LOCAL_PORT_RANGE, a thread's nice value, `mallopt`), each
-//! explained in place.
+//! fd and the ZDS receive that hands it over, IP_LOCAL_PORT_RANGE, a
+//! thread's nice value, `mallopt`), each explained in place; one `unsafe
+//! fn` ([`adopt_received_fd`]) with its contract.
 
 use std::cell::OnceCell;
 use std::fs::File;
@@ -198,14 +199,32 @@ pub fn register_epoll(
 }
 
 /// Takes ownership of an fd the kernel installed in our table for us
-/// (SCM_RIGHTS): nothing else refers to it.
-pub fn adopt_received_fd(raw: std::os::fd::RawFd) -> Option<OwnedFd> {
+/// (SCM_RIGHTS, or `accept`): `None` for a negative one.
+///
+/// # Safety
+///
+/// `raw`, when not negative, must be an open descriptor that nothing else
+/// owns or will close (as one just received with SCM_RIGHTS, or just
+/// returned by `accept`), and must not be adopted twice: the returned
+/// `OwnedFd` closes it when dropped.
+pub unsafe fn adopt_received_fd(raw: std::os::fd::RawFd) -> Option<OwnedFd> {
     if raw < 0 {
         return None;
     }
-    // SAFETY: `raw` was just received with SCM_RIGHTS, so it is a valid,
-    // open descriptor that no other object owns; we take ownership once.
+    // SAFETY: the caller guarantees `raw` is open and owned by no one else
+    // (this function's contract); we take ownership once.
     Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
+}
+
+/// Receives one ZDS packet on `sock`, taking ownership of the netns fd it
+/// carried ([`ringway_zds::recv`] with [`adopt_received_fd`]).
+pub fn zds_recv(sock: BorrowedFd<'_>) -> Result<ringway_zds::Packet, ringway_zds::ZdsError> {
+    ringway_zds::recv(sock, &|raw| {
+        // SAFETY: `ringway_zds::recv` calls its adopter only with each fd
+        // it has just received with SCM_RIGHTS (`ringway_zds::AdoptFd`),
+        // once: open, and owned by nothing else yet.
+        unsafe { adopt_received_fd(raw) }
+    })
 }
 
 /// Restricts the ports the kernel picks for this socket's automatic bind

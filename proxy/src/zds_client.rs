@@ -97,6 +97,16 @@ impl Readiness {
     }
 }
 
+impl ringway_control::ReadyState for Readiness {
+    fn is_ready(&self) -> bool {
+        Readiness::is_ready(self)
+    }
+
+    fn reason(&self) -> String {
+        Readiness::reason(self)
+    }
+}
+
 /// Settings of the ZDS client.
 #[derive(Debug, Clone)]
 pub struct ZdsClientConfig {
@@ -234,7 +244,7 @@ fn session(
             retry_pending(proxy, ready, pending);
             last_retry = Instant::now();
         }
-        let packet = match zds::recv(sock.as_fd(), &crate::sys::adopt_received_fd) {
+        let packet = match crate::sys::zds_recv(sock.as_fd()) {
             Ok(p) => p,
             Err(ZdsError::Io { source, .. })
                 if matches!(

@@ -11,7 +11,7 @@ use ringway_identity::{
     placeholder_server_name, CaSigner, Identity, IdentityManager, TrustBundle,
     DEFAULT_CERT_LIFETIME,
 };
-use ringway_proxy::metrics::{tls_failure_reason, HandshakeTimeout};
+use ringway_proxy::tunnel::{tls_failure_reason, HandshakeTimeout};
 use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{duplex, AsyncWriteExt, DuplexStream};
 use tokio_rustls::{client, server, TlsAcceptor, TlsConnector};
@@ -166,7 +166,7 @@ async fn adversarial_tls_reason_protocol() {
 #[tokio::test]
 async fn adversarial_tls_reason_timeout() {
     // A server that never answers: the handshake is cut at its deadline as
-    // the tunnel cuts it (`tunnel.rs`), and the label says so.
+    // the tunnel cuts it (`tunnel::inbound`), and the label says so.
     let m = manager(CaSigner::generate_for_tests(TD), TrustBundle::new());
     let (a, _silent) = duplex(64 * 1024);
     let limit = Duration::from_millis(200);

@@ -51,7 +51,8 @@ impl FakeAgent {
     /// Accepts the proxy and checks its hello.
     fn accept(&self) -> Conn {
         let raw = accept(std::os::fd::AsRawFd::as_raw_fd(&self.listener)).unwrap();
-        let fd = ringway_proxy::sys::adopt_received_fd(raw).unwrap();
+        // SAFETY: `accept` just returned `raw`: open, and owned by nothing else.
+        let fd = unsafe { ringway_proxy::sys::adopt_received_fd(raw) }.unwrap();
         let tv = nix::sys::time::TimeVal::new(10, 0);
         nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &tv).unwrap();
         let c = Conn { fd };

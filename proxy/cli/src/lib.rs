@@ -686,17 +686,17 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     // The agent's metrics and the process's, encoded by prometheus-client
     // in the format the scraper asked for.
     let mut registry = agent.metrics_registry();
-    registry.register_collector(Box::new(ringway_proxy::metrics::ProcessCollector));
+    registry.register_collector(Box::new(ringway_control::ProcessCollector));
     let registry = std::sync::Arc::new(registry);
     let health = agent.health_source();
     let live = agent.liveness_source();
-    let metrics_server = ringway_proxy::control::ControlServer::serve(
+    let metrics_server = ringway_control::ControlServer::serve(
         args.metrics_addr,
         std::sync::Arc::new(move |method, path, _, openmetrics| match (method, path) {
             (&hyper::Method::GET, "/metrics") => (
                 hyper::StatusCode::OK,
-                ringway_proxy::metrics::content_type(openmetrics),
-                ringway_proxy::metrics::encode(&registry, openmetrics),
+                ringway_control::content_type(openmetrics),
+                ringway_control::encode(&registry, openmetrics),
             ),
             (&hyper::Method::GET, "/healthz/ready") => match health() {
                 Ok(s) => (hyper::StatusCode::OK, "text/plain; charset=utf-8", s + "\n"),
@@ -883,7 +883,7 @@ fn run_ca(args: CaArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding the certificate service on {}", args.listen))?;
     let metrics = service.clone();
     let ready_pods = pods;
-    let control = ringway_proxy::control::ControlServer::serve(
+    let control = ringway_control::ControlServer::serve(
         args.metrics_addr,
         Arc::new(move |method, path, _, _| match (method, path) {
             (&hyper::Method::GET, "/metrics") => (
@@ -1031,7 +1031,7 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         None => None,
     };
     let xds_status = xds_mesh.as_ref().map(|x| x.status().clone());
-    let metrics_server = ringway_proxy::control::ControlServer::serve_shared(
+    let metrics_server = ringway_control::ControlServer::serve_shared(
         args.metrics_addr,
         ringway_proxy::control::metrics_handler_with(proxy.metrics(), proxy.stats_handle(), |r| {
             if let Some(s) = &xds_status {
@@ -1044,13 +1044,13 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let set_level = LOG_RELOAD.get().cloned().unwrap_or_else(|| {
         std::sync::Arc::new(|_: &str| Err("logging not initialised".to_string()))
     });
-    let admin_server = ringway_proxy::control::ControlServer::serve_shared(
+    let admin_server = ringway_control::ControlServer::serve_shared(
         args.admin_addr,
         ringway_proxy::control::admin_handler(proxy.clone(), set_level),
     )
     .with_context(|| format!("binding the admin endpoint on {}", args.admin_addr))?;
     tracing::info!(addr = %admin_server.addr, "admin endpoint: GET /config_dump, POST /logging?level=");
-    let control = ringway_proxy::control::ControlServer::start(args.readiness_addr, ready.clone())
+    let control = ringway_control::ControlServer::start(args.readiness_addr, ready.clone())
         .with_context(|| format!("binding the readiness endpoint on {}", args.readiness_addr))?;
     tracing::info!(addr = %control.addr, "readiness endpoint: GET /healthz/ready");
     for spec in &args.pods {

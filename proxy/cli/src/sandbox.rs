@@ -49,7 +49,7 @@ struct NodeRig {
     zds_stop: Arc<AtomicBool>,
     zds: Option<std::thread::JoinHandle<()>>,
     cni_socket: PathBuf,
-    metrics: ringway_proxy::control::ControlServer,
+    metrics: ringway_control::ControlServer,
     _refresher: Option<ringway_identity::Refresher>,
 }
 
@@ -144,7 +144,7 @@ fn start_node(
     let zds = std::thread::Builder::new()
         .name(format!("ringway-zds-{index}"))
         .spawn(move || ringway_proxy::zds_client::run(p, cfg, r, st))?;
-    let metrics = ringway_proxy::control::ControlServer::serve(
+    let metrics = ringway_control::ControlServer::serve(
         format!("127.0.0.{index}:15020").parse()?,
         ringway_proxy::control::metrics_handler(proxy.metrics(), proxy.stats_handle()),
     )?;

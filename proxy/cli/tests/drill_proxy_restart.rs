@@ -58,7 +58,8 @@ fn serve_snapshots(
                 continue;
             }
             let raw = accept(std::os::fd::AsRawFd::as_raw_fd(&fd)).unwrap();
-            let c = ringway_proxy::sys::adopt_received_fd(raw).unwrap();
+            // SAFETY: `accept` just returned `raw`: open, and owned by nothing else.
+            let c = unsafe { ringway_proxy::sys::adopt_received_fd(raw) }.unwrap();
             let p = zds::recv(c.as_fd(), &zds::refuse_fd).unwrap();
             zds::decode_hello(&p.bytes).unwrap();
             for pod in &pods {

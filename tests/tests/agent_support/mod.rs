@@ -146,7 +146,9 @@ impl FakeProxy {
         self.sock.set_read_timeout(Some(timeout)).unwrap();
         let fd_info: Mutex<Option<(u64, bool, String)>> = Mutex::new(None);
         let adopt = |raw: RawFd| -> Option<OwnedFd> {
-            let fd = ringway_proxy::sys::adopt_received_fd(raw)?;
+            // SAFETY: `zds::recv` hands its adopter each fd it has just
+            // received with SCM_RIGHTS, once: open, and owned by nothing else.
+            let fd = unsafe { ringway_proxy::sys::adopt_received_fd(raw) }?;
             let ino = nix::sys::stat::fstat(fd.as_raw_fd())
                 .map(|s| s.st_ino)
                 .unwrap_or(0);

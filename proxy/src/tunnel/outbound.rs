@@ -1,0 +1,379 @@
+//! The source side of a tunnel: whether a captured outbound connection
+//! goes over HBONE ([`outbound_plan`]), the CONNECT stream opened for it
+//! over a pooled HTTP/2 connection dialled with mutual TLS from the pod's
+//! netns ([`open_outbound`]), and the copy between the client and the
+//! stream ([`outbound_pump`]).
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringway_config::authz::Identity;
+use ringway_hbone::{Baggage, ConnectHeaders, Pool, PoolKey};
+use ringway_identity::IdentityManager;
+use tokio::net::TcpStream;
+
+use super::error::TunnelError;
+use super::socket::connect_in_pod;
+use super::tls_failure::{tls_failure_reason, HandshakeTimeout};
+use super::tls_io::{LazyBufIo, TLS_WRITE_LIMIT};
+use crate::copy::Meter;
+use crate::in_force::InForce;
+use crate::metrics::{DstService, Metrics, Peer, Series, TlsLabels};
+use crate::pod::PodShared;
+use crate::policy::pod_identity;
+use crate::stats::Stats;
+use crate::sys;
+
+/// How an outbound connection will be tunnelled.
+#[derive(Debug)]
+pub struct OutboundPlan {
+    /// The original destination (`:authority`).
+    pub dst: SocketAddr,
+    /// The destination pod's name (the access log's; not the whole
+    /// workload, which a connection would copy with its labels).
+    pub dst_name: String,
+    /// What the source presents.
+    pub src_identity: Identity,
+    /// What the destination must present.
+    pub dst_identity: Identity,
+    /// The service the client connected to (its VIP), if any: the
+    /// `forwarded` header's `host=`.
+    pub service: Option<DstService>,
+    ids: Arc<IdentityManager>,
+}
+
+/// Whether a captured outbound connection to `dst` goes over HBONE: the
+/// destination is a mesh workload speaking the tunnel and the source pod has
+/// an identity.
+pub fn outbound_plan(in_force: &InForce, pod: &PodShared, dst: SocketAddr) -> Option<OutboundPlan> {
+    let (ids, mesh) = in_force.enabled()?;
+    let w = mesh.workload_by_ip(dst.ip().to_canonical())?;
+    if !w.tunnel {
+        return None;
+    }
+    let src_identity = pod_identity(&mesh, pod)?;
+    let dst_identity = w.identity(mesh.trust_domain());
+    Some(OutboundPlan {
+        dst,
+        dst_name: w.name.clone(),
+        src_identity,
+        dst_identity,
+        service: None,
+        ids,
+    })
+}
+
+/// Per-connection context the worker hands in.
+#[derive(Debug)]
+pub struct ConnCtx<'a> {
+    /// Datapath counters.
+    pub stats: &'a Stats,
+    /// Prometheus metrics.
+    pub metrics: &'a Metrics,
+    /// The proxy's SO_MARK.
+    pub mark: u32,
+    /// Bound on the TCP connect and on the TLS handshake of a new tunnel
+    /// (`proxy.connectTimeout`).
+    pub connect_timeout: Duration,
+}
+
+/// Copies bytes between the client and its open CONNECT stream, counting
+/// them as they move, then logs the connection.
+///
+/// Counts the open now (in `series`, the source side's) and returns the
+/// copy as a future that keeps only what it needs (counter handles and the
+/// four names of the access log), so the caller can drop the plan, peers
+/// and series before awaiting it: an idle tunnel holds that future for its
+/// whole life.
+pub fn outbound_pump<'a>(
+    cx: ConnCtx<'a>,
+    src_peer: &Peer,
+    client: TcpStream,
+    stream: ringway_hbone::HboneStream,
+    plan: &OutboundPlan,
+    series: &Series,
+    started: Instant,
+) -> impl std::future::Future<Output = ()> + 'a {
+    series.opened.inc();
+    cx.metrics
+        .hbone_streams
+        .get_or_create(&TlsLabels {
+            side: "client",
+            outcome: "ok",
+        })
+        .inc();
+    // Counters advance as bytes move, as on the splice path.
+    let up_meter = Meter {
+        total: &cx.stats.bytes_to_upstream,
+        counters: vec![series.received.clone()],
+    };
+    let down_meter = Meter {
+        total: &cx.stats.bytes_to_client,
+        counters: vec![series.sent.clone()],
+    };
+    let closed = series.closed.clone();
+    let names = Box::new([
+        src_peer.workload.clone(),
+        plan.src_identity.to_string(),
+        plan.dst_name.clone(),
+        plan.dst_identity.to_string(),
+    ]);
+    async move {
+        let (up, down, end) = pump(client, stream, &up_meter, &down_meter).await;
+        closed.inc();
+        let [src_workload, src_identity, dst_workload, dst_identity] = *names;
+        tracing::event!(
+            target: "access",
+            tracing::Level::INFO,
+            src.workload = %src_workload,
+            src.identity = %src_identity,
+            dst.workload = %dst_workload,
+            dst.identity = %dst_identity,
+            bytes.sent = up,
+            bytes.received = down,
+            duration.ms = started.elapsed().as_millis() as u64,
+            end = %end,
+            security = "mutual_tls",
+            "connection closed"
+        );
+    }
+}
+
+/// Opens a CONNECT stream for `plan`: over a pooled HTTP/2 connection from
+/// `pod` to the destination's port 15008, dialled (TCP + mTLS) if needed.
+pub async fn open_outbound(
+    cx: &ConnCtx<'_>,
+    pool: &Pool,
+    pod: &PodShared,
+    src_peer: &Peer,
+    client_addr: SocketAddr,
+    plan: &OutboundPlan,
+) -> Result<ringway_hbone::HboneStream, TunnelError> {
+    let tunnel = SocketAddr::new(plan.dst.ip(), ringway_hbone::HBONE_PORT);
+    let src_ip = pod
+        .ips
+        .iter()
+        .copied()
+        .find(|ip| ip.is_ipv6() == tunnel.is_ipv6())
+        .unwrap_or(client_addr.ip());
+    let key = PoolKey {
+        src_identity: plan.src_identity.to_string(),
+        dst_identity: plan.dst_identity.to_string(),
+        src_ip,
+        dst: tunnel,
+    };
+    let (mark, timeout) = (cx.mark, cx.connect_timeout);
+    let handshakes = cx.metrics.tls_handshakes.clone();
+    // Only a new connection needs the TLS config (a pooled one is reused).
+    let dial = move || async move {
+        let tls = plan
+            .ids
+            .client_config(&plan.src_identity, &plan.dst_identity)
+            .map_err(io::Error::other)?;
+        let tcp = connect_in_pod(pod, mark, tunnel, None, timeout).await?;
+        let connector = tokio_rustls::TlsConnector::from(tls);
+        let r = match tokio::time::timeout(
+            timeout,
+            connector.connect(ringway_identity::placeholder_server_name(), {
+                let mut io = LazyBufIo::new(tcp);
+                io.buffer();
+                io
+            }),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(HandshakeTimeout::io(timeout)),
+        };
+        let r = r.map(|mut tls| {
+            tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
+            tls
+        });
+        let outcome = match &r {
+            Ok(_) => "ok",
+            Err(e) => tls_failure_reason(e),
+        };
+        handshakes
+            .get_or_create(&TlsLabels {
+                side: "client",
+                outcome,
+            })
+            .inc();
+        r
+    };
+    let some = |s: &String| Some(s.clone()).filter(|s| !s.is_empty());
+    let baggage = Baggage {
+        cluster: some(&src_peer.cluster),
+        namespace: some(&src_peer.namespace),
+        workload: some(&src_peer.workload),
+        service: some(&src_peer.canonical_service),
+        revision: some(&src_peer.canonical_revision),
+        ..Baggage::default()
+    };
+    let mut headers = ConnectHeaders::new(plan.dst)
+        .forwarded_for(client_addr)
+        .baggage(baggage);
+    if let Some(svc) = &plan.service {
+        // The destination reports the service from it (as the reference).
+        headers = headers.forwarded_host(&svc.hostname);
+    }
+    Ok(pool.connect(key, dial, headers).await?)
+}
+
+/// Copies both ways with half-close passed on (FIN <-> END_STREAM); an error
+/// on either side resets both (TCP RST, RST_STREAM).
+async fn pump(
+    mut client: TcpStream,
+    mut stream: ringway_hbone::HboneStream,
+    up_meter: &Meter<'_>,
+    down_meter: &Meter<'_>,
+) -> (u64, u64, String) {
+    let (mut up, mut down) = (0u64, 0u64);
+    match pump_both(
+        &mut client,
+        &mut stream,
+        up_meter,
+        down_meter,
+        &mut up,
+        &mut down,
+    )
+    .await
+    {
+        Ok(()) => (up, down, "eof".to_string()),
+        Err(e) => {
+            sys::tcp_abort(client.as_fd());
+            stream.reset();
+            (up, down, format!("reset: {e}"))
+        }
+    }
+}
+
+/// Largest read from a client socket at once.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// The first read from a client socket, and the next one after a short
+/// read; reads double while they fill their buffer, up to [`READ_CHUNK`].
+const MIN_READ: usize = 4 * 1024;
+
+/// Both directions of a tunnelled connection in one task, driven by
+/// readiness: client -> stream reads up to [`READ_CHUNK`] at once;
+/// stream -> client writes each DATA chunk as it arrived. EOF on one side
+/// becomes END_STREAM / `shutdown(SHUT_WR)` on the other; an error ends both.
+async fn pump_both(
+    client: &mut TcpStream,
+    stream: &mut ringway_hbone::HboneStream,
+    up_meter: &Meter<'_>,
+    down_meter: &Meter<'_>,
+    up: &mut u64,
+    down: &mut u64,
+) -> io::Result<()> {
+    use std::future::Future;
+    use std::task::Poll;
+    use tokio::io::AsyncReadExt;
+    // Read chunks still to hand to HTTP/2, oldest first.
+    let mut to_stream: std::collections::VecDeque<bytes::Bytes> = Default::default();
+    let mut to_client = bytes::Bytes::new();
+    let (mut up_done, mut down_done) = (false, false);
+    let mut want = MIN_READ;
+    std::future::poll_fn(|cx| {
+        // A busy connection yields after this many chunks per wake-up, so
+        // the worker's other connections get their turn.
+        let (mut up_budget, mut down_budget, mut yielded) = (16u32, 16u32, false);
+        // client -> tunnel
+        while !up_done {
+            if up_budget == 0 {
+                yielded = true;
+                break;
+            }
+            up_budget -= 1;
+            if let Some(front) = to_stream.front_mut() {
+                match stream.poll_send(cx, front) {
+                    Poll::Ready(Ok(())) => {
+                        to_stream.pop_front();
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
+                }
+            }
+            // One `poll_read` (not readiness + `try_read`): a short read
+            // clears the readiness, so a small message costs one `read`, not
+            // a second one that finds EAGAIN. The kernel writes straight into
+            // a new buffer that leaves as the `Bytes` HTTP/2 frames (no copy,
+            // no zeroing); a pending read frees it, so a quiet connection
+            // holds none.
+            let mut buf = bytes::BytesMut::with_capacity(want);
+            let read = std::pin::pin!(client.read_buf(&mut buf)).poll(cx);
+            if let Poll::Ready(Ok(n)) = read {
+                want = if n >= want {
+                    (want * 2).min(READ_CHUNK)
+                } else {
+                    MIN_READ
+                };
+                // One read, one DATA frame (up to the peer's max frame
+                // size, 1 MiB between ringway proxies; h2 splits it to a
+                // smaller one's): fewer frame headers, TLS writes and wake-ups
+                // per MB than 64 KiB pieces.
+                to_stream.push_back(buf.freeze());
+            }
+            match read {
+                Poll::Ready(Ok(0)) => {
+                    stream.finish()?;
+                    up_done = true;
+                }
+                Poll::Ready(Ok(n)) => {
+                    up_meter.add(n as u64);
+                    *up += n as u64;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
+            }
+        }
+        // tunnel -> client
+        while !down_done {
+            if down_budget == 0 {
+                yielded = true;
+                break;
+            }
+            down_budget -= 1;
+            if !to_client.is_empty() {
+                match tokio::io::AsyncWrite::poll_write(
+                    std::pin::Pin::new(&mut *client),
+                    cx,
+                    &to_client,
+                ) {
+                    Poll::Ready(Ok(n)) => {
+                        let _ = to_client.split_to(n);
+                        down_meter.add(n as u64);
+                        *down += n as u64;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
+                }
+                continue;
+            }
+            match stream.poll_chunk(cx) {
+                Poll::Ready(Ok(Some(b))) => to_client = b,
+                Poll::Ready(Ok(None)) => {
+                    // The client may be gone already; its own reads tell.
+                    let _ = sys::shutdown_write(client.as_fd());
+                    down_done = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
+            }
+        }
+        if up_done && down_done {
+            return Poll::Ready(Ok(()));
+        }
+        if yielded {
+            // More to do right away: come back after the others.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    })
+    .await
+}

@@ -1,0 +1,399 @@
+//! An outbound connection: a service VIP resolved to its healthy
+//! endpoints, and per endpoint the same-node fast path, a tunnel (HBONE)
+//! or a direct connection, the next endpoint tried when connecting fails
+//! (never after a denial). A tunnelled connection's copy runs in a task of
+//! its own ([`tunnel_copy`]).
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ringway_config::Mesh;
+use tracing::Instrument;
+
+use super::ctx::{connect_failed, deny, failed_labels, refuse, refuse_counted, spawn_local};
+use super::ctx::{PodLocal, WorkerCtx};
+use super::splice::{connect_hop, splice, splice_labels, ConnGuard, Hop};
+use crate::metrics::{DstService, Peer, Series, SeriesKey, ServiceRef, Side, TcpLabels};
+use crate::pod::PodShared;
+use crate::policy;
+use crate::sock::ListenerKind;
+use crate::sys;
+use crate::tunnel;
+
+/// How many endpoints of a service one connection tries before it gives up.
+const SERVICE_TRIES: usize = 3;
+
+/// Why a connection to a service VIP has nowhere to go.
+#[derive(Debug, thiserror::Error)]
+enum NoEndpoint {
+    /// The service does not serve the port dialled.
+    #[error("service {service} has no port {port}")]
+    NoPort {
+        /// The service's host name.
+        service: String,
+        /// The port dialled.
+        port: u16,
+    },
+    /// No healthy endpoint of the address family dialled has a target port.
+    #[error("service {service} has no healthy endpoint with an {family} address and a target port for {port}")]
+    NoHealthy {
+        /// The service's host name.
+        service: String,
+        /// `IPv4` or `IPv6`: the family dialled.
+        family: &'static str,
+        /// The port dialled.
+        port: u16,
+    },
+}
+
+/// Where an outbound connection to one address goes.
+enum Route {
+    /// A pod served here: connect inside its netns (same-node fast path).
+    Local(Arc<PodShared>),
+    /// A workload speaking HBONE: tunnel to it.
+    Tunnel(Box<tunnel::OutboundPlan>),
+    /// Anything else: connect from the source pod's netns.
+    Direct,
+}
+
+fn route(ctx: &WorkerCtx, pod: &PodLocal, addr: SocketAddr) -> Route {
+    if ctx.settings.same_node_fast_path {
+        let local = ctx
+            .local_pods
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr.ip())
+            .cloned();
+        if let Some(target) = local {
+            return Route::Local(target);
+        }
+    }
+    match tunnel::outbound_plan(&ctx.in_force, &pod.shared, addr) {
+        Some(plan) => Route::Tunnel(Box::new(plan)),
+        None => Route::Direct,
+    }
+}
+
+/// The addresses an outbound connection to `dst` may go to, in the order
+/// to try them: a service VIP's healthy endpoints (round robin, at most
+/// [`SERVICE_TRIES`]), else `dst` itself.
+fn candidates(
+    ctx: &WorkerCtx,
+    mesh: Option<&ringway_config::Mesh>,
+    dst: SocketAddr,
+) -> Result<Vec<SocketAddr>, NoEndpoint> {
+    let Some((mesh, svc)) = mesh.and_then(|m| Some((m, m.service_by_vip(dst.ip())?))) else {
+        return Ok(vec![dst]);
+    };
+    if svc.target_port(dst.port()).is_none() {
+        return Err(NoEndpoint::NoPort {
+            service: svc.hostname.clone(),
+            port: dst.port(),
+        });
+    }
+    let eps: Vec<SocketAddr> = mesh
+        .healthy_endpoints(svc, dst.port(), dst.is_ipv6())
+        .map(|(_, addr)| addr)
+        .collect();
+    if eps.is_empty() {
+        return Err(NoEndpoint::NoHealthy {
+            service: svc.hostname.clone(),
+            family: if dst.is_ipv6() { "IPv6" } else { "IPv4" },
+            port: dst.port(),
+        });
+    }
+    let start = ctx.next_endpoint.get();
+    ctx.next_endpoint.set(start.wrapping_add(1));
+    Ok((0..eps.len().min(SERVICE_TRIES))
+        .map(|i| eps[(start + i) % eps.len()])
+        .collect())
+}
+
+/// An outbound connection: resolve a service VIP, then per candidate
+/// endpoint take the fast path, a tunnel, or a direct connection; the next
+/// endpoint is tried when connecting fails (never after a denial).
+pub(super) async fn outbound(
+    ctx: Rc<WorkerCtx>,
+    pod: Rc<PodLocal>,
+    mut guard: ConnGuard,
+    client: Arc<OwnedFd>,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    started: Instant,
+) {
+    let mesh = ctx.in_force.mesh();
+    // The service the client dialled (its VIP): the metrics'
+    // destination_service* on this side, `host=` to the tunnel's far side.
+    let service = mesh.as_deref().and_then(|m| m.service_by_vip(dst.ip()));
+    // A destination whose traffic must pass a waypoint (or a network
+    // gateway) this proxy does not support: refused, never sent around it.
+    let unsupported = match (service, mesh.as_deref()) {
+        (Some(s), _) => s.unsupported.as_ref(),
+        (None, Some(m)) => m
+            .workload_by_ip(dst.ip())
+            .and_then(|w| w.unsupported.as_ref()),
+        (None, None) => None,
+    };
+    if let Some(u) = unsupported {
+        refuse_counted(&ctx, &client, u.label(), u);
+        return;
+    }
+    let targets = match candidates(&ctx, mesh.as_deref(), dst) {
+        Ok(t) => t,
+        Err(why) => {
+            tracing::info!(target: "access", reason = %why, "connection to a service refused; reset");
+            refuse(&ctx, &client);
+            return;
+        }
+    };
+    let mut failed: Option<(Vec<TcpLabels>, String)> = None;
+    for addr in targets {
+        if failed.is_some() {
+            tracing::debug!(dst.endpoint = %addr, "trying the next endpoint");
+        }
+        match route(&ctx, &pod, addr) {
+            Route::Local(target) => {
+                tracing::Span::current().record("dst.pod", tracing::field::display(&target.uid));
+                let flow = match &mesh {
+                    Some(mesh) => {
+                        match policy::authorize_local(
+                            &ctx.metrics,
+                            mesh,
+                            &pod.shared,
+                            peer.ip(),
+                            &target,
+                            addr,
+                        ) {
+                            Ok(f) => Some((target.clone(), f)),
+                            Err(why) => {
+                                deny(&ctx, &client, "local", &why);
+                                return;
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                ctx.stats.same_node.inc();
+                let hop = Hop {
+                    addr,
+                    netns: target,
+                    spoof: Some(peer.ip()),
+                    flow,
+                };
+                let series = splice_labels(
+                    &ctx,
+                    mesh.as_ref(),
+                    &pod,
+                    ListenerKind::Outbound,
+                    peer,
+                    &hop,
+                    service,
+                );
+                match connect_hop(&ctx, &mut guard, &client, &hop).await {
+                    Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
+                    Err(e) => failed = Some((failed_labels(&series), e.to_string())),
+                }
+            }
+            Route::Direct => {
+                let hop = Hop {
+                    addr,
+                    netns: pod.shared.clone(),
+                    spoof: None,
+                    flow: None,
+                };
+                let series = splice_labels(
+                    &ctx,
+                    mesh.as_ref(),
+                    &pod,
+                    ListenerKind::Outbound,
+                    peer,
+                    &hop,
+                    service,
+                );
+                match connect_hop(&ctx, &mut guard, &client, &hop).await {
+                    Ok(up) => return splice(&ctx, &client, up, &hop, series, started).await,
+                    Err(e) => failed = Some((failed_labels(&series), e.to_string())),
+                }
+            }
+            Route::Tunnel(mut plan) => {
+                plan.service = service.map(|s| DstService::of(s));
+                let svc = service.map(|s| ServiceRef(s.clone()));
+                // Boxed: the tunnel's futures (TLS, HTTP/2, copies) are large
+                // and would otherwise sit in every spliced connection's state.
+                let open = tunnel_outbound(&ctx, mesh.as_ref(), &pod, &client, peer, plan, svc);
+                match Box::pin(open).await {
+                    TunnelOutcome::Open(open) => {
+                        // The copy runs in a task of its own that takes the
+                        // connection's registration; this task, sized for
+                        // every path of a connection, ends here instead of
+                        // waiting as long as the tunnel is open.
+                        let span = tracing::Span::current();
+                        let copy = tunnel_copy(ctx.clone(), guard, open, started);
+                        spawn_local(ctx.backend, copy.instrument(span));
+                        return;
+                    }
+                    TunnelOutcome::Done => return,
+                    TunnelOutcome::Failed(f) => failed = Some(f),
+                }
+            }
+        }
+    }
+    let (labels, error) = failed.unwrap_or_default();
+    connect_failed(&ctx, &client, &labels, &error);
+}
+
+/// How opening a tunnel for an outbound connection went.
+enum TunnelOutcome {
+    /// Open: the copy is to run ([`tunnel_copy`]).
+    Open(Box<OpenTunnel>),
+    /// Done: denied by the destination (final), or the client is gone.
+    Done,
+    /// Failed: the caller may try another endpoint.
+    Failed((Vec<TcpLabels>, String)),
+}
+
+/// An open tunnel and its client, with what the copy's setup needs.
+struct OpenTunnel {
+    client: tokio::net::TcpStream,
+    stream: ringway_hbone::HboneStream,
+    plan: Box<tunnel::OutboundPlan>,
+    /// The source pod's labels and the connection's series.
+    named: Box<(Arc<Peer>, Arc<Series>)>,
+}
+
+/// Opens an outbound connection's tunnel to `plan.dst` over HBONE; `svc`
+/// is the dialled service ([`SeriesKey::service`]).
+async fn tunnel_outbound(
+    ctx: &WorkerCtx,
+    mesh: Option<&Arc<Mesh>>,
+    pod: &PodLocal,
+    client: &Arc<OwnedFd>,
+    peer: SocketAddr,
+    plan: Box<tunnel::OutboundPlan>,
+    svc: Option<ServiceRef>,
+) -> TunnelOutcome {
+    let cx = tunnel::ConnCtx {
+        stats: &ctx.stats,
+        metrics: &ctx.metrics,
+        mark: ctx.settings.proxy_mark,
+        connect_timeout: ctx.settings.connect_timeout,
+    };
+    let addr = plan.dst;
+    let src = pod.shared.labels(mesh);
+    let series = ctx.metrics.series(
+        mesh,
+        SeriesKey {
+            reporter: "source",
+            security: "mutual_tls",
+            src: Side::Pod(src.clone()),
+            // The plan's destination: the mesh's workload at that address.
+            dst: Side::Addr(addr.ip()),
+            service: svc,
+        },
+    );
+    // Boxed: the open's state (dial, TLS handshake, HTTP/2 request) is
+    // freed once the stream is open.
+    let opened = Box::pin(tunnel::open_outbound(
+        &cx,
+        &ctx.hbone_pool,
+        &pod.shared,
+        &src,
+        peer,
+        &plan,
+    ))
+    .await;
+    match opened {
+        Ok(stream) => match adopt_client(client) {
+            Some(client) => TunnelOutcome::Open(Box::new(OpenTunnel {
+                client,
+                stream,
+                plan,
+                named: Box::new((src, series)),
+            })),
+            None => TunnelOutcome::Done,
+        },
+        Err(tunnel::TunnelError::Hbone(ringway_hbone::HboneError::Denied)) => {
+            // The destination's policy said no: final, and the client
+            // learns it as a reset.
+            tracing::event!(
+                target: "access",
+                tracing::Level::INFO,
+                dst.endpoint = %addr,
+                "tunnel denied by the destination (401); client reset"
+            );
+            ctx.stats.connect_failed.inc();
+            ctx.metrics.connection_failed(&series.labels);
+            sys::tcp_abort(client.as_fd());
+            TunnelOutcome::Done
+        }
+        Err(e) => TunnelOutcome::Failed((vec![series.labels.clone()], format!("hbone: {e}"))),
+    }
+}
+
+/// Copies an open tunnel's bytes until both sides are done, holding the
+/// connection's registration; the plan, peers and labels are dropped once
+/// the copy is set up (it keeps counter handles and the access log's
+/// names), so an idle tunnel holds little more than its sockets.
+async fn tunnel_copy(
+    ctx: Rc<WorkerCtx>,
+    guard: ConnGuard,
+    open: Box<OpenTunnel>,
+    started: Instant,
+) {
+    let cx = tunnel::ConnCtx {
+        stats: &ctx.stats,
+        metrics: &ctx.metrics,
+        mark: ctx.settings.proxy_mark,
+        connect_timeout: ctx.settings.connect_timeout,
+    };
+    let OpenTunnel {
+        client,
+        stream,
+        plan,
+        named,
+    } = *open;
+    let pumping = tunnel::outbound_pump(cx, &named.0, client, stream, &plan, &named.1, started);
+    drop((plan, named));
+    pumping.await;
+    drop(guard);
+}
+
+/// The accepted client as a tokio stream (a duplicate: the pod registry keeps
+/// the original to reset it); the client is reset when that fails.
+fn adopt_client(client: &OwnedFd) -> Option<tokio::net::TcpStream> {
+    match client.try_clone().and_then(tunnel::adopt) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register accepted socket; resetting");
+            sys::tcp_abort(client.as_fd());
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ret_size4<A, B, C, D, R>(_: impl Fn(A, B, C, D) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// An idle tunnelled connection holds the task of its copy
+    /// (`tunnel_copy`) for its whole life, and nothing else of its own: the
+    /// open (dial, TLS, HTTP/2 request) is boxed and freed once open, the
+    /// connection's first task (sized for every path) ends then, and the
+    /// plan, peer and labels are dropped before the copy. Before, the
+    /// connection's task (2,976 B in a heap profile of the release build)
+    /// waited on the boxed `tunnel_outbound` future (3,416 B) for the
+    /// tunnel's life; in a debug build that future was 6,656 B, then 3,408.
+    #[test]
+    fn tunnel_copy_task_stays_small() {
+        let size = ret_size4(tunnel_copy);
+        println!("tunnel_copy future: {size} bytes");
+        assert!(size <= 1280, "the tunnel_copy future grew to {size} bytes");
+    }
+}
