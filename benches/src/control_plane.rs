@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::gen::Shape;
 use crate::child::ProxyChild;
-use crate::report::Num;
+use crate::stat::Num;
 
 /// The name the control plane's certificate is for.
 const SERVER_NAME: &str = "istiod.istio-system.svc";
@@ -421,7 +421,7 @@ struct Files {
 
 impl Files {
     fn new(dir: &Path) -> anyhow::Result<Files> {
-        let signer = ringway_identity::CaSigner::generate_for_tests(crate::suite::TRUST_DOMAIN);
+        let signer = ringway_identity::CaSigner::generate_for_tests(crate::bed::TRUST_DOMAIN);
         let root = dir.join("ca.crt");
         signer.write_pem_files(&root, &dir.join("ca.key"))?;
         let token = dir.join("token");
@@ -1187,7 +1187,7 @@ pub fn run(cfg: &ControlPlaneConfig, bin: &Path) -> anyhow::Result<ControlPlaneR
     if shape.workloads == 0 || shape.services == 0 || shape.policies == 0 {
         bail!("nothing to measure: {shape:?}");
     }
-    let scratch = crate::suite::Scratch::new()?;
+    let scratch = crate::host::Scratch::new()?;
     let files = Files::new(&scratch.0)?;
     let mut errors = Vec::new();
     let mut notes = Vec::new();
@@ -1333,14 +1333,14 @@ pub fn run(cfg: &ControlPlaneConfig, bin: &Path) -> anyhow::Result<ControlPlaneR
         children,
         errors,
         notes,
-        machine: crate::suite::machine(),
+        machine: crate::host::machine(),
         wall_seconds: t_run.elapsed().as_secs_f64(),
     })
 }
 
 fn f(v: Num, decimals: usize) -> String {
     v.finite()
-        .map_or_else(|| "—".into(), |v| crate::report::fmt(v, decimals))
+        .map_or_else(|| "—".into(), |v| crate::stat::fmt(v, decimals))
 }
 
 /// Both percentiles, `p50 / p99`.

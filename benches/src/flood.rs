@@ -31,9 +31,9 @@ use ringway_config::CaptureMode;
 use ringway_testbed::VirtualNode;
 use serde::{Deserialize, Serialize};
 
+use crate::bed;
 use crate::child::{ProxyArgs, ProxyChild};
 use crate::load::{self, Path};
-use crate::suite;
 
 /// How big a flood run is.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -290,21 +290,21 @@ pub fn run(
     proxy_bin: &FsPath,
     flood_bin: &FsPath,
 ) -> anyhow::Result<FloodReport> {
-    suite::raise_nofile(200_000);
-    let scratch = suite::Scratch::new()?;
+    crate::host::raise_nofile(200_000);
+    let scratch = crate::host::Scratch::new()?;
     let n1 = VirtualNode::build(1, 4).context("virtual node 1")?;
     let (attacker, victim, client, server) = (n1.pod(0), n1.pod(1), n1.pod(2), n1.pod(3));
-    ringway_identity::CaSigner::generate_for_tests(suite::TRUST_DOMAIN)
+    ringway_identity::CaSigner::generate_for_tests(bed::TRUST_DOMAIN)
         .write_pem_files(&scratch.0.join("ca.crt"), &scratch.0.join("ca.key"))?;
     let yaml = scratch.0.join("flood.yaml");
     std::fs::write(
         &yaml,
-        suite::hbone_yaml(
+        bed::hbone_yaml(
             &scratch.0,
             &[(victim, "node1"), (client, "node1"), (server, "node1")],
         ),
     )?;
-    suite::capture(&[victim, client, server], CaptureMode::Tproxy)?;
+    bed::capture(&[victim, client, server], CaptureMode::Tproxy)?;
     // The attacker's extra source addresses, in its own netns only.
     let mut sources = vec![attacker.ip(false)];
     let extra: Vec<String> = (1..config.sources)
@@ -354,7 +354,7 @@ pub fn run(
         rounds: Vec::new(),
         summary: None,
         errors: Vec::new(),
-        machine: suite::machine(),
+        machine: crate::host::machine(),
     };
     let mut port = 21_000u16;
     for round in 0..config.rounds {
@@ -403,7 +403,7 @@ pub fn run(
 
 /// Median of the rounds' values of `f`.
 fn med(rounds: &[FloodRound], f: impl Fn(&FloodRound) -> f64) -> f64 {
-    crate::median(&rounds.iter().map(f).collect::<Vec<_>>())
+    crate::stat::median(&rounds.iter().map(f).collect::<Vec<_>>())
 }
 
 fn summarize(rounds: &[FloodRound]) -> Option<FloodSummary> {
@@ -578,7 +578,7 @@ fn add_counts(a: &mut FloodCounts, b: FloodCounts) {
 }
 
 fn refused(metrics: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
-    let body = suite::http_get(metrics, "/metrics").context("scraping the proxy's /metrics")?;
+    let body = bed::http_get(metrics, "/metrics").context("scraping the proxy's /metrics")?;
     let mut m = BTreeMap::new();
     let text = String::from_utf8_lossy(&body);
     for (labels, value) in crate::prom::samples(&text, "ringway_hbone_refused_total") {

@@ -2,7 +2,7 @@
 //! is complete and self-consistent: the quick mode's checks, exercised by
 //! `cargo test --workspace`. Never asserts performance.
 
-use ringway_benches::suite::Config;
+use ringway_benches::config::Config;
 
 #[test]
 fn tiny_run_writes_a_complete_consistent_report() {

@@ -227,7 +227,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "ringway-cni: error <-> version",
     "ringway-cni: kube <-> kube::annotate <-> kube::decide <-> kube::reconcile <-> kube::select",
     "ringway-cni: node <-> node::cni_server <-> node::discover <-> node::metrics <-> node::state <-> node::zds_server",
-    "ringway-benches: crosscheck <-> report <-> suite",
 ];
 
 /// No module of a crate names, through any path, a module that names it
