@@ -89,7 +89,7 @@ impl CaFloodConfig {
         }
     }
 
-    /// The CI-sized run (`benches/tests/ca_flood_report.rs`).
+    /// The CI-sized run (`benches/tests/it/ca_flood_report.rs`).
     pub fn tiny() -> CaFloodConfig {
         CaFloodConfig {
             label: "tiny (test)".into(),

@@ -104,9 +104,14 @@ pub fn nofile_soft() -> u64 {
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
-    /// Mounts it (inside the bench's isolated namespaces).
+    /// Mounts it (inside the bench's isolated namespaces). Each one has a
+    /// path of its own (`ringway-bench-<pid>-<n>`): two measurements of one
+    /// process (the tests' binary) never mount on, nor remove, the same
+    /// directory.
     pub fn new() -> anyhow::Result<Scratch> {
-        let dir = std::env::temp_dir().join(format!("ringway-bench-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ringway-bench-{}-{n}", std::process::id()));
         ringway_testbed::private_tmpfs(&dir).context("mounting the bench's tmpfs")?;
         Ok(Scratch(dir))
     }

@@ -70,7 +70,7 @@ impl ControlPlaneConfig {
         }
     }
 
-    /// The test's run (`benches/tests/control_plane_report.rs`): the
+    /// The test's run (`benches/tests/it/control_plane_report.rs`): the
     /// pipeline, not the numbers.
     pub fn tiny() -> ControlPlaneConfig {
         ControlPlaneConfig {

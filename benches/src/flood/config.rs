@@ -61,7 +61,7 @@ impl FloodConfig {
         }
     }
 
-    /// The CI-sized run (`benches/tests/flood_report.rs`).
+    /// The CI-sized run (`benches/tests/it/flood_report.rs`).
     pub fn tiny() -> FloodConfig {
         FloodConfig {
             label: "tiny (test)".into(),

@@ -11,6 +11,7 @@ use ringway_benches::host::FdLimit;
 use ringway_benches::report;
 use ringway_benches::results::Results;
 use ringway_benches::scenario::scenarios;
+use ringway_testbed::TempDir;
 
 /// Every figure of the kind, each a different value in declaration order
 /// (so percentiles come out ordered).
@@ -41,12 +42,8 @@ fn results() -> Results {
 }
 
 /// A written report whose `results.json` then loses what `edit` removes.
-fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "ringway-report-fields-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
+fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> TempDir {
+    let dir = TempDir::new(&format!("report-fields-{name}"));
     report::write(&dir, &report::to_report(&results())).unwrap();
     let path = dir.join("results.json");
     let mut doc: serde_json::Value =
@@ -77,14 +74,12 @@ fn refused(name: &str, field: &str, edit: impl FnOnce(&mut serde_json::Value)) {
         problems.iter().any(|p| p.contains(field)),
         "check does not name {field}: {problems:?}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_complete_document_renders() {
     let dir = edited("complete", |_| {});
     report::rerender(&dir).expect("a complete document renders");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -142,5 +137,4 @@ fn an_unmeasured_value_is_null_and_reads_back() {
         d["churn"]["enroll_s"]["median"] = serde_json::Value::Null;
     });
     report::rerender(&dir).expect("null is a value that was not measured");
-    let _ = std::fs::remove_dir_all(&dir);
 }
