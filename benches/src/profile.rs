@@ -4,7 +4,7 @@
 //! HBONE stream (or its round trip, or its idle memory), a 64 B ping-pong,
 //! or CNI ADDs one after another. Not part of the suite's report: each
 //! prints a summary line (`cargo bench -p ringway-benches --
-//! --profile-...`, see BENCHMARKS.md). Beside the measurements, on the bed.
+//! --profile-...`, see benches/README.md). Beside the measurements, on the bed.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
