@@ -54,7 +54,7 @@
 
 use std::path::PathBuf;
 
-use ringway_benches::suite::Config;
+use ringway_benches::config::Config;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -76,10 +76,10 @@ fn main() {
         .join("..")
         .join("results");
     let what = args.iter().find_map(|a| match a.as_str() {
-        "--profile-conn-rate" => Some(ringway_benches::suite::Profile::ConnRate),
-        "--profile-hbone-stream" => Some(ringway_benches::suite::Profile::HboneStream),
-        "--profile-cni-add" => Some(ringway_benches::suite::Profile::CniAdd),
-        "--profile-latency" => Some(ringway_benches::suite::Profile::Latency),
+        "--profile-conn-rate" => Some(ringway_benches::profile::Profile::ConnRate),
+        "--profile-hbone-stream" => Some(ringway_benches::profile::Profile::HboneStream),
+        "--profile-cni-add" => Some(ringway_benches::profile::Profile::CniAdd),
+        "--profile-latency" => Some(ringway_benches::profile::Profile::Latency),
         _ => None,
     });
     if let Some(what) = what {
@@ -92,7 +92,10 @@ fn main() {
             let _ = std::fs::create_dir_all(&dir);
             dir.join(format!("{what:?}.perf.data").to_lowercase())
         });
-        print_or_exit("profile", ringway_benches::profile(config, what, secs, out));
+        print_or_exit(
+            "profile",
+            ringway_benches::run_profile(config, what, secs, out),
+        );
         return;
     }
     if args.iter().any(|a| a == "--cni-add-ca") {

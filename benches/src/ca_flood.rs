@@ -37,7 +37,10 @@ use prost::Message;
 use ringway_testbed::kube_api::{fixtures, FakeApiServer, FakePod};
 use ringway_testbed::TempDir;
 
-use crate::cni_ca::{start_ca, CA_ADDR, CA_METRICS, CA_NAME, TD};
+use crate::bed::TRUST_DOMAIN;
+use crate::cni_ca::{start_ca, CA_ADDR, CA_METRICS, CA_NAME};
+use crate::host::progress;
+use crate::stat::quantiles;
 
 /// The attacker's source address (on the namespace's `lo`).
 const ATTACKER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 66);
@@ -86,7 +89,7 @@ impl CaFloodConfig {
         }
     }
 
-    /// The CI-sized run (`benches/tests/ca_flood_report.rs`).
+    /// The CI-sized run (`benches/tests/it/ca_flood_report.rs`).
     pub fn tiny() -> CaFloodConfig {
         CaFloodConfig {
             label: "tiny (test)".into(),
@@ -110,20 +113,6 @@ impl CaFloodConfig {
         }
         self
     }
-}
-
-/// p50, p90, p99, max (ms) of `v` (NaN when empty).
-fn quantiles(mut v: Vec<f64>) -> [f64; 4] {
-    if v.is_empty() {
-        return [f64::NAN; 4];
-    }
-    v.sort_by(f64::total_cmp);
-    let q = |p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
-    [q(0.5), q(0.9), q(0.99), v[v.len() - 1]]
-}
-
-fn progress(s: String) {
-    eprintln!("[bench] {s}");
 }
 
 /// What the attacker got.
@@ -431,12 +420,12 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
         bail!("nothing to measure: {cfg:?}");
     }
     // The attacker's connections and the ones the CA resets.
-    let fds = crate::suite::raise_nofile(4 * cfg.idle_conns as u64 + 4096);
+    let fds = crate::host::raise_nofile(4 * cfg.idle_conns as u64 + 4096);
     let dir = TempDir::new("bench-ca-flood");
     let root = dir.path().to_path_buf();
     let secret = root.join("ca-secret");
     std::fs::create_dir_all(&secret)?;
-    let signer = ringway_identity::CaSigner::generate_for_tests(TD);
+    let signer = ringway_identity::CaSigner::generate_for_tests(TRUST_DOMAIN);
     signer.write_pem_files(&secret.join("root.crt"), &secret.join("root.key"))?;
     signer
         .issue_dns_for_tests(CA_NAME)
@@ -498,7 +487,10 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
             ),
             &token_file,
         )?;
-        let id = ringway_identity::parse_spiffe(&format!("spiffe://{TD}/ns/bench/sa/app-{n}"), TD)?;
+        let id = ringway_identity::parse_spiffe(
+            &format!("spiffe://{TRUST_DOMAIN}/ns/bench/sa/app-{n}"),
+            TRUST_DOMAIN,
+        )?;
         sources.push((source, id));
     }
     // A request as a proxy sends it, for the junk calls.
@@ -514,7 +506,7 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
             validity_duration: 3600,
             metadata: None,
         }
-        .with_impersonation(&format!("spiffe://{TD}/ns/kube-system/sa/admin"))
+        .with_impersonation(&format!("spiffe://{TRUST_DOMAIN}/ns/kube-system/sa/admin"))
         .encode_to_vec(),
     );
 

@@ -29,9 +29,11 @@ use anyhow::{bail, Context};
 use ringway_testbed::kube_api::{fixtures, FakeApiServer, FakePod};
 use ringway_testbed::{Netns, TempDir};
 
+use crate::bed::TRUST_DOMAIN;
 use crate::child::{ProxyArgs, ProxyChild};
+use crate::host::progress;
+use crate::stat::quantiles;
 
-pub(crate) const TD: &str = "cluster.local";
 pub(crate) const CA_NAME: &str = "ringway-ca.ringway-system.svc";
 pub(crate) const CA_ADDR: &str = "127.0.0.1:15012";
 pub(crate) const CA_METRICS: &str = "127.0.0.1:15014";
@@ -77,17 +79,6 @@ impl CniCaConfig {
     }
 }
 
-/// p50, p90, p99, max (ms) of `v`.
-fn quantiles(mut v: Vec<f64>) -> [f64; 4] {
-    v.sort_by(f64::total_cmp);
-    let q = |p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
-    [q(0.5), q(0.9), q(0.99), *v.last().unwrap_or(&f64::NAN)]
-}
-
-fn progress(s: String) {
-    eprintln!("[bench] {s}");
-}
-
 /// Runs the measurement (in the caller's isolated namespaces); returns the
 /// report lines (Markdown).
 pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
@@ -99,13 +90,13 @@ pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
     // The local-key mode's CA.
     let local = root.join("local");
     std::fs::create_dir_all(&local)?;
-    ringway_identity::CaSigner::generate_for_tests(TD)
+    ringway_identity::CaSigner::generate_for_tests(TRUST_DOMAIN)
         .write_pem_files(&local.join("ca.crt"), &local.join("ca.key"))?;
     // The service's root (only `ringway ca` reads the key), its serving
     // certificate, and the public root the proxy gets.
     let secret = root.join("ca-secret");
     std::fs::create_dir_all(&secret)?;
-    let signer = ringway_identity::CaSigner::generate_for_tests(TD);
+    let signer = ringway_identity::CaSigner::generate_for_tests(TRUST_DOMAIN);
     signer.write_pem_files(&secret.join("root.crt"), &secret.join("root.key"))?;
     signer
         .issue_dns_for_tests(CA_NAME)
@@ -182,12 +173,12 @@ pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
         let yaml = match mode {
             "off" => "{}\n".to_string(),
             "local key" => format!(
-                "trustDomain: {TD}\nca:\n  certFile: \"{}\"\n  keyFile: \"{}\"\n",
+                "trustDomain: {TRUST_DOMAIN}\nca:\n  certFile: \"{}\"\n  keyFile: \"{}\"\n",
                 local.join("ca.crt").display(),
                 local.join("ca.key").display()
             ),
             _ => format!(
-                "trustDomain: {TD}\nca:\n  address: \"{CA_ADDR}\"\n  serverName: {CA_NAME}\n  rootCertFile: \"{}\"\n  tokenFile: \"{}\"\n",
+                "trustDomain: {TRUST_DOMAIN}\nca:\n  address: \"{CA_ADDR}\"\n  serverName: {CA_NAME}\n  rootCertFile: \"{}\"\n  tokenFile: \"{}\"\n",
                 public_root.display(),
                 token_file.display()
             ),
@@ -210,7 +201,7 @@ pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
     // Round robin: whatever else loads the machine loads every mode alike.
     for i in 0..cfg.pods {
         for (mode, pods, node, lat) in modes.iter_mut() {
-            let took = crate::suite::cni_add(&node.dir.join("cni.sock"), &pods[i], i)
+            let took = crate::bed::cni_add(&node.dir.join("cni.sock"), &pods[i], i)
                 .with_context(|| format!("{mode}: CNI ADD of pod {i}"))?;
             lat.push(took.as_secs_f64() * 1e3);
         }
@@ -347,7 +338,7 @@ impl Node {
         args.zds_socket = Some(dir.join("zds.sock"));
         args.config = Some(config.to_path_buf());
         args.control_host = host;
-        let proxy = crate::suite::start_proxy_for_agent(bin, &args, &agent)?;
+        let proxy = crate::bed::start_proxy_for_agent(bin, &args, &agent)?;
         Ok(Node {
             dir: dir.to_path_buf(),
             agent,
@@ -390,7 +381,10 @@ fn csr_round_trips(root: &Path, token_file: &Path, rounds: usize) -> anyhow::Res
         ),
         token_file,
     )?;
-    let id = ringway_identity::parse_spiffe(&format!("spiffe://{TD}/ns/bench/sa/sa-0"), TD)?;
+    let id = ringway_identity::parse_spiffe(
+        &format!("spiffe://{TRUST_DOMAIN}/ns/bench/sa/sa-0"),
+        TRUST_DOMAIN,
+    )?;
     let mut took = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let now = SystemTime::now();

@@ -1,30 +1,52 @@
-//! ringway's end-to-end benchmarks: a load generator (`load`), the proxies
-//! under test as child processes (`child`), the scenarios and rounds
-//! (`suite`: plaintext, HBONE on one node and between two nodes, scrape
-//! impact, pod churn through the command line and through CNI ADD) and the
-//! report with its consistency check (`report`); `cni_ca`: CNI ADD latency
-//! with the certificate service against a local CA key, and the CSR round trip;
-//! `ca_flood`: the certificate service's renewals while one source floods its
-//! port before authentication.
-//! `control_plane`: the mesh sources at scale (xDS against the Kubernetes
-//! watch: time to the first snapshot, one change to its snapshot, CPU,
-//! memory per workload).
-//! `cargo bench -p ringway-benches` runs the suite; see BENCHMARKS.md.
+//! ringway's end-to-end benchmarks, run by `cargo bench -p
+//! ringway-benches` (see BENCHMARKS.md), in layers with arrows one way
+//! (each names only the layers below it; `cargo test -p ringway-testbed
+//! --test crate_graph` checks there is no cycle):
+//!
+//! 1. **The model and the leaves.** [`figures`]: every figure, declared
+//!    once as a variant of a typed kind; [`stat`]: medians, spreads,
+//!    printed values; [`config`]: how big a run is; [`scenario`]: what
+//!    carries the traffic; [`results`]: what a run measured; [`host`]: the
+//!    bench process and its machine; [`child`]: proxies as child processes;
+//!    [`load`]: the load generator; [`prom`]: reading `/metrics`.
+//! 2. **The bed.** [`bed`]: two virtual nodes, starting a scenario's
+//!    proxies, the node agent's side of a CNI ADD; [`tools`]: iperf3,
+//!    sockperf and wrk + nginx on a path.
+//! 3. **The measurements.** [`measure`]: a scenario's datapath figures,
+//!    scrape impact, pod churn; [`profile`]: one measurement alone under
+//!    `perf`; [`crosscheck`]: the bundled generator beside the standard
+//!    tools; and the scenarios with reports of their own: [`flood`] (15008
+//!    before authentication), [`cni_ca`] (CNI ADD with the certificate
+//!    service), [`ca_flood`] (the certificate service under a junk flood),
+//!    [`control_plane`] (xDS against the Kubernetes watch at scale).
+//! 4. **The report.** [`report`]: the typed document, its Markdown, charts,
+//!    targets and consistency check.
+//! 5. **The suite.** [`suite`]: every scenario and measurement, round after
+//!    round; and this crate root, which runs each in isolated namespaces
+//!    and writes its report.
 
 #![forbid(unsafe_code)]
 
+pub mod bed;
 pub mod ca_flood;
 pub mod child;
 pub mod cni_ca;
+pub mod config;
 pub mod control_plane;
 pub mod crosscheck;
+pub mod figures;
 pub mod flood;
+pub mod host;
 pub mod load;
+pub mod measure;
+pub mod profile;
 pub mod prom;
 pub mod report;
+pub mod results;
+pub mod scenario;
+pub mod stat;
 pub mod suite;
-
-pub use report::median;
+pub mod tools;
 
 /// The `ringway` program the suite runs (as `BIN proxy ...`):
 /// `RINGWAY_BENCH_PROXY_BIN` when set (to measure another build), else
@@ -43,7 +65,7 @@ pub fn proxy_binary(own: &std::path::Path) -> std::path::PathBuf {
 /// (`RINGWAY_ALLOW_UNPRIVILEGED_SKIP=1`; a banner says so); without the
 /// opt-out, missing privileges panic (see `ringway_testbed::skip_privileged`).
 pub fn run_and_report(
-    config: suite::Config,
+    config: config::Config,
     out: &std::path::Path,
 ) -> anyhow::Result<Option<(String, Vec<String>)>> {
     let label = config.label.clone();
@@ -64,16 +86,16 @@ pub fn run_and_report(
 }
 
 /// Runs one measurement alone for `secs` in isolated namespaces (see
-/// [`suite::profile`]), with `perf record -a -g` to `perf_out` beside it
+/// [`profile::profile`]), with `perf record -a -g` to `perf_out` beside it
 /// when given. Returns a summary line; `None` without privileges.
-pub fn profile(
-    config: suite::Config,
-    what: suite::Profile,
+pub fn run_profile(
+    config: config::Config,
+    what: profile::Profile,
     secs: f64,
     perf_out: Option<std::path::PathBuf>,
 ) -> anyhow::Result<Option<String>> {
     ringway_testbed::run_isolated("bench_profile", move || {
-        suite::profile(&config, what, secs, perf_out.as_deref())
+        profile::profile(&config, what, secs, perf_out.as_deref())
     })
     .transpose()
 }
@@ -126,7 +148,7 @@ pub fn run_ca_flood(
 /// isolated namespaces, writes `crosscheck.json` and `crosscheck.md` to
 /// `out`. Returns the Markdown; `None` without privileges.
 pub fn run_crosscheck(
-    config: suite::Config,
+    config: config::Config,
     out: &std::path::Path,
 ) -> anyhow::Result<Option<String>> {
     let Some(doc) =

@@ -338,8 +338,8 @@ const CONN_RATE_THREADS: usize = 2;
 /// event-driven too (2 threads, each a current-thread tokio runtime that
 /// serves every accepted connection as its own task), so a connection the
 /// proxy has not delivered yet never holds up the others (what a blocking
-/// accept-read-write server did: see BENCHMARKS.md, "Why the bundled bench
-/// disagreed").
+/// accept-read-write server did: see benches/HISTORY.md, "Why the bundled
+/// bench disagreed").
 pub fn conn_rate(
     path: &Path,
     conns: usize,

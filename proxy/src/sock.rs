@@ -40,7 +40,7 @@ impl std::fmt::Display for Backend {
 /// persistent (edge-triggered), so a direction that waits after every
 /// message costs no syscall to re-arm and one `epoll_wait` can return the
 /// readiness of both hops; a one-shot `IORING_OP_POLL_ADD` per wait cost
-/// twice the syscalls, context switches and CPU per message (BENCHMARKS.md,
+/// twice the syscalls, context switches and CPU per message (benches/HISTORY.md,
 /// "Plaintext per-hop latency"). If the registration fails, the wait falls
 /// back to the ring's poll.
 #[derive(Debug)]

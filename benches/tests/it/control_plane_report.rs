@@ -13,6 +13,7 @@ use ringway_benches::control_plane::{self, ControlPlaneConfig, ControlPlaneRepor
 use ringway_config::kube::{KubeOptions, MeshWatch};
 use ringway_config::{Mesh, MeshConfig, NoEnv};
 use ringway_testbed::kube_api::FakeApiServer;
+use ringway_testbed::TempDir;
 use ringway_xds::proto::{workload, TypedResource};
 use ringway_xds::state::{MeshState, XdsStatus};
 use ringway_xds::{DeltaDiscoveryResponse, Handler, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
@@ -224,8 +225,9 @@ fn debug_durations_parse() {
 
 #[test]
 fn tiny_control_plane_run_writes_a_complete_report() {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-proxy"));
-    let out = std::env::temp_dir().join(format!("ringway-cp-test-{}", std::process::id()));
+    let _turn = super::one_at_a_time();
+    let bin = super::proxy_bin();
+    let out = TempDir::new("cp-test");
     let Some((md, report, problems)) =
         ringway_benches::run_control_plane(ControlPlaneConfig::tiny(), bin, &out)
             .expect("control-plane run")
@@ -238,5 +240,4 @@ fn tiny_control_plane_run_writes_a_complete_report() {
     let back: ControlPlaneReport = serde_json::from_str(&text).expect("control_plane.json parses");
     assert_eq!(back.children.len(), 2);
     assert_eq!(control_plane::render(&back), md);
-    let _ = std::fs::remove_dir_all(&out);
 }

@@ -8,7 +8,8 @@ use ringway_benches::ca_flood::CaFloodConfig;
 
 #[test]
 fn tiny_ca_flood_measures_both_phases() {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-proxy"));
+    let _turn = super::one_at_a_time();
+    let bin = super::proxy_bin();
     let Some(md) = ringway_benches::run_ca_flood(CaFloodConfig::tiny(), bin).expect("ca-flood run")
     else {
         return; // privileges missing: run_isolated printed the banner (and panics under CI)

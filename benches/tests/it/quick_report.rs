@@ -2,12 +2,14 @@
 //! is complete and self-consistent: the quick mode's checks, exercised by
 //! `cargo test --workspace`. Never asserts performance.
 
-use ringway_benches::suite::Config;
+use ringway_benches::config::Config;
+use ringway_testbed::TempDir;
 
 #[test]
 fn tiny_run_writes_a_complete_consistent_report() {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-proxy"));
-    let out = std::env::temp_dir().join(format!("ringway-bench-test-{}", std::process::id()));
+    let _turn = super::one_at_a_time();
+    let bin = super::proxy_bin();
+    let out = TempDir::new("bench-test");
     let t0 = std::time::Instant::now();
     let Some((md, problems)) =
         ringway_benches::run_and_report(Config::tiny(bin), &out).expect("bench run")
@@ -17,5 +19,4 @@ fn tiny_run_writes_a_complete_consistent_report() {
     eprintln!("tiny run took {:?}", t0.elapsed());
     assert!(problems.is_empty(), "report problems: {problems:#?}\n{md}");
     assert!(md.contains("## Targets"));
-    let _ = std::fs::remove_dir_all(&out);
 }

@@ -4,12 +4,14 @@
 //! the typed report is complete. Never asserts performance.
 
 use ringway_benches::flood::{FloodConfig, FloodReport};
+use ringway_testbed::TempDir;
 
 #[test]
 fn tiny_flood_writes_a_complete_report() {
-    let proxy = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-proxy"));
-    let flood = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-flood"));
-    let out = std::env::temp_dir().join(format!("ringway-flood-test-{}", std::process::id()));
+    let _turn = super::one_at_a_time();
+    let proxy = super::proxy_bin();
+    let flood = super::flood_bin();
+    let out = TempDir::new("flood-test");
     let Some((md, report, problems)) =
         ringway_benches::run_flood(FloodConfig::tiny(), proxy, flood, &out).expect("flood run")
     else {
@@ -31,5 +33,4 @@ fn tiny_flood_writes_a_complete_report() {
     let back: FloodReport = serde_json::from_str(&text).expect("flood.json parses");
     assert_eq!(back.rounds.len(), report.rounds.len());
     assert_eq!(ringway_benches::flood::render(&back), md);
-    let _ = std::fs::remove_dir_all(&out);
 }

@@ -8,7 +8,8 @@ use ringway_benches::cni_ca::CniCaConfig;
 
 #[test]
 fn tiny_cni_add_ca_measures_every_mode() {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ringway-bench-proxy"));
+    let _turn = super::one_at_a_time();
+    let bin = super::proxy_bin();
     let cfg = CniCaConfig {
         pods: 3,
         csr_rounds: 3,

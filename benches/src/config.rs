@@ -1,0 +1,160 @@
+//! How big a run of the suite is: rounds, seconds per measurement, rates,
+//! idle counts, pods, and the `ringway` program under test; the full, quick
+//! and test sizes and the `RINGWAY_BENCH_*` overrides. A leaf: it names no
+//! other module of the crate.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How big a run is.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// "full", "quick" or "tiny" (the test's).
+    pub label: String,
+    /// Rounds alternating the scenarios.
+    pub rounds: usize,
+    /// Seconds per throughput run.
+    pub secs: f64,
+    /// Parallel streams of the N-stream run.
+    pub streams: usize,
+    /// Requests per second of the latency run (all connections together).
+    pub rps: f64,
+    /// Connections carrying the latency run.
+    pub lat_conns: usize,
+    /// Seconds of the latency run.
+    pub lat_secs: f64,
+    /// Concurrent connections of the connection-rate run (like `wrk -c`;
+    /// over 2 client threads).
+    pub conn_threads: usize,
+    /// Seconds of the connection-rate run.
+    pub conn_secs: f64,
+    /// Upper bound on connections in one connection-rate run.
+    pub conn_max: u64,
+    /// The two idle-connection counts (RSS measured with each). The large
+    /// one is lowered per scenario when the fd limit cannot hold it.
+    pub idle: [usize; 2],
+    /// The idle count the RSS target speaks of (10k).
+    pub idle_target: usize,
+    /// Pods enrolled by the churn measurements.
+    pub churn_pods: usize,
+    /// Scrapes per second of the scrape-impact run (each one `GET /metrics`
+    /// and one `GET /config_dump`).
+    pub scrape_rate: f64,
+    /// The `ringway` program under test, run as `BIN proxy ...`: the suite's
+    /// `ringway-bench-proxy` (which is `ringway::main`) or
+    /// `RINGWAY_BENCH_PROXY_BIN`.
+    pub proxy_bin: PathBuf,
+    /// Include HAProxy when installed.
+    pub haproxy: bool,
+    /// Pause before reading a process's RSS (after start, after opening or
+    /// closing idle connections) so it reflects the new state.
+    pub settle: Duration,
+}
+
+impl Config {
+    /// The full run (< 15 min on 2 cores).
+    pub fn full(proxy_bin: PathBuf) -> Config {
+        Config {
+            label: "full".into(),
+            rounds: 3,
+            secs: 3.0,
+            streams: 8,
+            rps: 2000.0,
+            lat_conns: 4,
+            lat_secs: 3.0,
+            conn_threads: 16,
+            conn_secs: 2.0,
+            conn_max: 20_000,
+            idle: [1_000, 10_000],
+            idle_target: 10_000,
+            churn_pods: 1_000,
+            scrape_rate: 10.0,
+            proxy_bin,
+            haproxy: true,
+            settle: Duration::from_millis(300),
+        }
+    }
+
+    /// The CI-sized run (< 2 min): same measurements, smaller.
+    pub fn quick(proxy_bin: PathBuf) -> Config {
+        Config {
+            label: "quick".into(),
+            rounds: 2,
+            secs: 0.5,
+            streams: 8,
+            rps: 1000.0,
+            lat_conns: 2,
+            lat_secs: 0.5,
+            conn_threads: 8,
+            conn_secs: 0.5,
+            conn_max: 5_000,
+            idle: [100, 1_000],
+            idle_target: 10_000,
+            churn_pods: 100,
+            scrape_rate: 10.0,
+            proxy_bin,
+            haproxy: true,
+            settle: Duration::from_millis(200),
+        }
+    }
+
+    /// The test's run (seconds): checks the pipeline, not the numbers.
+    pub fn tiny(proxy_bin: PathBuf) -> Config {
+        Config {
+            label: "tiny (test)".into(),
+            rounds: 2,
+            secs: 0.2,
+            streams: 2,
+            rps: 500.0,
+            lat_conns: 2,
+            lat_secs: 0.3,
+            conn_threads: 2,
+            conn_secs: 0.2,
+            conn_max: 500,
+            idle: [20, 50],
+            idle_target: 10_000,
+            churn_pods: 10,
+            scrape_rate: 10.0,
+            proxy_bin,
+            haproxy: false,
+            settle: Duration::from_millis(100),
+        }
+    }
+
+    /// Applies `RINGWAY_BENCH_*` overrides (rounds, seconds, rate, idle counts, pods).
+    pub fn with_env_overrides(mut self) -> Config {
+        fn var<T: std::str::FromStr>(n: &str) -> Option<T> {
+            std::env::var(n).ok().and_then(|v| v.parse().ok())
+        }
+        if let Some(v) = var("RINGWAY_BENCH_ROUNDS") {
+            self.rounds = v;
+        }
+        if let Some(v) = var::<f64>("RINGWAY_BENCH_SECS") {
+            self.secs = v;
+            self.lat_secs = v;
+            self.conn_secs = v;
+        }
+        if let Some(v) = var("RINGWAY_BENCH_STREAMS") {
+            self.streams = v;
+        }
+        if let Some(v) = var("RINGWAY_BENCH_RPS") {
+            self.rps = v;
+        }
+        if let Some(v) = var("RINGWAY_BENCH_IDLE_SMALL") {
+            self.idle[0] = v;
+        }
+        if let Some(v) = var("RINGWAY_BENCH_IDLE_LARGE") {
+            self.idle[1] = v;
+        }
+        if let Some(v) = var("RINGWAY_BENCH_CHURN_PODS") {
+            self.churn_pods = v;
+        }
+        if let Some(v) = var("RINGWAY_BENCH_SCRAPE_RATE") {
+            self.scrape_rate = v;
+        }
+        if std::env::var("RINGWAY_BENCH_HAPROXY").as_deref() == Ok("0") {
+            self.haproxy = false;
+        }
+        self
+    }
+}

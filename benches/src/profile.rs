@@ -1,0 +1,345 @@
+//! Profiles: one measurement alone for a while, with `perf stat` counting
+//! the proxy's syscalls, io_uring operations and context switches, and
+//! `perf record -a -g` beside it when asked: the connection-rate loop, one
+//! HBONE stream (or its round trip, or its idle memory), a 64 B ping-pong,
+//! or CNI ADDs one after another. Not part of the suite's report: each
+//! prints a summary line (`cargo bench -p ringway-benches --
+//! --profile-...`, see benches/README.md). Beside the measurements, on the bed.
+
+use std::path::{Path as FsPath, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use ringway_testbed::ns::Netns;
+
+use crate::bed::{self, Bed, PORT_BASE};
+use crate::config::Config;
+use crate::figures::Figures;
+use crate::host::{cpus, machine_busy_seconds, progress};
+use crate::load;
+use crate::measure::churn;
+use crate::scenario::scenarios;
+use crate::tools::{self, Tools};
+
+/// What `profile` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// The connection-rate loop through the default scenario (TPROXY fast path).
+    ConnRate,
+    /// One stream through HBONE on one node.
+    HboneStream,
+    /// `churn_pods` CNI ADDs one after another (plugin, agent, ZDS, proxy).
+    CniAdd,
+    /// 64 B closed-loop ping-pong through `RINGWAY_BENCH_PROFILE_SCENARIO`
+    /// (default `tproxy_2hop`), with the proxy's syscalls, io_uring
+    /// submissions and completions, context switches and wake-ups counted
+    /// per message by `perf stat` (tracepoints, no PMU needed).
+    Latency,
+}
+
+fn start_perf(out: Option<&FsPath>, secs: f64) -> anyhow::Result<Option<std::process::Child>> {
+    let Some(out) = out else {
+        return Ok(None);
+    };
+    let mut cmd = std::process::Command::new("perf");
+    cmd.args(["record", "-a", "-g", "-o"])
+        .arg(out)
+        .args(["--", "sleep"])
+        .arg(format!("{secs}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    Ok(Some(cmd.spawn().context("starting perf record")?))
+}
+
+/// Tracepoints `perf stat` counts on the proxy in the latency profile.
+const STAT_EVENTS: &[&str] = &[
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_splice",
+    "syscalls:sys_enter_io_uring_enter",
+    "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_epoll_pwait",
+    "syscalls:sys_enter_epoll_ctl",
+    "syscalls:sys_enter_read",
+    "syscalls:sys_enter_write",
+    "syscalls:sys_enter_futex",
+    "io_uring:io_uring_submit_req",
+    "io_uring:io_uring_complete",
+    "io_uring:io_uring_poll_arm",
+    "io_uring:io_uring_task_add",
+    "io_uring:io_uring_task_work_run",
+    "sched:sched_switch",
+    "sched:sched_wakeup",
+];
+
+/// Tracepoints `perf stat` counts on the proxy in the connection-rate
+/// profile: the syscalls a proxied connection costs, one by one.
+const CONN_STAT_EVENTS: &[&str] = &[
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_socket",
+    "syscalls:sys_enter_setns",
+    "syscalls:sys_enter_setsockopt",
+    "syscalls:sys_enter_getsockopt",
+    "syscalls:sys_enter_bind",
+    "syscalls:sys_enter_connect",
+    "syscalls:sys_enter_getsockname",
+    "syscalls:sys_enter_getpeername",
+    "syscalls:sys_enter_fcntl",
+    "syscalls:sys_enter_shutdown",
+    "syscalls:sys_enter_close",
+    "syscalls:sys_enter_splice",
+    "syscalls:sys_enter_pipe2",
+    "syscalls:sys_enter_epoll_ctl",
+    "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_io_uring_enter",
+    "syscalls:sys_enter_read",
+    "syscalls:sys_enter_write",
+    "syscalls:sys_enter_futex",
+    "syscalls:sys_enter_mmap",
+    "syscalls:sys_enter_munmap",
+    "syscalls:sys_enter_madvise",
+    "syscalls:sys_enter_brk",
+    "io_uring:io_uring_submit_req",
+    "io_uring:io_uring_complete",
+    "sched:sched_switch",
+];
+
+fn perf_stat_start(pid: u32) -> anyhow::Result<(std::process::Child, PathBuf)> {
+    perf_stat_events(pid, STAT_EVENTS)
+}
+
+fn perf_stat_events(pid: u32, events: &[&str]) -> anyhow::Result<(std::process::Child, PathBuf)> {
+    let out = std::env::temp_dir().join(format!("ringway-perf-stat-{}.csv", std::process::id()));
+    let mut cmd = std::process::Command::new("perf");
+    cmd.args(["stat", "-x", ",", "-o"])
+        .arg(&out)
+        .arg("-p")
+        .arg(pid.to_string());
+    for e in events {
+        cmd.arg("-e").arg(e);
+    }
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit());
+    let child = cmd.spawn().context("starting perf stat")?;
+    // perf attaches in a few ms; give it a bounded head start.
+    std::thread::sleep(Duration::from_millis(300));
+    Ok((child, out))
+}
+
+/// Stops `perf stat` (SIGINT, by its pid) and reads its counts.
+fn perf_stat_finish(
+    (mut child, out): (std::process::Child, PathBuf),
+) -> anyhow::Result<Vec<(String, f64)>> {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("perf stat did not stop on SIGINT within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&out).context("perf stat output")?;
+    let _ = std::fs::remove_file(&out);
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            (c.len() > 2).then(|| (c[2].to_string(), c[0].parse::<f64>().unwrap_or(0.0)))
+        })
+        .collect())
+}
+
+/// One measurement alone for `secs`, with `perf record -a -g` running beside
+/// it when `perf_out` is given (the proxy's pid is printed for `perf report
+/// --pid`; its workers are named `ringway-wk-N`). Returns a summary line.
+pub fn profile(
+    config: &Config,
+    what: Profile,
+    secs: f64,
+    perf_out: Option<&FsPath>,
+) -> anyhow::Result<String> {
+    let bed = Bed::build()?;
+    if what == Profile::CniAdd {
+        let pods = (0..config.churn_pods)
+            .map(|i| Netns::create(&format!("churn-{i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        progress(format!(
+            "profile: {} CNI ADDs (perf for {secs} s)",
+            pods.len()
+        ));
+        let mut perf = start_perf(perf_out, secs)?;
+        std::thread::sleep(Duration::from_millis(300));
+        let mut f = Figures::new();
+        churn::cni(config, &bed.scratch.0, 0, &pods, &mut f)?;
+        if let Some(p) = perf.as_mut() {
+            let _ = p.wait();
+        }
+        return Ok(f.summary());
+    }
+    let all = scenarios(false);
+    let chosen = |default: &str| -> anyhow::Result<&'static str> {
+        let k = std::env::var("RINGWAY_BENCH_PROFILE_SCENARIO").unwrap_or_else(|_| default.into());
+        Ok(all
+            .iter()
+            .find(|s| s.key == k && !s.two_nodes)
+            .with_context(|| format!("no one-node scenario {k}"))?
+            .key)
+    };
+    let key = match what {
+        Profile::ConnRate => chosen("tproxy_fast")?,
+        Profile::HboneStream => "hbone_1node",
+        Profile::CniAdd => unreachable!("measured above"),
+        Profile::Latency => chosen("tproxy_2hop")?,
+    };
+    let sc = all.iter().find(|s| s.key == key).expect("scenario");
+    let (path, proxies) = bed::start(config, &bed, sc)?;
+    let proxy = &proxies.0[0];
+    progress(format!(
+        "profile: {what:?} through {} for {secs} s; proxy pid {}",
+        sc.name, proxy.pid
+    ));
+    // Warm up (pipe pool, metrics series, the HBONE pool) before recording.
+    load::conn_rate(
+        &path.on_port(PORT_BASE + 1),
+        config.conn_threads,
+        Duration::from_millis(500),
+        2_000,
+    )?;
+    let mut perf = start_perf(perf_out, secs)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let c0 = proxy.cpu_seconds();
+    let dur = Duration::from_secs_f64((secs - 0.6).max(0.5));
+    let line = match what {
+        Profile::ConnRate => {
+            // Syscalls per connection, counted on the proxy alone.
+            let stat = perf_stat_events(proxy.pid, CONN_STAT_EVENTS)?;
+            let (m0, b0) = (machine_busy_seconds(), bench_cpu_seconds());
+            let cr = load::conn_rate(
+                &path.on_port(PORT_BASE + 2),
+                config.conn_threads,
+                dur,
+                (secs * 100_000.0) as u64,
+            )?;
+            let c1 = proxy.cpu_seconds();
+            let (m1, b1) = (machine_busy_seconds(), bench_cpu_seconds());
+            let counts = perf_stat_finish(stat)?;
+            let per = |s: f64| s / cr.conns as f64 * 1e6;
+            let cpus = cpus() as f64;
+            let mut line = format!(
+                "{} connections in {:.1} s through {key}: {:.0} conn/s, {} failed; proxy {:.1} CPU-µs per connection\n\
+                 machine busy {:.1} of {:.1} CPU-s ({:.1} CPU-µs per connection): proxy {:.0}%, load generator + server (this process) {:.1} CPU-µs per connection = {:.0}%, the rest (other processes, softirq threads) {:.0}%",
+                cr.conns,
+                cr.secs,
+                cr.conns as f64 / cr.secs,
+                cr.failures,
+                per(c1 - c0),
+                m1 - m0,
+                cr.secs * cpus,
+                per(m1 - m0),
+                (c1 - c0) / (m1 - m0) * 100.0,
+                per(b1 - b0),
+                (b1 - b0) / (m1 - m0) * 100.0,
+                (1.0 - (c1 - c0 + b1 - b0) / (m1 - m0)) * 100.0,
+            );
+            line.push_str("\nper connection, proxy process only (perf stat; the warm-up and the stat's start and end are outside the count):");
+            for (ev, n) in &counts {
+                if *n > 0.0 {
+                    line.push_str(&format!("\n  {:>8.2}  {ev}", n / cr.conns as f64));
+                }
+            }
+            line
+        }
+        Profile::CniAdd => unreachable!("measured above"),
+        Profile::Latency => {
+            let msgs = (secs * 5_000.0) as u64;
+            let stat = perf_stat_start(proxy.pid)?;
+            let l = load::ping_pong(&path.on_port(PORT_BASE + 2), dur, msgs)?;
+            let c1 = proxy.cpu_seconds();
+            let counts = perf_stat_finish(stat)?;
+            let per = |n: f64| n / l.requests as f64;
+            let mut line = format!(
+                "{} round trips of 64 B in {:.1} s; RTT p50 {:.1} µs, p99 {:.1} µs; proxy {:.1} CPU-µs per round trip",
+                l.requests,
+                l.secs,
+                l.hist.value_at_quantile(0.5) as f64 / 1e3,
+                l.hist.value_at_quantile(0.99) as f64 / 1e3,
+                (c1 - c0) / l.requests as f64 * 1e6
+            );
+            line.push_str("\nper round trip (both directions, every hop of the scenario), proxy process only:");
+            for (ev, n) in &counts {
+                if *n > 0.0 {
+                    line.push_str(&format!("\n  {:>8.2}  {ev}", per(*n)));
+                }
+            }
+            // RINGWAY_BENCH_PROFILE_LOAD=sockperf: then sockperf's own
+            // ping-pong on the same path and proxy (untraced), when installed.
+            if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("sockperf") {
+                if let Some(bin) = Tools::find().get("sockperf") {
+                    let c0 = proxy.cpu_seconds();
+                    let (p50, p99) = tools::sockperf(bin, &path.on_port(PORT_BASE + 3), secs)?;
+                    line.push_str(&format!(
+                        "\nsockperf ping-pong 64 B, untraced: RTT p50 {p50:.1} µs, p99 {p99:.1} µs; proxy {:.2} CPU-s in {secs} s",
+                        proxy.cpu_seconds() - c0
+                    ));
+                }
+            }
+            // An idle proxy must not spin (busyPollMicros follows activity).
+            let c0 = proxy.cpu_seconds();
+            std::thread::sleep(Duration::from_secs(1));
+            line.push_str(&format!(
+                "\nidle for 1 s after the load: proxy {:.1} CPU-ms",
+                (proxy.cpu_seconds() - c0) * 1e3
+            ));
+            line
+        }
+        // RINGWAY_BENCH_PROFILE_LOAD=rtt: 64 B ping-pong at 2,000/s on one
+        // connection; =idle: RSS per idle connection (1,000) instead.
+        Profile::HboneStream
+            if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("rtt") =>
+        {
+            let l = load::latency(&path.on_port(PORT_BASE + 2), 2_000.0, 1, dur)?;
+            let q = |p: f64| l.hist.value_at_quantile(p) as f64 / 1e3;
+            let c1 = proxy.cpu_seconds();
+            format!(
+                "{} round trips (64 B): p50 {:.1} µs, p99 {:.1} µs; proxy {:.1} CPU-µs per round trip",
+                l.requests, q(0.5), q(0.99), (c1 - c0) / l.requests as f64 * 1e6
+            )
+        }
+        Profile::HboneStream
+            if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("idle") =>
+        {
+            let before = proxy.rss_kib();
+            let idle = load::open_idle(&path.on_port(PORT_BASE + 2), 1_000)?;
+            std::thread::sleep(Duration::from_millis(500));
+            let after = proxy.rss_kib();
+            format!(
+                "{} idle connections: proxy RSS {before:.0} -> {after:.0} KiB, {:.2} KiB each",
+                idle.len(),
+                (after - before) / idle.len() as f64
+            )
+        }
+        Profile::HboneStream => {
+            let t = load::throughput(&path.on_port(PORT_BASE + 2), 1, dur)?;
+            let c1 = proxy.cpu_seconds();
+            format!(
+                "{:.2} Gbit/s over one stream for {:.1} s; proxy {:.3} CPU-s/GB",
+                t.gbps(),
+                t.secs,
+                (c1 - c0) / (t.bytes as f64 / 1e9)
+            )
+        }
+    };
+    if let Some(p) = perf.as_mut() {
+        let _ = p.wait();
+    }
+    drop(proxies);
+    Ok(line)
+}
+
+/// CPU-seconds of this process (the load generator and the server),
+/// threads that ended included.
+fn bench_cpu_seconds() -> f64 {
+    crate::child::proc_stat_cpu_seconds(std::process::id())
+}
