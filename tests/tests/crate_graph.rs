@@ -3,7 +3,8 @@
 //! normal dependencies on ringway crates are exactly the table's, none
 //! reaches what the table says it never may (through any path), and the
 //! image build (`-p ringway --no-default-features`) carries no test bed, no
-//! test CA and no test-only feature.
+//! test CA and no test-only feature. README.md's layout table lists
+//! exactly the workspace's members, each under its own crate name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -247,5 +248,66 @@ fn no_module_cycles_within_any_crate() {
         "import cycles inside crates changed.\nnew (take them apart):\n{}\ngone (remove them from KNOWN_CYCLES):\n{}",
         new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n"),
         gone.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// README.md's "Layout" table, row by row: (path without the trailing `/`,
+/// crate name).
+fn readme_layout() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme
+        .find("\n## Layout\n")
+        .expect("README.md has a Layout section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[1..].find("\n## ").map_or(section.len(), |e| e + 1)];
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // ["", path, crate, concern, ""]
+        assert_eq!(cells.len(), 5, "README.md layout row: {line}");
+        let path = names(cells[1]).into_iter().next().unwrap();
+        let krate = names(cells[2]).into_iter().next().unwrap();
+        rows.push((path.trim_end_matches('/').to_owned(), krate));
+    }
+    rows
+}
+
+/// The workspace's members as Cargo.toml lists them, each with its
+/// package's name.
+fn workspace_members() -> BTreeMap<String, String> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let list = manifest
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .expect("Cargo.toml lists the workspace members")
+        .0;
+    let meta = metadata();
+    let packages = meta["packages"].as_array().unwrap();
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .map(|member| {
+            let manifest = root().join(member).join("Cargo.toml");
+            let package = packages
+                .iter()
+                .find(|p| Path::new(p["manifest_path"].as_str().unwrap()) == manifest)
+                .unwrap_or_else(|| panic!("no package at {}", manifest.display()));
+            (
+                member.to_owned(),
+                package["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn readme_layout_lists_exactly_the_workspace_members() {
+    let rows = readme_layout();
+    let listed: BTreeMap<String, String> = rows.iter().cloned().collect();
+    assert_eq!(listed.len(), rows.len(), "a path listed twice: {rows:?}");
+    assert_eq!(
+        listed,
+        workspace_members(),
+        "README.md's layout table and the workspace's members (Cargo.toml) differ"
     );
 }
