@@ -4,7 +4,8 @@
 //! reaches what the table says it never may (through any path), and the
 //! image build (`-p ringway --no-default-features`) carries no test bed, no
 //! test CA and no test-only feature. README.md's layout table lists
-//! exactly the workspace's members, each under its own crate name.
+//! exactly the workspace's members, each under its own crate name, and
+//! unsafe code lives only where ARCHITECTURE.md's crate table says.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -310,4 +311,133 @@ fn readme_layout_lists_exactly_the_workspace_members() {
         workspace_members(),
         "README.md's layout table and the workspace's members (Cargo.toml) differ"
     );
+}
+
+/// ARCHITECTURE.md's crate table ("Crates", the one with the `unsafe`
+/// column), row by row: (crate, path, what the `unsafe` cell says).
+fn documented_unsafe() -> Vec<(String, String, String)> {
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let header = "| crate | path | concern | `unsafe` |";
+    let start = doc
+        .find(header)
+        .expect("ARCHITECTURE.md has the crate table with its `unsafe` column");
+    doc[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            // ["", crate, path, concern, unsafe, ""]
+            assert_eq!(cells.len(), 6, "ARCHITECTURE.md crate row: {line}");
+            let krate = names(cells[1]).into_iter().next().unwrap();
+            let path = names(cells[2]).into_iter().next().unwrap();
+            (krate, path, cells[4].to_owned())
+        })
+        .collect()
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The unsafe code in a file: (line index, line) of each `unsafe` block,
+/// fn, impl, trait or extern block, comments left out.
+fn unsafe_lines(text: &str) -> Vec<(usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let code = line.split("//").next().unwrap();
+            [
+                "unsafe {",
+                "unsafe fn ",
+                "unsafe impl",
+                "unsafe trait",
+                "unsafe extern",
+            ]
+            .iter()
+            .any(|k| code.contains(k))
+            .then(|| (i, code.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// The `unsafe` column of ARCHITECTURE.md's crate table holds: a crate
+/// marked `forbidden` forbids unsafe code in its root; any other denies it
+/// crate-wide and has unsafe code only in the files it names (each of which
+/// has some), every block under a `// SAFETY:` comment, every `unsafe fn`
+/// documented with a `# Safety` section.
+#[test]
+fn unsafe_lives_only_where_architecture_says() {
+    let rows = documented_unsafe();
+    let listed: BTreeSet<&str> = rows.iter().map(|(k, _, _)| k.as_str()).collect();
+    let crates: BTreeSet<&str> = product_crates().iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        listed, crates,
+        "ARCHITECTURE.md's crate table and the crates differ"
+    );
+    for (krate, path, cell) in &rows {
+        let src = root().join(path).join("src");
+        let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let allowed: Vec<PathBuf> = if cell == "forbidden" {
+            assert!(
+                lib.contains("#![forbid(unsafe_code)]"),
+                "{krate}: ARCHITECTURE.md says unsafe is forbidden, its lib.rs does not forbid it"
+            );
+            Vec::new()
+        } else {
+            assert!(
+                lib.contains("#![deny(unsafe_code)]"),
+                "{krate}: unsafe is not denied crate-wide"
+            );
+            names(cell)
+                .into_iter()
+                .filter(|n| n.starts_with(path.as_str()))
+                .map(|n| root().join(n))
+                .collect()
+        };
+        let mut used = BTreeSet::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, code) in unsafe_lines(&text) {
+                let at = format!("{}:{}: {code}", file.display(), i + 1);
+                let place = allowed.iter().find(|a| file.starts_with(a));
+                assert!(
+                    place.is_some(),
+                    "{at}: unsafe code outside what ARCHITECTURE.md names for {krate} ({cell})"
+                );
+                used.insert(place.unwrap().clone());
+                let before = |n: usize| lines[i.saturating_sub(n)..=i].join("\n");
+                if code.contains("unsafe fn ") {
+                    assert!(
+                        before(20).contains("# Safety"),
+                        "{at}: no `# Safety` section"
+                    );
+                }
+                if code.contains("unsafe {") {
+                    assert!(
+                        before(5).contains("SAFETY:"),
+                        "{at}: no `// SAFETY:` comment"
+                    );
+                }
+            }
+        }
+        for a in &allowed {
+            assert!(
+                used.contains(a),
+                "ARCHITECTURE.md says {krate} has unsafe code in {}, and it has none there",
+                a.display()
+            );
+        }
+    }
 }
