@@ -4,8 +4,10 @@
 //! reaches what the table says it never may (through any path), and the
 //! image build (`-p ringway --no-default-features`) carries no test bed, no
 //! test CA and no test-only feature. README.md's layout table lists
-//! exactly the workspace's members, each under its own crate name, and
-//! unsafe code lives only where ARCHITECTURE.md's crate table says.
+//! exactly the workspace's members, each under its own crate name, its
+//! commands table names exactly the flags the binary's clap definitions
+//! have, and unsafe code lives only where ARCHITECTURE.md's crate table
+//! says.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -437,6 +439,127 @@ fn unsafe_lives_only_where_architecture_says() {
                 used.contains(a),
                 "ARCHITECTURE.md says {krate} has unsafe code in {}, and it has none there",
                 a.display()
+            );
+        }
+    }
+}
+
+/// The long flags of clap's `struct name` in `file` (under `proxy/cli/src`):
+/// each field whose `#[arg(..)]` has `long`, as `long = ".."` names it or
+/// else as its field name with `-` for `_`.
+fn clap_flags(file: &str, name: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(root().join("proxy/cli/src").join(file)).unwrap();
+    let start = text
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("no struct {name} in {file}"));
+    let body = &text[start..start + text[start..].find("\n}").unwrap()];
+    let mut flags = BTreeSet::new();
+    // An `#[arg(` attribute still open, and the ones waiting for their field.
+    let mut open: Option<String> = None;
+    let mut pending: Vec<String> = Vec::new();
+    for line in body.lines().skip(1).map(str::trim) {
+        if let Some(mut a) = open.take() {
+            a.push_str(line);
+            if line.ends_with(")]") {
+                pending.push(a);
+            } else {
+                open = Some(a);
+            }
+            continue;
+        }
+        if line.is_empty() || line.starts_with("//") {
+            continue;
+        }
+        if line.starts_with("#[arg(") {
+            if line.ends_with(")]") {
+                pending.push(line.to_owned());
+            } else {
+                open = Some(line.to_owned());
+            }
+            continue;
+        }
+        if line.starts_with("#[") {
+            continue;
+        }
+        let field = line
+            .split(':')
+            .next()
+            .unwrap()
+            .trim_start_matches("pub ")
+            .trim();
+        for a in pending.drain(..) {
+            let args = &a["#[arg(".len()..a.len() - 2];
+            for part in args.split(',').map(str::trim) {
+                if part == "long" {
+                    flags.insert(field.replace('_', "-"));
+                } else if let Some(v) = part.strip_prefix("long = ") {
+                    flags.insert(v.trim_matches('"').to_owned());
+                }
+            }
+        }
+    }
+    flags
+}
+
+/// The long flags (`--name`) written in `text`.
+fn flags_in(text: &str) -> BTreeSet<String> {
+    text.split("--")
+        .skip(1)
+        .map(|rest| {
+            rest.chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect::<String>()
+        })
+        .filter(|f| !f.is_empty())
+        .collect()
+}
+
+/// README.md's commands table names every flag of each subcommand (in the
+/// rows of that command), and its synopses name no flag the command does
+/// not have: the agent's row lacked three once.
+#[test]
+fn readme_commands_name_exactly_the_flags_each_command_has() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    // The global flags, documented below the table.
+    let global: BTreeSet<String> = ["log", "log-format", "help"].map(String::from).into();
+    for (command, structs) in [
+        ("sandbox", vec![("lib.rs", "SandboxArgs")]),
+        (
+            "proxy",
+            vec![("lib.rs", "ProxyArgs"), ("xds.rs", "XdsArgs")],
+        ),
+        ("agent", vec![("lib.rs", "AgentArgs")]),
+        ("ca", vec![("lib.rs", "CaArgs")]),
+        ("redirect", vec![("lib.rs", "RedirectArgs")]),
+    ] {
+        let have: BTreeSet<String> = structs
+            .iter()
+            .flat_map(|(file, name)| clap_flags(file, name))
+            .collect();
+        assert!(have.len() > 1, "{command}: too few flags read: {have:?}");
+        let rows: Vec<&str> = readme
+            .lines()
+            .filter(|l| l.starts_with(&format!("| `ringway {command} ")))
+            .collect();
+        assert!(
+            !rows.is_empty(),
+            "README.md has no row for ringway {command}"
+        );
+        let named: BTreeSet<String> = rows.iter().flat_map(|r| flags_in(r)).collect();
+        let missing: Vec<_> = have.difference(&named).collect();
+        assert!(
+            missing.is_empty(),
+            "README.md's rows for ringway {command} do not name {missing:?}"
+        );
+        for row in rows {
+            let synopsis = row.split(" | ").next().unwrap();
+            let unknown: Vec<_> = flags_in(synopsis)
+                .into_iter()
+                .filter(|f| !have.contains(f) && !global.contains(f))
+                .collect();
+            assert!(
+                unknown.is_empty(),
+                "README.md's ringway {command} names flags it does not have: {unknown:?}"
             );
         }
     }
