@@ -7,8 +7,8 @@
 //! workload's network or hostname, a service's subject alt names or load
 //! balancing) is left out rather than guessed, so a reader that decodes the
 //! reference's shape gets an empty value there, never a wrong one. The
-//! table in ARCHITECTURE.md ("Metrics and access logs", the admin port)
-//! says which field is which.
+//! table in ARCHITECTURE.md ("Ports", `/config_dump`) says which fields
+//! are left out and why.
 //!
 //! Shapes (the reference's field names and value forms):
 //! - a workload: `uid`, `workloadIps` (plain addresses), `protocol`

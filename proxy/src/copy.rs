@@ -6,7 +6,7 @@
 //!
 //! Why not io_uring reads into user buffers? Two hops through one process
 //! would copy every byte four times; splice moves page references instead
-//! (see ARCHITECTURE.md for the measurements). And there is no user-space
+//! (ARCHITECTURE.md, "The datapath"). And there is no user-space
 //! buffer that a cancelled read could lose bytes into: data waiting in a
 //! pipe is still in the kernel when anything stops.
 //!

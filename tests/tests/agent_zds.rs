@@ -361,6 +361,36 @@ fn adversarial_zds_connections_beyond_the_cap_are_refused() {
     });
 }
 
+/// A stopping agent takes its ZDS socket's name away before it closes the
+/// proxies' connections: a proxy that sees its connection end and reconnects
+/// at once finds no agent (it waits for the next one), never the agent on
+/// its way out, which would serve it a snapshot and drop it again.
+#[test]
+fn a_stopping_agent_is_gone_before_its_proxies_see_their_connection_end() {
+    run_isolated("agent_zds_stop", || {
+        init_logs();
+        let dir = TempDir::new("agent_zds_stop");
+        let cfg = config("agent_zds_stop", &dir.0);
+        let agent = start(&cfg);
+        let p = FakeProxy::connect(&cfg.zds_socket);
+        p.empty_snapshot();
+        wait_ready_proxies(&agent, 1);
+        let stopping = std::thread::spawn(move || agent.shutdown());
+        assert!(
+            p.closed_within(WAIT),
+            "the agent never closed the connection"
+        );
+        let again = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::SEQPACKET, None)
+            .unwrap()
+            .connect(&socket2::SockAddr::unix(&cfg.zds_socket).unwrap());
+        assert!(
+            again.is_err(),
+            "a proxy reconnected to the agent on its way out"
+        );
+        stopping.join().unwrap();
+    });
+}
+
 /// Both sockets check the peer's uid (SO_PEERCRED) against the configured
 /// ones, on top of the files' mode: here only uid 4242 may connect, and the
 /// test runs as root.

@@ -3,7 +3,11 @@
 //! normal dependencies on ringway crates are exactly the table's, none
 //! reaches what the table says it never may (through any path), and the
 //! image build (`-p ringway --no-default-features`) carries no test bed, no
-//! test CA and no test-only feature.
+//! test CA and no test-only feature. README.md's layout table lists
+//! exactly the workspace's members, each under its own crate name, its
+//! commands table names exactly the flags the binary's clap definitions
+//! have, and unsafe code lives only where ARCHITECTURE.md's crate table
+//! says.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -248,4 +252,315 @@ fn no_module_cycles_within_any_crate() {
         new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n"),
         gone.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n")
     );
+}
+
+/// README.md's "Layout" table, row by row: (path without the trailing `/`,
+/// crate name).
+fn readme_layout() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme
+        .find("\n## Layout\n")
+        .expect("README.md has a Layout section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[1..].find("\n## ").map_or(section.len(), |e| e + 1)];
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // ["", path, crate, concern, ""]
+        assert_eq!(cells.len(), 5, "README.md layout row: {line}");
+        let path = names(cells[1]).into_iter().next().unwrap();
+        let krate = names(cells[2]).into_iter().next().unwrap();
+        rows.push((path.trim_end_matches('/').to_owned(), krate));
+    }
+    rows
+}
+
+/// The workspace's members as Cargo.toml lists them, each with its
+/// package's name.
+fn workspace_members() -> BTreeMap<String, String> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let list = manifest
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .expect("Cargo.toml lists the workspace members")
+        .0;
+    let meta = metadata();
+    let packages = meta["packages"].as_array().unwrap();
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .map(|member| {
+            let manifest = root().join(member).join("Cargo.toml");
+            let package = packages
+                .iter()
+                .find(|p| Path::new(p["manifest_path"].as_str().unwrap()) == manifest)
+                .unwrap_or_else(|| panic!("no package at {}", manifest.display()));
+            (
+                member.to_owned(),
+                package["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn readme_layout_lists_exactly_the_workspace_members() {
+    let rows = readme_layout();
+    let listed: BTreeMap<String, String> = rows.iter().cloned().collect();
+    assert_eq!(listed.len(), rows.len(), "a path listed twice: {rows:?}");
+    assert_eq!(
+        listed,
+        workspace_members(),
+        "README.md's layout table and the workspace's members (Cargo.toml) differ"
+    );
+}
+
+/// ARCHITECTURE.md's crate table ("Crates", the one with the `unsafe`
+/// column), row by row: (crate, path, what the `unsafe` cell says).
+fn documented_unsafe() -> Vec<(String, String, String)> {
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let header = "| crate | path | concern | `unsafe` |";
+    let start = doc
+        .find(header)
+        .expect("ARCHITECTURE.md has the crate table with its `unsafe` column");
+    doc[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            // ["", crate, path, concern, unsafe, ""]
+            assert_eq!(cells.len(), 6, "ARCHITECTURE.md crate row: {line}");
+            let krate = names(cells[1]).into_iter().next().unwrap();
+            let path = names(cells[2]).into_iter().next().unwrap();
+            (krate, path, cells[4].to_owned())
+        })
+        .collect()
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The unsafe code in a file: (line index, line) of each `unsafe` block,
+/// fn, impl, trait or extern block, comments left out.
+fn unsafe_lines(text: &str) -> Vec<(usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let code = line.split("//").next().unwrap();
+            [
+                "unsafe {",
+                "unsafe fn ",
+                "unsafe impl",
+                "unsafe trait",
+                "unsafe extern",
+            ]
+            .iter()
+            .any(|k| code.contains(k))
+            .then(|| (i, code.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// The `unsafe` column of ARCHITECTURE.md's crate table holds: a crate
+/// marked `forbidden` forbids unsafe code in its root; any other denies it
+/// crate-wide and has unsafe code only in the files it names (each of which
+/// has some), every block under a `// SAFETY:` comment, every `unsafe fn`
+/// documented with a `# Safety` section.
+#[test]
+fn unsafe_lives_only_where_architecture_says() {
+    let rows = documented_unsafe();
+    let listed: BTreeSet<&str> = rows.iter().map(|(k, _, _)| k.as_str()).collect();
+    let crates: BTreeSet<&str> = product_crates().iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        listed, crates,
+        "ARCHITECTURE.md's crate table and the crates differ"
+    );
+    for (krate, path, cell) in &rows {
+        let src = root().join(path).join("src");
+        let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let allowed: Vec<PathBuf> = if cell == "forbidden" {
+            assert!(
+                lib.contains("#![forbid(unsafe_code)]"),
+                "{krate}: ARCHITECTURE.md says unsafe is forbidden, its lib.rs does not forbid it"
+            );
+            Vec::new()
+        } else {
+            assert!(
+                lib.contains("#![deny(unsafe_code)]"),
+                "{krate}: unsafe is not denied crate-wide"
+            );
+            names(cell)
+                .into_iter()
+                .filter(|n| n.starts_with(path.as_str()))
+                .map(|n| root().join(n))
+                .collect()
+        };
+        let mut used = BTreeSet::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, code) in unsafe_lines(&text) {
+                let at = format!("{}:{}: {code}", file.display(), i + 1);
+                let place = allowed.iter().find(|a| file.starts_with(a));
+                assert!(
+                    place.is_some(),
+                    "{at}: unsafe code outside what ARCHITECTURE.md names for {krate} ({cell})"
+                );
+                used.insert(place.unwrap().clone());
+                let before = |n: usize| lines[i.saturating_sub(n)..=i].join("\n");
+                if code.contains("unsafe fn ") {
+                    assert!(
+                        before(20).contains("# Safety"),
+                        "{at}: no `# Safety` section"
+                    );
+                }
+                if code.contains("unsafe {") {
+                    assert!(
+                        before(5).contains("SAFETY:"),
+                        "{at}: no `// SAFETY:` comment"
+                    );
+                }
+            }
+        }
+        for a in &allowed {
+            assert!(
+                used.contains(a),
+                "ARCHITECTURE.md says {krate} has unsafe code in {}, and it has none there",
+                a.display()
+            );
+        }
+    }
+}
+
+/// The long flags of clap's `struct name` in `file` (under `proxy/cli/src`):
+/// each field whose `#[arg(..)]` has `long`, as `long = ".."` names it or
+/// else as its field name with `-` for `_`.
+fn clap_flags(file: &str, name: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(root().join("proxy/cli/src").join(file)).unwrap();
+    let start = text
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("no struct {name} in {file}"));
+    let body = &text[start..start + text[start..].find("\n}").unwrap()];
+    let mut flags = BTreeSet::new();
+    // An `#[arg(` attribute still open, and the ones waiting for their field.
+    let mut open: Option<String> = None;
+    let mut pending: Vec<String> = Vec::new();
+    for line in body.lines().skip(1).map(str::trim) {
+        if let Some(mut a) = open.take() {
+            a.push_str(line);
+            if line.ends_with(")]") {
+                pending.push(a);
+            } else {
+                open = Some(a);
+            }
+            continue;
+        }
+        if line.is_empty() || line.starts_with("//") {
+            continue;
+        }
+        if line.starts_with("#[arg(") {
+            if line.ends_with(")]") {
+                pending.push(line.to_owned());
+            } else {
+                open = Some(line.to_owned());
+            }
+            continue;
+        }
+        if line.starts_with("#[") {
+            continue;
+        }
+        let field = line
+            .split(':')
+            .next()
+            .unwrap()
+            .trim_start_matches("pub ")
+            .trim();
+        for a in pending.drain(..) {
+            let args = &a["#[arg(".len()..a.len() - 2];
+            for part in args.split(',').map(str::trim) {
+                if part == "long" {
+                    flags.insert(field.replace('_', "-"));
+                } else if let Some(v) = part.strip_prefix("long = ") {
+                    flags.insert(v.trim_matches('"').to_owned());
+                }
+            }
+        }
+    }
+    flags
+}
+
+/// The long flags (`--name`) written in `text`.
+fn flags_in(text: &str) -> BTreeSet<String> {
+    text.split("--")
+        .skip(1)
+        .map(|rest| {
+            rest.chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect::<String>()
+        })
+        .filter(|f| !f.is_empty())
+        .collect()
+}
+
+/// README.md's commands table names every flag of each subcommand (in the
+/// rows of that command), and its synopses name no flag the command does
+/// not have: the agent's row lacked three once.
+#[test]
+fn readme_commands_name_exactly_the_flags_each_command_has() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    // The global flags, documented below the table.
+    let global: BTreeSet<String> = ["log", "log-format", "help"].map(String::from).into();
+    for (command, structs) in [
+        ("sandbox", vec![("lib.rs", "SandboxArgs")]),
+        (
+            "proxy",
+            vec![("lib.rs", "ProxyArgs"), ("xds.rs", "XdsArgs")],
+        ),
+        ("agent", vec![("lib.rs", "AgentArgs")]),
+        ("ca", vec![("lib.rs", "CaArgs")]),
+        ("redirect", vec![("lib.rs", "RedirectArgs")]),
+    ] {
+        let have: BTreeSet<String> = structs
+            .iter()
+            .flat_map(|(file, name)| clap_flags(file, name))
+            .collect();
+        assert!(have.len() > 1, "{command}: too few flags read: {have:?}");
+        let rows: Vec<&str> = readme
+            .lines()
+            .filter(|l| l.starts_with(&format!("| `ringway {command} ")))
+            .collect();
+        assert!(
+            !rows.is_empty(),
+            "README.md has no row for ringway {command}"
+        );
+        let named: BTreeSet<String> = rows.iter().flat_map(|r| flags_in(r)).collect();
+        let missing: Vec<_> = have.difference(&named).collect();
+        assert!(
+            missing.is_empty(),
+            "README.md's rows for ringway {command} do not name {missing:?}"
+        );
+        for row in rows {
+            let synopsis = row.split(" | ").next().unwrap();
+            let unknown: Vec<_> = flags_in(synopsis)
+                .into_iter()
+                .filter(|f| !have.contains(f) && !global.contains(f))
+                .collect();
+            assert!(
+                unknown.is_empty(),
+                "README.md's ringway {command} names flags it does not have: {unknown:?}"
+            );
+        }
+    }
 }

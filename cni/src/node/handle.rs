@@ -279,8 +279,12 @@ impl AgentHandle {
             return;
         }
         tracing::info!("node agent shutting down");
-        // Stop accepting, wake every loop, close every proxy connection.
+        // Stop accepting, wake every loop; take the ZDS socket's name away
+        // before closing the proxy connections, so a proxy that sees its
+        // connection close finds no agent to reconnect to until the next
+        // one binds (never this one, on its way out); then close them.
         self.lifecycle.stop();
+        self.lifecycle.remove_socket(&self.config.zds_socket);
         self.core.close_proxies();
         for t in self.threads.drain(..) {
             let _ = t.join();

@@ -73,6 +73,20 @@ impl Lifecycle {
         }
     }
 
+    /// Removes the socket file at `path` now, if this agent created it (a
+    /// new agent's file is left alone), and forgets it: new connections to
+    /// it fail from here on, connections already made stay.
+    pub(super) fn remove_socket(&self, path: &Path) {
+        let mut sockets = lock(&self.sockets);
+        sockets.retain(|(p, ino)| {
+            if p != path {
+                return true;
+            }
+            remove_own(p, *ino);
+            false
+        });
+    }
+
     /// Waits for the worker threads, removes the socket files.
     pub(super) fn finish(&self) {
         let workers: Vec<_> = lock(&self.workers).drain(..).collect();
@@ -80,11 +94,16 @@ impl Lifecycle {
             let _ = w.join();
         }
         for (path, ino) in lock(&self.sockets).drain(..) {
-            // Only our own file: a new agent may already have replaced it.
-            if std::fs::symlink_metadata(&path).ok().map(|m| m.ino()) == Some(ino) {
-                let _ = std::fs::remove_file(&path);
-            }
+            remove_own(&path, ino);
         }
+    }
+}
+
+/// Removes the file at `path` only if it is still ours (inode `ino`): a new
+/// agent may already have replaced it.
+fn remove_own(path: &Path, ino: u64) {
+    if std::fs::symlink_metadata(path).ok().map(|m| m.ino()) == Some(ino) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -107,5 +126,27 @@ mod tests {
         l.finish();
         assert_eq!(rx.try_recv(), Ok(true), "the worker was woken and joined");
         assert!(l.wait(Duration::from_secs(60)), "no wait once stopping");
+    }
+
+    #[test]
+    fn remove_socket_takes_only_its_own_file_away_at_once() {
+        let dir = crate::test_dir::ScratchDir::new("lifecycle-sockets");
+        let (ours, replaced) = (dir.join("zds.sock"), dir.join("cni.sock"));
+        let l = Lifecycle::default();
+        for p in [&ours, &replaced] {
+            std::fs::write(p, b"").unwrap();
+            l.register_socket(p);
+        }
+        l.remove_socket(&ours);
+        assert!(!ours.exists(), "removed at once, before finish");
+        // A new agent's file at the other path (another inode) stays.
+        std::fs::remove_file(&replaced).unwrap();
+        std::fs::write(dir.join("new"), b"").unwrap();
+        std::fs::rename(dir.join("new"), &replaced).unwrap();
+        l.remove_socket(&replaced);
+        assert!(replaced.exists(), "another agent's file is left alone");
+        std::fs::write(&ours, b"").unwrap();
+        l.finish();
+        assert!(ours.exists(), "forgotten once removed: a later file stays");
     }
 }

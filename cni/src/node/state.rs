@@ -181,7 +181,15 @@ impl Core {
         conn.kill();
         let mut st = lock(&self.state);
         let was_there = st.remove_conn(conn.id);
-        if was_there {
+        if was_there && self.lifecycle.is_stopping() {
+            // The agent's own orderly end: the proxy reconnects to the next.
+            tracing::info!(
+                proxy.conn = conn.id,
+                proxy.pid = ?conn.pid,
+                reason = why,
+                "proxy connection closed: the agent is stopping"
+            );
+        } else if was_there {
             tracing::warn!(
                 proxy.conn = conn.id,
                 proxy.pid = ?conn.pid,

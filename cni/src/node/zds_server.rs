@@ -27,6 +27,8 @@ use ringway_zds::{self as zds, ZdsError};
 
 /// How often idle loops look at the shutdown flag.
 const TICK_MS: u16 = 200;
+/// Why a connection ends when the agent stops.
+const SHUTTING_DOWN: &str = "agent shutting down";
 /// Catch-up rounds after the snapshot before giving up on a connection
 /// (each round sends what changed while the previous one was on the wire).
 const MAX_CATCH_UP_ROUNDS: usize = 100;
@@ -167,6 +169,12 @@ impl ZdsServer {
                     continue;
                 }
             }
+            // A proxy that connected while the agent began to stop is not
+            // served: closing the listener resets it, and it reconnects to
+            // the next agent.
+            if self.lifecycle.is_stopping() {
+                break;
+            }
             match listener.accept() {
                 Ok((sock, _)) => self.accepted(sock),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -223,7 +231,12 @@ impl ZdsServer {
         match self.session(conn) {
             // Shutdown, or the connection was dropped (and logged) on use.
             Ok(()) => {
-                self.proxies.drop_conn(conn, "agent shutting down");
+                self.proxies.drop_conn(conn, SHUTTING_DOWN);
+            }
+            // The agent shut the connection down itself (a hang-up seen
+            // then is its own doing): the orderly end, not the proxy's fault.
+            Err(_) if self.lifecycle.is_stopping() => {
+                self.proxies.drop_conn(conn, SHUTTING_DOWN);
             }
             Err(why) => {
                 if !self.proxies.drop_conn(conn, &why.to_string()) {

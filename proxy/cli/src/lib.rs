@@ -222,6 +222,17 @@ struct SandboxArgs {
     /// holder of the root key) instead of a CA key in each proxy.
     #[arg(long)]
     ca_service: bool,
+    /// The components' logs (agents, proxies, CNI plugin, certificate
+    /// service) on this terminal (stderr), between the demo's lines, instead
+    /// of in a file.
+    #[arg(long, short)]
+    verbose: bool,
+    /// Where the components' logs go (created, or truncated), read after
+    /// the run; without it a new file `ringway-sandbox-XXXXXX.log` in the
+    /// temporary directory ($TMPDIR, else /tmp). The demo names the file at
+    /// its start and end.
+    #[arg(long, value_name = "FILE", conflicts_with = "verbose")]
+    log_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -373,8 +384,11 @@ struct RedirectArgs {
 static LOG_RELOAD: std::sync::OnceLock<ringway_proxy::control::SetLogLevel> =
     std::sync::OnceLock::new();
 
-fn init_logs(filter: &str, format: LogFormat) {
+/// Logs to stderr, or (`file`) to a file a person reads later: there
+/// `auto` is text. Text has colours only on a terminal.
+fn init_logs(filter: &str, format: LogFormat, file: Option<std::fs::File>) {
     use std::io::IsTerminal;
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -382,7 +396,12 @@ fn init_logs(filter: &str, format: LogFormat) {
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,
-        LogFormat::Auto => !std::io::stderr().is_terminal(),
+        LogFormat::Auto => file.is_none() && !std::io::stderr().is_terminal(),
+    };
+    let to_file = file.is_some();
+    let writer = match file {
+        Some(f) => BoxMakeWriter::new(std::sync::Mutex::new(f)),
+        None => BoxMakeWriter::new(std::io::stderr),
     };
     let registry = tracing_subscriber::registry().with(filter);
     if json {
@@ -391,12 +410,18 @@ fn init_logs(filter: &str, format: LogFormat) {
                 tracing_subscriber::fmt::layer()
                     .json()
                     .flatten_event(true)
-                    .with_writer(std::io::stderr),
+                    .with_writer(writer),
             )
             .init();
     } else {
+        // Colours only for a person at a terminal, never in a file or a pipe.
+        let ansi = !to_file && std::io::stderr().is_terminal();
         registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(writer),
+            )
             .init();
     }
     let _ = LOG_RELOAD.set(std::sync::Arc::new(move |level: &str| {
@@ -502,15 +527,34 @@ pub fn main() -> anyhow::Result<()> {
         cni_plugin_main();
     }
     let cli = Cli::parse();
-    init_logs(&cli.log, cli.log_format);
+    let (log_file, file) = sandbox_log(&cli.command)?.unzip();
+    init_logs(&cli.log, cli.log_format, file);
     match cli.command {
         #[cfg(feature = "sandbox")]
-        Command::Sandbox(args) => sandbox(args),
+        Command::Sandbox(args) => sandbox(args, log_file),
         Command::Proxy(args) => run_proxy(args),
         Command::Agent(args) => run_agent(args),
         Command::Ca(args) => run_ca(args),
         Command::Redirect { action } => redirect(action),
     }
+}
+
+/// The sandbox tells its story on the terminal and writes the components'
+/// logs to a file (path and file), unless `--verbose`; every other command
+/// logs to stderr (`None`).
+#[cfg(feature = "sandbox")]
+fn sandbox_log(command: &Command) -> anyhow::Result<Option<(PathBuf, std::fs::File)>> {
+    match command {
+        Command::Sandbox(args) if !args.verbose => {
+            sandbox::open_log_file(args.log_file.as_deref()).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "sandbox"))]
+fn sandbox_log(_: &Command) -> anyhow::Result<Option<(PathBuf, std::fs::File)>> {
+    Ok(None)
 }
 
 /// The CNI plugin: result or error JSON on stdout, exit code as the spec says,
@@ -1141,8 +1185,10 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the sandbox; its components log to `log` (a file) when given, else
+/// to stderr.
 #[cfg(feature = "sandbox")]
-fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
+fn sandbox(args: SandboxArgs, log: Option<PathBuf>) -> anyhow::Result<()> {
     if let Some(why) = ringway_testbed::missing_privileges() {
         bail!(
             "ringway sandbox builds network namespaces and needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN) and iproute2: {why}"
@@ -1159,8 +1205,16 @@ fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         bytes: args.bytes,
         settings,
         ca_service: args.ca_service,
+        log: log.clone(),
     };
     let wait = args.wait.then_some(stop);
-    let out = ringway_testbed::run_isolated("sandbox", || sandbox::run(&opts, wait));
-    out.unwrap_or_else(|| bail!("the sandbox could not run"))
+    let out = ringway_testbed::run_isolated("sandbox", || sandbox::run(&opts, wait))
+        .unwrap_or_else(|| bail!("the sandbox could not run"));
+    if let (Err(_), Some(log)) = (&out, &log) {
+        eprintln!(
+            "ringway sandbox failed; the components' logs are in {}",
+            log.display()
+        );
+    }
+    out
 }

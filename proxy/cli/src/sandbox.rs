@@ -8,6 +8,12 @@
 //! `ringway_cni::run` the `ringway-cni` binary runs, over the agent's unix
 //! socket, the agent then handing the pod to the proxy over ZDS); then a demo:
 //! plaintext on one node, HBONE (mTLS) between nodes, and a policy deny.
+//!
+//! The terminal gets the demo's story (numbered steps and their results);
+//! the components' logs go to a file named at the start and the end
+//! ([`open_log_file`]), or to stderr with `--verbose`. A clean run logs no
+//! warning: each node stops in order (its proxy lets go of the agent, then
+//! the agent stops).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -40,6 +46,8 @@ pub struct Options {
     /// Certificates from an in-process certificate service (`--ca-service`)
     /// instead of a CA key in each proxy.
     pub ca_service: bool,
+    /// The file the components log to (`None`: the terminal, `--verbose`).
+    pub log: Option<PathBuf>,
 }
 
 struct NodeRig {
@@ -55,12 +63,14 @@ struct NodeRig {
 
 impl Drop for NodeRig {
     fn drop(&mut self) {
-        // Agent first (the proxy just sees its agent go away), then the
-        // proxy's ZDS client.
+        // In order, so that a clean run logs no warning: the proxy's ZDS
+        // client is told to stop (it will not reconnect), then the agent
+        // shuts down (it closes the connection, which ends the client's
+        // session), then the client is joined; the proxy goes last.
+        self.zds_stop.store(true, Ordering::SeqCst);
         if let Some(a) = self.agent.take() {
             a.shutdown();
         }
-        self.zds_stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.zds.take() {
             let _ = t.join();
         }
@@ -225,6 +235,53 @@ fn scrape(addr: SocketAddr) -> String {
         .unwrap_or_default()
 }
 
+/// Opens the file the sandbox's components log to: `path` (created, or
+/// truncated), else a new file `ringway-sandbox-XXXXXX.log` in the temporary
+/// directory, mode 0600, made with `O_EXCL` (never a file or symlink that was
+/// already there). Opened before the sandbox enters its own mount namespace,
+/// so the file outlives the run; returns its absolute path and the file.
+pub fn open_log_file(path: Option<&Path>) -> anyhow::Result<(PathBuf, std::fs::File)> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(p) = path {
+        let f = std::fs::File::create(p)
+            .with_context(|| format!("creating the sandbox's log file {}", p.display()))?;
+        return Ok((std::path::absolute(p).unwrap_or_else(|_| p.to_owned()), f));
+    }
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    // RandomState's keys are random per process: a name nobody can predict.
+    let random = std::collections::hash_map::RandomState::new();
+    for attempt in 0u32..100 {
+        let mut h = random.build_hasher();
+        h.write_u32(attempt);
+        let mut bits = h.finish();
+        let suffix: String = (0..6)
+            .map(|_| {
+                let c = ALPHABET[(bits % ALPHABET.len() as u64) as usize];
+                bits /= ALPHABET.len() as u64;
+                char::from(c)
+            })
+            .collect();
+        let p = std::env::temp_dir().join(format!("ringway-sandbox-{suffix}.log"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+        {
+            Ok(f) => return Ok((std::path::absolute(&p).unwrap_or(p), f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e).with_context(|| format!("creating the log file {}", p.display()))
+            }
+        }
+    }
+    bail!(
+        "no new log file name free in {} after 100 tries",
+        std::env::temp_dir().display()
+    )
+}
+
 /// A new directory only this user can enter, made atomically under the
 /// temporary directory with a random name (`mkdtemp`): never a predictable
 /// path that another user could have put a symlink at, never one removed
@@ -235,12 +292,21 @@ fn private_dir() -> anyhow::Result<std::path::PathBuf> {
         .with_context(|| format!("making a private directory like {}", template.display()))
 }
 
+/// Where the components' logs are, for the demo's first and last lines.
+fn logs_at(opts: &Options) -> String {
+    match &opts.log {
+        Some(p) => p.display().to_string(),
+        None => "this terminal (--verbose)".into(),
+    }
+}
+
 /// Runs the sandbox; `wait` keeps it up until `stop` is signalled.
 pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Result<()> {
     let t0 = Instant::now();
     println!(
         "ringway sandbox: two virtual nodes in this process's own network and mount namespaces"
     );
+    println!("components' logs: {}", logs_at(opts));
     let dir = private_dir()?;
     let _cleanup = Cleanup(dir.clone());
     // A tmpfs in the sandbox's private mount namespace: the CA key and the
@@ -278,6 +344,7 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
         )?))
     };
     let (mesh1, mesh2) = (node_mesh(1)?, node_mesh(2)?);
+    println!("\n1. The mesh: every pod of namespace demo runs as spiffe://{TD}/ns/demo/sa/default and speaks HBONE; policy demo/no-admin-port denies port 9090");
     if let Some(ca) = &ca {
         for m in [&mesh1, &mesh2] {
             if m.ca().is_some() {
@@ -285,25 +352,32 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
             }
         }
         println!(
-            "  certificates: from the certificate service at {} (root key only there, {}; the proxies' configs name no key)",
+            "   certificates: from the certificate service at {} (root key only there, {}; the proxies' configs name no key)",
             ca.addr,
             ca.root_key.display()
         );
     } else {
-        println!("  certificates: signed in each proxy with a local test CA key (the weaker trust model; --ca-service for a certificate service)");
+        println!("   certificates: signed in each proxy with a local test CA key (the weaker trust model; --ca-service for a certificate service)");
     }
     let rig1 = start_node(1, &dir, opts, &dir, mesh1.clone())?;
     let rig2 = start_node(2, &dir, opts, &dir, mesh2)?;
     println!(
-        "  node1 + node2: agent and proxy each ({} worker(s) on {}), both ready ({:.0} ms)",
+        "\n2. Two nodes, each with a node agent and a proxy joined over ZDS: {} worker(s) per proxy on {}, both ready ({:.0} ms)",
         opts.settings.effective_workers(),
         rig1.proxy.backend(),
         t0.elapsed().as_secs_f64() * 1e3
     );
+    println!(
+        "\n3. Pods enrolled as a container runtime does, through the CNI plugin: the agent installs the pod's capture rules ({}) and hands the pod to the proxy",
+        match opts.mode {
+            CaptureMode::Tproxy => "tproxy",
+            CaptureMode::Redirect => "redirect",
+        }
+    );
     for p in &n1.pods {
         let took = cni_add(&rig1, p)?;
         println!(
-            "  CNI ADD {:<9} {:<12} node1  captured in {:.1} ms",
+            "   CNI ADD {:<9} {:<12} node1  captured in {:.1} ms",
             p.name,
             p.ipv4,
             took.as_secs_f64() * 1e3
@@ -311,20 +385,24 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
     }
     let took = cni_add(&rig2, n2.pod(0))?;
     println!(
-        "  CNI ADD {:<9} {:<12} node2  captured in {:.1} ms",
+        "   CNI ADD {:<9} {:<12} node2  captured in {:.1} ms",
         n2.pod(0).name,
         n2.pod(0).ipv4,
         took.as_secs_f64() * 1e3
     );
 
     let client = n1.pod(0).clone();
+    println!(
+        "\n4. Traffic from {} ({} bytes each way, checked): the apps know nothing of the proxy and see the client's own address",
+        client.name, opts.bytes
+    );
     // Plaintext on one node (same-node fast path).
     let local = n1.pod(1).clone();
     SERVER_POD.with(|p| *p.borrow_mut() = Some(local.clone()));
     let to = SocketAddr::new(local.ip(false), 8080);
     let (took, seen) = exchange(&client, to, opts.bytes)?;
     println!(
-        "  plaintext  {} -> {to}: {} bytes each way in {:.1} ms; the app saw {seen}",
+        "   plaintext  {} -> {to}: {} bytes each way in {:.1} ms; the app saw {seen}",
         client.name,
         opts.bytes,
         took.as_secs_f64() * 1e3
@@ -339,7 +417,7 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
         let to = SocketAddr::new(remote.ip(v6), 8080);
         let (took, seen) = exchange(&client, to, opts.bytes)?;
         println!(
-            "  HBONE/mTLS {} -> {to}: {} bytes each way in {:.1} ms; the app saw {seen}",
+            "   HBONE/mTLS {} -> {to}: {} bytes each way in {:.1} ms; the app saw {seen}",
             client.name,
             opts.bytes,
             took.as_secs_f64() * 1e3
@@ -349,6 +427,7 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
         }
     }
     // Policy deny: port 9090 of the demo namespace.
+    println!("\n5. A connection the policy denies never reaches the app");
     let denied = SocketAddr::new(remote.ip(false), 9090);
     let l = remote.netns.run(|| listen(denied))?;
     l.set_nonblocking(true)?;
@@ -362,7 +441,7 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
     let reached = l.accept().is_ok();
     match (&outcome, reached) {
         (Ok(0) | Err(_), false) => println!(
-            "  policy     {} -> {denied}: denied by policy demo/no-admin-port ({}); the app never saw it",
+            "   policy     {} -> {denied}: denied by policy demo/no-admin-port ({}); the app never saw it",
             client.name,
             match &outcome {
                 Err(e) => e.to_string(),
@@ -376,8 +455,9 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
         .lines()
         .filter(|l| l.starts_with("istio_tcp_connections_opened_total") && l.contains("mutual_tls"))
         .count();
+    println!("\n6. What an operator sees");
     println!(
-        "  metrics: node1 {} / node2 {} (GET /metrics inside the sandbox); {} mutual_tls series on node1",
+        "   metrics: node1 {} / node2 {} (GET /metrics inside the sandbox); {} mutual_tls series on node1",
         rig1.metrics.addr, rig2.metrics.addr, mtls
     );
     if mtls == 0 {
@@ -389,7 +469,7 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
     if let Some(ca) = &ca {
         let (issued, refused) = ca.counts();
         println!(
-            "  certificate service: {issued} certificate(s) issued, {refused} request(s) refused"
+            "   certificate service: {issued} certificate(s) issued, {refused} request(s) refused"
         );
         if issued == 0 || refused != 0 {
             bail!("the certificate service issued {issued} and refused {refused} certificate(s)");
@@ -397,19 +477,30 @@ pub fn run(opts: &Options, wait: Option<nix::sys::signal::SigSet>) -> anyhow::Re
         const ROUNDS: usize = 200;
         let (p50, p99) = ca.measure(&mesh1, ROUNDS)?;
         println!(
-            "  CSR round trip (key + CSR + TLS call, {ROUNDS} issuances): p50 {:.2} ms, p99 {:.2} ms",
+            "   CSR round trip (key + CSR + TLS call, {ROUNDS} issuances): p50 {:.2} ms, p99 {:.2} ms",
             p50.as_secs_f64() * 1e3,
             p99.as_secs_f64() * 1e3
         );
     }
     if let Some(set) = wait {
-        println!("sandbox up; Ctrl-C to stop");
+        println!("\nsandbox up; Ctrl-C to stop");
         let _ = set.wait();
     }
+    let t_stop = Instant::now();
     drop(rig1);
     drop(rig2);
     drop(ca);
-    println!("sandbox done in {:.1} s: everything lived in this process's own namespaces and is gone with it", t0.elapsed().as_secs_f64());
+    println!(
+        "\n7. Stopped in order ({:.0} ms): on each node the proxy let go of its agent, the agent stopped (pods and rules stay, as on a real node), then the proxy",
+        t_stop.elapsed().as_secs_f64() * 1e3
+    );
+    println!(
+        "\nsandbox done in {:.1} s: everything lived in this process's own namespaces and is gone with it",
+        t0.elapsed().as_secs_f64()
+    );
+    if opts.log.is_some() {
+        println!("components' logs: {}", logs_at(opts));
+    }
     Ok(())
 }
 

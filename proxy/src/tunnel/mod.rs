@@ -8,7 +8,8 @@
 //! runtime (tokio-uring, or the epoll fallback) carries a current-thread tokio
 //! reactor, so the tunnel's sockets are registered as `tokio::net::TcpStream`
 //! there and bytes are copied through user space (TLS has to see them anyway).
-//! See ARCHITECTURE.md ("HBONE") for its cost.
+//! See ARCHITECTURE.md ("HBONE between nodes", "The adapter"); its cost is
+//! measured in BENCHMARKS.md.
 //!
 //! HBONE is on only when the proxy has an identity manager
 //! (`Proxy::set_identity`) and a mesh (`Proxy::set_mesh`); without them
