@@ -11,7 +11,7 @@
 //! ride HBONE tunnels instead; see `tunnel`.
 //!
 //! The modules are layers; each names only those below it (checked by the
-//! crate-graph test, `cargo test -p ringway-testbed --test crate_graph`):
+//! crate-graph test, `cargo test -p ringway-testbed --test it -- crate_graph::`):
 //! 1. `sys`, `stats`, `busy`, `uring`, `sock`, `copy`, `handshake`: syscalls,
 //!    counters, io_uring ops, sockets, splice, the handshake thread;
 //! 2. `metrics`: the Prometheus metrics and their labels;

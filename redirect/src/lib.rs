@@ -117,7 +117,7 @@
 //!
 //! # Layers
 //! Each module names only modules below it (checked by the workspace's
-//! module-graph test, `tests/tests/crate_graph.rs`): `abi` and `tag` (leaves),
+//! module-graph test, `tests/tests/it/crate_graph.rs`): `abi` and `tag` (leaves),
 //! `nl` (the netlink codec), `nft`, `drift`, `error`, then `spec`, `socket`,
 //! `netns` and `sysctl`, then `route` and `ruleset`, then `verify`, and the
 //! crate root on top with the operations ([`apply`], [`verify`], [`remove`]).

@@ -18,6 +18,19 @@ pub enum Error {
         /// What it printed on stderr.
         stderr: String,
     },
+    /// An HTTP endpoint answered with another status than 200.
+    #[error("GET {path}: status {status}: {body}")]
+    Status {
+        /// The path asked for.
+        path: String,
+        /// The status code (0: not HTTP).
+        status: u16,
+        /// The answer's body.
+        body: String,
+    },
+    /// A `/metrics` page that does not parse.
+    #[error(transparent)]
+    Metrics(#[from] crate::prom::ParseError),
     /// A capacity or lookup limit of the test bed.
     #[error("{0}")]
     Capacity(&'static str),

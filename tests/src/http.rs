@@ -6,6 +6,9 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use crate::prom::Metrics;
+use crate::Error;
+
 /// How long connecting, writing and reading may each take.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -33,6 +36,27 @@ impl Response {
 /// `GET path`.
 pub fn get(addr: SocketAddr, path: &str) -> io::Result<Response> {
     request(addr, "GET", path, &[])
+}
+
+/// The body of `GET /metrics` at `addr`: an error when the endpoint does
+/// not answer or answers another status than 200, never an empty page in
+/// its place (a check that a counter is absent or zero must not pass
+/// because the endpoint is down).
+pub fn scrape(addr: SocketAddr) -> Result<String, Error> {
+    let r = get(addr, "/metrics").map_err(|e| Error::Io("scraping /metrics", e))?;
+    if r.status != 200 {
+        return Err(Error::Status {
+            path: "/metrics".into(),
+            status: r.status,
+            body: r.body,
+        });
+    }
+    Ok(r.body)
+}
+
+/// [`scrape`], parsed.
+pub fn scrape_metrics(addr: SocketAddr) -> Result<Metrics, Error> {
+    Ok(Metrics::parse(&scrape(addr)?)?)
 }
 
 /// `method path` with `headers` (and `Content-Length: 0`), to `addr`.
@@ -74,6 +98,29 @@ fn parse(raw: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A metrics endpoint that is down, or answers an error, is an error.
+    #[test]
+    fn scrape_fails_when_the_endpoint_is_down_or_errs() {
+        crate::run_isolated("scrape_fails_when_the_endpoint_is_down_or_errs", || {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            drop(l);
+            assert!(matches!(scrape(addr), Err(Error::Io(..))));
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let server = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).unwrap();
+                s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\ndown")
+                    .unwrap();
+            });
+            let e = scrape(addr).unwrap_err();
+            server.join().unwrap();
+            assert!(matches!(e, Error::Status { status: 503, .. }), "{e}");
+        });
+    }
 
     #[test]
     fn parses_status_headers_and_body() {

@@ -15,6 +15,7 @@
 
 pub mod cni;
 mod error;
+pub mod exclusive;
 pub mod http;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
@@ -22,6 +23,7 @@ pub mod mesh;
 pub mod modgraph;
 pub mod node;
 pub mod ns;
+pub mod prom;
 mod tempdir;
 pub mod traffic;
 mod wait;
@@ -30,7 +32,19 @@ pub use error::Error;
 pub use node::{link_nodes, NodeLink, PauseProcess, Pod, VirtualNode};
 pub use ns::{private_tmpfs, Netns};
 pub use tempdir::TempDir;
-pub use wait::wait_until;
+pub use wait::{wait_for, wait_until};
+
+/// The name libtest knows a test by, as `--exact` wants it when a test
+/// runs itself again in a child process: `module` (the test's
+/// `module_path!()`) without the crate's name, then `function`. E.g.
+/// `libtest_name("it::proxy_bad_input", "out_of_fds")` is
+/// `proxy_bad_input::out_of_fds`.
+pub fn libtest_name(module: &str, function: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{function}"),
+        None => function.to_string(),
+    }
+}
 
 /// Logs to the test output (libtest's capture) when `RUST_LOG` is set.
 /// Idempotent: the first call in a test binary installs the subscriber.
@@ -99,6 +113,8 @@ pub fn skip_privileged(test: &str) -> bool {
 }
 
 /// Runs `body` on a fresh thread inside new network and mount namespaces.
+/// It holds [`exclusive::shared`] meanwhile: a test that must run
+/// [`exclusive::alone`] in its process is not beside it.
 ///
 /// Without the privileges this needs, see [`skip_privileged`]: panics,
 /// or returns `None` after a banner when the caller opted out.
@@ -106,10 +122,12 @@ pub fn run_isolated<T: Send, F: FnOnce() -> T + Send>(test: &str, body: F) -> Op
     if skip_privileged(test) {
         return None;
     }
+    let _running = exclusive::shared();
     let out = std::thread::scope(|s| {
         std::thread::Builder::new()
             .name(format!("isolated:{test}"))
             .spawn_scoped(s, || {
+                exclusive::enter_child();
                 ns::isolate_current_thread().unwrap_or_else(|e| {
                     panic!("test `{test}`: cannot isolate into fresh namespaces: {e}")
                 });

@@ -1,5 +1,5 @@
 //! The module graph of a crate, read from its sources, and its cycles: the
-//! check behind "no import cycle inside a crate" (`tests/tests/crate_graph.rs`).
+//! check behind "no import cycle inside a crate" (`tests/tests/it/crate_graph.rs`).
 //!
 //! A node is a module (a file: `lib.rs` is the crate root, `a.rs` and
 //! `a/mod.rs` are `a`, `a/b.rs` is `a::b`); an edge says a module's code
@@ -14,7 +14,7 @@
 //! It reads paths, not types: a name brought in by a glob (`use a::*`)
 //! counts as an edge to `a`, and macros are not expanded. That is enough for
 //! the layering the project keeps (one way between modules), and anyone can
-//! run it: `cargo test -p ringway-testbed --test crate_graph`.
+//! run it: `cargo test -p ringway-testbed --test it -- crate_graph::`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -16,3 +16,13 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Polls `cond` like [`wait_until`] and fails the test naming `what` when it
+/// does not hold within `timeout`.
+#[track_caller]
+pub fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        wait_until(timeout, cond),
+        "timed out after {timeout:?} waiting for {what}"
+    );
+}

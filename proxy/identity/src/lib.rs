@@ -49,7 +49,7 @@
 //!
 //! # Layers
 //! Each module names only modules below it (checked by the workspace's
-//! module-graph test, `tests/tests/crate_graph.rs`): `ca` and `clock`
+//! module-graph test, `tests/tests/it/crate_graph.rs`): `ca` and `clock`
 //! (leaves), `cert` (a certificate in hand) and `error`, then `spiffe`, then
 //! `tls` and `summary`, and `manager` on top.
 //!

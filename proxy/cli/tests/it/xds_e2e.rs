@@ -1,0 +1,834 @@
+//! `ringway proxy --mesh-source xds` end to end, as a cluster that runs the
+//! mesh would run it: separate processes on two virtual nodes, each with a
+//! `ringway agent` and a `ringway proxy` whose configuration file holds no
+//! workload, service, policy or CA, so everything comes from the test's
+//! control plane on 127.0.0.1:15012 of the test's own network namespace:
+//! the project's `XdsServer` (delta ADS over TLS + HTTP/2) with the
+//! certificate service's `CreateCertificate` served on the same port, as
+//! istiod serves both. Pods are enrolled through the `ringway-cni` plugin
+//! binary; traffic between the nodes is HBONE with certificates the control
+//! plane issued for identities its workloads named.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support;
+
+use ringway_ca::authn::{BoxFuture, Caller, TokenReviewer};
+use ringway_ca::pods::StaticPods;
+use ringway_ca::{Code, PodView, Policy, Status};
+use ringway_testbed::http::scrape;
+use ringway_testbed::traffic::{connect, listen, PayloadServer};
+use ringway_testbed::{prom, run_isolated, wait_until, Pod, TempDir, VirtualNode};
+use ringway_xds::proto::security::{self, string_match::MatchType};
+use ringway_xds::proto::workload::{self as wl, address};
+use ringway_xds::testing::{server_tls, XdsServer};
+use ringway_xds::{Resource, TypedResource, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
+use support::{ready, Proc};
+
+const TD: &str = "cluster.local";
+const ISTIOD: &str = "istiod.istio-system.svc";
+const XDS_ADDR: &str = "127.0.0.1:15012";
+const PROXY_NS: &str = "istio-system";
+const PROXY_SA: &str = "ztunnel";
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const SERVICE: &str = "demo/web.demo.svc.cluster.local";
+/// How long anything here may take to happen.
+const PATIENCE: Duration = Duration::from_secs(20);
+/// The proxies' `proxy.workloadWait`.
+const WORKLOAD_WAIT: Duration = Duration::from_secs(2);
+
+/// The drills load the machine: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The API server's TokenReview as the certificate service sees it: the
+/// node proxies' tokens (bound to their pods), and every token it was asked
+/// about.
+struct Reviewer {
+    tokens: HashMap<String, Caller>,
+    seen: Mutex<Vec<String>>,
+}
+
+impl TokenReviewer for Reviewer {
+    fn review<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Caller, Status>> {
+        Box::pin(async move {
+            self.seen.lock().unwrap().push(token.to_owned());
+            self.tokens
+                .get(token)
+                .cloned()
+                .ok_or_else(|| Status::new(Code::Unauthenticated, "bad_token", "unknown token"))
+        })
+    }
+}
+
+/// One virtual node's processes.
+struct Node {
+    index: u8,
+    _agent: Proc,
+    proxy: Proc,
+    cni_socket: PathBuf,
+    proxy_log: PathBuf,
+}
+
+impl Node {
+    fn control(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, self.index)), port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.proxy_log).unwrap_or_default()
+    }
+}
+
+/// The cluster: the control plane, its root, two virtual nodes.
+struct Bed {
+    dir: TempDir,
+    root: PathBuf,
+    istiod_tls: Arc<rustls::ServerConfig>,
+    ca: Arc<ringway_ca::CaService>,
+    reviewer: Arc<Reviewer>,
+    plugin: PathBuf,
+    n1: VirtualNode,
+    n2: VirtualNode,
+    _link: ringway_testbed::NodeLink,
+}
+
+fn token(n: u8) -> String {
+    format!("projected-token-of-ztunnel-node{n}")
+}
+
+fn uid_of(pod: &Pod) -> String {
+    format!("Kubernetes//Pod/demo/{}", pod.name)
+}
+
+impl Bed {
+    /// Node 1 with two pods, node 2 with two; the control plane's root,
+    /// serving certificate and certificate service (pods of `demo`, service
+    /// account `default`, known to it on their nodes).
+    fn new(name: &str) -> Bed {
+        let dir = TempDir::new(name);
+        let plugin = dir.join("ringway-cni");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ringway"), &plugin).unwrap();
+        let signer = ringway_identity::CaSigner::generate_for_tests(TD);
+        let root = dir.join("root-cert.pem");
+        std::fs::write(&root, signer.cert_pem()).unwrap();
+        let leaf = signer.issue_dns_for_tests(ISTIOD);
+        let istiod_tls = server_tls(leaf.chain, leaf.key).unwrap();
+        let n1 = VirtualNode::build(1, 2).unwrap();
+        let n2 = VirtualNode::build(2, 2).unwrap();
+        let link = ringway_testbed::link_nodes(&n1, &n2).unwrap();
+        let pods = StaticPods::default();
+        let mut tokens = HashMap::new();
+        for (n, node) in [(1u8, &n1), (2, &n2)] {
+            let proxy_pod = format!("ztunnel-node{n}");
+            pods.put(PodView {
+                namespace: PROXY_NS.into(),
+                name: proxy_pod.clone(),
+                uid: format!("uid-{proxy_pod}"),
+                node: format!("node{n}"),
+                service_account: PROXY_SA.into(),
+                live: true,
+            });
+            tokens.insert(
+                token(n),
+                Caller {
+                    namespace: PROXY_NS.into(),
+                    service_account: PROXY_SA.into(),
+                    pod_name: Some(proxy_pod.clone()),
+                    pod_uid: Some(format!("uid-{proxy_pod}")),
+                    node_name: Some(format!("node{n}")),
+                },
+            );
+            std::fs::write(dir.join(format!("node{n}.token")), token(n)).unwrap();
+            for i in 0..2 {
+                let p = node.pod(i);
+                pods.put(PodView {
+                    namespace: "demo".into(),
+                    name: p.name.clone(),
+                    uid: format!("uid-{}", p.name),
+                    node: format!("node{n}"),
+                    service_account: "default".into(),
+                    live: true,
+                });
+            }
+        }
+        let reviewer = Arc::new(Reviewer {
+            tokens,
+            seen: Mutex::new(Vec::new()),
+        });
+        let ca = Arc::new(
+            ringway_ca::CaService::new(
+                Policy {
+                    trust_domain: TD.into(),
+                    node_proxy: (PROXY_NS.into(), PROXY_SA.into()),
+                },
+                ringway_ca::Limits::default(),
+                reviewer.clone(),
+                Arc::new(pods),
+                vec![Arc::new(signer)],
+            )
+            .unwrap(),
+        );
+        Bed {
+            dir,
+            root,
+            istiod_tls,
+            ca,
+            reviewer,
+            plugin,
+            n1,
+            n2,
+            _link: link,
+        }
+    }
+
+    /// The control plane on [`XDS_ADDR`]: xDS, and `CreateCertificate`
+    /// on the same port.
+    fn start_istiod(&self) -> XdsServer {
+        let server = XdsServer::start(XDS_ADDR.parse().unwrap(), self.istiod_tls.clone()).unwrap();
+        let ca = self.ca.clone();
+        server.set_other_methods(Arc::new(move |req, respond| {
+            let ca = ca.clone();
+            Box::pin(async move { ringway_ca::server::serve_stream(req, respond, &ca).await })
+        }));
+        server
+    }
+
+    /// Node `n`'s agent and proxy (`--mesh-source xds`); waits for the
+    /// agent's sockets and the proxy's process, not its readiness.
+    fn start_node(&self, n: u8) -> Node {
+        let ip = format!("127.0.0.{n}");
+        let zds = self.dir.join(format!("node{n}-zds.sock"));
+        let cni_socket = self.dir.join(format!("node{n}-cni.sock"));
+        let agent = Command::new(env!("CARGO_BIN_EXE_ringway"))
+            .args(["--log-format", "text", "--log", "info", "agent"])
+            .arg("--zds-socket")
+            .arg(&zds)
+            .arg("--cni-socket")
+            .arg(&cni_socket)
+            .arg("--state-file")
+            .arg(self.dir.join(format!("node{n}-state/pods.json")))
+            .args(["--netns-dir", ringway_testbed::ns::NETNS_RUN_DIR])
+            .args(["--node-name", &format!("node{n}")])
+            .args(["--pod-service-account", "demo=default"])
+            .args(["--metrics-addr", &format!("{ip}:15022")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join(format!("agent{n}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        let agent = Proc(agent);
+        assert!(
+            wait_until(PATIENCE, || cni_socket.exists() && zds.exists()),
+            "node{n}'s agent sockets never appeared"
+        );
+        let config = self.dir.join(format!("node{n}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "trustDomain: {TD}\nproxy:\n  workloadWait: {}\n",
+                WORKLOAD_WAIT.as_secs()
+            ),
+        )
+        .unwrap();
+        let proxy_log = self.dir.join(format!("proxy{n}.log"));
+        let proxy = Command::new(env!("CARGO_BIN_EXE_ringway"))
+            .env("POD_NAME", format!("ztunnel-node{n}"))
+            .env("POD_NAMESPACE", PROXY_NS)
+            .env("INSTANCE_IP", format!("10.0.0.{n}"))
+            .env("NODE_NAME", format!("node{n}"))
+            .args(["--log-format", "text", "--log", "info", "proxy"])
+            .args(["--mesh-source", "xds", "--xds-address", XDS_ADDR])
+            .args(["--xds-server-name", ISTIOD])
+            .arg("--xds-root-cert")
+            .arg(&self.root)
+            .arg("--xds-token-file")
+            .arg(self.dir.join(format!("node{n}.token")))
+            .arg("--zds-socket")
+            .arg(&zds)
+            .args(["--readiness-addr", &format!("{ip}:15021")])
+            .args(["--metrics-addr", &format!("{ip}:15020")])
+            .args(["--admin-addr", &format!("{ip}:15000")])
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&proxy_log).unwrap())
+            .spawn()
+            .unwrap();
+        Node {
+            index: n,
+            _agent: agent,
+            proxy: Proc(proxy),
+            cni_socket,
+            proxy_log,
+        }
+    }
+
+    fn wait_ready(&self, node: &Node) {
+        assert!(
+            wait_until(PATIENCE, || ready(node.control(15021))),
+            "node{}'s proxy never became ready:\n{}",
+            node.index,
+            node.log()
+        );
+    }
+
+    /// CNI ADD of `pod` on `node` through the plugin binary; panics unless
+    /// it succeeds.
+    fn cni_add(&self, node: &Node, pod: &Pod) {
+        let call = ringway_testbed::cni::CniPod::of(pod, &format!("uid-{}", pod.name))
+            .in_namespace("demo");
+        let out = call
+            .run_plugin_binary(&self.plugin, "ADD", self.dir.path(), &node.cni_socket)
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "CNI ADD {}: {} {}\nproxy log:\n{}",
+            pod.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            node.log()
+        );
+    }
+}
+
+/// The control plane's workload for `pod` on `node`, version `version`.
+fn workload(pod: &Pod, node: u8, version: &str) -> Resource {
+    workload_with(pod, node, version, |_| {})
+}
+
+fn workload_with(
+    pod: &Pod,
+    node: u8,
+    version: &str,
+    f: impl FnOnce(&mut wl::Workload),
+) -> Resource {
+    let mut w = wl::Workload {
+        uid: uid_of(pod),
+        name: pod.name.clone(),
+        namespace: "demo".into(),
+        addresses: vec![pod.ipv4.octets().to_vec(), pod.ipv6.octets().to_vec()],
+        tunnel_protocol: wl::TunnelProtocol::Hbone as i32,
+        service_account: String::new(),
+        node: format!("node{node}"),
+        canonical_name: "demo-app".into(),
+        canonical_revision: "v1".into(),
+        ..Default::default()
+    };
+    f(&mut w);
+    Resource::new(
+        uid_of(pod),
+        version,
+        wl::Address {
+            kind: Some(address::Kind::Workload(w)),
+        }
+        .to_any(),
+    )
+}
+
+/// The service `web` of `demo`: [`VIP`]:80 -> 8080 on its endpoints.
+fn web_service() -> Resource {
+    let s = wl::Service {
+        name: "web".into(),
+        namespace: "demo".into(),
+        hostname: "web.demo.svc.cluster.local".into(),
+        addresses: vec![wl::NetworkAddress {
+            network: String::new(),
+            address: VIP.octets().to_vec(),
+        }],
+        ports: vec![wl::Port {
+            service_port: 80,
+            target_port: 8080,
+        }],
+        ..Default::default()
+    };
+    Resource::new(
+        SERVICE,
+        "1",
+        wl::Address {
+            kind: Some(address::Kind::Service(s)),
+        }
+        .to_any(),
+    )
+}
+
+/// A DENY of `demo`'s namespace scope refusing peers whose principal is
+/// `principal` (written as the control plane does, without `spiffe://`).
+fn deny_principal(name: &str, principal: &str) -> Resource {
+    let a = security::Authorization {
+        name: name.into(),
+        namespace: "demo".into(),
+        scope: security::Scope::Namespace as i32,
+        action: security::Action::Deny as i32,
+        rules: vec![security::Rule {
+            clauses: vec![security::Clause {
+                matches: vec![security::Match {
+                    principals: vec![security::StringMatch {
+                        match_type: Some(MatchType::Exact(principal.into())),
+                    }],
+                    ..Default::default()
+                }],
+            }],
+        }],
+        dry_run: false,
+    };
+    Resource::new(format!("demo/{name}"), "1", a.to_any())
+}
+
+/// A verified payload exchange from `from` to `to` (an app listening on
+/// `server`'s `listen_at`); the address the app saw.
+fn exchange(
+    from: &Pod,
+    server: &Pod,
+    listen_at: SocketAddr,
+    to: SocketAddr,
+) -> Result<IpAddr, String> {
+    let l = server
+        .netns
+        .run(|| listen(listen_at))
+        .map_err(|e| e.to_string())?;
+    let srv = PayloadServer::start(l, 1);
+    from.netns
+        .run(|| {
+            ringway_testbed::traffic::client_exchange(
+                connect(to, Duration::from_secs(5))?,
+                64 * 1024,
+                64 * 1024,
+            )
+        })
+        .map_err(|e| format!("{} -> {to}: {e}", from.name))?;
+    let rep = srv
+        .next_report(PATIENCE)
+        .ok_or("the server gave no report")?;
+    rep.received?;
+    Ok(rep.peer.ip())
+}
+
+/// A connection from `from` to `to` that must never reach the app listening
+/// on `server`: returns what the client saw and how long it took.
+fn refused(from: &Pod, server: &Pod, to: SocketAddr) -> (String, Duration) {
+    let l = server.netns.run(|| listen(to)).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let t0 = Instant::now();
+    let outcome = from.netns.run(|| -> std::io::Result<usize> {
+        let mut s = connect(to, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(PATIENCE))?;
+        let _ = s.write_all(b"who am I?");
+        let mut b = [0u8; 16];
+        s.read(&mut b)
+    });
+    let took = t0.elapsed();
+    let accepted = l.accept();
+    assert!(
+        accepted.is_err(),
+        "{} -> {to} reached the app ({:?}) while it must be refused; the client saw {outcome:?}",
+        from.name,
+        accepted.map(|(_, p)| p)
+    );
+    let what = match outcome {
+        Ok(0) => "closed by the proxy".into(),
+        Ok(n) => panic!("{} -> {to}: {n} bytes came back from nowhere", from.name),
+        Err(e) => e.to_string(),
+    };
+    (what, took)
+}
+
+/// An open connection from `from` to an echo app on `server`'s `to`.
+struct Held {
+    client: std::net::TcpStream,
+    _server: std::thread::JoinHandle<()>,
+}
+
+impl Held {
+    fn open(from: &Pod, server: &Pod, to: SocketAddr) -> Held {
+        let l = server.netns.run(|| listen(to)).unwrap();
+        let srv = std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut b = [0u8; 64];
+                while let Ok(n) = s.read(&mut b) {
+                    if n == 0 || s.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let client = from
+            .netns
+            .run(|| connect(to, Duration::from_secs(5)))
+            .unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let mut h = Held {
+            client,
+            _server: srv,
+        };
+        assert!(h.echoes(), "the held connection does not echo");
+        h
+    }
+
+    /// One round trip; false once the connection is gone.
+    fn echoes(&mut self) -> bool {
+        if self.client.write_all(b"ping").is_err() {
+            return false;
+        }
+        let mut b = [0u8; 4];
+        matches!(self.client.read_exact(&mut b), Ok(()) if &b == b"ping")
+    }
+}
+
+/// Waits until every stream a push went to (`nonces`) ACKed it: applied.
+fn applied(istiod: &XdsServer, nonces: Vec<String>) {
+    assert!(!nonces.is_empty(), "the push reached no stream");
+    for nonce in nonces {
+        istiod
+            .wait_for_request(PATIENCE, |r| {
+                r.request.is_ack() && r.request.response_nonce == nonce
+            })
+            .unwrap_or_else(|e| panic!("a push was not applied: {e}"));
+    }
+}
+
+fn readiness_body(node: &Node) -> String {
+    ringway_testbed::http::get(node.control(15021), "/healthz/ready")
+        .map(|r| format!("{} {}", r.status, r.body))
+        .unwrap_or_else(|e| e.to_string())
+}
+
+#[test]
+fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane",
+        || {
+            let bed = Bed::new("xds-e2e");
+            // The proxies start before the control plane can be reached:
+            // not ready, whatever else is in place.
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
+            assert!(
+                wait_until(PATIENCE, || {
+                    let r = readiness_body(&node1);
+                    r.starts_with("503") && r.contains("waiting for the control plane")
+                }),
+                "before any push: {}",
+                readiness_body(&node1)
+            );
+            let istiod = bed.start_istiod();
+            istiod.update_fixture(
+                ADDRESS_TYPE_URL,
+                vec![
+                    workload(client, 1, "1"),
+                    workload(server, 2, "1"),
+                    web_service(),
+                ],
+                vec![],
+            );
+            // The server's workload is an endpoint of the service.
+            istiod.update_fixture(
+                ADDRESS_TYPE_URL,
+                vec![workload_with(server, 2, "1", |w| {
+                    w.services.insert(
+                        SERVICE.into(),
+                        wl::PortList {
+                            ports: vec![wl::Port {
+                                service_port: 80,
+                                target_port: 8080,
+                            }],
+                        },
+                    );
+                })],
+                vec![],
+            );
+            bed.wait_ready(&node1);
+            bed.wait_ready(&node2);
+            bed.cni_add(&node1, client);
+            bed.cni_add(&node2, server);
+
+            // Pod to pod over HBONE, both families; the app sees the client.
+            for v6 in [false, true] {
+                let to = SocketAddr::new(server.ip(v6), 8080);
+                let seen = exchange(client, server, to, to).unwrap();
+                assert_eq!(seen, client.ip(v6), "the app saw the client's address");
+            }
+            let m2 = scrape(node2.control(15020)).unwrap();
+            assert!(
+                prom::sum(
+                    &m2,
+                    "istio_tcp_connections_opened_total",
+                    &[
+                        "source_principal=\"spiffe://cluster.local/ns/demo/sa/default\"",
+                        "connection_security_policy=\"mutual_tls\""
+                    ]
+                ) >= 2.0,
+                "node2 saw no mutual-TLS connection from the client's identity:\n{m2}"
+            );
+            assert!(
+                prom::sum(
+                    &m2,
+                    "istio_tcp_connections_opened_total",
+                    &["destination_canonical_service=\"demo-app\""]
+                ) >= 2.0,
+                "the workload's canonical name from the control plane:\n{m2}"
+            );
+            // The service's VIP reaches its endpoint over the tunnel.
+            let seen = exchange(
+                client,
+                server,
+                SocketAddr::new(server.ip(false), 8080),
+                SocketAddr::new(IpAddr::V4(VIP), 80),
+            )
+            .unwrap();
+            assert_eq!(seen, client.ip(false));
+
+            // The same token and root served both streams: every xDS stream
+            // carried the node's token, and the certificate service
+            // reviewed exactly those tokens (its certificates are what the
+            // tunnels used: the exchanges above passed).
+            for n in [1u8, 2] {
+                assert!(
+                    istiod
+                        .requests()
+                        .iter()
+                        .filter(|r| r.first_of_type)
+                        .any(|r| r.bearer_token() == Some(token(n).as_str())),
+                    "no xDS stream of node{n} carried its token"
+                );
+            }
+            let reviewed = bed.reviewer.seen.lock().unwrap().clone();
+            assert!(
+                reviewed.contains(&token(1)) && reviewed.contains(&token(2)),
+                "the certificate service reviewed {reviewed:?}"
+            );
+            assert!(
+                reviewed.iter().all(|t| *t == token(1) || *t == token(2)),
+                "{reviewed:?}"
+            );
+            let first = istiod
+                .requests()
+                .into_iter()
+                .find(|r| r.first_of_type)
+                .unwrap();
+            assert_eq!(first.header("clusterid"), Some("Kubernetes"));
+
+            // A policy pushed later closes an open connection it now denies.
+            let to = SocketAddr::new(server.ip(false), 9090);
+            let mut held = Held::open(client, server, to);
+            istiod.push(
+                AUTHORIZATION_TYPE_URL,
+                vec![deny_principal(
+                    "deny-default",
+                    "cluster.local/ns/demo/sa/default",
+                )],
+                vec![],
+            );
+            assert!(
+                wait_until(PATIENCE, || !held.echoes()),
+                "the connection the new DENY covers stayed open"
+            );
+            let (what, _) = refused(client, server, SocketAddr::new(server.ip(false), 9091));
+            eprintln!("a new connection under the DENY: {what}");
+            let nonces = istiod.push(
+                AUTHORIZATION_TYPE_URL,
+                vec![],
+                vec!["demo/deny-default".into()],
+            );
+            applied(&istiod, nonces);
+            exchange(
+                client,
+                server,
+                SocketAddr::new(server.ip(false), 9092),
+                SocketAddr::new(server.ip(false), 9092),
+            )
+            .expect("allowed again once the DENY is removed");
+
+            // The stream drops: the state held keeps serving, and the
+            // reconnect resumes from the versions held.
+            let before = istiod.request_count();
+            istiod.drop_streams();
+            let seen = exchange(
+                client,
+                server,
+                SocketAddr::new(server.ip(false), 9093),
+                SocketAddr::new(server.ip(false), 9093),
+            )
+            .unwrap();
+            assert_eq!(seen, client.ip(false));
+            let resumed = istiod
+                .wait_for_request(PATIENCE, |r| {
+                    r.first_of_type
+                        && r.request.type_url == ADDRESS_TYPE_URL
+                        && r.request
+                            .initial_resource_versions
+                            .get(&uid_of(server))
+                            .is_some_and(|v| v == "1")
+                })
+                .unwrap_or_else(|e| panic!("no resume with the versions held: {e}"));
+            assert!(resumed
+                .request
+                .initial_resource_versions
+                .contains_key(SERVICE));
+            assert!(istiod.request_count() > before);
+
+            // A removed workload's traffic is refused (the server's side no
+            // longer knows whom it serves; the wait runs out).
+            istiod.push(ADDRESS_TYPE_URL, vec![], vec![uid_of(server)]);
+            // Both nodes applied it: the client's side no longer tunnels to
+            // it (plaintext, as to any address outside the mesh), and the
+            // server's side has nobody to serve it as.
+            for node in [&node1, &node2] {
+                assert!(wait_until(PATIENCE, || {
+                    let m = scrape(node.control(15020)).unwrap();
+                    prom::sum(&m, "ringway_xds_resources", &["kind=\"workload\""]) == 1.0
+                }));
+            }
+            let (what, took) = refused(client, server, SocketAddr::new(server.ip(false), 9094));
+            eprintln!("to a removed workload: {what} after {took:?}");
+            assert!(
+                took >= WORKLOAD_WAIT - Duration::from_millis(200),
+                "refused after {took:?}, before the workload wait ran out"
+            );
+            let m2 = scrape(node2.control(15020)).unwrap();
+            assert!(
+                prom::sum(
+                    &m2,
+                    "ringway_connections_refused_total",
+                    &["reason=\"unknown_workload\""]
+                ) >= 1.0,
+                "{m2}"
+            );
+            for m in [scrape(node1.control(15020)).unwrap(), m2] {
+                assert!(prom::sum(&m, "istio_xds_message_total", &[]) >= 4.0, "{m}");
+                assert_eq!(prom::sum(&m, "ringway_xds_nacks_total", &[]), 0.0, "{m}");
+            }
+            drop(node1.proxy);
+            drop(node2.proxy);
+        },
+    );
+}
+
+#[test]
+fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_is_refused",
+        || {
+            let bed = Bed::new("xds-e2e-adv");
+            let istiod = bed.start_istiod();
+            let (client, server, late) = (bed.n1.pod(0), bed.n2.pod(0), bed.n2.pod(1));
+            istiod.update_fixture(
+                ADDRESS_TYPE_URL,
+                vec![workload(client, 1, "1"), workload(server, 2, "1")],
+                vec![],
+            );
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            bed.wait_ready(&node1);
+            bed.wait_ready(&node2);
+            bed.cni_add(&node1, client);
+            bed.cni_add(&node2, server);
+            // `late` is enrolled before the control plane has sent its
+            // workload: its traffic waits, then is refused.
+            bed.cni_add(&node2, late);
+            let (what, took) = refused(client, late, SocketAddr::new(late.ip(false), 8080));
+            assert!(
+                took >= WORKLOAD_WAIT - Duration::from_millis(200),
+                "refused after {took:?}: {what}"
+            );
+            // The same, and its workload arrives while the connection waits:
+            // served with it.
+            let l = late
+                .netns
+                .run(|| listen(SocketAddr::new(late.ip(false), 8081)))
+                .unwrap();
+            let srv = PayloadServer::start(l, 1);
+            let to = SocketAddr::new(late.ip(false), 8081);
+            let conn = std::thread::spawn({
+                let netns = client.netns.clone();
+                move || {
+                    netns.run(|| {
+                        ringway_testbed::traffic::client_exchange(
+                            connect(to, Duration::from_secs(5))?,
+                            4096,
+                            4096,
+                        )
+                    })
+                }
+            });
+            std::thread::sleep(WORKLOAD_WAIT / 4);
+            istiod.push(ADDRESS_TYPE_URL, vec![workload(late, 2, "1")], vec![]);
+            conn.join()
+                .unwrap()
+                .expect("served once its workload arrived within the wait");
+            let rep = srv
+                .next_report(PATIENCE)
+                .expect("the late pod's app saw it");
+            assert_eq!(rep.peer.ip(), client.ip(false));
+
+            // A workload behind a waypoint: never sent around it.
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![workload_with(server, 2, "2", |w| {
+                    w.waypoint = Some(wl::GatewayAddress {
+                        destination: Some(wl::gateway_address::Destination::Hostname(
+                            wl::NamespacedHostname {
+                                namespace: "demo".into(),
+                                hostname: "waypoint.demo.svc.cluster.local".into(),
+                            },
+                        )),
+                        hbone_mtls_port: 15008,
+                    });
+                })],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            let (what, _) = refused(client, server, SocketAddr::new(server.ip(false), 8080));
+            eprintln!("to a workload behind a waypoint: {what}");
+            let m1 = scrape(node1.control(15020)).unwrap();
+            assert!(
+                prom::sum(
+                    &m1,
+                    "ringway_connections_refused_total",
+                    &["reason=\"waypoint\""]
+                ) >= 1.0,
+                "not counted:\n{m1}"
+            );
+
+            // Garbage from the control plane: NACKed, and the state held
+            // keeps serving.
+            istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![Resource::new(
+                    "Kubernetes//Pod/demo/garbage",
+                    "1",
+                    prost_types::Any {
+                        type_url: ADDRESS_TYPE_URL.into(),
+                        value: vec![0xff; 9],
+                    },
+                )],
+                vec![],
+            );
+            let nack = istiod
+                .wait_for_request(PATIENCE, |r| r.nack_message().is_some())
+                .unwrap_or_else(|e| panic!("no NACK: {e}"));
+            assert!(
+                nack.nack_message()
+                    .unwrap()
+                    .contains("Kubernetes//Pod/demo/garbage"),
+                "{:?}",
+                nack.nack_message()
+            );
+            let seen = exchange(
+                client,
+                late,
+                SocketAddr::new(late.ip(false), 8082),
+                SocketAddr::new(late.ip(false), 8082),
+            )
+            .unwrap();
+            assert_eq!(seen, client.ip(false));
+        },
+    );
+}

@@ -1,0 +1,131 @@
+//! The node agent driving the real proxy (its ZDS client) on a virtual node:
+//! pods enrolled through the CNI socket carry traffic through the proxy; an
+//! agent restart leaves a long-lived proxied connection and the rules alone
+//! while the proxy gets a fresh snapshot; DEL takes the pod out of the proxy.
+//!
+//! Runs inside `run_isolated`.
+
+use crate::agent_support;
+use crate::common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_support::*;
+use ringway_config::{CaptureMode, Datapath};
+use ringway_proxy::zds_client::{self, Readiness, ZdsClientConfig};
+use ringway_proxy::Proxy;
+use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
+use ringway_testbed::{run_isolated, VirtualNode};
+
+#[test]
+fn agent_and_proxy_capture_pods_and_survive_an_agent_restart() {
+    run_isolated("agent_proxy_e2e", || {
+        init_logs();
+        let dir = TempDir::new("agent_proxy_e2e");
+        let cfg = config("agent_proxy_e2e", dir.path());
+        let vn = VirtualNode::build(41, 2).unwrap();
+        let (a, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+        let pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
+
+        let agent = start(&cfg);
+        let proxy =
+            Arc::new(Proxy::start(common::settings(CaptureMode::Tproxy, Datapath::Auto)).unwrap());
+        let ready = Arc::new(Readiness::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut zcfg = ZdsClientConfig::new(cfg.zds_socket.clone());
+        zcfg.backoff_max = Duration::from_millis(200);
+        zcfg.retry_every = Duration::from_millis(100);
+        let client = std::thread::spawn({
+            let (p, r, s) = (proxy.clone(), ready.clone(), stop.clone());
+            move || zds_client::run(p, zcfg, r, s)
+        });
+        wait_ready_proxies(&agent, 1);
+        assert!(wait_until(WAIT, || ready.is_ready()), "{}", ready.reason());
+
+        let pods = [CniPod::of(&a, "uid-a"), CniPod::of(&b, "uid-b")];
+        for p in &pods {
+            ok(plugin("ADD", p, &cfg.cni_socket));
+        }
+        let mut uids: Vec<String> = proxy.pods().into_iter().map(|p| p.uid).collect();
+        uids.sort();
+        assert_eq!(uids, ["uid-a", "uid-b"]);
+
+        // a -> b through the proxy; b sees a's own address.
+        let addr = SocketAddr::new(b.ip(false), 8080);
+        let l = b.netns.run(|| listen(addr)).unwrap();
+        let srv = PayloadServer::start(l, 2);
+        let before = proxy.stats();
+        let got = a
+            .netns
+            .run(|| client_exchange(connect(addr, WAIT)?, 1000, 70_000))
+            .unwrap();
+        assert_eq!(got, 70_000);
+        let rep = srv.next_report(WAIT).unwrap();
+        assert_eq!(rep.peer.ip(), a.ip(false));
+        assert!(
+            proxy.stats().accepted > before.accepted,
+            "captured by the proxy"
+        );
+
+        // A long-lived connection (a -> b:9090, echo) across an agent restart.
+        let echo_addr = SocketAddr::new(b.ip(false), 9090);
+        let echo_l: TcpListener = b.netns.run(|| listen(echo_addr)).unwrap();
+        let echo = std::thread::spawn(move || {
+            let (mut s, _) = echo_l.accept().unwrap();
+            let mut buf = [0u8; 4];
+            for _ in 0..2 {
+                s.read_exact(&mut buf).unwrap();
+                s.write_all(&buf).unwrap();
+            }
+        });
+        let mut conn = a.netns.run(|| connect(echo_addr, WAIT)).unwrap();
+        conn.set_read_timeout(Some(WAIT)).unwrap();
+        let mut buf = [0u8; 4];
+        conn.write_all(b"ping").unwrap();
+        conn.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+
+        let handles_before = [handles(&a), handles(&b)];
+        let snapshots = ready.snapshots.load(Ordering::SeqCst);
+        agent.shutdown();
+        let agent = start(&cfg);
+        assert_eq!(agent.rediscovery().adopted, ["uid-a", "uid-b"]);
+        wait_ready_proxies(&agent, 1);
+        assert!(wait_until(WAIT, || ready.snapshots.load(Ordering::SeqCst) > snapshots));
+        assert!(wait_until(WAIT, || ready.is_ready()), "{}", ready.reason());
+        assert_eq!(
+            [handles(&a), handles(&b)],
+            handles_before,
+            "rules untouched"
+        );
+        assert_eq!(proxy.pods().len(), 2);
+
+        conn.write_all(b"pong").unwrap();
+        conn.read_exact(&mut buf).unwrap();
+        assert_eq!(
+            &buf, b"pong",
+            "the long-lived connection survived the restart"
+        );
+        echo.join().unwrap();
+        let got = a
+            .netns
+            .run(|| client_exchange(connect(addr, WAIT)?, 10, 10))
+            .unwrap();
+        assert_eq!(got, 10);
+
+        // DEL takes b out of the proxy and removes its rules.
+        ok(plugin("DEL", &pods[1], &cfg.cni_socket));
+        assert!(wait_until(WAIT, || proxy.pods().len() == 1));
+        assert_eq!(proxy.pods()[0].uid, "uid-a");
+        assert_eq!(ringway_redirect::read_tag(b.netns.fd()).unwrap(), None);
+
+        agent.shutdown();
+        stop.store(true, Ordering::SeqCst);
+        client.join().unwrap();
+        drop(pauses);
+    });
+}

@@ -1,0 +1,920 @@
+//! The HBONE trust boundary against hostile peers that hold a real mesh
+//! certificate: forged `forwarded` claims, CONNECTs to the proxy's own
+//! ports, rapid reset floods, CONTINUATION floods, and connections that stall
+//! before or after authentication. Two virtual nodes, real TLS, real sockets.
+
+use crate::common;
+use ringway_testbed::prom;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::hbone::{two_nodes, Opts, TwoNodes, APP_PORT, TD};
+use common::{wait_until, TIMEOUT};
+use ringway_identity::Identity;
+use ringway_testbed::run_isolated;
+use ringway_testbed::Netns;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A counting app: accepts on `addr` in `ns` until dropped, echoes, and
+/// counts accepted connections and remembers their peers.
+struct App {
+    count: Arc<AtomicUsize>,
+    peers: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl App {
+    fn start(ns: &Netns, addr: SocketAddr) -> App {
+        let l = ns
+            .run(|| ringway_testbed::traffic::listen(addr))
+            .expect("listen");
+        l.set_nonblocking(true).unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let peers = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (c, p) = (count.clone(), peers.clone());
+        let join = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(l).unwrap();
+                let deadline = tokio::time::sleep(Duration::from_secs(300));
+                tokio::pin!(deadline);
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        _ = &mut deadline => break,
+                        r = l.accept() => {
+                            let Ok((mut s, peer)) = r else { continue };
+                            c.fetch_add(1, Ordering::SeqCst);
+                            p.lock().unwrap().push(peer);
+                            tokio::spawn(async move {
+                                let (mut r, mut w) = s.split();
+                                let _ = tokio::io::copy(&mut r, &mut w).await;
+                                let _ = w.shutdown().await;
+                            });
+                        }
+                    }
+                }
+            });
+        });
+        App {
+            count,
+            peers,
+            stop: Some(stop),
+            join: Some(join),
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+fn web() -> Identity {
+    Identity::new(TD, "shop", "web")
+}
+
+fn frontend() -> Identity {
+    Identity::new(TD, "front", "frontend")
+}
+
+/// A hostile peer on node 1 holding a valid certificate for `as_id` opens a
+/// CONNECT to `authority` on the server pod's 15008 claiming `forwarded`;
+/// on 200 it echoes one message. Returns the HTTP status (200 when the
+/// stream opened and echoed).
+fn hostile_connect(
+    t: &TwoNodes,
+    as_id: &Identity,
+    authority: SocketAddr,
+    forwarded: Option<SocketAddr>,
+) -> Result<u16, String> {
+    let mut headers = ringway_hbone::ConnectHeaders::new(authority);
+    if let Some(f) = forwarded {
+        headers = headers.forwarded_for(f);
+    }
+    common::hbone::peer_connect(t, as_id, &web(), authority.is_ipv6(), headers)
+}
+
+fn refused(t: &TwoNodes, reason: &str) -> f64 {
+    prom::value(
+        &common::hbone::metrics_text(&t.p2),
+        "ringway_hbone_refused_total",
+        &[&format!("reason=\"{reason}\"")],
+    )
+    .unwrap_or(0.0)
+}
+
+/// A peer with a valid mesh certificate (front/frontend) claims client
+/// addresses that are not its own: another workload's (shop/web), one no
+/// workload holds, loopback, unspecified, multicast, link-local. Each is
+/// refused with 401 and counted; the app never sees a connection. The same
+/// peer claiming its own workload's address is served, and the app sees
+/// that address.
+#[test]
+fn adversarial_hbone_forwarded_claims_must_match_the_peer() {
+    run_isolated(
+        "adversarial_hbone_forwarded_claims_must_match_the_peer",
+        || {
+            let t = two_nodes(Opts {
+                server_pods: 2,
+                ..Opts::new("hbone_forwarded_claims")
+            });
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let claims: [(&str, IpAddr); 9] = [
+                ("another workload (shop/web)", t.n2.pod(1).ip(false)),
+                ("no workload", "10.244.9.9".parse().unwrap()),
+                ("loopback", "127.0.0.1".parse().unwrap()),
+                ("unspecified", "0.0.0.0".parse().unwrap()),
+                ("multicast", "224.0.0.1".parse().unwrap()),
+                ("link-local", "169.254.1.1".parse().unwrap()),
+                ("broadcast", "255.255.255.255".parse().unwrap()),
+                ("v6 loopback", "::1".parse().unwrap()),
+                ("v6 link-local", "fe80::1".parse().unwrap()),
+            ];
+            for (what, ip) in claims {
+                let status =
+                    hostile_connect(&t, &frontend(), addr, Some(SocketAddr::new(ip, 40000)));
+                assert_eq!(status, Ok(401), "forwarded claim of {what} ({ip})");
+            }
+            assert_eq!(app.connections(), 0, "no forged claim reached the app");
+            // No `forwarded` at all: the peer's own (node) address is no
+            // workload's either.
+            assert_eq!(hostile_connect(&t, &frontend(), addr, None), Ok(401));
+            assert!(refused(&t, "forwarded_not_peer") >= 3.0);
+            assert!(refused(&t, "forwarded_reserved") >= 7.0);
+            // Control: the peer's own workload address is served.
+            let own = SocketAddr::new(t.client().ip(false), 40000);
+            assert_eq!(hostile_connect(&t, &frontend(), addr, Some(own)), Ok(200));
+            assert!(wait_until(TIMEOUT, || app.connections() == 1));
+            assert_eq!(
+                app.peers.lock().unwrap()[0].ip(),
+                t.client().ip(false),
+                "the app sees the verified client address"
+            );
+        },
+    );
+}
+
+/// A peer asks for the proxy's own ports in the destination pod (the
+/// capture and tunnel listeners, and a control port where the pod happens
+/// to listen): refused with 401 before any connect, and counted.
+#[test]
+fn adversarial_hbone_connect_to_proxy_ports_refused() {
+    run_isolated("adversarial_hbone_connect_to_proxy_ports_refused", || {
+        let t = two_nodes(Opts::new("hbone_proxy_ports"));
+        let own = SocketAddr::new(t.client().ip(false), 40000);
+        let metrics_port = SocketAddr::new(t.server().ip(false), 15020);
+        let app = App::start(&t.server().netns, metrics_port);
+        for port in [15001, 15006, 15008, 15020, 15021, 15000] {
+            let dst = SocketAddr::new(t.server().ip(false), port);
+            assert_eq!(
+                hostile_connect(&t, &frontend(), dst, Some(own)),
+                Ok(401),
+                "CONNECT to the proxy's port {port}"
+            );
+        }
+        assert_eq!(app.connections(), 0);
+        assert!(refused(&t, "proxy_port") >= 6.0);
+    });
+}
+
+/// Raw HTTP/2 frames for peers that misbehave below what the h2 crate lets
+/// a client do.
+mod frames {
+    pub const HEADERS: u8 = 1;
+    pub const RST_STREAM: u8 = 3;
+    pub const SETTINGS: u8 = 4;
+    pub const GOAWAY: u8 = 7;
+    pub const CONTINUATION: u8 = 9;
+    pub const END_HEADERS: u8 = 0x4;
+    pub const ACK: u8 = 0x1;
+    pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    pub fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let len = payload.len() as u32;
+        out.extend_from_slice(&len.to_be_bytes()[1..]);
+        out.push(kind);
+        out.push(flags);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+    }
+
+    /// An HPACK string literal (no Huffman), 7-bit prefixed length.
+    fn string(out: &mut Vec<u8>, s: &[u8]) {
+        int(out, 0, 7, s.len());
+        out.extend_from_slice(s);
+    }
+
+    fn int(out: &mut Vec<u8>, first: u8, prefix: u32, mut n: usize) {
+        let max = (1usize << prefix) - 1;
+        if n < max {
+            out.push(first | n as u8);
+            return;
+        }
+        out.push(first | max as u8);
+        n -= max;
+        while n >= 128 {
+            out.push((n % 128) as u8 | 0x80);
+            n /= 128;
+        }
+        out.push(n as u8);
+    }
+
+    /// A literal header without indexing, new name.
+    pub fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+        out.push(0);
+        string(out, name);
+        string(out, value);
+    }
+
+    /// The header block of a CONNECT to `authority` claiming `forwarded`.
+    pub fn connect_block(authority: &str, forwarded: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        // Literal without indexing, indexed name: :method (2), :authority (1).
+        b.push(0x02);
+        string(&mut b, b"CONNECT");
+        b.push(0x01);
+        string(&mut b, authority.as_bytes());
+        header(&mut b, b"forwarded", forwarded.as_bytes());
+        b
+    }
+}
+
+type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// The server's side of a raw session, read frame by frame.
+struct FrameReader(tokio::io::ReadHalf<TlsStream>);
+
+impl FrameReader {
+    /// The next frame: (type, flags, stream, payload).
+    async fn next(&mut self) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+        let mut head = [0u8; 9];
+        self.0.read_exact(&mut head).await?;
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let stream = u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        self.0.read_exact(&mut payload).await?;
+        Ok((head[3], head[4], stream, payload))
+    }
+
+    /// Reads until the server closes; the GOAWAY error code it sent, if any.
+    async fn until_closed(mut self) -> Option<u32> {
+        let mut goaway = None;
+        while let Ok((kind, _, _, payload)) = self.next().await {
+            if kind == frames::GOAWAY && payload.len() >= 8 {
+                goaway = Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+            }
+        }
+        goaway
+    }
+}
+
+/// A hostile peer's raw HTTP/2 session over real mutual TLS (a certificate
+/// for front/frontend) to the server pod's 15008, from node 1: the preface
+/// and the SETTINGS exchange done, then `session` drives both halves.
+fn raw_h2_session<T, F, Fut>(t: &TwoNodes, session: F) -> T
+where
+    T: Send,
+    F: FnOnce(FrameReader, tokio::io::WriteHalf<TlsStream>) -> Fut + Send,
+    Fut: std::future::Future<Output = T>,
+{
+    let ids = t.ids1.clone().expect("HBONE on");
+    let tls = ids.client_config(&frontend(), &web()).unwrap();
+    let tunnel = SocketAddr::new(t.server().ip(false), 15008);
+    t.n1.node.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let tcp = tokio::net::TcpStream::connect(tunnel).await.unwrap();
+            let s = tokio_rustls::TlsConnector::from(tls)
+                .connect(ringway_identity::placeholder_server_name(), tcp)
+                .await
+                .expect("mutual TLS with a valid certificate");
+            let (r, mut w) = tokio::io::split(s);
+            let mut r = FrameReader(r);
+            let mut hello = frames::PREFACE.to_vec();
+            frames::frame(&mut hello, frames::SETTINGS, 0, 0, &[]);
+            w.write_all(&hello).await.unwrap();
+            // The server's SETTINGS, then our ACK.
+            loop {
+                let (kind, flags, _, _) = r.next().await.expect("server SETTINGS");
+                if kind == frames::SETTINGS && flags & frames::ACK == 0 {
+                    break;
+                }
+            }
+            let mut ack = Vec::new();
+            frames::frame(&mut ack, frames::SETTINGS, frames::ACK, 0, &[]);
+            w.write_all(&ack).await.unwrap();
+            session(r, w).await
+        })
+    })
+}
+
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// "Rapid reset": 10,000 CONNECTs on one authenticated HTTP/2 connection,
+/// each reset right after its HEADERS. The streams are cancelled with their
+/// authorization and upstream connect, the connection gets GOAWAY, and the
+/// app behind sees at most `maxConnectingStreams` connections.
+#[test]
+fn adversarial_hbone_rapid_reset_bounded() {
+    run_isolated("adversarial_hbone_rapid_reset_bounded", || {
+        let t = two_nodes(Opts::new("hbone_rapid_reset"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let app = App::start(&t.server().netns, addr);
+        let cap = ringway_config::HboneSettings::default().max_connecting_streams as usize;
+        let authority = addr.to_string();
+        let forwarded = format!("for=\"{}:40000\"", t.client().ip(false));
+        let block = frames::connect_block(&authority, &forwarded);
+        // Rounds of 100 CONNECTs; once the server answers any of them (its
+        // decisions are under way), all 100 are reset. 100 rounds.
+        let goaway = raw_h2_session(&t, |mut r, mut w| async move {
+            let flood = async {
+                for round in 0..100u32 {
+                    let ids: Vec<u32> = (0..100).map(|i| 2 * (round * 100 + i) + 1).collect();
+                    let mut out = Vec::new();
+                    for &id in &ids {
+                        frames::frame(&mut out, frames::HEADERS, frames::END_HEADERS, id, &block);
+                    }
+                    w.write_all(&out).await?;
+                    loop {
+                        let (kind, _, stream, payload) = r.next().await?;
+                        if kind == frames::GOAWAY {
+                            return Ok(Some(u32::from_be_bytes(payload[4..8].try_into().unwrap())));
+                        }
+                        if ids.contains(&stream) {
+                            break;
+                        }
+                    }
+                    let mut out = Vec::new();
+                    for &id in &ids {
+                        frames::frame(&mut out, frames::RST_STREAM, 0, id, &8u32.to_be_bytes());
+                    }
+                    w.write_all(&out).await?;
+                }
+                Ok::<_, std::io::Error>(None)
+            };
+            match tokio::time::timeout(TIMEOUT * 3, flood).await {
+                Ok(Ok(Some(code))) => Some(code),
+                Ok(Ok(None)) => {
+                    // Not refused during the flood: the server must still
+                    // end the session.
+                    let _ = w.shutdown().await;
+                    tokio::time::timeout(TIMEOUT, r.until_closed())
+                        .await
+                        .ok()
+                        .flatten()
+                }
+                _ => None,
+            }
+        });
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 0));
+        let seen = app.connections();
+        println!("rapid reset: {seen} upstream connects, GOAWAY {goaway:?}");
+        assert_eq!(goaway, Some(ENHANCE_YOUR_CALM), "abusive peer gets GOAWAY");
+        assert!(seen <= cap, "{seen} upstream connects, cap {cap}");
+        assert!(refused(&t, "rapid_reset") >= 1.0);
+    });
+}
+
+/// A CONNECT whose header block never ends: HEADERS without END_HEADERS,
+/// then CONTINUATION frames of 64 KiB up to 1 MiB. The server answers with
+/// GOAWAY before the block ends instead of buffering it.
+#[test]
+fn adversarial_hbone_continuation_flood_refused() {
+    run_isolated("adversarial_hbone_continuation_flood_refused", || {
+        let t = two_nodes(Opts::new("hbone_continuation"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let app = App::start(&t.server().netns, addr);
+        let authority = addr.to_string();
+        let forwarded = format!("for=\"{}:40000\"", t.client().ip(false));
+        let mut block = frames::connect_block(&authority, &forwarded);
+        // Pad with whole header fields so every frame decodes.
+        let value = vec![b'a'; 1000];
+        while block.len() < (1 << 20) {
+            frames::header(&mut block, b"x-pad", &value);
+        }
+        let goaway = raw_h2_session(&t, |r, mut w| async move {
+            let writer = async move {
+                for (i, piece) in block.chunks(64 * 1024).enumerate() {
+                    let mut out = Vec::new();
+                    let kind = if i == 0 {
+                        frames::HEADERS
+                    } else {
+                        frames::CONTINUATION
+                    };
+                    // Never END_HEADERS: the block is left open.
+                    frames::frame(&mut out, kind, 0, 1, piece);
+                    if w.write_all(&out).await.is_err() {
+                        break;
+                    }
+                }
+                // Our side stays open: the server must be the one to end it.
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                g = r.until_closed() => g,
+                _ = writer => None,
+                _ = tokio::time::sleep(TIMEOUT) => None,
+            }
+        });
+        assert!(
+            goaway.is_some(),
+            "an endless header block must get GOAWAY, not be buffered"
+        );
+        assert_eq!(app.connections(), 0);
+    });
+}
+
+/// A TCP connection to the server pod's 15008 from `ns` (node 1 or a pod).
+fn tcp_to_tunnel(t: &TwoNodes, ns: &Netns) -> std::net::TcpStream {
+    let tunnel = SocketAddr::new(t.server().ip(false), 15008);
+    // No socket options after connect: a refused connection may be reset
+    // before the caller looks.
+    ns.run(|| std::net::TcpStream::connect_timeout(&tunnel, TIMEOUT))
+        .expect("TCP to 15008")
+}
+
+/// A new connection from `ns` to the server pod's 15008 is reset at once
+/// (the reset may beat the connect's own completion check).
+fn expect_reset(t: &TwoNodes, ns: &Netns, what: &str) {
+    let tunnel = SocketAddr::new(t.server().ip(false), 15008);
+    let r = ns
+        .run(|| std::net::TcpStream::connect_timeout(&tunnel, TIMEOUT))
+        .and_then(|mut s| wait_closed(&mut s, TIMEOUT));
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "{what}"
+    );
+}
+
+/// Reads until the server ends the connection: `Ok(())` on FIN, the error
+/// on reset, `TimedOut` when `within` passes first.
+fn wait_closed(s: &mut std::net::TcpStream, within: Duration) -> std::io::Result<()> {
+    use std::io::Read;
+    s.set_read_timeout(Some(within))?;
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::ErrorKind::TimedOut.into())
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A full mutual TLS handshake from `ns` to the server pod's 15008 (a
+/// valid front/frontend certificate): proof that the connection was served.
+fn tls_handshake_from(t: &TwoNodes, ns: &Netns) -> std::io::Result<()> {
+    let mut tcp = tcp_to_tunnel(t, ns);
+    tls_handshake_on(t, &mut tcp)
+}
+
+/// [`tls_handshake_from`] on a connection already open.
+fn tls_handshake_on(t: &TwoNodes, tcp: &mut std::net::TcpStream) -> std::io::Result<()> {
+    use std::io::Write;
+    let ids = t.ids1.clone().unwrap();
+    let cfg = ids.client_config(&frontend(), &web()).unwrap();
+    tcp.set_read_timeout(Some(TIMEOUT))?;
+    let conn = rustls::ClientConnection::new(cfg, ringway_identity::placeholder_server_name())
+        .map_err(std::io::Error::other)?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(frames::PREFACE)?;
+    tls.flush()?;
+    Ok(())
+}
+
+/// A client that opens TCP to 15008 and never starts TLS is closed after
+/// `handshakeTimeout` (1 s here; it used to be held 10 s) and counted.
+#[test]
+fn adversarial_hbone_stalled_handshake_closed() {
+    run_isolated("adversarial_hbone_stalled_handshake_closed", || {
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                handshake_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..Opts::new("hbone_stalled_handshake")
+        });
+        let mut silent = tcp_to_tunnel(&t, &t.n1.node);
+        // A ClientHello cut short: the server waits for the rest.
+        let mut half = tcp_to_tunnel(&t, &t.n1.node);
+        std::io::Write::write_all(&mut half, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).unwrap();
+        for s in [&mut silent, &mut half] {
+            let r = wait_closed(s, Duration::from_secs(8));
+            assert!(
+                !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+                "a stalled handshake must be closed after handshakeTimeout"
+            );
+        }
+        assert!(wait_until(TIMEOUT, || refused(&t, "handshake_timeout") >= 2.0));
+    });
+}
+
+/// Connections opened together to a pod's 15008 that never start TLS are
+/// each closed after a deadline of their own, within
+/// `[handshakeTimeout / 2, handshakeTimeout]`: not all at once. (A flood
+/// admitted in one burst used to expire in one burst, so that its
+/// replacements were admitted, and started their TLS handshakes, in one
+/// burst too.)
+#[test]
+fn adversarial_hbone_preauth_deadlines_spread() {
+    run_isolated("adversarial_hbone_preauth_deadlines_spread", || {
+        let timeout = Duration::from_secs(2);
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                handshake_timeout: timeout,
+                ..Default::default()
+            },
+            ..Opts::new("hbone_deadlines_spread")
+        });
+        const N: usize = 40;
+        let conns: Vec<_> = (0..N)
+            .map(|_| (std::time::Instant::now(), tcp_to_tunnel(&t, &t.n1.node)))
+            .collect();
+        // How long each lived, from before its connect to its close.
+        let lives: Vec<Duration> = std::thread::scope(|s| {
+            let waits: Vec<_> = conns
+                .into_iter()
+                .map(|(opened, mut c)| {
+                    s.spawn(move || {
+                        let r = wait_closed(&mut c, timeout + TIMEOUT);
+                        assert!(
+                            !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+                            "a silent connection must be closed within handshakeTimeout"
+                        );
+                        opened.elapsed()
+                    })
+                })
+                .collect();
+            waits.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let shortest = *lives.iter().min().unwrap();
+        let longest = *lives.iter().max().unwrap();
+        println!("{N} silent connections closed after {shortest:?} to {longest:?}");
+        assert!(
+            shortest >= timeout / 2,
+            "closed after {shortest:?}, before half of handshakeTimeout"
+        );
+        // Uniform over a 1 s range, 40 draws: the chance that they all fall
+        // within 400 ms is below 1e-13.
+        assert!(
+            longest - shortest >= (timeout / 2) * 2 / 5,
+            "{N} connections opened together were closed within {:?} of each other \
+             ({shortest:?} to {longest:?}): their deadlines are not spread",
+            longest - shortest
+        );
+        assert!(wait_until(TIMEOUT, || refused(&t, "handshake_timeout") >= N as f64));
+    });
+}
+
+/// The handshake threads of the proxies in this process, by thread id:
+/// their nice values (`/proc/self/task/*/stat`, field 19). The kernel keeps
+/// 15 bytes of a thread's name.
+fn handshake_threads() -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != ringway_proxy::handshake::THREAD_NAME {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // After the name's closing parenthesis, fields 3.. follow.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice: i64 = after.split(' ').nth(19 - 3).unwrap().parse().unwrap();
+        out.push((task.file_name().to_string_lossy().into_owned(), nice));
+    }
+    out
+}
+
+/// The server side of every TLS handshake on a pod's 15008 (key exchange,
+/// signature, the client certificate's verification: the CPU a flood of
+/// ClientHellos buys) runs on the proxy's handshake thread, at a lower CPU
+/// priority than the datapath workers, never on a worker: a flood of
+/// handshakes against one pod cannot stall other pods' bytes. What
+/// authenticated is then served as before.
+#[test]
+fn adversarial_hbone_server_handshakes_run_off_the_datapath() {
+    run_isolated(
+        "adversarial_hbone_server_handshakes_run_off_the_datapath",
+        || {
+            let t = two_nodes(Opts::new("hbone_handshake_thread"));
+            const N: usize = 6;
+            for _ in 0..N {
+                tls_handshake_from(&t, &t.n1.node).expect("a full mutual TLS handshake");
+            }
+            // And a CONNECT after the handshake: served on as before (the
+            // stream echoes through the app).
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let own = SocketAddr::new(t.client().ip(false), 40000);
+            assert_eq!(hostile_connect(&t, &frontend(), addr, Some(own)), Ok(200));
+            assert!(wait_until(TIMEOUT, || app.connections() == 1));
+            let ok = || {
+                prom::value(
+                    &common::hbone::metrics_text(&t.p2),
+                    "ringway_tls_handshakes_total",
+                    &["side=\"server\"", "outcome=\"ok\""],
+                )
+                .unwrap_or(0.0)
+            };
+            assert!(wait_until(TIMEOUT, || ok() >= N as f64 + 1.0));
+            assert_eq!(
+                t.p2.stats().server_handshakes_off_thread,
+                0,
+                "server TLS handshakes ran on datapath workers"
+            );
+            let threads = handshake_threads();
+            assert!(!threads.is_empty(), "no handshake thread");
+            for (tid, nice) in threads {
+                assert_eq!(nice, 10, "handshake thread {tid} runs at nice {nice}");
+            }
+        },
+    );
+}
+
+/// The socket inodes of the connections established to port 15008 in
+/// `ns` (`/proc/thread-self/net/tcp{,6}` read inside it).
+fn tunnel_conn_inodes(ns: &Netns) -> Vec<u64> {
+    ns.run(|| {
+        let mut out = Vec::new();
+        for f in ["tcp", "tcp6"] {
+            let text = std::fs::read_to_string(format!("/proc/thread-self/net/{f}")).unwrap();
+            for line in text.lines().skip(1) {
+                let cols: Vec<_> = line.split_whitespace().collect();
+                // local address:port, state 01 = ESTABLISHED, inode.
+                if cols[1].ends_with(":3AA0") && cols[3] == "01" {
+                    out.push(cols[9].parse().unwrap());
+                }
+            }
+        }
+        out
+    })
+}
+
+/// How many of this process's fds are the sockets `inodes`.
+fn fds_on(inodes: &[u64]) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .ok()
+                .and_then(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    l.strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .is_some_and(|i| inodes.contains(&i))
+        })
+        .count()
+}
+
+/// Connections in their TLS handshake (on the handshake thread) when their
+/// pod is removed, or when the proxy stops, end at once: every one is
+/// reset, no fd of theirs stays open anywhere in the proxy, and their
+/// pre-authentication places and registrations are given back.
+#[test]
+fn adversarial_hbone_pending_handshakes_end_with_their_pod() {
+    run_isolated(
+        "adversarial_hbone_pending_handshakes_end_with_their_pod",
+        || {
+            let t = two_nodes(Opts {
+                server_pods: 2,
+                limits: ringway_config::HboneSettings {
+                    handshake_timeout: Duration::from_secs(120),
+                    ..Default::default()
+                },
+                ..Opts::new("hbone_pending_handshakes")
+            });
+            const N: usize = 6;
+            // Silent connections and ClientHellos cut short (their
+            // handshakes have started) to server pod `i`'s 15008.
+            let pending = |i: usize| {
+                let pod = t.n2.pod(i);
+                let tunnel = SocketAddr::new(pod.ip(false), 15008);
+                let mut conns = Vec::new();
+                for half in [false, true].repeat(N) {
+                    let mut c =
+                        t.n1.node
+                            .run(|| std::net::TcpStream::connect_timeout(&tunnel, TIMEOUT))
+                            .expect("TCP to 15008");
+                    if half {
+                        std::io::Write::write_all(&mut c, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+                            .unwrap();
+                    }
+                    conns.push(c);
+                }
+                assert!(wait_until(TIMEOUT, || t.p2.stats().active == 2 * N as i64));
+                let inodes = tunnel_conn_inodes(&pod.netns);
+                assert_eq!(inodes.len(), 2 * N, "the proxy's ends of the connections");
+                assert!(
+                    fds_on(&inodes) >= 2 * N,
+                    "the proxy holds the accepted sockets"
+                );
+                (conns, inodes)
+            };
+            let all_closed = |conns: &mut Vec<std::net::TcpStream>, after: &str| {
+                for (i, c) in conns.iter_mut().enumerate() {
+                    let r = wait_closed(c, TIMEOUT);
+                    assert!(
+                        !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+                        "connection {i} still open after {after}"
+                    );
+                }
+            };
+            let (mut conns, inodes) = pending(0);
+            assert!(t.p2.remove_pod(&t.n2.pod(0).name).is_some());
+            all_closed(&mut conns, "its pod was removed");
+            assert!(
+                wait_until(TIMEOUT, || t.p2.stats().active == 0),
+                "{} connections (and their pre-auth places) still held after their pod was removed",
+                t.p2.stats().active
+            );
+            assert!(
+                wait_until(TIMEOUT, || fds_on(&inodes) == 0),
+                "{} fds of the removed pod's connections still open",
+                fds_on(&inodes)
+            );
+            // The proxy stopping ends the handshakes under way as well.
+            let (mut conns, inodes) = pending(1);
+            let TwoNodes { p2, .. } = t;
+            p2.shutdown();
+            all_closed(&mut conns, "the proxy stopped");
+            assert_eq!(
+                fds_on(&inodes),
+                0,
+                "fds of connections in their handshake outlived the proxy"
+            );
+        },
+    );
+}
+
+/// Two nodes whose server pod takes at most 4 connections per source and 6
+/// in all before authentication, held for up to a minute.
+fn preauth_capped(name: &str) -> TwoNodes {
+    two_nodes(Opts {
+        limits: ringway_config::HboneSettings {
+            max_preauth_per_source: 4,
+            max_preauth_per_pod: 6,
+            handshake_timeout: Duration::from_secs(60),
+            ..Default::default()
+        },
+        ..Opts::new(name)
+    })
+}
+
+/// Connections that have not authenticated yet are capped per source
+/// address: the next one is reset at once and counted, while another source
+/// (below the pod's cap) is still served.
+#[test]
+fn adversarial_hbone_preauth_caps_per_source() {
+    run_isolated("adversarial_hbone_preauth_caps_per_source", || {
+        let t = preauth_capped("hbone_preauth_caps");
+        let node = &t.n1.node;
+        // Node 2 reaches its pod from another address.
+        let other = &t.n2.node;
+        // Four stalled connections from node 1: its source is at the cap.
+        let held: Vec<_> = (0..4).map(|_| tcp_to_tunnel(&t, node)).collect();
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active >= 4));
+        expect_reset(
+            &t,
+            node,
+            "the fifth pre-auth connection of one source is reset",
+        );
+        assert!(wait_until(TIMEOUT, || refused(&t, "per_source") >= 1.0));
+        // Another source is served: a full handshake (it leaves the
+        // pre-auth count at the preface).
+        tls_handshake_from(&t, other).expect("another source is served");
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 4));
+        drop(held);
+    });
+}
+
+/// A pod at its pre-authentication cap stops accepting on its 15008: what
+/// comes beyond the cap waits in the kernel's backlog and costs the proxy
+/// nothing (no accept, no reset, no task: a reconnect flood cannot keep a
+/// worker busy), and it is served, in order, as places come free.
+#[test]
+fn adversarial_hbone_pod_at_preauth_cap_pauses_accepts() {
+    run_isolated(
+        "adversarial_hbone_pod_at_preauth_cap_pauses_accepts",
+        || {
+            let t = preauth_capped("hbone_preauth_pause");
+            let node = &t.n1.node;
+            let other = &t.n2.node;
+            // Four stalled connections from node 1 and two from node 2: the pod
+            // is at its cap of six.
+            let mut held: Vec<_> = (0..4).map(|_| tcp_to_tunnel(&t, node)).collect();
+            let _more: Vec<_> = (0..2).map(|_| tcp_to_tunnel(&t, other)).collect();
+            assert!(wait_until(TIMEOUT, || t.p2.stats().active == 6));
+            let base = t.p2.stats().accepted;
+            // Ten more from node 2: the kernel completes their handshakes (the
+            // backlog), the proxy leaves them there, but for the one each of its
+            // two workers had accepted when the cap was reached: those wait in
+            // the proxy for a place, not reset either.
+            let mut queued: Vec<_> = (0..10).map(|_| tcp_to_tunnel(&t, other)).collect();
+            // Two places come free: two of the queued are taken (node 2's
+            // source is then at its own cap of four).
+            held.truncate(2);
+            assert!(
+                wait_until(TIMEOUT, || t.p2.stats().accepted >= base + 2),
+                "freed places are given to queued connections"
+            );
+            assert!(
+                refused(&t, "per_pod_paused") >= 1.0,
+                "the pause at the pod's cap is counted"
+            );
+            // None of the rest was reset: each is either in its pre-auth phase
+            // or still waiting in the backlog for a place.
+            for (i, q) in queued.iter_mut().enumerate() {
+                q.set_nonblocking(true).unwrap();
+                let mut b = [0u8; 1];
+                let r = std::io::Read::read(q, &mut b);
+                assert!(
+                    matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                    "queued connection {i} beyond the cap waits, not reset: {r:?}"
+                );
+            }
+            assert!(
+                t.p2.stats().accepted <= base + 2 + 2,
+                "beyond the cap the proxy does not accept: {} accepted, {base} before",
+                t.p2.stats().accepted
+            );
+            drop(held);
+        },
+    );
+}
+
+/// After TLS, a client that never sends the HTTP/2 preface is closed after
+/// `prefaceTimeout`; an HTTP/2 connection that never opens a stream is
+/// closed after `idleTimeout`. Both are counted.
+#[test]
+fn adversarial_hbone_preface_and_idle_timeouts() {
+    run_isolated("adversarial_hbone_preface_and_idle_timeouts", || {
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                preface_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..Opts::new("hbone_preface_idle")
+        });
+        // TLS, then silence.
+        let ids = t.ids1.clone().unwrap();
+        let cfg = ids.client_config(&frontend(), &web()).unwrap();
+        let mut tcp = tcp_to_tunnel(&t, &t.n1.node);
+        let mut conn =
+            rustls::ClientConnection::new(cfg, ringway_identity::placeholder_server_name())
+                .unwrap();
+        while conn.is_handshaking() || conn.wants_write() {
+            conn.complete_io(&mut tcp).expect("mutual TLS");
+        }
+        let r = wait_closed(&mut tcp, Duration::from_secs(8));
+        assert!(
+            !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+            "no preface: closed after prefaceTimeout"
+        );
+        assert_eq!(refused(&t, "handshake_timeout"), 0.0, "TLS completed");
+        assert!(wait_until(TIMEOUT, || refused(&t, "preface_timeout") >= 1.0));
+        // A complete HTTP/2 session without streams.
+        let goaway = raw_h2_session(&t, |r, _w| async move {
+            tokio::time::timeout(TIMEOUT, r.until_closed()).await
+        });
+        assert_eq!(
+            goaway,
+            Ok(Some(0)),
+            "an idle HTTP/2 connection gets GOAWAY and is closed"
+        );
+        assert!(wait_until(TIMEOUT, || refused(&t, "idle") >= 1.0));
+    });
+}

@@ -1,0 +1,135 @@
+//! Authorization on one node, without HBONE: the same-node fast path applies
+//! the destination's policies (with the source pod's identity, which the
+//! proxy knows first hand), and a policy change re-checks the connections
+//! already open on the fast path and on the plaintext inbound path.
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+use common::{wait_until, MeshNode, TIMEOUT};
+use ringway_config::{CaptureMode, Datapath, Mesh, MeshConfig, NoEnv};
+use ringway_testbed::run_isolated;
+use ringway_testbed::traffic::{connect, listen, EchoServer};
+
+const PORT: u16 = 8080;
+const CLIENT: &str = "spiffe://cluster.local/ns/front/sa/frontend";
+
+/// Pod 0 is front/frontend, pod 1 is shop/web (no `ca:`: no HBONE).
+fn mesh(policies: &str) -> Arc<Mesh> {
+    let yaml = format!(
+        "workloads:\n  - {{uid: c, name: client-0, namespace: front, serviceAccount: frontend, ips: [10.244.1.2], node: n}}\n  - {{uid: s, name: server-0, namespace: shop, serviceAccount: web, ips: [10.244.1.3], node: n}}\n{policies}"
+    );
+    Arc::new(MeshConfig::load_str(&yaml, "policy_local", &NoEnv).unwrap())
+}
+
+fn deny_frontend() -> String {
+    format!("policies:\n  - name: no-frontend\n    namespace: shop\n    action: DENY\n    rules:\n      - from:\n          - principals: [\"{CLIENT}\"]\n")
+}
+
+const REQUIRE_MTLS: &str = "policies:\n  - name: require-mtls\n    action: DENY\n    rules:\n      - from:\n          - notPrincipals: [\"*\"]\n";
+
+/// The echo app on the server pod.
+fn echo_app(node: &MeshNode) -> EchoServer {
+    EchoServer::start(
+        node.pod(1)
+            .netns
+            .run(|| listen(SocketAddr::new(node.pod(1).ip(false), PORT)))
+            .unwrap(),
+    )
+}
+
+fn round_trip(s: &mut TcpStream) -> std::io::Result<()> {
+    s.write_all(b"ping")?;
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    assert_eq!(&b, b"ping");
+    Ok(())
+}
+
+fn open(from: &ringway_testbed::Netns, to: SocketAddr) -> std::io::Result<TcpStream> {
+    from.run(|| {
+        let s = connect(to, TIMEOUT)?;
+        s.set_read_timeout(Some(TIMEOUT))?;
+        Ok(s)
+    })
+}
+
+fn denials(node: &MeshNode, path: &str) -> String {
+    let text = ringway_proxy::metrics::encode(&node.proxy.metrics().registry(), false);
+    text.lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "ringway_authorization_denials_total{{path=\"{path}\"}}"
+            ))
+        })
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn fast_path_enforces_destination_policy() {
+    run_isolated("fast_path_enforces_destination_policy", || {
+        let node = MeshNode::new(2, CaptureMode::Tproxy, Datapath::Uring);
+        node.proxy.set_mesh(mesh(&deny_frontend()));
+        let accepted = echo_app(&node);
+        let dst = SocketAddr::new(node.pod(1).ip(false), PORT);
+        // Denied by principal: the fast path must not deliver it.
+        let r = open(&node.pod(0).netns, dst).and_then(|mut s| round_trip(&mut s));
+        assert!(r.is_err(), "a denied same-node connection was delivered");
+        assert_eq!(accepted.connections(), 0);
+        assert!(
+            denials(&node, "local").ends_with(" 1"),
+            "{}",
+            denials(&node, "local")
+        );
+        // Lifted: it goes through on the fast path.
+        node.proxy.set_mesh(mesh(""));
+        let mut s = open(&node.pod(0).netns, dst).unwrap();
+        round_trip(&mut s).unwrap();
+        assert!(node.proxy.stats().same_node >= 1);
+    });
+}
+
+#[test]
+fn policy_change_rechecks_open_connections() {
+    run_isolated("policy_change_rechecks_open_connections", || {
+        let node = MeshNode::new(2, CaptureMode::Tproxy, Datapath::Uring);
+        node.proxy.set_mesh(mesh(""));
+        let accepted = echo_app(&node);
+        let dst = SocketAddr::new(node.pod(1).ip(false), PORT);
+        // One same-node connection from the client pod, one plaintext
+        // connection from outside the mesh (the node's own netns).
+        let mut local = open(&node.pod(0).netns, dst).unwrap();
+        let mut outside = open(&node.vn.node, dst).unwrap();
+        round_trip(&mut local).unwrap();
+        round_trip(&mut outside).unwrap();
+        // An unrelated change keeps both.
+        assert_eq!(node.proxy.set_mesh(mesh("policies: []\n")), 0);
+        round_trip(&mut local).unwrap();
+        round_trip(&mut outside).unwrap();
+        // Require mTLS: the plaintext one is reset, the same-node one (it
+        // carries the client pod's identity) stays.
+        assert_eq!(node.proxy.set_mesh(mesh(REQUIRE_MTLS)), 1);
+        assert!(
+            round_trip(&mut outside).is_err(),
+            "plaintext connection survived"
+        );
+        round_trip(&mut local).unwrap();
+        // Deny the client's principal: the same-node one goes too.
+        assert_eq!(node.proxy.set_mesh(mesh(&deny_frontend())), 1);
+        assert!(
+            round_trip(&mut local).is_err(),
+            "denied connection survived"
+        );
+        assert!(
+            denials(&node, "recheck").ends_with(" 2"),
+            "{}",
+            denials(&node, "recheck")
+        );
+        assert!(wait_until(TIMEOUT, || node.proxy.stats().active == 0));
+        assert_eq!(accepted.connections(), 2);
+    });
+}
