@@ -370,7 +370,7 @@ fn a_stopping_agent_is_gone_before_its_proxies_see_their_connection_end() {
     run_isolated("agent_zds_stop", || {
         init_logs();
         let dir = TempDir::new("agent_zds_stop");
-        let cfg = config("agent_zds_stop", &dir.0);
+        let cfg = config("agent_zds_stop", dir.path());
         let agent = start(&cfg);
         let p = FakeProxy::connect(&cfg.zds_socket);
         p.empty_snapshot();

@@ -224,6 +224,13 @@ impl FakeProxy {
         }
     }
 
+    /// Takes an empty snapshot: `SnapshotSent` first, acked.
+    pub fn empty_snapshot(&self) {
+        let r = self.recv();
+        assert_eq!(r.kind, "SnapshotSent", "{r:?}");
+        self.ack();
+    }
+
     /// True when the agent closes the connection within `within`.
     pub fn closed_within(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
