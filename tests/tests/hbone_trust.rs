@@ -397,13 +397,115 @@ fn adversarial_hbone_rapid_reset_bounded() {
     });
 }
 
-/// A CONNECT whose header block never ends: HEADERS without END_HEADERS,
-/// then CONTINUATION frames of 64 KiB up to 1 MiB. The server answers with
-/// GOAWAY before the block ends instead of buffering it.
+/// Reads until the server closes: the (error code, debug data) of the last
+/// GOAWAY it sent, if any.
+async fn goaway_until_closed(mut r: FrameReader) -> Option<(u32, Vec<u8>)> {
+    let mut goaway = None;
+    while let Ok((kind, _, _, payload)) = r.next().await {
+        if kind == frames::GOAWAY && payload.len() >= 8 {
+            let code = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+            goaway = Some((code, payload[8..].to_vec()));
+        }
+    }
+    goaway
+}
+
+/// A CONTINUATION flood (CVE-2024-27316 and kin): a CONNECT's HEADERS
+/// without END_HEADERS, then up to 8,000,000 small CONTINUATION frames (one
+/// 7-byte header field each, far below any size limit; 128 MB in all), none with
+/// END_HEADERS. The server counts the frames, not only the bytes: after a
+/// handful (h2 allows `max(header list / frame size * 1.25, 5)`, 5 here) it
+/// answers GOAWAY ENHANCE_YOUR_CALM "too_many_continuations" and closes,
+/// long before the flood ends: the writer, which stops on GOAWAY or on a
+/// write error, has sent less than half of it (64 MB: more than the
+/// kernel's socket buffers, 4 MB to send and 32 MB to receive at most, can
+/// hold; 10,000 to 54,000 frames were written before the GOAWAY was read
+/// here), and the connection is closed (the reader saw it end) within the
+/// test's timeout. Nothing reaches the app.
 #[test]
 fn adversarial_hbone_continuation_flood_refused() {
     run_isolated("adversarial_hbone_continuation_flood_refused", || {
         let t = two_nodes(Opts::new("hbone_continuation"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let app = App::start(&t.server().netns, addr);
+        let authority = addr.to_string();
+        let forwarded = format!("for=\"{}:40000\"", t.client().ip(false));
+        let block = frames::connect_block(&authority, &forwarded);
+        const FLOOD: usize = 8_000_000;
+        const BATCH: usize = 1000;
+        let mut field = Vec::new();
+        frames::header(&mut field, b"x-a", b"b");
+        let mut batch = Vec::new();
+        for _ in 0..BATCH {
+            // Never END_HEADERS: the block is left open.
+            frames::frame(&mut batch, frames::CONTINUATION, 0, 1, &field);
+        }
+        let (goaway, sent, took) = raw_h2_session(&t, |r, mut w| async move {
+            let started = std::time::Instant::now();
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let sent = std::sync::atomic::AtomicUsize::new(0);
+            let writer = async {
+                let mut out = Vec::new();
+                frames::frame(&mut out, frames::HEADERS, 0, 1, &block);
+                if w.write_all(&out).await.is_ok() {
+                    while sent.load(Ordering::SeqCst) < FLOOD && !done.load(Ordering::SeqCst) {
+                        // A write error: the server closed.
+                        if w.write_all(&batch).await.is_err() {
+                            break;
+                        }
+                        sent.fetch_add(BATCH, Ordering::SeqCst);
+                        // Let the reader see a GOAWAY between batches.
+                        tokio::task::yield_now().await;
+                    }
+                }
+                // Our side stays open: the server must be the one to end it.
+                std::future::pending::<()>().await
+            };
+            let reader = async {
+                let g = goaway_until_closed(r).await;
+                done.store(true, Ordering::SeqCst);
+                (g, started.elapsed())
+            };
+            let (goaway, took) = tokio::select! {
+                (g, took) = reader => (g, took),
+                _ = writer => unreachable!(),
+                _ = tokio::time::sleep(TIMEOUT) => (None, TIMEOUT),
+            };
+            (goaway, sent.load(Ordering::SeqCst), took)
+        });
+        println!(
+            "continuation flood: GOAWAY {:?} after {sent} of {FLOOD} CONTINUATION frames, \
+             {took:?}",
+            goaway
+                .as_ref()
+                .map(|(code, debug)| (code, String::from_utf8_lossy(debug)))
+        );
+        let (code, debug) = goaway.expect("a CONTINUATION flood must get GOAWAY");
+        assert_eq!(code, ENHANCE_YOUR_CALM, "GOAWAY code");
+        assert_eq!(
+            String::from_utf8_lossy(&debug),
+            "too_many_continuations",
+            "refused for the count of CONTINUATION frames"
+        );
+        assert!(
+            sent < FLOOD / 2,
+            "the server read {sent} of {FLOOD} CONTINUATION frames before it closed"
+        );
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 0));
+        assert_eq!(app.connections(), 0);
+    });
+}
+
+/// A CONNECT whose header block never ends and is far too large: HEADERS
+/// without END_HEADERS, then CONTINUATION frames of 64 KiB up to 1 MiB of
+/// whole header fields. The first 64 KiB already decode to more than 4
+/// times `maxHeaderListSize` (16 KiB): the server answers GOAWAY
+/// ENHANCE_YOUR_CALM "header_list_way_too_large" before the block ends
+/// instead of buffering it.
+#[test]
+fn adversarial_hbone_oversized_header_block_refused() {
+    run_isolated("adversarial_hbone_oversized_header_block_refused", || {
+        let t = two_nodes(Opts::new("hbone_oversized_block"));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
         let app = App::start(&t.server().netns, addr);
         let authority = addr.to_string();
@@ -433,15 +535,14 @@ fn adversarial_hbone_continuation_flood_refused() {
                 std::future::pending::<()>().await;
             };
             tokio::select! {
-                g = r.until_closed() => g,
+                g = goaway_until_closed(r) => g,
                 _ = writer => None,
                 _ = tokio::time::sleep(TIMEOUT) => None,
             }
         });
-        assert!(
-            goaway.is_some(),
-            "an endless header block must get GOAWAY, not be buffered"
-        );
+        let (code, debug) = goaway.expect("an oversized header block must get GOAWAY");
+        assert_eq!(code, ENHANCE_YOUR_CALM, "GOAWAY code");
+        assert_eq!(String::from_utf8_lossy(&debug), "header_list_way_too_large");
         assert_eq!(app.connections(), 0);
     });
 }
