@@ -636,63 +636,6 @@ fn adversarial_hbone_stalled_handshake_closed() {
     });
 }
 
-/// Connections opened together to a pod's 15008 that never start TLS are
-/// each closed after a deadline of their own, within
-/// `[handshakeTimeout / 2, handshakeTimeout]`: not all at once. (A flood
-/// admitted in one burst used to expire in one burst, so that its
-/// replacements were admitted, and started their TLS handshakes, in one
-/// burst too.)
-#[test]
-fn adversarial_hbone_preauth_deadlines_spread() {
-    run_isolated("adversarial_hbone_preauth_deadlines_spread", || {
-        let timeout = Duration::from_secs(2);
-        let t = two_nodes(Opts {
-            limits: ringway_config::HboneSettings {
-                handshake_timeout: timeout,
-                ..Default::default()
-            },
-            ..Opts::new("hbone_deadlines_spread")
-        });
-        const N: usize = 40;
-        let conns: Vec<_> = (0..N)
-            .map(|_| (std::time::Instant::now(), tcp_to_tunnel(&t, &t.n1.node)))
-            .collect();
-        // How long each lived, from before its connect to its close.
-        let lives: Vec<Duration> = std::thread::scope(|s| {
-            let waits: Vec<_> = conns
-                .into_iter()
-                .map(|(opened, mut c)| {
-                    s.spawn(move || {
-                        let r = wait_closed(&mut c, timeout + TIMEOUT);
-                        assert!(
-                            !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
-                            "a silent connection must be closed within handshakeTimeout"
-                        );
-                        opened.elapsed()
-                    })
-                })
-                .collect();
-            waits.into_iter().map(|w| w.join().unwrap()).collect()
-        });
-        let shortest = *lives.iter().min().unwrap();
-        let longest = *lives.iter().max().unwrap();
-        println!("{N} silent connections closed after {shortest:?} to {longest:?}");
-        assert!(
-            shortest >= timeout / 2,
-            "closed after {shortest:?}, before half of handshakeTimeout"
-        );
-        // Uniform over a 1 s range, 40 draws: the chance that they all fall
-        // within 400 ms is below 1e-13.
-        assert!(
-            longest - shortest >= (timeout / 2) * 2 / 5,
-            "{N} connections opened together were closed within {:?} of each other \
-             ({shortest:?} to {longest:?}): their deadlines are not spread",
-            longest - shortest
-        );
-        assert!(wait_until(TIMEOUT, || refused(&t, "handshake_timeout") >= N as f64));
-    });
-}
-
 /// The handshake threads of the proxies in this process, by thread id:
 /// their nice values (`/proc/self/task/*/stat`, field 19). The kernel keeps
 /// 15 bytes of a thread's name.
