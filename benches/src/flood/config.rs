@@ -28,6 +28,10 @@ pub struct FloodConfig {
     pub rps: f64,
     /// Connections carrying the latency run.
     pub lat_conns: usize,
+    /// Silent connections opened together before the flood, whose
+    /// pre-authentication deadlines' spread is measured (at most the
+    /// per-source cap, 64 by default).
+    pub deadline_conns: usize,
 }
 
 impl FloodConfig {
@@ -43,6 +47,7 @@ impl FloodConfig {
             secs: 3.0,
             rps: 2000.0,
             lat_conns: 4,
+            deadline_conns: 40,
         }
     }
 
@@ -58,6 +63,7 @@ impl FloodConfig {
             secs: 1.0,
             rps: 1000.0,
             lat_conns: 2,
+            deadline_conns: 40,
         }
     }
 
@@ -73,6 +79,7 @@ impl FloodConfig {
             secs: 0.5,
             rps: 500.0,
             lat_conns: 2,
+            deadline_conns: 40,
         }
     }
 

@@ -39,7 +39,8 @@ use ringway_testbed::VirtualNode;
 pub use self::config::FloodConfig;
 use self::report::summarize;
 pub use self::report::{
-    check, render, write, FloodCounts, FloodReport, FloodRound, FloodSummary, Neighbour, Resources,
+    check, render, write, DeadlineSpread, FloodCounts, FloodReport, FloodRound, FloodSummary,
+    Neighbour, Resources,
 };
 use crate::bed;
 use crate::child::{ProxyArgs, ProxyChild};
@@ -342,6 +343,7 @@ fn run_round(
     )
     .context("warm-up")?;
     let quiet = neighbour(config, base, port, &proxy, &mut || {})?;
+    let deadlines = deadline_spread(attacker, target, config.deadline_conns)?;
     let before = res(&proxy);
     // The flood: processes in the attacker's netns, pinned to the last CPU.
     let secs_bound = 60.0 + 10.0 * config.secs + config.conns as f64 / 200.0;
@@ -425,5 +427,73 @@ fn run_round(
         after,
         counts,
         refused,
+        deadlines,
+    })
+}
+
+/// `conns` connections opened together from `attacker` to `target` (a
+/// pod's 15008) that never start TLS: how long each lived, from before its
+/// connect to the proxy's close, and how spread those lives were. The
+/// proxy's default `handshakeTimeout` bounds each (plus 10 s of slack).
+fn deadline_spread(
+    attacker: &ringway_testbed::Pod,
+    target: SocketAddr,
+    conns: usize,
+) -> anyhow::Result<DeadlineSpread> {
+    use std::io::Read;
+    let timeout = ringway_config::HboneSettings::default().handshake_timeout;
+    let opened: Vec<(Instant, std::net::TcpStream)> = attacker.netns.run(|| {
+        (0..conns)
+            .map(|_| {
+                let t = Instant::now();
+                std::net::TcpStream::connect_timeout(&target, Duration::from_secs(10))
+                    .map(|s| (t, s))
+            })
+            .collect::<std::io::Result<_>>()
+    })?;
+    let lives: Vec<Option<Duration>> = std::thread::scope(|s| {
+        let waits: Vec<_> = opened
+            .into_iter()
+            .map(|(t, mut c)| {
+                s.spawn(move || {
+                    let _ = c.set_read_timeout(Some(timeout + Duration::from_secs(10)));
+                    let mut buf = [0u8; 256];
+                    loop {
+                        match c.read(&mut buf) {
+                            Ok(0) => return Some(t.elapsed()),
+                            Ok(_) => continue,
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) =>
+                            {
+                                return None
+                            }
+                            Err(_) => return Some(t.elapsed()),
+                        }
+                    }
+                })
+            })
+            .collect();
+        waits
+            .into_iter()
+            .map(|w| w.join().unwrap_or(None))
+            .collect()
+    });
+    let closed: Vec<f64> = lives.iter().flatten().map(|d| d.as_secs_f64()).collect();
+    let shortest = closed.iter().copied().fold(f64::NAN, f64::min);
+    let longest = closed.iter().copied().fold(f64::NAN, f64::max);
+    progress(format!(
+        "  {conns} silent connections closed after {shortest:.2} to {longest:.2} s \
+         (handshakeTimeout {timeout:?})"
+    ));
+    Ok(DeadlineSpread {
+        conns,
+        timeout_s: timeout.as_secs_f64(),
+        shortest_s: shortest,
+        longest_s: longest,
+        spread_s: longest - shortest,
+        not_closed: lives.len() - closed.len(),
     })
 }

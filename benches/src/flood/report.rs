@@ -79,6 +79,26 @@ pub struct FloodCounts {
     pub first_error: Option<String>,
 }
 
+/// Connections opened together to the victim's 15008 that never start TLS,
+/// each closed at its own pre-authentication deadline (jittered within
+/// `[handshakeTimeout / 2, handshakeTimeout]`): how far apart they closed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeadlineSpread {
+    /// Silent connections opened together.
+    pub conns: usize,
+    /// The proxy's `handshakeTimeout`, s.
+    pub timeout_s: f64,
+    /// The shortest life, from before its connect to its close, s.
+    pub shortest_s: f64,
+    /// The longest, s.
+    pub longest_s: f64,
+    /// `longest_s - shortest_s`: 0 when they all expire in one burst.
+    pub spread_s: f64,
+    /// Connections the proxy had not closed after `handshakeTimeout` plus
+    /// 10 s.
+    pub not_closed: usize,
+}
+
 /// One round.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FloodRound {
@@ -96,6 +116,9 @@ pub struct FloodRound {
     pub counts: FloodCounts,
     /// `ringway_hbone_refused_total{reason}` at the end of the round.
     pub refused: BTreeMap<String, f64>,
+    /// Silent connections opened together before the flood: how spread
+    /// their closes were.
+    pub deadlines: DeadlineSpread,
 }
 
 /// Medians over the rounds.
@@ -294,6 +317,26 @@ pub fn render(r: &FloodReport) -> String {
             x.counts.cpu_s,
         ));
     }
+    s.push_str(
+        "\nPre-authentication deadlines: silent connections opened together to the victim's \
+         15008 before the flood, each closed at its own jittered deadline within \
+         [handshakeTimeout / 2, handshakeTimeout].\n\n\
+         | round | connections | handshakeTimeout s | shortest s | longest s | spread s | not closed |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for (i, x) in r.rounds.iter().enumerate() {
+        let d = &x.deadlines;
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {} |\n",
+            i + 1,
+            d.conns,
+            d.timeout_s,
+            d.shortest_s,
+            d.longest_s,
+            d.spread_s,
+            d.not_closed
+        ));
+    }
     for e in &r.errors {
         s.push_str(&format!("\nFailed: {e}\n"));
     }
@@ -310,6 +353,16 @@ pub fn check(r: &FloodReport) -> Vec<String> {
             r.rounds.len(),
             r.config.rounds
         ));
+    }
+    for (i, x) in r.rounds.iter().enumerate() {
+        let d = &x.deadlines;
+        let figs = [d.timeout_s, d.shortest_s, d.longest_s, d.spread_s];
+        if d.conns == 0 || figs.iter().any(|v| !v.is_finite()) {
+            p.push(format!(
+                "round {}: deadline spread not measured: {d:?}",
+                i + 1
+            ));
+        }
     }
     match &r.summary {
         None => p.push("no summary".into()),

@@ -23,6 +23,10 @@ fn tiny_flood_writes_a_complete_report() {
         round.counts.opened > 0,
         "the flood opened connections: {md}"
     );
+    assert_eq!(
+        round.deadlines.not_closed, 0,
+        "every silent connection is closed at its pre-authentication deadline: {md}"
+    );
     assert!(
         round.refused.values().sum::<f64>() > 0.0,
         "500 connections from 4 sources pass the per-source cap of 64: some are refused\n{md}"

@@ -398,13 +398,115 @@ fn adversarial_hbone_rapid_reset_bounded() {
     });
 }
 
-/// A CONNECT whose header block never ends: HEADERS without END_HEADERS,
-/// then CONTINUATION frames of 64 KiB up to 1 MiB. The server answers with
-/// GOAWAY before the block ends instead of buffering it.
+/// Reads until the server closes: the (error code, debug data) of the last
+/// GOAWAY it sent, if any.
+async fn goaway_until_closed(mut r: FrameReader) -> Option<(u32, Vec<u8>)> {
+    let mut goaway = None;
+    while let Ok((kind, _, _, payload)) = r.next().await {
+        if kind == frames::GOAWAY && payload.len() >= 8 {
+            let code = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+            goaway = Some((code, payload[8..].to_vec()));
+        }
+    }
+    goaway
+}
+
+/// A CONTINUATION flood (CVE-2024-27316 and kin): a CONNECT's HEADERS
+/// without END_HEADERS, then up to 8,000,000 small CONTINUATION frames (one
+/// 7-byte header field each, far below any size limit; 128 MB in all), none with
+/// END_HEADERS. The server counts the frames, not only the bytes: after a
+/// handful (h2 allows `max(header list / frame size * 1.25, 5)`, 5 here) it
+/// answers GOAWAY ENHANCE_YOUR_CALM "too_many_continuations" and closes,
+/// long before the flood ends: the writer, which stops on GOAWAY or on a
+/// write error, has sent less than half of it (64 MB: more than the
+/// kernel's socket buffers, 4 MB to send and 32 MB to receive at most, can
+/// hold; 10,000 to 54,000 frames were written before the GOAWAY was read
+/// here), and the connection is closed (the reader saw it end) within the
+/// test's timeout. Nothing reaches the app.
 #[test]
 fn adversarial_hbone_continuation_flood_refused() {
     run_isolated("adversarial_hbone_continuation_flood_refused", || {
         let t = two_nodes(Opts::new("hbone_continuation"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let app = App::start(&t.server().netns, addr);
+        let authority = addr.to_string();
+        let forwarded = format!("for=\"{}:40000\"", t.client().ip(false));
+        let block = frames::connect_block(&authority, &forwarded);
+        const FLOOD: usize = 8_000_000;
+        const BATCH: usize = 1000;
+        let mut field = Vec::new();
+        frames::header(&mut field, b"x-a", b"b");
+        let mut batch = Vec::new();
+        for _ in 0..BATCH {
+            // Never END_HEADERS: the block is left open.
+            frames::frame(&mut batch, frames::CONTINUATION, 0, 1, &field);
+        }
+        let (goaway, sent, took) = raw_h2_session(&t, |r, mut w| async move {
+            let started = std::time::Instant::now();
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let sent = std::sync::atomic::AtomicUsize::new(0);
+            let writer = async {
+                let mut out = Vec::new();
+                frames::frame(&mut out, frames::HEADERS, 0, 1, &block);
+                if w.write_all(&out).await.is_ok() {
+                    while sent.load(Ordering::SeqCst) < FLOOD && !done.load(Ordering::SeqCst) {
+                        // A write error: the server closed.
+                        if w.write_all(&batch).await.is_err() {
+                            break;
+                        }
+                        sent.fetch_add(BATCH, Ordering::SeqCst);
+                        // Let the reader see a GOAWAY between batches.
+                        tokio::task::yield_now().await;
+                    }
+                }
+                // Our side stays open: the server must be the one to end it.
+                std::future::pending::<()>().await
+            };
+            let reader = async {
+                let g = goaway_until_closed(r).await;
+                done.store(true, Ordering::SeqCst);
+                (g, started.elapsed())
+            };
+            let (goaway, took) = tokio::select! {
+                (g, took) = reader => (g, took),
+                _ = writer => unreachable!(),
+                _ = tokio::time::sleep(TIMEOUT) => (None, TIMEOUT),
+            };
+            (goaway, sent.load(Ordering::SeqCst), took)
+        });
+        println!(
+            "continuation flood: GOAWAY {:?} after {sent} of {FLOOD} CONTINUATION frames, \
+             {took:?}",
+            goaway
+                .as_ref()
+                .map(|(code, debug)| (code, String::from_utf8_lossy(debug)))
+        );
+        let (code, debug) = goaway.expect("a CONTINUATION flood must get GOAWAY");
+        assert_eq!(code, ENHANCE_YOUR_CALM, "GOAWAY code");
+        assert_eq!(
+            String::from_utf8_lossy(&debug),
+            "too_many_continuations",
+            "refused for the count of CONTINUATION frames"
+        );
+        assert!(
+            sent < FLOOD / 2,
+            "the server read {sent} of {FLOOD} CONTINUATION frames before it closed"
+        );
+        assert!(wait_until(TIMEOUT, || t.p2.stats().active == 0));
+        assert_eq!(app.connections(), 0);
+    });
+}
+
+/// A CONNECT whose header block never ends and is far too large: HEADERS
+/// without END_HEADERS, then CONTINUATION frames of 64 KiB up to 1 MiB of
+/// whole header fields. The first 64 KiB already decode to more than 4
+/// times `maxHeaderListSize` (16 KiB): the server answers GOAWAY
+/// ENHANCE_YOUR_CALM "header_list_way_too_large" before the block ends
+/// instead of buffering it.
+#[test]
+fn adversarial_hbone_oversized_header_block_refused() {
+    run_isolated("adversarial_hbone_oversized_header_block_refused", || {
+        let t = two_nodes(Opts::new("hbone_oversized_block"));
         let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
         let app = App::start(&t.server().netns, addr);
         let authority = addr.to_string();
@@ -434,15 +536,14 @@ fn adversarial_hbone_continuation_flood_refused() {
                 std::future::pending::<()>().await;
             };
             tokio::select! {
-                g = r.until_closed() => g,
+                g = goaway_until_closed(r) => g,
                 _ = writer => None,
                 _ = tokio::time::sleep(TIMEOUT) => None,
             }
         });
-        assert!(
-            goaway.is_some(),
-            "an endless header block must get GOAWAY, not be buffered"
-        );
+        let (code, debug) = goaway.expect("an oversized header block must get GOAWAY");
+        assert_eq!(code, ENHANCE_YOUR_CALM, "GOAWAY code");
+        assert_eq!(String::from_utf8_lossy(&debug), "header_list_way_too_large");
         assert_eq!(app.connections(), 0);
     });
 }
@@ -536,63 +637,6 @@ fn adversarial_hbone_stalled_handshake_closed() {
     });
 }
 
-/// Connections opened together to a pod's 15008 that never start TLS are
-/// each closed after a deadline of their own, within
-/// `[handshakeTimeout / 2, handshakeTimeout]`: not all at once. (A flood
-/// admitted in one burst used to expire in one burst, so that its
-/// replacements were admitted, and started their TLS handshakes, in one
-/// burst too.)
-#[test]
-fn adversarial_hbone_preauth_deadlines_spread() {
-    run_isolated("adversarial_hbone_preauth_deadlines_spread", || {
-        let timeout = Duration::from_secs(2);
-        let t = two_nodes(Opts {
-            limits: ringway_config::HboneSettings {
-                handshake_timeout: timeout,
-                ..Default::default()
-            },
-            ..Opts::new("hbone_deadlines_spread")
-        });
-        const N: usize = 40;
-        let conns: Vec<_> = (0..N)
-            .map(|_| (std::time::Instant::now(), tcp_to_tunnel(&t, &t.n1.node)))
-            .collect();
-        // How long each lived, from before its connect to its close.
-        let lives: Vec<Duration> = std::thread::scope(|s| {
-            let waits: Vec<_> = conns
-                .into_iter()
-                .map(|(opened, mut c)| {
-                    s.spawn(move || {
-                        let r = wait_closed(&mut c, timeout + TIMEOUT);
-                        assert!(
-                            !matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
-                            "a silent connection must be closed within handshakeTimeout"
-                        );
-                        opened.elapsed()
-                    })
-                })
-                .collect();
-            waits.into_iter().map(|w| w.join().unwrap()).collect()
-        });
-        let shortest = *lives.iter().min().unwrap();
-        let longest = *lives.iter().max().unwrap();
-        println!("{N} silent connections closed after {shortest:?} to {longest:?}");
-        assert!(
-            shortest >= timeout / 2,
-            "closed after {shortest:?}, before half of handshakeTimeout"
-        );
-        // Uniform over a 1 s range, 40 draws: the chance that they all fall
-        // within 400 ms is below 1e-13.
-        assert!(
-            longest - shortest >= (timeout / 2) * 2 / 5,
-            "{N} connections opened together were closed within {:?} of each other \
-             ({shortest:?} to {longest:?}): their deadlines are not spread",
-            longest - shortest
-        );
-        assert!(wait_until(TIMEOUT, || refused(&t, "handshake_timeout") >= N as f64));
-    });
-}
-
 /// The handshake threads of the proxies in this process, by thread id:
 /// their nice values (`/proc/self/task/*/stat`, field 19). The kernel keeps
 /// 15 bytes of a thread's name.
@@ -618,25 +662,32 @@ fn handshake_threads() -> Vec<(String, i64)> {
 /// signature, the client certificate's verification: the CPU a flood of
 /// ClientHellos buys) runs on the proxy's handshake thread, at a lower CPU
 /// priority than the datapath workers, never on a worker: a flood of
-/// handshakes against one pod cannot stall other pods' bytes. What
-/// authenticated is then served as before.
+/// handshakes against one pod does not stall another pod's bytes.
+///
+/// Measured: the client pod keeps an HBONE connection to server pod B open
+/// (through both proxies, B's side on the same proxy as A's 15008) and
+/// echoes a small message through it, one after another, while 16 threads
+/// run full mutual TLS handshakes against pod A's 15008 for 4 s. Every echo
+/// is answered, and no two answers are more than 2 s apart (a liveness
+/// bound, not a speed target: the machine is shared). The handshakes ran on
+/// the handshake thread (the proxy's own count of any that did not is 0) at
+/// nice 10, and what authenticated is served as before.
+///
+/// The 2 s bound catches a stall, not a slowdown: with the handshakes
+/// moved onto the workers on purpose, this flood (whose client side shares
+/// the same 2 cores) cut pod B's echoes to about half (265-280 against
+/// about 630) with gaps up to 85-155 ms (25 ms here): within the bound.
+/// The proxy's count of handshakes run off the handshake thread is what
+/// catches that variant.
 #[test]
 fn adversarial_hbone_server_handshakes_run_off_the_datapath() {
     run_isolated(
         "adversarial_hbone_server_handshakes_run_off_the_datapath",
         || {
-            let t = two_nodes(Opts::new("hbone_handshake_thread"));
-            const N: usize = 6;
-            for _ in 0..N {
-                tls_handshake_from(&t, &t.n1.node).expect("a full mutual TLS handshake");
-            }
-            // And a CONNECT after the handshake: served on as before (the
-            // stream echoes through the app).
-            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
-            let app = App::start(&t.server().netns, addr);
-            let own = SocketAddr::new(t.client().ip(false), 40000);
-            assert_eq!(hostile_connect(&t, &frontend(), addr, Some(own)), Ok(200));
-            assert!(wait_until(TIMEOUT, || app.connections() == 1));
+            let t = two_nodes(Opts {
+                server_pods: 2,
+                ..Opts::new("hbone_handshake_thread")
+            });
             let ok = || {
                 prom::value(
                     &common::hbone::metrics_text(&t.p2),
@@ -645,7 +696,96 @@ fn adversarial_hbone_server_handshakes_run_off_the_datapath() {
                 )
                 .unwrap_or(0.0)
             };
-            assert!(wait_until(TIMEOUT, || ok() >= N as f64 + 1.0));
+            // Pod B's echo, through its tunnel on the proxy under flood.
+            let b = SocketAddr::new(t.n2.pod(1).ip(false), APP_PORT);
+            let _app_b = App::start(&t.n2.pod(1).netns, b);
+            let mut echo = t
+                .client()
+                .netns
+                .run(|| std::net::TcpStream::connect_timeout(&b, TIMEOUT))
+                .expect("the client pod's connection to pod B");
+            echo.set_read_timeout(Some(TIMEOUT)).unwrap();
+            echo.set_nodelay(true).unwrap();
+            let echo_once = |echo: &mut std::net::TcpStream, i: u32| -> std::io::Result<()> {
+                use std::io::{Read, Write};
+                let msg = [i.to_be_bytes(), (!i).to_be_bytes()].concat();
+                echo.write_all(&msg)?;
+                let mut back = [0u8; 8];
+                echo.read_exact(&mut back)?;
+                assert_eq!(back[..], msg[..], "echo {i}");
+                Ok(())
+            };
+            echo_once(&mut echo, 0).expect("the tunnel to pod B echoes");
+            let before = ok();
+            const FLOOD: Duration = Duration::from_secs(4);
+            const THREADS: usize = 16;
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let done = AtomicUsize::new(0);
+            let (echoes, longest_gap) = std::thread::scope(|s| {
+                let echoer = s.spawn(|| {
+                    let started = std::time::Instant::now();
+                    let (mut last, mut longest, mut n) = (started, Duration::ZERO, 0u32);
+                    // Through the whole flood and a little after it.
+                    while started.elapsed() < FLOOD + Duration::from_millis(500) {
+                        n += 1;
+                        echo_once(&mut echo, n)
+                            .unwrap_or_else(|e| panic!("echo {n} to pod B during the flood: {e}"));
+                        longest = longest.max(last.elapsed());
+                        last = std::time::Instant::now();
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    (n, longest)
+                });
+                let floods: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        s.spawn(|| {
+                            let started = std::time::Instant::now();
+                            let a = SocketAddr::new(t.server().ip(false), 15008);
+                            while started.elapsed() < FLOOD && !stop.load(Ordering::SeqCst) {
+                                // Only full handshakes count; a connection the
+                                // pre-authentication caps refuse does not.
+                                let tcp =
+                                    t.n1.node
+                                        .run(|| std::net::TcpStream::connect_timeout(&a, TIMEOUT));
+                                if tcp.and_then(|mut c| tls_handshake_on(&t, &mut c)).is_ok() {
+                                    done.fetch_add(1, Ordering::SeqCst);
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                let r = echoer.join();
+                stop.store(true, Ordering::SeqCst);
+                for f in floods {
+                    f.join().unwrap();
+                }
+                r.unwrap_or_else(|e| std::panic::resume_unwind(e))
+            });
+            let flood = done.load(Ordering::SeqCst);
+            println!(
+                "handshake flood: {flood} full handshakes to pod A in {FLOOD:?}; pod B: \
+                 {echoes} echoes, longest gap {longest_gap:?}"
+            );
+            assert!(
+                wait_until(TIMEOUT, || ok() - before >= flood as f64),
+                "the proxy counted {} server handshakes of the flood's {flood}",
+                ok() - before
+            );
+            assert!(
+                flood >= 50,
+                "{flood} handshakes in {FLOOD:?}: not a flood, the measurement proves nothing"
+            );
+            assert!(
+                longest_gap < Duration::from_secs(2),
+                "pod B's echoes stalled for {longest_gap:?} during a handshake flood on pod A"
+            );
+            // And a CONNECT after the flood: served on as before (the
+            // stream echoes through the app).
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let own = SocketAddr::new(t.client().ip(false), 40000);
+            assert_eq!(hostile_connect(&t, &frontend(), addr, Some(own)), Ok(200));
+            assert!(wait_until(TIMEOUT, || app.connections() == 1));
             assert_eq!(
                 t.p2.stats().server_handshakes_off_thread,
                 0,

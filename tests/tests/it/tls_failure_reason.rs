@@ -1,7 +1,10 @@
 //! The `outcome` label of `ringway_tls_handshakes_total` for real rustls
 //! failures: each handshake below fails for one reason (over an in-memory
 //! pipe, with the identity crate's real configs and verifiers) and the
-//! label must name that reason, taken from the error's type.
+//! label must name that reason, taken from the error's type. The timeout
+//! reason is checked on real proxies: their tunnel cuts real handshakes.
+
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -163,10 +166,104 @@ async fn adversarial_tls_reason_protocol() {
     assert_eq!(reason("server", s), "peer_closed");
 }
 
+/// The tunnel's handshake deadlines, on real proxies (two virtual nodes,
+/// real sockets, real TLS): the label of a handshake cut at its deadline is
+/// `timeout`, read off the proxy's metrics as its endpoint serves them.
+///
+/// Inbound: connections to the server pod's 15008 that never send a
+/// ClientHello, or stall halfway through one, are cut after
+/// `handshakeTimeout` (1 s here) and counted as
+/// `{side="server",outcome="timeout"}`. Outbound: the server pod's proxy is
+/// replaced by a listener on its 15008 that accepts and never answers; the
+/// client pod's connection makes its proxy dial that peer, and the client
+/// handshake is cut after `connectTimeout` (10 s, the default) and counted
+/// as `{side="client",outcome="timeout"}`.
+#[test]
+fn adversarial_tls_reason_timeout() {
+    use common::hbone::{two_nodes, Opts, APP_PORT};
+    use std::net::SocketAddr;
+    ringway_testbed::run_isolated("adversarial_tls_reason_timeout", || {
+        let t = two_nodes(Opts {
+            limits: ringway_config::HboneSettings {
+                handshake_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..Opts::new("tls_reason_timeout")
+        });
+        let handshakes = |p: &ringway_proxy::Proxy, side: &str, outcome: &str| {
+            ringway_testbed::prom::value(
+                &common::hbone::metrics_text(p),
+                "ringway_tls_handshakes_total",
+                &[
+                    &format!("side=\"{side}\""),
+                    &format!("outcome=\"{outcome}\""),
+                ],
+            )
+            .unwrap_or(0.0)
+        };
+        let tunnel = SocketAddr::new(t.server().ip(false), 15008);
+        // Inbound: one silent connection, one ClientHello cut short.
+        let connect = || {
+            t.n1.node
+                .run(|| std::net::TcpStream::connect_timeout(&tunnel, common::TIMEOUT))
+                .expect("TCP to 15008")
+        };
+        let silent = connect();
+        let mut half = connect();
+        std::io::Write::write_all(&mut half, &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).unwrap();
+        assert!(
+            common::wait_until(common::TIMEOUT, || handshakes(&t.p2, "server", "timeout")
+                >= 2.0),
+            "server handshakes cut at their deadline are labelled timeout:\n{}",
+            common::hbone::metrics_text(&t.p2)
+        );
+        drop((silent, half));
+
+        // Outbound: the server pod's 15008 accepts and never answers.
+        assert!(t.p2.remove_pod(&t.server().name).is_some());
+        let listener = t.server().netns.run(|| {
+            let deadline = std::time::Instant::now() + common::TIMEOUT;
+            loop {
+                match std::net::TcpListener::bind(tunnel) {
+                    Ok(l) => return l,
+                    // The proxy's listener may take a moment to go.
+                    Err(e) if std::time::Instant::now() < deadline => {
+                        eprintln!("binding {tunnel}: {e}; again");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => panic!("binding {tunnel}: {e}"),
+                }
+            }
+        });
+        let before = handshakes(&t.p1, "client", "timeout");
+        let app = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let mut client = t
+            .client()
+            .netns
+            .run(|| std::net::TcpStream::connect_timeout(&app, common::TIMEOUT))
+            .expect("the client's connection is taken by its proxy");
+        std::io::Write::write_all(&mut client, b"hello").unwrap();
+        assert!(
+            common::wait_until(common::TIMEOUT, || handshakes(&t.p1, "client", "timeout")
+                > before),
+            "a client handshake to a peer that never answers is labelled timeout:\n{}",
+            common::hbone::metrics_text(&t.p1)
+        );
+        // The silent peer saw the proxy's connection (and nothing answered it).
+        listener.set_nonblocking(true).unwrap();
+        assert!(
+            listener.accept().is_ok(),
+            "the proxy dialled the silent peer"
+        );
+    });
+}
+
+/// The classification the tunnel relies on: its deadline error
+/// ([`HandshakeTimeout`]) is `timeout`; any other I/O timeout is `io`.
 #[tokio::test]
-async fn adversarial_tls_reason_timeout() {
-    // A server that never answers: the handshake is cut at its deadline as
-    // the tunnel cuts it (`tunnel::inbound`), and the label says so.
+async fn tls_reason_of_the_handshake_deadline_error() {
+    // A handshake against a peer that never answers, cut by a deadline
+    // raised as the tunnel raises it.
     let m = manager(CaSigner::generate_for_tests(TD), TrustBundle::new());
     let (a, _silent) = duplex(64 * 1024);
     let limit = Duration::from_millis(200);

