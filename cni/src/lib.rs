@@ -75,8 +75,6 @@ pub mod kube;
 pub mod node;
 pub mod result;
 mod run;
-#[cfg(test)]
-mod test_dir;
 pub mod version;
 
 #[cfg(any(test, feature = "testing"))]

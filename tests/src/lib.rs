@@ -32,6 +32,8 @@ pub use error::Error;
 pub use node::{link_nodes, NodeLink, PauseProcess, Pod, VirtualNode};
 pub use ns::{private_tmpfs, Netns};
 pub use tempdir::TempDir;
+#[cfg(feature = "async")]
+pub use wait::wait_for_async;
 pub use wait::{wait_for, wait_until};
 
 /// The name libtest knows a test by, as `--exact` wants it when a test

@@ -12,11 +12,11 @@ use serde_json::{json, Value};
 use super::*;
 
 /// A fresh dir with `net.d`, `bin` and a plugin binary to install.
-struct TempDir(crate::test_dir::ScratchDir);
+struct TempDir(ringway_testbed::TempDir);
 
 impl TempDir {
     fn new(test: &str) -> TempDir {
-        let dir = crate::test_dir::ScratchDir::new(&format!("install-{test}"));
+        let dir = ringway_testbed::TempDir::new(&format!("install-{test}"));
         fs::create_dir_all(dir.join("net.d")).unwrap();
         fs::create_dir_all(dir.join("bin")).unwrap();
         fs::write(dir.join("plugin"), b"#!/bin/sh\necho ringway\n").unwrap();
@@ -83,13 +83,8 @@ fn with_plugins(mut list: Value, plugins: Vec<Value>) -> Value {
     list
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+/// How long a watch may take to see a change.
+const WAIT: Duration = Duration::from_secs(10);
 
 #[test]
 fn conflist_gets_our_entry_last_and_keeps_everything_else() {
@@ -545,17 +540,19 @@ fn watch_reinserts_after_the_primary_rewrites_its_file() {
     let mut inst = t.installer();
     inst.config.recheck_interval = Duration::from_secs(3600);
     let watch = inst.watch().unwrap();
-    wait_until("initial insert", || inst.check().is_ok());
+    ringway_testbed::wait_for("initial insert", WAIT, || inst.check().is_ok());
 
     // Rewrite by rename, as most CNIs do.
     let tmp = t.conf_file("calico.tmp");
     fs::write(&tmp, serde_json::to_vec(&calico_list()).unwrap()).unwrap();
     fs::rename(&tmp, &p).unwrap();
-    wait_until("re-insert after rename", || inst.check().is_ok());
+    ringway_testbed::wait_for("re-insert after rename", WAIT, || inst.check().is_ok());
 
     // Rewrite in place.
     fs::write(&p, serde_json::to_vec(&calico_list()).unwrap()).unwrap();
-    wait_until("re-insert after in-place write", || inst.check().is_ok());
+    ringway_testbed::wait_for("re-insert after in-place write", WAIT, || {
+        inst.check().is_ok()
+    });
 
     let mut want = calico_list();
     want["plugins"].as_array_mut().unwrap().push(ours());
@@ -587,7 +584,7 @@ fn watch_installs_when_the_primary_config_appears() {
         "10-flannel.conf",
         &json!({"name": "cbr0", "type": "flannel"}),
     );
-    wait_until("wrap of the late .conf", || inst.check().is_ok());
+    ringway_testbed::wait_for("wrap of the late .conf", WAIT, || inst.check().is_ok());
     assert_eq!(t.listing(), ["10-flannel.conflist"]);
     drop(watch);
 }
@@ -599,13 +596,13 @@ fn watch_falls_back_to_the_recheck_interval() {
     let mut inst = t.installer();
     inst.config.recheck_interval = Duration::from_millis(50);
     let watch = inst.watch().unwrap();
-    wait_until("initial insert", || inst.check().is_ok());
+    ringway_testbed::wait_for("initial insert", WAIT, || inst.check().is_ok());
     // The conf dir is removed and made again: the inotify watch is gone with it, the
     // periodic re-check still finds the new file.
     fs::remove_dir_all(t.conf()).unwrap();
     fs::create_dir(t.conf()).unwrap();
     t.write("10-calico.conflist", &calico_list());
-    wait_until("re-insert by re-check", || inst.check().is_ok());
+    ringway_testbed::wait_for("re-insert by re-check", WAIT, || inst.check().is_ok());
     assert_eq!(
         read_json(&p)["plugins"].as_array().unwrap().last(),
         Some(&ours())

@@ -878,8 +878,7 @@ eVO1kQDryQGG5oMLLKGDaCl3gboFbsRkBtkUZAIhAM8xav9jlmxqAEUQzqpXLDkB
 G07/37zDU8RyOVOJoxfZ
 -----END CERTIFICATE-----
 ";
-    let dir = std::env::temp_dir().join(format!("ringway-kube-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ringway_testbed::TempDir::new("kube-tls");
     let ca = dir.join("ca.crt");
     std::fs::write(&ca, CA).unwrap();
     let kubeconfig = format!(
@@ -908,7 +907,6 @@ current-context: x
     assert_eq!(config.cluster_url.scheme_str(), Some("https"));
     assert_eq!(config.root_cert.as_ref().map(Vec::len), Some(1));
     let client = Client::try_from(config);
-    std::fs::remove_dir_all(&dir).unwrap();
     client.unwrap();
 }
 
@@ -1374,6 +1372,7 @@ mod selector {
 mod annotator {
     use super::*;
     use prometheus_client::registry::Registry;
+    use ringway_testbed::wait_for_async;
 
     fn fast() -> AnnotatorConfig {
         AnnotatorConfig {
@@ -1409,14 +1408,8 @@ mod annotator {
             .map(str::to_owned)
     }
 
-    /// Waits (10 s at most) until `ok`.
-    async fn until(what: &str, mut ok: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ok() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
+    /// How long an annotation patch may take to land.
+    const WAIT: Duration = Duration::from_secs(10);
 
     fn metrics(a: &Annotator) -> String {
         let mut r = Registry::default();
@@ -1426,11 +1419,9 @@ mod annotator {
         out
     }
 
-    /// A sample's value (0 when absent).
-    fn sample(text: &str, series: &str) -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0)
+    /// The value of the `name` sample with labels `matchers` (0 when absent).
+    fn sample(text: &str, name: &str, matchers: &[&str]) -> u64 {
+        ringway_testbed::prom::value(text, name, matchers).unwrap_or(0.0) as u64
     }
 
     fn body(r: &ringway_testbed::kube_api::ApiRequest) -> Value {
@@ -1443,11 +1434,11 @@ mod annotator {
     async fn the_annotation_is_set_once_captured_and_removed_once_released() {
         let (a, api) = start(fast());
         a.captured(&web());
-        until("the annotation", || {
+        wait_for_async("the annotation", WAIT, || {
             annotation(&api, "shop", "web-1").as_deref() == Some("enabled")
         })
         .await;
-        until("nothing pending", || a.pending() == 0).await;
+        wait_for_async("nothing pending", WAIT, || a.pending() == 0).await;
         let patches = api.patches();
         assert_eq!(patches.len(), 1, "{patches:?}");
         assert_eq!(patches[0].path, "/api/v1/namespaces/shop/pods/web-1/status");
@@ -1461,11 +1452,11 @@ mod annotator {
                 "annotations": {"ambient.istio.io/redirection": "enabled"}}})
         );
         a.released(&web());
-        until("the annotation removed", || {
+        wait_for_async("the annotation removed", WAIT, || {
             annotation(&api, "shop", "web-1").is_none()
         })
         .await;
-        until("nothing pending", || a.pending() == 0).await;
+        wait_for_async("nothing pending", WAIT, || a.pending() == 0).await;
         let patches = api.patches();
         assert_eq!(patches.len(), 2, "{patches:?}");
         assert_eq!(
@@ -1479,9 +1470,8 @@ mod annotator {
         let ok = |op: &str| {
             sample(
                 &m,
-                &format!(
-                    "ringway_agent_redirection_annotation_patches_total{{op=\"{op}\",outcome=\"ok\"}}"
-                ),
+                "ringway_agent_redirection_annotation_patches_total",
+                &[&format!("op=\"{op}\""), "outcome=\"ok\""],
             )
         };
         assert_eq!((ok("set"), ok("remove")), (1, 1), "{m}");
@@ -1505,7 +1495,7 @@ mod annotator {
         api.set_patch_mode(ApiMode::Refuse(403));
         let started = Instant::now();
         a.captured(&web());
-        until("four refused patches", || api.patches().len() >= 4).await;
+        wait_for_async("four refused patches", WAIT, || api.patches().len() >= 4).await;
         // Three waits before the fourth try: 40 + 80 + 160 ms at least.
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(280), "{took:?}");
@@ -1513,7 +1503,8 @@ mod annotator {
         let errors = || {
             sample(
                 &metrics(&a),
-                "ringway_agent_redirection_annotation_patches_total{op=\"set\",outcome=\"error\"}",
+                "ringway_agent_redirection_annotation_patches_total",
+                &["op=\"set\"", "outcome=\"error\""],
             )
         };
         assert!(errors() >= 3, "{}", metrics(&a));
@@ -1527,18 +1518,18 @@ mod annotator {
         for mode in [ApiMode::Unreachable, ApiMode::Hang] {
             api.set_patch_mode(mode);
             let (n, e) = (api.patches().len(), errors());
-            until("two more failed patches", || {
+            wait_for_async("two more failed patches", WAIT, || {
                 api.patches().len() >= n + 2 && errors() >= e + 2
             })
             .await;
             assert_eq!(annotation(&api, "shop", "web-1"), None, "{mode:?}");
         }
         api.set_patch_mode(ApiMode::Serve);
-        until("the annotation", || {
+        wait_for_async("the annotation", WAIT, || {
             annotation(&api, "shop", "web-1").as_deref() == Some("enabled")
         })
         .await;
-        until("nothing pending", || a.pending() == 0).await;
+        wait_for_async("nothing pending", WAIT, || a.pending() == 0).await;
     }
 
     /// The last wish wins, also over a patch in flight; a pod re-created under the
@@ -1549,12 +1540,12 @@ mod annotator {
         let (a, api) = start(fast());
         api.set_patch_mode(ApiMode::Hold);
         a.captured(&web());
-        until("the set patch in flight", || api.patches().len() == 1).await;
+        wait_for_async("the set patch in flight", WAIT, || api.patches().len() == 1).await;
         a.released(&web());
         a.captured(&web());
         a.released(&web());
         api.set_patch_mode(ApiMode::Serve);
-        until("nothing pending", || a.pending() == 0).await;
+        wait_for_async("nothing pending", WAIT, || a.pending() == 0).await;
         let ops: Vec<Value> = api
             .patches()
             .iter()
@@ -1577,7 +1568,7 @@ mod annotator {
             name: "gone".into(),
         };
         a.released(&gone);
-        until("nothing pending", || a.pending() == 0).await;
+        wait_for_async("nothing pending", WAIT, || a.pending() == 0).await;
         assert_eq!(
             annotation(&api, "shop", "web-1").as_deref(),
             Some("enabled")
@@ -1586,9 +1577,8 @@ mod annotator {
         let series = |outcome: &str| {
             sample(
                 &m,
-                &format!(
-                    "ringway_agent_redirection_annotation_patches_total{{op=\"remove\",outcome=\"{outcome}\"}}"
-                ),
+                "ringway_agent_redirection_annotation_patches_total",
+                &["op=\"remove\"", &format!("outcome=\"{outcome}\"")],
             )
         };
         assert_eq!((series("replaced"), series("not_found")), (1, 1), "{m}");
@@ -1605,7 +1595,7 @@ mod annotator {
         let (a, api) = start(fast());
         api.set_patch_mode(ApiMode::Refuse(403));
         a.released(&web());
-        until("two refused patches", || api.patches().len() >= 2).await;
+        wait_for_async("two refused patches", WAIT, || api.patches().len() >= 2).await;
         assert_eq!(a.pending(), 1);
         a.forget("u-web");
         assert_eq!(a.pending(), 0);

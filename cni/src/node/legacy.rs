@@ -43,8 +43,7 @@ mod tests {
 
     #[test]
     fn old_paths_lead_to_the_new_sockets() {
-        let dir = std::env::temp_dir().join(format!("ringway-legacy-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = ringway_testbed::TempDir::new("legacy");
         std::fs::create_dir_all(dir.join("zds")).unwrap();
         let socket = dir.join("zds/zds.sock");
         let _l = std::os::unix::net::UnixListener::bind(&socket).unwrap();
@@ -64,6 +63,5 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&other).unwrap(), "x");
         assert!(!link_legacy_socket(&socket, &dir.join("gone/zds.sock")).unwrap());
         assert!(!link_legacy_socket(&socket, &socket).unwrap());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

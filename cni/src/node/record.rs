@@ -440,7 +440,7 @@ mod tests {
         }
     }
 
-    use crate::test_dir::ScratchDir as Dir;
+    use ringway_testbed::TempDir as Dir;
 
     fn uids(path: &Path) -> Vec<String> {
         load(path, "node1").unwrap().unwrap().into_keys().collect()

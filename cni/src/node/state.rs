@@ -712,7 +712,7 @@ mod tests {
     /// added, changed in place (a namespace gone: inode dropped), removed.
     #[test]
     fn persist_writes_what_changed_and_the_file_follows_the_pods() {
-        let dir = crate::test_dir::ScratchDir::new("persist");
+        let dir = ringway_testbed::TempDir::new("persist");
         let path = dir.join("pods.json");
         let core = Core::new(
             Arc::new(AgentConfig {

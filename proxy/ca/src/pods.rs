@@ -352,7 +352,7 @@ impl PodDirectory for StaticPods {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use ringway_testbed::kube_api::{FakeApiServer, FakePod, Kind};
 
@@ -367,12 +367,8 @@ mod tests {
     }
 
     /// Waits (at most 20 s) for `cond`.
-    fn until(what: &str, cond: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !cond() {
-            assert!(Instant::now() < deadline, "never: {what}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    fn until(what: &str, cond: impl FnMut() -> bool) {
+        ringway_testbed::wait_for(what, Duration::from_secs(20), cond);
     }
 
     fn running(uid: &str, ns: &str, name: &str, node: &str, sa: &str) -> serde_json::Value {

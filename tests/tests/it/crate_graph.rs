@@ -203,6 +203,43 @@ fn the_image_build_has_no_test_code() {
     assert!(with_sandbox.contains("ringway-testbed"));
 }
 
+/// One integration-test binary per crate, at most, and it is `it`
+/// (`<crate>/tests/it/main.rs`, a module per area): every test file linking
+/// the whole tree again is what the layout avoids. A new `tests/*.rs` file
+/// or `tests/*/main.rs` directory is a second binary: make it a module of
+/// `it` instead.
+#[test]
+fn each_crate_has_at_most_one_integration_test_binary() {
+    let meta = metadata();
+    let mut checked = 0;
+    for p in meta["packages"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        if !p["source"].is_null() {
+            continue;
+        }
+        let tests: Vec<(&str, &str)> = p["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "test"))
+            .map(|t| (t["name"].as_str().unwrap(), t["src_path"].as_str().unwrap()))
+            .collect();
+        assert!(
+            tests.len() <= 1,
+            "{name} has {} integration-test binaries (one per crate: tests/it/main.rs with a module each): {tests:?}",
+            tests.len()
+        );
+        if let Some((test, path)) = tests.first() {
+            assert!(
+                *test == "it" && path.ends_with("/tests/it/main.rs"),
+                "{name}'s integration-test binary is {test} ({path}), not tests/it/main.rs"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "only {checked} crates with integration tests");
+}
+
 /// The product crates' source directories.
 fn product_crates() -> Vec<(&'static str, PathBuf)> {
     [

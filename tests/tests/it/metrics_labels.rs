@@ -88,22 +88,12 @@ fn bed(test: &str) -> TwoNodes {
     t
 }
 
-/// Every label of every `metric` sample with `reporter`, as a map.
+/// Every label of every `metric` sample with `reporter`, as a map (values
+/// unescaped; a page that does not parse fails the test).
 fn series(body: &str, metric: &str, reporter: &str) -> Vec<BTreeMap<String, String>> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix(&format!("{metric}{{")))
-        .filter_map(|l| l.rsplit_once("} ").map(|x| x.0))
-        .map(|labels| {
-            let mut m = BTreeMap::new();
-            let mut rest = labels;
-            while let Some((k, v)) = rest.split_once("=\"") {
-                let end = v.find('"').unwrap();
-                m.insert(k.trim_start_matches(',').to_string(), v[..end].to_string());
-                rest = &v[end + 1..];
-            }
-            m
-        })
-        .filter(|m| m.get("reporter").map(String::as_str) == Some(reporter))
+    prom::parse(body)
+        .matching(metric, &[&format!("reporter=\"{reporter}\"")])
+        .map(|s| s.labels.clone())
         .collect()
 }
 

@@ -1,7 +1,7 @@
 //! Connection sharing: streams per connection, reuse, the per-key dial lock, idle release,
 //! PING timeout.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -145,7 +145,7 @@ async fn idle_connection_released() {
     read_all(&mut s).await.unwrap();
     drop(s);
     assert_eq!(pool.connections(), 1);
-    eventually("idle release", || pool.connections() == 0).await;
+    ringway_testbed::wait_for_async("idle release", WAIT, || pool.connections() == 0).await;
     // The server side saw the connection end cleanly.
     let tasks = server.drain_current();
     for t in tasks {
@@ -192,7 +192,7 @@ async fn unanswered_ping_closes_connection() {
     let e = r.unwrap_err();
     assert!(matches!(e, HboneError::Connection(_)), "{e:?}");
     assert!(started.elapsed() >= Duration::from_millis(300));
-    eventually("connection closed", || pool.connections() == 0).await;
+    ringway_testbed::wait_for_async("connection closed", WAIT, || pool.connections() == 0).await;
     hold.abort();
 }
 

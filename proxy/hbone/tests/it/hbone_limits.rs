@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{Method, Request};
 use ringway_hbone::{serve_connection, Decision, DrainSignal, PeerInfo, ServerConfig};
@@ -17,16 +16,6 @@ impl Drop for DropCount {
     fn drop(&mut self) {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-async fn until(what: &str, cond: impl Fn() -> bool) {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
 }
 
 fn connect_request() -> Request<()> {
@@ -73,15 +62,18 @@ async fn adversarial_reset_cancels_the_decision_and_frees_the_slot() {
     tokio::spawn(conn);
     let (_r1, mut first) = client.send_request(connect_request(), false).unwrap();
     let (_r2, _second) = client.send_request(connect_request(), false).unwrap();
-    until("the first decision", || started.load(Ordering::SeqCst) == 1).await;
+    ringway_testbed::wait_for_async("the first decision", crate::support::WAIT, || {
+        started.load(Ordering::SeqCst) == 1
+    })
+    .await;
     // The second waits for the only slot; resetting the first cancels its
     // decision (the pending connect is dropped) and lets the second start.
     first.send_reset(h2::Reason::CANCEL);
-    until("the first decision dropped", || {
+    ringway_testbed::wait_for_async("the first decision dropped", crate::support::WAIT, || {
         dropped.load(Ordering::SeqCst) == 1
     })
     .await;
-    until("the second decision", || {
+    ringway_testbed::wait_for_async("the second decision", crate::support::WAIT, || {
         started.load(Ordering::SeqCst) == 2
     })
     .await;

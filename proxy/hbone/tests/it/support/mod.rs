@@ -222,17 +222,9 @@ pub fn payload(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Waits (up to 5 s) for `cond`.
-pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+/// How long anything awaited here may take (`ringway_testbed::wait_for_async`):
+/// generous, it only bounds how long a failing test hangs.
+pub const WAIT: Duration = Duration::from_secs(20);
 
 /// Reads to EOF with a 10 s cap.
 pub async fn read_all(r: &mut (impl tokio::io::AsyncRead + Unpin)) -> std::io::Result<Vec<u8>> {

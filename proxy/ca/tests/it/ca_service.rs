@@ -18,10 +18,13 @@ use ringway_ca::{
     Status, TokenReviewer,
 };
 use ringway_identity::{CaSigner, Identity};
+use ringway_testbed::{wait_for, wait_for_async, TempDir};
 use rustls_pki_types::CertificateDer;
 use x509_parser::prelude::*;
 
 const TD: &str = "cluster.local";
+/// How long anything awaited here may take (a watch, a refresher, a slot).
+const WAIT: Duration = Duration::from_secs(20);
 
 /// Tokens and the callers they stand for; anything else is rejected.
 #[derive(Default)]
@@ -404,15 +407,6 @@ fn adversarial_a_pod_without_a_service_account_lends_its_node_no_identity() {
     assert_eq!(issued(&b), 0);
 }
 
-/// Waits (at most 20 s) for `cond`.
-fn until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A service whose pods come from `pods`, with the usual tokens.
 fn service_with_pods(pods: Arc<dyn ringway_ca::PodDirectory>) -> Arc<CaService> {
     Arc::new(
@@ -476,7 +470,7 @@ fn adversarial_impersonation_is_refused_once_the_pod_watch_has_failed_too_long()
         body(&request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart"));
     let ask = |ca: &CaService| rt().block_on(ca.create_certificate(Some("Bearer proxy-a"), &req));
     use ringway_ca::PodDirectory;
-    until("both watches listed", || {
+    wait_for("both watches listed", WAIT, || {
         strict.ready().is_ok() && patient.ready().is_ok()
     });
     ask(&strict_ca).unwrap();
@@ -486,7 +480,7 @@ fn adversarial_impersonation_is_refused_once_the_pod_watch_has_failed_too_long()
     // watch fails.
     api.set_mode_of(Kind::Pod, ApiMode::Unreachable);
     api.end_watches(Kind::Pod);
-    until("the strict directory stops answering", || {
+    wait_for("the strict directory stops answering", WAIT, || {
         strict.ready().is_err()
     });
     let why = strict.ready().unwrap_err().detail();
@@ -498,7 +492,7 @@ fn adversarial_impersonation_is_refused_once_the_pod_watch_has_failed_too_long()
         "{e}"
     );
     // Within its bound the other one still answers, knowing the watch fails.
-    until("the patient directory sees the failure", || {
+    wait_for("the patient directory sees the failure", WAIT, || {
         patient.watch_failing().is_some()
     });
     assert!(patient.ready().is_ok());
@@ -506,8 +500,10 @@ fn adversarial_impersonation_is_refused_once_the_pod_watch_has_failed_too_long()
 
     // The watch comes back (a fresh list): both answer again.
     api.set_mode_of(Kind::Pod, ApiMode::Serve);
-    until("the strict directory recovers", || strict.ready().is_ok());
-    until("the patient directory recovers", || {
+    wait_for("the strict directory recovers", WAIT, || {
+        strict.ready().is_ok()
+    });
+    wait_for("the patient directory recovers", WAIT, || {
         patient.watch_failing().is_none()
     });
     ask(&strict_ca).unwrap();
@@ -1102,8 +1098,7 @@ fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_with
             .local_addr()
             .unwrap();
 
-        let dir = std::env::temp_dir().join(format!("ringway-ca-remote-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new("ca-remote");
         let token = dir.join("token");
         std::fs::write(&token, "proxy-a\n").unwrap();
         let mut bundle = TrustBundle::new();
@@ -1140,14 +1135,9 @@ fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_with
         // on its own (after its backoff), with the pod's identity.
         let _server = serve_on(addr, bed.service.clone(), tls.clone());
         let _refresher = ids.spawn_refresher(Duration::from_millis(100)).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while ids.server_config(&cart).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the refresher never got the certificate"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for("the refresher to get the certificate", WAIT, || {
+            ids.server_config(&cart).is_ok()
+        });
         let cert = ids.cached(&cart).unwrap();
         assert_eq!(
             uris(&cert.chain()[0]),
@@ -1166,7 +1156,6 @@ fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_with
         drop(_server);
         ids.server_config(&cart)
             .expect("a valid certificate outlives a CA outage");
-        let _ = std::fs::remove_dir_all(&dir);
     });
 }
 
@@ -1693,16 +1682,18 @@ fn adversarial_calls_wait_for_a_review_slot_instead_of_failing_at_once() {
     let o = own.clone();
     let first =
         runtime.spawn(async move { svc.create_certificate(Some("Bearer slow-web"), &o).await });
-    until("the first review holds the only slot", || {
+    wait_for("the first review holds the only slot", WAIT, || {
         reviewer.started() == 1
     });
     let svc = b.service.clone();
     let o = own.clone();
     let second =
         runtime.spawn(async move { svc.create_certificate(Some("Bearer proxy-a"), &o).await });
-    until("the second call waits for the slot (or has failed)", || {
-        b.service.reviews_waiting() == 1 || second.is_finished()
-    });
+    wait_for(
+        "the second call waits for the slot (or has failed)",
+        WAIT,
+        || b.service.reviews_waiting() == 1 || second.is_finished(),
+    );
     reviewer.open();
     let (first, second) = runtime.block_on(async { (first.await.unwrap(), second.await.unwrap()) });
     first.unwrap();
@@ -1728,7 +1719,7 @@ fn adversarial_calls_wait_for_a_review_slot_instead_of_failing_at_once() {
     let o = own.clone();
     let _held =
         runtime.spawn(async move { svc.create_certificate(Some("Bearer slow-held"), &o).await });
-    until("the slot is held", || closed.started() == 1);
+    wait_for("the slot is held", WAIT, || closed.started() == 1);
     let e = runtime
         .block_on(b.service.create_certificate(Some("Bearer proxy-b"), &own))
         .unwrap_err();
@@ -1780,10 +1771,12 @@ fn adversarial_junk_tokens_cannot_starve_renewals_of_known_callers() {
             .await
         }));
     }
-    until("junk holds every ordinary slot", || {
+    wait_for("junk holds every ordinary slot", WAIT, || {
         reviewer.started() == 1 + 4
     });
-    until("and more junk waits", || b.service.reviews_waiting() == 4);
+    wait_for("and more junk waits", WAIT, || {
+        b.service.reviews_waiting() == 4
+    });
     let renewal = runtime.block_on(async {
         tokio::time::timeout(
             Duration::from_secs(30),
@@ -1946,7 +1939,7 @@ fn adversarial_the_token_is_checked_before_the_body_is_read() {
         // A token under review: the stream may send no more than a CSR needs
         // until it is authenticated.
         let (resp, mut stream) = h2.send_request(grpc_request("slow-web"), false).unwrap();
-        until_async("the review started", || reviewer.started() == 2).await;
+        wait_for_async("the review started", WAIT, || reviewer.started() == 2).await;
         stream.reserve_capacity(60_000);
         let granted = std::future::poll_fn(|cx| stream.poll_capacity(cx))
             .await
@@ -1980,15 +1973,6 @@ fn adversarial_the_token_is_checked_before_the_body_is_read() {
             1
         );
     });
-}
-
-/// Waits (at most 20 s) for `cond`, inside a runtime.
-async fn until_async(what: &str, cond: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// One source holding idle HTTP/2 connections gets its per-source share of
@@ -2072,7 +2056,7 @@ fn adversarial_silent_connections_are_closed_at_each_stage() {
             .unwrap();
         let svc = &s.bed.service;
         for reason in ["handshake_timeout", "preface_timeout", "idle_timeout"] {
-            until_async(reason, || svc.connections_refused(reason) == 1).await;
+            wait_for_async(reason, WAIT, || svc.connections_refused(reason) == 1).await;
         }
         // And a connection in use is served.
         let (mut h2, _c) = h2_from(lo(1), &s).await.unwrap();

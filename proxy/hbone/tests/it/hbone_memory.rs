@@ -4,7 +4,9 @@
 //! certificates) over an in-memory pipe (no network), `STREAMS` idle
 //! streams on it, the process's RSS measured before and after.
 //!
-//! Alone in its test binary: RSS is the whole process's.
+//! RSS is the whole process's: the figure means something when this test
+//! runs alone (`cargo test -p ringway-hbone --test it -- hbone_memory::
+//! --nocapture`), not beside the other modules of the binary.
 
 use std::sync::{Arc, Mutex};
 

@@ -1,6 +1,6 @@
 //! Byte integrity, half-close and reset mapping through a tunnel to a real TCP upstream.
 
-mod support;
+use crate::support;
 
 use std::io::ErrorKind;
 use std::time::Duration;
@@ -136,7 +136,7 @@ async fn client_drop_resets_upstream() {
         .unwrap()
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
-    eventually("stream released", || pool.streams() == 0).await;
+    ringway_testbed::wait_for_async("stream released", WAIT, || pool.streams() == 0).await;
     // The connection survives a stream reset and carries the next tunnel.
     let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;

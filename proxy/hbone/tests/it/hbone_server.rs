@@ -1,6 +1,6 @@
 //! Server answers (200/400/401/503), request validation, header round-trips, drain.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -312,7 +312,7 @@ async fn goaway_on_drain_moves_new_streams_to_new_connection() {
 
     let drained = server.drain_current();
     // The client has read the GOAWAY: the old connection takes no new stream.
-    eventually("GOAWAY seen by the client", || {
+    ringway_testbed::wait_for_async("GOAWAY seen by the client", WAIT, || {
         pool.accepting_connections(&server.key()) == 0
     })
     .await;
@@ -343,7 +343,7 @@ async fn goaway_on_drain_moves_new_streams_to_new_connection() {
             .unwrap();
         assert!(r.is_ok(), "drained connection ended with {r:?}");
     }
-    eventually("old connection gone", || pool.connections() == 1).await;
+    ringway_testbed::wait_for_async("old connection gone", WAIT, || pool.connections() == 1).await;
 
     new.write_all(b"new").await.unwrap();
     new.shutdown().await.unwrap();

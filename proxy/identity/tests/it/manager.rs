@@ -9,15 +9,9 @@ use ringway_identity::{
     TrustBundle, DEFAULT_CERT_LIFETIME,
 };
 
-const TD: &str = "cluster.local";
+use ringway_testbed::{wait_for, TempDir};
 
-/// A fresh directory under the target tmp dir, named after the test.
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringway-identity-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+const TD: &str = "cluster.local";
 
 fn write_ca(d: &Path, name: &str, ca: &CaSigner) -> (PathBuf, PathBuf) {
     let (c, k) = (d.join(format!("{name}.crt")), d.join(format!("{name}.key")));
@@ -31,7 +25,7 @@ fn load_err(cert: &Path, key: &Path) -> CaError {
 
 #[test]
 fn ca_loads_from_files_and_issues_verifiable_certs() {
-    let d = dir("load-ok");
+    let d = TempDir::new("identity-load-ok");
     let (cert, key) = write_ca(&d, "ca", &CaSigner::generate_for_tests(TD));
     let ca = CaSigner::load(&cert, &key).unwrap();
     let m = IdentityManager::new(ca, TrustBundle::new(), TD, DEFAULT_CERT_LIFETIME).unwrap();
@@ -68,12 +62,11 @@ fn ca_loads_from_files_and_issues_verifiable_certs() {
     assert!(
         half >= Duration::from_secs(12 * 3600 - 2) && half <= Duration::from_secs(12 * 3600 + 2)
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn ca_load_errors_name_the_file_and_the_problem() {
-    let d = dir("load-errors");
+    let d = TempDir::new("identity-load-errors");
     let a = CaSigner::generate_for_tests(TD);
     let b = CaSigner::generate_for_tests(TD);
     let (a_cert, a_key) = write_ca(&d, "a", &a);
@@ -183,13 +176,11 @@ fn ca_load_errors_name_the_file_and_the_problem() {
             .len(),
         2
     );
-
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn key_material_stays_out_of_debug_output() {
-    let d = dir("debug");
+    let d = TempDir::new("identity-debug");
     let (cert, key) = write_ca(&d, "ca", &CaSigner::generate_for_tests(TD));
     let key_pem = std::fs::read_to_string(&key).unwrap();
     let body: Vec<&str> = key_pem
@@ -212,7 +203,6 @@ fn key_material_stays_out_of_debug_output() {
             }
         }
     }
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -303,14 +293,9 @@ fn refresher_renews_certificates_past_half_life() {
 
     clock.advance(Duration::from_secs(11 * 60)); // a: 31 min old, b: 11 min
     let refresher = m.spawn_refresher(Duration::from_millis(10)).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while m.issued_count() < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "refresher did not renew"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for("the refresher to renew", Duration::from_secs(30), || {
+        m.issued_count() >= 3
+    });
     drop(refresher);
     let a2 = m.fetch(&a).unwrap();
     assert_ne!(a1.serial(), a2.serial());
@@ -339,7 +324,7 @@ fn workload_certs_never_outlive_the_ca() {
 /// cert-manager writes `EC PRIVATE KEY` (SEC1) by default: it loads too.
 #[test]
 fn ca_key_in_sec1_encoding_loads() {
-    let d = dir("sec1");
+    let d = TempDir::new("identity-sec1");
     let ca = CaSigner::generate_for_tests(TD);
     let (cert, key) = write_ca(&d, "ca", &ca);
     // The SEC1 ECPrivateKey is the OCTET STRING inside the PKCS#8 document.
@@ -370,12 +355,11 @@ fn ca_key_in_sec1_encoding_loads() {
     .unwrap();
     let e = load_err(&cert, &sec1_file);
     assert!(matches!(e.problem, CaProblem::KeyMismatch { .. }), "{e}");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn manager_from_config_paths() {
-    let d = dir("from-config");
+    let d = TempDir::new("identity-from-config");
     let (cert, key) = write_ca(&d, "ca", &CaSigner::generate_for_tests(TD));
     let (extra, _) = write_ca(&d, "extra", &CaSigner::generate_for_tests(TD));
     let paths = ringway_config::CaPaths {
@@ -392,7 +376,6 @@ fn manager_from_config_paths() {
     let e = IdentityManager::from_config(&bad, TD, DEFAULT_CERT_LIFETIME).unwrap_err();
     assert!(matches!(e, IdentityError::Ca(_)), "{e}");
     assert!(e.to_string().contains("missing.crt: cannot read it"), "{e}");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// CA and bundle files are read with the configuration's size limit
@@ -400,7 +383,7 @@ fn manager_from_config_paths() {
 /// with the file and the limit, not read whole.
 #[test]
 fn adversarial_oversized_ca_files_are_refused() {
-    let d = dir("oversized");
+    let d = TempDir::new("identity-oversized");
     let (cert, key) = write_ca(&d, "ca", &CaSigner::generate_for_tests(TD));
     // A valid bundle padded past the limit with text PEM parsers skip.
     let big = d.join("big.crt");
@@ -417,7 +400,6 @@ fn adversarial_oversized_ca_files_are_refused() {
     let e = load_err(&cert, zero);
     assert_eq!(e.file, zero);
     assert!(e.to_string().ends_with(want), "{e}");
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 /// The admin dump's states: a certificate in hand is `Available`, an

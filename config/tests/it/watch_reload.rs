@@ -7,7 +7,7 @@
 
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,18 +17,6 @@ use ringway_testbed::TempDir;
 
 /// Upper bound for anything that should happen within a poll or two.
 const WAIT: Duration = Duration::from_secs(5);
-
-/// A scratch directory named after the test, removed on drop.
-struct Scratch(TempDir);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        Scratch(TempDir::new(&format!("config-{test}")))
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
 
 fn config(workers: usize) -> String {
     format!("proxy:\n  workers: {workers}\n")
@@ -77,8 +65,8 @@ fn watch_every(path: &Path, interval: Duration) -> Watched {
 
 #[test]
 fn a_change_is_published_within_a_second() {
-    let dir = Scratch::new("publish");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-publish");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch(&file);
     assert_eq!(w.watcher.current().proxy().workers, 1);
@@ -102,8 +90,8 @@ fn a_change_is_published_within_a_second() {
 
 #[test]
 fn a_broken_edit_is_rejected_and_a_fix_is_picked_up() {
-    let dir = Scratch::new("broken");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-broken");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch(&file);
 
@@ -147,21 +135,21 @@ fn a_broken_edit_is_rejected_and_a_fix_is_picked_up() {
 fn configmap_symlink_swaps_are_seen() {
     // The layout the kubelet gives a mounted ConfigMap:
     // config.yaml -> ..data/config.yaml, ..data -> ..<timestamp>/.
-    let dir = Scratch::new("configmap");
-    fs::create_dir(dir.path("..v1")).unwrap();
-    fs::write(dir.path("..v1/config.yaml"), config(1)).unwrap();
-    symlink("..v1", dir.path("..data")).unwrap();
-    symlink("..data/config.yaml", dir.path("config.yaml")).unwrap();
-    let w = watch(&dir.path("config.yaml"));
+    let dir = TempDir::new("config-configmap");
+    fs::create_dir(dir.join("..v1")).unwrap();
+    fs::write(dir.join("..v1/config.yaml"), config(1)).unwrap();
+    symlink("..v1", dir.join("..data")).unwrap();
+    symlink("..data/config.yaml", dir.join("config.yaml")).unwrap();
+    let w = watch(&dir.join("config.yaml"));
     assert_eq!(w.watcher.current().proxy().workers, 1);
 
     // The update: a new timestamped directory, then an atomic rename of a
     // new symlink over ..data.
-    fs::create_dir(dir.path("..v2")).unwrap();
-    fs::write(dir.path("..v2/config.yaml"), config(2)).unwrap();
-    symlink("..v2", dir.path("..data_tmp")).unwrap();
-    fs::rename(dir.path("..data_tmp"), dir.path("..data")).unwrap();
-    fs::remove_dir_all(dir.path("..v1")).unwrap();
+    fs::create_dir(dir.join("..v2")).unwrap();
+    fs::write(dir.join("..v2/config.yaml"), config(2)).unwrap();
+    symlink("..v2", dir.join("..data_tmp")).unwrap();
+    fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    fs::remove_dir_all(dir.join("..v1")).unwrap();
 
     let mesh = w.changes.recv_timeout(WAIT).expect("published");
     assert_eq!(mesh.proxy().workers, 2);
@@ -169,8 +157,8 @@ fn configmap_symlink_swaps_are_seen() {
 
 #[test]
 fn atomic_renames_are_seen() {
-    let dir = Scratch::new("rename");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-rename");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch(&file);
     replace(&file, &config(4));
@@ -186,8 +174,8 @@ fn atomic_renames_are_seen() {
 
 #[test]
 fn same_size_edits_in_quick_succession_are_seen() {
-    let dir = Scratch::new("same-size");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-same-size");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch(&file);
     // Same size, same inode, possibly the same mtime tick.
@@ -207,8 +195,8 @@ fn same_size_edits_in_quick_succession_are_seen() {
 
 #[test]
 fn a_deleted_file_is_reported_and_its_return_is_published() {
-    let dir = Scratch::new("deleted");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-deleted");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch(&file);
     fs::remove_file(&file).unwrap();
@@ -231,8 +219,8 @@ fn a_deleted_file_is_reported_and_its_return_is_published() {
 
 #[test]
 fn env_overrides_apply_to_every_reload() {
-    let dir = Scratch::new("env");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-env");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let (tx, changes) = mpsc::channel();
     let env: std::collections::HashMap<String, String> =
@@ -246,8 +234,8 @@ fn env_overrides_apply_to_every_reload() {
 
 #[test]
 fn a_broken_or_missing_file_fails_spawn() {
-    let dir = Scratch::new("spawn");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-spawn");
+    let file = dir.join("config.yaml");
     let err = ConfigWatcher::spawn(&file, NoEnv, |_| {}, |_| {}).unwrap_err();
     assert!(matches!(err, ConfigError::Io { .. }), "{err}");
     fs::write(&file, "trustDomain: A\n").unwrap();
@@ -261,8 +249,8 @@ fn a_broken_or_missing_file_fails_spawn() {
 
 #[test]
 fn stop_is_prompt_and_final() {
-    let dir = Scratch::new("stop");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-stop");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch(&file);
     let asked = Instant::now();
@@ -282,8 +270,8 @@ fn stop_is_prompt_and_final() {
 
 #[test]
 fn a_truncate_then_write_editor_causes_no_error() {
-    let dir = Scratch::new("truncate");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-truncate");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch_on_demand(&file);
     // One poll sees the truncated (empty, invalid) file...
@@ -304,8 +292,8 @@ fn a_truncate_then_write_editor_causes_no_error() {
 fn an_empty_file_seen_by_two_polls_is_reported() {
     // The counterpart of the test above: the same empty file, left in
     // place for a second poll, is a broken edit and is reported once.
-    let dir = Scratch::new("empty");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-empty");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch_on_demand(&file);
     fs::write(&file, "").unwrap();
@@ -321,8 +309,8 @@ fn an_empty_file_seen_by_two_polls_is_reported() {
 
 #[test]
 fn reverting_a_broken_edit_publishes_nothing() {
-    let dir = Scratch::new("revert");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-revert");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch_on_demand(&file);
     fs::write(&file, "proxy: {workers: many}\n").unwrap();
@@ -338,8 +326,8 @@ fn reverting_a_broken_edit_publishes_nothing() {
 
 #[test]
 fn a_file_that_is_not_utf8_is_rejected() {
-    let dir = Scratch::new("utf8");
-    let file = dir.path("config.yaml");
+    let dir = TempDir::new("config-utf8");
+    let file = dir.join("config.yaml");
     fs::write(&file, config(1)).unwrap();
     let w = watch(&file);
     fs::write(&file, b"proxy: {workers: 2}\n# \xff\n").unwrap();

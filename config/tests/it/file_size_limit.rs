@@ -3,17 +3,11 @@
 //! or a FIFO) is refused with an error naming the file and the limit, by
 //! the first load and by the hot-reload watcher, without reading it all.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ringway_config::{ConfigWatcher, MeshConfig, NoEnv};
-
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ringway-config-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use ringway_testbed::{wait_for, TempDir};
 
 /// Valid YAML just over the limit: a long comment, then a valid setting.
 fn oversized() -> String {
@@ -22,7 +16,7 @@ fn oversized() -> String {
 
 #[test]
 fn adversarial_oversized_config_file_is_refused() {
-    let d = dir("oversized");
+    let d = TempDir::new("config-oversized");
     let path = d.join("config.yaml");
     std::fs::write(&path, oversized()).unwrap();
     let e = MeshConfig::load(Some(&path), &NoEnv).expect_err("a config file over 4 MiB was loaded");
@@ -62,14 +56,11 @@ fn adversarial_oversized_config_file_is_refused() {
     )
     .unwrap();
     std::fs::write(&path, oversized()).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while errors.lock().unwrap().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no error reported for the oversized edit"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for(
+        "an error reported for the oversized edit",
+        Duration::from_secs(20),
+        || !errors.lock().unwrap().is_empty(),
+    );
     let got = errors.lock().unwrap().clone();
     assert!(
         got[0].contains("larger than the limit of 4194304 bytes"),
@@ -80,5 +71,4 @@ fn adversarial_oversized_config_file_is_refused() {
         2,
         "the last good snapshot stays"
     );
-    let _ = std::fs::remove_dir_all(&d);
 }

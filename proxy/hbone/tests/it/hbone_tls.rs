@@ -1,7 +1,7 @@
 //! End to end over mutual TLS 1.3 with ALPN h2, as the node proxies will run it: rustls
 //! (ring provider) with certificates made here by rcgen, SPIFFE URI SANs.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Instant;
