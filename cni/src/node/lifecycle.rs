@@ -130,7 +130,7 @@ mod tests {
 
     #[test]
     fn remove_socket_takes_only_its_own_file_away_at_once() {
-        let dir = crate::test_dir::ScratchDir::new("lifecycle-sockets");
+        let dir = ringway_testbed::TempDir::new("lifecycle-sockets");
         let (ours, replaced) = (dir.join("zds.sock"), dir.join("cni.sock"));
         let l = Lifecycle::default();
         for p in [&ours, &replaced] {
