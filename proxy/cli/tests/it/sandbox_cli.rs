@@ -24,8 +24,10 @@ struct Run {
 /// end, then removed here; or stderr with `--verbose`), with their INFO
 /// lines and without a WARN or an ERROR.
 fn run_sandbox(extra: &[&str]) -> Run {
-    // A fork outside run_isolated (see `ringway_testbed::exclusive`).
-    let _running = ringway_testbed::exclusive::shared();
+    // Alone: the sandbox's agents scan the machine's network namespaces as a
+    // node agent does, so another test's tagged pods (same node name) would
+    // be reported, rightly, as pods they have no record of.
+    let _alone = ringway_testbed::exclusive::alone();
     let out = Command::new(env!("CARGO_BIN_EXE_ringway"))
         .args(["--log-format", "text", "sandbox", "--bytes", "200000"])
         .args(extra)
