@@ -267,26 +267,57 @@ impl Drop for StreamGuard {
     }
 }
 
+/// Why a connection ended other than by its peer closing it or going idle.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    /// No TLS handshake within the limit.
+    #[error("TLS handshake timed out")]
+    HandshakeTimeout,
+    /// The TLS handshake failed.
+    #[error("TLS: {0}")]
+    Handshake(#[source] std::io::Error),
+    /// No HTTP/2 preface within the limit.
+    #[error("HTTP/2 preface timed out")]
+    PrefaceTimeout,
+    /// The HTTP/2 preface or SETTINGS were wrong.
+    #[error("HTTP/2 preface: {0}")]
+    Preface(#[source] h2::Error),
+    /// The HTTP/2 connection failed after its preface.
+    #[error("HTTP/2: {0}")]
+    Http2(#[source] h2::Error),
+}
+
+impl ConnectionError {
+    /// The `reason` it is counted under in
+    /// `ringway_ca_connections_refused_total`, if it is a refusal.
+    fn refusal(&self) -> Option<&'static str> {
+        match self {
+            ConnectionError::HandshakeTimeout => Some("handshake_timeout"),
+            ConnectionError::Handshake(_) => Some("handshake_failed"),
+            ConnectionError::PrefaceTimeout => Some("preface_timeout"),
+            ConnectionError::Preface(_) => Some("preface_failed"),
+            ConnectionError::Http2(_) => None,
+        }
+    }
+}
+
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
     service: Arc<CaService>,
     limits: Arc<ServerLimits>,
-) -> Result<(), String> {
+) -> Result<(), ConnectionError> {
     let _ = stream.set_nodelay(true);
-    let refused = |reason: &'static str, e: String| {
-        service.connection_refused(reason);
+    let refused = |e: ConnectionError| {
+        if let Some(reason) = e.refusal() {
+            service.connection_refused(reason);
+        }
         e
     };
     let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
-        Err(_) => {
-            return Err(refused(
-                "handshake_timeout",
-                "TLS handshake timed out".into(),
-            ))
-        }
-        Ok(Err(e)) => return Err(refused("handshake_failed", format!("TLS: {e}"))),
+        Err(_) => return Err(refused(ConnectionError::HandshakeTimeout)),
+        Ok(Err(e)) => return Err(refused(ConnectionError::Handshake(e))),
         Ok(Ok(tls)) => tls,
     };
     let preface = h2::server::Builder::new()
@@ -295,13 +326,8 @@ async fn connection(
         .initial_window_size(limits.preauth_body_bytes)
         .handshake::<_, Bytes>(tls);
     let mut h2 = match tokio::time::timeout(limits.preface_timeout, preface).await {
-        Err(_) => {
-            return Err(refused(
-                "preface_timeout",
-                "HTTP/2 preface timed out".into(),
-            ))
-        }
-        Ok(Err(e)) => return Err(refused("preface_failed", format!("HTTP/2 preface: {e}"))),
+        Err(_) => return Err(refused(ConnectionError::PrefaceTimeout)),
+        Ok(Err(e)) => return Err(refused(ConnectionError::Preface(e))),
         Ok(Ok(h2)) => h2,
     };
     let src = peer.ip().to_canonical();
@@ -320,7 +346,7 @@ async fn connection(
         tokio::select! {
             next = h2.accept() => {
                 let Some(next) = next else { return Ok(()) };
-                let (req, respond) = next.map_err(|e| format!("HTTP/2: {e}"))?;
+                let (req, respond) = next.map_err(ConnectionError::Http2)?;
                 activity.open.fetch_add(1, Ordering::SeqCst);
                 let guard = StreamGuard(activity.clone());
                 let (service, limits) = (service.clone(), limits.clone());

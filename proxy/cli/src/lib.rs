@@ -400,8 +400,10 @@ fn init_logs(filter: &str, format: LogFormat) {
             .init();
     }
     let _ = LOG_RELOAD.set(std::sync::Arc::new(move |level: &str| {
-        let f = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
-        handle.reload(f).map_err(|e| e.to_string())
+        use ringway_proxy::control::LogLevelError;
+        let f = tracing_subscriber::EnvFilter::try_new(level)
+            .map_err(|e| LogLevelError::Invalid(e.into()))?;
+        handle.reload(f).map_err(|e| LogLevelError::Apply(e.into()))
     }));
 }
 
@@ -1042,7 +1044,7 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     .with_context(|| format!("binding the metrics endpoint on {}", args.metrics_addr))?;
     tracing::info!(addr = %metrics_server.addr, "metrics endpoint: GET /metrics");
     let set_level = LOG_RELOAD.get().cloned().unwrap_or_else(|| {
-        std::sync::Arc::new(|_: &str| Err("logging not initialised".to_string()))
+        std::sync::Arc::new(|_: &str| Err(ringway_proxy::control::LogLevelError::NotInitialised))
     });
     let admin_server = ringway_control::ControlServer::serve_shared(
         args.admin_addr,
