@@ -150,6 +150,28 @@ struct ConnSlots {
     counts: Mutex<(usize, HashMap<IpAddr, usize>)>,
 }
 
+/// The cap a connection was over ([`ConnSlots::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum OverCap {
+    /// Its source holds its share (`max_connections_per_source`) already.
+    #[error("over the per-source connection cap")]
+    PerSource,
+    /// `max_connections` are open.
+    #[error("over the global connection cap")]
+    Global,
+}
+
+impl OverCap {
+    /// The `reason` it is counted under in
+    /// `ringway_ca_connections_refused_total`.
+    fn reason(self) -> &'static str {
+        match self {
+            OverCap::PerSource => "per_source",
+            OverCap::Global => "global",
+        }
+    }
+}
+
 /// One admitted connection; dropping it gives its places back.
 struct ConnGuard {
     slots: Arc<ConnSlots>,
@@ -165,15 +187,15 @@ impl ConnSlots {
         self: &Arc<Self>,
         src: IpAddr,
         service: &Arc<CaService>,
-    ) -> Result<ConnGuard, &'static str> {
+    ) -> Result<ConnGuard, OverCap> {
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let (total, by_source) = &mut *c;
         let n = by_source.get(&src).copied().unwrap_or(0);
         if n >= self.per_source {
-            return Err("per_source");
+            return Err(OverCap::PerSource);
         }
         if *total >= self.total {
-            return Err("global");
+            return Err(OverCap::Global);
         }
         by_source.insert(src, n + 1);
         *total += 1;
@@ -232,7 +254,8 @@ pub async fn serve(
         let src = peer.ip().to_canonical();
         let guard = match slots.admit(src, &service) {
             Ok(g) => g,
-            Err(reason) => {
+            Err(over) => {
+                let reason = over.reason();
                 // Reset, not closed: nothing lingers on either side.
                 let _ = stream.set_zero_linger();
                 drop(stream);

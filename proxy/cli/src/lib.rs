@@ -531,7 +531,7 @@ fn cni_plugin_main() -> ! {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| format!("ringway-cni: cannot open logFile {}: {e}", path.display()))
+            .with_context(|| format!("ringway-cni: cannot open logFile {}", path.display()))
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -540,7 +540,7 @@ fn cni_plugin_main() -> ! {
         Some(Ok(f)) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
         other => {
             if let Some(Err(why)) = other {
-                eprintln!("{why}; logging to stderr");
+                eprintln!("{why:#}; logging to stderr");
             }
             builder.with_writer(std::io::stderr).try_init()
         }
