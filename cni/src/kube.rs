@@ -17,8 +17,8 @@
 //! - [`run_watch`] only feeds it the events of kube's watcher and timer ticks.
 //!
 //! Its modules are layers, each using only those listed before it: `model` (the pod
-//! identity, [`PodRef`], [`EnrolledPod`], the annotation's name) and `backoff` at the
-//! bottom; `decide` (the pod facts and the [`Decision`]); `enrollment` (the
+//! identity, [`PodRef`], [`EnrolledPod`], the annotation's name) at the bottom;
+//! `decide` (the pod facts and the [`Decision`]); `enrollment` (the
 //! [`Enrollment`] trait); `select` ([`Selector`]); `annotate` ([`Annotator`]);
 //! `reconcile` (the watch's state and calls, [`WatchConfig`]); this module, the
 //! watch itself, on top.
@@ -95,7 +95,6 @@
 //! watcher with backoff; the last known state stays in effect meanwhile.
 
 mod annotate;
-mod backoff;
 mod decide;
 mod enrollment;
 mod model;
@@ -110,7 +109,6 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 pub use self::annotate::{Annotator, AnnotatorConfig, PatchError};
-use self::backoff::ExponentialBackoff;
 pub use self::decide::{
     decide, namespace_enabled, Decision, IgnoreReason, PodMode, UnenrollReason,
     DATAPLANE_MODE_DISABLED, DATAPLANE_MODE_ENABLED, DATAPLANE_MODE_LABEL,
@@ -165,7 +163,7 @@ pub async fn run_watch_with(
     enrollment: Arc<dyn Enrollment>,
 ) {
     let client = selector.client().clone();
-    let backoff = || ExponentialBackoff::new(config.watch_backoff_min, config.watch_backoff_max);
+    let backoff = || config.watch_backoff();
     let pods = watcher(
         Api::<Pod>::all(client.clone()),
         pod_watch_config(&config.node),

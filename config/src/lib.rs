@@ -11,6 +11,8 @@
 //! - [`ConfigWatcher`]: hot reload of the file, publishing a new
 //!   `Arc<Mesh>` only when an edit is valid;
 //! - [`authz`]: the layer-4 authorization engine;
+//! - [`Backoff`]: the exponential backoff (with [`Jitter`]) of every retry
+//!   loop in ringway, each user with its own figures;
 //! - [`enrollment`]: which pods are in the mesh (the
 //!   `ringway.io/dataplane-mode` labels, and the Istio ambient mesh's
 //!   `istio.io/dataplane-mode`), shared with the node agent;
@@ -62,6 +64,7 @@
 #![forbid(unsafe_code)]
 
 pub mod authz;
+mod backoff;
 mod control_thread;
 pub mod enrollment;
 mod env;
@@ -76,6 +79,7 @@ mod settings;
 mod validate;
 mod watch;
 
+pub use backoff::{Backoff, Jitter};
 pub use env::{EnvSource, EnvVar, NoEnv, ProcessEnv, ENV_VARS};
 pub use error::{ConfigError, IoError};
 pub use file::{

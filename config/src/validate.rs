@@ -17,6 +17,8 @@ mod value;
 
 use self::context::{Ctx, Result};
 use self::policy::{peer_authentication, policy};
+// The Kubernetes source reads the cluster's policies with the same checks.
+#[cfg(feature = "kube")]
 pub(crate) use self::value::{namespace_pattern, principal_pattern, service_account};
 use self::value::{port_number, unicast};
 use crate::error::ConfigError;

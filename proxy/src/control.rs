@@ -50,8 +50,27 @@ pub fn metrics_handler_with(
     })
 }
 
-/// Changes the log filter at run time; returns the error text on a bad filter.
-pub type SetLogLevel = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+/// Changes the log filter at run time (the binary's logging implements it).
+pub type SetLogLevel = Arc<dyn Fn(&str) -> Result<(), LogLevelError> + Send + Sync>;
+
+/// An error of the logging, as the binary's logging library gives it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a [`SetLogLevel`] did not change the log filter. The admin endpoint
+/// answers 400 with `bad log filter "<level>": ` and this message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogLevelError {
+    /// The filter does not parse: the parser's reason, as it gave it.
+    #[error(transparent)]
+    Invalid(BoxError),
+    /// The filter parsed but the logging could not take it.
+    #[error("the logging cannot take a new filter: {0}")]
+    Apply(#[source] BoxError),
+    /// This process never set its logging up.
+    #[error("logging not initialised")]
+    NotInitialised,
+}
 
 /// The admin handler (bind it to 127.0.0.1:15000 only):
 /// `GET /config_dump` (settings, pods with their listeners, counters, and
@@ -71,14 +90,7 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
                         .into(),
                 );
             }
-            match set_level(&level) {
-                Ok(()) => (StatusCode::OK, TEXT, format!("log level: {level}\n")),
-                Err(e) => (
-                    StatusCode::BAD_REQUEST,
-                    TEXT,
-                    format!("bad log filter {level:?}: {e}\n"),
-                ),
-            }
+            set_log_level(&level, &set_level)
         }
         (_, path) => (
             StatusCode::NOT_FOUND,
@@ -86,6 +98,19 @@ pub fn admin_handler(proxy: Arc<crate::Proxy>, set_level: SetLogLevel) -> Handle
             format!("no such endpoint: {path}\n"),
         ),
     })
+}
+
+/// `POST /logging` with a non-empty `level`: 200 once set, 400 with the
+/// reason when not.
+fn set_log_level(level: &str, set_level: &SetLogLevel) -> Answer {
+    match set_level(level) {
+        Ok(()) => (StatusCode::OK, TEXT, format!("log level: {level}\n")),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            TEXT,
+            format!("bad log filter {level:?}: {e}\n"),
+        ),
+    }
 }
 
 /// The `level` of a `/logging` query string, decoded as
@@ -197,7 +222,37 @@ fn config_dump(proxy: &crate::Proxy) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::log_filter_of;
+    use super::*;
+
+    /// Each refusal names what was wrong: the parser's reason for a filter
+    /// that does not parse, the logging's own otherwise.
+    #[test]
+    fn logging_answers_name_what_was_wrong() {
+        let set: SetLogLevel = Arc::new(|level: &str| match level {
+            "info" => Ok(()),
+            "info[" => Err(LogLevelError::Invalid("unbalanced [".into())),
+            "gone" => Err(LogLevelError::Apply("the subscriber is gone".into())),
+            _ => Err(LogLevelError::NotInitialised),
+        });
+        for (level, code, body) in [
+            ("info", 200, "log level: info\n"),
+            ("info[", 400, "bad log filter \"info[\": unbalanced [\n"),
+            (
+                "gone",
+                400,
+                "bad log filter \"gone\": the logging cannot take a new filter: \
+                 the subscriber is gone\n",
+            ),
+            (
+                "debug",
+                400,
+                "bad log filter \"debug\": logging not initialised\n",
+            ),
+        ] {
+            let (status, kind, text) = set_log_level(level, &set);
+            assert_eq!((status.as_u16(), kind, text.as_str()), (code, TEXT, body));
+        }
+    }
 
     /// The `/logging` query is form-decoded as a browser, curl
     /// `--data-urlencode` or a hand-typed URL sends it.

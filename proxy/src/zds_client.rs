@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+use ringway_config::Backoff;
 use ringway_zds::{self as zds, Request, ZdsError, ZdsHello};
 
 use crate::{PodIdentity, Proxy};
@@ -121,6 +122,13 @@ pub struct ZdsClientConfig {
 }
 
 impl ZdsClientConfig {
+    /// The reconnect delays: [`ZdsClientConfig::backoff_min`] doubling up to
+    /// [`ZdsClientConfig::backoff_max`], not jittered (one proxy, one local
+    /// socket); reset once connected.
+    fn reconnect_backoff(&self) -> Backoff {
+        Backoff::new(self.backoff_min, self.backoff_max)
+    }
+
     /// Defaults for `socket`.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
         ZdsClientConfig {
@@ -144,7 +152,7 @@ struct Pending {
 
 /// Runs the client until `stop` is set. Blocking; call on a control thread.
 pub fn run(proxy: Arc<Proxy>, cfg: ZdsClientConfig, ready: Arc<Readiness>, stop: Arc<AtomicBool>) {
-    let mut backoff = cfg.backoff_min;
+    let mut backoff = cfg.reconnect_backoff();
     let mut pending: HashMap<String, Pending> = HashMap::new();
     // Since when the agent has been unreachable, and whether that was logged.
     let mut outage: Option<(Instant, bool)> = None;
@@ -154,7 +162,7 @@ pub fn run(proxy: Arc<Proxy>, cfg: ZdsClientConfig, ready: Arc<Readiness>, stop:
                 if let Some((since, _)) = outage.take() {
                     tracing::info!(socket = %cfg.socket.display(), unreachable_for = ?since.elapsed(), "node agent reachable again");
                 }
-                backoff = cfg.backoff_min;
+                backoff.reset();
                 tracing::info!(socket = %cfg.socket.display(), "connected to the node agent");
                 match session(&proxy, &cfg, &ready, &stop, &sock, &mut pending) {
                     Ok(()) => tracing::info!("ZDS session ended"),
@@ -162,14 +170,14 @@ pub fn run(proxy: Arc<Proxy>, cfg: ZdsClientConfig, ready: Arc<Readiness>, stop:
                 }
             }
             Err(e) => {
-                tracing::debug!(socket = %cfg.socket.display(), error = %e, ?backoff, "node agent not reachable");
+                let delay = backoff.next_delay();
+                tracing::debug!(socket = %cfg.socket.display(), error = %e, backoff = ?delay, "node agent not reachable");
                 let (since, warned) = outage.get_or_insert((Instant::now(), false));
                 if !*warned && since.elapsed() >= Duration::from_secs(10) {
                     *warned = true;
                     tracing::warn!(socket = %cfg.socket.display(), error = %e, "node agent unreachable for 10 s: no pod can be added on this node until it is back");
                 }
-                sleep_unless_stopped(backoff, &stop);
-                backoff = (backoff * 2).min(cfg.backoff_max);
+                sleep_unless_stopped(delay, &stop);
             }
         }
     }
@@ -417,4 +425,19 @@ fn retry_pending(proxy: &Proxy, ready: &Readiness, pending: &mut HashMap<String,
         }
     }
     set_pending(ready, pending);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The doubling, the cap and the reset are `ringway_config::Backoff`'s
+    /// (its tests); here, the reconnect figures.
+    #[test]
+    fn reconnects_back_off_10ms_doubling_to_200ms_without_jitter() {
+        let mut b = ZdsClientConfig::new("/agent.sock").reconnect_backoff();
+        assert_eq!(b.jitter(), ringway_config::Jitter::None);
+        let ms: Vec<u64> = (0..7).map(|_| b.next_delay().as_millis() as u64).collect();
+        assert_eq!(ms, [10, 20, 40, 80, 160, 200, 200]);
+    }
 }

@@ -44,12 +44,12 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use ringway_config::Backoff;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::backoff::backoff;
 use super::model::{PodRef, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
 
 /// The field manager named in the patches.
@@ -83,6 +83,15 @@ pub struct AnnotatorConfig {
     pub retry_max: Duration,
     /// How long one patch may take before it counts as failed (10 s).
     pub request_timeout: Duration,
+}
+
+impl AnnotatorConfig {
+    /// A failed patch's retries: [`AnnotatorConfig::retry_min`] doubling up to
+    /// [`AnnotatorConfig::retry_max`], not jittered (one pod's patches, not a
+    /// fleet's relists).
+    pub(super) fn retry_backoff(&self) -> Backoff {
+        Backoff::new(self.retry_min, self.retry_max)
+    }
 }
 
 impl Default for AnnotatorConfig {
@@ -155,8 +164,8 @@ struct PatchLabels {
 struct Job {
     pod: PodRef,
     wish: Wish,
-    /// Failed patches of this wish so far.
-    failures: u32,
+    /// Failed patches of this wish so far, and so the next delay.
+    backoff: Backoff,
     /// Not before.
     due: Instant,
     /// Tells a wish from the one that replaced it while its patch was in flight.
@@ -230,7 +239,7 @@ impl Annotator {
     /// annotate). A patch in flight finishes; it is not tried again.
     pub fn forget(&self, uid: &str) {
         if let Some(job) = self.0.queue().jobs.remove(uid) {
-            debug!(pod.uid = %uid, annotation.op = job.wish.op(), failures = job.failures,
+            debug!(pod.uid = %uid, annotation.op = job.wish.op(), failures = job.backoff.failures(),
                 "redirection annotation wish dropped: the pod is gone");
         }
     }
@@ -279,7 +288,7 @@ impl Annotator {
                 Job {
                     pod: pod.clone(),
                     wish,
-                    failures: 0,
+                    backoff: self.0.config.retry_backoff(),
                     due: Instant::now(),
                     generation,
                     in_flight: false,
@@ -359,11 +368,10 @@ impl Inner {
                     "redirection annotation not written: the pod is gone or was re-created");
             }
             Outcome::Failed(error) => {
-                job.failures = job.failures.saturating_add(1);
-                let delay = backoff(self.config.retry_min, self.config.retry_max, job.failures);
+                let delay = job.backoff.next_delay();
                 job.due = Instant::now() + delay;
                 warn!(pod.uid = %uid, pod.namespace = %pod.namespace, pod.name = %pod.name,
-                    annotation.op = wish.op(), failures = job.failures, retry_in = ?delay,
+                    annotation.op = wish.op(), failures = job.backoff.failures(), retry_in = ?delay,
                     error = %error, "redirection annotation patch failed; trying again");
             }
         }

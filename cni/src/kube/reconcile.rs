@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::runtime::watcher::Event;
+use ringway_config::{Backoff, Jitter};
 use tokio::time::Instant;
 use tracing::{debug, info, trace, warn};
 
-use super::backoff::backoff;
 use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
 use super::enrollment::{Enrollment, EnrollmentError};
 use super::model::{EnrolledPod, PodRef};
@@ -46,14 +46,30 @@ impl WatchConfig {
             watch_backoff_max: Duration::from_secs(30),
         }
     }
+
+    /// A failed enroll/unenroll's retries: [`WatchConfig::retry_min`] doubling
+    /// up to [`WatchConfig::retry_max`], not jittered (one pod's calls to this
+    /// node's agent).
+    pub(super) fn retry_backoff(&self) -> Backoff {
+        Backoff::new(self.retry_min, self.retry_max)
+    }
+
+    /// The watchers' backoff after an error: [`WatchConfig::watch_backoff_min`]
+    /// doubling up to [`WatchConfig::watch_backoff_max`], each delay cut by up to
+    /// half at random so that the agents of every node do not relist at the same
+    /// instant after an API server outage; kube's watcher resets it on the next
+    /// success.
+    pub(super) fn watch_backoff(&self) -> Backoff {
+        Backoff::new(self.watch_backoff_min, self.watch_backoff_max).with_jitter(Jitter::Down(0.5))
+    }
 }
 
 /// A pod whose enroll or unenroll failed (retried with backoff), or that was enrolled
 /// but absent from a relist (checked again after the orphan grace).
 #[derive(Debug, Clone, Copy)]
 struct Retry {
-    /// Failed calls so far (0 for an orphan check).
-    failures: u32,
+    /// Failed calls so far (none for an orphan check), and so the next delay.
+    backoff: Backoff,
     due: Instant,
 }
 
@@ -301,7 +317,7 @@ impl Reconciler {
         for uid in &orphans {
             debug!(pod.uid = %uid, grace = ?self.config.orphan_grace, "enrolled pod not listed");
             self.retries.entry(uid.clone()).or_insert(Retry {
-                failures: 0,
+                backoff: self.config.retry_backoff(),
                 due: now + self.config.orphan_grace,
             });
         }
@@ -420,13 +436,17 @@ impl Reconciler {
     /// while).
     fn retry_later(&mut self, uid: &str, call: &str, error: &EnrollmentError) {
         let now = Instant::now();
-        let failures = self.retries.get(uid).map_or(0, |r| r.failures) + 1;
-        let delay = backoff(self.config.retry_min, self.config.retry_max, failures);
+        let mut backoff = self
+            .retries
+            .get(uid)
+            .map_or_else(|| self.config.retry_backoff(), |r| r.backoff);
+        let delay = backoff.next_delay();
+        let failures = backoff.failures();
         warn!(pod.uid = %uid, call, %error, failures, retry_in = ?delay, "node agent call failed");
         self.retries.insert(
             uid.to_owned(),
             Retry {
-                failures,
+                backoff,
                 due: now + delay,
             },
         );

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::*;
-use ::kube::runtime::utils::Backoff;
+use ringway_config::Jitter;
 use ringway_testbed::kube_api::{fixtures, ApiMode, FakeApiServer, FakePod, Kind};
 
 const NODE: &str = "node-a";
@@ -910,29 +910,37 @@ current-context: x
     client.unwrap();
 }
 
+/// The doubling, the cap, the jitter and the reset are `ringway_config::Backoff`'s
+/// (its tests); here, the figures each retry of the watch is built with.
 #[test]
-fn backoff_doubles_up_to_the_cap() {
+fn retries_and_the_watchers_backoff_have_their_documented_figures() {
     let ms = Duration::from_millis;
-    let got: Vec<_> = (1..=6)
-        .map(|n| backoff::backoff(ms(500), ms(5000), n))
-        .collect();
+    let figures = |b: ringway_config::Backoff| {
+        (
+            b.min_delay(),
+            b.max_delay(),
+            b.jitter(),
+            (1..=8).map(|n| b.base_delay(n)).collect::<Vec<_>>(),
+        )
+    };
+    let doubling =
+        |first: u64| -> Vec<Duration> { (0..8).map(|n| ms(first << n).min(ms(30_000))).collect() };
+    let config = WatchConfig::new(NODE);
+    // Enroll/unenroll calls: 500 ms doubling to 30 s, exact.
     assert_eq!(
-        got,
-        [ms(500), ms(1000), ms(2000), ms(4000), ms(5000), ms(5000)]
+        figures(config.retry_backoff()),
+        (ms(500), ms(30_000), Jitter::None, doubling(500))
     );
-    assert_eq!(backoff::backoff(ms(500), ms(30_000), u32::MAX), ms(30_000));
-    // The watcher's: the same, jittered into [d/2, d].
-    let mut b = ExponentialBackoff::new(ms(100), ms(250));
-    let mut seen = BTreeSet::new();
-    for _ in 0..20 {
-        let got: Vec<_> = b.by_ref().take(4).collect();
-        for (d, full) in got.iter().zip([100, 200, 250, 250]) {
-            assert!(*d >= ms(full) / 2 && *d <= ms(full), "{d:?} for {full} ms");
-            seen.insert(*d);
-        }
-        b.reset();
-    }
-    assert!(seen.len() > 10, "not jittered: {seen:?}");
+    // The watchers: 800 ms doubling to 30 s, each cut by up to half.
+    assert_eq!(
+        figures(config.watch_backoff()),
+        (ms(800), ms(30_000), Jitter::Down(0.5), doubling(800))
+    );
+    // The annotator's patches: 500 ms doubling to 30 s, exact.
+    assert_eq!(
+        figures(AnnotatorConfig::default().retry_backoff()),
+        (ms(500), ms(30_000), Jitter::None, doubling(500))
+    );
 }
 
 // ---------------------------------------------------------------- the selector (CNI path)

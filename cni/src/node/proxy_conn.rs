@@ -11,16 +11,7 @@ use socket2::Socket;
 use super::config::ACK_TIMEOUT;
 use super::locks::lock;
 use super::pod::Pod;
-use ringway_zds::{self as zds, workload_request::Payload, WorkloadRequest, ZdsError};
-
-/// How a proxy answered a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Answer {
-    /// Acked.
-    Ack,
-    /// Nacked, with the proxy's reason.
-    Nack(String),
-}
+use ringway_zds::{self as zds, workload_request::Payload, Answer, WorkloadRequest, ZdsError};
 
 /// What a snapshot (or its catch-up) sends for one pod.
 #[derive(Debug)]
@@ -142,11 +133,7 @@ impl Conn {
                 "the proxy's response carried a file descriptor".into(),
             ));
         }
-        match zds::decode_response(&p.bytes) {
-            Ok(Ok(())) => Ok(Answer::Ack),
-            Ok(Err(reason)) => Ok(Answer::Nack(reason)),
-            Err(e) => Err(ConnError::Protocol(e.to_string())),
-        }
+        zds::decode_response(&p.bytes).map_err(|e| ConnError::Protocol(e.to_string()))
     }
 }
 

@@ -12,6 +12,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use ringway_zds::Answer;
+
 use super::cni_server::Pods;
 use super::config::AgentConfig;
 use super::discover::Adopted;
@@ -21,7 +23,7 @@ use super::locks::{lock, PodLocks};
 use super::metrics::PodCount;
 use super::netns::{canonical_netns, inode_of, live_inodes};
 use super::pod::{Pod, PodSource, PodStatus, ProxyStatus};
-use super::proxy_conn::{add_request, del_request, Answer, Conn, SnapItem};
+use super::proxy_conn::{add_request, del_request, Conn, SnapItem};
 use super::record::RecordWriter;
 use super::table::{Entry, State};
 use super::zds_server::Proxies;

@@ -19,11 +19,10 @@ use super::lifecycle::Lifecycle;
 use super::locks::lock;
 use super::metrics::AgentMetrics;
 use super::proxy_conn::{
-    add_request, conn_err, del_request, keep_request, snapshot_sent, Answer, Conn, ConnError,
-    SnapItem,
+    add_request, conn_err, del_request, keep_request, snapshot_sent, Conn, ConnError, SnapItem,
 };
 use super::sockets::{check_peer, chmod_600, clear_stale, create_parent, temp_path};
-use ringway_zds::{self as zds, ZdsError};
+use ringway_zds::{self as zds, Answer, ZdsError};
 
 /// How often idle loops look at the shutdown flag.
 const TICK_MS: u16 = 200;

@@ -451,15 +451,26 @@ fn parse_addresses(uid: &str, sent: &[String]) -> Result<Vec<IpAddr>, ZdsError> 
     Ok(out)
 }
 
-/// Decodes a proxy -> agent response into `Ok(())` or the proxy's error text.
-pub fn decode_response(bytes: &[u8]) -> Result<Result<(), String>, ZdsError> {
+/// How the proxy answered a request: what its `Ack` says. A refusal is the
+/// proxy's answer, carried as data (its reason is the peer's text, shown as
+/// it came), not an error of the connection: those are [`ZdsError`]s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Done: `Ack.error` is empty.
+    Ack,
+    /// Refused, with the proxy's reason (`Ack.error`).
+    Nack(String),
+}
+
+/// Decodes a proxy -> agent response into the proxy's [`Answer`].
+pub fn decode_response(bytes: &[u8]) -> Result<Answer, ZdsError> {
     let resp = WorkloadResponse::decode(bytes).map_err(|e| ZdsError::Decode {
         what: "WorkloadResponse",
         reason: e.to_string(),
     })?;
     match resp.payload {
-        Some(workload_response::Payload::Ack(a)) if a.error.is_empty() => Ok(Ok(())),
-        Some(workload_response::Payload::Ack(a)) => Ok(Err(a.error)),
+        Some(workload_response::Payload::Ack(a)) if a.error.is_empty() => Ok(Answer::Ack),
+        Some(workload_response::Payload::Ack(a)) => Ok(Answer::Nack(a.error)),
         None => Err(ZdsError::Empty {
             what: "WorkloadResponse",
         }),
@@ -607,8 +618,11 @@ mod tests {
         let p = recv(a.as_fd(), &refuse_fd).unwrap();
         assert_eq!(
             decode_response(&p.bytes).unwrap(),
-            Err("no listeners".into())
+            Answer::Nack("no listeners".into())
         );
+        send(a.as_fd(), &ack(None), None).unwrap();
+        let p = recv(b.as_fd(), &refuse_fd).unwrap();
+        assert_eq!(decode_response(&p.bytes).unwrap(), Answer::Ack);
     }
 
     #[test]

@@ -19,7 +19,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, store::Writer, Store};
-use kube::runtime::utils::Backoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::sync::{oneshot, watch};
@@ -29,7 +28,7 @@ use tracing::{debug, error, info, warn};
 use super::istio::{AuthorizationPolicyObject, PeerAuthenticationObject, SecurityVersion};
 use super::{build_mesh, Cluster, KubeOptions, Skipped};
 use crate::control_thread::ControlThread;
-use crate::Mesh;
+use crate::{Backoff, Jitter, Mesh};
 
 /// Why the Kubernetes source could not start.
 #[derive(Debug, thiserror::Error)]
@@ -158,7 +157,7 @@ where
     C: Fn(Arc<Mesh>),
 {
     options.validate()?;
-    let backoff = || Jittered::new(options.backoff_min, options.backoff_max);
+    let backoff = || watch_backoff(&options);
     let mut pods = Cache::new(
         "pods",
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
@@ -463,7 +462,8 @@ where
         listed: bool,
         pending: std::collections::VecDeque<watcher::Event<K>>,
         retry_at: Option<Instant>,
-        min: Duration,
+        backoff: Backoff,
+        /// The wait before both versions are tried again.
         max: Duration,
     }
     let state = State {
@@ -474,7 +474,7 @@ where
         listed: false,
         pending: Default::default(),
         retry_at: None,
-        min: options.backoff_min,
+        backoff: watch_backoff(options),
         max: options.backoff_max,
     };
     futures::stream::unfold(state, |mut st| async move {
@@ -491,7 +491,7 @@ where
                 Box::pin(
                     watcher(api, watcher::Config::default())
                         .modify(|o: &mut K| slim_meta(o.meta_mut()))
-                        .backoff(Jittered::new(st.min, st.max)),
+                        .backoff(st.backoff),
                 )
             });
             match stream.next().await {
@@ -622,71 +622,40 @@ fn slim_pod(pod: &mut Pod) {
     }
 }
 
-/// The watcher's backoff after an error: `min` doubling up to `max`, each
-/// delay scaled by a random factor in [0.5, 1) so that the proxies of every
-/// node do not relist at the same instant after an API server outage; kube's
-/// watcher resets it on the next success.
-#[derive(Debug, Clone)]
-struct Jittered {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Jittered {
-    fn new(min: Duration, max: Duration) -> Jittered {
-        Jittered {
-            min,
-            max,
-            next: min,
-        }
-    }
-}
-
-impl Iterator for Jittered {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (self.next * 2).min(self.max);
-        Some(delay.mul_f64(0.5 + 0.5 * random_unit()))
-    }
-}
-
-impl Backoff for Jittered {
-    fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
-
-/// A number in [0, 1) from std's per-process random hash keys (no RNG
-/// dependency; "not the same on every node" is all that is needed).
-fn random_unit() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8) >> 11;
-    bits as f64 / (1u64 << 53) as f64
+/// The watchers' backoff after an error: [`KubeOptions::backoff_min`]
+/// doubling up to [`KubeOptions::backoff_max`], each delay cut by up to half
+/// at random so that the proxies of every node do not relist at the same
+/// instant after an API server outage; kube's watcher resets it on the next
+/// success.
+fn watch_backoff(options: &KubeOptions) -> Backoff {
+    Backoff::new(options.backoff_min, options.backoff_max).with_jitter(Jitter::Down(0.5))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The doubling, the cap, the jitter and the reset are `Backoff`'s (its
+    /// tests); the watches' figures are the options', cut by up to half.
     #[test]
-    fn backoff_doubles_to_the_cap_with_jitter_and_resets() {
-        let (min, max) = (Duration::from_millis(100), Duration::from_millis(1000));
-        let mut b = Jittered::new(min, max);
-        let bounds = [100, 200, 400, 800, 1000, 1000];
-        for ms in bounds {
-            let d = b.next().unwrap();
-            let full = Duration::from_millis(ms);
-            assert!(
-                d >= full / 2 && d < full,
-                "{d:?} not in [{:?}, {full:?})",
-                full / 2
-            );
-        }
-        b.reset();
-        assert!(b.next().unwrap() < min);
+    fn the_watch_backoff_is_the_options_jittered_down_to_half() {
+        let options = KubeOptions::default();
+        let b = watch_backoff(&options);
+        assert_eq!(
+            (b.min_delay(), b.max_delay(), b.jitter()),
+            (
+                Duration::from_millis(800),
+                Duration::from_secs(30),
+                Jitter::Down(0.5)
+            )
+        );
+        let delays: Vec<u64> = (1..=8)
+            .map(|n| b.base_delay(n).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            delays,
+            [800, 1600, 3200, 6400, 12_800, 25_600, 30_000, 30_000]
+        );
     }
 
     #[test]

@@ -45,6 +45,49 @@ pub enum ClientError {
     },
 }
 
+/// Why [`CaClient::tls_config`] could not build a TLS config.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    /// A root of the bundle is not a usable trust anchor.
+    #[error("CA root: {0}")]
+    Root(#[source] rustls::Error),
+    /// The crypto provider cannot do TLS 1.3.
+    #[error("TLS 1.3 with the crypto provider: {0}")]
+    Protocol(#[source] rustls::Error),
+}
+
+/// Why [`RemoteSource`] gave no certificate (as a
+/// [`ringway_identity::IssueError::Remote`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteIssueError {
+    /// Called on a thread of an async runtime, which the blocking call
+    /// would stall.
+    #[error("a certificate cannot be requested from inside an async runtime")]
+    InsideRuntime,
+    /// No key pair could be generated.
+    #[error("generating a key: {0}")]
+    Key(#[source] rcgen::Error),
+    /// No CSR could be built over the key.
+    #[error("building the CSR: {0}")]
+    Csr(#[source] rcgen::Error),
+    /// The token file cannot be read.
+    #[error("reading the token {}: {source}", path.display())]
+    Token {
+        /// The token file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The source is being dropped.
+    #[error("the certificate service client is shutting down")]
+    ShuttingDown,
+    /// The certificate service's call failed.
+    #[error(transparent)]
+    Call(#[from] ClientError),
+}
+
 /// A client of one CA address.
 #[derive(Debug, Clone)]
 pub struct CaClient {
@@ -74,15 +117,15 @@ impl CaClient {
     /// ALPN h2.
     pub fn tls_config(
         roots: &[CertificateDer<'static>],
-    ) -> Result<Arc<rustls::ClientConfig>, String> {
+    ) -> Result<Arc<rustls::ClientConfig>, TlsConfigError> {
         let mut store = rustls::RootCertStore::empty();
         for r in roots {
-            store.add(r.clone()).map_err(|e| format!("CA root: {e}"))?;
+            store.add(r.clone()).map_err(TlsConfigError::Root)?;
         }
         let mut cfg =
             rustls::ClientConfig::builder_with_provider(ringway_identity::crypto_provider())
                 .with_protocol_versions(&[&rustls::version::TLS13])
-                .map_err(|e| e.to_string())?
+                .map_err(TlsConfigError::Protocol)?
                 .with_root_certificates(store)
                 .with_no_client_auth();
         cfg.alpn_protocols = vec![b"h2".to_vec()];
@@ -276,45 +319,54 @@ impl RemoteSource {
     }
 }
 
+impl RemoteSource {
+    /// A new key, a CSR over it, the token, one blocking call.
+    fn request(
+        &self,
+        identity: &Identity,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> Result<ringway_identity::Issued, RemoteIssueError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(RemoteIssueError::InsideRuntime);
+        }
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(RemoteIssueError::Key)?;
+        let csr = rcgen::CertificateParams::default()
+            .serialize_request(&key)
+            .and_then(|r| r.pem())
+            .map_err(RemoteIssueError::Csr)?;
+        let token = std::fs::read_to_string(&self.token_file).map_err(|source| {
+            RemoteIssueError::Token {
+                path: self.token_file.clone(),
+                source,
+            }
+        })?;
+        let validity = not_after.duration_since(not_before).unwrap_or_default();
+        let rt = self.rt.as_ref().ok_or(RemoteIssueError::ShuttingDown)?;
+        let chain = rt.block_on(self.client.create_certificate(
+            token.trim(),
+            &csr,
+            identity,
+            true,
+            validity,
+        ))?;
+        Ok((
+            chain,
+            rustls_pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()),
+        ))
+    }
+}
+
 impl ringway_identity::CertSource for RemoteSource {
     fn issue(
         &self,
         identity: &Identity,
         not_before: std::time::SystemTime,
         not_after: std::time::SystemTime,
-    ) -> Result<
-        (
-            Vec<CertificateDer<'static>>,
-            rustls_pki_types::PrivatePkcs8KeyDer<'static>,
-        ),
-        String,
-    > {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err("a certificate cannot be requested from inside an async runtime".into());
-        }
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-            .map_err(|e| format!("generating a key: {e}"))?;
-        let csr = rcgen::CertificateParams::default()
-            .serialize_request(&key)
-            .and_then(|r| r.pem())
-            .map_err(|e| format!("building the CSR: {e}"))?;
-        let token = std::fs::read_to_string(&self.token_file)
-            .map_err(|e| format!("reading the token {}: {e}", self.token_file.display()))?;
-        let validity = not_after.duration_since(not_before).unwrap_or_default();
-        let rt = self
-            .rt
-            .as_ref()
-            .ok_or_else(|| String::from("the certificate service client is shutting down"))?;
-        let chain = rt
-            .block_on(
-                self.client
-                    .create_certificate(token.trim(), &csr, identity, true, validity),
-            )
-            .map_err(|e| e.to_string())?;
-        Ok((
-            chain,
-            rustls_pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()),
-        ))
+    ) -> Result<ringway_identity::Issued, ringway_identity::IssueError> {
+        self.request(identity, not_before, not_after)
+            .map_err(ringway_identity::IssueError::remote)
     }
 
     fn expires(&self) -> Option<std::time::SystemTime> {

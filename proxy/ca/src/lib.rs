@@ -47,6 +47,6 @@ pub mod service;
 
 pub use authn::{Caller, KubeTokenReviewer, TokenReviewer};
 pub use authz::{NotReady, PodDirectory, PodView, Policy};
-pub use client::{CaClient, ClientError};
+pub use client::{CaClient, ClientError, RemoteIssueError, TlsConfigError};
 pub use grpc::{Code, Status};
 pub use service::{CaService, Limits};

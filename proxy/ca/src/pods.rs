@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
+use ringway_config::Backoff;
 
 use crate::authz::{NotReady, PodDirectory, PodView};
 
@@ -137,9 +138,7 @@ impl Shared {
     /// Lists and watches until the runtime stops; a failure starts over
     /// from a fresh list after a backoff.
     async fn run(self: Arc<Self>, api: kube::Api<Pod>) {
-        const FIRST: Duration = Duration::from_millis(500);
-        const MAX: Duration = Duration::from_secs(30);
-        let mut backoff = FIRST;
+        let mut backoff = relist_backoff();
         loop {
             let mut stream = std::pin::pin!(watcher(api.clone(), watcher::Config::default()));
             // The list in progress: the index in hand keeps answering until
@@ -168,7 +167,7 @@ impl Shared {
                             h.listed = true;
                             h.failing.take()
                         };
-                        backoff = FIRST;
+                        backoff.reset();
                         match was_failing {
                             Some((since, _)) => tracing::info!(
                                 ca.pods = pods,
@@ -193,15 +192,22 @@ impl Shared {
                     }
                 }
             };
-            tracing::warn!(error = %error, ca.retry_in_ms = backoff.as_millis() as u64, "pod watch failed; listing again after a backoff");
+            let delay = backoff.next_delay();
+            tracing::warn!(error = %error, ca.retry_in_ms = delay.as_millis() as u64, "pod watch failed; listing again after a backoff");
             self.health()
                 .failing
                 .get_or_insert_with(|| (Instant::now(), String::new()))
                 .1 = error;
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX);
+            tokio::time::sleep(delay).await;
         }
     }
+}
+
+/// The delays before the pod watch lists again after a failure: 500 ms
+/// doubling to 30 s, not jittered (one certificate service per cluster);
+/// reset once a list is complete.
+fn relist_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(500), Duration::from_secs(30))
 }
 
 /// Pods from a watch of every namespace's pods (see the module docs).
@@ -503,5 +509,17 @@ mod tests {
         assert!(pods.pod("shop", "cart-1").is_none());
         assert!(has("node-c", "shop", "new"), "the relist keeps what exists");
         assert!(pods.ready().is_ok());
+    }
+
+    /// The doubling, the cap and the reset are `ringway_config::Backoff`'s
+    /// (its tests); here, the pod watch's figures.
+    #[test]
+    fn the_pod_watch_relists_after_500ms_doubling_to_30s_without_jitter() {
+        let b = relist_backoff();
+        assert_eq!(b.jitter(), ringway_config::Jitter::None);
+        let ms: Vec<u64> = (1..=8)
+            .map(|n| b.base_delay(n).as_millis() as u64)
+            .collect();
+        assert_eq!(ms, [500, 1000, 2000, 4000, 8000, 16_000, 30_000, 30_000]);
     }
 }

@@ -30,10 +30,15 @@ pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 pub const CREATE_CERTIFICATE_PATH: &str =
     "/istio.v1.auth.IstioCertificateService/CreateCertificate";
 
+/// `metadata.ImpersonatedIdentity` holds something other than a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("metadata.{} is not a string", IMPERSONATED_IDENTITY)]
+pub struct ImpersonationNotAString;
+
 impl IstioCertificateRequest {
     /// `metadata.ImpersonatedIdentity`: `Ok(None)` when absent, an error when
     /// present but not a string.
-    pub fn impersonated_identity(&self) -> Result<Option<&str>, String> {
+    pub fn impersonated_identity(&self) -> Result<Option<&str>, ImpersonationNotAString> {
         use prost_types::value::Kind;
         let Some(meta) = &self.metadata else {
             return Ok(None);
@@ -46,7 +51,7 @@ impl IstioCertificateRequest {
             None | Some(Kind::NullValue(_)) => Ok(None),
             Some(Kind::StringValue(s)) if s.is_empty() => Ok(None),
             Some(Kind::StringValue(s)) => Ok(Some(s)),
-            Some(_) => Err(format!("metadata.{IMPERSONATED_IDENTITY} is not a string")),
+            Some(_) => Err(ImpersonationNotAString),
         }
     }
 

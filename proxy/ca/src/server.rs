@@ -150,6 +150,28 @@ struct ConnSlots {
     counts: Mutex<(usize, HashMap<IpAddr, usize>)>,
 }
 
+/// The cap a connection was over ([`ConnSlots::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum OverCap {
+    /// Its source holds its share (`max_connections_per_source`) already.
+    #[error("over the per-source connection cap")]
+    PerSource,
+    /// `max_connections` are open.
+    #[error("over the global connection cap")]
+    Global,
+}
+
+impl OverCap {
+    /// The `reason` it is counted under in
+    /// `ringway_ca_connections_refused_total`.
+    fn reason(self) -> &'static str {
+        match self {
+            OverCap::PerSource => "per_source",
+            OverCap::Global => "global",
+        }
+    }
+}
+
 /// One admitted connection; dropping it gives its places back.
 struct ConnGuard {
     slots: Arc<ConnSlots>,
@@ -165,15 +187,15 @@ impl ConnSlots {
         self: &Arc<Self>,
         src: IpAddr,
         service: &Arc<CaService>,
-    ) -> Result<ConnGuard, &'static str> {
+    ) -> Result<ConnGuard, OverCap> {
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let (total, by_source) = &mut *c;
         let n = by_source.get(&src).copied().unwrap_or(0);
         if n >= self.per_source {
-            return Err("per_source");
+            return Err(OverCap::PerSource);
         }
         if *total >= self.total {
-            return Err("global");
+            return Err(OverCap::Global);
         }
         by_source.insert(src, n + 1);
         *total += 1;
@@ -232,7 +254,8 @@ pub async fn serve(
         let src = peer.ip().to_canonical();
         let guard = match slots.admit(src, &service) {
             Ok(g) => g,
-            Err(reason) => {
+            Err(over) => {
+                let reason = over.reason();
                 // Reset, not closed: nothing lingers on either side.
                 let _ = stream.set_zero_linger();
                 drop(stream);
@@ -267,26 +290,57 @@ impl Drop for StreamGuard {
     }
 }
 
+/// Why a connection ended other than by its peer closing it or going idle.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    /// No TLS handshake within the limit.
+    #[error("TLS handshake timed out")]
+    HandshakeTimeout,
+    /// The TLS handshake failed.
+    #[error("TLS: {0}")]
+    Handshake(#[source] std::io::Error),
+    /// No HTTP/2 preface within the limit.
+    #[error("HTTP/2 preface timed out")]
+    PrefaceTimeout,
+    /// The HTTP/2 preface or SETTINGS were wrong.
+    #[error("HTTP/2 preface: {0}")]
+    Preface(#[source] h2::Error),
+    /// The HTTP/2 connection failed after its preface.
+    #[error("HTTP/2: {0}")]
+    Http2(#[source] h2::Error),
+}
+
+impl ConnectionError {
+    /// The `reason` it is counted under in
+    /// `ringway_ca_connections_refused_total`, if it is a refusal.
+    fn refusal(&self) -> Option<&'static str> {
+        match self {
+            ConnectionError::HandshakeTimeout => Some("handshake_timeout"),
+            ConnectionError::Handshake(_) => Some("handshake_failed"),
+            ConnectionError::PrefaceTimeout => Some("preface_timeout"),
+            ConnectionError::Preface(_) => Some("preface_failed"),
+            ConnectionError::Http2(_) => None,
+        }
+    }
+}
+
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
     service: Arc<CaService>,
     limits: Arc<ServerLimits>,
-) -> Result<(), String> {
+) -> Result<(), ConnectionError> {
     let _ = stream.set_nodelay(true);
-    let refused = |reason: &'static str, e: String| {
-        service.connection_refused(reason);
+    let refused = |e: ConnectionError| {
+        if let Some(reason) = e.refusal() {
+            service.connection_refused(reason);
+        }
         e
     };
     let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
-        Err(_) => {
-            return Err(refused(
-                "handshake_timeout",
-                "TLS handshake timed out".into(),
-            ))
-        }
-        Ok(Err(e)) => return Err(refused("handshake_failed", format!("TLS: {e}"))),
+        Err(_) => return Err(refused(ConnectionError::HandshakeTimeout)),
+        Ok(Err(e)) => return Err(refused(ConnectionError::Handshake(e))),
         Ok(Ok(tls)) => tls,
     };
     let preface = h2::server::Builder::new()
@@ -295,13 +349,8 @@ async fn connection(
         .initial_window_size(limits.preauth_body_bytes)
         .handshake::<_, Bytes>(tls);
     let mut h2 = match tokio::time::timeout(limits.preface_timeout, preface).await {
-        Err(_) => {
-            return Err(refused(
-                "preface_timeout",
-                "HTTP/2 preface timed out".into(),
-            ))
-        }
-        Ok(Err(e)) => return Err(refused("preface_failed", format!("HTTP/2 preface: {e}"))),
+        Err(_) => return Err(refused(ConnectionError::PrefaceTimeout)),
+        Ok(Err(e)) => return Err(refused(ConnectionError::Preface(e))),
         Ok(Ok(h2)) => h2,
     };
     let src = peer.ip().to_canonical();
@@ -320,7 +369,7 @@ async fn connection(
         tokio::select! {
             next = h2.accept() => {
                 let Some(next) = next else { return Ok(()) };
-                let (req, respond) = next.map_err(|e| format!("HTTP/2: {e}"))?;
+                let (req, respond) = next.map_err(ConnectionError::Http2)?;
                 activity.open.fetch_add(1, Ordering::SeqCst);
                 let guard = StreamGuard(activity.clone());
                 let (service, limits) = (service.clone(), limits.clone());

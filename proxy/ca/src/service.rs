@@ -560,7 +560,7 @@ impl CaService {
         }
         let impersonate = req
             .impersonated_identity()
-            .map_err(|m| invalid("bad_metadata", m))?;
+            .map_err(|e| invalid("bad_metadata", e.to_string()))?;
         let identity = authorize(&self.policy, caller, impersonate, &*self.pods)?;
 
         let now = SystemTime::now();

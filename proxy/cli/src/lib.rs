@@ -425,8 +425,10 @@ fn init_logs(filter: &str, format: LogFormat, file: Option<std::fs::File>) {
             .init();
     }
     let _ = LOG_RELOAD.set(std::sync::Arc::new(move |level: &str| {
-        let f = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
-        handle.reload(f).map_err(|e| e.to_string())
+        use ringway_proxy::control::LogLevelError;
+        let f = tracing_subscriber::EnvFilter::try_new(level)
+            .map_err(|e| LogLevelError::Invalid(e.into()))?;
+        handle.reload(f).map_err(|e| LogLevelError::Apply(e.into()))
     }));
 }
 
@@ -573,7 +575,7 @@ fn cni_plugin_main() -> ! {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| format!("ringway-cni: cannot open logFile {}: {e}", path.display()))
+            .with_context(|| format!("ringway-cni: cannot open logFile {}", path.display()))
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -582,7 +584,7 @@ fn cni_plugin_main() -> ! {
         Some(Ok(f)) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
         other => {
             if let Some(Err(why)) = other {
-                eprintln!("{why}; logging to stderr");
+                eprintln!("{why:#}; logging to stderr");
             }
             builder.with_writer(std::io::stderr).try_init()
         }
@@ -1086,7 +1088,7 @@ fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     .with_context(|| format!("binding the metrics endpoint on {}", args.metrics_addr))?;
     tracing::info!(addr = %metrics_server.addr, "metrics endpoint: GET /metrics");
     let set_level = LOG_RELOAD.get().cloned().unwrap_or_else(|| {
-        std::sync::Arc::new(|_: &str| Err("logging not initialised".to_string()))
+        std::sync::Arc::new(|_: &str| Err(ringway_proxy::control::LogLevelError::NotInitialised))
     });
     let admin_server = ringway_control::ControlServer::serve_shared(
         args.admin_addr,

@@ -1,7 +1,7 @@
-//! Errors of identity management and peer verification, and of reading a
-//! SPIFFE ID ([`SpiffeError`]). Low in the crate: they name only the CA
-//! module's errors, and the SPIFFE, TLS, summary and manager modules name
-//! them.
+//! Errors of identity management and peer verification, of reading a
+//! SPIFFE ID ([`SpiffeError`]) and of a certificate source
+//! ([`IssueError`]). Low in the crate: they name only the CA module's
+//! errors, and the SPIFFE, TLS, summary and manager modules name them.
 
 use std::time::Duration;
 
@@ -69,7 +69,17 @@ pub enum IdentityError {
         /// The parser's reason.
         reason: String,
     },
-    /// Key generation or signing failed.
+    /// The certificate source (the local CA or a certificate service)
+    /// failed.
+    #[error("cannot issue a certificate for {identity}: {source}")]
+    Source {
+        /// The identity asked for.
+        identity: Identity,
+        /// What the source said.
+        #[source]
+        source: IssueError,
+    },
+    /// What the source returned cannot be used, or issuing could not start.
     #[error("cannot issue a certificate for {identity}: {reason}")]
     Issue {
         /// The identity asked for.
@@ -99,6 +109,26 @@ pub enum IdentityError {
         /// The SPIFFE ID the server presented.
         presented: String,
     },
+}
+
+/// Why a certificate source (`CertSource::issue`) gave no certificate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssueError {
+    /// The local CA could not make the key or sign the certificate.
+    #[error("the local CA cannot sign: {0}")]
+    Sign(#[source] rcgen::Error),
+    /// A source of another crate (the certificate service's client) failed:
+    /// its own error, kept whole (its message and its sources).
+    #[error(transparent)]
+    Remote(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl IssueError {
+    /// Wraps a remote source's error.
+    pub fn remote(error: impl std::error::Error + Send + Sync + 'static) -> IssueError {
+        IssueError::Remote(Box::new(error))
+    }
 }
 
 /// A string that is not a workload identity of the expected trust domain.

@@ -95,9 +95,9 @@ pub mod testing;
 pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
 pub use cert::WorkloadCert;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{IdentityError, SpiffeError};
+pub use error::{IdentityError, IssueError, SpiffeError};
 pub use manager::{
-    CertSource, IdentityManager, Refresher, DEFAULT_BACKDATE, DEFAULT_CERT_LIFETIME,
+    CertSource, IdentityManager, Issued, Refresher, DEFAULT_BACKDATE, DEFAULT_CERT_LIFETIME,
     DEFAULT_MAX_CONCURRENT_ISSUANCE,
 };
 pub use ringway_config::authz::Identity;

@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use ringway_config::authz::Identity;
+use ringway_config::{Backoff, Jitter};
 use rustls::crypto::CryptoProvider;
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -17,7 +18,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use crate::ca::{fmt_time, CaSigner, TrustBundle};
 use crate::cert::WorkloadCert;
 use crate::clock::{Clock, SystemClock};
-use crate::error::IdentityError;
+use crate::error::{IdentityError, IssueError};
 use crate::spiffe::{self, peer_identity_from_certs};
 use crate::summary::CertState;
 use crate::tls::{self, SpiffeClientVerifier, SpiffeServerVerifier};
@@ -29,18 +30,20 @@ pub const DEFAULT_BACKDATE: Duration = Duration::from_secs(5 * 60);
 /// Issuances (key generation + signing) allowed at once.
 pub const DEFAULT_MAX_CONCURRENT_ISSUANCE: usize = 8;
 
+/// What a [`CertSource`] issues: the chain (leaf first) and the leaf's key.
+pub type Issued = (Vec<CertificateDer<'static>>, PrivatePkcs8KeyDer<'static>);
+
 /// Where workload certificates come from: the CA itself ([`CaSigner`], the
 /// local-key mode) or a certificate service reached over the network.
 pub trait CertSource: Send + Sync + fmt::Debug {
     /// A chain (leaf first) and its key for `identity`, valid from
     /// `not_before` until at most `not_after` (the source may cap it).
-    #[allow(clippy::type_complexity)]
     fn issue(
         &self,
         identity: &Identity,
         not_before: SystemTime,
         not_after: SystemTime,
-    ) -> Result<(Vec<CertificateDer<'static>>, PrivatePkcs8KeyDer<'static>), String>;
+    ) -> Result<Issued, IssueError>;
 
     /// When the source stops being able to issue (a local CA's expiry);
     /// `None` when not known here.
@@ -58,8 +61,8 @@ impl CertSource for CaSigner {
         identity: &Identity,
         not_before: SystemTime,
         not_after: SystemTime,
-    ) -> Result<(Vec<CertificateDer<'static>>, PrivatePkcs8KeyDer<'static>), String> {
-        CaSigner::issue(self, identity, not_before, not_after).map_err(|e| e.to_string())
+    ) -> Result<Issued, IssueError> {
+        CaSigner::issue(self, identity, not_before, not_after).map_err(IssueError::Sign)
     }
 
     fn expires(&self) -> Option<SystemTime> {
@@ -77,23 +80,37 @@ impl CertSource for CaSigner {
 struct Slot {
     current: RwLock<Option<Arc<WorkloadCert>>>,
     issuing: Mutex<()>,
-    /// Failed issuances in a row, when the next try is due, and why the
-    /// last one failed (a remote source: the refresher retries with
+    /// Failed issuances (a remote source: the refresher retries with
     /// jittered exponential backoff).
-    retry: Mutex<(u32, Option<SystemTime>, String)>,
+    retry: Mutex<Retry>,
 }
 
-/// The delay before retry number `failures` (1 s doubling to 60 s), with up
-/// to a quarter of it added at random so a node's proxies do not retry in
-/// step after a CA outage.
-fn retry_delay(failures: u32) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let base =
-        Duration::from_secs(1u64 << failures.min(6).saturating_sub(1)).min(Duration::from_secs(60));
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(failures);
-    let jitter = h.finish() % (base.as_millis() as u64 / 4 + 1);
-    base + Duration::from_millis(jitter)
+/// One identity's failed issuances in a row.
+#[derive(Debug)]
+struct Retry {
+    /// The failures counted, and so the next delay ([`retry_backoff`]).
+    backoff: Backoff,
+    /// When the next try is due; `None` while nothing failed.
+    due: Option<SystemTime>,
+    /// Why the last try failed; empty while nothing failed.
+    reason: String,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            backoff: retry_backoff(),
+            due: None,
+            reason: String::new(),
+        }
+    }
+}
+
+/// The delays between tries of a failing issuance: 1 s doubling to 32 s,
+/// with up to a quarter of each added at random so a node's proxies do not
+/// retry in step after a CA outage.
+fn retry_backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(1), Duration::from_secs(32)).with_jitter(Jitter::Up(0.25))
 }
 
 /// A counting semaphore for issuance (std only; waits are short: one
@@ -325,7 +342,7 @@ impl IdentityManager {
                     .retry
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .2
+                    .reason
                     .clone();
                 let state = match current {
                     Some(c) if now < c.not_after() => CertState::Available(c),
@@ -413,10 +430,10 @@ impl IdentityManager {
                 identity: identity.clone(),
                 reason: {
                     let r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
-                    if r.2.is_empty() {
+                    if r.reason.is_empty() {
                         "not issued yet".to_owned()
                     } else {
-                        r.2.clone()
+                        r.reason.clone()
                     }
                 },
             }),
@@ -484,13 +501,12 @@ impl IdentityManager {
             Err(e) => {
                 self.issue_failures.fetch_add(1, Ordering::Relaxed);
                 let mut r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
-                r.0 = r.0.saturating_add(1);
-                r.1 = Some(self.clock.now() + retry_delay(r.0));
-                r.2 = e.to_string();
+                r.due = Some(self.clock.now() + r.backoff.next_delay());
+                r.reason = e.to_string();
                 return Err(e);
             }
         };
-        *slot.retry.lock().unwrap_or_else(PoisonError::into_inner) = (0, None, String::new());
+        *slot.retry.lock().unwrap_or_else(PoisonError::into_inner) = Retry::default();
         let old = write(&slot.current).replace(cert.clone());
         // Invalidate configs holding the old certificate.
         write(&self.server_configs).remove(id);
@@ -524,7 +540,12 @@ impl IdentityManager {
         }
         let (chain, key) = {
             let _permit = self.permits.acquire();
-            self.ca.issue(id, not_before, not_after).map_err(fail)?
+            self.ca
+                .issue(id, not_before, not_after)
+                .map_err(|source| IdentityError::Source {
+                    identity: id.clone(),
+                    source,
+                })?
         };
         // Whatever the source, the leaf must carry exactly this identity.
         match peer_identity_from_certs(&chain) {
@@ -625,7 +646,7 @@ impl IdentityManager {
                 .retry
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .1
+                .due
                 .is_some_and(|next| now < next);
             if !due || backing_off {
                 continue;
@@ -820,5 +841,77 @@ mod tests {
         }
         assert!(format!("{cert:?}").contains("<redacted>"));
         assert!(format!("{m:?}").contains("<redacted>"));
+    }
+
+    /// The doubling, the cap, the jitter and the reset are
+    /// `ringway_config::Backoff`'s (its tests); here, a failing issuance's
+    /// figures, and a slot that starts with none failed.
+    #[test]
+    fn failed_issuances_retry_1s_doubling_to_32s_with_up_to_a_quarter_more() {
+        let b = retry_backoff();
+        assert_eq!(b.jitter(), Jitter::Up(0.25));
+        let secs: Vec<u64> = (1..=8).map(|n| b.base_delay(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 32, 32]);
+        let fresh = Retry::default();
+        assert_eq!(
+            (fresh.backoff.failures(), fresh.due, fresh.reason.as_str()),
+            (0, None, "")
+        );
+    }
+
+    /// A source that always fails, as a certificate service that is down.
+    #[derive(Debug)]
+    struct Down;
+
+    impl CertSource for Down {
+        fn issue(&self, _: &Identity, _: SystemTime, _: SystemTime) -> Result<Issued, IssueError> {
+            Err(IssueError::remote(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "the certificate service is down",
+            )))
+        }
+
+        fn expires(&self) -> Option<SystemTime> {
+            None
+        }
+
+        fn remote(&self) -> bool {
+            true
+        }
+    }
+
+    /// A failed issuance says whose certificate and why, keeps the source's
+    /// error as its source, and is tried again after the first delay.
+    #[test]
+    fn a_failing_source_is_named_and_backed_off() {
+        let td = "cluster.local";
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let clock = Arc::new(crate::clock::ManualClock::new(start));
+        // The mesh's root: any will do, nothing is issued.
+        let mut bundle = TrustBundle::new();
+        bundle.add(CaSigner::generate_for_tests_for_unit(td).cert().clone());
+        let m = IdentityManager::with_source(Arc::new(Down), bundle, td, DEFAULT_CERT_LIFETIME)
+            .unwrap()
+            .with_clock(clock.clone());
+        let id = Identity::new(td, "shop", "web");
+        let e = m.fetch(&id).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot issue a certificate for spiffe://cluster.local/ns/shop/sa/web: \
+             the certificate service is down"
+        );
+        let IdentityError::Source { source, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert!(matches!(source, IssueError::Remote(_)), "{source:?}");
+        let slot = m.slot(&id).unwrap();
+        let retry = slot.retry.lock().unwrap();
+        assert_eq!(retry.backoff.failures(), 1);
+        assert_eq!(retry.reason, e.to_string());
+        let due = retry.due.unwrap().duration_since(start).unwrap();
+        assert!(
+            Duration::from_secs(1) <= due && due <= Duration::from_millis(1250),
+            "{due:?}"
+        );
     }
 }

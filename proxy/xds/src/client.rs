@@ -66,13 +66,23 @@ pub const MAX_NACK_MESSAGE: usize = 4096;
 /// Longest token file read.
 const MAX_TOKEN_BYTES: u64 = 64 * 1024;
 
-/// Jittered exponential backoff between attempts.
+/// Jittered exponential backoff between attempts: `initial` doubling up to
+/// `max`, each wait cut by up to half at random ([`Backoff::delays`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     /// The first wait.
     pub initial: Duration,
     /// The longest wait.
     pub max: Duration,
+}
+
+impl Backoff {
+    /// The waits: [`ringway_config::Backoff`] from `initial` to `max`, each
+    /// wait `d` drawn from `[d/2, d]`.
+    pub fn delays(self) -> ringway_config::Backoff {
+        ringway_config::Backoff::new(self.initial, self.max)
+            .with_jitter(ringway_config::Jitter::Down(0.5))
+    }
 }
 
 impl Default for Backoff {
@@ -507,7 +517,7 @@ impl AdsClient {
     /// returns (dropping the stream and its connection).
     pub async fn run<H: Handler>(&self, handler: &mut H, stop: impl Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
-        let mut backoff = BackoffState::new(self.config.backoff);
+        let mut backoff = self.config.backoff.delays();
         loop {
             let mut progress = Progress::default();
             let error = tokio::select! {
@@ -518,7 +528,7 @@ impl AdsClient {
             if progress.responses > 0 {
                 backoff.reset();
             }
-            let retry_in = backoff.next_wait();
+            let retry_in = backoff.next_delay();
             // The server closing a stream that worked (a rebalance, a
             // restart) is routine; anything else is worth a warning.
             let routine = progress.responses > 0
@@ -910,79 +920,30 @@ fn cap_message(message: String) -> String {
     )
 }
 
-/// The backoff's progress: the n-th wait is a random duration in
-/// `[d/2, d]` for `d = min(initial * 2^n, max)`.
-#[derive(Debug)]
-struct BackoffState {
-    config: Backoff,
-    attempt: u32,
-}
-
-impl BackoffState {
-    fn new(config: Backoff) -> Self {
-        BackoffState { config, attempt: 0 }
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
-
-    /// The ceiling of the next wait (before jitter).
-    fn ceiling(&self) -> Duration {
-        let factor = 1u32.checked_shl(self.attempt.min(31)).unwrap_or(u32::MAX);
-        self.config
-            .initial
-            .checked_mul(factor)
-            .unwrap_or(self.config.max)
-            .min(self.config.max)
-    }
-
-    fn next_wait(&mut self) -> Duration {
-        use rand::Rng;
-        let ceiling = self.ceiling();
-        self.attempt = self.attempt.saturating_add(1);
-        let low = ceiling / 2;
-        let spread = (ceiling - low).as_nanos() as u64;
-        low + Duration::from_nanos(rand::rng().random_range(0..=spread))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The doubling, the cap, the jitter and the reset are
+    /// `ringway_config::Backoff`'s (its tests); here, the client's figures.
     #[test]
-    fn backoff_doubles_with_jitter_to_its_cap_and_resets() {
-        let mut b = BackoffState::new(Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(15),
-        });
-        let ceilings: Vec<u64> = (0..10)
-            .map(|_| {
-                let c = b.ceiling();
-                let w = b.next_wait();
-                assert!(w <= c && w >= c / 2, "{w:?} outside [{:?}, {c:?}]", c / 2);
-                c.as_millis() as u64
-            })
+    fn backoff_is_100ms_doubling_to_15s_jittered_down_to_half() {
+        let b = Backoff::default().delays();
+        assert_eq!(
+            (b.min_delay(), b.max_delay(), b.jitter()),
+            (
+                Duration::from_millis(100),
+                Duration::from_secs(15),
+                ringway_config::Jitter::Down(0.5)
+            )
+        );
+        let ceilings: Vec<u64> = (1..=10)
+            .map(|n| b.base_delay(n).as_millis() as u64)
             .collect();
         assert_eq!(
             ceilings,
             [100, 200, 400, 800, 1600, 3200, 6400, 12800, 15000, 15000]
         );
-        for _ in 0..100 {
-            b.next_wait();
-        }
-        assert_eq!(b.ceiling(), Duration::from_secs(15), "no overflow");
-        b.reset();
-        assert_eq!(b.ceiling(), Duration::from_millis(100));
-        // Jitter: the waits are not all the same.
-        let waits: HashSet<Duration> = (0..20)
-            .map(|_| {
-                b.reset();
-                b.next_wait()
-            })
-            .collect();
-        assert!(waits.len() > 1, "{waits:?}");
     }
 
     #[test]

@@ -30,8 +30,29 @@ use ringway_config::Mesh;
 
 use crate::client::{Event, Handler, Nack};
 use crate::convert::{self, Entry};
-use crate::proto::{security, workload, DeltaDiscoveryResponse, TypedResource};
+use crate::proto::{security, workload, AnyError, DeltaDiscoveryResponse, TypedResource};
 use crate::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
+
+/// Why a resource could not be read; its message starts the NACK's line
+/// for that resource.
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    /// The resource has no `Any`.
+    #[error("the resource carries no payload")]
+    NoPayload,
+    /// The `Any` is of another type or does not decode.
+    #[error(transparent)]
+    Any(#[from] AnyError),
+    /// An address that decodes but cannot be taken (the field and why).
+    #[error(transparent)]
+    Refused(#[from] convert::Refused),
+}
+
+/// The message `r` carries.
+fn decode<T: TypedResource>(r: &crate::Resource) -> Result<T, Unreadable> {
+    let any = r.resource.as_ref().ok_or(Unreadable::NoPayload)?;
+    Ok(T::from_any(any)?)
+}
 
 /// One of the two type URLs, as the `'static` metrics label.
 fn static_url(type_url: &str) -> Option<&'static str> {
@@ -372,12 +393,8 @@ impl MeshState {
         edit: &mut ringway_config::MeshEdit,
     ) -> Option<String> {
         let name = &r.name;
-        let read = r
-            .resource
-            .as_ref()
-            .ok_or_else(|| "the resource carries no payload".to_owned())
-            .and_then(|any| workload::Address::from_any(any).map_err(|e| e.to_string()))
-            .and_then(|a| convert::address(name, &a).map_err(|e| e.to_string()));
+        let read = decode::<workload::Address>(r)
+            .and_then(|a| convert::address(name, &a).map_err(Unreadable::from));
         match read {
             Ok(entry) => {
                 let held = match entry {
@@ -430,11 +447,7 @@ impl MeshState {
         edit: &mut ringway_config::MeshEdit,
     ) -> Option<String> {
         let name = &r.name;
-        let decoded = r
-            .resource
-            .as_ref()
-            .ok_or_else(|| "the resource carries no payload".to_owned())
-            .and_then(|any| security::Authorization::from_any(any).map_err(|e| e.to_string()));
+        let decoded = decode::<security::Authorization>(r);
         let (policy, problem, version) = match decoded {
             Ok(a) => {
                 let read = convert::authorization(name, &a, root);

@@ -505,7 +505,9 @@ fn admin_config_dump_and_log_level() {
         let seen = levels.clone();
         let set: ringway_proxy::control::SetLogLevel = std::sync::Arc::new(move |l: &str| {
             if l.contains('[') && !l.contains(']') {
-                return Err("unbalanced".into());
+                return Err(ringway_proxy::control::LogLevelError::Invalid(
+                    "unbalanced".into(),
+                ));
             }
             seen.lock().unwrap().push(l.to_string());
             Ok(())

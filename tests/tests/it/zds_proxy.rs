@@ -74,7 +74,10 @@ impl Conn {
 
     fn answer(&self) -> Result<(), String> {
         let p = zds::recv(self.fd.as_fd(), &zds::refuse_fd).unwrap();
-        zds::decode_response(&p.bytes).unwrap()
+        match zds::decode_response(&p.bytes).unwrap() {
+            zds::Answer::Ack => Ok(()),
+            zds::Answer::Nack(reason) => Err(reason),
+        }
     }
 
     fn raw(&self, bytes: &[u8]) -> Result<(), String> {

@@ -75,7 +75,7 @@ fn serve_snapshots(
                 let netns = pod.netns.dup_fd().unwrap();
                 zds::send(c.as_fd(), &zds::request(add), Some(netns.as_fd())).unwrap();
                 let a = zds::recv(c.as_fd(), &zds::refuse_fd).unwrap();
-                zds::decode_response(&a.bytes).unwrap().unwrap();
+                assert_eq!(zds::decode_response(&a.bytes).unwrap(), zds::Answer::Ack);
             }
             zds::send(
                 c.as_fd(),
@@ -84,7 +84,7 @@ fn serve_snapshots(
             )
             .unwrap();
             let a = zds::recv(c.as_fd(), &zds::refuse_fd).unwrap();
-            zds::decode_response(&a.bytes).unwrap().unwrap();
+            assert_eq!(zds::decode_response(&a.bytes).unwrap(), zds::Answer::Ack);
             conns.push(c);
         }
     })

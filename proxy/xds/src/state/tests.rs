@@ -507,3 +507,25 @@ fn metrics_follow_the_state() {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }
 }
+
+/// A resource that cannot be read says which way: no payload, another type.
+#[test]
+fn an_unreadable_resource_says_why() {
+    let mut r = Resource::new(
+        "shop/x",
+        "1",
+        Any {
+            type_url: "type.googleapis.com/other.Thing".into(),
+            value: vec![],
+        },
+    );
+    let e = decode::<Address>(&r).unwrap_err();
+    assert!(
+        matches!(e, Unreadable::Any(AnyError::WrongType { .. })),
+        "{e:?}"
+    );
+    r.resource = None;
+    let e = decode::<Authorization>(&r).unwrap_err();
+    assert!(matches!(e, Unreadable::NoPayload), "{e:?}");
+    assert_eq!(e.to_string(), "the resource carries no payload");
+}
