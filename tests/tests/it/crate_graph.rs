@@ -524,6 +524,7 @@ fn clap_flags(file: &str, name: &str) -> BTreeSet<String> {
             .split(':')
             .next()
             .unwrap()
+            .trim_start_matches("pub(crate) ")
             .trim_start_matches("pub ")
             .trim();
         for a in pending.drain(..) {
@@ -562,14 +563,14 @@ fn readme_commands_name_exactly_the_flags_each_command_has() {
     // The global flags, documented below the table.
     let global: BTreeSet<String> = ["log", "log-format", "help"].map(String::from).into();
     for (command, structs) in [
-        ("sandbox", vec![("lib.rs", "SandboxArgs")]),
+        ("sandbox", vec![("args.rs", "SandboxArgs")]),
         (
             "proxy",
-            vec![("lib.rs", "ProxyArgs"), ("xds.rs", "XdsArgs")],
+            vec![("args.rs", "ProxyArgs"), ("xds.rs", "XdsArgs")],
         ),
-        ("agent", vec![("lib.rs", "AgentArgs")]),
-        ("ca", vec![("lib.rs", "CaArgs")]),
-        ("redirect", vec![("lib.rs", "RedirectArgs")]),
+        ("agent", vec![("args.rs", "AgentArgs")]),
+        ("ca", vec![("args.rs", "CaArgs")]),
+        ("redirect", vec![("args.rs", "RedirectArgs")]),
     ] {
         let have: BTreeSet<String> = structs
             .iter()
