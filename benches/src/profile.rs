@@ -61,7 +61,14 @@ const STAT_EVENTS: &[&str] = &[
     "syscalls:sys_enter_epoll_ctl",
     "syscalls:sys_enter_read",
     "syscalls:sys_enter_write",
+    "syscalls:sys_enter_recvfrom",
+    "syscalls:sys_enter_sendto",
+    "syscalls:sys_enter_readv",
+    "syscalls:sys_enter_writev",
+    "syscalls:sys_enter_recvmsg",
+    "syscalls:sys_enter_sendmsg",
     "syscalls:sys_enter_futex",
+    "syscalls:sys_enter_sched_yield",
     "io_uring:io_uring_submit_req",
     "io_uring:io_uring_complete",
     "io_uring:io_uring_poll_arm",
@@ -254,10 +261,47 @@ pub fn profile(
         Profile::CniAdd => unreachable!("measured above"),
         Profile::Latency => {
             let msgs = (secs * 5_000.0) as u64;
+            let t0 = threads(proxy.pid);
+            // The sockets' and netns' TCP counters from a quarter to three
+            // quarters of the run (the ping-pong's own sockets exist only
+            // while it runs); its round trips in that window are its client
+            // socket's bytes sent / 64.
+            let window = {
+                let (c, s) = (path.client.clone(), path.server.clone());
+                std::thread::spawn(move || {
+                    let snap = || {
+                        (
+                            tcp_counters(&c),
+                            tcp_counters(&s),
+                            tcp_sockets(&c),
+                            tcp_sockets(&s),
+                        )
+                    };
+                    std::thread::sleep(dur / 4);
+                    let a = snap();
+                    std::thread::sleep(dur / 2);
+                    (a, snap())
+                })
+            };
             let stat = perf_stat_start(proxy.pid)?;
             let l = load::ping_pong(&path.on_port(PORT_BASE + 2), dur, msgs)?;
             let c1 = proxy.cpu_seconds();
             let counts = perf_stat_finish(stat)?;
+            let t1 = threads(proxy.pid);
+            let ((sc0, ss0, k0, ks0), (sc1, ss1, k1, ks1)) = window
+                .join()
+                .map_err(|_| anyhow::anyhow!("snapshot thread panicked"))?;
+            let port = format!(":{}", PORT_BASE + 2);
+            let window_rts = k1
+                .iter()
+                .filter(|(key, _)| key.ends_with(&port))
+                .filter_map(|(key, m1)| {
+                    let (_, m0) = k0.iter().find(|(k, _)| k == key)?;
+                    Some(m1.get("bytes_sent")?.saturating_sub(*m0.get("bytes_sent")?))
+                })
+                .max()
+                .unwrap_or(0)
+                / 64;
             let per = |n: f64| n / l.requests as f64;
             let mut line = format!(
                 "{} round trips of 64 B in {:.1} s; RTT p50 {:.1} µs, p99 {:.1} µs; proxy {:.1} CPU-µs per round trip",
@@ -273,6 +317,16 @@ pub fn profile(
                     line.push_str(&format!("\n  {:>8.2}  {ev}", per(*n)));
                 }
             }
+            line.push_str(&per_thread(&t0, &t1, l.requests));
+            let n = window_rts.max(1);
+            line.push_str(&format!(
+                "\nper round trip ({window_rts} in the middle half), TCP counters of the client pod's netns (app <-> proxy, tunnel client end) | the server pod's (tunnel server end, proxy <-> app):{}",
+                counter_deltas(&sc0, &sc1, &ss0, &ss1, n)
+            ));
+            line.push_str("\nper round trip, each socket that moved bytes (ss -ti; local -> peer); client pod's netns:");
+            line.push_str(&socket_deltas(&k0, &k1, n));
+            line.push_str("\nserver pod's netns:");
+            line.push_str(&socket_deltas(&ks0, &ks1, n));
             // RINGWAY_BENCH_PROFILE_LOAD=sockperf: then sockperf's own
             // ping-pong on the same path and proxy (untraced), when installed.
             if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("sockperf") {
@@ -342,4 +396,195 @@ pub fn profile(
 /// threads that ended included.
 fn bench_cpu_seconds() -> f64 {
     crate::child::proc_stat_cpu_seconds(std::process::id())
+}
+
+/// Each thread of `pid`: (tid, name, voluntary switches, involuntary
+/// switches, run time in ns), from /proc.
+fn threads(pid: u32) -> Vec<(u32, String, u64, u64, u64)> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else {
+            continue;
+        };
+        let base = e.path();
+        let comm = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(base.join("status")).unwrap_or_default();
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let run_ns = std::fs::read_to_string(base.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+            .unwrap_or(0);
+        out.push((
+            tid,
+            comm.trim().to_string(),
+            field("voluntary_ctxt_switches:"),
+            field("nonvoluntary_ctxt_switches:"),
+            run_ns,
+        ));
+    }
+    out
+}
+
+/// Per round trip, each thread that ran: its switches and CPU time.
+fn per_thread(
+    t0: &[(u32, String, u64, u64, u64)],
+    t1: &[(u32, String, u64, u64, u64)],
+    n: u64,
+) -> String {
+    let mut line = String::from(
+        "\nper round trip, each proxy thread that ran (/proc: voluntary + involuntary switches, CPU-µs):",
+    );
+    for (tid, name, v1, i1, r1) in t1 {
+        let Some((_, _, v0, i0, r0)) = t0.iter().find(|t| t.0 == *tid) else {
+            continue;
+        };
+        if r1 > r0 {
+            line.push_str(&format!(
+                "\n  {name} ({tid}): {:.2} + {:.2} switches, {:.1} CPU-µs",
+                (v1 - v0) as f64 / n as f64,
+                (i1 - i0) as f64 / n as f64,
+                (r1 - r0) as f64 / 1e3 / n as f64
+            ));
+        }
+    }
+    line
+}
+
+/// The netns's TCP counters (/proc/net/snmp `Tcp:` and /proc/net/netstat
+/// `TcpExt:`), read from a thread inside it.
+fn tcp_counters(ns: &Netns) -> std::collections::BTreeMap<String, u64> {
+    ns.run(|| {
+        let mut m = std::collections::BTreeMap::new();
+        for file in ["snmp", "netstat"] {
+            let text = std::fs::read_to_string(format!("/proc/thread-self/net/{file}"))
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            for pair in lines.chunks(2) {
+                let [names, values] = pair else { continue };
+                let mut n = names.split_whitespace();
+                let mut v = values.split_whitespace();
+                let (Some(prefix), Some(_)) = (n.next(), v.next()) else {
+                    continue;
+                };
+                if prefix != "Tcp:" && prefix != "TcpExt:" {
+                    continue;
+                }
+                for (k, val) in n.zip(v) {
+                    if let Ok(val) = val.parse::<u64>() {
+                        m.insert(k.to_string(), val);
+                    }
+                }
+            }
+        }
+        m
+    })
+}
+
+/// The counters that say how segments and ACKs went, per round trip.
+fn counter_deltas(
+    c0: &std::collections::BTreeMap<String, u64>,
+    c1: &std::collections::BTreeMap<String, u64>,
+    s0: &std::collections::BTreeMap<String, u64>,
+    s1: &std::collections::BTreeMap<String, u64>,
+    n: u64,
+) -> String {
+    let mut line = String::new();
+    for k in [
+        "OutSegs",
+        "InSegs",
+        "RetransSegs",
+        "DelayedACKs",
+        "DelayedACKLocked",
+        "DelayedACKLost",
+        "TCPPureAcks",
+        "TCPHPAcks",
+        "TCPAutoCorking",
+        "TCPOrigDataSent",
+    ] {
+        let d = |a: &std::collections::BTreeMap<String, u64>,
+                 b: &std::collections::BTreeMap<String, u64>| {
+            (b.get(k)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(a.get(k).copied().unwrap_or(0))) as f64
+                / n as f64
+        };
+        line.push_str(&format!("\n  {:>8.2} | {:>8.2}  {k}", d(c0, c1), d(s0, s1)));
+    }
+    line
+}
+
+/// Every established TCP socket of the netns with its `ss -ti` counters,
+/// keyed by "local -> peer".
+fn tcp_sockets(ns: &Netns) -> Vec<(String, std::collections::BTreeMap<String, u64>)> {
+    let text = ns.run(|| {
+        std::process::Command::new("ss")
+            .args(["-tinH", "state", "established"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    });
+    let mut out: Vec<(String, std::collections::BTreeMap<String, u64>)> = Vec::new();
+    for l in text.lines() {
+        if !l.starts_with(char::is_whitespace) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Recv-Q Send-Q Local Peer (state filtered: no state column).
+            if f.len() >= 4 {
+                out.push((format!("{} -> {}", f[2], f[3]), Default::default()));
+            }
+        } else if let Some((_, m)) = out.last_mut() {
+            for tok in l.split_whitespace() {
+                if let Some((k, v)) = tok.split_once(':') {
+                    if let Ok(v) = v.parse::<u64>() {
+                        m.insert(k.to_string(), v);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per round trip, for each socket present before and after that moved
+/// bytes: bytes and segments sent and received.
+fn socket_deltas(
+    before: &[(String, std::collections::BTreeMap<String, u64>)],
+    after: &[(String, std::collections::BTreeMap<String, u64>)],
+    n: u64,
+) -> String {
+    let mut line = String::new();
+    for (key, m1) in after {
+        let Some((_, m0)) = before.iter().find(|(k, _)| k == key) else {
+            continue;
+        };
+        let d = |k: &str| {
+            (m1.get(k)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(m0.get(k).copied().unwrap_or(0))) as f64
+                / n as f64
+        };
+        if d("bytes_received") + d("bytes_sent") < 0.5 {
+            continue;
+        }
+        line.push_str(&format!(
+            "\n  {key}: sent {:.1} B in {:.2} segments ({:.2} with data), received {:.1} B in {:.2} segments ({:.2} with data)",
+            d("bytes_sent"),
+            d("segs_out"),
+            d("data_segs_out"),
+            d("bytes_received"),
+            d("segs_in"),
+            d("data_segs_in"),
+        ));
+    }
+    line
 }

@@ -66,6 +66,81 @@ pub fn run(
             proxies.rss_kib().unwrap_or(f64::NAN) / 1024.0,
         );
     }
+    // Idle connections: proxy RSS with each count open, measured first, on
+    // the fresh proxy: after the throughput runs the memory their buffers
+    // freed stays resident in the workers' heaps (glibc keeps up to 16 MiB
+    // free per heap, `sys::keep_heap_pages`), and idle connections allocated
+    // from it hardly moved RSS (0.03-2 KiB per HBONE connection where a
+    // fresh proxy grows 6.7; benches/HISTORY.md, 2026-12-04). The small count
+    // also tells how many fds an idle connection holds in each proxy, which
+    // bounds the large count under the fd limit.
+    let mut large = config.idle[1];
+    for (is_large, asked) in [(false, config.idle[0]), (true, config.idle[1])] {
+        let r = (|| {
+            // Let the proxy finish closing the previous run's sockets so
+            // "before" is its idle state again.
+            std::thread::sleep(config.settle);
+            let n = if is_large { large } else { asked };
+            let before = proxies.rss_kib();
+            let fds_before: Vec<usize> = proxies.0.iter().map(|p| p.fds()).collect();
+            let gen_before = proc_fd_count(std::process::id());
+            let kinds_before: Vec<_> = proxies.0.iter().map(|p| proc_fd_kinds(p.pid)).collect();
+            let idle = load::open_idle(&path.on_port(next_port(port)), n)?;
+            std::thread::sleep(config.settle);
+            if std::env::var_os("RINGWAY_BENCH_FD_DUMP").is_some() {
+                for (p, b) in proxies.0.iter().zip(&kinds_before) {
+                    progress(format!(
+                        "  fds of {} with {n} idle: {:?} (before: {b:?})",
+                        p.pid,
+                        proc_fd_kinds(p.pid)
+                    ));
+                }
+            }
+            if let (Some(rss), Some(before)) = (proxies.rss_kib(), before) {
+                let per = (rss - before) / idle.len() as f64;
+                if is_large {
+                    f.set(Datapath::RssLargeMib, rss / 1024.0);
+                    f.set(Datapath::KibPerIdleConn, per);
+                    let est = if idle.len() >= config.idle_target {
+                        rss
+                    } else {
+                        before + per * config.idle_target as f64
+                    };
+                    f.set(Datapath::RssTargetIdleMib, est / 1024.0);
+                } else {
+                    f.set(Datapath::RssSmallMib, rss / 1024.0);
+                }
+            }
+            if is_large {
+                f.set(Datapath::IdleLargeN, idle.len() as f64);
+            } else {
+                // fds each process holds per idle connection; the large count
+                // is what the tightest process can hold under the limit.
+                let margin = 600u64;
+                let soft = limit.soft;
+                let mut cap = soft.saturating_sub(gen_before as u64 + margin) / 2;
+                let mut per_conn_total = 0.0;
+                for (p, b) in proxies.0.iter().zip(&fds_before) {
+                    let per = (p.fds().saturating_sub(*b) as f64 / n.max(1) as f64).max(1.0);
+                    per_conn_total += per;
+                    cap = cap.min((soft.saturating_sub(*b as u64 + margin) as f64 / per) as u64);
+                }
+                if sc.kind == Kind::Haproxy {
+                    cap = cap.min(bed::haproxy_maxconn().saturating_sub(100) as u64);
+                }
+                if proxied {
+                    f.set(Datapath::FdsPerIdleConn, per_conn_total);
+                }
+                let cap = (cap / 100 * 100) as usize;
+                if cap < config.idle[1] {
+                    large = cap.max(n);
+                }
+            }
+            drop(idle);
+            Ok(())
+        })();
+        record(&format!("{asked} idle connections"), r, &proxies);
+    }
     // Throughput, one stream and N.
     for (streams, tput, cpu) in [
         (1, Datapath::Tput1Gbps, Datapath::CpuSPerGb),
@@ -139,76 +214,6 @@ pub fn run(
         Ok(())
     })();
     record("connection rate", r, &proxies);
-    // Idle connections: proxy RSS with each count open. The small count also
-    // tells how many fds an idle connection holds in each proxy, which bounds
-    // the large count under the fd limit.
-    let mut large = config.idle[1];
-    for (is_large, asked) in [(false, config.idle[0]), (true, config.idle[1])] {
-        let r = (|| {
-            // Let the proxy finish closing the previous run's sockets so
-            // "before" is its idle state again.
-            std::thread::sleep(config.settle);
-            let n = if is_large { large } else { asked };
-            let before = proxies.rss_kib();
-            let fds_before: Vec<usize> = proxies.0.iter().map(|p| p.fds()).collect();
-            let gen_before = proc_fd_count(std::process::id());
-            let kinds_before: Vec<_> = proxies.0.iter().map(|p| proc_fd_kinds(p.pid)).collect();
-            let idle = load::open_idle(&path.on_port(next_port(port)), n)?;
-            std::thread::sleep(config.settle);
-            if std::env::var_os("RINGWAY_BENCH_FD_DUMP").is_some() {
-                for (p, b) in proxies.0.iter().zip(&kinds_before) {
-                    progress(format!(
-                        "  fds of {} with {n} idle: {:?} (before: {b:?})",
-                        p.pid,
-                        proc_fd_kinds(p.pid)
-                    ));
-                }
-            }
-            if let (Some(rss), Some(before)) = (proxies.rss_kib(), before) {
-                let per = (rss - before) / idle.len() as f64;
-                if is_large {
-                    f.set(Datapath::RssLargeMib, rss / 1024.0);
-                    f.set(Datapath::KibPerIdleConn, per);
-                    let est = if idle.len() >= config.idle_target {
-                        rss
-                    } else {
-                        before + per * config.idle_target as f64
-                    };
-                    f.set(Datapath::RssTargetIdleMib, est / 1024.0);
-                } else {
-                    f.set(Datapath::RssSmallMib, rss / 1024.0);
-                }
-            }
-            if is_large {
-                f.set(Datapath::IdleLargeN, idle.len() as f64);
-            } else {
-                // fds each process holds per idle connection; the large count
-                // is what the tightest process can hold under the limit.
-                let margin = 600u64;
-                let soft = limit.soft;
-                let mut cap = soft.saturating_sub(gen_before as u64 + margin) / 2;
-                let mut per_conn_total = 0.0;
-                for (p, b) in proxies.0.iter().zip(&fds_before) {
-                    let per = (p.fds().saturating_sub(*b) as f64 / n.max(1) as f64).max(1.0);
-                    per_conn_total += per;
-                    cap = cap.min((soft.saturating_sub(*b as u64 + margin) as f64 / per) as u64);
-                }
-                if sc.kind == Kind::Haproxy {
-                    cap = cap.min(bed::haproxy_maxconn().saturating_sub(100) as u64);
-                }
-                if proxied {
-                    f.set(Datapath::FdsPerIdleConn, per_conn_total);
-                }
-                let cap = (cap / 100 * 100) as usize;
-                if cap < config.idle[1] {
-                    large = cap.max(n);
-                }
-            }
-            drop(idle);
-            Ok(())
-        })();
-        record(&format!("{asked} idle connections"), r, &proxies);
-    }
     // The traffic took the path the scenario says: every connection the
     // client-side proxy opened was mutual TLS with HBONE, none without.
     if let Kind::Ringway { hbone, .. } = sc.kind {

@@ -34,6 +34,13 @@ use crate::stats::Stats;
 /// pod's certificate (client certificate required) on the handshake thread,
 /// then, back on this worker, HTTP/2 CONNECT streams, each authorized and
 /// connected to the app with the original client's address.
+///
+/// A tunnel dialled by this same proxy (two pods of one node) is driven by
+/// the worker that dialled it (`worker` is the caller's): both ends on one
+/// thread, so a message through the tunnel wakes one worker, not two. This
+/// task then waits for it to end, so the connection stays registered (and
+/// reset with its pod) here.
+#[allow(clippy::too_many_arguments)]
 pub async fn inbound(
     state: Arc<TunnelState>,
     pod: Arc<PodShared>,
@@ -42,6 +49,7 @@ pub async fn inbound(
     peer_addr: SocketAddr,
     preauth: PreauthGuard,
     stats: Arc<Stats>,
+    worker: usize,
 ) -> Result<(), TunnelError> {
     // Before authentication a connection costs a task, an fd and the TLS
     // state only (no read buffer), for a bounded time, and holds one of the
@@ -49,8 +57,45 @@ pub async fn inbound(
     let (ids, mesh) = state.in_force.enabled().ok_or(TunnelError::Disabled)?;
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
     let cfg = ids.server_config(&local)?;
-    let mut tls = server_handshake(&state, cfg, tcp, stats).await?;
-    // Back on this worker: its reactor drives the socket from now on.
+    let tls = server_handshake(&state, cfg, tcp, stats).await?;
+    // The dial is registered before its TLS starts, so it is known by now.
+    match state.dialled_by(peer_addr) {
+        Some(w) if w != worker => {
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            let job = serve_authenticated(state.clone(), pod, mark, tls, peer_addr, preauth);
+            let job: super::state::ServeJob =
+                Box::pin(tracing::Instrument::in_current_span(async move {
+                    let _ = done_tx.send(job.await);
+                }));
+            match state.hand_to(w, job) {
+                Ok(()) => {
+                    tracing::debug!(worker = w, "hbone server end driven by the dialling worker");
+                    // That worker gone (the proxy stopping): ended.
+                    done_rx.await.unwrap_or(Ok(()))
+                }
+                // No such worker: driven here (the job attaches to this
+                // thread's reactor when first polled).
+                Err(job) => {
+                    job.await;
+                    done_rx.await.unwrap_or(Ok(()))
+                }
+            }
+        }
+        _ => serve_authenticated(state, pod, mark, tls, peer_addr, preauth).await,
+    }
+}
+
+/// The authenticated tunnel's HTTP/2 CONNECT streams, driven by the thread
+/// that polls this (its socket is attached to that thread's reactor first).
+async fn serve_authenticated(
+    state: Arc<TunnelState>,
+    pod: Arc<PodShared>,
+    mark: u32,
+    mut tls: ServerTls,
+    peer_addr: SocketAddr,
+    preauth: PreauthGuard,
+) -> Result<(), TunnelError> {
+    // On the driving worker: its reactor drives the socket from now on.
     tls.get_mut().0.tcp.attach()?;
     // Authenticated: from now on TLS reads go through the buffer.
     tls.get_mut().0.buffer();

@@ -44,6 +44,6 @@ pub use outbound::{open_outbound, outbound_plan, outbound_pump, ConnCtx, Outboun
 pub use preauth::{admit_preauth, PreauthGuard, PreauthSlots};
 pub use refusal::HboneRefusal;
 pub use socket::{adopt, adopt_std};
-pub use state::TunnelState;
+pub use state::{DialMark, ServeJob, TunnelState};
 pub use tls_failure::{tls_failure_reason, HandshakeTimeout};
 pub use tls_io::LazyBufIo;

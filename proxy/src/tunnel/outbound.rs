@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 
 use super::error::TunnelError;
 use super::socket::connect_in_pod;
+use super::state::TunnelState;
 use super::tls_failure::{tls_failure_reason, HandshakeTimeout};
 use super::tls_io::{LazyBufIo, TLS_WRITE_LIMIT};
 use crate::copy::Meter;
@@ -78,6 +79,11 @@ pub struct ConnCtx<'a> {
     /// Bound on the TCP connect and on the TLS handshake of a new tunnel
     /// (`proxy.connectTimeout`).
     pub connect_timeout: Duration,
+    /// What the workers share about HBONE (where a new tunnel's dial is
+    /// registered, see [`TunnelState::dialled_by`]).
+    pub tunnel: &'a Arc<TunnelState>,
+    /// The worker the connection runs on.
+    pub worker: usize,
 }
 
 /// Copies bytes between the client and its open CONNECT stream, counting
@@ -167,6 +173,7 @@ pub async fn open_outbound(
     };
     let (mark, timeout) = (cx.mark, cx.connect_timeout);
     let handshakes = cx.metrics.tls_handshakes.clone();
+    let (state, worker) = (cx.tunnel.clone(), cx.worker);
     // Only a new connection needs the TLS config (a pooled one is reused).
     let dial = move || async move {
         let tls = plan
@@ -174,12 +181,18 @@ pub async fn open_outbound(
             .client_config(&plan.src_identity, &plan.dst_identity)
             .map_err(io::Error::other)?;
         let tcp = connect_in_pod(pod, mark, tunnel, None, timeout).await?;
+        // Registered before the first byte of TLS: if this proxy serves the
+        // other end, its server finds the mark once the handshake is done.
+        let dial_mark = tcp.local_addr().ok().map(|a| state.mark_dial(a, worker));
         let connector = tokio_rustls::TlsConnector::from(tls);
         let r = match tokio::time::timeout(
             timeout,
             connector.connect(ringway_identity::placeholder_server_name(), {
                 let mut io = LazyBufIo::new(tcp);
                 io.buffer();
+                if let Some(m) = dial_mark {
+                    io.hold(m);
+                }
                 io
             }),
         )

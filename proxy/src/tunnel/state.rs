@@ -2,7 +2,11 @@
 //! is in force (identities, mesh), the tunnel listener's limits, the drain
 //! trigger of tunnel servers and the handshake thread.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ringway_config::{HboneSettings, ProxySettings};
@@ -35,6 +39,34 @@ pub struct TunnelState {
     /// Where server TLS handshakes run (set once by the proxy at start;
     /// without it the tunnel listener refuses every connection).
     pub(super) handshaker: std::sync::OnceLock<Handshaker>,
+    /// This proxy's own tunnel dials still open, by their local address
+    /// (what the tunnel's server end sees as its peer), with the worker
+    /// that drives each ([`DialMark`]).
+    dials: Mutex<HashMap<SocketAddr, usize>>,
+    /// Each worker's queue of tunnel servers to drive ([`TunnelState::hand_to`]).
+    workers: Mutex<HashMap<usize, tokio::sync::mpsc::UnboundedSender<ServeJob>>>,
+}
+
+/// An authenticated tunnel server to drive on another worker: it attaches
+/// its socket to the reactor of the thread that polls it.
+pub type ServeJob = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Registers one of this proxy's tunnel dials (client ends) by its local
+/// address while it is open: when the same proxy serves the other end
+/// (HBONE between two pods of one node), that end is driven by the
+/// dialling worker too, so a message through the tunnel wakes one worker,
+/// not two ([`TunnelState::dialled_by`]). Removed on drop.
+#[derive(Debug)]
+pub struct DialMark {
+    state: Arc<TunnelState>,
+    addr: SocketAddr,
+}
+
+impl Drop for DialMark {
+    fn drop(&mut self) {
+        let mut dials = self.state.dials.lock().unwrap_or_else(|p| p.into_inner());
+        dials.remove(&self.addr);
+    }
 }
 
 impl TunnelState {
@@ -55,6 +87,43 @@ impl TunnelState {
             connect_timeout: settings.connect_timeout,
             proxy_ports,
             handshaker: std::sync::OnceLock::new(),
+            dials: Mutex::new(HashMap::new()),
+            workers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Marks `addr` (a tunnel dial's local address) as dialled by `worker`
+    /// until the mark is dropped.
+    pub fn mark_dial(self: &Arc<Self>, addr: SocketAddr, worker: usize) -> DialMark {
+        let addr = canonical(addr);
+        let mut dials = self.dials.lock().unwrap_or_else(|p| p.into_inner());
+        dials.insert(addr, worker);
+        DialMark {
+            state: self.clone(),
+            addr,
+        }
+    }
+
+    /// The worker of this proxy that dialled the tunnel whose client end is
+    /// `peer`, if it is one of ours and still open.
+    pub fn dialled_by(&self, peer: SocketAddr) -> Option<usize> {
+        let dials = self.dials.lock().unwrap_or_else(|p| p.into_inner());
+        dials.get(&canonical(peer)).copied()
+    }
+
+    /// Registers `worker`'s queue of tunnel servers to drive.
+    pub fn serve_queue(&self, worker: usize, tx: tokio::sync::mpsc::UnboundedSender<ServeJob>) {
+        let mut w = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        w.insert(worker, tx);
+    }
+
+    /// Hands `job` to `worker` to drive; gives it back when that worker has
+    /// no queue (gone, or never registered): the caller drives it itself.
+    pub fn hand_to(&self, worker: usize, job: ServeJob) -> Result<(), ServeJob> {
+        let w = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        match w.get(&worker) {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
         }
     }
 
@@ -83,5 +152,62 @@ impl TunnelState {
     /// Tunnel servers send GOAWAY and finish their streams.
     pub fn drain(&self) {
         self.drain.drain();
+    }
+}
+
+/// The address as the other end reports it (a v4 peer on a v6 socket is
+/// v4-mapped).
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> Arc<TunnelState> {
+        let settings = ProxySettings::default();
+        Arc::new(TunnelState::new(
+            Arc::new(Metrics::default()),
+            Arc::new(InForce::new(settings.workload_wait)),
+            &settings,
+        ))
+    }
+
+    /// A tunnel's server end finds the worker that dialled it by its peer
+    /// address (as the accepted socket reports it, v4-mapped or not) only
+    /// while that dial is open: once its connection (holding the mark) is
+    /// dropped, a later peer with the same address is served where it was
+    /// accepted.
+    #[test]
+    fn a_dial_steers_its_server_end_only_while_open() {
+        let st = state();
+        let v4: SocketAddr = "10.0.0.4:40000".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:10.0.0.4]:40000".parse().unwrap();
+        assert_eq!(st.dialled_by(v4), None);
+        let mark = st.mark_dial(v4, 1);
+        assert_eq!(st.dialled_by(v4), Some(1));
+        assert_eq!(st.dialled_by(mapped), Some(1));
+        assert_eq!(st.dialled_by("10.0.0.4:40001".parse().unwrap()), None);
+        drop(mark);
+        assert_eq!(st.dialled_by(v4), None);
+    }
+
+    /// A server handed to a worker without a queue (gone, or never
+    /// started) comes back to the caller, which drives it itself: a tunnel
+    /// is never dropped for want of a worker.
+    #[test]
+    fn a_job_for_a_worker_without_a_queue_comes_back() {
+        let st = state();
+        let job: ServeJob = Box::pin(async {});
+        let job = st.hand_to(3, job).expect_err("no worker 3");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        st.serve_queue(3, tx);
+        drop(rx);
+        assert!(st.hand_to(3, job).is_err(), "worker 3's queue is gone");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        st.serve_queue(3, tx);
+        assert!(st.hand_to(3, Box::pin(async {})).is_ok());
+        assert!(rx.try_recv().is_ok(), "the job is queued for worker 3");
     }
 }

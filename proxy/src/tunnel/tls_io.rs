@@ -68,6 +68,8 @@ pub struct LazyBufIo<T = TcpStream> {
     /// Bytes read from the socket that TLS has not taken yet (none: no
     /// buffer held).
     buf: bytes::BytesMut,
+    /// A dial of this proxy's, registered while the connection lives.
+    mark: Option<super::state::DialMark>,
 }
 
 impl<T> LazyBufIo<T> {
@@ -76,7 +78,13 @@ impl<T> LazyBufIo<T> {
             tcp,
             buffered: false,
             buf: bytes::BytesMut::new(),
+            mark: None,
         }
+    }
+
+    /// Keeps `mark` until the connection is dropped.
+    pub(super) fn hold(&mut self, mark: super::state::DialMark) {
+        self.mark = Some(mark);
     }
 
     /// Reads through the buffer from now on.

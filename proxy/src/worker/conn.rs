@@ -301,6 +301,7 @@ async fn tunnel_inbound(
         peer,
         preauth,
         ctx.stats.clone(),
+        ctx.id,
     )
     .await
     {

@@ -150,6 +150,18 @@ pub fn run(
 
 async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
     tracing::debug!(worker = ctx.id, backend = %ctx.backend, "worker started");
+    // Tunnel servers other workers hand here (the server end of a tunnel
+    // this worker dialled: both ends on one thread).
+    let (serve_tx, mut serve_rx) = mpsc::unbounded_channel::<crate::tunnel::ServeJob>();
+    ctx.tunnel.serve_queue(ctx.id, serve_tx);
+    {
+        let backend = ctx.backend;
+        spawn_local(backend, async move {
+            while let Some(job) = serve_rx.recv().await {
+                spawn_local(backend, job);
+            }
+        });
+    }
     if ctx.settings.busy_poll_micros > 0 {
         let window = std::time::Duration::from_micros(ctx.settings.busy_poll_micros.into());
         spawn_local(ctx.backend, busy::run(window, ctx.stats.clone()));

@@ -280,6 +280,8 @@ async fn tunnel_outbound(
         metrics: &ctx.metrics,
         mark: ctx.settings.proxy_mark,
         connect_timeout: ctx.settings.connect_timeout,
+        tunnel: &ctx.tunnel,
+        worker: ctx.id,
     };
     let addr = plan.dst;
     let src = pod.shared.labels(mesh);
@@ -348,6 +350,8 @@ async fn tunnel_copy(
         metrics: &ctx.metrics,
         mark: ctx.settings.proxy_mark,
         connect_timeout: ctx.settings.connect_timeout,
+        tunnel: &ctx.tunnel,
+        worker: ctx.id,
     };
     let OpenTunnel {
         client,
