@@ -257,21 +257,8 @@ impl Bed {
         let zds = self.dir.join(format!("node{n}-zds.sock"));
         let cni_socket = self.dir.join(format!("node{n}-cni.sock"));
         let agent_log = self.dir.join(format!("agent{n}.log"));
-        let agent = Command::new(env!("CARGO_BIN_EXE_ringway"))
-            .args(["--log-format", "text", "--log", "info", "agent"])
-            .arg("--zds-socket")
-            .arg(&zds)
-            .arg("--cni-socket")
-            .arg(&cni_socket)
-            .arg("--state-file")
-            .arg(self.dir.join(format!("node{n}-state/pods.json")))
-            .args(["--netns-dir", ringway_testbed::ns::NETNS_RUN_DIR])
-            .args(["--node-name", &format!("node{n}")])
-            .args(["--pod-service-account", "demo=default"])
+        let agent = support::node_agent_command(&self.dir, n, &agent_log)
             .args(["--pod-service-account", &format!("demo/{LATE_POD}=late")])
-            .args(["--metrics-addr", &format!("{ip}:15022")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&agent_log).unwrap())
             .spawn()
             .unwrap();
         let agent = Proc(agent);

@@ -205,22 +205,10 @@ impl Bed {
         let ip = format!("127.0.0.{n}");
         let zds = self.dir.join(format!("node{n}-zds.sock"));
         let cni_socket = self.dir.join(format!("node{n}-cni.sock"));
-        let agent = Command::new(env!("CARGO_BIN_EXE_ringway"))
-            .args(["--log-format", "text", "--log", "info", "agent"])
-            .arg("--zds-socket")
-            .arg(&zds)
-            .arg("--cni-socket")
-            .arg(&cni_socket)
-            .arg("--state-file")
-            .arg(self.dir.join(format!("node{n}-state/pods.json")))
-            .args(["--netns-dir", ringway_testbed::ns::NETNS_RUN_DIR])
-            .args(["--node-name", &format!("node{n}")])
-            .args(["--pod-service-account", "demo=default"])
-            .args(["--metrics-addr", &format!("{ip}:15022")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join(format!("agent{n}.log"))).unwrap())
-            .spawn()
-            .unwrap();
+        let agent =
+            support::node_agent_command(&self.dir, n, &self.dir.join(format!("agent{n}.log")))
+                .spawn()
+                .unwrap();
         let agent = Proc(agent);
         assert!(
             wait_until(PATIENCE, || cni_socket.exists() && zds.exists()),

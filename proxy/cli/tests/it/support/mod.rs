@@ -63,3 +63,30 @@ pub fn agent_command(
         .stderr(std::fs::File::create(log).unwrap());
     c
 }
+
+/// `ringway agent` as the two-node drills run it: node `n`'s sockets
+/// (`node{n}-zds.sock`, `node{n}-cni.sock`) and its record of pods
+/// (`node{n}-state/pods.json`) in `dir`, the test bed's namespaces, node
+/// `node{n}`, metrics on `127.0.0.{n}:15022`, the `demo` namespace's pods as
+/// `default`, text logs at info to `log`. Add flags, then spawn.
+pub fn node_agent_command(
+    dir: &std::path::Path,
+    n: u8,
+    log: &std::path::Path,
+) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringway"));
+    c.args(["--log-format", "text", "--log", "info", "agent"])
+        .arg("--zds-socket")
+        .arg(dir.join(format!("node{n}-zds.sock")))
+        .arg("--cni-socket")
+        .arg(dir.join(format!("node{n}-cni.sock")))
+        .arg("--state-file")
+        .arg(dir.join(format!("node{n}-state/pods.json")))
+        .args(["--netns-dir", ringway_testbed::ns::NETNS_RUN_DIR])
+        .args(["--node-name", &format!("node{n}")])
+        .args(["--pod-service-account", "demo=default"])
+        .args(["--metrics-addr", &format!("127.0.0.{n}:15022")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    c
+}
