@@ -269,17 +269,7 @@ impl Bed {
         let config = self.dir.join(format!("node{n}.yaml"));
         std::fs::write(&config, self.proxy_config(n)).unwrap();
         let proxy_log = self.dir.join(format!("proxy{n}.log"));
-        let proxy = Command::new(env!("CARGO_BIN_EXE_ringway"))
-            .args(["--log-format", "text", "--log", "info", "proxy"])
-            .arg("--zds-socket")
-            .arg(&zds)
-            .args(["--readiness-addr", &format!("{ip}:15021")])
-            .args(["--metrics-addr", &format!("{ip}:15020")])
-            .args(["--admin-addr", &format!("{ip}:15000")])
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&proxy_log).unwrap())
+        let proxy = support::node_proxy_command(&self.dir, n, &config, &proxy_log)
             .spawn()
             .unwrap();
         let proxy = Proc(proxy);

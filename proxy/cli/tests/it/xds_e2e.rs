@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -202,7 +201,6 @@ impl Bed {
     /// Node `n`'s agent and proxy (`--mesh-source xds`); waits for the
     /// agent's sockets and the proxy's process, not its readiness.
     fn start_node(&self, n: u8) -> Node {
-        let ip = format!("127.0.0.{n}");
         let zds = self.dir.join(format!("node{n}-zds.sock"));
         let cni_socket = self.dir.join(format!("node{n}-cni.sock"));
         let agent =
@@ -224,27 +222,17 @@ impl Bed {
         )
         .unwrap();
         let proxy_log = self.dir.join(format!("proxy{n}.log"));
-        let proxy = Command::new(env!("CARGO_BIN_EXE_ringway"))
+        let proxy = support::node_proxy_command(&self.dir, n, &config, &proxy_log)
             .env("POD_NAME", format!("ztunnel-node{n}"))
             .env("POD_NAMESPACE", PROXY_NS)
             .env("INSTANCE_IP", format!("10.0.0.{n}"))
             .env("NODE_NAME", format!("node{n}"))
-            .args(["--log-format", "text", "--log", "info", "proxy"])
             .args(["--mesh-source", "xds", "--xds-address", XDS_ADDR])
             .args(["--xds-server-name", ISTIOD])
             .arg("--xds-root-cert")
             .arg(&self.root)
             .arg("--xds-token-file")
             .arg(self.dir.join(format!("node{n}.token")))
-            .arg("--zds-socket")
-            .arg(&zds)
-            .args(["--readiness-addr", &format!("{ip}:15021")])
-            .args(["--metrics-addr", &format!("{ip}:15020")])
-            .args(["--admin-addr", &format!("{ip}:15000")])
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&proxy_log).unwrap())
             .spawn()
             .unwrap();
         Node {

@@ -90,3 +90,28 @@ pub fn node_agent_command(
         .stderr(std::fs::File::create(log).unwrap());
     c
 }
+
+/// `ringway proxy` as the two-node drills run it: node `n`'s agent socket
+/// (`node{n}-zds.sock` in `dir`), readiness, metrics and admin on
+/// `127.0.0.{n}` (15021, 15020, 15000), the configuration file `config`,
+/// text logs at info to `log`. Add flags, then spawn.
+pub fn node_proxy_command(
+    dir: &std::path::Path,
+    n: u8,
+    config: &std::path::Path,
+    log: &std::path::Path,
+) -> std::process::Command {
+    let ip = format!("127.0.0.{n}");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringway"));
+    c.args(["--log-format", "text", "--log", "info", "proxy"])
+        .arg("--zds-socket")
+        .arg(dir.join(format!("node{n}-zds.sock")))
+        .args(["--readiness-addr", &format!("{ip}:15021")])
+        .args(["--metrics-addr", &format!("{ip}:15020")])
+        .args(["--admin-addr", &format!("{ip}:15000")])
+        .arg("--config")
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    c
+}
