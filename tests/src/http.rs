@@ -98,6 +98,7 @@ fn parse(raw: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::traffic::ReadNoIntr;
 
     /// A metrics endpoint that is down, or answers an error, is an error.
     #[test]
@@ -112,7 +113,7 @@ mod tests {
             let server = std::thread::spawn(move || {
                 let (mut s, _) = l.accept().unwrap();
                 let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf).unwrap();
+                let _ = s.read_no_intr(&mut buf).unwrap();
                 s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\ndown")
                     .unwrap();
             });

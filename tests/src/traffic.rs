@@ -13,6 +13,23 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// `read` that retries EINTR. A blocking socket with a receive timeout
+/// (as every test socket has) returns EINTR for any signal the process
+/// gets, even a stop and continue from outside: never the peer's answer.
+pub trait ReadNoIntr: Read {
+    /// One `read`, retried while it is interrupted.
+    fn read_no_intr(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+impl<R: Read + ?Sized> ReadNoIntr for R {}
+
 /// Seed of the client -> server byte stream.
 pub const CLIENT_SEED: u64 = 0x005e_edc1_1e47;
 /// Seed of the server -> client byte stream.
@@ -276,7 +293,7 @@ impl EchoServer {
                     .spawn(move || {
                         let mut buf = [0u8; 16 * 1024];
                         let mut echoed = 0u64;
-                        while let Ok(n @ 1..) = c.read(&mut buf) {
+                        while let Ok(n @ 1..) = c.read_no_intr(&mut buf) {
                             if c.write_all(&buf[..n]).is_err() {
                                 break;
                             }

@@ -7,6 +7,7 @@
 //! limit, and they load the machine's two cores.
 
 use crate::common;
+use ringway_testbed::traffic::ReadNoIntr;
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -163,10 +164,18 @@ fn concurrent(mode: CaptureMode, fast_path: bool) {
         c.shutdown(Shutdown::Write).unwrap();
     }
     for mut s in servers {
-        assert_eq!(s.read(&mut [0u8; 8]).unwrap(), 0, "EOF at the server");
+        assert_eq!(
+            s.read_no_intr(&mut [0u8; 8]).unwrap(),
+            0,
+            "EOF at the server"
+        );
     }
     for (i, mut c) in clients.into_iter().enumerate() {
-        assert_eq!(c.read(&mut [0u8; 8]).unwrap(), 0, "EOF at client {i}");
+        assert_eq!(
+            c.read_no_intr(&mut [0u8; 8]).unwrap(),
+            0,
+            "EOF at client {i}"
+        );
     }
     common::wait_no_active(&mn.proxy);
     let after = mn.proxy.stats();
@@ -243,7 +252,7 @@ fn many_pods(mode: CaptureMode, fast_path: bool) {
         let r = p.netns.run(|| {
             let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
             s.set_read_timeout(Some(IO_TIMEOUT))?;
-            s.read(&mut [0u8; 8])
+            s.read_no_intr(&mut [0u8; 8])
         });
         let e = r.expect_err("the proxy must reset a direct dial of 15001");
         assert_eq!(errno(&e), Errno::ECONNRESET, "{}", p.name);
@@ -358,7 +367,7 @@ fn ping(c: &mut TcpStream, s: &mut TcpStream) {
 /// The next read fails with ECONNRESET (promptly: the reset is already sent).
 fn assert_reset(s: &mut TcpStream, what: &str) {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    match s.read(&mut [0u8; 16]) {
+    match s.read_no_intr(&mut [0u8; 16]) {
         Err(e) => assert_eq!(errno(&e), Errno::ECONNRESET, "{what}"),
         Ok(n) => panic!("{what}: expected a reset, read {n} bytes"),
     }

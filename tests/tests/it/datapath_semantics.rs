@@ -13,6 +13,7 @@
 //! and without the same-node fast path.
 
 use crate::common;
+use ringway_testbed::traffic::ReadNoIntr;
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -130,7 +131,7 @@ fn closes_first(mut s: TcpStream, seed: u64, expect_seed: u64) -> HalfCloseSide 
         .and_then(|()| s.shutdown(Shutdown::Write))
         .map_err(|e| e.to_string());
     let read = read_verify(&mut s, expect_seed).map_err(|e| e.to_string());
-    let read_after_eof = s.read(&mut [0u8; 16]).map_err(|e| errno(&e));
+    let read_after_eof = s.read_no_intr(&mut [0u8; 16]).map_err(|e| errno(&e));
     HalfCloseSide {
         read,
         read_after_eof,
@@ -141,7 +142,7 @@ fn closes_first(mut s: TcpStream, seed: u64, expect_seed: u64) -> HalfCloseSide 
 /// The side that reads to EOF first, then sends `AFTER_EOF` bytes and closes.
 fn answers_after_eof(mut s: TcpStream, seed: u64, expect_seed: u64) -> HalfCloseSide {
     let read = read_verify(&mut s, expect_seed).map_err(|e| e.to_string());
-    let read_after_eof = s.read(&mut [0u8; 16]).map_err(|e| errno(&e));
+    let read_after_eof = s.read_no_intr(&mut [0u8; 16]).map_err(|e| errno(&e));
     let sent = write_pattern(&mut s, seed, AFTER_EOF)
         .and_then(|()| s.shutdown(Shutdown::Write))
         .map_err(|e| e.to_string());
@@ -228,7 +229,7 @@ fn reset(bed: &Bed, v6: bool, port: u16, client_resets: bool) -> ResetSeen {
 
 fn read_after_reset(s: &mut TcpStream) -> ResetSeen {
     let start = Instant::now();
-    let read = s.read(&mut [0u8; 64]).map_err(|e| errno(&e));
+    let read = s.read_no_intr(&mut [0u8; 64]).map_err(|e| errno(&e));
     ResetSeen {
         read,
         prompt: start.elapsed() < PROMPT,
@@ -359,7 +360,7 @@ fn dial(pod: &Pod, addr: SocketAddr) -> Dial {
             Err(e) => DialEnd::ConnectFailed(errno(&e)),
             Ok(mut s) => {
                 s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-                match s.read(&mut [0u8; 64]) {
+                match s.read_no_intr(&mut [0u8; 64]) {
                     Ok(n) => DialEnd::Read(n),
                     Err(e) => DialEnd::ReadFailed(errno(&e)),
                 }

@@ -3,6 +3,7 @@
 //! CA), a mesh listing both pods as tunnel workloads.
 
 use crate::common;
+use ringway_testbed::traffic::ReadNoIntr;
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
@@ -352,7 +353,7 @@ fn expect_refused_from(t: &TwoNodes, from: &ringway_testbed::Netns, port: u16) {
         s.set_read_timeout(Some(TIMEOUT))?;
         let _ = s.write_all(b"hello");
         let mut buf = [0u8; 16];
-        s.read(&mut buf)
+        s.read_no_intr(&mut buf)
     });
     // The proxy resets a denied connection (RST, not FIN).
     match res {
@@ -509,7 +510,7 @@ fn hbone_cost() {
                 let (mut s, _) = l.accept().unwrap();
                 s.set_nodelay(true).unwrap();
                 let mut b = [0u8; 1];
-                while let Ok(1) = s.read(&mut b) {
+                while let Ok(1) = s.read_no_intr(&mut b) {
                     s.write_all(&b).unwrap();
                 }
                 // Sink: count and discard (no pattern checks, so the
@@ -517,7 +518,7 @@ fn hbone_cost() {
                 let (mut s, _) = l.accept().unwrap();
                 let mut buf = vec![0u8; 1 << 20];
                 let mut n = 0u64;
-                while let Ok(k @ 1..) = s.read(&mut buf) {
+                while let Ok(k @ 1..) = s.read_no_intr(&mut buf) {
                     n += k as u64;
                 }
                 n

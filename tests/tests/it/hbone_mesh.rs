@@ -7,6 +7,7 @@
 
 use crate::common;
 use ringway_testbed::prom;
+use ringway_testbed::traffic::ReadNoIntr;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -265,7 +266,7 @@ fn thousand_connections_and_policy_changes() {
         for s in &mut conns {
             let _ = s.write_all(b"x");
             let mut b = [0u8; 1];
-            if let Ok(1) = s.read(&mut b) {
+            if let Ok(1) = s.read_no_intr(&mut b) {
                 alive += 1;
             }
         }
@@ -321,7 +322,7 @@ fn cert_rotation_during_long_transfer() {
             let mut got = 0u64;
             let mut buf = vec![0u8; 64 * 1024];
             loop {
-                let n = s.read(&mut buf)?;
+                let n = s.read_no_intr(&mut buf)?;
                 if n == 0 {
                     break;
                 }

@@ -572,18 +572,27 @@ fn expect_reset(t: &TwoNodes, ns: &Netns, what: &str) {
 }
 
 /// Reads until the server ends the connection: `Ok(())` on FIN, the error
-/// on reset, `TimedOut` when `within` passes first.
+/// on reset, `TimedOut` when `within` passes first. EINTR is retried.
 fn wait_closed(s: &mut std::net::TcpStream, within: Duration) -> std::io::Result<()> {
     use std::io::Read;
-    s.set_read_timeout(Some(within))?;
+    let deadline = std::time::Instant::now() + within;
     let mut buf = [0u8; 4096];
     loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_read_timeout(Some(left))?;
         match s.read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(_) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 return Err(std::io::ErrorKind::TimedOut.into())
             }
+            // A socket with a receive timeout returns EINTR for any signal
+            // (even a stop and continue of the process): not the server's
+            // answer, read again.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
     }

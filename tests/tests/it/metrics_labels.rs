@@ -8,6 +8,8 @@
 
 use crate::common;
 use ringway_testbed::prom;
+use ringway_testbed::traffic::ReadNoIntr;
+use std::io::Read;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -176,17 +178,17 @@ fn one_connection(t: &TwoNodes, addr: SocketAddr) {
     let app = SocketAddr::new(t.server().ip(false), APP_PORT);
     let l = t.server().netns.run(|| listen(app)).unwrap();
     let echo = std::thread::spawn(move || {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let (mut s, _) = l.accept().unwrap();
         let mut buf = [0u8; 64];
-        while let Ok(n) = s.read(&mut buf) {
+        while let Ok(n) = s.read_no_intr(&mut buf) {
             if n == 0 || s.write_all(&buf[..n]).is_err() {
                 break;
             }
         }
     });
     t.client().netns.run(|| {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let mut s = connect(addr, TIMEOUT).unwrap();
         s.set_read_timeout(Some(TIMEOUT)).unwrap();
         s.write_all(b"ping").unwrap();
@@ -296,11 +298,11 @@ fn adversarial_forwarded_host_cannot_claim_another_service() {
                 "web.shop.svc.cluster.local",
             ];
             let echo = std::thread::spawn(move || {
-                use std::io::{Read, Write};
+                use std::io::Write;
                 for _ in CLAIMS {
                     let Ok((mut s, _)) = l.accept() else { return };
                     let mut buf = [0u8; 64];
-                    while let Ok(n) = s.read(&mut buf) {
+                    while let Ok(n) = s.read_no_intr(&mut buf) {
                         if n == 0 || s.write_all(&buf[..n]).is_err() {
                             break;
                         }
@@ -412,10 +414,9 @@ fn metrics_sockets_open_follows_open_connections() {
         // Nothing listens on 9: the destination answers 503, the source
         // closes the series as UF. Nothing stays open, nothing negative.
         let _ = t.client().netns.run(|| {
-            use std::io::Read;
             let mut s = connect(SocketAddr::new(t.server().ip(false), 9), TIMEOUT)?;
             s.set_read_timeout(Some(TIMEOUT))?;
-            s.read(&mut [0u8; 1])
+            s.read_no_intr(&mut [0u8; 1])
         });
         assert!(
             wait_until(TIMEOUT, || prom::value(
@@ -472,17 +473,17 @@ services:
     let app = SocketAddr::new(b.ip(false), APP_PORT);
     let l = b.netns.run(|| listen(app)).unwrap();
     let echo = std::thread::spawn(move || {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let (mut s, _) = l.accept().unwrap();
         let mut buf = [0u8; 64];
-        while let Ok(n) = s.read(&mut buf) {
+        while let Ok(n) = s.read_no_intr(&mut buf) {
             if n == 0 || s.write_all(&buf[..n]).is_err() {
                 break;
             }
         }
     });
     a.netns.run(|| {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let mut s = connect(SocketAddr::new("10.96.0.20".parse().unwrap(), 80), TIMEOUT).unwrap();
         s.set_read_timeout(Some(TIMEOUT)).unwrap();
         s.write_all(b"ping").unwrap();
@@ -580,11 +581,11 @@ fn plaintext_mesh_update(fast_path: bool) {
     let app = SocketAddr::new(b.ip(false), APP_PORT);
     let l = b.netns.run(|| listen(app)).unwrap();
     let echo = std::thread::spawn(move || {
-        use std::io::{Read, Write};
+        use std::io::Write;
         for _ in 0..2 {
             let Ok((mut s, _)) = l.accept() else { return };
             let mut buf = [0u8; 64];
-            while let Ok(n) = s.read(&mut buf) {
+            while let Ok(n) = s.read_no_intr(&mut buf) {
                 if n == 0 || s.write_all(&buf[..n]).is_err() {
                     break;
                 }
@@ -593,7 +594,7 @@ fn plaintext_mesh_update(fast_path: bool) {
     });
     let exchange = || {
         a.netns.run(|| {
-            use std::io::{Read, Write};
+            use std::io::Write;
             let mut s = connect(app, TIMEOUT).unwrap();
             s.set_read_timeout(Some(TIMEOUT)).unwrap();
             s.write_all(b"ping").unwrap();
@@ -670,12 +671,11 @@ fn metrics_hbone_connect_failure_counts_failed_with_the_opened_labels() {
             // Nothing listens on APP_PORT in the server pod.
             let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
             t.client().netns.run(|| {
-                use std::io::Read;
                 if let Ok(mut s) = connect(addr, TIMEOUT) {
                     s.set_read_timeout(Some(TIMEOUT)).unwrap();
                     let mut b = [0u8; 1];
                     // Reset (or closed) once the tunnel fails; never data.
-                    assert!(!matches!(s.read(&mut b), Ok(n) if n > 0));
+                    assert!(!matches!(s.read_no_intr(&mut b), Ok(n) if n > 0));
                 }
             });
             let failed = |p: &ringway_proxy::Proxy| {

@@ -4,6 +4,7 @@
 
 use crate::common;
 use ringway_testbed::prom;
+use ringway_testbed::traffic::ReadNoIntr;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -57,7 +58,7 @@ fn scrape_during_traffic(fast_path: bool) {
     let echo = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         let mut buf = vec![0u8; 65536];
-        while let Ok(n) = s.read(&mut buf) {
+        while let Ok(n) = s.read_no_intr(&mut buf) {
             if n == 0 || s.write_all(&buf[..n]).is_err() {
                 break;
             }
@@ -226,7 +227,7 @@ fn pod_churn_drops_series(fast_path: bool) {
         for _ in 0..ROUNDS {
             let Ok((mut s, _)) = l.accept() else { return };
             let mut buf = [0u8; 1024];
-            while let Ok(n) = s.read(&mut buf) {
+            while let Ok(n) = s.read_no_intr(&mut buf) {
                 if n == 0 || s.write_all(&buf[..n]).is_err() {
                     break;
                 }
@@ -315,7 +316,7 @@ fn renamed_pod_drops_all_series(fast_path: bool) {
         for _ in 0..2 {
             let Ok((mut s, _)) = l.accept() else { return };
             let mut buf = [0u8; 64];
-            while let Ok(n) = s.read(&mut buf) {
+            while let Ok(n) = s.read_no_intr(&mut buf) {
                 if n == 0 || s.write_all(&buf[..n]).is_err() {
                     break;
                 }
@@ -417,7 +418,7 @@ fn failed_upstream_connect_is_counted(fast_path: bool) {
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(3)))?;
         let mut b = [0u8; 1];
-        s.read(&mut b)
+        s.read_no_intr(&mut b)
     });
     common::wait_no_active(&mn.proxy);
     let (_, body) = scrape(server.addr, false);

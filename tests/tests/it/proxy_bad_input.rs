@@ -2,6 +2,7 @@
 //! network namespace, and survives running out of file descriptors.
 
 use crate::common;
+use ringway_testbed::traffic::ReadNoIntr;
 
 use std::fs::File;
 use std::io::Read;
@@ -193,7 +194,7 @@ fn exhaust_fds() -> Vec<File> {
 /// Reads one byte with a timeout: what the client sees.
 fn first_read(s: &mut TcpStream, timeout: Duration) -> Result<usize, Errno> {
     s.set_read_timeout(Some(timeout)).unwrap();
-    s.read(&mut [0u8; 16])
+    s.read_no_intr(&mut [0u8; 16])
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))
 }
 

@@ -9,6 +9,7 @@
 //! through the `ringway-cni` plugin binary. Traffic between the nodes is
 //! HBONE with certificates the service issued.
 
+use ringway_testbed::traffic::ReadNoIntr;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -411,7 +412,7 @@ fn refused(from: &Pod, server: &Pod, to: SocketAddr) -> String {
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         let _ = s.write_all(b"who am I?");
         let mut b = [0u8; 16];
-        s.read(&mut b)
+        s.read_no_intr(&mut b)
     });
     let accepted = l.accept();
     assert!(
@@ -739,7 +740,7 @@ impl Transfer {
             let mut off = 0u64;
             loop {
                 let n = c
-                    .read(&mut buf)
+                    .read_no_intr(&mut buf)
                     .map_err(|e| format!("at byte {off}: {e}"))?;
                 if n == 0 {
                     break;

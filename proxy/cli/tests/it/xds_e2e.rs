@@ -9,6 +9,7 @@
 //! binary; traffic between the nodes is HBONE with certificates the control
 //! plane issued for identities its workloads named.
 
+use ringway_testbed::traffic::ReadNoIntr;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -395,7 +396,7 @@ fn refused(from: &Pod, server: &Pod, to: SocketAddr) -> (String, Duration) {
         s.set_read_timeout(Some(PATIENCE))?;
         let _ = s.write_all(b"who am I?");
         let mut b = [0u8; 16];
-        s.read(&mut b)
+        s.read_no_intr(&mut b)
     });
     let took = t0.elapsed();
     let accepted = l.accept();
@@ -425,7 +426,7 @@ impl Held {
         let srv = std::thread::spawn(move || {
             if let Ok((mut s, _)) = l.accept() {
                 let mut b = [0u8; 64];
-                while let Ok(n) = s.read(&mut b) {
+                while let Ok(n) = s.read_no_intr(&mut b) {
                     if n == 0 || s.write_all(&b[..n]).is_err() {
                         break;
                     }

@@ -2,7 +2,8 @@
 //! with its own identity manager over one test CA), and a mesh listing the
 //! client pod (node 1) and the server pods (node 2) as tunnel workloads.
 
-use std::io::{Read, Write};
+use ringway_testbed::traffic::ReadNoIntr;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -220,7 +221,7 @@ pub fn raw_tls(t: &TwoNodes, cfg: rustls::ClientConfig) -> std::io::Result<usize
         // HTTP/2 preface; an accepting server answers with its SETTINGS.
         tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")?;
         let mut buf = [0u8; 64];
-        tls.read(&mut buf)
+        tls.read_no_intr(&mut buf)
     })
 }
 
