@@ -39,6 +39,10 @@
 //! beside iperf3, sockperf and wrk + nginx on the same paths (see
 //! `crosscheck`), to `results/crosscheck/`; the full run includes it.
 //!
+//! `cargo bench -p ringway-benches -- --upgrade [--quick]`: p50/p99/max
+//! and failures of new connections at 1,000/s, quiet and through a rolling
+//! proxy upgrade, HBONE and plaintext (see `measure::upgrade`).
+//!
 //! `cargo bench -p ringway-benches -- --flood [--quick]`: the
 //! `hbone_preauth_flood` scenario alone (see `flood`), to `results/flood/`.
 //!
@@ -121,6 +125,19 @@ fn main() {
         print_or_exit(
             "ca-flood",
             ringway_benches::run_ca_flood(cfg, config.proxy_bin.clone()),
+        );
+        return;
+    }
+    if args.iter().any(|a| a == "--upgrade") {
+        let cfg = if quick {
+            ringway_benches::measure::upgrade::UpgradeConfig::quick()
+        } else {
+            ringway_benches::measure::upgrade::UpgradeConfig::full()
+        }
+        .with_env_overrides();
+        print_or_exit(
+            "upgrade",
+            ringway_benches::run_upgrade(cfg, config.proxy_bin.clone()),
         );
         return;
     }

@@ -108,6 +108,11 @@ impl Bed {
         })
     }
 
+    /// The HBONE configuration file (the CA and the pods as tunnel workloads).
+    pub fn hbone_config_path(&self) -> &FsPath {
+        &self.hbone_config
+    }
+
     /// The path from `client` to `server` on the first port.
     pub fn path(client: &Pod, server: &Pod) -> Path {
         let addr = SocketAddr::new(server.ip(false), PORT_BASE);

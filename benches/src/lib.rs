@@ -144,6 +144,19 @@ pub fn run_ca_flood(
         .transpose()
 }
 
+/// Runs the `--upgrade` measurement (see [`measure::upgrade`]) in isolated
+/// namespaces with the `ringway` program `bin`. Returns the report table;
+/// `None` without privileges.
+pub fn run_upgrade(
+    config: measure::upgrade::UpgradeConfig,
+    bin: std::path::PathBuf,
+) -> anyhow::Result<Option<String>> {
+    ringway_testbed::run_isolated("bench_upgrade", move || {
+        measure::upgrade::run(&config, &bin).map(|r| measure::upgrade::render(&r))
+    })
+    .transpose()
+}
+
 /// Runs the cross-check with the standard tools (see [`crosscheck`]) in
 /// isolated namespaces, writes `crosscheck.json` and `crosscheck.md` to
 /// `out`. Returns the Markdown; `None` without privileges.

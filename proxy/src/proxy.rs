@@ -1,8 +1,10 @@
 //! The node proxy's datapath as its control thread drives it ([`Proxy`]):
 //! the workers started, pods added (listeners made inside each pod's
 //! netns, handed to every worker) and removed, the mesh and identities
-//! published (and open flows re-checked), listeners closed for an upgrade,
-//! the workers stopped.
+//! published (and open flows re-checked), an upgrade's warm-up (the
+//! previous proxy's tunnels dialled before this one reports ready, see
+//! [`crate::tunnel::warm`]), listeners closed for an upgrade, the workers
+//! stopped.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -24,7 +26,7 @@ use crate::policy;
 use crate::sock::{self, Backend, ListenerKind};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::sys;
-use crate::tunnel::{PreauthSlots, TunnelState};
+use crate::tunnel::{warm, PreauthSlots, TunnelState};
 use crate::uring;
 use crate::worker::{self, Cmd};
 
@@ -76,6 +78,9 @@ pub struct Proxy {
     hbone_pools: Vec<ringway_hbone::Pool>,
     /// The thread running the server TLS handshakes of 15008.
     handshake_thread: Option<JoinHandle<()>>,
+    /// The record of the tunnels held, in the state directory
+    /// ([`Proxy::set_state_dir`]), and the thread writing it.
+    recorder: Mutex<Option<(std::path::PathBuf, warm::Recorder)>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -168,6 +173,7 @@ impl Proxy {
             tunnel,
             hbone_pools,
             handshake_thread: Some(handshake_thread),
+            recorder: Mutex::new(None),
         })
     }
 
@@ -673,10 +679,62 @@ impl Proxy {
         v
     }
 
+    /// Keeps the record of the tunnels this proxy holds in `dir` (created
+    /// when missing), written once [`Proxy::warm_up`] has read the one a
+    /// previous proxy left there.
+    pub fn set_state_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(warm::RECORD_FILE);
+        let rec = warm::Recorder::start(path.clone(), self.hbone_pools.clone())?;
+        *self.recorder.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, rec));
+        Ok(())
+    }
+
+    /// An upgrade's warm-up, run once before the proxy reports ready (after
+    /// its pods are added): every pod's server TLS config made, and the
+    /// tunnels of the previous proxy's record (see [`crate::tunnel::warm`])
+    /// that the mesh in force still plans dialled on every worker, for at
+    /// most `budget`. A refused record is a warning and warms nothing;
+    /// without a state directory, or once done, it does nothing.
+    pub fn warm_up(&self, budget: Duration) -> warm::WarmReport {
+        let guard = self.recorder.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((path, rec)) = guard.as_ref().filter(|(_, rec)| !rec.armed()) else {
+            return warm::WarmReport::default();
+        };
+        let pods: Vec<Arc<PodShared>> = self
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|r| r.shared.clone())
+            .collect();
+        let report = warm::warm_up(path, &pods, &self.in_force, budget, |targets, deadline| {
+            let mut waits = Vec::new();
+            for w in &self.workers {
+                let (done, rx) = std::sync::mpsc::channel();
+                let cmd = Cmd::WarmTunnels {
+                    targets: targets.clone(),
+                    deadline,
+                    done,
+                };
+                if w.tx.send(cmd).is_ok() {
+                    waits.push(rx);
+                }
+            }
+            waits
+        });
+        rec.arm();
+        report
+    }
+
     /// Closes every listener at once (new connections go to another proxy
     /// bound to the same ports, or wait in the kernel), keeping established
     /// connections flowing.
     pub fn close_listeners(&self) {
+        // The record keeps the tunnels held before the drain.
+        if let Some((_, rec)) = &*self.recorder.lock().unwrap_or_else(|p| p.into_inner()) {
+            rec.stop();
+        }
         // Tunnel servers send GOAWAY so peers stop opening streams here.
         self.tunnel.drain();
         let mut waits = Vec::new();

@@ -7,7 +7,8 @@
 //! snapshot did not name are torn down), then live `Add`/`Del`. A pod whose
 //! listeners cannot be created is nacked and retried every second until it
 //! succeeds or is deleted; the proxy is ready only once a snapshot is in and
-//! no pod is pending. Protocol violations (a second `SnapshotSent`, `Keep`
+//! no pod is pending (and, after the first snapshot, the proxy's warm-up has
+//! run: `Proxy::warm_up`). Protocol violations (a second `SnapshotSent`, `Keep`
 //! after the snapshot, undecodable packets) are nacked, make the proxy
 //! unready and end the connection so the next one starts clean.
 
@@ -378,6 +379,9 @@ fn session(
                 }
                 pending.retain(|uid, _| named.contains(uid));
                 set_pending(ready, pending);
+                // Before the first snapshot counts as applied (readiness):
+                // the previous proxy's tunnels dialled again.
+                proxy.warm_up(crate::tunnel::warm::WARM_UP_BUDGET);
                 ready.snapshot_done.store(true, Ordering::SeqCst);
                 ready.protocol_error.store(false, Ordering::SeqCst);
                 ready.snapshots.fetch_add(1, Ordering::Relaxed);

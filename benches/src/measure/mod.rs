@@ -3,12 +3,14 @@
 //! its kind: [`datapath`] (throughput, latency at a fixed rate, connection
 //! rate, idle connections, through one scenario), [`scrape`] (the latency
 //! run with and without a scraper) and [`churn`] (pods by command line and
-//! by CNI ADD). Above the bed, the load generator and the figure model;
+//! by CNI ADD), and [`upgrade`] (latency through a rolling proxy upgrade,
+//! a report of its own). Above the bed, the load generator and the figure model;
 //! below the suite and the profiles, which run them.
 
 pub mod churn;
 pub mod datapath;
 pub mod scrape;
+pub mod upgrade;
 
 use crate::figures::{Figure, Figures};
 use crate::load;

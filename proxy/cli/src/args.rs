@@ -231,6 +231,12 @@ pub(crate) struct ProxyArgs {
     /// Proxy settings file (YAML); the embedded defaults otherwise.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
+    /// The proxy's state directory, shared with the proxy that replaces it
+    /// in an upgrade: the record of the tunnels it holds (`tunnels.json`),
+    /// which the next proxy dials before it reports ready. None: no record,
+    /// no warm-up of tunnels.
+    #[arg(long, env = "RINGWAY_STATE_DIR")]
+    pub(crate) state_dir: Option<PathBuf>,
     /// Where the mesh's workloads and services come from: `file` (the
     /// configuration's `workloads`/`services`), `kubernetes` (pods,
     /// services and EndpointSlices watched through the API server with the

@@ -34,6 +34,11 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         xds::check_file(&mesh)?;
     }
     let proxy = Arc::new(Proxy::start(settings)?);
+    if let Some(dir) = &args.state_dir {
+        proxy
+            .set_state_dir(dir)
+            .with_context(|| format!("the state directory {}", dir.display()))?;
+    }
     // HBONE: on when the config has a CA (`ca:`); with the control plane as
     // the mesh source, its certificate service otherwise; off otherwise.
     let _refresher = match (mesh.ca(), mesh.ca_service(), args.mesh_source) {
@@ -185,7 +190,9 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
             )
         }
         None => {
-            // Without an agent the pods on the command line are the snapshot.
+            // Without an agent the pods on the command line are the
+            // snapshot (warmed up as the agent's would be).
+            proxy.warm_up(ringway_proxy::tunnel::warm::WARM_UP_BUDGET);
             ready.mark_snapshot_applied();
             None
         }

@@ -166,6 +166,42 @@ impl Pool {
             .count()
     }
 
+    /// The keys that have a live connection now (for a record of the
+    /// tunnels in use that a successor proxy warms, see
+    /// `ringway_proxy::tunnel::warm`).
+    pub fn keys(&self) -> Vec<PoolKey> {
+        let slots = self.shared.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter()
+            .filter(|(_, s)| !s.conns.lock().unwrap_or_else(|p| p.into_inner()).is_empty())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Dials a connection for `key` ahead of any stream (a warm-up) unless
+    /// one is pooled already and `extra` is false: `Ok(true)` when it
+    /// dialled. The connection then waits idle in the pool like one whose
+    /// streams have ended (after those pooled before it: a stream takes it
+    /// when they are full or gone).
+    pub async fn warm<D, F, IO>(
+        &self,
+        key: PoolKey,
+        dial: D,
+        extra: bool,
+    ) -> Result<bool, HboneError>
+    where
+        D: FnOnce() -> F,
+        F: Future<Output = io::Result<IO>>,
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let slot = self.slot(&key);
+        let _lock = slot.dial_lock.lock().await;
+        if !extra && self.reserve(&slot).is_some() {
+            return Ok(false);
+        }
+        self.dial_new(&key, &slot, dial).await.map(|_guard| true)
+    }
+
     /// Closes every connection whose key matches `evict` now (their streams
     /// are reset), e.g. those dialled from a pod that is gone. Returns how
     /// many were closed.

@@ -59,7 +59,7 @@ pub async fn inbound(
     let cfg = ids.server_config(&local)?;
     let tls = server_handshake(&state, cfg, tcp, stats).await?;
     // The dial is registered before its TLS starts, so it is known by now.
-    match state.dialled_by(peer_addr) {
+    match state.serving_dial(peer_addr) {
         Some(w) if w != worker => {
             let (done_tx, done_rx) = tokio::sync::oneshot::channel();
             let job = serve_authenticated(state.clone(), pod, mark, tls, peer_addr, preauth);

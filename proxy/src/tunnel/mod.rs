@@ -26,7 +26,9 @@
 //! - `socket`: the tunnel's sockets as tokio streams;
 //! - `outbound`: the source side (plan, dial, pump);
 //! - `inbound`: the tunnel listener's server (handshake off the workers,
-//!   CONNECT streams authorized and connected to the app).
+//!   CONNECT streams authorized and connected to the app);
+//! - `warm`: an upgrade's warm-up (the record of the tunnels held, read
+//!   and dialled again by the proxy that replaces this one).
 
 mod error;
 mod inbound;
@@ -37,6 +39,7 @@ mod socket;
 mod state;
 mod tls_failure;
 mod tls_io;
+pub mod warm;
 
 pub use error::TunnelError;
 pub use inbound::{check_client_claim, inbound, ClaimError};

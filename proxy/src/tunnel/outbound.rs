@@ -5,7 +5,7 @@
 //! stream ([`outbound_pump`]).
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -158,65 +158,8 @@ pub async fn open_outbound(
     client_addr: SocketAddr,
     plan: &OutboundPlan,
 ) -> Result<ringway_hbone::HboneStream, TunnelError> {
-    let tunnel = SocketAddr::new(plan.dst.ip(), ringway_hbone::HBONE_PORT);
-    let src_ip = pod
-        .ips
-        .iter()
-        .copied()
-        .find(|ip| ip.is_ipv6() == tunnel.is_ipv6())
-        .unwrap_or(client_addr.ip());
-    let key = PoolKey {
-        src_identity: plan.src_identity.to_string(),
-        dst_identity: plan.dst_identity.to_string(),
-        src_ip,
-        dst: tunnel,
-    };
-    let (mark, timeout) = (cx.mark, cx.connect_timeout);
-    let handshakes = cx.metrics.tls_handshakes.clone();
-    let (state, worker) = (cx.tunnel.clone(), cx.worker);
-    // Only a new connection needs the TLS config (a pooled one is reused).
-    let dial = move || async move {
-        let tls = plan
-            .ids
-            .client_config(&plan.src_identity, &plan.dst_identity)
-            .map_err(io::Error::other)?;
-        let tcp = connect_in_pod(pod, mark, tunnel, None, timeout).await?;
-        // Registered before the first byte of TLS: if this proxy serves the
-        // other end, its server finds the mark once the handshake is done.
-        let dial_mark = tcp.local_addr().ok().map(|a| state.mark_dial(a, worker));
-        let connector = tokio_rustls::TlsConnector::from(tls);
-        let r = match tokio::time::timeout(
-            timeout,
-            connector.connect(ringway_identity::placeholder_server_name(), {
-                let mut io = LazyBufIo::new(tcp);
-                io.buffer();
-                if let Some(m) = dial_mark {
-                    io.hold(m);
-                }
-                io
-            }),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(HandshakeTimeout::io(timeout)),
-        };
-        let r = r.map(|mut tls| {
-            tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
-            tls
-        });
-        let outcome = match &r {
-            Ok(_) => "ok",
-            Err(e) => tls_failure_reason(e),
-        };
-        handshakes
-            .get_or_create(&TlsLabels {
-                side: "client",
-                outcome,
-            })
-            .inc();
-        r
-    };
+    let (key, tunnel) = tunnel_key(pod, plan, client_addr.ip());
+    let dial = || dial_tunnel(cx, pod, plan, tunnel);
     let some = |s: &String| Some(s.clone()).filter(|s| !s.is_empty());
     let baggage = Baggage {
         cluster: some(&src_peer.cluster),
@@ -234,6 +177,107 @@ pub async fn open_outbound(
         headers = headers.forwarded_host(&svc.hostname);
     }
     Ok(pool.connect(key, dial, headers).await?)
+}
+
+/// The dial of a new pooled connection for `plan`: TCP from `pod`'s netns
+/// to `tunnel`, then mutual TLS, bounded by the connect timeout, counted
+/// in the TLS handshake metrics. Only a new connection needs the TLS
+/// config (a pooled one is reused).
+async fn dial_tunnel(
+    cx: &ConnCtx<'_>,
+    pod: &PodShared,
+    plan: &OutboundPlan,
+    tunnel: SocketAddr,
+) -> io::Result<tokio_rustls::client::TlsStream<LazyBufIo<TcpStream>>> {
+    let (mark, timeout) = (cx.mark, cx.connect_timeout);
+    let tls = plan
+        .ids
+        .client_config(&plan.src_identity, &plan.dst_identity)
+        .map_err(io::Error::other)?;
+    let tcp = connect_in_pod(pod, mark, tunnel, None, timeout).await?;
+    // Registered before the first byte of TLS: if this proxy serves the
+    // other end, its server finds the mark once the handshake is done.
+    let dial_mark = tcp
+        .local_addr()
+        .ok()
+        .map(|a| cx.tunnel.mark_dial(a, cx.worker));
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let r = match tokio::time::timeout(
+        timeout,
+        connector.connect(ringway_identity::placeholder_server_name(), {
+            let mut io = LazyBufIo::new(tcp);
+            io.buffer();
+            if let Some(m) = dial_mark {
+                io.hold(m);
+            }
+            io
+        }),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(HandshakeTimeout::io(timeout)),
+    };
+    let r = r.map(|mut tls| {
+        tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
+        tls
+    });
+    let outcome = match &r {
+        Ok(_) => "ok",
+        Err(e) => tls_failure_reason(e),
+    };
+    cx.metrics
+        .tls_handshakes
+        .get_or_create(&TlsLabels {
+            side: "client",
+            outcome,
+        })
+        .inc();
+    r
+}
+
+/// The pool key of a tunnel from `pod` for `plan` (its source address of
+/// the tunnel's family, else `fallback`) and the tunnel's address.
+fn tunnel_key(pod: &PodShared, plan: &OutboundPlan, fallback: IpAddr) -> (PoolKey, SocketAddr) {
+    let tunnel = SocketAddr::new(plan.dst.ip(), ringway_hbone::HBONE_PORT);
+    let src_ip = pod
+        .ips
+        .iter()
+        .copied()
+        .find(|ip| ip.is_ipv6() == tunnel.is_ipv6())
+        .unwrap_or(fallback);
+    let key = PoolKey {
+        src_identity: plan.src_identity.to_string(),
+        dst_identity: plan.dst_identity.to_string(),
+        src_ip,
+        dst: tunnel,
+    };
+    (key, tunnel)
+}
+
+/// Dials the pooled connection `plan` would ride from `pod`, without a
+/// stream, unless one is pooled already and `extra` is false (an
+/// upgrade's warm-up, see [`super::warm`]): `Ok(Some(its local address))`
+/// when it dialled one.
+pub async fn warm_outbound(
+    cx: &ConnCtx<'_>,
+    pool: &Pool,
+    pod: &PodShared,
+    plan: &OutboundPlan,
+    extra: bool,
+) -> Result<Option<SocketAddr>, TunnelError> {
+    let Some(&fallback) = pod.ips.first() else {
+        return Ok(None);
+    };
+    let (key, tunnel) = tunnel_key(pod, plan, fallback);
+    let local = std::cell::Cell::new(None);
+    let dial = || async {
+        let tls = dial_tunnel(cx, pod, plan, tunnel).await?;
+        local.set(tls.get_ref().0.tcp.local_addr().ok());
+        Ok(tls)
+    };
+    let dialled = pool.warm(key, dial, extra).await?;
+    Ok(local.get().filter(|_| dialled))
 }
 
 /// Copies both ways with half-close passed on (FIN <-> END_STREAM); an error

@@ -43,6 +43,9 @@ pub struct TunnelState {
     /// (what the tunnel's server end sees as its peer), with the worker
     /// that drives each ([`DialMark`]).
     dials: Mutex<HashMap<SocketAddr, usize>>,
+    /// Those of [`TunnelState::dials`] whose server end this proxy has
+    /// authenticated (not another proxy sharing the port in an upgrade).
+    served: Mutex<std::collections::HashSet<SocketAddr>>,
     /// Each worker's queue of tunnel servers to drive ([`TunnelState::hand_to`]).
     workers: Mutex<HashMap<usize, tokio::sync::mpsc::UnboundedSender<ServeJob>>>,
 }
@@ -66,6 +69,9 @@ impl Drop for DialMark {
     fn drop(&mut self) {
         let mut dials = self.state.dials.lock().unwrap_or_else(|p| p.into_inner());
         dials.remove(&self.addr);
+        drop(dials);
+        let mut served = self.state.served.lock().unwrap_or_else(|p| p.into_inner());
+        served.remove(&self.addr);
     }
 }
 
@@ -88,6 +94,7 @@ impl TunnelState {
             proxy_ports,
             handshaker: std::sync::OnceLock::new(),
             dials: Mutex::new(HashMap::new()),
+            served: Mutex::new(std::collections::HashSet::new()),
             workers: Mutex::new(HashMap::new()),
         }
     }
@@ -109,6 +116,25 @@ impl TunnelState {
     pub fn dialled_by(&self, peer: SocketAddr) -> Option<usize> {
         let dials = self.dials.lock().unwrap_or_else(|p| p.into_inner());
         dials.get(&canonical(peer)).copied()
+    }
+
+    /// [`TunnelState::dialled_by`] for the server end that has just
+    /// authenticated `peer`: a dial of ours is noted as served here.
+    pub fn serving_dial(&self, peer: SocketAddr) -> Option<usize> {
+        let w = self.dialled_by(peer);
+        if w.is_some() {
+            let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+            served.insert(canonical(peer));
+        }
+        w
+    }
+
+    /// Whether this proxy serves the other end of its dial from `local`
+    /// (a same-node tunnel; during an upgrade the port is shared with the
+    /// other proxy, which may have taken it).
+    pub fn served_here(&self, local: SocketAddr) -> bool {
+        let served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        served.contains(&canonical(local))
     }
 
     /// Registers `worker`'s queue of tunnel servers to drive.
@@ -191,6 +217,22 @@ mod tests {
         assert_eq!(st.dialled_by("10.0.0.4:40001".parse().unwrap()), None);
         drop(mark);
         assert_eq!(st.dialled_by(v4), None);
+    }
+
+    /// A dial is served here only once this proxy's server end took it,
+    /// and no longer once it is closed.
+    #[test]
+    fn a_dial_is_served_here_once_its_server_end_took_it() {
+        let st = state();
+        let v4: SocketAddr = "10.0.0.4:40000".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:10.0.0.4]:40000".parse().unwrap();
+        assert_eq!(st.serving_dial(v4), None);
+        let mark = st.mark_dial(v4, 1);
+        assert!(!st.served_here(v4));
+        assert_eq!(st.serving_dial(mapped), Some(1));
+        assert!(st.served_here(v4));
+        drop(mark);
+        assert!(!st.served_here(v4));
     }
 
     /// A server handed to a worker without a queue (gone, or never

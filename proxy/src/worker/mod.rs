@@ -78,6 +78,17 @@ pub enum Cmd {
         /// Reply channel.
         done: std::sync::mpsc::Sender<()>,
     },
+    /// Dial these tunnels into this worker's pool ahead of traffic (an
+    /// upgrade's warm-up, see `crate::tunnel::warm`), until `deadline`;
+    /// replies with what it did.
+    WarmTunnels {
+        /// The tunnels.
+        targets: Arc<Vec<crate::tunnel::warm::WarmTarget>>,
+        /// When to give up.
+        deadline: std::time::Instant,
+        /// Reply channel.
+        done: std::sync::mpsc::Sender<crate::tunnel::warm::WarmReport>,
+    },
     /// Reset every connection and exit.
     Stop,
 }
@@ -186,6 +197,26 @@ async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                     pod.close_listeners();
                 }
                 let _ = done.send(());
+            }
+            Cmd::WarmTunnels {
+                targets,
+                deadline,
+                done,
+            } => {
+                let ctx = ctx.clone();
+                spawn_local(ctx.backend, async move {
+                    let cx = crate::tunnel::ConnCtx {
+                        stats: &ctx.stats,
+                        metrics: &ctx.metrics,
+                        mark: ctx.settings.proxy_mark,
+                        connect_timeout: ctx.settings.connect_timeout,
+                        tunnel: &ctx.tunnel,
+                        worker: ctx.id,
+                    };
+                    let r = crate::tunnel::warm::dial_all(&cx, &ctx.hbone_pool, &targets, deadline)
+                        .await;
+                    let _ = done.send(r);
+                });
             }
             Cmd::Stop => break,
         }

@@ -24,4 +24,5 @@ mod drill_proxy_restart;
 mod proxy_pod_flag;
 mod sandbox_cli;
 mod support;
+mod warm_tunnels;
 mod xds_e2e;
