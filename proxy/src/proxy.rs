@@ -226,13 +226,7 @@ impl Proxy {
             .set_cluster_policy_notes(mesh.cluster_policy_notes());
         // Publish first, re-check second (see `policy::register`).
         self.in_force.set_mesh(mesh.clone());
-        let pods: Vec<Arc<PodShared>> = self
-            .pods
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|r| r.shared.clone())
-            .collect();
+        let pods = self.pods_shared();
         // The pods' metrics labels under this mesh, made once here rather
         // than by connections.
         for pod in &pods {
@@ -525,6 +519,16 @@ impl Proxy {
         Ok(())
     }
 
+    /// The pods being served, as the workers share them.
+    fn pods_shared(&self) -> Vec<Arc<PodShared>> {
+        self.pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|r| r.shared.clone())
+            .collect()
+    }
+
     /// The pod's SPIFFE principal, empty when the agent did not say both its
     /// namespace and service account (never a guessed `sa/default`).
     fn principal_of(&self, identity: &PodIdentity) -> String {
@@ -701,13 +705,7 @@ impl Proxy {
         let Some((path, rec)) = guard.as_ref().filter(|(_, rec)| !rec.armed()) else {
             return warm::WarmReport::default();
         };
-        let pods: Vec<Arc<PodShared>> = self
-            .pods
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|r| r.shared.clone())
-            .collect();
+        let pods = self.pods_shared();
         let report = warm::warm_up(path, &pods, &self.in_force, budget, |targets, deadline| {
             let mut waits = Vec::new();
             for w in &self.workers {

@@ -76,7 +76,7 @@ impl UpgradeConfig {
     pub fn tiny() -> UpgradeConfig {
         UpgradeConfig {
             rate: 200.0,
-            quiet: Duration::from_millis(500),
+            quiet: Duration::from_millis(1000),
             after: Duration::from_millis(500),
             threads: 4,
             scenarios: vec!["hbone_1node"],
@@ -145,6 +145,11 @@ pub struct UpgradeRun {
     pub upgrade: Window,
     /// Spawn to serving of the new proxy, ms.
     pub new_startup_ms: f64,
+    /// Outbound tunnels the new proxy held once serving (warmed ones).
+    pub tunnels_at_ready: f64,
+    /// Client TLS handshakes (tunnel dials) of the new proxy from then to
+    /// the end of the load: tunnels it opened cold while carrying traffic.
+    pub cold_dials: f64,
     /// Connections per second actually scheduled.
     pub rate: f64,
 }
@@ -177,24 +182,29 @@ pub fn run(config: &UpgradeConfig, bin: &FsPath) -> anyhow::Result<Vec<UpgradeRu
 /// The report: one row per window of each run.
 pub fn render(runs: &[UpgradeRun]) -> String {
     let mut s = String::from(
-        "| scenario | window | conns | failed | p50 ms | p99 ms | max ms | new proxy serving after ms |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+        "| scenario | window | conns | failed | p50 ms | p99 ms | max ms | new proxy serving after ms | its tunnels at ready | its cold dials under load |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in runs {
         for (name, w) in [("quiet", &r.quiet), ("upgrade", &r.upgrade)] {
             let (p50, p99, max) = w.percentiles();
+            let new_proxy = if name == "upgrade" {
+                format!(
+                    "{} | {} | {}",
+                    fmt(r.new_startup_ms, 0),
+                    fmt(r.tunnels_at_ready, 0),
+                    fmt(r.cold_dials, 0)
+                )
+            } else {
+                " | | ".to_string()
+            };
             s.push_str(&format!(
-                "| {} | {name} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {name} | {} | {} | {} | {} | {} | {new_proxy} |\n",
                 r.scenario,
                 w.ms.len() as u64 + w.failed,
                 w.failed,
                 fmt(p50, 2),
                 fmt(p99, 2),
                 fmt(max, 2),
-                if name == "upgrade" {
-                    fmt(r.new_startup_ms, 0)
-                } else {
-                    String::new()
-                }
             ));
         }
     }
@@ -212,7 +222,7 @@ fn line(r: &UpgradeRun) -> String {
     let (q50, q99, qmax) = r.quiet.percentiles();
     let (u50, u99, umax) = r.upgrade.percentiles();
     format!(
-        "{:.0}/s; quiet p50/p99/max {}/{}/{} ms, {} failed; upgrade {}/{}/{} ms, {} failed; new proxy serving after {} ms",
+        "{:.0}/s; quiet p50/p99/max {}/{}/{} ms, {} failed; upgrade {}/{}/{} ms, {} failed; new proxy serving after {} ms with {} tunnels, {} cold dials under load",
         r.rate,
         fmt(q50, 2),
         fmt(q99, 2),
@@ -222,7 +232,9 @@ fn line(r: &UpgradeRun) -> String {
         fmt(u99, 2),
         fmt(umax, 1),
         r.upgrade.failed,
-        fmt(r.new_startup_ms, 0)
+        fmt(r.new_startup_ms, 0),
+        fmt(r.tunnels_at_ready, 0),
+        fmt(r.cold_dials, 0)
     )
 }
 
@@ -341,6 +353,8 @@ fn one(
         }
     };
     let new_startup_ms = new.startup.as_secs_f64() * 1e3;
+    let new_metrics = SocketAddr::new(Ipv4Addr::new(127, 0, 0, 11).into(), 15020);
+    let at_ready = tunnel_counts(new_metrics);
     let old_pid = nix::unistd::Pid::from_raw(proxies[0].pid as i32);
     let _ = nix::sys::signal::kill(old_pid, nix::sys::signal::Signal::SIGTERM);
     std::thread::sleep(config.after);
@@ -353,6 +367,7 @@ fn one(
         );
     }
     let end = t0.elapsed();
+    let at_end = tunnel_counts(new_metrics);
     let (mut quiet, mut upgrade) = (Window::default(), Window::default());
     for (due, r) in outcomes {
         // The first half second warms the load generator itself.
@@ -387,8 +402,22 @@ fn one(
         quiet,
         upgrade,
         new_startup_ms,
+        tunnels_at_ready: at_ready.0,
+        cold_dials: at_end.1 - at_ready.1,
         rate: n as f64 / (end.as_secs_f64() - 0.5).max(1e-3),
     })
+}
+
+/// (outbound tunnels held, client TLS handshakes so far) of the proxy whose
+/// metrics are at `addr`; NaN when it does not answer.
+fn tunnel_counts(addr: SocketAddr) -> (f64, f64) {
+    let Ok(m) = ringway_testbed::http::scrape_metrics(addr) else {
+        return (f64::NAN, f64::NAN);
+    };
+    (
+        m.get("ringway_hbone_pool_connections", &[]).unwrap_or(0.0),
+        m.sum("ringway_tls_handshakes_total", &["side=\"client\""]),
+    )
 }
 
 /// Connect, 1 B request, 1 B reply (the echo), close.

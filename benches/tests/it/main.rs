@@ -15,6 +15,7 @@ mod control_plane_report;
 mod flood_report;
 mod quick_report;
 mod report_fields;
+mod upgrade_report;
 
 /// The proxy under test: `ringway-bench-proxy`, the `ringway` program.
 fn proxy_bin() -> PathBuf {

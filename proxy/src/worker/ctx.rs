@@ -94,6 +94,21 @@ pub(super) struct WorkerCtx {
     pub(super) next_endpoint: Cell<usize>,
 }
 
+impl WorkerCtx {
+    /// What a tunnel of this worker's needs of it (counters, mark,
+    /// timeout, the shared tunnel state, its id).
+    pub(super) fn tunnel_ctx(&self) -> crate::tunnel::ConnCtx<'_> {
+        crate::tunnel::ConnCtx {
+            stats: &self.stats,
+            metrics: &self.metrics,
+            mark: self.settings.proxy_mark,
+            connect_timeout: self.settings.connect_timeout,
+            tunnel: &self.tunnel,
+            worker: self.id,
+        }
+    }
+}
+
 /// Spawns `f` on the worker's runtime.
 pub(super) fn spawn_local<F: Future<Output = ()> + 'static>(backend: Backend, f: F) {
     match backend {

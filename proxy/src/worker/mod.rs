@@ -205,14 +205,7 @@ async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
             } => {
                 let ctx = ctx.clone();
                 spawn_local(ctx.backend, async move {
-                    let cx = crate::tunnel::ConnCtx {
-                        stats: &ctx.stats,
-                        metrics: &ctx.metrics,
-                        mark: ctx.settings.proxy_mark,
-                        connect_timeout: ctx.settings.connect_timeout,
-                        tunnel: &ctx.tunnel,
-                        worker: ctx.id,
-                    };
+                    let cx = ctx.tunnel_ctx();
                     let r = crate::tunnel::warm::dial_all(&cx, &ctx.hbone_pool, &targets, deadline)
                         .await;
                     let _ = done.send(r);

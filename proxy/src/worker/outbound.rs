@@ -275,14 +275,7 @@ async fn tunnel_outbound(
     plan: Box<tunnel::OutboundPlan>,
     svc: Option<ServiceRef>,
 ) -> TunnelOutcome {
-    let cx = tunnel::ConnCtx {
-        stats: &ctx.stats,
-        metrics: &ctx.metrics,
-        mark: ctx.settings.proxy_mark,
-        connect_timeout: ctx.settings.connect_timeout,
-        tunnel: &ctx.tunnel,
-        worker: ctx.id,
-    };
+    let cx = ctx.tunnel_ctx();
     let addr = plan.dst;
     let src = pod.shared.labels(mesh);
     let series = ctx.metrics.series(
@@ -345,14 +338,7 @@ async fn tunnel_copy(
     open: Box<OpenTunnel>,
     started: Instant,
 ) {
-    let cx = tunnel::ConnCtx {
-        stats: &ctx.stats,
-        metrics: &ctx.metrics,
-        mark: ctx.settings.proxy_mark,
-        connect_timeout: ctx.settings.connect_timeout,
-        tunnel: &ctx.tunnel,
-        worker: ctx.id,
-    };
+    let cx = ctx.tunnel_ctx();
     let OpenTunnel {
         client,
         stream,
