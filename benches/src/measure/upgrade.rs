@@ -389,6 +389,10 @@ fn one(
     let n = (quiet.ms.len() + upgrade.ms.len()) as u64 + quiet.failed + upgrade.failed;
     let alive = new.alive();
     let tail = new.log_tail();
+    // What the new proxy's warm-up did and how long it took (its log line).
+    if let Some(l) = tail.lines().find(|l| l.contains("warm-up done")) {
+        progress(format!("  new proxy: {}", l.trim()));
+    }
     new.stop();
     for mut p in proxies {
         p.stop();

@@ -362,7 +362,7 @@ pub async fn dial_all(
 }
 
 /// Dials per same-node target at most, until one reaches this proxy.
-pub const SAME_NODE_DIALS: usize = 4;
+pub const SAME_NODE_DIALS: usize = 6;
 
 /// Whether this proxy's server end took the dial from `local`, waiting a
 /// little for it (its handshake ends just after the client's).

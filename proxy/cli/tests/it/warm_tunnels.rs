@@ -145,12 +145,14 @@ fn new_proxy_holds_the_old_ones_tunnels_before_its_first_connection() {
             wait_for("the new proxy's readiness", WAIT, || {
                 ready("127.0.0.1:15022".parse().unwrap())
             });
-            // Ready, and no connection has gone through it yet: one tunnel
-            // per worker, dialled from the record.
-            assert_eq!(
-                pool_connections("127.0.0.2"),
-                Some(2.0),
-                "new proxy's log: {}",
+            // Ready, and no connection has gone through it yet: at least
+            // one tunnel per worker, dialled from the record (more when a
+            // dial reached the old proxy's server end, which shares the
+            // peer's tunnel port until it drains, and was made again).
+            let held = pool_connections("127.0.0.2").unwrap_or(0.0);
+            assert!(
+                held >= 2.0,
+                "{held} tunnels; new proxy's log: {}",
                 std::fs::read_to_string(dir.join("new.log")).unwrap_or_default()
             );
             let status = old.sigterm_and_wait();
