@@ -25,7 +25,7 @@
 //! GOAWAY), the wait for the preface and the time without streams ([`ServerConfig`]).
 //!
 //! Modules name only modules below them (the workspace's module-graph test): the
-//! crate root's constants, `error`, `upstream` and `conn` (leaves), then `headers`, then
+//! crate root's constants, `error`, `upstream`, `conn` and `spawn` (leaves), then `headers`, then
 //! `stream`, and `pool` and `server` on top.
 #![forbid(unsafe_code)]
 
@@ -36,6 +36,7 @@ mod error;
 pub mod headers;
 mod pool;
 mod server;
+mod spawn;
 mod stream;
 mod upstream;
 
@@ -46,6 +47,7 @@ pub use server::{
     drain_channel, serve_connection, serve_connection_with, ConnectRequest, Decision, DrainSignal,
     DrainTrigger, PeerInfo, ServerConfig,
 };
+pub use spawn::LocalTasks;
 pub use stream::HboneStream;
 pub use upstream::{AsyncIo, Observer, Upstream};
 

@@ -362,7 +362,7 @@ impl Pool {
         let shared = Arc::downgrade(&self.shared);
         let key = key.clone();
         let span = tracing::debug_span!("hbone.conn", conn = id, dst.addr = %key.dst);
-        tokio::spawn(
+        crate::spawn::spawn(
             async move {
                 let keepalive = crate::keepalive(ping, config.ping_interval, config.ping_timeout);
                 let idle = idle_watch(&conn, config.idle_timeout);

@@ -308,7 +308,7 @@ where
                         stream = respond.stream_id().as_u32(),
                     );
                     let active = ActiveStream::new(&shared);
-                    tokio::spawn(
+                    crate::spawn::spawn(
                         handle_stream(req, respond, peer.clone(), handler.clone(), active)
                             .instrument(span),
                     );

@@ -161,6 +161,11 @@ pub fn run(
 
 async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
     tracing::debug!(worker = ctx.id, backend = %ctx.backend, "worker started");
+    // Every task of this worker runs in its LocalSet: the tunnels' HTTP/2
+    // tasks too, so one wake-up hands a message along without the extra
+    // event-loop poll a hand-over between run queues costs (see
+    // `ringway_hbone::LocalTasks`).
+    let _local = ringway_hbone::LocalTasks::enter();
     // Tunnel servers other workers hand here (the server end of a tunnel
     // this worker dialled: both ends on one thread).
     let (serve_tx, mut serve_rx) = mpsc::unbounded_channel::<crate::tunnel::ServeJob>();
