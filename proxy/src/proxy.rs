@@ -76,6 +76,8 @@ pub struct Proxy {
     hbone_pools: Vec<ringway_hbone::Pool>,
     /// The thread running the server TLS handshakes of 15008.
     handshake_thread: Option<JoinHandle<()>>,
+    /// Gives the heaps' free memory back once the proxy is quiet.
+    _idle_trim: Option<crate::control::IdleTrim>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -153,6 +155,10 @@ impl Proxy {
             });
         }
         let _ = metrics.hbone_pools.set(hbone_pools.clone());
+        let idle_trim =
+            crate::control::IdleTrim::start(Default::default(), metrics.clone())
+                .map_err(|e| tracing::warn!(error = %e, "cannot start the idle trim: memory freed after a load stays resident"))
+                .ok();
         tracing::info!(workers = n, datapath = %backend, mode = %settings.capture_mode, "datapath started");
         Ok(Proxy {
             settings,
@@ -168,6 +174,7 @@ impl Proxy {
             tunnel,
             hbone_pools,
             handshake_thread: Some(handshake_thread),
+            _idle_trim: idle_trim,
         })
     }
 
