@@ -194,6 +194,11 @@ figures! {
         FdsPerIdleConn => fig("fds_per_idle_conn", "proxy fds per idle connection", "fds", 2).of_proxy(),
         /// RSS at the target's idle count: measured, or extrapolated.
         RssTargetIdleMib => fig("rss_target_idle_mib", "proxy RSS at 10k idle conns (extrapolated unless the large count is 10k)", "MiB", 1).of_proxy(),
+        /// RSS after every load run of the round (idle connections,
+        /// throughput, latency, connection rate) and a quiet period.
+        RssAfterLoadMib => fig("rss_after_load_mib", "proxy RSS after the load", "MiB", 1).of_proxy(),
+        /// RSS after the load - RSS idle (before it).
+        RssAfterLoadOverIdleMib => fig("rss_after_load_over_idle_mib", "proxy RSS after the load - idle", "MiB", 1).of_proxy(),
     }
 }
 

@@ -81,6 +81,8 @@ pub struct Proxy {
     /// The record of the tunnels held, in the state directory
     /// ([`Proxy::set_state_dir`]), and the thread writing it.
     recorder: Mutex<Option<(std::path::PathBuf, warm::Recorder)>>,
+    /// Gives the heaps' free memory back once the proxy is quiet.
+    _idle_trim: Option<crate::control::IdleTrim>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -158,6 +160,10 @@ impl Proxy {
             });
         }
         let _ = metrics.hbone_pools.set(hbone_pools.clone());
+        let idle_trim =
+            crate::control::IdleTrim::start(Default::default(), metrics.clone())
+                .map_err(|e| tracing::warn!(error = %e, "cannot start the idle trim: memory freed after a load stays resident"))
+                .ok();
         tracing::info!(workers = n, datapath = %backend, mode = %settings.capture_mode, "datapath started");
         Ok(Proxy {
             settings,
@@ -174,6 +180,7 @@ impl Proxy {
             hbone_pools,
             handshake_thread: Some(handshake_thread),
             recorder: Mutex::new(None),
+            _idle_trim: idle_trim,
         })
     }
 

@@ -1,9 +1,10 @@
 //! Thin syscall layer: entering a pod's network namespace, splice between
 //! sockets and pipes, aborting a TCP connection with a reset, raising the
-//! fd limit, a thread's nice value and glibc's heap thresholds. Seven
-//! `unsafe` blocks (the reset, epoll registration, adopting an SCM_RIGHTS
-//! fd and the ZDS receive that hands it over, IP_LOCAL_PORT_RANGE, a
-//! thread's nice value, `mallopt`), each explained in place; one `unsafe
+//! fd limit, a thread's nice value, glibc's heap thresholds and trimming
+//! its heaps, the process's CPU time and resident memory. Eight `unsafe`
+//! blocks (the reset, epoll registration, adopting an SCM_RIGHTS fd and the
+//! ZDS receive that hands it over, IP_LOCAL_PORT_RANGE, a thread's nice
+//! value, `mallopt`, `malloc_trim`), each explained in place; one `unsafe
 //! fn` ([`adopt_received_fd`]) with its contract.
 
 use std::cell::OnceCell;
@@ -159,6 +160,58 @@ pub fn keep_heap_pages() -> bool {
     }
 }
 
+/// Gives the free memory of every heap back to the kernel now: glibc's
+/// `malloc_trim(0)`, which walks each arena (the workers' too, whichever
+/// thread calls it), releases the free top of each heap whatever
+/// [`MALLOC_TRIM_THRESHOLD`] says and `madvise`s away the free pages inside
+/// them. Each arena is locked while it is walked and what is released is
+/// faulted in again when allocated next: call it off the datapath, when the
+/// proxy is idle. Returns whether any memory was released (`false` with a
+/// libc other than glibc, which keeps its own policy).
+pub fn trim_heaps() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `malloc_trim` only walks glibc's own arenas under their
+        // locks and hands free pages back; it touches no live allocation of
+        // ours and is safe to call from any thread at any time.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// CPU time this process has used so far, all threads, user and system.
+pub fn process_cpu_time() -> std::time::Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let d = |t: nix::sys::time::TimeVal| {
+                std::time::Duration::from_secs(t.tv_sec().max(0) as u64)
+                    + std::time::Duration::from_micros(t.tv_usec().max(0) as u64)
+            };
+            d(u.user_time()) + d(u.system_time())
+        }
+        Err(_) => std::time::Duration::ZERO,
+    }
+}
+
+/// This process's resident memory now, bytes (`VmRSS` of
+/// `/proc/self/status`); `None` when it cannot be read.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// Grows the process's fd table to hold `fds` descriptors now, once. The
 /// kernel grows it by doubling when an fd crosses its size and waits for an
 /// RCU grace period each time (~10 ms seen), on whichever thread allocates
@@ -282,6 +335,12 @@ pub fn lower_thread_priority(nice: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Held by the tests that count a thread's page faults or trim the heaps:
+/// a trim (which walks every thread's arena) would fault the counting
+/// test's buffers in again.
+#[cfg(test)]
+pub(crate) static HEAP_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +360,7 @@ mod tests {
     /// faults in 50 rounds, of 25,600 pages).
     #[test]
     fn freed_buffers_are_not_faulted_in_again() {
+        let _heaps = HEAP_TEST_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         assert!(keep_heap_pages(), "mallopt refused the thresholds");
         // A thread of its own: its own arena, as a worker has.
         let faults = std::thread::spawn(|| {
@@ -327,6 +387,38 @@ mod tests {
         assert!(
             faults < 200,
             "{faults} page faults in 50 rounds of allocating and freeing 2 MiB"
+        );
+    }
+
+    /// What a worker's heap keeps free after a load (up to
+    /// [`MALLOC_TRIM_THRESHOLD`] at its top, any amount below a live
+    /// allocation) goes back to the kernel with [`trim_heaps`].
+    #[test]
+    fn trim_gives_freed_memory_back() {
+        let _heaps = HEAP_TEST_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(keep_heap_pages(), "mallopt refused the thresholds");
+        const FREED: u64 = 48 * 1024 * 1024;
+        // A thread of its own (its own arena, as a worker has) allocates
+        // 48 MiB of buffers below the mmap threshold, touches them, and
+        // frees all but the last: that one pins the heap's top, so glibc
+        // keeps all of it resident.
+        let (before, kept) = std::thread::spawn(|| {
+            let bufs: Vec<Vec<u8>> = (0..FREED / (256 * 1024) + 1)
+                .map(|i| vec![i as u8 | 1; 256 * 1024])
+                .collect();
+            let mut bufs = bufs;
+            let last = bufs.pop().unwrap();
+            drop(bufs);
+            (resident_bytes().unwrap(), last)
+        })
+        .join()
+        .unwrap();
+        assert!(trim_heaps(), "malloc_trim released nothing");
+        let after = resident_bytes().unwrap();
+        std::hint::black_box(&kept);
+        assert!(
+            before.saturating_sub(after) >= FREED / 2,
+            "RSS {before} -> {after} bytes after freeing {FREED} and trimming"
         );
     }
 }

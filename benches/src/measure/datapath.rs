@@ -1,7 +1,8 @@
 //! One scenario, one round: a fresh start of what carries its traffic, then
 //! throughput (one stream and N), latency at a fixed rate, the connection
 //! rate and the proxies' memory with idle connections open, with the
-//! proxies' CPU over each; last, a check that the traffic took the path the
+//! proxies' CPU over each; then the proxies' memory after all that load and
+//! a quiet period; last, a check that the traffic took the path the
 //! scenario says (mutual TLS for HBONE, plaintext otherwise).
 
 use std::collections::BTreeMap;
@@ -214,6 +215,20 @@ pub fn run(
         Ok(())
     })();
     record("connection rate", r, &proxies);
+    // Memory after the load: every run above is over and its connections
+    // closed; after a quiet period the proxy should have given back what
+    // the load made it allocate (only the pooled tunnels still hold some).
+    // Read from /proc only: nothing asks the proxy to give memory back.
+    if proxied {
+        std::thread::sleep(after_load_quiet(config));
+        if let Some(rss) = proxies.rss_kib() {
+            let after = rss / 1024.0;
+            f.set(Datapath::RssAfterLoadMib, after);
+            if let Some(idle) = f.get(Datapath::RssIdleMib).filter(|v| v.is_finite()) {
+                f.set(Datapath::RssAfterLoadOverIdleMib, after - idle);
+            }
+        }
+    }
     // The traffic took the path the scenario says: every connection the
     // client-side proxy opened was mutual TLS with HBONE, none without.
     if let Kind::Ringway { hbone, .. } = sc.kind {
@@ -253,6 +268,13 @@ pub fn run(
         errors,
         notes,
     })
+}
+
+/// How long the proxy is left alone after the load before its RSS is read:
+/// 3 s (full and quick), less in the test's run (its figures are not
+/// read).
+fn after_load_quiet(config: &Config) -> Duration {
+    (config.settle * 15).min(Duration::from_secs(3))
 }
 
 /// Connections a proxy reported opening as the source side, by

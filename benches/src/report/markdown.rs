@@ -241,6 +241,8 @@ pub fn to_markdown(doc: &Report) -> String {
             Datapath::KibPerIdleConn,
             Datapath::FdsPerIdleConn,
             Datapath::RssTargetIdleMib,
+            Datapath::RssAfterLoadMib,
+            Datapath::RssAfterLoadOverIdleMib,
         ],
     );
 

@@ -117,6 +117,11 @@ pub struct Metrics {
     pub identities: std::sync::RwLock<Option<Arc<ringway_identity::IdentityManager>>>,
     /// Tells this registry's series apart in the threads' caches.
     pub id: MetricsId,
+    /// `ringway_heap_trims_total`: the idle trim's runs
+    /// ([`crate::control::IdleTrim`]).
+    pub heap_trims: Counter<u64, AtomicU64>,
+    /// `ringway_heap_trimmed_bytes_total`: resident memory they gave back.
+    pub heap_trimmed_bytes: Counter<u64, AtomicU64>,
 }
 
 impl Metrics {

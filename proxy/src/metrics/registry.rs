@@ -152,6 +152,16 @@ impl Metrics {
             "1 when the datapath runs on io_uring, 0 on the epoll fallback",
             self.datapath_uring.clone(),
         );
+        r.register(
+            "ringway_heap_trims",
+            "Times the proxy gave its heaps' free memory back to the kernel after being quiet",
+            self.heap_trims.clone(),
+        );
+        r.register(
+            "ringway_heap_trimmed_bytes",
+            "Resident memory those trims gave back",
+            self.heap_trimmed_bytes.clone(),
+        );
         r.register_collector(Box::new(SocketsOpen(self.clone())));
         r.register_collector(Box::new(Certificates(self.clone())));
         r.register_collector(Box::new(ringway_control::ProcessCollector));
