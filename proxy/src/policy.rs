@@ -341,6 +341,7 @@ mod tests {
             )),
             flows: Default::default(),
             labels: Default::default(),
+            spares: Default::default(),
         }
     }
 

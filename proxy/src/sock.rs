@@ -225,11 +225,21 @@ pub fn make_upstream(
     spoof_source: Option<IpAddr>,
     ports: PortSplit,
 ) -> io::Result<OwnedFd> {
-    let sock = Socket::new(
-        Domain::for_address(dst),
-        Type::STREAM.nonblocking().cloexec(),
-        None,
-    )?;
+    let sock = new_upstream(dst.is_ipv6(), mark, spoof_source.is_some(), ports)?;
+    if let Some(src) = spoof_source {
+        bind_spoofed(sock.as_fd(), src, dst)?;
+    }
+    Ok(sock)
+}
+
+/// The part of [`make_upstream`] that needs the pod's netns: an unbound
+/// upstream socket of the family (`v6`) with every option set (for a
+/// `spoofed` one, transparent, its port taken at connect). A socket keeps
+/// the netns it was made in, so one made ahead serves a later connection
+/// ([`bind_spoofed`] and the connect need no netns switch).
+pub fn new_upstream(v6: bool, mark: u32, spoofed: bool, ports: PortSplit) -> io::Result<OwnedFd> {
+    let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
+    let sock = Socket::new(domain, Type::STREAM.nonblocking().cloexec(), None)?;
     sock.set_mark(mark)?;
     sock.set_nodelay(true)?;
     // The socket takes an ephemeral port inside the pod: SO_REUSEADDR lets
@@ -241,23 +251,28 @@ pub fn make_upstream(
     // spoofed flow (client IP, port P) -> app must never share its 4-tuple
     // with a real flow from that client; between ringway proxies, the real
     // flow's port always comes from the other half.
-    let (lo, hi) = if spoof_source.is_some() {
+    let (lo, hi) = if spoofed {
         ports.spoofed()
     } else {
         ports.own()
     };
     crate::sys::set_local_port_range(sock.as_fd(), lo, hi);
-    if let Some(src) = spoof_source {
-        let src = match (src, dst) {
-            (IpAddr::V4(v4), SocketAddr::V6(_)) => IpAddr::V6(v4.to_ipv6_mapped()),
-            (s, _) => s,
-        };
+    if spoofed {
         sock.set_ip_transparent(true)?;
         nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::IpBindAddressNoPort, &true)
             .map_err(io::Error::from)?;
-        sock.bind(&SocketAddr::new(src, 0).into())?;
     }
     Ok(sock.into())
+}
+
+/// Binds a spoofed upstream socket ([`new_upstream`]) to the client's
+/// address `src` (mapped to IPv6 for an IPv6 `dst`), port chosen at connect.
+pub fn bind_spoofed(sock: BorrowedFd<'_>, src: IpAddr, dst: SocketAddr) -> io::Result<()> {
+    let src = match (src, dst) {
+        (IpAddr::V4(v4), SocketAddr::V6(_)) => IpAddr::V6(v4.to_ipv6_mapped()),
+        (s, _) => s,
+    };
+    socket2::SockRef::from(&sock).bind(&SocketAddr::new(src, 0).into())
 }
 
 /// A pod's ephemeral port range, split between the proxy's own upstream

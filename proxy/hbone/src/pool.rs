@@ -250,7 +250,9 @@ impl Pool {
     {
         // One trace id per connection, kept across retries.
         req.traceparent.get_or_insert_with(TraceParent::random);
-        req.to_request()?; // validate headers before touching the network
+        // Built (and so validated) before touching the network, once: a
+        // retry on another connection builds it again.
+        let mut request = Some(req.to_request()?);
         let slot = self.slot(&key);
         let mut dial = Some(dial);
         loop {
@@ -271,7 +273,11 @@ impl Pool {
                 }
             };
             let conn = guard.conn.clone();
-            match open_stream(guard, &req).await {
+            let request = match request.take() {
+                Some(r) => r,
+                None => req.to_request()?,
+            };
+            match open_stream(guard, request).await {
                 Ok(s) => return Ok(s),
                 Err(OpenError::Retryable(e)) => {
                     debug!(conn = conn.id, error = %e, "stream refused, connection retired");
@@ -293,6 +299,11 @@ impl Pool {
 
     fn slot(&self, key: &PoolKey) -> Arc<Slot> {
         let mut slots = self.shared.slots.lock().unwrap_or_else(|p| p.into_inner());
+        // A pooled key (every stream but a destination's first) is found
+        // without copying its identities.
+        if let Some(slot) = slots.get(key) {
+            return slot.clone();
+        }
         slots.entry(key.clone()).or_default().clone()
     }
 
@@ -439,8 +450,10 @@ async fn idle_watch(conn: &Conn, timeout: Duration) {
     }
 }
 
-async fn open_stream(guard: StreamGuard, req: &ConnectHeaders) -> Result<HboneStream, OpenError> {
-    let request = req.to_request().map_err(OpenError::Fatal)?;
+async fn open_stream(
+    guard: StreamGuard,
+    request: http::Request<()>,
+) -> Result<HboneStream, OpenError> {
     let send = guard.conn.send.clone();
     let mut send = send.ready().await.map_err(classify)?;
     let (response, send_stream) = send.send_request(request, false).map_err(classify)?;

@@ -11,6 +11,7 @@
 
 mod flows;
 mod labels;
+mod spares;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -21,6 +22,7 @@ use ringway_config::Mesh;
 
 pub use flows::{FlowAuthz, FlowTable};
 pub use labels::PodLabels;
+pub use spares::{SpareKind, Spares, BATCH as SPARE_BATCH};
 
 use crate::metrics::Peer;
 use crate::sock::{ListenerKind, PortSplit};
@@ -98,6 +100,8 @@ pub struct PodShared {
     /// Its metrics labels, made once per mesh and identity (see
     /// [`PodShared::labels`]).
     pub labels: RwLock<PodLabels>,
+    /// Upstream sockets made ahead in its netns ([`PodShared::upstream_socket`]).
+    pub spares: Spares,
 }
 
 /// Pods served by this proxy, by IP: read by workers for the same-node fast path.
@@ -123,7 +127,30 @@ impl PodShared {
             who: RwLock::new((identity, principal)),
             flows: FlowTable::default(),
             labels: Default::default(),
+            spares: Spares::default(),
         }
+    }
+
+    /// An upstream socket to `dst` in the pod's netns, with the proxy's
+    /// `mark`, bound to `spoof` (the client's address) when given: made as
+    /// [`crate::sock::make_upstream`] makes one, but from the pod's spares
+    /// (a netns switch per [`SPARE_BATCH`] sockets, not per connection).
+    pub fn upstream_socket(
+        &self,
+        dst: SocketAddr,
+        mark: u32,
+        spoof: Option<IpAddr>,
+    ) -> std::io::Result<OwnedFd> {
+        let kind = SpareKind {
+            v6: dst.is_ipv6(),
+            spoofed: spoof.is_some(),
+            mark,
+        };
+        let fd = self.spares.take(&self.netns, kind, self.ports)?;
+        if let Some(src) = spoof {
+            crate::sock::bind_spoofed(std::os::fd::AsFd::as_fd(&fd), src, dst)?;
+        }
+        Ok(fd)
     }
 
     /// The pod's mesh workload: by uid, else by one of its addresses.
