@@ -41,7 +41,8 @@
 //!
 //! `cargo bench -p ringway-benches -- --upgrade [--quick]`: p50/p99/max
 //! and failures of new connections at 1,000/s, quiet and through a rolling
-//! proxy upgrade, HBONE and plaintext (see `measure::upgrade`).
+//! proxy upgrade, HBONE and plaintext (see `measure::upgrade`); the full
+//! run includes it (`upgrade.md` beside `report.md`).
 //!
 //! `cargo bench -p ringway-benches -- --flood [--quick]`: the
 //! `hbone_preauth_flood` scenario alone (see `flood`), to `results/flood/`.
@@ -266,6 +267,20 @@ fn main() {
                         eprintln!("[bench] cross-check failed: {e:#}");
                         std::process::exit(1);
                     }
+                }
+            }
+            // Latency through a rolling upgrade (about 40 s), in its own
+            // file beside the report. Not in the quick run.
+            if !quick {
+                let cfg =
+                    ringway_benches::measure::upgrade::UpgradeConfig::full().with_env_overrides();
+                match ringway_benches::run_upgrade(cfg, proxy_bin.clone()) {
+                    Ok(Some(up)) => {
+                        let _ = std::fs::write(out.join("upgrade.md"), &up);
+                        println!("\n{up}");
+                    }
+                    Ok(None) => {}
+                    Err(e) => problems.push(format!("upgrade: {e:#}")),
                 }
             }
             // The mesh sources at scale (a tenth of the sizes in the quick

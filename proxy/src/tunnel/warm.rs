@@ -317,8 +317,10 @@ impl std::ops::AddAssign for WarmReport {
 ///
 /// A same-node target's dial may reach the proxy being replaced (both
 /// listen on the peer pod's tunnel port until it drains, and then sends
-/// GOAWAY): up to [`SAME_NODE_DIALS`] dials are made until one is served
-/// by this proxy; the others stay pooled and carry streams until then.
+/// GOAWAY): up to [`SAME_NODE_DIALS`] dials are made (even when one is
+/// pooled: a connection's own dial may have gone there) until one is
+/// served by this proxy; the others stay pooled and carry streams until
+/// then.
 pub async fn dial_all(
     cx: &ConnCtx<'_>,
     pool: &Pool,
@@ -332,7 +334,10 @@ pub async fn dial_all(
                 r.failed += 1;
                 break;
             };
-            let dial = warm_outbound(cx, pool, &t.pod, &t.plan, attempt > 0);
+            // A same-node tunnel already pooled (a connection came first)
+            // may have reached the other proxy: dial one to check anyway.
+            let extra = attempt > 0 || t.same_node;
+            let dial = warm_outbound(cx, pool, &t.pod, &t.plan, extra);
             let local = match tokio::time::timeout(left, dial).await {
                 Ok(Ok(Some(local))) => {
                     r.dialled += 1;
@@ -367,7 +372,7 @@ pub const SAME_NODE_DIALS: usize = 6;
 /// Whether this proxy's server end took the dial from `local`, waiting a
 /// little for it (its handshake ends just after the client's).
 async fn served_here(cx: &ConnCtx<'_>, local: SocketAddr, deadline: Instant) -> bool {
-    let until = deadline.min(Instant::now() + Duration::from_millis(100));
+    let until = deadline.min(Instant::now() + Duration::from_millis(25));
     loop {
         if cx.tunnel.served_here(local) {
             return true;
