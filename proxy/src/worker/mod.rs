@@ -78,6 +78,12 @@ pub enum Cmd {
         /// Reply channel.
         done: std::sync::mpsc::Sender<()>,
     },
+    /// Give the free memory at the top of this worker's heap back (the
+    /// idle trim, [`crate::control::IdleTrim`], asks once the proxy is quiet).
+    ReleaseHeap {
+        /// Replied once done.
+        done: std::sync::mpsc::Sender<()>,
+    },
     /// Reset every connection and exit.
     Stop,
 }
@@ -185,6 +191,10 @@ async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                 for pod in ctx.pods.borrow().values() {
                     pod.close_listeners();
                 }
+                let _ = done.send(());
+            }
+            Cmd::ReleaseHeap { done } => {
+                crate::sys::release_heap_top();
                 let _ = done.send(());
             }
             Cmd::Stop => break,
