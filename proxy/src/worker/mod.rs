@@ -78,8 +78,9 @@ pub enum Cmd {
         /// Reply channel.
         done: std::sync::mpsc::Sender<()>,
     },
-    /// Give the free memory at the top of this worker's heap back (the
-    /// idle trim, [`crate::control::IdleTrim`], asks once the proxy is quiet).
+    /// Free this worker's spare TLS read buffers and give the free memory
+    /// at the top of its heap back (the idle trim,
+    /// [`crate::control::IdleTrim`], asks once the proxy is quiet).
     ReleaseHeap {
         /// Replied once done.
         done: std::sync::mpsc::Sender<()>,
@@ -194,6 +195,7 @@ async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                 let _ = done.send(());
             }
             Cmd::ReleaseHeap { done } => {
+                crate::tunnel::drop_spare_tls_bufs();
                 crate::sys::release_heap_top();
                 let _ = done.send(());
             }
