@@ -291,12 +291,14 @@ impl QuietClock {
 
 /// The idle trim's thread (`ringway-trim`): every tick it reads the
 /// process's CPU time and, once the proxy has been quiet long enough after
-/// some load, gives the heaps' free memory back ([`crate::sys::trim_heaps`]),
-/// counting trims and bytes returned in `ringway_heap_trims_total` and
-/// `ringway_heap_trimmed_bytes_total`. The workers keep up to
-/// [`crate::sys::MALLOC_TRIM_THRESHOLD`] free per heap while they run (no
-/// page faults on the datapath); this returns it when they stop. Stopped
-/// and joined on drop.
+/// some load, gives the heaps' free memory back: the idle trim threshold
+/// ([`crate::sys::idle_heap_threshold`]), each worker releasing the free
+/// top of its own heap, [`crate::sys::trim_heaps`] for the rest, then the
+/// datapath's threshold again. Trims and bytes returned are counted in
+/// `ringway_heap_trims_total` and `ringway_heap_trimmed_bytes_total`. The
+/// workers keep up to [`crate::sys::MALLOC_TRIM_THRESHOLD`] free per heap
+/// while they run (no page faults on the datapath); this returns it when
+/// they stop. Stopped and joined on drop.
 #[derive(Debug)]
 pub struct IdleTrim {
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -304,18 +306,27 @@ pub struct IdleTrim {
 }
 
 impl IdleTrim {
-    /// Starts the thread.
+    /// Starts the thread. `release_workers` has every datapath worker give
+    /// the free top of its heap back ([`crate::sys::release_heap_top`] on
+    /// the worker's own thread) and returns once they have.
     pub fn start(
         config: IdleTrimConfig,
         metrics: Arc<crate::metrics::Metrics>,
+        release_workers: impl Fn() + Send + 'static,
     ) -> std::io::Result<IdleTrim> {
-        IdleTrim::start_with(config, metrics, crate::sys::process_cpu_time)
+        IdleTrim::start_with(
+            config,
+            metrics,
+            release_workers,
+            crate::sys::process_cpu_time,
+        )
     }
 
     /// [`IdleTrim::start`] with another CPU clock (the tests').
     fn start_with(
         config: IdleTrimConfig,
         metrics: Arc<crate::metrics::Metrics>,
+        release_workers: impl Fn() + Send + 'static,
         mut cpu_time: impl FnMut() -> Duration + Send + 'static,
     ) -> std::io::Result<IdleTrim> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
@@ -342,7 +353,7 @@ impl IdleTrim {
                     );
                     last = now;
                     if trim {
-                        trim_and_count(&metrics);
+                        trim_and_count(&metrics, &release_workers);
                         // The trim's own CPU is not load.
                         last = (std::time::Instant::now(), cpu_time());
                     }
@@ -355,10 +366,17 @@ impl IdleTrim {
     }
 }
 
-/// Trims the heaps, counting the trim and the resident bytes it returned.
-fn trim_and_count(metrics: &crate::metrics::Metrics) {
+/// Trims the heaps, counting the trim and the resident bytes it returned:
+/// with the idle trim threshold in force, the workers give the free top of
+/// their heaps back (only a thread's own large free does that), then
+/// `malloc_trim` the free memory inside every heap and the main heap's top;
+/// then the threshold the datapath works with again.
+fn trim_and_count(metrics: &crate::metrics::Metrics, release_workers: &impl Fn()) {
     let before = crate::sys::resident_bytes();
+    crate::sys::idle_heap_threshold();
+    release_workers();
     let released = crate::sys::trim_heaps();
+    crate::sys::keep_heap_pages();
     let after = crate::sys::resident_bytes();
     let returned = match (before, after) {
         (Some(b), Some(a)) => b.saturating_sub(a),
@@ -430,7 +448,13 @@ mod tests {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let metrics = Arc::new(crate::metrics::Metrics::default());
-        let trim = IdleTrim::start_with(TEST_TRIM, metrics.clone(), || Duration::ZERO).unwrap();
+        let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let a = asked.clone();
+        let release = move || {
+            a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        };
+        let trim =
+            IdleTrim::start_with(TEST_TRIM, metrics.clone(), release, || Duration::ZERO).unwrap();
         let t0 = std::time::Instant::now();
         while metrics.heap_trims.get() == 0 && t0.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(5));
@@ -440,6 +464,11 @@ mod tests {
             metrics.heap_trims.get(),
             1,
             "one trim: quiet from the start"
+        );
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "the workers were asked to release their heaps once"
         );
     }
 
@@ -451,11 +480,16 @@ mod tests {
         let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let t = ticks.clone();
         let t0 = std::time::Instant::now();
-        let trim = IdleTrim::start_with(TEST_TRIM, metrics.clone(), move || {
-            t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // One core busy all the time.
-            t0.elapsed()
-        })
+        let trim = IdleTrim::start_with(
+            TEST_TRIM,
+            metrics.clone(),
+            || {},
+            move || {
+                t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // One core busy all the time.
+                t0.elapsed()
+            },
+        )
         .unwrap();
         let wait = std::time::Instant::now();
         while ticks.load(std::sync::atomic::Ordering::Relaxed) < 20

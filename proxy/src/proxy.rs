@@ -160,8 +160,12 @@ impl Proxy {
             });
         }
         let _ = metrics.hbone_pools.set(hbone_pools.clone());
-        let idle_trim =
-            crate::control::IdleTrim::start(Default::default(), metrics.clone())
+        let worker_txs: Vec<_> = workers.iter().map(|w| w.tx.clone()).collect();
+        let idle_trim = crate::control::IdleTrim::start(
+            Default::default(),
+            metrics.clone(),
+            move || release_worker_heaps(&worker_txs),
+        )
                 .map_err(|e| tracing::warn!(error = %e, "cannot start the idle trim: memory freed after a load stays resident"))
                 .ok();
         tracing::info!(workers = n, datapath = %backend, mode = %settings.capture_mode, "datapath started");
@@ -788,6 +792,21 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop_workers();
+    }
+}
+
+/// Asks every worker to give the free top of its heap back
+/// ([`Cmd::ReleaseHeap`]) and waits for them (at most 1 s each).
+fn release_worker_heaps(workers: &[mpsc::UnboundedSender<Cmd>]) {
+    let waits: Vec<_> = workers
+        .iter()
+        .filter_map(|tx| {
+            let (done, rx) = std::sync::mpsc::channel();
+            tx.send(Cmd::ReleaseHeap { done }).ok().map(|_| rx)
+        })
+        .collect();
+    for rx in waits {
+        let _ = rx.recv_timeout(Duration::from_secs(1));
     }
 }
 

@@ -1,10 +1,10 @@
 //! Thin syscall layer: entering a pod's network namespace, splice between
 //! sockets and pipes, aborting a TCP connection with a reset, raising the
 //! fd limit, a thread's nice value, glibc's heap thresholds and trimming
-//! its heaps, the process's CPU time and resident memory. Eight `unsafe`
+//! its heaps, the process's CPU time and resident memory. Nine `unsafe`
 //! blocks (the reset, epoll registration, adopting an SCM_RIGHTS fd and the
 //! ZDS receive that hands it over, IP_LOCAL_PORT_RANGE, a thread's nice
-//! value, `mallopt`, `malloc_trim`), each explained in place; one `unsafe
+//! value, `mallopt` twice, `malloc_trim`), each explained in place; one `unsafe
 //! fn` ([`adopt_received_fd`]) with its contract.
 
 use std::cell::OnceCell;
@@ -133,6 +133,10 @@ pub const MALLOC_MMAP_THRESHOLD: usize = 1024 * 1024;
 /// giving it back to the kernel (default 128 KiB, moving).
 pub const MALLOC_TRIM_THRESHOLD: usize = 16 * 1024 * 1024;
 
+/// The trim threshold while the proxy is idle ([`idle_heap_threshold`]):
+/// glibc's own default.
+pub const IDLE_TRIM_THRESHOLD: usize = 128 * 1024;
+
 /// Stops glibc from handing freed buffer memory back to the kernel and
 /// faulting it in again on the next allocation. The HBONE path allocates
 /// and frees 16-256 KiB buffers continually (TLS records, HTTP/2 frames,
@@ -160,14 +164,15 @@ pub fn keep_heap_pages() -> bool {
     }
 }
 
-/// Gives the free memory of every heap back to the kernel now: glibc's
-/// `malloc_trim(0)`, which walks each arena (the workers' too, whichever
-/// thread calls it), releases the free top of each heap whatever
-/// [`MALLOC_TRIM_THRESHOLD`] says and `madvise`s away the free pages inside
-/// them. Each arena is locked while it is walked and what is released is
-/// faulted in again when allocated next: call it off the datapath, when the
-/// proxy is idle. Returns whether any memory was released (`false` with a
-/// libc other than glibc, which keeps its own policy).
+/// Gives free heap memory back to the kernel now: glibc's `malloc_trim(0)`,
+/// which walks each arena (the workers' too, whichever thread calls it),
+/// `madvise`s away the free pages inside every heap and releases the free
+/// top of the main heap whatever [`MALLOC_TRIM_THRESHOLD`] says; not the
+/// free top of the threads' heaps (see [`idle_heap_threshold`]). Each arena
+/// is locked while it is walked and what is released is faulted in again
+/// when allocated next: call it off the datapath, when the proxy is idle.
+/// Returns whether any memory was released (`false` with a libc other than
+/// glibc, which keeps its own policy).
 pub fn trim_heaps() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -210,6 +215,34 @@ pub fn resident_bytes() -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
+}
+
+/// Lowers the trim threshold to [`IDLE_TRIM_THRESHOLD`] (for every heap)
+/// while the proxy is idle, until [`keep_heap_pages`] sets it back: a
+/// thread's heap then gives the free memory at its top back at its next
+/// [`release_heap_top`] (or large free). [`trim_heaps`] cannot: it releases
+/// the free top of the main heap only, not of the threads' heaps. Best
+/// effort; returns whether it took.
+pub fn idle_heap_threshold() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: as in `keep_heap_pages`: one of glibc's malloc tunables,
+        // a plain integer; no memory of ours is touched.
+        unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, IDLE_TRIM_THRESHOLD as libc::c_int) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// Makes glibc check the calling thread's heap top against the trim
+/// threshold now, as it does when a large block (64 KiB or more) is freed:
+/// allocates and frees one. With [`idle_heap_threshold`] in force, the free
+/// memory at the top of the thread's heap goes back to the kernel.
+pub fn release_heap_top() {
+    let block: Vec<u8> = Vec::with_capacity(128 * 1024);
+    drop(std::hint::black_box(block));
 }
 
 /// Grows the process's fd table to hold `fds` descriptors now, once. The
@@ -419,6 +452,49 @@ mod tests {
         assert!(
             before.saturating_sub(after) >= FREED / 2,
             "RSS {before} -> {after} bytes after freeing {FREED} and trimming"
+        );
+    }
+
+    /// The free memory at the top of a thread's heap (what a worker keeps
+    /// after a load, under [`MALLOC_TRIM_THRESHOLD`]) goes back once the
+    /// idle threshold is set and the thread releases its heap top; not
+    /// before.
+    #[test]
+    fn idle_threshold_gives_a_thread_heap_top_back() {
+        let _heaps = HEAP_TEST_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(keep_heap_pages(), "mallopt refused the thresholds");
+        const FREED: u64 = 12 * 1024 * 1024;
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (done, step) = std::sync::mpsc::channel::<u64>();
+        let thread = std::thread::spawn(move || {
+            // 12 MiB of buffers, touched, then freed: under the threshold,
+            // they stay at the top of this thread's heap.
+            let bufs: Vec<Vec<u8>> = (0..FREED / (256 * 1024))
+                .map(|i| vec![i as u8 | 1; 256 * 1024])
+                .collect();
+            drop(bufs);
+            done.send(resident_bytes().unwrap()).unwrap();
+            wait.recv().unwrap();
+            release_heap_top();
+            done.send(resident_bytes().unwrap()).unwrap();
+        });
+        let kept = step.recv().unwrap();
+        // Neither another thread's large free nor a trim takes it.
+        release_heap_top();
+        trim_heaps();
+        let trimmed = resident_bytes().unwrap();
+        assert!(idle_heap_threshold(), "mallopt refused the idle threshold");
+        go.send(()).unwrap();
+        let released = step.recv().unwrap();
+        thread.join().unwrap();
+        assert!(keep_heap_pages(), "mallopt refused the thresholds");
+        assert!(
+            kept.saturating_sub(trimmed) < FREED / 2,
+            "RSS {kept} -> {trimmed} bytes: the heap top went back before the idle threshold"
+        );
+        assert!(
+            trimmed.saturating_sub(released) >= FREED / 2,
+            "RSS {trimmed} -> {released} bytes after the idle threshold and the release"
         );
     }
 }

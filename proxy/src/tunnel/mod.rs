@@ -49,4 +49,4 @@ pub use refusal::HboneRefusal;
 pub use socket::{adopt, adopt_std};
 pub use state::{DialMark, ServeJob, TunnelState};
 pub use tls_failure::{tls_failure_reason, HandshakeTimeout};
-pub use tls_io::LazyBufIo;
+pub use tls_io::{drop_spare_tls_bufs, LazyBufIo};

@@ -42,6 +42,12 @@ fn take_tls_buf() -> bytes::BytesMut {
     buf
 }
 
+/// Frees this worker thread's spare TLS read buffers (the idle trim's
+/// hook: new ones are allocated when reads need them again).
+pub fn drop_spare_tls_bufs() {
+    let _ = SPARE_BUFS.try_with(|s| s.borrow_mut().clear());
+}
+
 fn give_tls_buf(mut buf: bytes::BytesMut) {
     if buf.capacity() == 0 {
         return;

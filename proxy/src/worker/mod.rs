@@ -89,6 +89,13 @@ pub enum Cmd {
         /// Reply channel.
         done: std::sync::mpsc::Sender<crate::tunnel::warm::WarmReport>,
     },
+    /// Free this worker's spare TLS read buffers and give the free memory
+    /// at the top of its heap back (the idle trim,
+    /// [`crate::control::IdleTrim`], asks once the proxy is quiet).
+    ReleaseHeap {
+        /// Replied once done.
+        done: std::sync::mpsc::Sender<()>,
+    },
     /// Reset every connection and exit.
     Stop,
 }
@@ -215,6 +222,11 @@ async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                         .await;
                     let _ = done.send(r);
                 });
+            }
+            Cmd::ReleaseHeap { done } => {
+                crate::tunnel::drop_spare_tls_bufs();
+                crate::sys::release_heap_top();
+                let _ = done.send(());
             }
             Cmd::Stop => break,
         }
