@@ -77,7 +77,7 @@ pub struct Proxy {
     /// The thread running the server TLS handshakes of 15008.
     handshake_thread: Option<JoinHandle<()>>,
     /// Gives the heaps' free memory back once the proxy is quiet.
-    _idle_trim: Option<crate::control::IdleTrim>,
+    _idle_trim: Option<crate::idle_trim::IdleTrim>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -156,7 +156,7 @@ impl Proxy {
         }
         let _ = metrics.hbone_pools.set(hbone_pools.clone());
         let worker_txs: Vec<_> = workers.iter().map(|w| w.tx.clone()).collect();
-        let idle_trim = crate::control::IdleTrim::start(
+        let idle_trim = crate::idle_trim::IdleTrim::start(
             Default::default(),
             metrics.clone(),
             move || release_worker_heaps(&worker_txs),
