@@ -38,6 +38,7 @@ pub mod control;
 pub mod copy;
 mod error;
 pub mod handshake;
+pub mod idle_trim;
 pub mod in_force;
 pub mod metrics;
 mod netns;

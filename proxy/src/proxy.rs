@@ -82,7 +82,7 @@ pub struct Proxy {
     /// ([`Proxy::set_state_dir`]), and the thread writing it.
     recorder: Mutex<Option<(std::path::PathBuf, warm::Recorder)>>,
     /// Gives the heaps' free memory back once the proxy is quiet.
-    _idle_trim: Option<crate::control::IdleTrim>,
+    _idle_trim: Option<crate::idle_trim::IdleTrim>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -161,7 +161,7 @@ impl Proxy {
         }
         let _ = metrics.hbone_pools.set(hbone_pools.clone());
         let worker_txs: Vec<_> = workers.iter().map(|w| w.tx.clone()).collect();
-        let idle_trim = crate::control::IdleTrim::start(
+        let idle_trim = crate::idle_trim::IdleTrim::start(
             Default::default(),
             metrics.clone(),
             move || release_worker_heaps(&worker_txs),

@@ -118,7 +118,7 @@ pub struct Metrics {
     /// Tells this registry's series apart in the threads' caches.
     pub id: MetricsId,
     /// `ringway_heap_trims_total`: the idle trim's runs
-    /// ([`crate::control::IdleTrim`]).
+    /// ([`crate::idle_trim::IdleTrim`]).
     pub heap_trims: Counter<u64, AtomicU64>,
     /// `ringway_heap_trimmed_bytes_total`: resident memory they gave back.
     pub heap_trimmed_bytes: Counter<u64, AtomicU64>,

@@ -91,7 +91,7 @@ pub enum Cmd {
     },
     /// Free this worker's spare TLS read buffers and give the free memory
     /// at the top of its heap back (the idle trim,
-    /// [`crate::control::IdleTrim`], asks once the proxy is quiet).
+    /// [`crate::idle_trim::IdleTrim`], asks once the proxy is quiet).
     ReleaseHeap {
         /// Replied once done.
         done: std::sync::mpsc::Sender<()>,
