@@ -997,6 +997,81 @@ fn check_trust_boundaries(o: &Objects) {
     }
 }
 
+/// The upgrade warm-up's state directory (values.yaml `proxy.stateDir`): passed as
+/// `--state-dir`, a node directory (DirectoryOrCreate) mounted read-write at the node's
+/// path in the proxy container only, so the old and the new proxy pod on a node share
+/// it; no other container (the agent, the init container, the certificate service)
+/// mounts it, and no other hostPath of the chart nests with it. Empty: no flag, no
+/// volume.
+fn check_state_dir(o: &Objects, v: &Json) {
+    let top = help(None);
+    let proxy_spec = pod_spec(o, "ringway-proxy");
+    let proxy = container(proxy_spec, "proxy");
+    let (_, args) = check_args(proxy, &top);
+    let want = v["proxy"]["stateDir"].as_str().unwrap_or_default();
+    if want.is_empty() {
+        assert!(!args.contains_key("--state-dir"), "proxy: no --state-dir");
+        assert!(
+            proxy_spec
+                .volumes
+                .iter()
+                .flatten()
+                .all(|vol| vol.name != "proxy-state"),
+            "proxy: no state dir volume"
+        );
+        return;
+    }
+    let dir = &args["--state-dir"];
+    assert_eq!(dir, want, "proxy: --state-dir is proxy.stateDir");
+    let (vol, mount) = volume_of(proxy_spec, proxy, dir).expect("proxy: --state-dir mounted");
+    assert_eq!(&mount, dir, "proxy: --state-dir is the mount itself");
+    let hp = vol
+        .host_path
+        .as_ref()
+        .expect("proxy: the state dir is a hostPath");
+    assert_eq!(&hp.path, dir, "proxy: the state dir is the node's path");
+    assert_eq!(hp.type_.as_deref(), Some("DirectoryOrCreate"));
+    let m = proxy
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| &m.mount_path == dir)
+        .unwrap();
+    assert_ne!(
+        m.read_only,
+        Some(true),
+        "proxy: the state dir is read-write"
+    );
+    for (pod, spec) in pod_specs(o) {
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            if pod == "DaemonSet/ringway-proxy" && c.name == "proxy" {
+                continue;
+            }
+            assert!(
+                volume_of(spec, c, dir).is_none_or(|(other, _)| other.host_path.is_none()),
+                "{pod}: {} mounts the proxy's state dir {dir}",
+                c.name
+            );
+        }
+        for other in spec.volumes.iter().flatten() {
+            let Some(p) = &other.host_path else { continue };
+            if std::ptr::eq(other, vol) {
+                continue;
+            }
+            assert!(
+                !Path::new(&p.path).starts_with(dir) && !Path::new(dir).starts_with(&p.path),
+                "{pod}: volume {} ({}) nests with the proxy's state dir {dir}",
+                other.name,
+                p.path
+            );
+        }
+    }
+}
+
 #[test]
 fn adversarial_proxy_reaches_neither_the_cni_socket_nor_the_agent_state() {
     let o = typed_objects(&read(&manifests_path()));
@@ -1230,6 +1305,7 @@ fn check_invariants(o: &Objects, text: &str, v: &Json) {
         "agent: the CNI socket's path is the node's path"
     );
     check_trust_boundaries(o);
+    check_state_dir(o, v);
     // Both read the ConfigMap.
     for (spec, c, args) in [
         (agent_spec, agent, &agent_args),
@@ -1646,6 +1722,8 @@ fn helm_template_agrees_with_the_emulation_for_the_tested_values() {
         "ca: {mode: local}\n",
         "ca: {mode: service}\nproxy: {hostNetwork: true, updateStrategy: {maxSurge: 0}}\n",
         "proxy: {meshSource: xds}\nca: {mode: istiod}\n",
+        "proxy: {stateDir: \"\"}",
+        "proxy: {stateDir: /var/lib/ringway/tunnels}",
     ];
     for over in accepted {
         let ours = render_chart(over, NAMESPACE).unwrap_or_else(|e| panic!("{over}: {e}"));
@@ -1818,6 +1896,28 @@ fn metrics_annotations_follow_the_value() {
     let top = help(None);
     let (_, args) = check_args(proxy, &top);
     assert_eq!(args["--metrics-addr"], "0.0.0.0:15020");
+}
+
+/// `proxy.stateDir`: the upgrade warm-up's directory where the value says, or none.
+#[test]
+fn state_dir_follows_the_value() {
+    for over in [
+        "proxy: {stateDir: \"\"}",
+        "proxy: {stateDir: /var/lib/ringway/tunnels}",
+        "proxy: {stateDir: /var/lib/ringway/tunnels, meshSource: xds}",
+    ] {
+        let text = render_chart(over, NAMESPACE).unwrap_or_else(|e| panic!("{over}: {e}"));
+        let o = typed_objects(&text);
+        check_invariants(&o, &text, &merged_values(over));
+        let proxy = container(pod_spec(&o, "ringway-proxy"), "proxy");
+        let args = proxy.args.iter().flatten().cloned().collect::<Vec<_>>();
+        let dir = merged_values(over)["proxy"]["stateDir"].clone();
+        assert_eq!(
+            args.iter().any(|a| a == "/var/lib/ringway/tunnels"),
+            dir == "/var/lib/ringway/tunnels",
+            "{over}: {args:?}"
+        );
+    }
 }
 
 /// `istioCRDs.install`: the AuthorizationPolicy and PeerAuthentication CRDs, off by
@@ -3980,7 +4080,12 @@ fn check_xds(o: &Objects, v: &Json) {
     assert_eq!(Json::from(exp), xv["tokenExpirationSeconds"]);
     assert_eq!(Path::new(&mount).join(&sat.path), Path::new(token));
 
+    // All read-only but the upgrade's state dir (check_state_dir).
+    let state = v["proxy"]["stateDir"].as_str().unwrap_or_default();
     for m in proxy.volume_mounts.iter().flatten() {
+        if !state.is_empty() && m.mount_path == state {
+            continue;
+        }
         assert_eq!(m.read_only, Some(true), "proxy: {} read-only", m.mount_path);
     }
 

@@ -3,6 +3,18 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nix::sys::socket::{
+    accept, bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+};
+use ringway_testbed::Pod;
+use ringway_zds::{
+    self as zds, workload_request::Payload, AddWorkload, SnapshotSent, WorkloadInfo,
+};
 
 /// Whether the readiness endpoint at `addr` answers 200.
 pub fn ready(addr: SocketAddr) -> bool {
@@ -114,4 +126,69 @@ pub fn node_proxy_command(
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(log).unwrap());
     c
+}
+
+/// A minimal agent on the ZDS socket `path`: every proxy that connects gets
+/// the same snapshot of `pods` (UID and name: the pod's name; namespace and
+/// service account `default`), until `stop`.
+pub fn serve_snapshots(
+    path: &Path,
+    pods: Vec<Pod>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let _ = std::fs::remove_file(path);
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &UnixAddr::new(path).unwrap(),
+    )
+    .unwrap();
+    listen(&fd, Backlog::new(8).unwrap()).unwrap();
+    std::thread::spawn(move || {
+        let mut conns: Vec<OwnedFd> = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let mut pfd = [nix::poll::PollFd::new(
+                fd.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            if nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(100u16)).unwrap_or(0) == 0 {
+                continue;
+            }
+            let raw = accept(std::os::fd::AsRawFd::as_raw_fd(&fd)).unwrap();
+            // SAFETY: `accept` just returned `raw`: open, and owned by nothing else.
+            let c = unsafe { ringway_proxy::sys::adopt_received_fd(raw) }.unwrap();
+            let p = zds::recv(c.as_fd(), &zds::refuse_fd).unwrap();
+            zds::decode_hello(&p.bytes).unwrap();
+            for pod in &pods {
+                let add = Payload::Add(AddWorkload {
+                    uid: pod.name.clone(),
+                    workload_info: Some(WorkloadInfo {
+                        name: pod.name.clone(),
+                        namespace: "default".into(),
+                        service_account: "default".into(),
+                    }),
+                    addresses: vec![pod.ipv4.to_string(), pod.ipv6.to_string()],
+                });
+                let netns = pod.netns.dup_fd().unwrap();
+                zds::send(c.as_fd(), &zds::request(add), Some(netns.as_fd())).unwrap();
+                let a = zds::recv(c.as_fd(), &zds::refuse_fd).unwrap();
+                assert_eq!(zds::decode_response(&a.bytes).unwrap(), zds::Answer::Ack);
+            }
+            zds::send(
+                c.as_fd(),
+                &zds::request(Payload::SnapshotSent(SnapshotSent {})),
+                None,
+            )
+            .unwrap();
+            let a = zds::recv(c.as_fd(), &zds::refuse_fd).unwrap();
+            assert_eq!(zds::decode_response(&a.bytes).unwrap(), zds::Answer::Ack);
+            conns.push(c);
+        }
+    })
 }
