@@ -69,13 +69,25 @@ fn adversarial_unprivileged_run_fails_unless_the_skip_is_opted_out() {
     }
     use std::os::fd::AsRawFd as _;
     use std::os::unix::process::CommandExt;
-    // The unprivileged child is this binary, executed through a descriptor
-    // opened here as root: `nobody` may not be able to walk the path to it (a
-    // checkout under a 0700 directory such as root's home or a `mktemp -d`),
-    // and a descriptor's magic link in /proc skips that walk. The descriptor
-    // is close-on-exec, which an ELF program does not mind.
-    let exe = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
-    let program = format!("/proc/self/fd/{}", exe.as_raw_fd());
+    // The unprivileged child is a copy of this binary in a memfd, executed
+    // through the memfd's magic link in /proc: `nobody` may not be able to
+    // walk the path to the binary (a checkout under a 0700 directory such as
+    // root's home or a `mktemp -d`), nor execute the binary itself (cargo
+    // writes it 0700 under a root umask of 077). A memfd is mode 0777 and its
+    // link in /proc skips the path walk. The descriptor is close-on-exec,
+    // which an ELF program does not mind.
+    let copy = {
+        let mut exe = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+        let memfd = nix::sys::memfd::memfd_create(
+            c"ringway-unprivileged-probe",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )
+        .unwrap();
+        let mut copy = std::fs::File::from(memfd);
+        std::io::copy(&mut exe, &mut copy).unwrap();
+        copy
+    };
+    let program = format!("/proc/self/fd/{}", copy.as_raw_fd());
     // The child runs this test only, named as libtest knows it (its module
     // path in this binary).
     let exact = ringway_testbed::libtest_name(module_path!(), NAME);
