@@ -549,26 +549,25 @@ mod tests {
         }
     }
 
-    fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("ringway-warm-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d.join(RECORD_FILE)
+    /// A private scratch directory (removed on drop) and the record's path in it.
+    fn scratch(name: &str) -> (ringway_testbed::TempDir, PathBuf) {
+        let d = ringway_testbed::TempDir::new(&format!("warm-{name}"));
+        let path = d.join(RECORD_FILE);
+        (d, path)
     }
 
     #[test]
     fn a_written_record_reads_back_and_a_missing_one_is_none() {
-        let path = scratch("roundtrip");
-        let _ = std::fs::remove_file(&path);
+        let (_dir, path) = scratch("roundtrip");
         assert!(read_record(&path).unwrap().is_none());
         let v = vec![entry("10.0.0.3:15008"), entry("[fd00::3]:15008")];
         write_record(&path, &v).unwrap();
         assert_eq!(read_record(&path).unwrap(), Some(v));
-        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]
     fn bad_records_are_refused_with_their_reason() {
-        let path = scratch("bad");
+        let (_dir, path) = scratch("bad");
         let good = serde_json::to_string(&entry("10.0.0.3:15008")).unwrap();
         let many = vec![good.as_str(); MAX_ENTRIES + 1].join(",");
         let cases: Vec<(String, &str)> = vec![
@@ -616,6 +615,5 @@ mod tests {
             let e = read_record(&path).expect_err(why).to_string();
             assert!(e.contains(why), "{why}: {e}");
         }
-        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }
