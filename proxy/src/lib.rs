@@ -22,6 +22,8 @@
 //! 5. `policy`: flow authorization and the re-check of open flows;
 //! 6. `tunnel`: HBONE (outbound, the tunnel listener's server);
 //! 7. `worker`: the datapath threads, serving every pod's listeners;
+//!    7b. `idle_trim`: the thread that gives the heaps' free memory back once
+//!    the proxy is quiet;
 //! 8. `proxy`: [`Proxy`], which the control thread drives;
 //! 9. `config_dump`, `control`, `zds_client`: the admin, metrics and
 //!    readiness endpoints and the node agent's client, which drive it.
