@@ -87,9 +87,13 @@ fn proxy(config: &Path, state: &Path, pods: Pods, host: &str, ready_port: u16, l
     )
 }
 
-fn pool_connections(host: &str) -> Option<f64> {
-    let m = scrape(format!("{host}:15020").parse().unwrap()).ok()?;
+/// The proxy's `ringway_hbone_pool_connections`; panics with the reason
+/// when the page cannot be scraped or lacks it (never reads as 0).
+fn pool_connections(host: &str) -> f64 {
+    let m = scrape(format!("{host}:15020").parse().unwrap())
+        .unwrap_or_else(|e| panic!("scraping {host}:15020/metrics: {e}"));
     prom::value(&m, "ringway_hbone_pool_connections", &[])
+        .unwrap_or_else(|| panic!("{host}:15020/metrics has no ringway_hbone_pool_connections"))
 }
 
 fn echo_once(from: &Pod, addr: SocketAddr) {
@@ -171,7 +175,11 @@ fn warm_restart(zds: bool) {
         .unwrap();
     let _echo = ringway_testbed::traffic::EchoServer::start(l);
     echo_once(&a, addr);
-    assert!(pool_connections("127.0.0.1").is_some_and(|n| n >= 1.0));
+    let pooled = pool_connections("127.0.0.1");
+    assert!(
+        pooled >= 1.0,
+        "{pooled} tunnels after an echo through the old proxy"
+    );
     // The record names the tunnel a -> b:15008.
     let record = state.join("tunnels.json");
     let tunnel = format!("{}:15008", b.ipv4);
@@ -193,7 +201,7 @@ fn warm_restart(zds: bool) {
     // one tunnel per worker, dialled from the record (more when a
     // dial reached the old proxy's server end, which shares the
     // peer's tunnel port until it drains, and was made again).
-    let held = pool_connections("127.0.0.2").unwrap_or(0.0);
+    let held = pool_connections("127.0.0.2");
     assert!(
         held >= 2.0,
         "{held} tunnels; new proxy's log: {}",
@@ -266,7 +274,7 @@ fn a_bad_tunnel_record_is_refused_with_its_reason_and_dials_nothing() {
                     text.contains("tunnel record refused") && text.contains(reason),
                     "{name}: log without the refusal ({reason}): {text}"
                 );
-                assert_eq!(pool_connections("127.0.0.1"), Some(0.0), "{name}");
+                assert_eq!(pool_connections("127.0.0.1"), 0.0, "{name}");
                 drop(p);
             }
         },
