@@ -466,3 +466,111 @@ fn adversarial_a_pending_or_unseen_pod_is_governed_never_guessed() {
         },
     );
 }
+
+/// The same-node fast path waits for its destination's workload as the
+/// destination's own inbound side does: `client-0` and `server-1` are pods
+/// of one node, and `server-1` is not in the API yet. A connection to it
+/// waits; the pod added meanwhile, it passes. Deleted again (the mesh does
+/// not know whom the proxy would deliver to), a connection waits
+/// `proxy.workloadWait`, is refused and counted `unknown_workload`. Before
+/// the fix the fast path refused at once as a policy denial
+/// (`ringway_authorization_denials_total{path="local"}`), the first connection too.
+#[test]
+fn adversarial_same_node_traffic_to_an_unknown_pod_waits_for_it_then_is_refused() {
+    run_isolated(
+        "adversarial_same_node_traffic_to_an_unknown_pod_waits_for_it_then_is_refused",
+        || {
+            let mn = common::MeshNode::new(
+                2,
+                ringway_config::CaptureMode::Tproxy,
+                ringway_config::Datapath::Uring,
+            );
+            let proxy = Arc::new(mn.proxy);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let (client, api) = FakeApiServer::start(runtime.handle());
+            let pod = |name: &str, sa: &str, ips: [&str; 2]| {
+                fixtures::FakePod::new(&format!("uid-{name}"), "shop", name, "node")
+                    .created("2026-01-01T00:00:00Z")
+                    .service_account(sa)
+                    .mode("enabled")
+                    .running(&ips)
+                    .json()
+            };
+            // Pod 0 of the node (the client) is known; pod 1 (the server)
+            // is not.
+            api.apply(
+                Kind::Pod,
+                pod("client-0", "frontend", ["10.244.1.2", "fd00:244:1::2"]),
+            );
+            let file = Arc::new(MeshConfig::load_str(FILE, "policy_cluster", &NoEnv).unwrap());
+            let target = proxy.clone();
+            let watch = MeshWatch::start(runtime, client, file, KubeOptions::default(), move |m| {
+                target.set_mesh(m);
+            })
+            .unwrap();
+            let has = |name: &str| {
+                proxy
+                    .mesh()
+                    .is_some_and(|m| !m.is_complete() && m.workloads().any(|w| w.name == name))
+            };
+            assert!(
+                wait_until(TIMEOUT, || has("client-0")),
+                "client-0 in the mesh"
+            );
+            assert!(!has("server-1"));
+            let server = SocketAddr::new(mn.vn.pod(1).ip(false), APP_PORT);
+            let app = EchoServer::start(mn.vn.pod(1).netns.run(|| listen(server)).unwrap());
+            let client_ns = &mn.vn.pod(0).netns;
+
+            // Waiting for server-1; it arrives: the connection passes.
+            std::thread::scope(|s| {
+                let waiting = s.spawn(|| exchange(client_ns, server));
+                assert!(
+                    wait_until(TIMEOUT, || proxy.stats().accepted >= 1),
+                    "the connection reached the proxy"
+                );
+                api.apply(
+                    Kind::Pod,
+                    pod("server-1", "web", ["10.244.1.3", "fd00:244:1::3"]),
+                );
+                waiting
+                    .join()
+                    .unwrap()
+                    .expect("the pod came within the wait: passes");
+            });
+            assert_eq!(app.connections(), 1);
+            assert!(proxy.stats().same_node >= 1, "on the fast path");
+
+            // Gone: waits the whole wait, then refused and counted.
+            api.delete(Kind::Pod, "shop", "server-1");
+            assert!(
+                wait_until(TIMEOUT, || !has("server-1") && has("client-0")),
+                "server-1 left the mesh"
+            );
+            let t0 = Instant::now();
+            expect_refused(
+                exchange(client_ns, server),
+                "client-0 -> a same-node pod the mesh does not know",
+            );
+            let waited = t0.elapsed();
+            assert!(
+                waited
+                    >= ringway_config::ProxySettings::default().workload_wait
+                        - std::time::Duration::from_millis(200),
+                "refused after {waited:?}, before the wait for its workload ran out"
+            );
+            assert_eq!(app.connections(), 1, "the app saw the refused client");
+            let text = ringway_proxy::metrics::encode(&proxy.metrics().registry(), false);
+            let line = "ringway_connections_refused_total{reason=\"unknown_workload\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
+            assert!(
+                !text.contains("ringway_authorization_denials_total{path=\"local\"}"),
+                "counted as a policy denial:\n{text}"
+            );
+            watch.stop();
+        },
+    );
+}
