@@ -264,7 +264,10 @@ fn peer_authentication_strict_refuses_plaintext_while_hbone_passes() {
 }
 
 /// `config_dump` names each cluster policy's origin object, the skipped
-/// objects with why, and the metric counts them.
+/// objects with why, and the metrics count them; the objects read toward
+/// deny (an unreadable AuthorizationPolicy, a PeerAuthentication that cannot
+/// be read or names an unknown mode) are each named in
+/// `ringway_cluster_policies_read_toward_deny`.
 #[test]
 fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
     run_isolated(
@@ -311,6 +314,16 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                     json!({"mtls": {"mode": "STRICT"}}),
                 ),
             );
+            // Read toward deny: a mode the API does not define, and a spec
+            // that cannot be read; both STRICT, both named in the metric.
+            api.apply(
+                Kind::PeerAuthentication,
+                istio_object("shop", "bad-mode", json!({"mtls": {"mode": "SOMETIMES"}})),
+            );
+            api.apply(
+                Kind::PeerAuthentication,
+                istio_object("shop", "bad-shape", json!({"mtls": "STRICT"})),
+            );
             let file = Arc::new(MeshConfig::load_str(FILE, "policy_cluster", &NoEnv).unwrap());
             let target = proxy.clone();
             let watch = MeshWatch::start(runtime, client, file, KubeOptions::default(), move |m| {
@@ -319,7 +332,7 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
             .unwrap();
             assert!(wait_until(TIMEOUT, || proxy
                 .mesh()
-                .is_some_and(|m| m.cluster_policy_notes().len() == 3)));
+                .is_some_and(|m| m.cluster_policy_notes().len() == 5)));
             let admin = ringway_proxy::control::ControlServer::serve(
                 "127.0.0.1:0".parse().unwrap(),
                 ringway_proxy::control::admin_handler(proxy.clone(), Arc::new(|_: &str| Ok(()))),
@@ -337,8 +350,12 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                 .unwrap_or_else(|| panic!("{}", r.body));
             assert_eq!(good["origin"], "AuthorizationPolicy shop/good");
             assert_eq!(good["action"], "DENY");
-            let pa = &mesh["peerAuthentications"][0];
-            assert_eq!(pa["origin"], "PeerAuthentication istio-system/default");
+            let pa = mesh["peerAuthentications"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["origin"] == "PeerAuthentication istio-system/default")
+                .unwrap_or_else(|| panic!("{}", r.body));
             assert_eq!(pa["mode"], "STRICT");
             assert_eq!(pa["meshWide"], true);
             let notes = mesh["clusterPolicyNotes"].as_array().unwrap();
@@ -385,6 +402,22 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
             assert!(text.contains(line), "{line} not in\n{text}");
             let line = "ringway_cluster_policy_entries_skipped{kind=\"AuthorizationPolicy\",reason=\"entry-skipped\"} 1";
             assert!(text.contains(line), "{line} not in\n{text}");
+            let line = "ringway_cluster_policies_read_toward_deny{kind=\"PeerAuthentication\",object=\"PeerAuthentication shop/bad-mode\",reason=\"unknown-mode-strict\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
+            let line = "ringway_cluster_policies_read_toward_deny{kind=\"PeerAuthentication\",object=\"PeerAuthentication shop/bad-shape\",reason=\"unreadable-strict\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
+            for name in ["bad-mode", "bad-shape"] {
+                assert!(
+                    mesh["peerAuthentications"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|p| p["origin"] == format!("PeerAuthentication shop/{name}")
+                            && p["mode"] == "STRICT"),
+                    "{name} is STRICT: {}",
+                    r.body
+                );
+            }
             watch.stop();
         },
     );
