@@ -428,10 +428,11 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
 /// pulled) while it serves, and the label-selected ALLOW that admits only
 /// namespace `other` governs it, so the client of namespace `front` is
 /// refused. Deleted from the API (a pod the watch has not seen), it is
-/// unknown: its traffic waits `proxy.workloadWait` and is refused, never
-/// authorized against a guess without its labels. Before the fix the
-/// Pending pod was left out of the mesh and both connections passed (the
-/// ALLOW's selector found no labels, and no ALLOW left means allow).
+/// unknown: its traffic waits `proxy.workloadWait` and is refused (counted
+/// `unknown_workload` by the server's proxy), never authorized against a
+/// guess without its labels. Before the fix the Pending pod was left out of
+/// the mesh and both connections passed (the ALLOW's selector found no
+/// labels, and no ALLOW left means allow).
 #[test]
 fn adversarial_a_pending_or_unseen_pod_is_governed_never_guessed() {
     run_isolated(
@@ -494,6 +495,11 @@ fn adversarial_a_pending_or_unseen_pod_is_governed_never_guessed() {
                     "refused after {waited:?}, before the wait for its workload ran out"
                 );
                 assert_eq!(app.connections(), 0);
+                // Counted by the server's proxy as what it is: a connection
+                // to a pod whose workload never came.
+                let text = common::hbone::metrics_text(&t.p2);
+                let line = "ringway_connections_refused_total{reason=\"unknown_workload\"} 1";
+                assert!(text.contains(line), "{line} not in\n{text}");
                 c.watch.stop();
             });
         },
