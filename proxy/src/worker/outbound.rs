@@ -157,6 +157,23 @@ pub(super) async fn outbound(
         match route(&ctx, &pod, addr) {
             Route::Local(target) => {
                 tracing::Span::current().record("dst.pod", tracing::field::display(&target.uid));
+                // The destination pod's workload (labels, policies) may not
+                // have come from the control plane yet: wait for it a bounded
+                // time, as its inbound side would, then refuse; never decide
+                // without it. Boxed: the wait is rare and must not size
+                // every connection's state.
+                let mesh = match &mesh {
+                    Some(m) if !m.is_complete() && target.workload(m).is_none() => {
+                        match Box::pin(ctx.in_force.mesh_knowing(&target)).await {
+                            Ok(m) => m,
+                            Err(e) => {
+                                refuse_counted(&ctx, &client, "unknown_workload", &e);
+                                return;
+                            }
+                        }
+                    }
+                    _ => mesh.clone(),
+                };
                 let flow = match &mesh {
                     Some(mesh) => {
                         match policy::authorize_local(

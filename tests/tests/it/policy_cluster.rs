@@ -264,7 +264,10 @@ fn peer_authentication_strict_refuses_plaintext_while_hbone_passes() {
 }
 
 /// `config_dump` names each cluster policy's origin object, the skipped
-/// objects with why, and the metric counts them.
+/// objects with why, and the metrics count them; the objects read toward
+/// deny (an unreadable AuthorizationPolicy, a PeerAuthentication that cannot
+/// be read or names an unknown mode) are each named in
+/// `ringway_cluster_policies_read_toward_deny`.
 #[test]
 fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
     run_isolated(
@@ -311,6 +314,16 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                     json!({"mtls": {"mode": "STRICT"}}),
                 ),
             );
+            // Read toward deny: a mode the API does not define, and a spec
+            // that cannot be read; both STRICT, both named in the metric.
+            api.apply(
+                Kind::PeerAuthentication,
+                istio_object("shop", "bad-mode", json!({"mtls": {"mode": "SOMETIMES"}})),
+            );
+            api.apply(
+                Kind::PeerAuthentication,
+                istio_object("shop", "bad-shape", json!({"mtls": "STRICT"})),
+            );
             let file = Arc::new(MeshConfig::load_str(FILE, "policy_cluster", &NoEnv).unwrap());
             let target = proxy.clone();
             let watch = MeshWatch::start(runtime, client, file, KubeOptions::default(), move |m| {
@@ -319,7 +332,7 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
             .unwrap();
             assert!(wait_until(TIMEOUT, || proxy
                 .mesh()
-                .is_some_and(|m| m.cluster_policy_notes().len() == 3)));
+                .is_some_and(|m| m.cluster_policy_notes().len() == 5)));
             let admin = ringway_proxy::control::ControlServer::serve(
                 "127.0.0.1:0".parse().unwrap(),
                 ringway_proxy::control::admin_handler(proxy.clone(), Arc::new(|_: &str| Ok(()))),
@@ -337,8 +350,12 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                 .unwrap_or_else(|| panic!("{}", r.body));
             assert_eq!(good["origin"], "AuthorizationPolicy shop/good");
             assert_eq!(good["action"], "DENY");
-            let pa = &mesh["peerAuthentications"][0];
-            assert_eq!(pa["origin"], "PeerAuthentication istio-system/default");
+            let pa = mesh["peerAuthentications"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["origin"] == "PeerAuthentication istio-system/default")
+                .unwrap_or_else(|| panic!("{}", r.body));
             assert_eq!(pa["mode"], "STRICT");
             assert_eq!(pa["meshWide"], true);
             let notes = mesh["clusterPolicyNotes"].as_array().unwrap();
@@ -385,6 +402,22 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
             assert!(text.contains(line), "{line} not in\n{text}");
             let line = "ringway_cluster_policy_entries_skipped{kind=\"AuthorizationPolicy\",reason=\"entry-skipped\"} 1";
             assert!(text.contains(line), "{line} not in\n{text}");
+            let line = "ringway_cluster_policies_read_toward_deny{kind=\"PeerAuthentication\",object=\"PeerAuthentication shop/bad-mode\",reason=\"unknown-mode-strict\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
+            let line = "ringway_cluster_policies_read_toward_deny{kind=\"PeerAuthentication\",object=\"PeerAuthentication shop/bad-shape\",reason=\"unreadable-strict\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
+            for name in ["bad-mode", "bad-shape"] {
+                assert!(
+                    mesh["peerAuthentications"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|p| p["origin"] == format!("PeerAuthentication shop/{name}")
+                            && p["mode"] == "STRICT"),
+                    "{name} is STRICT: {}",
+                    r.body
+                );
+            }
             watch.stop();
         },
     );
@@ -395,10 +428,11 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
 /// pulled) while it serves, and the label-selected ALLOW that admits only
 /// namespace `other` governs it, so the client of namespace `front` is
 /// refused. Deleted from the API (a pod the watch has not seen), it is
-/// unknown: its traffic waits `proxy.workloadWait` and is refused, never
-/// authorized against a guess without its labels. Before the fix the
-/// Pending pod was left out of the mesh and both connections passed (the
-/// ALLOW's selector found no labels, and no ALLOW left means allow).
+/// unknown: its traffic waits `proxy.workloadWait` and is refused (counted
+/// `unknown_workload` by the server's proxy), never authorized against a
+/// guess without its labels. Before the fix the Pending pod was left out of
+/// the mesh and both connections passed (the ALLOW's selector found no
+/// labels, and no ALLOW left means allow).
 #[test]
 fn adversarial_a_pending_or_unseen_pod_is_governed_never_guessed() {
     run_isolated(
@@ -461,8 +495,121 @@ fn adversarial_a_pending_or_unseen_pod_is_governed_never_guessed() {
                     "refused after {waited:?}, before the wait for its workload ran out"
                 );
                 assert_eq!(app.connections(), 0);
+                // Counted by the server's proxy as what it is: a connection
+                // to a pod whose workload never came.
+                let text = common::hbone::metrics_text(&t.p2);
+                let line = "ringway_connections_refused_total{reason=\"unknown_workload\"} 1";
+                assert!(text.contains(line), "{line} not in\n{text}");
                 c.watch.stop();
             });
+        },
+    );
+}
+
+/// The same-node fast path waits for its destination's workload as the
+/// destination's own inbound side does: `client-0` and `server-1` are pods
+/// of one node, and `server-1` is not in the API yet. A connection to it
+/// waits; the pod added meanwhile, it passes. Deleted again (the mesh does
+/// not know whom the proxy would deliver to), a connection waits
+/// `proxy.workloadWait`, is refused and counted `unknown_workload`. Before
+/// the fix the fast path refused at once as a policy denial
+/// (`ringway_authorization_denials_total{path="local"}`), the first connection too.
+#[test]
+fn adversarial_same_node_traffic_to_an_unknown_pod_waits_for_it_then_is_refused() {
+    run_isolated(
+        "adversarial_same_node_traffic_to_an_unknown_pod_waits_for_it_then_is_refused",
+        || {
+            let mn = common::MeshNode::new(
+                2,
+                ringway_config::CaptureMode::Tproxy,
+                ringway_config::Datapath::Uring,
+            );
+            let proxy = Arc::new(mn.proxy);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let (client, api) = FakeApiServer::start(runtime.handle());
+            let pod = |name: &str, sa: &str, ips: [&str; 2]| {
+                fixtures::FakePod::new(&format!("uid-{name}"), "shop", name, "node")
+                    .created("2026-01-01T00:00:00Z")
+                    .service_account(sa)
+                    .mode("enabled")
+                    .running(&ips)
+                    .json()
+            };
+            // Pod 0 of the node (the client) is known; pod 1 (the server)
+            // is not.
+            api.apply(
+                Kind::Pod,
+                pod("client-0", "frontend", ["10.244.1.2", "fd00:244:1::2"]),
+            );
+            let file = Arc::new(MeshConfig::load_str(FILE, "policy_cluster", &NoEnv).unwrap());
+            let target = proxy.clone();
+            let watch = MeshWatch::start(runtime, client, file, KubeOptions::default(), move |m| {
+                target.set_mesh(m);
+            })
+            .unwrap();
+            let has = |name: &str| {
+                proxy
+                    .mesh()
+                    .is_some_and(|m| !m.is_complete() && m.workloads().any(|w| w.name == name))
+            };
+            assert!(
+                wait_until(TIMEOUT, || has("client-0")),
+                "client-0 in the mesh"
+            );
+            assert!(!has("server-1"));
+            let server = SocketAddr::new(mn.vn.pod(1).ip(false), APP_PORT);
+            let app = EchoServer::start(mn.vn.pod(1).netns.run(|| listen(server)).unwrap());
+            let client_ns = &mn.vn.pod(0).netns;
+
+            // Waiting for server-1; it arrives: the connection passes.
+            std::thread::scope(|s| {
+                let waiting = s.spawn(|| exchange(client_ns, server));
+                assert!(
+                    wait_until(TIMEOUT, || proxy.stats().accepted >= 1),
+                    "the connection reached the proxy"
+                );
+                api.apply(
+                    Kind::Pod,
+                    pod("server-1", "web", ["10.244.1.3", "fd00:244:1::3"]),
+                );
+                waiting
+                    .join()
+                    .unwrap()
+                    .expect("the pod came within the wait: passes");
+            });
+            assert_eq!(app.connections(), 1);
+            assert!(proxy.stats().same_node >= 1, "on the fast path");
+
+            // Gone: waits the whole wait, then refused and counted.
+            api.delete(Kind::Pod, "shop", "server-1");
+            assert!(
+                wait_until(TIMEOUT, || !has("server-1") && has("client-0")),
+                "server-1 left the mesh"
+            );
+            let t0 = Instant::now();
+            expect_refused(
+                exchange(client_ns, server),
+                "client-0 -> a same-node pod the mesh does not know",
+            );
+            let waited = t0.elapsed();
+            assert!(
+                waited
+                    >= ringway_config::ProxySettings::default().workload_wait
+                        - std::time::Duration::from_millis(200),
+                "refused after {waited:?}, before the wait for its workload ran out"
+            );
+            assert_eq!(app.connections(), 1, "the app saw the refused client");
+            let text = ringway_proxy::metrics::encode(&proxy.metrics().registry(), false);
+            let line = "ringway_connections_refused_total{reason=\"unknown_workload\"} 1";
+            assert!(text.contains(line), "{line} not in\n{text}");
+            assert!(
+                !text.contains("ringway_authorization_denials_total{path=\"local\"}"),
+                "counted as a policy denial:\n{text}"
+            );
+            watch.stop();
         },
     );
 }

@@ -2068,3 +2068,71 @@ fn adversarial_silent_connections_are_closed_at_each_stage() {
         );
     });
 }
+
+/// A call that never finishes is ended at the request timeout, answered
+/// UNAVAILABLE and counted: a valid token whose body never ends (the stream
+/// held open after the headers), and a token whose review never answers.
+/// Without the bound each holds its stream, and what the connection
+/// buffers for it, for as long as the caller likes.
+#[test]
+fn adversarial_a_call_that_never_finishes_is_ended_at_the_request_timeout() {
+    isolated("ca_request_timeout", || async {
+        let mut tokens = known_tokens();
+        tokens.insert(
+            "slow-web".into(),
+            caller("shop", "web", Some(("web-1", "u-web-1"))),
+        );
+        // The gate is never opened: a `slow-` token's review never answers.
+        let reviewer = GatedReviewer::knowing(tokens);
+        let bed = bed_reviewed_by(
+            Limits::default(),
+            vec![Arc::new(CaSigner::generate_for_tests(TD))],
+            reviewer.clone(),
+        );
+        let timeout = Duration::from_secs(1);
+        let limits = ringway_ca::server::ServerLimits {
+            request_timeout: timeout,
+            ..Default::default()
+        };
+        let s = serve_limited(bed, limits).await;
+        let svc = &s.bed.service;
+        let (mut h2, _conn) = h2_from(lo(1), &s).await.unwrap();
+        // Far above the timeout: how long a call may stay unanswered
+        // before the test calls it never ended.
+        let bound = Duration::from_secs(30);
+
+        // A valid token, then the body never ends.
+        let t0 = std::time::Instant::now();
+        let (resp, _body_held_open) = h2.send_request(grpc_request("web-token"), false).unwrap();
+        let code = tokio::time::timeout(bound, grpc_status(resp))
+            .await
+            .expect("a call whose body never ends was never ended")
+            .unwrap();
+        assert_eq!(code, Code::Unavailable.as_u32(), "ended as UNAVAILABLE");
+        assert!(
+            t0.elapsed() >= timeout,
+            "answered after {:?}, before the request timeout: not by it",
+            t0.elapsed()
+        );
+        assert_eq!(svc.count(Code::Unavailable, "request_timeout"), 1);
+        assert_eq!(svc.count(Code::Ok, "issued"), 0);
+
+        // A token still under review, its review never answering.
+        let (resp, _held) = h2.send_request(grpc_request("slow-web"), false).unwrap();
+        let code = tokio::time::timeout(bound, grpc_status(resp))
+            .await
+            .expect("a call whose review never answers was never ended")
+            .unwrap();
+        assert_eq!(code, Code::Unavailable.as_u32());
+        assert_eq!(svc.count(Code::Unavailable, "request_timeout"), 2);
+        assert!(reviewer.started() >= 2, "the slow token went to review");
+
+        // The connection still serves a whole call.
+        assert_eq!(
+            grpc_call(&mut h2, "web-token", body(&request(&greedy_csr())))
+                .await
+                .unwrap(),
+            0
+        );
+    });
+}
