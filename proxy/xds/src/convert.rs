@@ -9,7 +9,8 @@
 //! An authorization policy is never refused whole: what cannot be read of it
 //! is replaced by what errs toward deny for the workloads it could select
 //! (an unreadable match of a DENY matches every connection, one of an ALLOW
-//! none; an unknown action is a DENY; an unknown scope is mesh-wide; a
+//! none; an unknown action is a DENY of every connection to what the
+//! policy selects, whatever its rules say; an unknown scope is mesh-wide; a
 //! policy that cannot be decoded at all denies everything in its namespace,
 //! or the whole mesh when the namespace is unknown or the root), and each
 //! problem is reported for the NACK.
@@ -343,14 +344,16 @@ pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &s
             problems,
         };
     }
-    let action = match a.action {
-        x if x == security::Action::Allow as i32 => Action::Allow,
-        x if x == security::Action::Deny as i32 => Action::Deny,
+    // An action that cannot be read: neither its rules' ALLOW nor their
+    // DENY can be trusted, so it denies every connection to what it selects.
+    let (action, known_action) = match a.action {
+        x if x == security::Action::Allow as i32 => (Action::Allow, true),
+        x if x == security::Action::Deny as i32 => (Action::Deny, true),
         other => {
             problems.push(format!(
-                "action: {other} is not ALLOW (0) or DENY (1): enforced as DENY"
+                "action: {other} is not ALLOW (0) or DENY (1): it denies every connection to what it selects"
             ));
-            Action::Deny
+            (Action::Deny, false)
         }
     };
     let mut p = AuthorizationPolicy::new(&a.namespace, &a.name, action);
@@ -366,6 +369,13 @@ pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &s
             ));
             p.mesh_wide = true;
         }
+    }
+    if !known_action {
+        p.rules = deny_every_connection();
+        return Policy {
+            policy: p,
+            problems,
+        };
     }
     let deny = action == Action::Deny;
     p.rules = a
@@ -422,13 +432,18 @@ pub fn deny_everything(name: &str, root_namespace: &str) -> AuthorizationPolicy 
         "xds:{name} (unreadable: denies everything it could select)"
     ));
     p.mesh_wide = ns == root_namespace;
-    p.rules = vec![Rule {
+    p.rules = deny_every_connection();
+    p
+}
+
+/// The rules of a DENY that matches every connection.
+fn deny_every_connection() -> Vec<Rule> {
+    vec![Rule {
         clauses: vec![Clause {
             matches: vec![Match::Always],
         }],
         ..Rule::default()
-    }];
-    p
+    }]
 }
 
 fn string_matches(
