@@ -479,6 +479,30 @@ fn adversarial_unknown_enum_values_fail_toward_deny() {
 }
 
 #[test]
+fn a_dry_run_deny_that_matches_is_reported_not_enforced() {
+    let front = security::Match {
+        namespaces: vec![string(MatchType::Exact("front".into()))],
+        ..Default::default()
+    };
+    let mut a = authz(security::Action::Deny as i32, 1, vec![front]);
+    let enforced = read("shop", a.clone()).policy;
+    assert!(!enforced.dry_run);
+    assert!(!allowed(vec![enforced]), "the same DENY enforced: denied");
+    a.dry_run = true;
+    let p = read("shop", a);
+    assert!(p.problems.is_empty(), "{:?}", p.problems);
+    assert!(p.policy.dry_run, "dry_run is read");
+    let (actual, shadow) = verdicts(vec![p.policy]);
+    assert!(actual.is_allowed(), "never enforced: {actual}");
+    let shadow = shadow.expect("the dry run's verdict differs and is reported");
+    assert!(!shadow.is_allowed(), "{shadow}");
+    assert_eq!(
+        shadow.to_string(),
+        "denied by DENY policy shop/p (rules[0])"
+    );
+}
+
+#[test]
 fn adversarial_unreadable_matches_fail_toward_deny() {
     let bad = vec![
         security::Match {
