@@ -142,7 +142,8 @@ fn workload(m: &Mesh, w: &Workload) -> Value {
         Some(Unsupported::NetworkGateway(at)) => {
             o.insert("networkGateway".into(), gateway(at));
         }
-        None => {}
+        // Not shown: the reference's shape for it was not read.
+        Some(Unsupported::ApplicationTunnel(_)) | None => {}
     }
     o.insert(
         "protocol".into(),

@@ -6,6 +6,13 @@
 //! whole: the caller NACKs it naming the field and treats the name as
 //! unknown, so traffic that needed it is refused, never served from a guess.
 //!
+//! A workload or service this proxy cannot serve as the mesh means it (a
+//! waypoint, a network gateway, an `application_tunnel` other than NONE:
+//! its app wants a PROXY protocol header this proxy does not write) is
+//! taken, marked [`Unsupported`]: its traffic is refused and counted by
+//! that reason, never delivered some other way. `native_tunnel` is read and
+//! ignored: HBONE to a workload already goes to its own address on 15008.
+//!
 //! An authorization policy is never refused whole: what cannot be read of it
 //! is replaced by what errs toward deny for the workloads it could select
 //! (an unreadable match of a DENY matches every connection, one of an ALLOW
@@ -197,7 +204,7 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
     let unsupported = match (&w.waypoint, &w.network_gateway) {
         (Some(g), _) => Some(Unsupported::Waypoint(gateway(g))),
         (None, Some(g)) => Some(Unsupported::NetworkGateway(gateway(g))),
-        (None, None) => None,
+        (None, None) => w.application_tunnel.as_ref().and_then(application_tunnel),
     };
     let mut services = BTreeMap::new();
     for (key, list) in &w.services {
@@ -274,6 +281,23 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
         },
         services,
     ))
+}
+
+/// What a workload's `application_tunnel` asks for, when it is more than
+/// the bytes unchanged: its inbound traffic cannot be delivered as it wants
+/// (this proxy writes no PROXY protocol header), so it is refused.
+fn application_tunnel(t: &wl::ApplicationTunnel) -> Option<Unsupported> {
+    use wl::application_tunnel::Protocol;
+    let what = match t.protocol {
+        x if x == Protocol::None as i32 => return None,
+        x if x == Protocol::Proxy as i32 => "a PROXY protocol header".to_owned(),
+        other => format!("tunnel protocol {other} (unknown)"),
+    };
+    Some(Unsupported::ApplicationTunnel(if t.port == 0 {
+        what
+    } else {
+        format!("{what} on port {}", t.port)
+    }))
 }
 
 /// Reads a `Service`.

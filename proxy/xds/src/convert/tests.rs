@@ -141,6 +141,41 @@ fn waypoints_and_gateways_are_unsupported_and_named() {
 }
 
 #[test]
+fn adversarial_an_application_tunnel_is_unsupported_never_ignored() {
+    use crate::proto::workload::{application_tunnel::Protocol, ApplicationTunnel};
+    let with = |protocol: i32, port: u32| {
+        let mut p = pod();
+        p.application_tunnel = Some(ApplicationTunnel { protocol, port });
+        workload(&p).unwrap().0.unsupported
+    };
+    assert_eq!(
+        with(Protocol::None as i32, 0),
+        None,
+        "bytes unchanged: served"
+    );
+    let u = with(Protocol::Proxy as i32, 15088).expect("PROXY: unsupported");
+    assert_eq!(u.label(), "application_tunnel");
+    assert_eq!(
+        u,
+        Unsupported::ApplicationTunnel("a PROXY protocol header on port 15088".into())
+    );
+    assert_eq!(
+        with(7, 0),
+        Some(Unsupported::ApplicationTunnel(
+            "tunnel protocol 7 (unknown)".into()
+        )),
+        "an unknown protocol: unsupported too"
+    );
+    let mut p = pod();
+    p.native_tunnel = true;
+    assert_eq!(
+        workload(&p).unwrap().0.unsupported,
+        None,
+        "native_tunnel: served"
+    );
+}
+
+#[test]
 fn a_host_network_workload_claims_no_address() {
     let mut p = pod();
     p.network_mode = wl::NetworkMode::HostNetwork as i32;
