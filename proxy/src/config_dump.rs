@@ -2,8 +2,9 @@
 //! JSON shape (istio/ztunnel's dump, for `istioctl ztunnel-config
 //! workloads|services|policies|certificates`): `workloads`, `services`,
 //! `policies` and `certificates`, beside ringway's own keys. The shape is
-//! the reference's as read from its source (and istioctl's types for it);
-//! it is not checked against `istioctl` itself.
+//! the reference's as read from its source (and istioctl's types for it,
+//! which `tests/tests/it/admin_config_dump.rs` checks the dump against); it
+//! is not run through `istioctl` itself.
 //!
 //! What ringway's model knows is filled in; what it does not keep (a
 //! workload's network or hostname, a service's subject alt names or load
