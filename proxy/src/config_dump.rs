@@ -1,7 +1,10 @@
 //! The admin `GET /config_dump` sections in the reference node proxy's
-//! JSON shape (istio/ztunnel's dump, as `istioctl ztunnel-config
-//! workloads|services|policies|certificates` reads it): `workloads`,
-//! `services`, `policies` and `certificates`, beside ringway's own keys.
+//! JSON shape (istio/ztunnel's dump, for `istioctl ztunnel-config
+//! workloads|services|policies|certificates`): `workloads`, `services`,
+//! `policies` and `certificates`, beside ringway's own keys. The shape is
+//! the reference's as read from its source (and istioctl's types for it,
+//! which `tests/tests/it/admin_config_dump.rs` checks the dump against); it
+//! is not run through `istioctl` itself.
 //!
 //! What ringway's model knows is filled in; what it does not keep (a
 //! workload's network or hostname, a service's subject alt names or load
@@ -142,7 +145,8 @@ fn workload(m: &Mesh, w: &Workload) -> Value {
         Some(Unsupported::NetworkGateway(at)) => {
             o.insert("networkGateway".into(), gateway(at));
         }
-        None => {}
+        // Not shown: the reference's shape for it was not read.
+        Some(Unsupported::ApplicationTunnel(_)) | None => {}
     }
     o.insert(
         "protocol".into(),

@@ -60,6 +60,11 @@ pub enum Unsupported {
     Waypoint(String),
     /// It is reached through an east-west network gateway.
     NetworkGateway(String),
+    /// Its app wants its inbound traffic delivered with tunnel information
+    /// in front (the control plane's `application_tunnel`, e.g. a PROXY
+    /// protocol header), which this proxy does not write: plain TCP would
+    /// reach it as if from the proxy. What it wants, in words.
+    ApplicationTunnel(String),
 }
 
 impl Unsupported {
@@ -68,6 +73,7 @@ impl Unsupported {
         match self {
             Unsupported::Waypoint(_) => "waypoint",
             Unsupported::NetworkGateway(_) => "network_gateway",
+            Unsupported::ApplicationTunnel(_) => "application_tunnel",
         }
     }
 }
@@ -82,6 +88,10 @@ impl fmt::Display for Unsupported {
             Unsupported::NetworkGateway(g) => {
                 write!(f, "it is reached through the network gateway {g}, which this proxy does not support")
             }
+            Unsupported::ApplicationTunnel(t) => write!(
+                f,
+                "its app wants its inbound traffic delivered with {t}, which this proxy does not write"
+            ),
         }
     }
 }

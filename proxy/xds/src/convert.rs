@@ -6,10 +6,18 @@
 //! whole: the caller NACKs it naming the field and treats the name as
 //! unknown, so traffic that needed it is refused, never served from a guess.
 //!
+//! A workload or service this proxy cannot serve as the mesh means it (a
+//! waypoint, a network gateway, an `application_tunnel` other than NONE:
+//! its app wants a PROXY protocol header this proxy does not write) is
+//! taken, marked [`Unsupported`]: its traffic is refused and counted by
+//! that reason, never delivered some other way. `native_tunnel` is read and
+//! ignored: HBONE to a workload already goes to its own address on 15008.
+//!
 //! An authorization policy is never refused whole: what cannot be read of it
 //! is replaced by what errs toward deny for the workloads it could select
 //! (an unreadable match of a DENY matches every connection, one of an ALLOW
-//! none; an unknown action is a DENY; an unknown scope is mesh-wide; a
+//! none; an unknown action is a DENY of every connection to what the
+//! policy selects, whatever its rules say; an unknown scope is mesh-wide; a
 //! policy that cannot be decoded at all denies everything in its namespace,
 //! or the whole mesh when the namespace is unknown or the root), and each
 //! problem is reported for the NACK.
@@ -196,7 +204,7 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
     let unsupported = match (&w.waypoint, &w.network_gateway) {
         (Some(g), _) => Some(Unsupported::Waypoint(gateway(g))),
         (None, Some(g)) => Some(Unsupported::NetworkGateway(gateway(g))),
-        (None, None) => None,
+        (None, None) => w.application_tunnel.as_ref().and_then(application_tunnel),
     };
     let mut services = BTreeMap::new();
     for (key, list) in &w.services {
@@ -275,6 +283,23 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
     ))
 }
 
+/// What a workload's `application_tunnel` asks for, when it is more than
+/// the bytes unchanged: its inbound traffic cannot be delivered as it wants
+/// (this proxy writes no PROXY protocol header), so it is refused.
+fn application_tunnel(t: &wl::ApplicationTunnel) -> Option<Unsupported> {
+    use wl::application_tunnel::Protocol;
+    let what = match t.protocol {
+        x if x == Protocol::None as i32 => return None,
+        x if x == Protocol::Proxy as i32 => "a PROXY protocol header".to_owned(),
+        other => format!("tunnel protocol {other} (unknown)"),
+    };
+    Some(Unsupported::ApplicationTunnel(if t.port == 0 {
+        what
+    } else {
+        format!("{what} on port {}", t.port)
+    }))
+}
+
 /// Reads a `Service`.
 pub fn service(s: &wl::Service) -> Result<Service, Refused> {
     if s.namespace.is_empty() || s.hostname.is_empty() {
@@ -343,14 +368,16 @@ pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &s
             problems,
         };
     }
-    let action = match a.action {
-        x if x == security::Action::Allow as i32 => Action::Allow,
-        x if x == security::Action::Deny as i32 => Action::Deny,
+    // An action that cannot be read: neither its rules' ALLOW nor their
+    // DENY can be trusted, so it denies every connection to what it selects.
+    let (action, known_action) = match a.action {
+        x if x == security::Action::Allow as i32 => (Action::Allow, true),
+        x if x == security::Action::Deny as i32 => (Action::Deny, true),
         other => {
             problems.push(format!(
-                "action: {other} is not ALLOW (0) or DENY (1): enforced as DENY"
+                "action: {other} is not ALLOW (0) or DENY (1): it denies every connection to what it selects"
             ));
-            Action::Deny
+            (Action::Deny, false)
         }
     };
     let mut p = AuthorizationPolicy::new(&a.namespace, &a.name, action);
@@ -366,6 +393,13 @@ pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &s
             ));
             p.mesh_wide = true;
         }
+    }
+    if !known_action {
+        p.rules = deny_every_connection();
+        return Policy {
+            policy: p,
+            problems,
+        };
     }
     let deny = action == Action::Deny;
     p.rules = a
@@ -422,13 +456,18 @@ pub fn deny_everything(name: &str, root_namespace: &str) -> AuthorizationPolicy 
         "xds:{name} (unreadable: denies everything it could select)"
     ));
     p.mesh_wide = ns == root_namespace;
-    p.rules = vec![Rule {
+    p.rules = deny_every_connection();
+    p
+}
+
+/// The rules of a DENY that matches every connection.
+fn deny_every_connection() -> Vec<Rule> {
+    vec![Rule {
         clauses: vec![Clause {
             matches: vec![Match::Always],
         }],
         ..Rule::default()
-    }];
-    p
+    }]
 }
 
 fn string_matches(

@@ -405,6 +405,13 @@ impl MeshState {
                         {
                             self.forget(ADDRESSES, name, edit);
                         }
+                        let before = self.entries.workload_by_uid(name);
+                        warn_unsupported(
+                            "workload",
+                            name,
+                            &w.unsupported,
+                            before.and_then(|b| b.unsupported.as_ref()),
+                        );
                         edit.upsert_workload(*w, services);
                         Held::Workload
                     }
@@ -415,6 +422,13 @@ impl MeshState {
                         {
                             self.forget(ADDRESSES, name, edit);
                         }
+                        let before = self.entries.service(name);
+                        warn_unsupported(
+                            "service",
+                            name,
+                            &s.unsupported,
+                            before.and_then(|b| b.unsupported.as_ref()),
+                        );
                         edit.upsert_service(s);
                         Held::Service
                     }
@@ -543,6 +557,23 @@ impl MeshState {
                 (*ip, who.iter().map(|c| c.to_string()).collect())
             })
             .collect();
+    }
+}
+
+/// Logs once, when a workload or service starts to need what this proxy
+/// does not support (each connection refused for it is logged and counted
+/// by the datapath, `ringway_connections_refused_total{reason}`).
+fn warn_unsupported(
+    kind: &str,
+    name: &str,
+    now: &Option<ringway_config::Unsupported>,
+    before: Option<&ringway_config::Unsupported>,
+) {
+    if let Some(u) = now {
+        if before != Some(u) {
+            tracing::warn!(resource = %name, reason = u.label(),
+                "{kind} from the control plane: {u}: its traffic will be refused and counted");
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! shape (`workloads`, `services`, `policies`, `certificates`, as
 //! `istioctl ztunnel-config` reads them), served over HTTP from a real
 //! proxy and parsed back: every field ringway says it fills, for each kind,
-//! from a mesh with both file entries and control-plane (xDS-style) ones.
+//! from a mesh with both file entries and control-plane (xDS-style) ones,
+//! and each checked against the types istioctl decodes the dump into.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -198,6 +199,24 @@ fn config_dump_has_the_reference_workloads_services_policies_and_certificates() 
             for key in ["settings", "datapath", "pods", "mesh", "hbone", "stats"] {
                 assert!(dump.get(key).is_some(), "{key} missing");
             }
+            // Every key of the four lists that istioctl decodes has the
+            // JSON type it decodes into; the others are ringway's, named.
+            let (wrong, unknown) = against_istioctl(&dump);
+            assert!(wrong.is_empty(), "istioctl could not decode: {wrong:#?}");
+            assert_eq!(
+                unknown,
+                [
+                    "policies[].dryRun",
+                    "policies[].rules[][][].unreadable",
+                    "services[].endpoints{}.status",
+                    "services[].waypoint.hboneMtlsPort",
+                    "workloads[].services",
+                    "workloads[].waypoint.hboneMtlsPort",
+                ]
+                .map(String::from)
+                .into(),
+                "keys istioctl does not decode (ARCHITECTURE.md names them)"
+            );
 
             // --- workloads ------------------------------------------------
             let workloads = &dump["workloads"];
@@ -438,4 +457,189 @@ fn hex_of_decimal(dec: &str) -> String {
     }
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     hex.trim_start_matches('0').to_owned()
+}
+
+/// A JSON type as Go's `encoding/json` decodes it into istioctl's types.
+enum Go {
+    Str,
+    /// An unsigned integer (`uint16`, `uint32`, `int`).
+    Num,
+    /// `any`.
+    Any,
+    List(&'static Go),
+    /// A struct: its fields by JSON name.
+    Struct(&'static [(&'static str, Go)]),
+    /// `map[string]T`.
+    Map(&'static Go),
+    /// `map[uint16]T`: keys are port numbers.
+    PortMap(&'static Go),
+}
+
+// The types `istioctl ztunnel-config` decodes the dump into, as read in
+// istio/istio `istioctl/pkg/writer/ztunnel/configdump/api.go` at d929cf5
+// (field names and types only).
+const GATEWAY: Go = Go::Struct(&[("destination", Go::Str)]);
+const WORKLOAD: Go = Go::Struct(&[
+    ("uid", Go::Str),
+    ("workloadIps", Go::List(&Go::Str)),
+    ("waypoint", GATEWAY),
+    ("networkGateway", GATEWAY),
+    ("protocol", Go::Str),
+    ("name", Go::Str),
+    ("namespace", Go::Str),
+    ("serviceAccount", Go::Str),
+    ("workloadName", Go::Str),
+    ("workloadType", Go::Str),
+    ("canonicalName", Go::Str),
+    ("canonicalRevision", Go::Str),
+    ("clusterId", Go::Str),
+    ("trustDomain", Go::Str),
+    (
+        "locality",
+        Go::Struct(&[("region", Go::Str), ("zone", Go::Str), ("subzone", Go::Str)]),
+    ),
+    ("node", Go::Str),
+    ("network", Go::Str),
+    ("status", Go::Str),
+    ("hostname", Go::Str),
+    ("capacity", Go::Num),
+    (
+        "applicationTunnel",
+        Go::Struct(&[("protocol", Go::Str), ("port", Go::Num)]),
+    ),
+    ("authorizationPolicies", Go::List(&Go::Str)),
+]);
+const SERVICE: Go = Go::Struct(&[
+    ("name", Go::Str),
+    ("namespace", Go::Str),
+    ("hostname", Go::Str),
+    ("vips", Go::List(&Go::Str)),
+    ("ports", Go::Map(&Go::Num)),
+    (
+        "loadBalancer",
+        Go::Struct(&[
+            ("mode", Go::Str),
+            ("routingPreferences", Go::List(&Go::Str)),
+            ("healthPolicy", Go::Str),
+        ]),
+    ),
+    ("waypoint", GATEWAY),
+    (
+        "endpoints",
+        Go::Map(&Go::Struct(&[
+            ("workloadUid", Go::Str),
+            ("service", Go::Str),
+            ("address", Go::Str),
+            ("port", Go::PortMap(&Go::Num)),
+        ])),
+    ),
+    ("subjectAltNames", Go::List(&Go::Str)),
+    ("ipFamilies", Go::Str),
+]);
+const STRING_MATCH: Go = Go::List(&Go::Struct(&[
+    ("Exact", Go::Str),
+    ("Suffix", Go::Str),
+    ("Prefix", Go::Str),
+    ("Presence", Go::Any),
+]));
+const ACCOUNTS: Go = Go::List(&Go::Struct(&[
+    ("namespace", Go::Str),
+    ("serviceAccount", Go::Str),
+]));
+const MATCH: Go = Go::Struct(&[
+    ("namespaces", STRING_MATCH),
+    ("notNamespaces", STRING_MATCH),
+    ("principals", STRING_MATCH),
+    ("notPrincipals", STRING_MATCH),
+    ("sourceIps", Go::List(&Go::Str)),
+    ("notSourceIps", Go::List(&Go::Str)),
+    ("destinationIps", Go::List(&Go::Str)),
+    ("notDestinationIps", Go::List(&Go::Str)),
+    ("destinationPorts", Go::List(&Go::Num)),
+    ("notDestinationPorts", Go::List(&Go::Num)),
+    ("serviceAccounts", ACCOUNTS),
+    ("notServiceAccounts", ACCOUNTS),
+]);
+const POLICY: Go = Go::Struct(&[
+    ("name", Go::Str),
+    ("namespace", Go::Str),
+    ("scope", Go::Str),
+    ("action", Go::Str),
+    ("rules", Go::List(&Go::List(&Go::List(&MATCH)))),
+]);
+const CERT: Go = Go::List(&Go::Struct(&[
+    ("pem", Go::Str),
+    ("serialNumber", Go::Str),
+    ("validFrom", Go::Str),
+    ("expirationTime", Go::Str),
+]));
+const CERTS: Go = Go::Struct(&[
+    ("identity", Go::Str),
+    ("state", Go::Str),
+    ("certChain", CERT),
+    ("rootCerts", CERT),
+]);
+
+/// Checks the dump's four reference lists against istioctl's types: the
+/// values Go could not decode (path and why), and the keys it does not know
+/// (paths, indexes left out).
+fn against_istioctl(dump: &Value) -> (Vec<String>, std::collections::BTreeSet<String>) {
+    fn walk(
+        v: &Value,
+        t: &Go,
+        at: &str,
+        wrong: &mut Vec<String>,
+        unknown: &mut std::collections::BTreeSet<String>,
+    ) {
+        if v.is_null() {
+            return; // Go decodes null into anything.
+        }
+        match (t, v) {
+            (Go::Any, _) | (Go::Str, Value::String(_)) => {}
+            (Go::Num, Value::Number(n)) if n.is_u64() => {}
+            (Go::List(t), Value::Array(items)) => {
+                for i in items {
+                    walk(i, t, &format!("{at}[]"), wrong, unknown);
+                }
+            }
+            (Go::Struct(fields), Value::Object(o)) => {
+                for (k, v) in o {
+                    let path = format!("{at}.{k}");
+                    match fields.iter().find(|(name, _)| name == k) {
+                        Some((_, t)) => walk(v, t, &path, wrong, unknown),
+                        None => {
+                            unknown.insert(path.trim_start_matches('.').to_owned());
+                        }
+                    }
+                }
+            }
+            (Go::Map(t), Value::Object(o)) => {
+                for v in o.values() {
+                    walk(v, t, &format!("{at}{{}}"), wrong, unknown);
+                }
+            }
+            (Go::PortMap(t), Value::Object(o)) => {
+                for (k, v) in o {
+                    if k.parse::<u16>().is_err() {
+                        wrong.push(format!("{at}: key {k:?} is not a uint16"));
+                    }
+                    walk(v, t, &format!("{at}{{}}"), wrong, unknown);
+                }
+            }
+            _ => wrong.push(format!("{at}: {v} does not decode into istioctl's type")),
+        }
+    }
+    let mut wrong = Vec::new();
+    let mut unknown = std::collections::BTreeSet::new();
+    for (key, t) in [
+        ("workloads", &WORKLOAD),
+        ("services", &SERVICE),
+        ("policies", &POLICY),
+        ("certificates", &CERTS),
+    ] {
+        let list = dump.get(key).unwrap_or(&Value::Null);
+        assert!(list.is_array(), "{key} is a list");
+        walk(list, &Go::List(t), key, &mut wrong, &mut unknown);
+    }
+    (wrong, unknown)
 }

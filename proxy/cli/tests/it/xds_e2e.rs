@@ -309,7 +309,12 @@ fn workload_with(
 
 /// The service `web` of `demo`: [`VIP`]:80 -> 8080 on its endpoints.
 fn web_service() -> Resource {
-    let s = wl::Service {
+    with_service(web_service_with(|_| {}))
+}
+
+/// [`web_service`]'s message, changed by `f`.
+fn web_service_with(f: impl FnOnce(&mut wl::Service)) -> wl::Service {
+    let mut s = wl::Service {
         name: "web".into(),
         namespace: "demo".into(),
         hostname: "web.demo.svc.cluster.local".into(),
@@ -323,6 +328,12 @@ fn web_service() -> Resource {
         }],
         ..Default::default()
     };
+    f(&mut s);
+    s
+}
+
+/// `s` as the resource [`SERVICE`] (version 1).
+fn with_service(s: wl::Service) -> Resource {
     Resource::new(
         SERVICE,
         "1",
@@ -388,7 +399,18 @@ fn exchange(
 /// A connection from `from` to `to` that must never reach the app listening
 /// on `server`: returns what the client saw and how long it took.
 fn refused(from: &Pod, server: &Pod, to: SocketAddr) -> (String, Duration) {
-    let l = server.netns.run(|| listen(to)).unwrap();
+    refused_at(from, server, to, to)
+}
+
+/// [`refused`], the app listening on `listen_at` (a service's endpoint
+/// when `to` is its VIP).
+fn refused_at(
+    from: &Pod,
+    server: &Pod,
+    listen_at: SocketAddr,
+    to: SocketAddr,
+) -> (String, Duration) {
+    let l = server.netns.run(|| listen(listen_at)).unwrap();
     l.set_nonblocking(true).unwrap();
     let t0 = Instant::now();
     let outcome = from.netns.run(|| -> std::io::Result<usize> {
@@ -623,18 +645,66 @@ fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
             )
             .expect("allowed again once the DENY is removed");
 
-            // The stream drops: the state held keeps serving, and the
-            // reconnect resumes from the versions held.
-            let before = istiod.request_count();
-            istiod.drop_streams();
-            let seen = exchange(
-                client,
-                server,
-                SocketAddr::new(server.ip(false), 9093),
-                SocketAddr::new(server.ip(false), 9093),
-            )
-            .unwrap();
-            assert_eq!(seen, client.ip(false));
+            // A stream drop: counted as a termination, and the proxy
+            // comes back at once.
+            assert_ne!(istiod.drop_streams(), 0, "no stream to drop");
+            for node in [&node1, &node2] {
+                assert!(
+                    wait_until(PATIENCE, || {
+                        let m = scrape(node.control(15020)).unwrap();
+                        prom::sum(&m, "istio_xds_connection_terminations_total", &[]) >= 1.0
+                            && prom::value(&m, "ringway_xds_connected", &[]) == Some(1.0)
+                    }),
+                    "node{}: no termination counted, or not connected again:\n{}",
+                    node.index,
+                    scrape(node.control(15020)).unwrap()
+                );
+            }
+
+            // The control plane goes away: both proxies are really
+            // disconnected, and the state held keeps serving.
+            let fixtures =
+                [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL].map(|t| (t, istiod.fixture(t)));
+            let terminations = |node: &Node| {
+                let m = scrape(node.control(15020)).unwrap();
+                prom::sum(&m, "istio_xds_connection_terminations_total", &[])
+            };
+            let before = [terminations(&node1), terminations(&node2)];
+            istiod.stop();
+            for (node, before) in [&node1, &node2].into_iter().zip(before) {
+                assert!(
+                    wait_until(PATIENCE, || {
+                        let m = scrape(node.control(15020)).unwrap();
+                        prom::value(&m, "ringway_xds_connected", &[]) == Some(0.0)
+                            && prom::sum(&m, "istio_xds_connection_terminations_total", &[])
+                                > before
+                    }),
+                    "node{} still says it is connected, or counted no termination:\n{}",
+                    node.index,
+                    scrape(node.control(15020)).unwrap()
+                );
+            }
+            for (port, v6) in [(9093, false), (9095, true)] {
+                let to = SocketAddr::new(server.ip(v6), port);
+                let seen = exchange(client, server, to, to)
+                    .unwrap_or_else(|e| panic!("not served while disconnected: {e}"));
+                assert_eq!(seen, client.ip(v6));
+            }
+            for node in [&node1, &node2] {
+                let m = scrape(node.control(15020)).unwrap();
+                assert_eq!(
+                    prom::value(&m, "ringway_xds_connected", &[]),
+                    Some(0.0),
+                    "the exchange ran while node{} was disconnected",
+                    node.index
+                );
+            }
+            // It comes back (with what it held): the proxies reconnect and
+            // resume from the versions held.
+            let istiod = bed.start_istiod();
+            for (t, resources) in fixtures {
+                istiod.update_fixture(t, resources, vec![]);
+            }
             let resumed = istiod
                 .wait_for_request(PATIENCE, |r| {
                     r.first_of_type
@@ -649,7 +719,25 @@ fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
                 .request
                 .initial_resource_versions
                 .contains_key(SERVICE));
-            assert!(istiod.request_count() > before);
+            for node in [&node1, &node2] {
+                assert!(
+                    wait_until(PATIENCE, || {
+                        let m = scrape(node.control(15020)).unwrap();
+                        prom::value(&m, "ringway_xds_connected", &[]) == Some(1.0)
+                    }),
+                    "node{} never connected again",
+                    node.index
+                );
+            }
+            // The service held still reaches its endpoint.
+            let seen = exchange(
+                client,
+                server,
+                SocketAddr::new(server.ip(false), 8080),
+                SocketAddr::new(IpAddr::V4(VIP), 80),
+            )
+            .unwrap();
+            assert_eq!(seen, client.ip(false));
 
             // A removed workload's traffic is refused (the server's side no
             // longer knows whom it serves; the wait runs out).
@@ -773,6 +861,105 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                 ) >= 1.0,
                 "not counted:\n{m1}"
             );
+
+            // A service behind a waypoint: its VIP is refused, never sent
+            // to its endpoints around the waypoint. First without one (the
+            // server's workload back without its waypoint): served.
+            let waypoint = || wl::GatewayAddress {
+                destination: Some(wl::gateway_address::Destination::Hostname(
+                    wl::NamespacedHostname {
+                        namespace: "demo".into(),
+                        hostname: "waypoint.demo.svc.cluster.local".into(),
+                    },
+                )),
+                hbone_mtls_port: 15008,
+            };
+            let member = |w: &mut wl::Workload| {
+                w.services.insert(
+                    SERVICE.into(),
+                    wl::PortList {
+                        ports: vec![wl::Port {
+                            service_port: 80,
+                            target_port: 8080,
+                        }],
+                    },
+                );
+            };
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![workload_with(server, 2, "3", member), web_service()],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            let vip = SocketAddr::new(IpAddr::V4(VIP), 80);
+            let at_server = SocketAddr::new(server.ip(false), 8080);
+            let seen = exchange(client, server, at_server, vip).unwrap();
+            assert_eq!(seen, client.ip(false), "the VIP without a waypoint: served");
+            let waypoint_refusals = |m: &str| {
+                prom::sum(
+                    m,
+                    "ringway_connections_refused_total",
+                    &["reason=\"waypoint\""],
+                )
+            };
+            let before = waypoint_refusals(&scrape(node1.control(15020)).unwrap());
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![with_service(web_service_with(|s| {
+                    s.waypoint = Some(waypoint())
+                }))],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            let (what, _) = refused_at(client, server, at_server, vip);
+            eprintln!("to a service behind a waypoint: {what}");
+            let m1 = scrape(node1.control(15020)).unwrap();
+            assert!(
+                waypoint_refusals(&m1) > before,
+                "the VIP behind a waypoint was not counted:\n{m1}"
+            );
+            let exchange_direct = exchange(client, server, at_server, at_server);
+            assert!(
+                exchange_direct.is_ok(),
+                "the workload itself has no waypoint: {exchange_direct:?}"
+            );
+
+            // A workload whose app wants a PROXY protocol header (its
+            // `application_tunnel`): refused and counted, never sent plain
+            // TCP; said once in the log when it arrives.
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![workload_with(server, 2, "4", |w| {
+                    w.application_tunnel = Some(wl::ApplicationTunnel {
+                        protocol: wl::application_tunnel::Protocol::Proxy as i32,
+                        port: 0,
+                    });
+                })],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            for _ in 0..2 {
+                let (what, _) = refused(client, server, at_server);
+                eprintln!("to a workload that wants a PROXY header: {what}");
+            }
+            let m1 = scrape(node1.control(15020)).unwrap();
+            assert!(
+                prom::sum(
+                    &m1,
+                    "ringway_connections_refused_total",
+                    &["reason=\"application_tunnel\""]
+                ) >= 2.0,
+                "not counted:\n{m1}"
+            );
+            let said = node1
+                .log()
+                .lines()
+                .filter(|l| {
+                    l.contains("workload from the control plane")
+                        && l.contains("a PROXY protocol header")
+                })
+                .count();
+            assert_eq!(said, 1, "said once when it arrived:\n{}", node1.log());
 
             // Garbage from the control plane: NACKed, and the state held
             // keeps serving.

@@ -141,6 +141,41 @@ fn waypoints_and_gateways_are_unsupported_and_named() {
 }
 
 #[test]
+fn adversarial_an_application_tunnel_is_unsupported_never_ignored() {
+    use crate::proto::workload::{application_tunnel::Protocol, ApplicationTunnel};
+    let with = |protocol: i32, port: u32| {
+        let mut p = pod();
+        p.application_tunnel = Some(ApplicationTunnel { protocol, port });
+        workload(&p).unwrap().0.unsupported
+    };
+    assert_eq!(
+        with(Protocol::None as i32, 0),
+        None,
+        "bytes unchanged: served"
+    );
+    let u = with(Protocol::Proxy as i32, 15088).expect("PROXY: unsupported");
+    assert_eq!(u.label(), "application_tunnel");
+    assert_eq!(
+        u,
+        Unsupported::ApplicationTunnel("a PROXY protocol header on port 15088".into())
+    );
+    assert_eq!(
+        with(7, 0),
+        Some(Unsupported::ApplicationTunnel(
+            "tunnel protocol 7 (unknown)".into()
+        )),
+        "an unknown protocol: unsupported too"
+    );
+    let mut p = pod();
+    p.native_tunnel = true;
+    assert_eq!(
+        workload(&p).unwrap().0.unsupported,
+        None,
+        "native_tunnel: served"
+    );
+}
+
+#[test]
 fn a_host_network_workload_claims_no_address() {
     let mut p = pod();
     p.network_mode = wl::NetworkMode::HostNetwork as i32;
@@ -362,14 +397,144 @@ fn policies_scopes_actions_and_fields() {
     assert!(!n.policy.mesh_wide && !n.policy.listed && n.policy.action == Action::Deny);
 }
 
+/// `shop/web-0` (10.1.0.10, [`pod`]) in a mesh holding only `policies`,
+/// and what `authz::evaluate` says of a connection to it on 8080 from
+/// `front/fe` at 10.9.9.9 (and what the dry-run evaluation would say).
+fn verdicts(
+    policies: Vec<AuthorizationPolicy>,
+) -> (
+    ringway_config::authz::Decision,
+    Option<ringway_config::authz::Decision>,
+) {
+    use ringway_config::authz::{evaluate, evaluate_dry_run, ConnInfo};
+    let base = ringway_config::MeshConfig::load_str(
+        "rootNamespace: istio-system\n",
+        "file.yaml",
+        &ringway_config::NoEnv,
+    )
+    .unwrap();
+    let (w, services) = workload(&pod()).unwrap();
+    let mut edit = base.without_entries().edit();
+    edit.upsert_workload(w, services);
+    for p in policies {
+        edit.upsert_policy(p);
+    }
+    let mesh = edit.finish();
+    let id = Identity::new("cluster.local", "front", "fe");
+    let conn = ConnInfo {
+        src_ip: ip("10.9.9.9"),
+        src_identity: Some(&id),
+        dst_workload: mesh.workload_by_ip(ip("10.1.0.10")).unwrap(),
+        dst_ip: ip("10.1.0.10"),
+        dst_port: 8080,
+    };
+    let actual = evaluate(&mesh, &conn);
+    let shadow = evaluate_dry_run(&mesh, &conn, &actual);
+    (actual, shadow)
+}
+
+fn allowed(policies: Vec<AuthorizationPolicy>) -> bool {
+    verdicts(policies).0.is_allowed()
+}
+
+/// A match only `nobody/x` passes: no connection of [`verdicts`] does.
+fn nobody() -> security::Match {
+    security::Match {
+        principals: vec![string(MatchType::Exact(
+            "cluster.local/ns/nobody/sa/x".into(),
+        ))],
+        ..Default::default()
+    }
+}
+
+fn no_rules(mut a: Authorization) -> Authorization {
+    a.rules.clear();
+    a
+}
+
+fn read(ns: &str, a: Authorization) -> Policy {
+    let a = Authorization {
+        namespace: ns.into(),
+        ..a
+    };
+    authorization(&format!("{ns}/p"), &a, "istio-system")
+}
+
 #[test]
 fn adversarial_unknown_enum_values_fail_toward_deny() {
-    let p = authorization("shop/p", &authz(5, 9, vec![]), "istio-system");
-    assert_eq!(p.policy.action, Action::Deny, "unknown action: a DENY");
-    assert!(p.policy.mesh_wide, "unknown scope: every workload");
-    assert_eq!(p.problems.len(), 2, "{:?}", p.problems);
+    const UNKNOWN_ACTION: i32 = 5;
+    const UNKNOWN_SCOPE: i32 = 9;
+    let ns_scope = security::Scope::Namespace as i32;
+    let allow = security::Action::Allow as i32;
+    assert!(allowed(vec![]), "no policy: allowed");
+
+    // An unknown action denies every connection to what the policy
+    // selects, whatever its rules say...
+    let p = read("shop", no_rules(authz(UNKNOWN_ACTION, ns_scope, vec![])));
+    assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
     assert!(p.problems[0].starts_with("action: 5 is not ALLOW (0) or DENY (1)"));
-    assert!(p.problems[1].starts_with("scope: 9 is not GLOBAL"));
+    assert!(!allowed(vec![p.policy]), "unknown action, no rules: denied");
+    let p = read("shop", authz(UNKNOWN_ACTION, ns_scope, vec![nobody()]));
+    assert!(
+        !allowed(vec![p.policy]),
+        "unknown action, rules that match nothing: denied"
+    );
+    // ...and nothing it does not select.
+    let p = read("other", no_rules(authz(UNKNOWN_ACTION, ns_scope, vec![])));
+    assert!(!p.policy.mesh_wide);
+    assert!(allowed(vec![p.policy]), "another namespace's: not selected");
+    let p = read(
+        "shop",
+        no_rules(authz(
+            UNKNOWN_ACTION,
+            security::Scope::WorkloadSelector as i32,
+            vec![],
+        )),
+    );
+    assert!(p.policy.listed);
+    assert!(
+        allowed(vec![p.policy]),
+        "selecting workloads that list it (web-0 lists shop/web-allow only)"
+    );
+
+    // An unknown scope is mesh-wide: an ALLOW of another namespace that
+    // matches nothing governs web-0 and denies it.
+    let p = read("other", authz(allow, UNKNOWN_SCOPE, vec![nobody()]));
+    assert!(p.policy.mesh_wide, "unknown scope: every workload");
+    assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+    assert!(p.problems[0].starts_with("scope: 9 is not GLOBAL"));
+    assert!(!allowed(vec![p.policy]), "unknown scope with ALLOW: denied");
+    // Both unknown: denies everything, everywhere.
+    let p = read(
+        "other",
+        no_rules(authz(UNKNOWN_ACTION, UNKNOWN_SCOPE, vec![])),
+    );
+    assert_eq!(p.problems.len(), 2, "{:?}", p.problems);
+    assert!(!allowed(vec![p.policy]));
+}
+
+#[test]
+fn a_dry_run_deny_that_matches_is_reported_not_enforced() {
+    let front = security::Match {
+        namespaces: vec![string(MatchType::Exact("front".into()))],
+        ..Default::default()
+    };
+    let mut a = authz(security::Action::Deny as i32, 1, vec![front]);
+    let enforced = read("shop", a.clone()).policy;
+    assert!(!enforced.dry_run);
+    assert!(!allowed(vec![enforced]), "the same DENY enforced: denied");
+    a.dry_run = true;
+    let p = read("shop", a);
+    assert!(p.problems.is_empty(), "{:?}", p.problems);
+    assert!(p.policy.dry_run, "dry_run is read");
+    let (actual, shadow) = verdicts(vec![p.policy]);
+    assert!(actual.is_allowed(), "never enforced: {actual}");
+    let shadow = shadow.expect("the dry run's verdict differs and is reported");
+    assert!(!shadow.is_allowed(), "{shadow}");
+    assert_eq!(
+        shadow.to_string(),
+        "denied by DENY policy shop/p (rules[0])"
+    );
 }
 
 #[test]
