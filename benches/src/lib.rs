@@ -1,16 +1,17 @@
 //! ringway's end-to-end benchmarks, run by `cargo bench -p
 //! ringway-benches` (see BENCHMARKS.md), in layers with arrows one way
 //! (each names only the layers below it; `cargo test -p ringway-testbed
-//! --test crate_graph` checks there is no cycle):
+//! --test it -- crate_graph::` checks there is no cycle):
 //!
 //! 1. **The model and the leaves.** [`figures`]: every figure, declared
 //!    once as a variant of a typed kind; [`stat`]: medians, spreads,
 //!    printed values; [`config`]: how big a run is; [`scenario`]: what
 //!    carries the traffic; [`results`]: what a run measured; [`host`]: the
 //!    bench process and its machine; [`child`]: proxies as child processes;
-//!    [`load`]: the load generator; [`prom`]: reading `/metrics`.
+//!    [`load`]: the load generator.
 //! 2. **The bed.** [`bed`]: two virtual nodes, starting a scenario's
-//!    proxies, the node agent's side of a CNI ADD; [`tools`]: iperf3,
+//!    proxies, the node agent's side of a CNI ADD, scraping `/metrics`
+//!    (with the test bed's parser, `ringway_testbed::prom`); [`tools`]: iperf3,
 //!    sockperf and wrk + nginx on a path.
 //! 3. **The measurements.** [`measure`]: a scenario's datapath figures,
 //!    scrape impact, pod churn; [`profile`]: one measurement alone under
@@ -40,7 +41,6 @@ pub mod host;
 pub mod load;
 pub mod measure;
 pub mod profile;
-pub mod prom;
 pub mod report;
 pub mod results;
 pub mod scenario;
