@@ -11,15 +11,16 @@
 //!    [`load`]: the load generator.
 //! 2. **The bed.** [`bed`]: two virtual nodes, starting a scenario's
 //!    proxies, the node agent's side of a CNI ADD, scraping `/metrics`
-//!    (with the test bed's parser, `ringway_testbed::prom`); [`tools`]: iperf3,
-//!    sockperf and wrk + nginx on a path.
+//!    (with the test bed's parser, `ringway_testbed::prom`); [`tools`]:
+//!    iperf3, sockperf and wrk + nginx on a path.
 //! 3. **The measurements.** [`measure`]: a scenario's datapath figures,
-//!    scrape impact, pod churn; [`profile`]: one measurement alone under
-//!    `perf`; [`crosscheck`]: the bundled generator beside the standard
-//!    tools; and the scenarios with reports of their own: [`flood`] (15008
-//!    before authentication), [`cni_ca`] (CNI ADD with the certificate
-//!    service), [`ca_flood`] (the certificate service under a junk flood),
-//!    [`control_plane`] (xDS against the Kubernetes watch at scale).
+//!    scrape impact, pod churn, the upgrade window; [`profile`]: one
+//!    measurement alone under `perf`; [`crosscheck`]: the bundled generator
+//!    beside the standard tools; and the scenarios with reports of their
+//!    own: [`flood`] (15008 before authentication), [`cni_ca`] (CNI ADD with
+//!    the certificate service), [`ca_flood`] (the certificate service under
+//!    a junk flood), [`control_plane`] (xDS against the Kubernetes watch at
+//!    scale).
 //! 4. **The report.** [`report`]: the typed document, its Markdown, charts,
 //!    targets and consistency check.
 //! 5. **The suite.** [`suite`]: every scenario and measurement, round after
