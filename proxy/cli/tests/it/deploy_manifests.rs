@@ -1651,11 +1651,9 @@ fn required_helm(test: &str) -> Option<PathBuf> {
 /// `helm template RELEASE deploy/helm/ringway -n namespace -f overrides`: its
 /// stdout, or its stderr as the error.
 fn helm_template(helm: &Path, overrides: &str, namespace: &str) -> Result<String, String> {
-    let values = std::env::temp_dir().join(format!(
-        "ringway-helm-values-{}-{:?}.yaml",
-        std::process::id(),
-        std::thread::current().id()
-    ));
+    // A new private directory per call, never a predictable path.
+    let dir = ringway_testbed::TempDir::new("helm-values");
+    let values = dir.join("values.yaml");
     std::fs::write(&values, overrides).unwrap();
     // A fork outside run_isolated (see `ringway_testbed::exclusive`).
     let _running = ringway_testbed::exclusive::shared();
@@ -1666,7 +1664,6 @@ fn helm_template(helm: &Path, overrides: &str, namespace: &str) -> Result<String
         .arg(&values)
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", helm.display()));
-    let _ = std::fs::remove_file(&values);
     if out.status.success() {
         Ok(String::from_utf8(out.stdout).unwrap())
     } else {
