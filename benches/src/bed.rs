@@ -282,6 +282,15 @@ pub fn haproxy_maxconn() -> usize {
     (nofile_soft().saturating_sub(u64::from(PORT_SPAN) + 1 + 200) / 2) as usize
 }
 
+/// The `/metrics` page at `addr`, parsed by the test bed's parser: an error
+/// naming the endpoint when it does not answer, answers another status than
+/// 200 or does not parse. Never an empty page in its place: a down endpoint
+/// must not read as zero.
+pub fn scrape(addr: SocketAddr) -> anyhow::Result<ringway_testbed::prom::Metrics> {
+    ringway_testbed::http::scrape_metrics(addr)
+        .with_context(|| format!("scraping http://{addr}/metrics"))
+}
+
 /// One HTTP/1.1 GET with `Connection: close`; the body of a 200.
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<Vec<u8>> {
     let r = ringway_testbed::http::get(addr, path)?;

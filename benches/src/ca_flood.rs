@@ -32,9 +32,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use prost::Message;
 use ringway_testbed::kube_api::{fixtures, FakeApiServer, FakePod};
+use ringway_testbed::prom::Sample;
 use ringway_testbed::TempDir;
 
 use crate::bed::TRUST_DOMAIN;
@@ -543,13 +544,12 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
     // The CA lets go of what the attacker held.
     std::thread::sleep(Duration::from_secs(2));
     let rss_after = crate::child::proc_rss_kib(pid);
-    let metrics = ringway_testbed::http::get(CA_METRICS.parse()?, "/metrics")
-        .map(|r| r.body)
-        .unwrap_or_default();
+    let metrics = crate::bed::scrape(CA_METRICS.parse()?);
     if !ca.alive() {
         bail!("ringway ca exited: {}", ca.log_tail());
     }
     ca.stop();
+    let metrics = metrics.context("the certificate service's metrics")?;
     drop(rt);
 
     let mut out = format!(
@@ -577,22 +577,25 @@ pub fn run(cfg: &CaFloodConfig, bin: &Path) -> anyhow::Result<String> {
         ));
     }
     use ringway_ca::Code;
-    let refused_by: Vec<String> =
-        crate::prom::samples(&metrics, "ringway_ca_connections_refused_total")
-            .map(|(l, v)| format!("{} {v}", crate::prom::label(l, "reason").unwrap_or("?")))
-            .collect();
-    let calls_by: Vec<String> = crate::prom::samples(&metrics, "ringway_ca_requests_total")
-        .map(|(l, v)| {
-            format!(
-                "{}/{} {v}",
-                crate::prom::label(l, "code").unwrap_or("?"),
-                crate::prom::label(l, "reason").unwrap_or("?")
-            )
-        })
-        .collect();
-    let reviews_by: Vec<String> = crate::prom::samples(&metrics, "ringway_ca_token_reviews_total")
-        .map(|(l, v)| format!("{} {v}", crate::prom::label(l, "outcome").unwrap_or("?")))
-        .collect();
+    let by = |name: &str, label: &dyn Fn(&Sample) -> String| -> Vec<String> {
+        metrics
+            .matching(name, &[])
+            .map(|s| format!("{} {}", label(s), s.value))
+            .collect()
+    };
+    let refused_by = by("ringway_ca_connections_refused_total", &|s| {
+        s.label("reason").unwrap_or("?").to_string()
+    });
+    let calls_by = by("ringway_ca_requests_total", &|s| {
+        format!(
+            "{}/{}",
+            s.label("code").unwrap_or("?"),
+            s.label("reason").unwrap_or("?")
+        )
+    });
+    let reviews_by = by("ringway_ca_token_reviews_total", &|s| {
+        s.label("outcome").unwrap_or("?").to_string()
+    });
     let a = &stats;
     out.push_str(&format!(
         "\nThe attacker: {} connection attempts, {} refused (reset at accept or closed in the handshake), at most {} held at once, {} closed by the CA after being held; {} junk calls answered ({} UNAUTHENTICATED, {} RESOURCE_EXHAUSTED, {} other), {} without an answer (their connection was closed or reset).\n",

@@ -229,21 +229,24 @@ pub fn run(cfg: &CniCaConfig, bin: &Path) -> anyhow::Result<String> {
         "\nCSR round trip (a P-256 key, a CSR, the gRPC call over TLS, the caller authenticated by TokenReview, the chain checked), {} in a row: p50 {p50:.2} ms, p90 {p90:.2} ms, p99 {p99:.2} ms, max {max:.2} ms\n",
         cfg.csr_rounds
     ));
-    let metrics = ringway_testbed::http::get(CA_METRICS.parse()?, "/metrics")
-        .map(|r| r.body)
-        .unwrap_or_default();
-    use crate::prom::{label, samples};
-    let refused: f64 = samples(&metrics, "ringway_ca_requests_total")
-        .filter(|(labels, _)| label(labels, "code") != Some("ok"))
-        .map(|(_, v)| v)
-        .sum();
-    if refused > 0.0 {
-        bail!("the certificate service refused {refused} request(s):\n{metrics}");
+    let metrics =
+        crate::bed::scrape(CA_METRICS.parse()?).context("the certificate service's metrics")?;
+    let refused: Vec<_> = metrics
+        .matching("ringway_ca_requests_total", &[])
+        .filter(|s| s.label("code") != Some("ok") && s.value > 0.0)
+        .map(|s| s.to_string())
+        .collect();
+    if !refused.is_empty() {
+        bail!(
+            "the certificate service refused requests:\n{}",
+            refused.join("\n")
+        );
     }
     let reviews = |outcome: &str| {
-        samples(&metrics, "ringway_ca_token_reviews_total")
-            .find(|(labels, _)| label(labels, "outcome") == Some(outcome))
-            .map(|(_, v)| v)
+        metrics.get(
+            "ringway_ca_token_reviews_total",
+            &[&format!("outcome=\"{outcome}\"")],
+        )
     };
     match (reviews("reviewed"), reviews("cached")) {
         (None, None) => out.push_str(
@@ -349,21 +352,23 @@ impl Node {
 
     /// Stops both; returns how many certificates the proxy held.
     fn stop(mut self) -> anyhow::Result<usize> {
-        let metrics =
-            ringway_testbed::http::get(SocketAddr::new(self.host.into(), 15020), "/metrics")
-                .map(|r| r.body)
-                .unwrap_or_default();
-        let certs = metrics
-            .lines()
-            .filter(|l| l.starts_with("ringway_certificate_expiry_timestamp_seconds{"))
-            .count();
+        let certs = certificates_held(SocketAddr::new(self.host.into(), 15020));
         if !self.proxy.alive() {
             bail!("the proxy exited: {}", self.proxy.log_tail());
         }
         self.proxy.stop();
         self.agent.shutdown();
-        Ok(certs)
+        certs
     }
+}
+
+/// How many certificates the proxy whose `/metrics` is at `metrics` holds
+/// (its `ringway_certificate_expiry_timestamp_seconds` series).
+/// An error naming the endpoint when it cannot be scraped, never 0.
+pub(crate) fn certificates_held(metrics: SocketAddr) -> anyhow::Result<usize> {
+    Ok(crate::bed::scrape(metrics)?
+        .matching("ringway_certificate_expiry_timestamp_seconds", &[])
+        .count())
 }
 
 /// `rounds` CSR round trips as the proxy makes them, for the identity of
@@ -395,4 +400,61 @@ fn csr_round_trips(root: &Path, token_file: &Path, rounds: usize) -> anyhow::Res
         took.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     Ok(took)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// Answers one request on `l` with `answer`.
+    fn answer_once(l: TcpListener, answer: &'static str) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(answer.as_bytes()).unwrap();
+        })
+    }
+
+    /// A proxy whose `/metrics` is down, or answers an error, is an error
+    /// that names the endpoint, never "0 certificates"; a page is counted.
+    #[test]
+    fn certificates_held_fails_naming_the_endpoint_when_it_is_down() {
+        ringway_testbed::run_isolated(
+            "certificates_held_fails_naming_the_endpoint_when_it_is_down",
+            || {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let down = l.local_addr().unwrap();
+                drop(l);
+                let e = certificates_held(down).expect_err("a down endpoint is an error");
+                assert!(format!("{e:#}").contains(&down.to_string()), "{e:#}");
+
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let erring = l.local_addr().unwrap();
+                let server = answer_once(
+                    l,
+                    "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\ndown",
+                );
+                let e = certificates_held(erring).expect_err("a 503 is an error");
+                server.join().unwrap();
+                assert!(format!("{e:#}").contains(&erring.to_string()), "{e:#}");
+
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                let up = l.local_addr().unwrap();
+                let server = answer_once(
+                    l,
+                    "HTTP/1.1 200 OK\r\n\r\n\
+                     # TYPE ringway_certificate_expiry_timestamp_seconds gauge\n\
+                     ringway_certificate_expiry_timestamp_seconds{identity=\"spiffe://a\"} 1.8e9\n\
+                     ringway_certificate_expiry_timestamp_seconds{identity=\"spiffe://b\"} 1.8e9\n\
+                     ringway_other 1\n",
+                );
+                assert_eq!(certificates_held(up).unwrap(), 2);
+                server.join().unwrap();
+            },
+        );
+    }
 }

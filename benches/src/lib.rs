@@ -1,24 +1,26 @@
 //! ringway's end-to-end benchmarks, run by `cargo bench -p
 //! ringway-benches` (see BENCHMARKS.md), in layers with arrows one way
 //! (each names only the layers below it; `cargo test -p ringway-testbed
-//! --test crate_graph` checks there is no cycle):
+//! --test it -- crate_graph::` checks there is no cycle):
 //!
 //! 1. **The model and the leaves.** [`figures`]: every figure, declared
 //!    once as a variant of a typed kind; [`stat`]: medians, spreads,
 //!    printed values; [`config`]: how big a run is; [`scenario`]: what
 //!    carries the traffic; [`results`]: what a run measured; [`host`]: the
 //!    bench process and its machine; [`child`]: proxies as child processes;
-//!    [`load`]: the load generator; [`prom`]: reading `/metrics`.
+//!    [`load`]: the load generator.
 //! 2. **The bed.** [`bed`]: two virtual nodes, starting a scenario's
-//!    proxies, the node agent's side of a CNI ADD; [`tools`]: iperf3,
-//!    sockperf and wrk + nginx on a path.
+//!    proxies, the node agent's side of a CNI ADD, scraping `/metrics`
+//!    (with the test bed's parser, `ringway_testbed::prom`); [`tools`]:
+//!    iperf3, sockperf and wrk + nginx on a path.
 //! 3. **The measurements.** [`measure`]: a scenario's datapath figures,
-//!    scrape impact, pod churn; [`profile`]: one measurement alone under
-//!    `perf`; [`crosscheck`]: the bundled generator beside the standard
-//!    tools; and the scenarios with reports of their own: [`flood`] (15008
-//!    before authentication), [`cni_ca`] (CNI ADD with the certificate
-//!    service), [`ca_flood`] (the certificate service under a junk flood),
-//!    [`control_plane`] (xDS against the Kubernetes watch at scale).
+//!    scrape impact, pod churn, the upgrade window; [`profile`]: one
+//!    measurement alone under `perf`; [`crosscheck`]: the bundled generator
+//!    beside the standard tools; and the scenarios with reports of their
+//!    own: [`flood`] (15008 before authentication), [`cni_ca`] (CNI ADD with
+//!    the certificate service), [`ca_flood`] (the certificate service under
+//!    a junk flood), [`control_plane`] (xDS against the Kubernetes watch at
+//!    scale).
 //! 4. **The report.** [`report`]: the typed document, its Markdown, charts,
 //!    targets and consistency check.
 //! 5. **The suite.** [`suite`]: every scenario and measurement, round after
@@ -40,7 +42,6 @@ pub mod host;
 pub mod load;
 pub mod measure;
 pub mod profile;
-pub mod prom;
 pub mod report;
 pub mod results;
 pub mod scenario;

@@ -8,8 +8,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail};
+use anyhow::{anyhow, bail, Context};
 use ringway_testbed::kube_api::Kind;
+use ringway_testbed::prom::Metrics;
 use ringway_xds::testing::XdsServer;
 use ringway_xds::ADDRESS_TYPE_URL;
 
@@ -116,22 +117,10 @@ pub(super) fn proc_hwm_kib(pid: u32) -> f64 {
 
 pub(super) const CHILD_METRICS: &str = "127.0.0.1:15020";
 
-/// The child's `/metrics` page (empty when it cannot be read).
-pub(super) fn child_metrics() -> String {
-    CHILD_METRICS
-        .parse()
-        .ok()
-        .and_then(|a| ringway_testbed::http::get(a, "/metrics").ok())
-        .map(|r| r.body)
-        .unwrap_or_default()
-}
-
-/// An unlabelled sample of `page`.
-pub(super) fn plain_sample(page: &str, metric: &str) -> f64 {
-    page.lines()
-        .find_map(|l| l.strip_prefix(metric)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(f64::NAN)
+/// The child's `/metrics` page: an error naming the endpoint when it cannot
+/// be read.
+pub(super) fn child_metrics() -> anyhow::Result<Metrics> {
+    crate::bed::scrape(CHILD_METRICS.parse()?)
 }
 
 /// A `ringway proxy` child with `source_args`, started and waited for until
@@ -170,18 +159,22 @@ pub(super) struct ChildState {
     pub(super) rss_kib: f64,
     pub(super) hwm_kib: f64,
     pub(super) metrics_rss_kib: f64,
-    pub(super) metrics: String,
+    pub(super) metrics: Metrics,
 }
 
-pub(super) fn child_state(child: &ProxyChild, settle: Duration) -> ChildState {
+pub(super) fn child_state(child: &ProxyChild, settle: Duration) -> anyhow::Result<ChildState> {
     std::thread::sleep(settle);
-    let metrics = child_metrics();
-    ChildState {
+    let metrics = child_metrics()
+        .with_context(|| format!("the proxy child's metrics; its log: {}", child.log_tail()))?;
+    Ok(ChildState {
         rss_kib: child.rss_kib(),
         hwm_kib: proc_hwm_kib(child.pid),
-        metrics_rss_kib: plain_sample(&metrics, "process_resident_memory_bytes") / 1024.0,
+        metrics_rss_kib: metrics
+            .get("process_resident_memory_bytes", &[])
+            .unwrap_or(f64::NAN)
+            / 1024.0,
         metrics,
-    }
+    })
 }
 
 /// The mesh source's changes given to a loaded child.
@@ -225,7 +218,7 @@ pub(super) fn measure_child(
     let shape = cfg.shape;
     progress(format!("proxy child, {source}: empty control plane"));
     let mut empty = start_child(bin, files, &args.0, &env.0)?;
-    let e = child_state(&empty, settle);
+    let e = child_state(&empty, settle)?;
     empty.stop();
     progress(format!("proxy child, {source}: the mesh loaded"));
     let mut child = start_child(bin, files, &args.1, &env.1)?;
@@ -235,7 +228,7 @@ pub(super) fn measure_child(
     let logged = logged_wait_ms(&child);
     let thread_cpu = |child: &ProxyChild| thread_cpu_seconds(child, thread);
     let thread_cpu0 = thread_cpu(&child);
-    let l = child_state(&child, settle);
+    let l = child_state(&child, settle)?;
     let mut ack_ms = Vec::new();
     let mut cpu_us = Vec::new();
     match changes {
@@ -303,8 +296,8 @@ pub(super) fn measure_child(
     })
 }
 
-pub(super) fn ringway_xds_resources(page: &str) -> BTreeMap<String, Num> {
-    crate::prom::samples(page, "ringway_xds_resources")
-        .filter_map(|(labels, v)| Some((crate::prom::label(labels, "kind")?.to_owned(), Num(v))))
+pub(super) fn ringway_xds_resources(page: &Metrics) -> BTreeMap<String, Num> {
+    page.matching("ringway_xds_resources", &[])
+        .filter_map(|s| Some((s.label("kind")?.to_owned(), Num(s.value))))
         .collect()
 }

@@ -290,12 +290,11 @@ fn add_counts(a: &mut FloodCounts, b: FloodCounts) {
 }
 
 fn refused(metrics: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
-    let body = bed::http_get(metrics, "/metrics").context("scraping the proxy's /metrics")?;
+    let page = bed::scrape(metrics).context("the proxy's metrics")?;
     let mut m = BTreeMap::new();
-    let text = String::from_utf8_lossy(&body);
-    for (labels, value) in crate::prom::samples(&text, "ringway_hbone_refused_total") {
-        let reason = crate::prom::label(labels, "reason").unwrap_or(labels);
-        *m.entry(reason.to_string()).or_insert(0.0) += value;
+    for s in page.matching("ringway_hbone_refused_total", &[]) {
+        let reason = s.label("reason").unwrap_or("?");
+        *m.entry(reason.to_string()).or_insert(0.0) += s.value;
     }
     Ok(m)
 }

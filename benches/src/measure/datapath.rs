@@ -280,15 +280,14 @@ fn after_load_quiet(config: &Config) -> Duration {
 /// Connections a proxy reported opening as the source side, by
 /// `connection_security_policy` (`mutual_tls`, `none`), from its `/metrics`.
 fn opened_by_security(metrics: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
-    let body = bed::http_get(metrics, "/metrics").context("scraping the proxy's /metrics")?;
+    let page = bed::scrape(metrics).context("the proxy's metrics")?;
     let mut m = BTreeMap::new();
-    let text = String::from_utf8_lossy(&body);
-    for (labels, value) in crate::prom::samples(&text, "istio_tcp_connections_opened_total") {
-        if crate::prom::label(labels, "reporter") != Some("source") {
-            continue;
-        }
-        let policy = crate::prom::label(labels, "connection_security_policy").unwrap_or("");
-        *m.entry(policy.to_string()).or_insert(0.0) += value;
+    for s in page.matching(
+        "istio_tcp_connections_opened_total",
+        &["reporter=\"source\""],
+    ) {
+        let policy = s.label("connection_security_policy").unwrap_or("");
+        *m.entry(policy.to_string()).or_insert(0.0) += s.value;
     }
     Ok(m)
 }

@@ -17,8 +17,8 @@ use common::hbone::{
 use common::{wait_until, TIMEOUT};
 use ringway_config::{Datapath, Mesh};
 use ringway_identity::Identity;
-use ringway_testbed::run_isolated;
 use ringway_testbed::traffic::{client_exchange, connect, listen, EchoServer, PayloadServer};
+use ringway_testbed::{prom, run_isolated};
 
 fn mesh(policies: &str) -> Arc<Mesh> {
     mesh_of(1, policies)
@@ -194,21 +194,22 @@ fn hbone_on_the_wire(datapath: Datapath) {
         "{text}"
     );
     // The client pod's certificate, with its expiry, and no failed issuance.
-    let expiry = text
-        .lines()
-        .find(|l| {
-            l.starts_with("ringway_certificate_expiry_timestamp_seconds{")
-                && l.contains(&format!("identity=\"spiffe://{TD}/ns/"))
+    let page = prom::parse(&text);
+    let expiry = page
+        .matching("ringway_certificate_expiry_timestamp_seconds", &[])
+        .find(|s| {
+            s.label("identity")
+                .is_some_and(|id| id.starts_with(&format!("spiffe://{TD}/ns/")))
         })
         .unwrap_or_else(|| panic!("no certificate expiry series:\n{text}"));
-    let at: u64 = expiry.rsplit(' ').next().unwrap().parse().unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs();
-    assert!(at > now, "an expiry in the future: {expiry}");
-    assert!(
-        text.contains("ringway_certificate_issue_failures_total 0"),
+        .as_secs_f64();
+    assert!(expiry.value > now, "an expiry in the future: {expiry}");
+    assert_eq!(
+        page.get("ringway_certificate_issue_failures_total", &[]),
+        Some(0.0),
         "{text}"
     );
 }
@@ -379,13 +380,7 @@ fn expect_refused_from(t: &TwoNodes, from: &ringway_testbed::Netns, port: u16) {
 fn denials(t: &TwoNodes) -> f64 {
     [&t.p1, &t.p2]
         .iter()
-        .flat_map(|p| {
-            metrics_text(p)
-                .lines()
-                .filter(|l| l.starts_with("ringway_authorization_denials_total{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .collect::<Vec<_>>()
-        })
+        .map(|p| prom::sum(&metrics_text(p), "ringway_authorization_denials_total", &[]))
         .sum()
 }
 
@@ -470,19 +465,16 @@ fn hbone_tls_refusals() {
         assert!(wait_until(Duration::from_secs(5), || t.p2.stats().active == 0));
         // The server counted one good handshake and two refusals by reason.
         let text = metrics_text(&t.p2);
+        let page = prom::parse(&text);
         let count = |outcome: &str| {
-            text.lines()
-                .find(|l| {
-                    l.starts_with("ringway_tls_handshakes_total{")
-                        && l.contains("side=\"server\"")
-                        && l.contains(&format!("outcome=\"{outcome}\""))
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .unwrap_or(0)
+            page.sum(
+                "ringway_tls_handshakes_total",
+                &["side=\"server\"", &format!("outcome=\"{outcome}\"")],
+            )
         };
-        assert!(count("ok") >= 1, "{text}");
-        assert_eq!(count("no_client_cert"), 1, "{text}");
-        assert_eq!(count("unknown_ca"), 1, "{text}");
+        assert!(count("ok") >= 1.0, "{text}");
+        assert_eq!(count("no_client_cert"), 1.0, "{text}");
+        assert_eq!(count("unknown_ca"), 1.0, "{text}");
     });
 }
 

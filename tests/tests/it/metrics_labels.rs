@@ -428,11 +428,8 @@ fn metrics_sockets_open_follows_open_connections() {
             text(&t.p1)
         );
         let body = text(&t.p1);
-        for line in body
-            .lines()
-            .filter(|l| l.starts_with("istio_tcp_sockets_open{"))
-        {
-            assert!(line.ends_with(" 0"), "{line}\n{body}");
+        for s in prom::parse(&body).matching("istio_tcp_sockets_open", &[]) {
+            assert_eq!(s.value, 0.0, "{s}\n{body}");
         }
     });
 }
@@ -636,11 +633,8 @@ fn plaintext_mesh_update(fast_path: bool) {
             assert_eq!(l["source_principal"], "unknown", "plaintext: {body}");
         }
     }
-    for l in body
-        .lines()
-        .filter(|l| l.starts_with("istio_tcp_connections_closed_total{"))
-    {
-        assert!(l.ends_with(" 1"), "one connection per series: {l}\n{body}");
+    for s in prom::parse(&body).matching("istio_tcp_connections_closed_total", &[]) {
+        assert_eq!(s.value, 1.0, "one connection per series: {s}\n{body}");
     }
 }
 
@@ -695,9 +689,9 @@ fn metrics_hbone_connect_failure_counts_failed_with_the_opened_labels() {
             let opened = series(&body, "istio_tcp_connections_opened_total", "source");
             assert!(opened.contains(&want), "{body}");
             assert!(
-                body.lines()
-                    .any(|l| l.starts_with("istio_tcp_connections_failed_total{")
-                        && l.ends_with("} 1")),
+                prom::parse(&body)
+                    .matching("istio_tcp_connections_failed_total", &[])
+                    .any(|s| s.value == 1.0),
                 "{body}"
             );
         },

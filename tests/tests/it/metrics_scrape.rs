@@ -187,9 +187,13 @@ fn scrape_during_traffic_both_hops() {
     });
 }
 
-/// The `istio_tcp_*` sample lines of a Prometheus text scrape.
+/// The number of `istio_tcp_*` samples of a Prometheus text scrape.
 fn tcp_series(body: &str) -> usize {
-    body.lines().filter(|l| l.starts_with("istio_tcp_")).count()
+    prom::parse(body)
+        .samples
+        .iter()
+        .filter(|s| s.name.starts_with("istio_tcp_"))
+        .count()
 }
 
 /// Pod churn: clients come and go (a new pod, a connection to a pod that
@@ -355,9 +359,13 @@ fn renamed_pod_drops_all_series(fast_path: bool) {
     echo.join().unwrap();
     proxy.remove_pod(&a.name).unwrap();
     let body = text();
-    let left: Vec<&str> = body
-        .lines()
-        .filter(|l| l.starts_with("istio_tcp_") && l.contains("client-v"))
+    let left: Vec<String> = prom::parse(&body)
+        .samples
+        .iter()
+        .filter(|s| {
+            s.name.starts_with("istio_tcp_") && s.labels.values().any(|v| v.contains("client-v"))
+        })
+        .map(|s| s.to_string())
         .collect();
     assert!(
         left.is_empty(),

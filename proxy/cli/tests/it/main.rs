@@ -18,7 +18,7 @@ mod ca_cli;
 mod cni_plugin_binary;
 mod control_slowloris;
 mod csr_e2e;
-mod deploy_manifests;
+mod deploy;
 mod drill_cni;
 mod drill_proxy_restart;
 mod proxy_pod_flag;
