@@ -6,6 +6,7 @@
 //! prints a summary line (`cargo bench -p ringway-benches --
 //! --profile-...`, see benches/README.md). Beside the measurements, on the bed.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -360,6 +361,117 @@ pub fn profile(
                 "{} round trips (64 B): p50 {:.1} µs, p99 {:.1} µs; proxy {:.1} CPU-µs per round trip",
                 l.requests, q(0.5), q(0.99), (c1 - c0) / l.requests as f64 * 1e6
             )
+        }
+        // RINGWAY_BENCH_PROFILE_LOAD=connmem: the connection-rate loop
+        // again and again, each run followed by a quiet pause (the idle
+        // trim runs), the proxy's memory read after each: resident size and
+        // what its heaps hold (live and free). Live bytes that grow with
+        // the connections made are a leak; free bytes that stay are the
+        // allocator's.
+        Profile::HboneStream
+            if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("connmem") =>
+        {
+            let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
+            let heap = || -> anyhow::Result<(f64, f64, f64)> {
+                let text =
+                    String::from_utf8_lossy(&bed::http_get(metrics, "/metrics")?).into_owned();
+                let m = ringway_testbed::prom::Metrics::parse(&text)?;
+                let v = |n: &str| {
+                    m.get(n, &[])
+                        .with_context(|| format!("{n} not in the proxy's metrics"))
+                };
+                Ok((
+                    v("ringway_heap_in_use_bytes")? / 1048576.0,
+                    v("ringway_heap_free_bytes")? / 1048576.0,
+                    m.sum("ringway_hbone_pool_streams", &[]),
+                ))
+            };
+            let mut line = String::from("connections made -> proxy RSS MiB, heap in use MiB, heap free MiB (3 s after each run); the run's conn/s and proxy CPU-µs per connection");
+            let mut made = 0u64;
+            std::thread::sleep(Duration::from_secs(3));
+            let (u, fr, st) = heap()?;
+            line.push_str(&format!(
+                "\n  {made:>7} -> {:.1}, {u:.2}, {fr:.2}; {st} pooled streams open",
+                proxy.rss_kib() / 1024.0
+            ));
+            // The suite's other loads first, each read the same way: idle
+            // connections held then closed, then eight streams of bulk data.
+            let idle_n: usize = std::env::var("RINGWAY_BENCH_PROFILE_IDLE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4_000);
+            if idle_n > 0 {
+                let idle = load::open_idle(&path.on_port(PORT_BASE + 3), idle_n)?;
+                std::thread::sleep(Duration::from_millis(500));
+                let held = proxy.rss_kib() / 1024.0;
+                let n = idle.len();
+                drop(idle);
+                std::thread::sleep(Duration::from_secs(3));
+                let (u, fr, st) = heap()?;
+                line.push_str(&format!(
+                    "\n  after {n} idle connections (RSS {held:.1} while held), closed: {:.1}, {u:.2}, {fr:.2}; {st} pooled streams open",
+                    proxy.rss_kib() / 1024.0
+                ));
+                // RINGWAY_BENCH_PROFILE_KILL=1: the proxy is killed here,
+                // with what it holds now still allocated (for a heap
+                // profiler's "leaked" view of a proxy run under it).
+                if std::env::var("RINGWAY_BENCH_PROFILE_KILL").as_deref() == Ok("1") {
+                    nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(proxy.pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    )?;
+                    return Ok(line);
+                }
+            }
+            load::throughput(&path.on_port(PORT_BASE + 4), 8, dur)?;
+            std::thread::sleep(Duration::from_secs(3));
+            let (u, fr, st) = heap()?;
+            line.push_str(&format!(
+                "\n  after 8 streams for {:.1} s: {:.1}, {u:.2}, {fr:.2}; {st} pooled streams open",
+                dur.as_secs_f64(),
+                proxy.rss_kib() / 1024.0
+            ));
+            // RINGWAY_BENCH_PROFILE_SAME_PORT=1: every run to the same
+            // port (their TIME_WAIT 4-tuples meet), else a new port each.
+            let same_port = std::env::var("RINGWAY_BENCH_PROFILE_SAME_PORT").as_deref() == Ok("1");
+            for i in 0..5u16 {
+                let c0 = proxy.cpu_seconds();
+                let port = if same_port {
+                    PORT_BASE + 2
+                } else {
+                    PORT_BASE + 10 + i
+                };
+                let cr = load::conn_rate(
+                    &path.on_port(port),
+                    config.conn_threads,
+                    dur,
+                    (secs * 100_000.0) as u64,
+                )?;
+                let cpu_us = (proxy.cpu_seconds() - c0) / cr.conns.max(1) as f64 * 1e6;
+                made += cr.conns;
+                std::thread::sleep(Duration::from_secs(3));
+                let (u, fr, st) = heap()?;
+                let tw = |ns: &Netns| -> String {
+                    ns.run(|| std::fs::read_to_string("/proc/thread-self/net/sockstat"))
+                        .ok()
+                        .and_then(|t| {
+                            let l = t.lines().find(|l| l.starts_with("TCP:"))?.to_string();
+                            let mut it = l.split_whitespace();
+                            it.position(|w| w == "tw")?;
+                            it.next().map(str::to_string)
+                        })
+                        .unwrap_or_else(|| "?".into())
+                };
+                line.push_str(&format!(
+                    "\n  {made:>7} -> {:.1}, {u:.2}, {fr:.2}; {st} pooled streams open; {:.0} conn/s, {cpu_us:.0} CPU-µs/conn, {} failed; TIME_WAIT client pod {}, server pod {}",
+                    proxy.rss_kib() / 1024.0,
+                    cr.conns as f64 / cr.secs,
+                    cr.failures,
+                    tw(&path.client),
+                    tw(&path.server)
+                ));
+            }
+            line
         }
         Profile::HboneStream
             if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("idle") =>

@@ -1,10 +1,11 @@
 //! Thin syscall layer: entering a pod's network namespace, splice between
 //! sockets and pipes, aborting a TCP connection with a reset, raising the
 //! fd limit, a thread's nice value, glibc's heap thresholds and trimming
-//! its heaps, the process's CPU time and resident memory. Nine `unsafe`
-//! blocks (the reset, epoll registration, adopting an SCM_RIGHTS fd and the
-//! ZDS receive that hands it over, IP_LOCAL_PORT_RANGE, a thread's nice
-//! value, `mallopt` twice, `malloc_trim`), each explained in place; one `unsafe
+//! its heaps, what the heaps hold, the process's CPU time and resident
+//! memory. Ten `unsafe` blocks (the reset, epoll registration, adopting an
+//! SCM_RIGHTS fd and the ZDS receive that hands it over,
+//! IP_LOCAL_PORT_RANGE, a thread's nice value, `mallopt` twice,
+//! `malloc_trim`, `mallinfo2`), each explained in place; one `unsafe
 //! fn` ([`adopt_received_fd`]) with its contract.
 
 use std::cell::OnceCell;
@@ -184,6 +185,39 @@ pub fn trim_heaps() -> bool {
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
         false
+    }
+}
+
+/// What glibc's heaps hold now, summed over every arena ([`heap_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapUsage {
+    /// Bytes of live allocations (in the heaps and in their own mappings).
+    pub in_use: u64,
+    /// Free bytes inside the heaps, resident or not (what a trim can give
+    /// back is part of it).
+    pub free: u64,
+}
+
+/// The heaps' live and free bytes now (`mallinfo2`, every arena under its
+/// lock: call it at scrape time, not per connection); `None` with a libc
+/// other than glibc. A figure that grows with connections made, not with
+/// connections open, is a leak; free bytes that stay high after a trim are
+/// fragmentation.
+pub fn heap_usage() -> Option<HeapUsage> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `mallinfo2` only reads glibc's arena statistics under
+        // their locks and returns them by value; no memory of ours is
+        // touched and it is safe from any thread.
+        let m = unsafe { libc::mallinfo2() };
+        Some(HeapUsage {
+            in_use: (m.uordblks + m.hblkhd) as u64,
+            free: m.fordblks as u64,
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
     }
 }
 

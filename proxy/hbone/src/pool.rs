@@ -29,6 +29,12 @@ pub struct PoolConfig {
     pub max_streams_per_conn: usize,
     /// A connection without streams for this long is closed.
     pub idle_timeout: Duration,
+    /// A connection without streams while another live connection of its
+    /// key stays is closed after this shorter time: after a burst that
+    /// took several connections, one per key stays warm for
+    /// [`PoolConfig::idle_timeout`] and the others (their HTTP/2 stream
+    /// tables and buffers sized for the burst, at both ends) are given back.
+    pub surplus_idle_timeout: Duration,
     /// HTTP/2 PING period.
     pub ping_interval: Duration,
     /// Close a connection whose PING is unanswered this long.
@@ -40,6 +46,7 @@ impl Default for PoolConfig {
         PoolConfig {
             max_streams_per_conn: 100,
             idle_timeout: Duration::from_secs(5 * 60),
+            surplus_idle_timeout: Duration::from_secs(10),
             ping_interval: crate::PING_INTERVAL,
             ping_timeout: crate::PING_TIMEOUT,
         }
@@ -376,7 +383,7 @@ impl Pool {
         crate::spawn::spawn(
             async move {
                 let keepalive = crate::keepalive(ping, config.ping_interval, config.ping_timeout);
-                let idle = idle_watch(&conn, config.idle_timeout);
+                let idle = idle_watch(&conn, &task_slot, &config);
                 tokio::select! {
                     r = &mut connection => debug!(result = ?r.err(), "hbone connection closed"),
                     e = keepalive => debug!(error = %e, "hbone connection failed"),
@@ -420,15 +427,29 @@ fn forget_slot(shared: Weak<Shared>, key: &PoolKey, slot: Arc<Slot>) {
     }
 }
 
-/// Resolves once the connection has had no stream for `timeout`; it is then marked dead
-/// under the state lock, so no stream can be reserved on it afterwards.
-async fn idle_watch(conn: &Conn, timeout: Duration) {
+/// Resolves once the connection has had no stream for its idle timeout: the
+/// pool's [`PoolConfig::idle_timeout`], or [`PoolConfig::surplus_idle_timeout`]
+/// while another live connection of its key stays. It is then marked dead
+/// under the slot's and its state's locks (the order [`Pool::reserve`] takes
+/// them), so no stream can be reserved on it afterwards, and of two idle
+/// connections of a key deciding at once one sees the other dead and stays.
+async fn idle_watch(conn: &Conn, slot: &Slot, config: &PoolConfig) {
     loop {
         let notified = conn.idle.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let deadline = {
+            let conns = slot.conns.lock().unwrap_or_else(|p| p.into_inner());
             let mut st = conn.state.lock().unwrap_or_else(|p| p.into_inner());
+            let surplus = conns.iter().any(|c| {
+                !std::ptr::eq(Arc::as_ptr(c), conn)
+                    && !c.state.lock().unwrap_or_else(|p| p.into_inner()).dead
+            });
+            let timeout = if surplus {
+                config.surplus_idle_timeout.min(config.idle_timeout)
+            } else {
+                config.idle_timeout
+            };
             match st.idle_since {
                 Some(t) if st.active == 0 && t.elapsed() >= timeout => {
                     st.dead = true;

@@ -164,6 +164,7 @@ impl Metrics {
         );
         r.register_collector(Box::new(SocketsOpen(self.clone())));
         r.register_collector(Box::new(Certificates(self.clone())));
+        r.register_collector(Box::new(Heap));
         r.register_collector(Box::new(ringway_control::ProcessCollector));
         r
     }
@@ -222,6 +223,43 @@ impl prometheus_client::collector::Collector for Certificates {
             None,
             failures.metric_type(),
         )?)
+    }
+}
+
+/// What the heaps hold at scrape time ([`crate::sys::heap_usage`]):
+/// `ringway_heap_in_use_bytes` (live allocations) and
+/// `ringway_heap_free_bytes` (free inside the heaps). Beside the resident
+/// size they tell a leak (in use grows with connections made) from memory
+/// the allocator keeps (free stays high after a trim).
+#[derive(Debug)]
+struct Heap;
+
+impl prometheus_client::collector::Collector for Heap {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let Some(h) = crate::sys::heap_usage() else {
+            return Ok(());
+        };
+        for (name, help, v) in [
+            (
+                "ringway_heap_in_use_bytes",
+                "Bytes of live heap allocations (glibc, every arena)",
+                h.in_use,
+            ),
+            (
+                "ringway_heap_free_bytes",
+                "Free bytes inside the heaps (glibc, every arena; the idle trim gives the resident part back)",
+                h.free,
+            ),
+        ] {
+            let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        Ok(())
     }
 }
 

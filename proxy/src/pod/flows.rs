@@ -40,6 +40,9 @@ struct Flow {
     revoked: bool,
 }
 
+/// Flows a pod's table keeps room for whatever its past bursts.
+pub const FLOW_TABLE_KEEP: usize = 64;
+
 /// A pod's authorized flows.
 #[derive(Debug, Default)]
 pub struct FlowTable {
@@ -77,9 +80,22 @@ impl FlowTable {
         id
     }
 
-    /// Removes a flow (its connection ended).
+    /// Removes a flow (its connection ended). A table emptied to a quarter
+    /// of its capacity after a burst is shrunk to twice what it holds (never
+    /// below [`FLOW_TABLE_KEEP`]): its memory goes back once the burst is
+    /// over, and the amortized cost per removal stays constant.
     pub fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+        let mut flows = self.lock();
+        flows.remove(&id);
+        if flows.capacity() > FLOW_TABLE_KEEP && flows.len() < flows.capacity() / 4 {
+            let keep = (flows.len() * 2).max(FLOW_TABLE_KEEP);
+            flows.shrink_to(keep);
+        }
+    }
+
+    /// The table's capacity now (for tests).
+    pub fn capacity(&self) -> usize {
+        self.lock().capacity()
     }
 
     /// Revokes every flow not revoked yet that `verdict` refuses (a reason):
@@ -104,5 +120,49 @@ impl FlowTable {
             revoked(&flow.authz, &reason);
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn authz() -> FlowAuthz {
+        let mesh = ringway_config::MeshConfig::parse("trustDomain: cluster.local\n", "test")
+            .expect("parse")
+            .validate("test")
+            .expect("valid");
+        FlowAuthz {
+            src_ip: "10.0.0.1".parse().expect("ip"),
+            src_identity: None,
+            dst_port: 80,
+            dst_ip: "10.0.0.2".parse().expect("ip"),
+            path: "plaintext",
+            decided_with: Arc::new(mesh),
+        }
+    }
+
+    /// After a burst of flows ends, the table gives its room back (down to
+    /// twice what it still holds, at least FLOW_TABLE_KEEP), and the flows
+    /// still open stay in it.
+    #[test]
+    fn a_table_shrinks_after_a_burst_and_keeps_its_open_flows() {
+        let table = FlowTable::default();
+        let a = authz();
+        let ids: Vec<u64> = (0..4_000)
+            .map(|_| table.insert(a.clone(), Vec::new()))
+            .collect();
+        assert!(table.capacity() >= 4_000);
+        for id in &ids[3..] {
+            table.remove(*id);
+        }
+        assert_eq!(table.len(), 3);
+        assert!(
+            table.capacity() <= 4 * FLOW_TABLE_KEEP,
+            "capacity {} after the burst",
+            table.capacity()
+        );
+        let kept = table.lock();
+        assert!(ids[..3].iter().all(|id| kept.contains_key(id)));
     }
 }

@@ -160,6 +160,41 @@ async fn idle_connection_released() {
     drop(s);
 }
 
+/// After a burst that took several connections of one key, the idle ones
+/// beyond the first are closed after the surplus timeout (their stream
+/// tables and buffers given back at both ends); the last stays warm for
+/// the idle timeout and carries the next stream without a new handshake.
+#[tokio::test]
+async fn surplus_idle_connections_released_one_stays_warm() {
+    let server = Server::start(echo_handler()).await;
+    let pool = Pool::new(PoolConfig {
+        max_streams_per_conn: 1,
+        idle_timeout: Duration::from_secs(600),
+        surplus_idle_timeout: Duration::from_millis(150),
+        ..PoolConfig::default()
+    });
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(server.open(&pool, dst()).await.unwrap());
+    }
+    assert_eq!(pool.connections(), 3, "one stream per connection");
+    for mut s in streams {
+        s.shutdown().await.unwrap();
+        read_all(&mut s).await.unwrap();
+    }
+    ringway_testbed::wait_for_async("surplus release", WAIT, || pool.connections() == 1).await;
+    // The one left is not surplus: it outlives many surplus timeouts.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(pool.connections(), 1, "the last idle connection stays warm");
+    let s = server.open(&pool, dst()).await.unwrap();
+    assert_eq!(
+        pool.connections_opened(),
+        3,
+        "the next stream rode the warm connection"
+    );
+    drop(s);
+}
+
 /// A peer that never answers PING (here: never reads at all) is closed after the PING
 /// timeout; the waiting flow gets an error instead of hanging.
 #[tokio::test]
