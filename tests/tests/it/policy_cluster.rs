@@ -75,15 +75,22 @@ struct Cluster {
     applied: Arc<Mutex<Option<Arc<Mesh>>>>,
 }
 
-fn start_watch<'scope>(
-    scope: &'scope std::thread::Scope<'scope, '_>,
-    t: &'scope TwoNodes,
-) -> Cluster {
+/// A fake API server on its own current-thread runtime (which the caller
+/// keeps, or hands to a watch), and a client of it.
+fn fake_api() -> (tokio::runtime::Runtime, kube::Client, FakeApiServer) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let (client, api) = FakeApiServer::start(runtime.handle());
+    (runtime, client, api)
+}
+
+fn start_watch<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    t: &'scope TwoNodes,
+) -> Cluster {
+    let (runtime, client, api) = fake_api();
     pods(&api);
     let file = Arc::new(MeshConfig::load_str(FILE, "policy_cluster", &NoEnv).unwrap());
     let (tx, rx) = mpsc::channel::<Arc<Mesh>>();
@@ -279,11 +286,7 @@ fn authorization_policy_config_dump_shows_origins_and_skipped_objects() {
                 ringway_config::Datapath::Auto,
             );
             let proxy = Arc::new(mn.proxy);
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let (client, api) = FakeApiServer::start(runtime.handle());
+            let (runtime, client, api) = fake_api();
             pods(&api);
             api.apply(
                 Kind::AuthorizationPolicy,
@@ -525,11 +528,7 @@ fn adversarial_same_node_traffic_to_an_unknown_pod_waits_for_it_then_is_refused(
                 ringway_config::Datapath::Uring,
             );
             let proxy = Arc::new(mn.proxy);
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let (client, api) = FakeApiServer::start(runtime.handle());
+            let (runtime, client, api) = fake_api();
             let pod = |name: &str, sa: &str, ips: [&str; 2]| {
                 fixtures::FakePod::new(&format!("uid-{name}"), "shop", name, "node")
                     .created("2026-01-01T00:00:00Z")
