@@ -41,7 +41,7 @@ struct Flow {
 }
 
 /// Flows a pod's table keeps room for whatever its past bursts.
-pub const FLOW_TABLE_KEEP: usize = 64;
+const FLOW_TABLE_KEEP: usize = 64;
 
 /// A pod's authorized flows.
 #[derive(Debug, Default)]
@@ -93,8 +93,9 @@ impl FlowTable {
         }
     }
 
-    /// The table's capacity now (for tests).
-    pub fn capacity(&self) -> usize {
+    /// The table's capacity now.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
         self.lock().capacity()
     }
 
