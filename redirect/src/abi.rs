@@ -80,6 +80,9 @@ pub(crate) const NFT_MSG_GETRULE: u16 = 7;
 
 pub(crate) const NFT_REG_VERDICT: u32 = 0;
 pub(crate) const NFT_REG_1: u32 = 1;
+pub(crate) const NFT_REG_2: u32 = 2;
+/// The second 32-bit slot of register 1 (bytes 4..8 of `NFT_REG_1`).
+pub(crate) const NFT_REG32_01: u32 = 9;
 pub(crate) const NFT_RETURN: i32 = -5;
 
 pub(crate) const NFTA_LIST_ELEM: u16 = 1;
@@ -160,6 +163,28 @@ pub(crate) const NFTA_TPROXY_REG_PORT: u16 = 3;
 pub(crate) const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 pub(crate) const NFTA_REDIR_FLAGS: u16 = 3;
 
+pub(crate) const NFTA_HASH_SREG: u16 = 1;
+pub(crate) const NFTA_HASH_DREG: u16 = 2;
+pub(crate) const NFTA_HASH_LEN: u16 = 3;
+pub(crate) const NFTA_HASH_MODULUS: u16 = 4;
+pub(crate) const NFTA_HASH_SEED: u16 = 5;
+pub(crate) const NFTA_HASH_OFFSET: u16 = 6;
+pub(crate) const NFTA_HASH_TYPE: u16 = 7;
+pub(crate) const NFT_HASH_JENKINS: u32 = 0;
+
+pub(crate) const NFTA_BYTEORDER_SREG: u16 = 1;
+pub(crate) const NFTA_BYTEORDER_DREG: u16 = 2;
+pub(crate) const NFTA_BYTEORDER_OP: u16 = 3;
+pub(crate) const NFTA_BYTEORDER_LEN: u16 = 4;
+pub(crate) const NFTA_BYTEORDER_SIZE: u16 = 5;
+pub(crate) const NFT_BYTEORDER_HTON: u32 = 1;
+
+pub(crate) const NFTA_NAT_TYPE: u16 = 1;
+pub(crate) const NFTA_NAT_FAMILY: u16 = 2;
+pub(crate) const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+pub(crate) const NFTA_NAT_REG_PROTO_MIN: u16 = 5;
+pub(crate) const NFT_NAT_DNAT: u32 = 1;
+
 /// libnftnl's user-data TLV type for a rule comment (`NFTNL_UDATA_RULE_COMMENT`);
 /// `nft list` shows it as `comment "..."`.
 pub(crate) const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
@@ -227,6 +252,10 @@ mod tests {
         assert_eq!(NFT_MSG_GETRULE as i32, libc::NFT_MSG_GETRULE);
         assert_eq!(NFT_REG_VERDICT as i32, libc::NFT_REG_VERDICT);
         assert_eq!(NFT_REG_1 as i32, libc::NFT_REG_1);
+        assert_eq!(NFT_REG_2 as i32, libc::NFT_REG_2);
+        assert_eq!(NFT_REG32_01 as i32, libc::NFT_REG32_01);
+        assert_eq!(NFT_BYTEORDER_HTON as i32, libc::NFT_BYTEORDER_HTON);
+        assert_eq!(NFT_NAT_DNAT as i32, libc::NFT_NAT_DNAT);
         assert_eq!(NFT_RETURN, libc::NFT_RETURN);
         assert_eq!(NFT_CMP_EQ as i32, libc::NFT_CMP_EQ);
         assert_eq!(NFT_CMP_NEQ as i32, libc::NFT_CMP_NEQ);

@@ -45,6 +45,27 @@ pub(crate) enum Expr {
     TproxyPort,
     /// `redir proto_min reg 1 flags PROTO_SPECIFIED`
     RedirPort,
+    /// `payload load <len>b @ <base> + <offset> => reg <dreg>` (a second
+    /// field of a concatenation, e.g. `NFT_REG32_01`)
+    PayloadTo {
+        dreg: u32,
+        base: u32,
+        offset: u32,
+        len: u32,
+    },
+    /// `reg 1 = jhash(reg 1, <len>) % <modulus> + <offset>` (fixed seed)
+    Jhash {
+        len: u32,
+        modulus: u32,
+        seed: u32,
+        offset: u32,
+    },
+    /// `byteorder reg 1 = hton(reg 1, 4, 4)`
+    Hton32,
+    /// `immediate reg 2 <data>`
+    Immediate2(Vec<u8>),
+    /// `nat dnat ip addr_min reg 1 proto_min reg 2`
+    Dnat4,
     /// Any expression, raw (fault injection for tests; feature `testing`).
     #[cfg(feature = "testing")]
     Raw { name: String, data: Vec<u8> },
@@ -62,6 +83,11 @@ impl Expr {
             Expr::Payload { .. } => "payload",
             Expr::TproxyPort => "tproxy",
             Expr::RedirPort => "redir",
+            Expr::PayloadTo { .. } => "payload",
+            Expr::Jhash { .. } => "hash",
+            Expr::Hton32 => "byteorder",
+            Expr::Immediate2(_) => "immediate",
+            Expr::Dnat4 => "nat",
             #[cfg(feature = "testing")]
             Expr::Raw { name, .. } => name,
         }
@@ -133,6 +159,50 @@ impl Expr {
             Expr::RedirPort => {
                 a.u32_be(NFTA_REDIR_REG_PROTO_MIN, NFT_REG_1)
                     .u32_be(NFTA_REDIR_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED);
+            }
+            Expr::PayloadTo {
+                dreg,
+                base,
+                offset,
+                len,
+            } => {
+                a.u32_be(NFTA_PAYLOAD_DREG, *dreg)
+                    .u32_be(NFTA_PAYLOAD_BASE, *base)
+                    .u32_be(NFTA_PAYLOAD_OFFSET, *offset)
+                    .u32_be(NFTA_PAYLOAD_LEN, *len);
+            }
+            Expr::Jhash {
+                len,
+                modulus,
+                seed,
+                offset,
+            } => {
+                a.u32_be(NFTA_HASH_SREG, NFT_REG_1)
+                    .u32_be(NFTA_HASH_DREG, NFT_REG_1)
+                    .u32_be(NFTA_HASH_LEN, *len)
+                    .u32_be(NFTA_HASH_MODULUS, *modulus)
+                    .u32_be(NFTA_HASH_SEED, *seed)
+                    .u32_be(NFTA_HASH_OFFSET, *offset)
+                    .u32_be(NFTA_HASH_TYPE, NFT_HASH_JENKINS);
+            }
+            Expr::Hton32 => {
+                a.u32_be(NFTA_BYTEORDER_SREG, NFT_REG_1)
+                    .u32_be(NFTA_BYTEORDER_DREG, NFT_REG_1)
+                    .u32_be(NFTA_BYTEORDER_OP, NFT_BYTEORDER_HTON)
+                    .u32_be(NFTA_BYTEORDER_LEN, 4)
+                    .u32_be(NFTA_BYTEORDER_SIZE, 4);
+            }
+            Expr::Immediate2(data) => {
+                a.u32_be(NFTA_IMMEDIATE_DREG, NFT_REG_2)
+                    .nest(NFTA_IMMEDIATE_DATA, |d| {
+                        d.put(NFTA_DATA_VALUE, data);
+                    });
+            }
+            Expr::Dnat4 => {
+                a.u32_be(NFTA_NAT_TYPE, NFT_NAT_DNAT)
+                    .u32_be(NFTA_NAT_FAMILY, u32::from(NFPROTO_IPV4))
+                    .u32_be(NFTA_NAT_REG_ADDR_MIN, NFT_REG_1)
+                    .u32_be(NFTA_NAT_REG_PROTO_MIN, NFT_REG_2);
             }
             #[cfg(feature = "testing")]
             Expr::Raw { data, .. } => {

@@ -151,6 +151,53 @@ fn tproxy_to(port: u16) -> Vec<Expr> {
     ]
 }
 
+/// First address of the outbound DNAT block (`127.0.0.1`, host order).
+const OUTBOUND_V4_FIRST: u32 = 0x7f00_0001;
+/// Addresses in the block: `127.0.0.1` to `127.255.255.254`.
+const OUTBOUND_V4_COUNT: u32 = 0x00ff_fffe;
+/// Fixed, so the mapping survives a re-apply and the verifier can read it
+/// back (the kernel would draw a new one otherwise, and not dump it).
+const OUTBOUND_HASH_SEED: u32 = 0x7269_6e67;
+
+/// IPv4 outbound: `dnat` to `127.h.h.h:<port>`, `h` a hash of the original
+/// destination address and port. A plain `redirect` sends every outbound
+/// connection to `127.0.0.1:<port>`, so the proxy's accepted sockets (which
+/// close first whenever the far side does, and so wait in TIME_WAIT) share
+/// one address with every destination, and conntrack's source-port remaps
+/// make the client's next ports collide with them: its SYN meets a
+/// TIME_WAIT socket whose timestamps came from another 4-tuple, is refused
+/// (PAWS) and retried after a second. Keyed by destination, a proxy-side
+/// TIME_WAIT can only meet the client's next connection to that same
+/// destination (the same 4-tuple, as without the proxy).
+fn dnat_v4_by_destination(port: u16) -> Vec<Expr> {
+    vec![
+        Expr::MetaLoad(NFT_META_NFPROTO),
+        cmp(NFT_CMP_EQ, &[NFPROTO_IPV4]),
+        Expr::MetaLoad(NFT_META_L4PROTO),
+        cmp(NFT_CMP_EQ, &[IPPROTO_TCP]),
+        Expr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 16,
+            len: 4,
+        },
+        Expr::PayloadTo {
+            dreg: NFT_REG32_01,
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 2,
+            len: 2,
+        },
+        Expr::Jhash {
+            len: 8,
+            modulus: OUTBOUND_V4_COUNT,
+            seed: OUTBOUND_HASH_SEED,
+            offset: OUTBOUND_V4_FIRST,
+        },
+        Expr::Hton32,
+        Expr::Immediate2(port.to_be_bytes().to_vec()),
+        Expr::Dnat4,
+    ]
+}
+
 fn redirect_to(port: u16) -> Vec<Expr> {
     vec![
         Expr::Immediate(port.to_be_bytes().to_vec()),
@@ -269,6 +316,13 @@ fn nat_output_chain(s: &CaptureSpec) -> Chain {
             rule(
                 "ct direction reply return".into(),
                 vec![ct_direction_reply(), ret()],
+            ),
+            rule(
+                format!(
+                    "meta nfproto ipv4 meta l4proto tcp dnat ip to jhash ip daddr . tcp dport mod {OUTBOUND_V4_COUNT} seed {OUTBOUND_HASH_SEED:#x} offset 127.0.0.1:{}",
+                    s.outbound_port
+                ),
+                vec![dnat_v4_by_destination(s.outbound_port)],
             ),
             rule(
                 format!("meta l4proto tcp redirect to :{}", s.outbound_port),
@@ -407,6 +461,10 @@ mod tests {
         assert_eq!(c[0].header(), "type filter hook prerouting priority -150");
         assert_eq!(c[1].header(), "type route hook output priority -150");
         assert_eq!(c[2].header(), "type nat hook output priority -100");
+        assert_eq!(
+            c[2].rules[4].desc,
+            "meta nfproto ipv4 meta l4proto tcp dnat ip to jhash ip daddr . tcp dport mod 16777214 seed 0x72696e67 offset 127.0.0.1:15001"
+        );
         assert_eq!(
             c[2].rules.last().unwrap().desc,
             "meta l4proto tcp redirect to :15001"

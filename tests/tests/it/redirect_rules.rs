@@ -179,6 +179,7 @@ fn listing_checks(spec: &CaptureSpec, pod: &Pod) -> String {
         "chain nat_output {",
         "type nat hook output priority -100; policy accept;",
         "oif \"lo\" return",
+        "dnat ip to jhash ip daddr . tcp dport mod 16777214 seed 0x72696e67 offset 2130706433:15001",
         "meta l4proto tcp redirect to :15001",
         "comment \"ringway:v1:prerouting:1:",
     ];
@@ -1260,4 +1261,127 @@ fn traffic_is_direct_after_remove() {
             ping(c, s);
         }
     });
+}
+
+/// `TcpExtPAWSTimewait` and `TcpExtTCPSynRetrans` of the calling thread's
+/// network namespace.
+fn paws_and_syn_retrans(pod: &Pod) -> (u64, u64) {
+    let text = pod
+        .netns
+        .run(|| std::fs::read_to_string("/proc/thread-self/net/netstat"))
+        .expect("netstat");
+    let lines: Vec<&str> = text.lines().collect();
+    let get = |name: &str| -> u64 {
+        for pair in lines.chunks(2) {
+            let (keys, vals) = (pair[0].split_whitespace(), pair[1].split_whitespace());
+            for (k, v) in keys.zip(vals) {
+                if k == name {
+                    return v.parse().expect("counter");
+                }
+            }
+        }
+        panic!("no {name} in /proc/net/netstat");
+    };
+    (get("PAWSTimewait"), get("TCPSynRetrans"))
+}
+
+/// The proxy closes first whenever the far side does, so its accepted
+/// outbound sockets wait in TIME_WAIT. An app that reuses a source port for
+/// another destination must never meet one of them: that SYN carries
+/// timestamps of another 4-tuple, fails PAWS and is retried after a second
+/// (what made the connection rate fall as a pod's TIME_WAIT sockets grew).
+/// IPv4 outbound is DNATed to a loopback address keyed by the destination;
+/// with one address for all (`redirect`) this test fails.
+fn outbound_time_wait_is_kept_per_destination(p0: &Pod, p1: &Pod) {
+    // conntrack forgets a closed connection after 1 s (not 120 s), as it
+    // does under port pressure: nothing remaps the next connection's port
+    // around the proxy's TIME_WAIT socket.
+    p1.netns
+        .sysctl("net/netfilter/nf_conntrack_tcp_timeout_time_wait", "1")
+        .expect("conntrack TIME_WAIT timeout");
+    let proxy = listener(p1, any_addr(false, 15001));
+    let before = paws_and_syn_retrans(p1);
+    let mut seen: Vec<(SocketAddr, IpAddr)> = Vec::new();
+    // 6 source ports, each used for 3 destinations in turn, then once more
+    // for its first destination (the same 4-tuple may meet its own
+    // TIME_WAIT, as without a proxy, and gets the same address).
+    let sources: Vec<u16> = (0..6).map(|i| 41_000 + i).collect();
+    for round in 0..4u16 {
+        for (i, sport) in sources.iter().enumerate() {
+            let dport = if round == 3 {
+                9_100 + i as u16 * 3
+            } else {
+                9_100 + i as u16 * 3 + round
+            };
+            let remote = SocketAddr::new(p0.ip(false), dport);
+            let c = p1
+                .netns
+                .run(|| {
+                    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+                    s.set_reuse_address(true)?;
+                    s.bind(&SocketAddr::new(p1.ip(false), *sport).into())?;
+                    s.connect_timeout(&remote.into(), SHORT)?;
+                    Ok::<_, std::io::Error>(TcpStream::from(s))
+                })
+                .unwrap_or_else(|e| panic!("connect from :{sport} to {remote}: {e}"));
+            let (mut s, _) = accept_within(&proxy, SHORT).expect("accepted on 15001");
+            assert_eq!(original_dst(&s, false), remote);
+            let local = s.local_addr().unwrap().ip();
+            match local {
+                IpAddr::V4(a) => assert!(a.is_loopback(), "{a} is not loopback"),
+                IpAddr::V6(a) => panic!("IPv4 outbound accepted on {a}"),
+            }
+            seen.push((remote, local));
+            // The proxy side closes first (the far end did): TIME_WAIT here.
+            s.write_all(b"x").unwrap();
+            drop(s);
+            let mut c = c;
+            c.set_read_timeout(Some(SHORT)).unwrap();
+            let mut b = Vec::new();
+            c.read_to_end(&mut b).unwrap();
+            assert_eq!(b, b"x");
+        }
+        std::thread::sleep(Duration::from_millis(1_300));
+    }
+    let after = paws_and_syn_retrans(p1);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (0, 0),
+        "SYNs refused by a TIME_WAIT socket of the proxy (PAWS) / retransmitted"
+    );
+    // One address per destination, the same each time.
+    for (r, l) in &seen {
+        for (r2, l2) in &seen {
+            if r == r2 {
+                assert_eq!(l, l2, "{r} reached the proxy on {l} and on {l2}");
+            }
+        }
+    }
+    let mut locals: Vec<IpAddr> = seen.iter().map(|(_, l)| *l).collect();
+    locals.sort();
+    locals.dedup();
+    assert!(
+        locals.len() >= 17,
+        "18 destinations share {} proxy addresses: {locals:?}",
+        locals.len()
+    );
+}
+
+#[test]
+fn outbound_time_wait_is_kept_per_destination_tproxy() {
+    run_isolated("outbound_time_wait_is_kept_per_destination_tproxy", || {
+        let (_vn, p0, p1) = node_with_capture(&tproxy());
+        outbound_time_wait_is_kept_per_destination(&p0, &p1);
+    });
+}
+
+#[test]
+fn outbound_time_wait_is_kept_per_destination_redirect() {
+    run_isolated(
+        "outbound_time_wait_is_kept_per_destination_redirect",
+        || {
+            let (_vn, p0, p1) = node_with_capture(&redirect());
+            outbound_time_wait_is_kept_per_destination(&p0, &p1);
+        },
+    );
 }
