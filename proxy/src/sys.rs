@@ -117,6 +117,48 @@ pub fn shutdown_write(fd: BorrowedFd<'_>) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
+/// A copy of the bytes a socket has already received, up to `max`, without
+/// waiting and without taking them (`MSG_PEEK`): empty when there are none
+/// yet, or when the peer sent FIN. An error (a reset) is returned.
+pub fn peek_ready(fd: BorrowedFd<'_>, max: usize) -> io::Result<bytes::Bytes> {
+    use nix::sys::socket::MsgFlags;
+    let mut buf = vec![0u8; max];
+    match nix::sys::socket::recv(
+        fd.as_raw_fd(),
+        &mut buf,
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK,
+    ) {
+        Ok(n) => {
+            buf.truncate(n);
+            Ok(bytes::Bytes::from(buf))
+        }
+        Err(nix::errno::Errno::EAGAIN) => Ok(bytes::Bytes::new()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Takes `n` bytes that [`peek_ready`] saw off the socket's receive queue
+/// (they were sent elsewhere). Fewer than `n` is an error.
+pub fn consume_peeked(fd: BorrowedFd<'_>, n: usize) -> io::Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; n];
+    let got = nix::sys::socket::recv(
+        fd.as_raw_fd(),
+        &mut buf,
+        nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+    )?;
+    if got == n {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{got} of the {n} bytes peeked were still queued"),
+        ))
+    }
+}
+
 /// Raises RLIMIT_NOFILE's soft limit to the hard limit. Returns (old, new).
 pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};

@@ -248,7 +248,29 @@ impl Pool {
         &self,
         key: PoolKey,
         dial: D,
+        req: ConnectHeaders,
+    ) -> Result<HboneStream, HboneError>
+    where
+        D: FnOnce() -> F,
+        F: Future<Output = io::Result<IO>>,
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.connect_with_data(key, dial, req, Bytes::new()).await
+    }
+
+    /// [`Pool::connect`], with `first` (the client's bytes already read,
+    /// may be empty) sent as DATA right behind the CONNECT's HEADERS, in the
+    /// same write, instead of after the peer's `200`: a client that speaks
+    /// first (HTTP, TLS) saves one tunnel round trip and one TLS record per
+    /// connection. The peer holds the bytes in the stream's window until it
+    /// has connected to the app; a refused stream drops them (the caller
+    /// resets its client, as without them), a retried one sends them again.
+    pub async fn connect_with_data<D, F, IO>(
+        &self,
+        key: PoolKey,
+        dial: D,
         mut req: ConnectHeaders,
+        first: Bytes,
     ) -> Result<HboneStream, HboneError>
     where
         D: FnOnce() -> F,
@@ -284,7 +306,7 @@ impl Pool {
                 Some(r) => r,
                 None => req.to_request()?,
             };
-            match open_stream(guard, request).await {
+            match open_stream(guard, request, first.clone()).await {
                 Ok(s) => return Ok(s),
                 Err(OpenError::Retryable(e)) => {
                     debug!(conn = conn.id, error = %e, "stream refused, connection retired");
@@ -474,17 +496,23 @@ async fn idle_watch(conn: &Conn, slot: &Slot, config: &PoolConfig) {
 async fn open_stream(
     guard: StreamGuard,
     request: http::Request<()>,
+    first: Bytes,
 ) -> Result<HboneStream, OpenError> {
     let send = guard.conn.send.clone();
     let mut send = send.ready().await.map_err(classify)?;
-    let (response, send_stream) = send.send_request(request, false).map_err(classify)?;
+    let (response, mut send_stream) = send.send_request(request, false).map_err(classify)?;
+    let sent_first = first.len();
+    if !first.is_empty() {
+        // Queued behind the HEADERS before the connection task runs, so
+        // both leave in one write; h2 asks the window for them itself.
+        send_stream.send_data(first, false).map_err(classify)?;
+    }
     let response = response.await.map_err(classify)?;
     match response.status() {
-        StatusCode::OK => Ok(HboneStream::new(
-            send_stream,
-            response.into_body(),
-            Some(guard),
-        )),
+        StatusCode::OK => Ok(
+            HboneStream::new(send_stream, response.into_body(), Some(guard))
+                .with_sent_first(sent_first),
+        ),
         status => Err(OpenError::Fatal(HboneError::from_status(status))),
     }
 }

@@ -30,6 +30,8 @@ pub struct HboneStream {
     buf: Bytes,
     read_eof: bool,
     write_closed: bool,
+    /// Bytes sent with the CONNECT, before the stream was open.
+    sent_first: u32,
     _guard: Option<StreamGuard>,
 }
 
@@ -45,8 +47,21 @@ impl HboneStream {
             buf: Bytes::new(),
             read_eof: false,
             write_closed: false,
+            sent_first: 0,
             _guard: guard,
         }
+    }
+
+    pub(crate) fn with_sent_first(mut self, n: usize) -> Self {
+        self.sent_first = u32::try_from(n).unwrap_or(u32::MAX);
+        self
+    }
+
+    /// How many bytes went out with the CONNECT request
+    /// ([`crate::Pool::connect_with_data`]), before the stream was open:
+    /// the caller counts them as sent.
+    pub fn sent_first(&self) -> u64 {
+        u64::from(self.sent_first)
     }
 
     /// Resets the stream (RST_STREAM CONNECT_ERROR): the peer resets its upstream.

@@ -128,7 +128,11 @@ pub fn outbound_pump<'a>(
         plan.dst_identity.to_string(),
     ]);
     async move {
+        // The client's first bytes went out with the CONNECT.
+        let first = stream.sent_first();
+        up_meter.add(first);
         let (up, down, end) = pump(client, stream, &up_meter, &down_meter).await;
+        let up = up + first;
         closed.inc();
         let [src_workload, src_identity, dst_workload, dst_identity] = *names;
         tracing::event!(
@@ -157,6 +161,7 @@ pub async fn open_outbound(
     src_peer: &Peer,
     client_addr: SocketAddr,
     plan: &OutboundPlan,
+    first: bytes::Bytes,
 ) -> Result<ringway_hbone::HboneStream, TunnelError> {
     let (key, tunnel) = tunnel_key(pod, plan, client_addr.ip());
     let dial = || dial_tunnel(cx, pod, plan, tunnel);
@@ -176,7 +181,7 @@ pub async fn open_outbound(
         // The destination reports the service from it (as the reference).
         headers = headers.forwarded_host(&svc.hostname);
     }
-    Ok(pool.connect(key, dial, headers).await?)
+    Ok(pool.connect_with_data(key, dial, headers, first).await?)
 }
 
 /// The dial of a new pooled connection for `plan`: TCP from `pod`'s netns

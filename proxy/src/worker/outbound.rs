@@ -281,6 +281,9 @@ struct OpenTunnel {
     named: Box<(Arc<Peer>, Arc<Series>)>,
 }
 
+/// The most of a client's first bytes sent with the CONNECT request.
+const FIRST_BYTES_MAX: usize = 4 * 1024;
+
 /// Opens an outbound connection's tunnel to `plan.dst` over HBONE; `svc`
 /// is the dialled service ([`SeriesKey::service`]).
 async fn tunnel_outbound(
@@ -306,6 +309,19 @@ async fn tunnel_outbound(
             service: svc,
         },
     );
+    // What the client has sent already (a client that speaks first: HTTP,
+    // TLS) leaves with the CONNECT instead of after the peer's answer. Only
+    // peeked: they stay queued until this stream is open, so another
+    // endpoint tried after a failure gets them all.
+    let first = match sys::peek_ready(client.as_fd(), FIRST_BYTES_MAX) {
+        Ok(b) => b,
+        Err(e) => {
+            // Reset before we answered: nothing to open.
+            tracing::debug!(error = %e, "client gone before the tunnel opened");
+            sys::tcp_abort(client.as_fd());
+            return TunnelOutcome::Done;
+        }
+    };
     // Boxed: the open's state (dial, TLS handshake, HTTP/2 request) is
     // freed once the stream is open.
     let opened = Box::pin(tunnel::open_outbound(
@@ -315,18 +331,27 @@ async fn tunnel_outbound(
         &src,
         peer,
         &plan,
+        first,
     ))
     .await;
     match opened {
-        Ok(stream) => match adopt_client(client) {
-            Some(client) => TunnelOutcome::Open(Box::new(OpenTunnel {
-                client,
-                stream,
-                plan,
-                named: Box::new((src, series)),
-            })),
-            None => TunnelOutcome::Done,
-        },
+        Ok(stream) => {
+            if let Err(e) = sys::consume_peeked(client.as_fd(), stream.sent_first() as usize) {
+                tracing::debug!(error = %e, "client's first bytes not consumed; reset");
+                sys::tcp_abort(client.as_fd());
+                stream.reset();
+                return TunnelOutcome::Done;
+            }
+            match adopt_client(client) {
+                Some(client) => TunnelOutcome::Open(Box::new(OpenTunnel {
+                    client,
+                    stream,
+                    plan,
+                    named: Box::new((src, series)),
+                })),
+                None => TunnelOutcome::Done,
+            }
+        }
         Err(tunnel::TunnelError::Hbone(ringway_hbone::HboneError::Denied)) => {
             // The destination's policy said no: final, and the client
             // learns it as a reset.

@@ -276,3 +276,85 @@ async fn evict_closes_only_matching_connections() {
     assert_eq!(pool.connections_opened(), 3);
     drop((s, kept));
 }
+
+/// The client's first bytes leave with the CONNECT: a peer that reads the
+/// request body before it answers gets them (had they waited for the
+/// `200`, it would wait forever), and the stream reports them as sent.
+#[tokio::test]
+async fn first_bytes_leave_with_the_connect_before_the_answer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut conn = h2::server::handshake(tcp).await.unwrap();
+        let (req, mut respond) = conn.accept().await.unwrap().unwrap();
+        tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        let mut body = req.into_body();
+        let first = tokio::time::timeout(Duration::from_secs(5), body.data())
+            .await
+            .expect("the first bytes came before the answer")
+            .expect("a DATA frame")
+            .unwrap();
+        let _ = body.flow_control().release_capacity(first.len());
+        let mut send = respond
+            .send_response(http::Response::new(()), false)
+            .unwrap();
+        // Echo them, then whatever else comes, then end.
+        send.send_data(first, false).unwrap();
+        while let Some(d) = body.data().await {
+            let d = d.unwrap();
+            let _ = body.flow_control().release_capacity(d.len());
+            send.send_data(d, false).unwrap();
+        }
+        send.send_data(bytes::Bytes::new(), true).unwrap();
+    });
+    let pool = pool();
+    let key = ringway_hbone::PoolKey {
+        src_identity: "spiffe://cluster.local/ns/default/sa/client".into(),
+        dst_identity: "spiffe://cluster.local/ns/default/sa/server".into(),
+        src_ip: "127.0.0.1".parse().unwrap(),
+        dst: addr,
+    };
+    let mut s = pool
+        .connect_with_data(
+            key,
+            || dial(addr),
+            ConnectHeaders::new(dst()),
+            bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.sent_first(), 18);
+    s.write_all(b"more").await.unwrap();
+    s.shutdown().await.unwrap();
+    assert_eq!(
+        read_all(&mut s).await.unwrap(),
+        b"GET / HTTP/1.1\r\n\r\nmore"
+    );
+    peer.await.unwrap();
+}
+
+/// Through ringway's own server the first bytes reach the app ahead of the
+/// rest; a stream without them reports none sent.
+#[tokio::test]
+async fn first_bytes_reach_the_app_through_the_server_in_order() {
+    let server = Server::start(echo_handler()).await;
+    let pool = pool();
+    let addr = server.addr;
+    let mut s = pool
+        .connect_with_data(
+            server.key(),
+            || dial(addr),
+            ConnectHeaders::new(dst()),
+            bytes::Bytes::from_static(b"first"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.sent_first(), 5);
+    s.write_all(b", then the rest").await.unwrap();
+    s.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut s).await.unwrap(), b"first, then the rest");
+    let plain = server.open(&pool, dst()).await.unwrap();
+    assert_eq!(plain.sent_first(), 0);
+    assert_eq!(pool.connections_opened(), 1);
+}
