@@ -117,25 +117,25 @@ pub fn shutdown_write(fd: BorrowedFd<'_>) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
-/// A copy of the bytes a socket has already received, up to `max`, without
+/// A copy of the bytes a socket has already received, up to [`PEEK_MAX`], without
 /// waiting and without taking them (`MSG_PEEK`): empty when there are none
 /// yet, or when the peer sent FIN. An error (a reset) is returned.
-pub fn peek_ready(fd: BorrowedFd<'_>, max: usize) -> io::Result<bytes::Bytes> {
+pub fn peek_ready(fd: BorrowedFd<'_>) -> io::Result<bytes::Bytes> {
     use nix::sys::socket::MsgFlags;
-    let mut buf = vec![0u8; max];
+    let mut buf = [0u8; PEEK_MAX];
     match nix::sys::socket::recv(
         fd.as_raw_fd(),
         &mut buf,
         MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK,
     ) {
-        Ok(n) => {
-            buf.truncate(n);
-            Ok(bytes::Bytes::from(buf))
-        }
+        Ok(n) => Ok(bytes::Bytes::copy_from_slice(&buf[..n])),
         Err(nix::errno::Errno::EAGAIN) => Ok(bytes::Bytes::new()),
         Err(e) => Err(io::Error::from(e)),
     }
 }
+
+/// The most [`peek_ready`] returns.
+pub const PEEK_MAX: usize = 4 * 1024;
 
 /// Takes `n` bytes that [`peek_ready`] saw off the socket's receive queue
 /// (they were sent elsewhere). Fewer than `n` is an error.
@@ -143,10 +143,11 @@ pub fn consume_peeked(fd: BorrowedFd<'_>, n: usize) -> io::Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let mut buf = vec![0u8; n];
+    let mut buf = [0u8; PEEK_MAX];
+    let want = n.min(PEEK_MAX);
     let got = nix::sys::socket::recv(
         fd.as_raw_fd(),
-        &mut buf,
+        &mut buf[..want],
         nix::sys::socket::MsgFlags::MSG_DONTWAIT,
     )?;
     if got == n {

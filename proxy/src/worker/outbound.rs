@@ -281,9 +281,6 @@ struct OpenTunnel {
     named: Box<(Arc<Peer>, Arc<Series>)>,
 }
 
-/// The most of a client's first bytes sent with the CONNECT request.
-const FIRST_BYTES_MAX: usize = 4 * 1024;
-
 /// Opens an outbound connection's tunnel to `plan.dst` over HBONE; `svc`
 /// is the dialled service ([`SeriesKey::service`]).
 async fn tunnel_outbound(
@@ -313,7 +310,7 @@ async fn tunnel_outbound(
     // TLS) leaves with the CONNECT instead of after the peer's answer. Only
     // peeked: they stay queued until this stream is open, so another
     // endpoint tried after a failure gets them all.
-    let first = match sys::peek_ready(client.as_fd(), FIRST_BYTES_MAX) {
+    let first = match sys::peek_ready(client.as_fd()) {
         Ok(b) => b,
         Err(e) => {
             // Reset before we answered: nothing to open.
