@@ -83,6 +83,8 @@ pub(crate) const NFT_REG_1: u32 = 1;
 pub(crate) const NFT_REG_2: u32 = 2;
 /// The second 32-bit slot of register 1 (bytes 4..8 of `NFT_REG_1`).
 pub(crate) const NFT_REG32_01: u32 = 9;
+pub(crate) const NFT_REG32_03: u32 = 11;
+pub(crate) const NFT_REG32_05: u32 = 13;
 pub(crate) const NFT_RETURN: i32 = -5;
 
 pub(crate) const NFTA_LIST_ELEM: u16 = 1;
@@ -254,6 +256,8 @@ mod tests {
         assert_eq!(NFT_REG_1 as i32, libc::NFT_REG_1);
         assert_eq!(NFT_REG_2 as i32, libc::NFT_REG_2);
         assert_eq!(NFT_REG32_01 as i32, libc::NFT_REG32_01);
+        assert_eq!(NFT_REG32_03 as i32, libc::NFT_REG32_03);
+        assert_eq!(NFT_REG32_05 as i32, libc::NFT_REG32_05);
         assert_eq!(NFT_BYTEORDER_HTON as i32, libc::NFT_BYTEORDER_HTON);
         assert_eq!(NFT_NAT_DNAT as i32, libc::NFT_NAT_DNAT);
         assert_eq!(NFT_RETURN, libc::NFT_RETURN);

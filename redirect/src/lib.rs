@@ -81,7 +81,7 @@
 //! | 3 | `oif "lo" return` | loopback and the pod's own IPs are not captured |
 //! | 4 | `ct direction reply return` | |
 //! | 5 | `meta nfproto ipv4 meta l4proto tcp dnat ip to jhash ip daddr . tcp dport mod 16777214 seed 0x72696e67 offset 127.0.0.1:15001` | IPv4 outbound: to the proxy on a loopback address keyed by the destination (`127.0.0.1` to `127.255.255.254`; the hash is put in network order), original destination via `SO_ORIGINAL_DST`. One address for every destination would let the proxy's TIME_WAIT sockets (it closes first whenever the far side does) meet the app's next connection from the same port to another destination, whose SYN then fails PAWS and waits a retransmission |
-//! | 6 | `meta l4proto tcp redirect to :15001` | IPv6 outbound (`::1` is the only loopback address), same |
+//! | 6 | `meta nfproto ipv6 meta l4proto tcp meta mark set 0x111 ct mark set 0x111 dnat ip6 to [fd16:9254:7127:1500::/96 + jhash ip6 daddr . tcp dport]:15001` | IPv6 outbound, same: `::1` is the only IPv6 loopback address, so the block `fd16:9254:7127:1500::/96` (the low 32 bits the hash) is made local by the capture mark: this rule marks the first packet and the connection, `output` rule 3 marks the rest, and table 133's `local ::/0 dev lo` delivers them to the proxy |
 //!
 //! Policy routing, IPv4 and IPv6: `ip rule add fwmark 0x111/0xfff lookup 133
 //! priority 100` and `ip route add local 0.0.0.0/0 dev lo table 133` (and

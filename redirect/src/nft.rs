@@ -53,8 +53,11 @@ pub(crate) enum Expr {
         offset: u32,
         len: u32,
     },
-    /// `reg 1 = jhash(reg 1, <len>) % <modulus> + <offset>` (fixed seed)
+    /// `reg <dreg> = jhash(reg <sreg>, <len>) % <modulus> + <offset>`
+    /// (fixed seed)
     Jhash {
+        sreg: u32,
+        dreg: u32,
         len: u32,
         modulus: u32,
         seed: u32,
@@ -66,6 +69,10 @@ pub(crate) enum Expr {
     Immediate2(Vec<u8>),
     /// `nat dnat ip addr_min reg 1 proto_min reg 2`
     Dnat4,
+    /// `nat dnat ip6 addr_min reg 1 proto_min reg 2`
+    Dnat6,
+    /// `bitwise reg <dreg> = reg <sreg>` (`<len>` bytes: a copy)
+    Copy { sreg: u32, dreg: u32, len: u32 },
     /// Any expression, raw (fault injection for tests; feature `testing`).
     #[cfg(feature = "testing")]
     Raw { name: String, data: Vec<u8> },
@@ -87,7 +94,8 @@ impl Expr {
             Expr::Jhash { .. } => "hash",
             Expr::Hton32 => "byteorder",
             Expr::Immediate2(_) => "immediate",
-            Expr::Dnat4 => "nat",
+            Expr::Dnat4 | Expr::Dnat6 => "nat",
+            Expr::Copy { .. } => "bitwise",
             #[cfg(feature = "testing")]
             Expr::Raw { name, .. } => name,
         }
@@ -172,18 +180,23 @@ impl Expr {
                     .u32_be(NFTA_PAYLOAD_LEN, *len);
             }
             Expr::Jhash {
+                sreg,
+                dreg,
                 len,
                 modulus,
                 seed,
                 offset,
             } => {
-                a.u32_be(NFTA_HASH_SREG, NFT_REG_1)
-                    .u32_be(NFTA_HASH_DREG, NFT_REG_1)
+                a.u32_be(NFTA_HASH_SREG, *sreg)
+                    .u32_be(NFTA_HASH_DREG, *dreg)
                     .u32_be(NFTA_HASH_LEN, *len)
                     .u32_be(NFTA_HASH_MODULUS, *modulus)
                     .u32_be(NFTA_HASH_SEED, *seed)
-                    .u32_be(NFTA_HASH_OFFSET, *offset)
                     .u32_be(NFTA_HASH_TYPE, NFT_HASH_JENKINS);
+                // The kernel dumps the offset only when it is not 0.
+                if *offset != 0 {
+                    a.u32_be(NFTA_HASH_OFFSET, *offset);
+                }
             }
             Expr::Hton32 => {
                 a.u32_be(NFTA_BYTEORDER_SREG, NFT_REG_1)
@@ -198,11 +211,28 @@ impl Expr {
                         d.put(NFTA_DATA_VALUE, data);
                     });
             }
-            Expr::Dnat4 => {
+            Expr::Dnat4 | Expr::Dnat6 => {
+                let family = if matches!(self, Expr::Dnat4) {
+                    NFPROTO_IPV4
+                } else {
+                    NFPROTO_IPV6
+                };
                 a.u32_be(NFTA_NAT_TYPE, NFT_NAT_DNAT)
-                    .u32_be(NFTA_NAT_FAMILY, u32::from(NFPROTO_IPV4))
+                    .u32_be(NFTA_NAT_FAMILY, u32::from(family))
                     .u32_be(NFTA_NAT_REG_ADDR_MIN, NFT_REG_1)
                     .u32_be(NFTA_NAT_REG_PROTO_MIN, NFT_REG_2);
+            }
+            Expr::Copy { sreg, dreg, len } => {
+                let n = *len as usize;
+                a.u32_be(NFTA_BITWISE_SREG, *sreg)
+                    .u32_be(NFTA_BITWISE_DREG, *dreg)
+                    .u32_be(NFTA_BITWISE_LEN, *len)
+                    .nest(NFTA_BITWISE_MASK, |d| {
+                        d.put(NFTA_DATA_VALUE, &vec![0xff; n]);
+                    })
+                    .nest(NFTA_BITWISE_XOR, |d| {
+                        d.put(NFTA_DATA_VALUE, &vec![0; n]);
+                    });
             }
             #[cfg(feature = "testing")]
             Expr::Raw { data, .. } => {

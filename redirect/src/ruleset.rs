@@ -187,6 +187,8 @@ fn dnat_v4_by_destination(port: u16) -> Vec<Expr> {
             len: 2,
         },
         Expr::Jhash {
+            sreg: NFT_REG_1,
+            dreg: NFT_REG_1,
             len: 8,
             modulus: OUTBOUND_V4_COUNT,
             seed: OUTBOUND_HASH_SEED,
@@ -196,6 +198,60 @@ fn dnat_v4_by_destination(port: u16) -> Vec<Expr> {
         Expr::Immediate2(port.to_be_bytes().to_vec()),
         Expr::Dnat4,
     ]
+}
+
+/// The block the IPv6 outbound DNAT maps destinations into (`/96`; the low
+/// 32 bits are the hash). IPv6 has one loopback address, so these are made
+/// local by the capture mark: the rule marks the connection, the `output`
+/// chain marks its later packets, and table 133 (`local ::/0 dev lo`) takes
+/// them to the proxy.
+pub(crate) const OUTBOUND_V6_BLOCK: Ipv6Addr =
+    Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0x1500, 0, 0, 0, 0);
+
+/// IPv6 outbound: as [`dnat_v4_by_destination`], to
+/// `[OUTBOUND_V6_BLOCK + h]:<port>`, the connection marked with the
+/// capture mark so that every packet routes locally.
+fn dnat_v6_by_destination(s: &CaptureSpec) -> Vec<Expr> {
+    let mut v = vec![
+        Expr::MetaLoad(NFT_META_NFPROTO),
+        cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]),
+        Expr::MetaLoad(NFT_META_L4PROTO),
+        cmp(NFT_CMP_EQ, &[IPPROTO_TCP]),
+    ];
+    v.extend(set_meta_mark(s.capture_mark));
+    v.push(Expr::CtSet(NFT_CT_MARK));
+    v.extend([
+        Expr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 24,
+            len: 16,
+        },
+        // Right behind the 16-byte address (`NFT_REG32_04`, which the
+        // kernel names, and dumps, as `NFT_REG_2`).
+        Expr::PayloadTo {
+            dreg: NFT_REG_2,
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 2,
+            len: 2,
+        },
+        Expr::Jhash {
+            sreg: NFT_REG_1,
+            dreg: NFT_REG32_05,
+            len: 20,
+            modulus: u32::MAX,
+            seed: OUTBOUND_HASH_SEED,
+            offset: 0,
+        },
+        Expr::Immediate(OUTBOUND_V6_BLOCK.octets().to_vec()),
+        Expr::Copy {
+            sreg: NFT_REG32_05,
+            dreg: NFT_REG32_03,
+            len: 4,
+        },
+        Expr::Immediate2(s.outbound_port.to_be_bytes().to_vec()),
+        Expr::Dnat6,
+    ]);
+    v
 }
 
 fn redirect_to(port: u16) -> Vec<Expr> {
@@ -325,8 +381,12 @@ fn nat_output_chain(s: &CaptureSpec) -> Chain {
                 vec![dnat_v4_by_destination(s.outbound_port)],
             ),
             rule(
-                format!("meta l4proto tcp redirect to :{}", s.outbound_port),
-                vec![l4proto_is_tcp(), redirect_to(s.outbound_port)],
+                format!(
+                    "meta nfproto ipv6 meta l4proto tcp meta mark set {cm:#x} ct mark set {cm:#x} dnat ip6 to [{OUTBOUND_V6_BLOCK}/96 + jhash ip6 daddr . tcp dport seed {OUTBOUND_HASH_SEED:#x}]:{}",
+                    s.outbound_port,
+                    cm = s.capture_mark
+                ),
+                vec![dnat_v6_by_destination(s)],
             ),
         ],
     }
@@ -467,7 +527,7 @@ mod tests {
         );
         assert_eq!(
             c[2].rules.last().unwrap().desc,
-            "meta l4proto tcp redirect to :15001"
+            "meta nfproto ipv6 meta l4proto tcp meta mark set 0x111 ct mark set 0x111 dnat ip6 to [fd16:9254:7127:1500::/96 + jhash ip6 daddr . tcp dport seed 0x72696e67]:15001"
         );
     }
 

@@ -180,7 +180,7 @@ fn listing_checks(spec: &CaptureSpec, pod: &Pod) -> String {
         "type nat hook output priority -100; policy accept;",
         "oif \"lo\" return",
         "dnat ip to jhash ip daddr . tcp dport mod 16777214 seed 0x72696e67 offset 2130706433:15001",
-        "meta l4proto tcp redirect to :15001",
+        "meta nfproto ipv6 meta l4proto tcp meta mark set 0x00000111 ct mark set 0x00000111 dnat ip6 to [fd16:9254:7127:1500::]:15001",
         "comment \"ringway:v1:prerouting:1:",
     ];
     for m in must {
@@ -1292,14 +1292,14 @@ fn paws_and_syn_retrans(pod: &Pod) -> (u64, u64) {
 /// (what made the connection rate fall as a pod's TIME_WAIT sockets grew).
 /// IPv4 outbound is DNATed to a loopback address keyed by the destination;
 /// with one address for all (`redirect`) this test fails.
-fn outbound_time_wait_is_kept_per_destination(p0: &Pod, p1: &Pod) {
+fn outbound_time_wait_is_kept_per_destination(p0: &Pod, p1: &Pod, v6: bool) {
     // conntrack forgets a closed connection after 1 s (not 120 s), as it
     // does under port pressure: nothing remaps the next connection's port
     // around the proxy's TIME_WAIT socket.
     p1.netns
         .sysctl("net/netfilter/nf_conntrack_tcp_timeout_time_wait", "1")
         .expect("conntrack TIME_WAIT timeout");
-    let proxy = listener(p1, any_addr(false, 15001));
+    let proxy = listener(p1, any_addr(v6, 15001));
     let before = paws_and_syn_retrans(p1);
     let mut seen: Vec<(SocketAddr, IpAddr)> = Vec::new();
     // 6 source ports, each used for 3 destinations in turn, then once more
@@ -1313,23 +1313,28 @@ fn outbound_time_wait_is_kept_per_destination(p0: &Pod, p1: &Pod) {
             } else {
                 9_100 + i as u16 * 3 + round
             };
-            let remote = SocketAddr::new(p0.ip(false), dport);
+            let remote = SocketAddr::new(p0.ip(v6), dport);
             let c = p1
                 .netns
                 .run(|| {
-                    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+                    let s = Socket::new(Domain::for_address(remote), Type::STREAM, None)?;
                     s.set_reuse_address(true)?;
-                    s.bind(&SocketAddr::new(p1.ip(false), *sport).into())?;
+                    s.bind(&SocketAddr::new(p1.ip(v6), *sport).into())?;
                     s.connect_timeout(&remote.into(), SHORT)?;
                     Ok::<_, std::io::Error>(TcpStream::from(s))
                 })
                 .unwrap_or_else(|e| panic!("connect from :{sport} to {remote}: {e}"));
             let (mut s, _) = accept_within(&proxy, SHORT).expect("accepted on 15001");
-            assert_eq!(original_dst(&s, false), remote);
+            assert_eq!(original_dst(&s, v6), remote);
             let local = s.local_addr().unwrap().ip();
             match local {
-                IpAddr::V4(a) => assert!(a.is_loopback(), "{a} is not loopback"),
-                IpAddr::V6(a) => panic!("IPv4 outbound accepted on {a}"),
+                IpAddr::V4(a) if !v6 => assert!(a.is_loopback(), "{a} is not loopback"),
+                IpAddr::V6(a) if v6 => assert_eq!(
+                    a.segments()[..6],
+                    [0xfd16, 0x9254, 0x7127, 0x1500, 0, 0],
+                    "{a} is not in the outbound block"
+                ),
+                a => panic!("accepted on {a} (IPv6: {v6})"),
             }
             seen.push((remote, local));
             // The proxy side closes first (the far end did): TIME_WAIT here.
@@ -1371,8 +1376,19 @@ fn outbound_time_wait_is_kept_per_destination(p0: &Pod, p1: &Pod) {
 fn outbound_time_wait_is_kept_per_destination_tproxy() {
     run_isolated("outbound_time_wait_is_kept_per_destination_tproxy", || {
         let (_vn, p0, p1) = node_with_capture(&tproxy());
-        outbound_time_wait_is_kept_per_destination(&p0, &p1);
+        outbound_time_wait_is_kept_per_destination(&p0, &p1, false);
     });
+}
+
+#[test]
+fn outbound_time_wait_is_kept_per_destination_tproxy_ipv6() {
+    run_isolated(
+        "outbound_time_wait_is_kept_per_destination_tproxy_ipv6",
+        || {
+            let (_vn, p0, p1) = node_with_capture(&tproxy());
+            outbound_time_wait_is_kept_per_destination(&p0, &p1, true);
+        },
+    );
 }
 
 #[test]
@@ -1381,7 +1397,18 @@ fn outbound_time_wait_is_kept_per_destination_redirect() {
         "outbound_time_wait_is_kept_per_destination_redirect",
         || {
             let (_vn, p0, p1) = node_with_capture(&redirect());
-            outbound_time_wait_is_kept_per_destination(&p0, &p1);
+            outbound_time_wait_is_kept_per_destination(&p0, &p1, false);
+        },
+    );
+}
+
+#[test]
+fn outbound_time_wait_is_kept_per_destination_redirect_ipv6() {
+    run_isolated(
+        "outbound_time_wait_is_kept_per_destination_redirect_ipv6",
+        || {
+            let (_vn, p0, p1) = node_with_capture(&redirect());
+            outbound_time_wait_is_kept_per_destination(&p0, &p1, true);
         },
     );
 }
