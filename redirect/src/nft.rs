@@ -67,10 +67,9 @@ pub(crate) enum Expr {
     Hton32,
     /// `immediate reg 2 <data>`
     Immediate2(Vec<u8>),
-    /// `nat dnat ip addr_min reg 1 proto_min reg 2`
-    Dnat4,
-    /// `nat dnat ip6 addr_min reg 1 proto_min reg 2`
-    Dnat6,
+    /// `nat dnat <family> addr_min reg 1 proto_min reg 2` (`NFPROTO_IPV4`
+    /// or `NFPROTO_IPV6`)
+    Dnat(u8),
     /// `bitwise reg <dreg> = reg <sreg>` (`<len>` bytes: a copy)
     Copy { sreg: u32, dreg: u32, len: u32 },
     /// Any expression, raw (fault injection for tests; feature `testing`).
@@ -94,7 +93,7 @@ impl Expr {
             Expr::Jhash { .. } => "hash",
             Expr::Hton32 => "byteorder",
             Expr::Immediate2(_) => "immediate",
-            Expr::Dnat4 | Expr::Dnat6 => "nat",
+            Expr::Dnat(_) => "nat",
             Expr::Copy { .. } => "bitwise",
             #[cfg(feature = "testing")]
             Expr::Raw { name, .. } => name,
@@ -119,23 +118,8 @@ impl Expr {
                         d.put(NFTA_DATA_VALUE, data);
                     });
             }
-            Expr::Bitwise { mask, xor } => {
-                a.u32_be(NFTA_BITWISE_SREG, NFT_REG_1)
-                    .u32_be(NFTA_BITWISE_DREG, NFT_REG_1)
-                    .u32_be(NFTA_BITWISE_LEN, mask.len() as u32)
-                    .nest(NFTA_BITWISE_MASK, |d| {
-                        d.put(NFTA_DATA_VALUE, mask);
-                    })
-                    .nest(NFTA_BITWISE_XOR, |d| {
-                        d.put(NFTA_DATA_VALUE, xor);
-                    });
-            }
-            Expr::Immediate(data) => {
-                a.u32_be(NFTA_IMMEDIATE_DREG, NFT_REG_1)
-                    .nest(NFTA_IMMEDIATE_DATA, |d| {
-                        d.put(NFTA_DATA_VALUE, data);
-                    });
-            }
+            Expr::Bitwise { mask, xor } => bitwise(a, NFT_REG_1, NFT_REG_1, mask, xor),
+            Expr::Immediate(data) => immediate(a, NFT_REG_1, data),
             Expr::Verdict(code) => {
                 a.u32_be(NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT)
                     .nest(NFTA_IMMEDIATE_DATA, |d| {
@@ -154,12 +138,7 @@ impl Expr {
                 a.u32_be(NFTA_SOCKET_KEY, *key)
                     .u32_be(NFTA_SOCKET_DREG, NFT_REG_1);
             }
-            Expr::Payload { base, offset, len } => {
-                a.u32_be(NFTA_PAYLOAD_DREG, NFT_REG_1)
-                    .u32_be(NFTA_PAYLOAD_BASE, *base)
-                    .u32_be(NFTA_PAYLOAD_OFFSET, *offset)
-                    .u32_be(NFTA_PAYLOAD_LEN, *len);
-            }
+            Expr::Payload { base, offset, len } => payload(a, NFT_REG_1, *base, *offset, *len),
             Expr::TproxyPort => {
                 a.u32_be(NFTA_TPROXY_FAMILY, u32::from(NFPROTO_UNSPEC))
                     .u32_be(NFTA_TPROXY_REG_PORT, NFT_REG_1);
@@ -173,12 +152,7 @@ impl Expr {
                 base,
                 offset,
                 len,
-            } => {
-                a.u32_be(NFTA_PAYLOAD_DREG, *dreg)
-                    .u32_be(NFTA_PAYLOAD_BASE, *base)
-                    .u32_be(NFTA_PAYLOAD_OFFSET, *offset)
-                    .u32_be(NFTA_PAYLOAD_LEN, *len);
-            }
+            } => payload(a, *dreg, *base, *offset, *len),
             Expr::Jhash {
                 sreg,
                 dreg,
@@ -205,34 +179,16 @@ impl Expr {
                     .u32_be(NFTA_BYTEORDER_LEN, 4)
                     .u32_be(NFTA_BYTEORDER_SIZE, 4);
             }
-            Expr::Immediate2(data) => {
-                a.u32_be(NFTA_IMMEDIATE_DREG, NFT_REG_2)
-                    .nest(NFTA_IMMEDIATE_DATA, |d| {
-                        d.put(NFTA_DATA_VALUE, data);
-                    });
-            }
-            Expr::Dnat4 | Expr::Dnat6 => {
-                let family = if matches!(self, Expr::Dnat4) {
-                    NFPROTO_IPV4
-                } else {
-                    NFPROTO_IPV6
-                };
+            Expr::Immediate2(data) => immediate(a, NFT_REG_2, data),
+            Expr::Dnat(family) => {
                 a.u32_be(NFTA_NAT_TYPE, NFT_NAT_DNAT)
-                    .u32_be(NFTA_NAT_FAMILY, u32::from(family))
+                    .u32_be(NFTA_NAT_FAMILY, u32::from(*family))
                     .u32_be(NFTA_NAT_REG_ADDR_MIN, NFT_REG_1)
                     .u32_be(NFTA_NAT_REG_PROTO_MIN, NFT_REG_2);
             }
             Expr::Copy { sreg, dreg, len } => {
                 let n = *len as usize;
-                a.u32_be(NFTA_BITWISE_SREG, *sreg)
-                    .u32_be(NFTA_BITWISE_DREG, *dreg)
-                    .u32_be(NFTA_BITWISE_LEN, *len)
-                    .nest(NFTA_BITWISE_MASK, |d| {
-                        d.put(NFTA_DATA_VALUE, &vec![0xff; n]);
-                    })
-                    .nest(NFTA_BITWISE_XOR, |d| {
-                        d.put(NFTA_DATA_VALUE, &vec![0; n]);
-                    });
+                bitwise(a, *sreg, *dreg, &vec![0xff; n], &vec![0; n]);
             }
             #[cfg(feature = "testing")]
             Expr::Raw { data, .. } => {
@@ -263,6 +219,35 @@ impl Expr {
         };
         want.iter().all(|w| got.iter().any(|g| attr_eq(g, w)))
     }
+}
+
+/// `payload load <len>b @ <base> + <offset> => reg <dreg>`
+fn payload(a: &mut Attrs, dreg: u32, base: u32, offset: u32, len: u32) {
+    a.u32_be(NFTA_PAYLOAD_DREG, dreg)
+        .u32_be(NFTA_PAYLOAD_BASE, base)
+        .u32_be(NFTA_PAYLOAD_OFFSET, offset)
+        .u32_be(NFTA_PAYLOAD_LEN, len);
+}
+
+/// `immediate reg <dreg> <data>`
+fn immediate(a: &mut Attrs, dreg: u32, data: &[u8]) {
+    a.u32_be(NFTA_IMMEDIATE_DREG, dreg)
+        .nest(NFTA_IMMEDIATE_DATA, |d| {
+            d.put(NFTA_DATA_VALUE, data);
+        });
+}
+
+/// `bitwise reg <dreg> = (reg <sreg> & mask) ^ xor`
+fn bitwise(a: &mut Attrs, sreg: u32, dreg: u32, mask: &[u8], xor: &[u8]) {
+    a.u32_be(NFTA_BITWISE_SREG, sreg)
+        .u32_be(NFTA_BITWISE_DREG, dreg)
+        .u32_be(NFTA_BITWISE_LEN, mask.len() as u32)
+        .nest(NFTA_BITWISE_MASK, |d| {
+            d.put(NFTA_DATA_VALUE, mask);
+        })
+        .nest(NFTA_BITWISE_XOR, |d| {
+            d.put(NFTA_DATA_VALUE, xor);
+        });
 }
 
 /// Attribute equality that ignores `NLA_F_NESTED` at any depth: payloads are

@@ -107,30 +107,35 @@ fn ct_direction_reply() -> Vec<Expr> {
     ]
 }
 
+/// `meta nfproto <family>`
+fn nfproto_is(family: u8) -> Vec<Expr> {
+    vec![Expr::MetaLoad(NFT_META_NFPROTO), cmp(NFT_CMP_EQ, &[family])]
+}
+
 fn saddr_v4_is(a: Ipv4Addr) -> Vec<Expr> {
-    vec![
-        Expr::MetaLoad(NFT_META_NFPROTO),
-        cmp(NFT_CMP_EQ, &[NFPROTO_IPV4]),
+    let mut v = nfproto_is(NFPROTO_IPV4);
+    v.extend([
         Expr::Payload {
             base: NFT_PAYLOAD_NETWORK_HEADER,
             offset: 12,
             len: 4,
         },
         cmp(NFT_CMP_EQ, &a.octets()),
-    ]
+    ]);
+    v
 }
 
 fn saddr_v6_is(a: Ipv6Addr) -> Vec<Expr> {
-    vec![
-        Expr::MetaLoad(NFT_META_NFPROTO),
-        cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]),
+    let mut v = nfproto_is(NFPROTO_IPV6);
+    v.extend([
         Expr::Payload {
             base: NFT_PAYLOAD_NETWORK_HEADER,
             offset: 8,
             len: 16,
         },
         cmp(NFT_CMP_EQ, &a.octets()),
-    ]
+    ]);
+    v
 }
 
 fn tcp_dport_is(port: u16) -> Vec<Expr> {
@@ -170,22 +175,10 @@ const OUTBOUND_HASH_SEED: u32 = 0x7269_6e67;
 /// TIME_WAIT can only meet the client's next connection to that same
 /// destination (the same 4-tuple, as without the proxy).
 fn dnat_v4_by_destination(port: u16) -> Vec<Expr> {
-    vec![
-        Expr::MetaLoad(NFT_META_NFPROTO),
-        cmp(NFT_CMP_EQ, &[NFPROTO_IPV4]),
-        Expr::MetaLoad(NFT_META_L4PROTO),
-        cmp(NFT_CMP_EQ, &[IPPROTO_TCP]),
-        Expr::Payload {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 16,
-            len: 4,
-        },
-        Expr::PayloadTo {
-            dreg: NFT_REG32_01,
-            base: NFT_PAYLOAD_TRANSPORT_HEADER,
-            offset: 2,
-            len: 2,
-        },
+    let mut v = nfproto_is(NFPROTO_IPV4);
+    v.extend(l4proto_is_tcp());
+    v.extend(destination_key(false));
+    v.extend([
         Expr::Jhash {
             sreg: NFT_REG_1,
             dreg: NFT_REG_1,
@@ -196,7 +189,30 @@ fn dnat_v4_by_destination(port: u16) -> Vec<Expr> {
         },
         Expr::Hton32,
         Expr::Immediate2(port.to_be_bytes().to_vec()),
-        Expr::Dnat4,
+        Expr::Dnat(NFPROTO_IPV4),
+    ]);
+    v
+}
+
+/// `ip daddr . tcp dport` (`ip6 daddr` with `v6`) from register 1 on, the
+/// key the outbound DNAT hashes: 8 bytes (20 with `v6`; the port is padded
+/// to 4).
+fn destination_key(v6: bool) -> [Expr; 2] {
+    let (offset, len) = if v6 { (24, 16) } else { (16, 4) };
+    [
+        Expr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset,
+            len,
+        },
+        // The 32-bit register right behind the address. With `v6` that is
+        // `NFT_REG32_04`, which the kernel names (and dumps) `NFT_REG_2`.
+        Expr::PayloadTo {
+            dreg: if v6 { NFT_REG_2 } else { NFT_REG32_01 },
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 2,
+            len: 2,
+        },
     ]
 }
 
@@ -205,35 +221,18 @@ fn dnat_v4_by_destination(port: u16) -> Vec<Expr> {
 /// local by the capture mark: the rule marks the connection, the `output`
 /// chain marks its later packets, and table 133 (`local ::/0 dev lo`) takes
 /// them to the proxy.
-pub(crate) const OUTBOUND_V6_BLOCK: Ipv6Addr =
-    Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0x1500, 0, 0, 0, 0);
+const OUTBOUND_V6_BLOCK: Ipv6Addr = Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0x1500, 0, 0, 0, 0);
 
 /// IPv6 outbound: as [`dnat_v4_by_destination`], to
 /// `[OUTBOUND_V6_BLOCK + h]:<port>`, the connection marked with the
 /// capture mark so that every packet routes locally.
 fn dnat_v6_by_destination(s: &CaptureSpec) -> Vec<Expr> {
-    let mut v = vec![
-        Expr::MetaLoad(NFT_META_NFPROTO),
-        cmp(NFT_CMP_EQ, &[NFPROTO_IPV6]),
-        Expr::MetaLoad(NFT_META_L4PROTO),
-        cmp(NFT_CMP_EQ, &[IPPROTO_TCP]),
-    ];
+    let mut v = nfproto_is(NFPROTO_IPV6);
+    v.extend(l4proto_is_tcp());
     v.extend(set_meta_mark(s.capture_mark));
     v.push(Expr::CtSet(NFT_CT_MARK));
+    v.extend(destination_key(true));
     v.extend([
-        Expr::Payload {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 24,
-            len: 16,
-        },
-        // Right behind the 16-byte address (`NFT_REG32_04`, which the
-        // kernel names, and dumps, as `NFT_REG_2`).
-        Expr::PayloadTo {
-            dreg: NFT_REG_2,
-            base: NFT_PAYLOAD_TRANSPORT_HEADER,
-            offset: 2,
-            len: 2,
-        },
         Expr::Jhash {
             sreg: NFT_REG_1,
             dreg: NFT_REG32_05,
@@ -249,7 +248,7 @@ fn dnat_v6_by_destination(s: &CaptureSpec) -> Vec<Expr> {
             len: 4,
         },
         Expr::Immediate2(s.outbound_port.to_be_bytes().to_vec()),
-        Expr::Dnat6,
+        Expr::Dnat(NFPROTO_IPV6),
     ]);
     v
 }
