@@ -1526,6 +1526,17 @@ impl GatedReviewer {
         Self::knowing(known_tokens())
     }
 
+    /// The known tokens and `slow-web` (shop/web, pod web-1), whose review
+    /// waits for the gate.
+    fn with_slow_web() -> Arc<GatedReviewer> {
+        let mut tokens = known_tokens();
+        tokens.insert(
+            "slow-web".into(),
+            caller("shop", "web", Some(("web-1", "u-web-1"))),
+        );
+        Self::knowing(tokens)
+    }
+
     fn knowing(tokens: HashMap<String, Caller>) -> Arc<GatedReviewer> {
         Arc::new(GatedReviewer {
             known: FakeReviewer(tokens),
@@ -1656,12 +1667,7 @@ fn adversarial_one_source_cannot_spend_more_than_its_review_budget() {
 /// deadline) instead of failing at once.
 #[test]
 fn adversarial_calls_wait_for_a_review_slot_instead_of_failing_at_once() {
-    let mut tokens = known_tokens();
-    tokens.insert(
-        "slow-web".into(),
-        caller("shop", "web", Some(("web-1", "u-web-1"))),
-    );
-    let reviewer = GatedReviewer::knowing(tokens);
+    let reviewer = GatedReviewer::with_slow_web();
     let b = bed_reviewed_by(
         Limits {
             max_concurrent_reviews: 1,
@@ -1904,12 +1910,7 @@ fn lo(n: u8) -> std::net::IpAddr {
 #[test]
 fn adversarial_the_token_is_checked_before_the_body_is_read() {
     isolated("ca_token_before_body", || async {
-        let mut tokens = known_tokens();
-        tokens.insert(
-            "slow-web".into(),
-            caller("shop", "web", Some(("web-1", "u-web-1"))),
-        );
-        let reviewer = GatedReviewer::knowing(tokens);
+        let reviewer = GatedReviewer::with_slow_web();
         let bed = bed_reviewed_by(
             Limits::default(),
             vec![Arc::new(CaSigner::generate_for_tests(TD))],
@@ -2077,13 +2078,8 @@ fn adversarial_silent_connections_are_closed_at_each_stage() {
 #[test]
 fn adversarial_a_call_that_never_finishes_is_ended_at_the_request_timeout() {
     isolated("ca_request_timeout", || async {
-        let mut tokens = known_tokens();
-        tokens.insert(
-            "slow-web".into(),
-            caller("shop", "web", Some(("web-1", "u-web-1"))),
-        );
         // The gate is never opened: a `slow-` token's review never answers.
-        let reviewer = GatedReviewer::knowing(tokens);
+        let reviewer = GatedReviewer::with_slow_web();
         let bed = bed_reviewed_by(
             Limits::default(),
             vec![Arc::new(CaSigner::generate_for_tests(TD))],

@@ -367,6 +367,17 @@ fn deny_principal(name: &str, principal: &str) -> Resource {
     Resource::new(format!("demo/{name}"), "1", a.to_any())
 }
 
+/// [`exchange`] from `from` to the service's VIP (port 80), served by the
+/// app on `server`'s 8080.
+fn through_the_vip(from: &Pod, server: &Pod) -> Result<IpAddr, String> {
+    exchange(
+        from,
+        server,
+        SocketAddr::new(server.ip(false), 8080),
+        SocketAddr::new(IpAddr::V4(VIP), 80),
+    )
+}
+
 /// A verified payload exchange from `from` to `to` (an app listening on
 /// `server`'s `listen_at`); the address the app saw.
 fn exchange(
@@ -575,13 +586,7 @@ fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
                 "the workload's canonical name from the control plane:\n{m2}"
             );
             // The service's VIP reaches its endpoint over the tunnel.
-            let seen = exchange(
-                client,
-                server,
-                SocketAddr::new(server.ip(false), 8080),
-                SocketAddr::new(IpAddr::V4(VIP), 80),
-            )
-            .unwrap();
+            let seen = through_the_vip(client, server).unwrap();
             assert_eq!(seen, client.ip(false));
 
             // The same token and root served both streams: every xDS stream
@@ -730,13 +735,7 @@ fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
                 );
             }
             // The service held still reaches its endpoint.
-            let seen = exchange(
-                client,
-                server,
-                SocketAddr::new(server.ip(false), 8080),
-                SocketAddr::new(IpAddr::V4(VIP), 80),
-            )
-            .unwrap();
+            let seen = through_the_vip(client, server).unwrap();
             assert_eq!(seen, client.ip(false));
 
             // A removed workload's traffic is refused (the server's side no

@@ -309,15 +309,9 @@ async fn first_bytes_leave_with_the_connect_before_the_answer() {
         send.send_data(bytes::Bytes::new(), true).unwrap();
     });
     let pool = pool();
-    let key = ringway_hbone::PoolKey {
-        src_identity: "spiffe://cluster.local/ns/default/sa/client".into(),
-        dst_identity: "spiffe://cluster.local/ns/default/sa/server".into(),
-        src_ip: "127.0.0.1".parse().unwrap(),
-        dst: addr,
-    };
     let mut s = pool
         .connect_with_data(
-            key,
+            key_for(addr),
             || dial(addr),
             ConnectHeaders::new(dst()),
             bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"),

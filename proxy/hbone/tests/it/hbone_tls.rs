@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
-use ringway_hbone::{
-    drain_channel, serve_connection, ConnectHeaders, PeerInfo, PoolKey, ServerConfig,
-};
+use ringway_hbone::{drain_channel, serve_connection, ConnectHeaders, PeerInfo, ServerConfig};
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -156,15 +154,6 @@ fn tls_dial(
     }
 }
 
-fn key(addr: std::net::SocketAddr) -> PoolKey {
-    PoolKey {
-        src_identity: "spiffe://cluster.local/ns/default/sa/client".into(),
-        dst_identity: "spiffe://cluster.local/ns/default/sa/server".into(),
-        src_ip: "127.0.0.1".parse().unwrap(),
-        dst: addr,
-    }
-}
-
 /// Many tunnels and a 2 MiB echo over one mutual-TLS connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnels_over_mutual_tls() {
@@ -175,7 +164,7 @@ async fn tunnels_over_mutual_tls() {
     for round in 0..20 {
         let s = pool
             .connect(
-                key(addr),
+                key_for(addr),
                 tls_dial(addr, pki.client.clone()),
                 ConnectHeaders::new("10.0.0.9:80".parse().unwrap()),
             )
@@ -213,7 +202,7 @@ async fn untrusted_client_cannot_dial() {
     let pool = pool();
     let r = pool
         .connect(
-            key(addr),
+            key_for(addr),
             tls_dial(addr, other),
             ConnectHeaders::new("10.0.0.9:80".parse().unwrap()),
         )
@@ -233,7 +222,7 @@ async fn measure_round_trip() {
     let pool = pool();
     let mut s = pool
         .connect(
-            key(addr),
+            key_for(addr),
             tls_dial(addr, pki.client.clone()),
             ConnectHeaders::new("10.0.0.9:80".parse().unwrap()),
         )
@@ -284,7 +273,7 @@ async fn measure_round_trip() {
 
     let mut s2 = pool
         .connect(
-            key(addr),
+            key_for(addr),
             tls_dial(addr, pki.client.clone()),
             ConnectHeaders::new("10.0.0.9:80".parse().unwrap()),
         )
@@ -294,7 +283,7 @@ async fn measure_round_trip() {
     for _ in 0..200 {
         let mut s = pool
             .connect(
-                key(addr),
+                key_for(addr),
                 tls_dial(addr, pki.client.clone()),
                 ConnectHeaders::new("10.0.0.9:80".parse().unwrap()),
             )

@@ -7,7 +7,9 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use serde_json::Value as Json;
 
-use super::invariants::{caps, check_args, check_invariants, check_rbac, help, mesh_of};
+use super::invariants::{
+    caps, check_args, check_invariants, check_rbac, has_memory_limit, help, mesh_of,
+};
 use super::objects::{container, pod_spec, pod_specs, typed_objects, Objects};
 use super::render::{merged_values, render_chart};
 use super::{manifests_path, read, NAMESPACE};
@@ -286,13 +288,7 @@ pub(super) fn check_ca_service(o: &Objects) {
         Some("RuntimeDefault"),
         "ca: seccomp RuntimeDefault"
     );
-    assert!(
-        ca.resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .is_some_and(|l| l.contains_key("memory")),
-        "ca: memory limit"
-    );
+    assert!(has_memory_limit(ca), "ca: memory limit");
 
     // --- the Service, and the proxy's config pointing at it --------------------------
     let listen: std::net::SocketAddr = args

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 use serde_json::Value as Json;
 
 use super::ca_service::{check_ca_service, secret_refs, volume_of};
-use super::objects::{container, pod_spec, pod_specs, typed_objects, Objects};
+use super::objects::{container, pod_annotations, pod_spec, pod_specs, typed_objects, Objects};
 use super::render::merged_values;
 use super::xds::check_xds;
 use super::{
@@ -195,6 +195,14 @@ pub(super) fn check_args(container: &Container, top: &Help) -> (String, BTreeMap
     (sub, seen)
 }
 
+/// Whether `c` sets a memory limit.
+pub(super) fn has_memory_limit(c: &Container) -> bool {
+    c.resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|l| l.contains_key("memory"))
+}
+
 pub(super) fn caps(c: &Container) -> (Vec<String>, Vec<String>) {
     let sc = c.security_context.as_ref().expect("securityContext");
     let caps = sc.capabilities.as_ref().expect("capabilities");
@@ -239,13 +247,7 @@ fn check_security(c: &Container, want_caps: &[&str], privileged: bool) {
             "{name}: spell capabilities without CAP_"
         );
     }
-    assert!(
-        c.resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .is_some_and(|l| l.contains_key("memory")),
-        "{name}: memory limit"
-    );
+    assert!(has_memory_limit(c), "{name}: memory limit");
     assert!(
         c.resources
             .as_ref()
@@ -597,15 +599,7 @@ pub(super) fn check_invariants(o: &Objects, text: &str, v: &Json) {
         proxy_help.text.contains("`/metrics`"),
         "`ringway proxy --help` no longer names /metrics"
     );
-    let annotations = o.daemonsets["ringway-proxy"]
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone())
-        .unwrap_or_default();
+    let annotations = pod_annotations(o, "ringway-proxy");
     if v["metrics"]["enabled"] == Json::Bool(true) {
         assert_eq!(
             annotations.get("prometheus.io/port"),

@@ -144,6 +144,18 @@ pub(super) fn typed_objects(text: &str) -> Objects {
     o
 }
 
+/// The annotations of DaemonSet `ds`'s pod template (empty when none).
+pub(super) fn pod_annotations(o: &Objects, ds: &str) -> std::collections::BTreeMap<String, String> {
+    o.daemonsets
+        .get(ds)
+        .unwrap_or_else(|| panic!("no DaemonSet {ds}"))
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default()
+}
+
 pub(super) fn pod_spec<'a>(o: &'a Objects, ds: &str) -> &'a PodSpec {
     o.daemonsets
         .get(ds)

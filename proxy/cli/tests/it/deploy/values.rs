@@ -3,7 +3,7 @@
 //! refuses.
 
 use super::invariants::{check_args, check_invariants, check_rbac, help, mesh_of};
-use super::objects::{container, pod_spec, typed_objects};
+use super::objects::{container, pod_annotations, pod_spec, typed_objects};
 use super::render::{merged_values, render_chart};
 use super::NAMESPACE;
 
@@ -33,17 +33,7 @@ fn optional_objects_render_and_parse() {
     let sm = &o.others[0];
     assert_eq!(sm["spec"]["endpoints"][0]["port"], "http-metrics");
     assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
-    let annotations = o.daemonsets["ringway-proxy"]
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .annotations
-        .clone()
-        .unwrap();
+    let annotations = pod_annotations(&o, "ringway-proxy");
     assert_eq!(annotations["prometheus.io/scrape"], "true");
     assert_eq!(annotations["prometheus.io/port"], "15020");
     assert_eq!(annotations["prometheus.io/path"], "/metrics");

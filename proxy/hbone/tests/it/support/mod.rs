@@ -118,18 +118,23 @@ impl Server {
     }
 
     pub fn key(&self) -> PoolKey {
-        PoolKey {
-            src_identity: "spiffe://cluster.local/ns/default/sa/client".into(),
-            dst_identity: "spiffe://cluster.local/ns/default/sa/server".into(),
-            src_ip: "127.0.0.1".parse().unwrap(),
-            dst: self.addr,
-        }
+        key_for(self.addr)
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
         self.accept_task.abort();
+    }
+}
+
+/// The pool key of the tests' client toward a peer listening on `dst`.
+pub fn key_for(dst: SocketAddr) -> PoolKey {
+    PoolKey {
+        src_identity: "spiffe://cluster.local/ns/default/sa/client".into(),
+        dst_identity: "spiffe://cluster.local/ns/default/sa/server".into(),
+        src_ip: "127.0.0.1".parse().unwrap(),
+        dst,
     }
 }
 
