@@ -151,6 +151,11 @@ impl Proxies {
         (!self.0.is_empty()).then(|| self.0.iter().map(|p| p.rss_kib()).sum())
     }
 
+    /// Their anonymous resident set, summed, KiB.
+    pub fn rss_anon_kib(&self) -> Option<f64> {
+        (!self.0.is_empty()).then(|| self.0.iter().map(|p| p.rss_anon_kib()).sum())
+    }
+
     /// Their last log lines.
     pub fn log_tail(&self) -> String {
         self.0

@@ -151,6 +151,11 @@ impl ProxyChild {
         proc_rss_kib(self.pid)
     }
 
+    /// Anonymous resident set, KiB ([`proc_rss_anon_kib`]).
+    pub fn rss_anon_kib(&self) -> f64 {
+        proc_rss_anon_kib(self.pid)
+    }
+
     /// Open file descriptors.
     pub fn fds(&self) -> usize {
         proc_fd_count(self.pid)
@@ -307,11 +312,22 @@ fn proc_thread_schedstat(pid: u32, prefix: &str) -> (f64, f64) {
 
 /// VmRSS of process `pid` in KiB.
 pub fn proc_rss_kib(pid: u32) -> f64 {
+    proc_status_kib(pid, "VmRSS:")
+}
+
+/// The anonymous part of a process's resident set (`RssAnon`: heaps,
+/// stacks, anonymous mappings; not the program's file-backed pages), KiB.
+pub fn proc_rss_anon_kib(pid: u32) -> f64 {
+    proc_status_kib(pid, "RssAnon:")
+}
+
+/// A `kB` line of `/proc/<pid>/status`; NaN when absent.
+fn proc_status_kib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse::<f64>().ok())
         })

@@ -199,6 +199,10 @@ figures! {
         RssAfterLoadMib => fig("rss_after_load_mib", "proxy RSS after the load", "MiB", 1).of_proxy(),
         /// RSS after the load - RSS idle (before it).
         RssAfterLoadOverIdleMib => fig("rss_after_load_over_idle_mib", "proxy RSS after the load - idle", "MiB", 1).of_proxy(),
+        /// The same for the anonymous part of RSS (`RssAnon`: heaps,
+        /// stacks, buffers), leaving out the program's own pages that the
+        /// load paged in (file-backed, shared with the page cache).
+        RssAnonAfterLoadOverIdleMib => fig("rss_anon_after_load_over_idle_mib", "proxy anonymous RSS after the load - idle", "MiB", 1).of_proxy(),
     }
 }
 

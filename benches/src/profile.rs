@@ -412,6 +412,17 @@ pub fn profile(
                     "\n  after {n} idle connections (RSS {held:.1} while held), closed: {:.1}, {u:.2}, {fr:.2}; {st} pooled streams open",
                     proxy.rss_kib() / 1024.0
                 ));
+                // Still quiet, past the pool's surplus idle timeout: the
+                // tunnels the idle connections took beyond one per worker
+                // have closed; what they held is given back without load.
+                let past = ringway_hbone::PoolConfig::default().surplus_idle_timeout
+                    + Duration::from_secs(2);
+                std::thread::sleep(past.saturating_sub(Duration::from_secs(3)));
+                let (u, fr, st) = heap()?;
+                line.push_str(&format!(
+                    "\n  then quiet past the surplus tunnels' idle timeout: {:.1}, {u:.2}, {fr:.2}; {st} pooled streams open",
+                    proxy.rss_kib() / 1024.0
+                ));
                 // RINGWAY_BENCH_PROFILE_KILL=1: the proxy is killed here,
                 // with what it holds now still allocated (for a heap
                 // profiler's "leaked" view of a proxy run under it).

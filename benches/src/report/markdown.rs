@@ -243,6 +243,7 @@ pub fn to_markdown(doc: &Report) -> String {
             Datapath::RssTargetIdleMib,
             Datapath::RssAfterLoadMib,
             Datapath::RssAfterLoadOverIdleMib,
+            Datapath::RssAnonAfterLoadOverIdleMib,
         ],
     );
 
