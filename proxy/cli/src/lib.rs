@@ -42,6 +42,7 @@ mod sandbox;
 #[cfg(feature = "sandbox")]
 mod sandbox_main;
 mod signals;
+mod tcache;
 mod xds;
 
 /// The `ringway` program: parses the command line (or, run as `ringway-cni`,
@@ -54,12 +55,30 @@ pub fn main() -> anyhow::Result<()> {
         cni_plugin_main();
     }
     let cli = Cli::parse();
+    // Before anything else (no thread, no fd, no log yet): the proxy runs
+    // with glibc's per-thread cache off, by executing itself again.
+    let tcache = matches!(cli.command, Command::Proxy(_)).then(tcache::reexec_with_tcache_off);
     #[cfg(feature = "sandbox")]
     use crate::sandbox_main::sandbox_log;
     let (log_file, file) = sandbox_log(&cli.command)?.unzip();
     #[cfg(not(feature = "sandbox"))]
     let _: Option<std::path::PathBuf> = log_file; // only the sandbox logs to a file
     init_logs(&cli.log, cli.log_format, file);
+    match tcache {
+        Some(tcache::Tcache::Off) => {
+            tracing::info!(
+                glibc.tunables = tcache::TCACHE_OFF,
+                "glibc's per-thread malloc cache is off"
+            );
+        }
+        Some(tcache::Tcache::Operators(set)) => {
+            tracing::info!(glibc.tunables = %set, "GLIBC_TUNABLES is set: left as it is, glibc's per-thread malloc cache as it says");
+        }
+        Some(tcache::Tcache::NotReexecuted(why)) => {
+            tracing::warn!(%why, "glibc's per-thread malloc cache stays on: more memory stays resident after a load");
+        }
+        None => {}
+    }
     match cli.command {
         #[cfg(feature = "sandbox")]
         Command::Sandbox(args) => sandbox_main::run(args, log_file),
