@@ -224,6 +224,7 @@ pub fn profile(
             // Syscalls per connection, counted on the proxy alone.
             let stat = perf_stat_events(proxy.pid, CONN_STAT_EVENTS)?;
             let (m0, b0) = (machine_busy_seconds(), bench_cpu_seconds());
+            let (sc0, ss0) = (tcp_counters(&path.client), tcp_counters(&path.server));
             let cr = load::conn_rate(
                 &path.on_port(PORT_BASE + 2),
                 config.conn_threads,
@@ -232,6 +233,7 @@ pub fn profile(
             )?;
             let c1 = proxy.cpu_seconds();
             let (m1, b1) = (machine_busy_seconds(), bench_cpu_seconds());
+            let (sc1, ss1) = (tcp_counters(&path.client), tcp_counters(&path.server));
             let counts = perf_stat_finish(stat)?;
             let per = |s: f64| s / cr.conns as f64 * 1e6;
             let cpus = cpus() as f64;
@@ -257,6 +259,10 @@ pub fn profile(
                     line.push_str(&format!("\n  {:>8.2}  {ev}", n / cr.conns as f64));
                 }
             }
+            line.push_str(&format!(
+                "\nper connection, TCP counters of the client pod's netns | the server pod's (every socket in each: app, proxy, tunnel end):{}",
+                counter_deltas(&sc0, &sc1, &ss0, &ss1, cr.conns.max(1))
+            ));
             line
         }
         Profile::CniAdd => unreachable!("measured above"),
@@ -612,7 +618,8 @@ fn tcp_counters(ns: &Netns) -> std::collections::BTreeMap<String, u64> {
     })
 }
 
-/// The counters that say how segments and ACKs went, per round trip.
+/// The counters that say how segments and ACKs went, per round trip or
+/// connection (`n`).
 fn counter_deltas(
     c0: &std::collections::BTreeMap<String, u64>,
     c1: &std::collections::BTreeMap<String, u64>,
