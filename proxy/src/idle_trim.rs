@@ -312,6 +312,14 @@ mod tests {
         assert_eq!(reads, 1);
     }
 
+    /// Waits (up to 10 s) until the thread has trimmed `n` times.
+    fn wait_for_trims(metrics: &crate::metrics::Metrics, n: u64) {
+        let t0 = std::time::Instant::now();
+        while metrics.heap_trims.get() < n && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The thread trims once its clock says quiet, and counts it.
     #[test]
     fn the_thread_trims_when_quiet() {
@@ -332,10 +340,7 @@ mod tests {
             || Some(0),
         )
         .unwrap();
-        let t0 = std::time::Instant::now();
-        while metrics.heap_trims.get() == 0 && t0.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for_trims(&metrics, 1);
         drop(trim);
         assert_eq!(
             metrics.heap_trims.get(),
@@ -367,13 +372,7 @@ mod tests {
             move || Some(f.load(std::sync::atomic::Ordering::Relaxed)),
         )
         .unwrap();
-        let wait_for = |n: u64| {
-            let t0 = std::time::Instant::now();
-            while metrics.heap_trims.get() < n && t0.elapsed() < Duration::from_secs(10) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
-        wait_for(1);
+        wait_for_trims(&metrics, 1);
         // Ten more ticks with nothing freed: still one trim.
         std::thread::sleep(TEST_TRIM.tick * 10);
         assert_eq!(
@@ -382,7 +381,7 @@ mod tests {
             "trimmed again with nothing freed"
         );
         free.fetch_add(2 << 20, std::sync::atomic::Ordering::Relaxed);
-        wait_for(2);
+        wait_for_trims(&metrics, 2);
         drop(trim);
         assert_eq!(
             metrics.heap_trims.get(),
