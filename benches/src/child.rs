@@ -156,6 +156,11 @@ impl ProxyChild {
         proc_rss_anon_kib(self.pid)
     }
 
+    /// File-backed resident set, KiB ([`proc_rss_file_kib`]).
+    pub fn rss_file_kib(&self) -> f64 {
+        proc_rss_file_kib(self.pid)
+    }
+
     /// Open file descriptors.
     pub fn fds(&self) -> usize {
         proc_fd_count(self.pid)
@@ -319,6 +324,12 @@ pub fn proc_rss_kib(pid: u32) -> f64 {
 /// stacks, anonymous mappings; not the program's file-backed pages), KiB.
 pub fn proc_rss_anon_kib(pid: u32) -> f64 {
     proc_status_kib(pid, "RssAnon:")
+}
+
+/// The file-backed part of a process's resident set (`RssFile`: the
+/// program's and libraries' pages), KiB.
+pub fn proc_rss_file_kib(pid: u32) -> f64 {
+    proc_status_kib(pid, "RssFile:")
 }
 
 /// A `kB` line of `/proc/<pid>/status`; NaN when absent.

@@ -31,6 +31,9 @@ pub struct FigureDef {
     /// Only meaningful with a proxy (CPU and memory of the proxy process):
     /// absent from a no-proxy scenario.
     pub proxy_only: bool,
+    /// Measured only where it can be (one ringway proxy): absent elsewhere,
+    /// and a difference that may be negative.
+    pub where_measurable: bool,
 }
 
 impl FigureDef {
@@ -47,6 +50,7 @@ impl FigureDef {
             unit,
             decimals,
             proxy_only: false,
+            where_measurable: false,
         }
     }
 
@@ -54,6 +58,14 @@ impl FigureDef {
     pub const fn of_proxy(self) -> FigureDef {
         FigureDef {
             proxy_only: true,
+            ..self
+        }
+    }
+
+    /// The same, measured only where it can be ([`FigureDef::where_measurable`]).
+    pub const fn where_measurable(self) -> FigureDef {
+        FigureDef {
+            where_measurable: true,
             ..self
         }
     }
@@ -203,6 +215,14 @@ figures! {
         /// stacks, buffers), leaving out the program's own pages that the
         /// load paged in (file-backed, shared with the page cache).
         RssAnonAfterLoadOverIdleMib => fig("rss_anon_after_load_over_idle_mib", "proxy anonymous RSS after the load - idle", "MiB", 1).of_proxy(),
+        /// What the proxy still holds after the load, over idle: its heaps'
+        /// live bytes (`ringway_heap_in_use_bytes`: the warm tunnels, the
+        /// tables) and the program's own pages the load paged in
+        /// (`RssFile`). One proxy only (its metrics are read).
+        RssHeldAfterLoadMib => fig("rss_held_after_load_mib", "proxy still holds after the load (live heap + program pages, over idle)", "MiB", 1).of_proxy().where_measurable(),
+        /// (RSS after the load - idle - still held) / idle: what the load
+        /// left that the proxy does not hold (free memory kept resident).
+        RssRestAfterLoadPct => fig("rss_rest_after_load_pct", "proxy RSS after the load beyond idle + still held, % of idle", "%", 1).of_proxy().where_measurable(),
     }
 }
 

@@ -61,6 +61,7 @@ pub fn run(
         }
     };
     let mut rss_anon_idle = None;
+    let mut held_idle = None;
     if proxied {
         std::thread::sleep(config.settle);
         f.set(
@@ -68,6 +69,7 @@ pub fn run(
             proxies.rss_kib().unwrap_or(f64::NAN) / 1024.0,
         );
         rss_anon_idle = proxies.rss_anon_kib();
+        held_idle = held_mib(sc, &proxies);
     }
     // Idle connections: proxy RSS with each count open, measured first, on
     // the fresh proxy: after the throughput runs the memory their buffers
@@ -237,6 +239,17 @@ pub fn run(
                 (after - idle) / 1024.0,
             );
         }
+        if let (Some(idle), Some(after)) = (held_idle, held_mib(sc, &proxies)) {
+            let held = after - idle;
+            f.set(Datapath::RssHeldAfterLoadMib, held);
+            let rss = |d: Datapath| f.get(d).filter(|v| v.is_finite());
+            if let (Some(idle), Some(over)) = (
+                rss(Datapath::RssIdleMib),
+                rss(Datapath::RssAfterLoadOverIdleMib),
+            ) {
+                f.set(Datapath::RssRestAfterLoadPct, (over - held) / idle * 100.0);
+            }
+        }
     }
     // The traffic took the path the scenario says: every connection the
     // client-side proxy opened was mutual TLS with HBONE, none without.
@@ -277,6 +290,26 @@ pub fn run(
         errors,
         notes,
     })
+}
+
+/// What a ringway proxy holds, MiB: its heaps' live bytes (from its
+/// metrics) plus its file-backed resident pages. `None` for a peer, or
+/// with two proxies (the second one's metrics are in another node's
+/// namespace).
+fn held_mib(sc: &Scenario, proxies: &Proxies) -> Option<f64> {
+    if !matches!(sc.kind, Kind::Ringway { .. }) || proxies.0.len() != 1 {
+        return None;
+    }
+    let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
+    let page = bed::scrape(metrics).ok()?;
+    let heap = page
+        .matching("ringway_heap_in_use_bytes", &[])
+        .next()?
+        .value;
+    let file_kib = proxies.0[0].rss_file_kib();
+    file_kib
+        .is_finite()
+        .then(|| heap / 1048576.0 + file_kib / 1024.0)
 }
 
 /// How long the proxy is left alone after the load before its RSS is read:

@@ -244,6 +244,8 @@ pub fn to_markdown(doc: &Report) -> String {
             Datapath::RssAfterLoadMib,
             Datapath::RssAfterLoadOverIdleMib,
             Datapath::RssAnonAfterLoadOverIdleMib,
+            Datapath::RssHeldAfterLoadMib,
+            Datapath::RssRestAfterLoadPct,
         ],
     );
 

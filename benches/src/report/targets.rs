@@ -193,6 +193,14 @@ pub const TARGETS: &[Target] = &[
         AT_MOST,
         80.0,
     ),
+    // Issue 26's: after a load, back within 10 % of idle plus what the
+    // proxy still holds.
+    target(
+        "RSS after the load ≤ idle + 10 % + what the proxy still holds",
+        Subject::Scenarios(For::Ringway, Value::Figure(Datapath::RssRestAfterLoadPct)),
+        AT_MOST,
+        10.0,
+    ),
     target(
         "pods enrolled in ≤ 5 s (1,000 in the full run): proxy given them on its command line",
         Subject::Churn(Churn::EnrollS),
