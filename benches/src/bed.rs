@@ -31,6 +31,9 @@ pub const TRUST_DOMAIN: &str = "cluster.local";
 /// The first server port; every measurement takes the next one
 /// ([`next_port`]), so one measurement's TIME_WAIT never meets the next.
 pub const PORT_BASE: u16 = 20_000;
+
+/// A proxy child's metrics endpoint, from the node's namespace it runs in.
+pub const PROXY_METRICS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
 const PORT_SPAN: u16 = 999;
 
 /// The next server port after `port`, wrapping within the span HAProxy

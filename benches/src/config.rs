@@ -49,6 +49,17 @@ pub struct Config {
     /// Pause before reading a process's RSS (after start, after opening or
     /// closing idle connections) so it reflects the new state.
     pub settle: Duration,
+    /// How long the proxy is left alone after the load before its RSS is
+    /// read ([`after_load_quiet`] in the full and quick runs).
+    pub after_load: Duration,
+}
+
+/// Past the pool's surplus idle timeout (10 s), so the HBONE tunnels a
+/// burst opened beyond one per worker and peer have closed, plus the idle
+/// trim's tick and quiet second to give their memory back: what stays is
+/// what a proxy keeps between loads.
+pub fn after_load_quiet() -> Duration {
+    ringway_hbone::PoolConfig::default().surplus_idle_timeout + Duration::from_secs(2)
 }
 
 impl Config {
@@ -72,6 +83,7 @@ impl Config {
             proxy_bin,
             haproxy: true,
             settle: Duration::from_millis(300),
+            after_load: after_load_quiet(),
         }
     }
 
@@ -95,6 +107,7 @@ impl Config {
             proxy_bin,
             haproxy: true,
             settle: Duration::from_millis(200),
+            after_load: after_load_quiet(),
         }
     }
 
@@ -118,6 +131,8 @@ impl Config {
             proxy_bin,
             haproxy: false,
             settle: Duration::from_millis(100),
+            // Its figures are not read.
+            after_load: Duration::from_millis(1500),
         }
     }
 

@@ -6,7 +6,6 @@
 //! prints a summary line (`cargo bench -p ringway-benches --
 //! --profile-...`, see benches/README.md). Beside the measurements, on the bed.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -377,7 +376,7 @@ pub fn profile(
         Profile::HboneStream
             if std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("connmem") =>
         {
-            let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
+            let metrics = bed::PROXY_METRICS;
             let heap = || -> anyhow::Result<(f64, f64, f64)> {
                 let text =
                     String::from_utf8_lossy(&bed::http_get(metrics, "/metrics")?).into_owned();
@@ -421,9 +420,9 @@ pub fn profile(
                 // Still quiet, past the pool's surplus idle timeout: the
                 // tunnels the idle connections took beyond one per worker
                 // have closed; what they held is given back without load.
-                let past = ringway_hbone::PoolConfig::default().surplus_idle_timeout
-                    + Duration::from_secs(2);
-                std::thread::sleep(past.saturating_sub(Duration::from_secs(3)));
+                std::thread::sleep(
+                    crate::config::after_load_quiet().saturating_sub(Duration::from_secs(3)),
+                );
                 let (u, fr, st) = heap()?;
                 line.push_str(&format!(
                     "\n  then quiet past the surplus tunnels' idle timeout: {:.1}, {u:.2}, {fr:.2}; {st} pooled streams open",

@@ -323,7 +323,7 @@ fn run_round(
         ("RINGWAY_DRAIN_PERIOD", "200ms".to_string()),
     ];
     let mut proxy = ProxyChild::start_ringway(proxy_bin, &env, &args, Duration::from_secs(20))?;
-    let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
+    let metrics = bed::PROXY_METRICS;
     let res = |p: &ProxyChild| Resources {
         rss_mib: p.rss_kib() / 1024.0,
         fds: p.fds(),

@@ -6,7 +6,7 @@
 //! scenario says (mutual TLS for HBONE, plaintext otherwise).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -225,7 +225,7 @@ pub fn run(
     // worker and peer, still hold some). Read from /proc only: nothing asks
     // the proxy to give memory back.
     if proxied {
-        std::thread::sleep(after_load_quiet(config));
+        std::thread::sleep(config.after_load);
         if let Some(rss) = proxies.rss_kib() {
             let after = rss / 1024.0;
             f.set(Datapath::RssAfterLoadMib, after);
@@ -254,7 +254,7 @@ pub fn run(
     // The traffic took the path the scenario says: every connection the
     // client-side proxy opened was mutual TLS with HBONE, none without.
     if let Kind::Ringway { hbone, .. } = sc.kind {
-        let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
+        let metrics = bed::PROXY_METRICS;
         match opened_by_security(metrics) {
             Ok(m) => {
                 let mtls = m.get("mutual_tls").copied().unwrap_or(0.0);
@@ -300,7 +300,7 @@ fn held_mib(sc: &Scenario, proxies: &Proxies) -> Option<f64> {
     if !matches!(sc.kind, Kind::Ringway { .. }) || proxies.0.len() != 1 {
         return None;
     }
-    let metrics = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 15020);
+    let metrics = bed::PROXY_METRICS;
     let page = bed::scrape(metrics).ok()?;
     let heap = page
         .matching("ringway_heap_in_use_bytes", &[])
@@ -310,19 +310,6 @@ fn held_mib(sc: &Scenario, proxies: &Proxies) -> Option<f64> {
     file_kib
         .is_finite()
         .then(|| heap / 1048576.0 + file_kib / 1024.0)
-}
-
-/// How long the proxy is left alone after the load before its RSS is read:
-/// in the full and quick runs, until the surplus HBONE tunnels the load
-/// opened have closed (the pool's surplus idle timeout, 10 s) and the idle
-/// trim has given their memory back (its tick and quiet second), so what
-/// stays is what a proxy keeps between loads; 1.5 s in the test's run (its
-/// figures are not read).
-fn after_load_quiet(config: &Config) -> Duration {
-    if config.settle < Duration::from_millis(200) {
-        return config.settle * 15;
-    }
-    ringway_hbone::PoolConfig::default().surplus_idle_timeout + Duration::from_secs(2)
 }
 
 /// Connections a proxy reported opening as the source side, by

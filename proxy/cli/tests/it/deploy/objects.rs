@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PodSpec, PodTemplateSpec, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
@@ -144,25 +146,30 @@ pub(super) fn typed_objects(text: &str) -> Objects {
     o
 }
 
-/// The annotations of DaemonSet `ds`'s pod template (empty when none).
-pub(super) fn pod_annotations(o: &Objects, ds: &str) -> std::collections::BTreeMap<String, String> {
-    o.daemonsets
+/// DaemonSet `ds`'s pod template.
+fn pod_template<'a>(o: &'a Objects, ds: &str) -> &'a PodTemplateSpec {
+    &o.daemonsets
         .get(ds)
         .unwrap_or_else(|| panic!("no DaemonSet {ds}"))
         .spec
         .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
+        .unwrap_or_else(|| panic!("{ds}: no spec"))
+        .template
+}
+
+/// The annotations of DaemonSet `ds`'s pod template (empty when none).
+pub(super) fn pod_annotations(o: &Objects, ds: &str) -> std::collections::BTreeMap<String, String> {
+    pod_template(o, ds)
+        .metadata
+        .as_ref()
         .and_then(|m| m.annotations.clone())
         .unwrap_or_default()
 }
 
 pub(super) fn pod_spec<'a>(o: &'a Objects, ds: &str) -> &'a PodSpec {
-    o.daemonsets
-        .get(ds)
-        .unwrap_or_else(|| panic!("no DaemonSet {ds}"))
+    pod_template(o, ds)
         .spec
         .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
         .unwrap_or_else(|| panic!("{ds}: no pod spec"))
 }
 
