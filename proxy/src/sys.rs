@@ -137,14 +137,36 @@ pub fn peek_ready(fd: BorrowedFd<'_>) -> io::Result<bytes::Bytes> {
 /// The most [`peek_ready`] returns.
 pub const PEEK_MAX: usize = 4 * 1024;
 
-/// Takes `n` bytes that [`peek_ready`] saw off the socket's receive queue
+/// A copy of the bytes the socket has received beyond its first `n` (at
+/// most [`PEEK_MAX`]), up to [`PEEK_MORE_MAX`] in all, without taking any:
+/// `None` when it has no more than `n`.
+pub fn peek_beyond(fd: BorrowedFd<'_>, n: usize) -> io::Result<Option<bytes::Bytes>> {
+    use nix::sys::socket::MsgFlags;
+    let mut buf = [0u8; PEEK_MORE_MAX];
+    let got = match nix::sys::socket::recv(
+        fd.as_raw_fd(),
+        &mut buf,
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK,
+    ) {
+        Ok(got) => got,
+        Err(nix::errno::Errno::EAGAIN) => 0,
+        Err(e) => return Err(io::Error::from(e)),
+    };
+    Ok((got > n).then(|| bytes::Bytes::copy_from_slice(&buf[n..got])))
+}
+
+/// The most [`peek_ready`] and [`peek_beyond`] together return: twice
+/// [`PEEK_MAX`], so bytes beyond a full first peek are always seen.
+pub const PEEK_MORE_MAX: usize = 2 * PEEK_MAX;
+
+/// Takes `n` bytes that [`peek_ready`] and [`peek_beyond`] saw off the socket's receive queue
 /// (they were sent elsewhere). Fewer than `n` is an error.
 pub fn consume_peeked(fd: BorrowedFd<'_>, n: usize) -> io::Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let mut buf = [0u8; PEEK_MAX];
-    let want = n.min(PEEK_MAX);
+    let mut buf = [0u8; PEEK_MORE_MAX];
+    let want = n.min(PEEK_MORE_MAX);
     let got = nix::sys::socket::recv(
         fd.as_raw_fd(),
         &mut buf[..want],

@@ -613,3 +613,66 @@ fn hbone_metrics_both_reporters_mid_connection() {
             && moved(&scrape(&t.p1), "source").2 == Some(1.0)));
     });
 }
+
+/// Apps that wait for more of the client than its first bytes, through
+/// HBONE between two nodes. The destination proxy holds its `200` until
+/// its app answers the bytes that came with the CONNECT (so that the `200`
+/// and the answer leave together); the source proxy must then pass on
+/// what its client sends after them, and its FIN, before the `200`, or
+/// client and app would wait on each other for ever:
+/// - a request written in two pieces (headers, then a body 20 ms later)
+///   to an app that answers only once it has both;
+/// - a request followed by FIN to an app that reads to the end first.
+///
+/// Each round is a new connection, so the first bytes are often on the
+/// CONNECT (the source proxy takes what the client has written by then).
+#[test]
+fn hbone_apps_that_wait_for_more_than_the_first_bytes() {
+    run_isolated("hbone_apps_that_wait_for_more_than_the_first_bytes", || {
+        const ROUNDS: usize = 20;
+        let t = two_nodes(Opts::new("hbone_more_than_first"));
+        let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let l = t.server().netns.run(|| listen(addr)).unwrap();
+        // The app: per connection, odd ones read to EOF, even ones read 8
+        // bytes; then answer and close. Bounded: 2 * ROUNDS connections.
+        let app = std::thread::spawn(move || {
+            for (i, s) in l.incoming().take(2 * ROUNDS).enumerate() {
+                let mut s = s.unwrap();
+                s.set_read_timeout(Some(TIMEOUT)).unwrap();
+                let mut got = Vec::new();
+                if i % 2 == 1 {
+                    s.read_to_end(&mut got).unwrap();
+                } else {
+                    got.resize(8, 0);
+                    s.read_exact(&mut got).unwrap();
+                }
+                s.write_all(&got).unwrap();
+            }
+        });
+        for round in 0..ROUNDS {
+            t.client().netns.run(|| {
+                let mut s = connect(addr, TIMEOUT).unwrap();
+                s.set_read_timeout(Some(TIMEOUT)).unwrap();
+                s.write_all(b"HEAD").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                s.write_all(b"BODY").unwrap();
+                let mut back = [0u8; 8];
+                s.read_exact(&mut back).unwrap_or_else(|e| {
+                    panic!("round {round}: no answer to a request sent in two pieces: {e}")
+                });
+                assert_eq!(&back, b"HEADBODY");
+
+                let mut s = connect(addr, TIMEOUT).unwrap();
+                s.set_read_timeout(Some(TIMEOUT)).unwrap();
+                s.write_all(b"all of it").unwrap();
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+                let mut back = Vec::new();
+                s.read_to_end(&mut back).unwrap_or_else(|e| {
+                    panic!("round {round}: no answer to a request closed by FIN: {e}")
+                });
+                assert_eq!(back, b"all of it");
+            });
+        }
+        app.join().unwrap();
+    });
+}

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringway_hbone::{ConnectHeaders, HboneError, Pool, PoolConfig};
+use ringway_hbone::{ConnectHeaders, HboneError, More, Pool, PoolConfig};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -315,6 +315,7 @@ async fn first_bytes_leave_with_the_connect_before_the_answer() {
             || dial(addr),
             ConnectHeaders::new(dst()),
             bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"),
+            std::future::pending(),
         )
         .await
         .unwrap();
@@ -341,6 +342,7 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
             || dial(addr),
             ConnectHeaders::new(dst()),
             bytes::Bytes::from_static(b"first"),
+            std::future::pending(),
         )
         .await
         .unwrap();
@@ -351,4 +353,109 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
     let plain = server.open(&pool, dst()).await.unwrap();
     assert_eq!(plain.sent_first(), 0);
     assert_eq!(pool.connections_opened(), 1);
+}
+
+/// An app that answers only once it has more than the first bytes (a
+/// request whose body the client writes after its headers): ringway's
+/// server holds its `200` until the app answers the first bytes, so the
+/// open must tell it that the client has more (`more`), or client and app
+/// would wait on each other for ever.
+#[tokio::test]
+async fn an_app_waiting_for_more_than_the_first_bytes_is_not_kept_waiting() {
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let app = tokio::spawn(async move {
+        let mut app = backend.next().await;
+        let mut req = [0u8; 8];
+        app.read_exact(&mut req).await.unwrap();
+        assert_eq!(&req, b"HEADBODY");
+        app.write_all(b"done").await.unwrap();
+        app.shutdown().await.unwrap();
+    });
+    let pool = pool();
+    let addr = server.addr;
+    // The client has more to send than its first bytes.
+    let open = pool.connect_with_data(
+        server.key(),
+        || dial(addr),
+        ConnectHeaders::new(dst()),
+        bytes::Bytes::from_static(b"HEAD"),
+        std::future::ready(More::Bytes(bytes::Bytes::from_static(b"BODY"))),
+    );
+    let mut s = tokio::time::timeout(WAIT, open)
+        .await
+        .expect("the open waited on an app that waits for the client")
+        .unwrap();
+    assert_eq!(s.sent_first(), 8, "both pieces went before the answer");
+    s.shutdown().await.unwrap();
+    assert_eq!(read_all(&mut s).await.unwrap(), b"done");
+    app.await.unwrap();
+}
+
+/// A client that closed after its first bytes (a request written, then
+/// FIN) to an app that reads to the end before it answers: the FIN goes
+/// before the answer (the app would otherwise wait for it while the peer
+/// holds its `200` for the app), and the open stream is done writing.
+#[tokio::test]
+async fn a_client_that_closed_after_its_first_bytes_reaches_an_app_reading_to_the_end() {
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let app = tokio::spawn(async move {
+        let mut app = backend.next().await;
+        let mut req = Vec::new();
+        app.read_to_end(&mut req).await.unwrap();
+        assert_eq!(req, b"all of it");
+        app.write_all(b"seen").await.unwrap();
+        app.shutdown().await.unwrap();
+    });
+    let pool = pool();
+    let addr = server.addr;
+    let open = pool.connect_with_data(
+        server.key(),
+        || dial(addr),
+        ConnectHeaders::new(dst()),
+        bytes::Bytes::from_static(b"all of it"),
+        std::future::ready(More::Closed),
+    );
+    let mut s = tokio::time::timeout(WAIT, open)
+        .await
+        .expect("the open waited on an app that reads to the end")
+        .unwrap();
+    assert_eq!(read_all(&mut s).await.unwrap(), b"seen");
+    // END_STREAM already went: shutting down again is a no-op, not an error.
+    s.shutdown().await.unwrap();
+    app.await.unwrap();
+}
+
+/// A stream that carried first bytes and whose app failed before
+/// answering is final (`AppFailed`), not a failure the caller would retry
+/// on another endpoint with the same bytes.
+#[tokio::test]
+async fn an_app_that_fails_after_the_first_bytes_is_final() {
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let app = tokio::spawn(async move {
+        let app = backend.next().await;
+        let mut buf = [0u8; 4];
+        let mut app = app;
+        app.read_exact(&mut buf).await.unwrap();
+        app.set_zero_linger().unwrap();
+    });
+    let pool = pool();
+    let addr = server.addr;
+    let e = tokio::time::timeout(
+        WAIT,
+        pool.connect_with_data(
+            server.key(),
+            || dial(addr),
+            ConnectHeaders::new(dst()),
+            bytes::Bytes::from_static(b"PAY!"),
+            std::future::pending(),
+        ),
+    )
+    .await
+    .expect("an answer once the app failed")
+    .unwrap_err();
+    assert!(matches!(e, HboneError::AppFailed), "{e:?}");
+    app.await.unwrap();
 }
