@@ -324,10 +324,18 @@ impl Pool {
                 }
             };
             let conn = guard.conn.clone();
-            let request = match request.take() {
+            let mut request = match request.take() {
                 Some(r) => r,
                 None => req.to_request()?,
             };
+            if !early.sent.is_empty() {
+                // What the client writes next goes ahead of the answer:
+                // the peer may hold its 200 (see `More`).
+                request.headers_mut().insert(
+                    crate::headers::MORE_AHEAD,
+                    http::HeaderValue::from_static(crate::headers::MORE_AHEAD_VALUE),
+                );
+            }
             match open_stream(guard, request, &mut early).await {
                 Ok(s) => return Ok(s),
                 Err(OpenError::Retryable(e)) => {

@@ -475,15 +475,22 @@ async fn handle_stream<H, Fut>(
             return respond_status(&mut respond, StatusCode::BAD_REQUEST);
         }
     };
+    // The client sends what its app writes next before the answer (a
+    // ringway client says so; the reference's and older ringways do not).
+    let more_ahead = req
+        .headers()
+        .get(headers::MORE_AHEAD)
+        .is_some_and(|v| v == headers::MORE_AHEAD_VALUE);
     let mut body = req.into_body();
     // The client's bytes that came with the CONNECT (one of ringway's
     // clients: the reference's send none before the answer), taken now
     // without waiting; whatever was polled is handed on, nothing is lost.
     let first = poll_now(|cx| body.poll_data(cx));
     let mut answer = Answer::new(respond);
-    // With such bytes the 200 waits for the app's answer (see `Answer`);
-    // without, it goes now: the client waits for it before sending.
-    if !matches!(&first, Some(Some(Ok(d))) if !d.is_empty()) {
+    // With such bytes, from a client that sends more ahead, the 200 waits
+    // for the app's answer (see `Answer`); else it goes now: the client
+    // waits for it before sending more.
+    if !(more_ahead && matches!(&first, Some(Some(Ok(d))) if !d.is_empty())) {
         if let Err(e) = answer.stream() {
             debug!(error = %e, "stream gone before 200");
             return upstream.reset();
@@ -567,7 +574,9 @@ fn poll_now<T>(f: impl FnOnce(&mut std::task::Context<'_>) -> std::task::Poll<T>
 /// and the app's first bytes (often the whole response and END_STREAM)
 /// leave in one TLS record and one TCP segment instead of two of each,
 /// and the client handles one wake-up instead of two. The client does not
-/// need the `200` earlier: its bytes are already here. Any further frame
+/// need the `200` earlier: its bytes are already here. Only a client that
+/// says it sends what comes next ahead of the answer
+/// ([`headers::MORE_AHEAD`]) has its `200` held. Any further frame
 /// of the client's (more DATA or END_STREAM) sends the `200` at once, so
 /// an app that waits for more of the client before it speaks never waits
 /// on the `200` (ringway's client sends what its app wrote after the first

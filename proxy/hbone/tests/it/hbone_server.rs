@@ -548,13 +548,15 @@ async fn server_closes_connection_without_ping_answer() {
 }
 
 /// A CONNECT sent with the client's first bytes, as ringway's client sends
-/// it, on a raw HTTP/2 connection to a server whose handler connects to
-/// `backend`: the response future, the stream's DATA side and the backend's
-/// socket, which has read the first bytes.
+/// it (saying it sends more ahead of the answer when `more_ahead`), on a
+/// raw HTTP/2 connection to a server whose handler connects to `backend`:
+/// the response future, the stream's DATA side and the backend's socket,
+/// which has read the first bytes.
 async fn connect_with_first_bytes(
     server: &Server,
     backend: &mut Backend,
     first: &[u8],
+    more_ahead: bool,
 ) -> (
     h2::client::ResponseFuture,
     h2::SendStream<Bytes>,
@@ -562,9 +564,12 @@ async fn connect_with_first_bytes(
 ) {
     let send = raw_client(server.addr).await;
     let mut ready = send.ready().await.unwrap();
-    let (resp, mut body) = ready
-        .send_request(connect_req(&dst().to_string(), &[]), false)
-        .unwrap();
+    let mut req = connect_req(&dst().to_string(), &[]);
+    if more_ahead {
+        req.headers_mut()
+            .insert("ringway-more-ahead", http::HeaderValue::from_static("1"));
+    }
+    let (resp, mut body) = ready.send_request(req, false).unwrap();
     body.send_data(Bytes::copy_from_slice(first), false)
         .unwrap();
     let mut app = backend.next().await;
@@ -589,7 +594,7 @@ async fn the_200_waits_for_the_apps_answer_to_the_first_bytes() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let (mut resp, _body, mut app) =
-        connect_with_first_bytes(&server, &mut backend, b"GET / HTTP/1.1\r\n\r\n").await;
+        connect_with_first_bytes(&server, &mut backend, b"GET / HTTP/1.1\r\n\r\n", true).await;
     assert!(
         tokio::time::timeout(HELD, &mut resp).await.is_err(),
         "the 200 left before the app answered the first bytes"
@@ -623,6 +628,24 @@ async fn without_first_bytes_the_200_goes_at_once() {
     let _app = backend.next().await;
 }
 
+/// A client that sends bytes with the CONNECT but does not say it sends
+/// what comes next ahead of the answer (an older ringway: it waits for the
+/// `200` first) gets its `200` as soon as the upstream is connected, even
+/// from an app that waits for more before it speaks: holding it would keep
+/// both waiting.
+#[tokio::test]
+async fn a_client_that_does_not_send_more_ahead_gets_its_200_at_once() {
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let (resp, _body, _app) =
+        connect_with_first_bytes(&server, &mut backend, b"POST / HTTP/1.1\r\n", false).await;
+    let resp = tokio::time::timeout(WAIT, resp)
+        .await
+        .expect("the 200 was held for a client that waits for it")
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
 /// An app that waits for more of the client before it speaks is never kept
 /// waiting by the held `200`: more bytes or END_STREAM from the client send
 /// it at once.
@@ -639,7 +662,7 @@ async fn more_from_the_client_sends_the_held_200_at_once() {
         let mut backend = Backend::start().await;
         let server = Server::start(backend.handler()).await;
         let (mut resp, mut body, _app) =
-            connect_with_first_bytes(&server, &mut backend, b"POST / HTTP/1.1\r\n").await;
+            connect_with_first_bytes(&server, &mut backend, b"POST / HTTP/1.1\r\n", true).await;
         assert!(
             tokio::time::timeout(HELD, &mut resp).await.is_err(),
             "the 200 left before the app answered"
@@ -663,7 +686,7 @@ async fn an_app_that_fails_after_the_first_bytes_resets_the_stream() {
     let mut backend = Backend::start().await;
     let server = Server::start(backend.handler()).await;
     let (resp, _body, app) =
-        connect_with_first_bytes(&server, &mut backend, b"POST /pay HTTP/1.1\r\n\r\n").await;
+        connect_with_first_bytes(&server, &mut backend, b"POST /pay HTTP/1.1\r\n\r\n", true).await;
     // A reset from the app (RST, not FIN).
     app.set_zero_linger().unwrap();
     drop(app);
