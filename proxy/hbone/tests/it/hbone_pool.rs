@@ -355,37 +355,61 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
     assert_eq!(pool.connections_opened(), 1);
 }
 
+/// Opens a stream that carries `first`, with `more` as the client's
+/// watch, through ringway's server to an app that `app` serves (its task
+/// is returned), bounded by `WAIT`; the server and pool are returned to be
+/// kept while the stream is used.
+async fn open_ahead<A, AF>(
+    app: A,
+    first: &'static [u8],
+    more: impl std::future::Future<Output = More>,
+) -> (
+    Result<ringway_hbone::HboneStream, HboneError>,
+    tokio::task::JoinHandle<()>,
+    (Server, Pool),
+)
+where
+    A: FnOnce(tokio::net::TcpStream) -> AF + Send + 'static,
+    AF: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let app = tokio::spawn(async move { app(backend.next().await).await });
+    let pool = pool();
+    let addr = server.addr;
+    let opened = tokio::time::timeout(
+        WAIT,
+        pool.connect_with_data(
+            server.key(),
+            || dial(addr),
+            ConnectHeaders::new(dst()),
+            bytes::Bytes::from_static(first),
+            more,
+        ),
+    )
+    .await
+    .expect("the open waited on an app that waits for the client");
+    (opened, app, (server, pool))
+}
+
 /// An app that answers only once it has more than the first bytes (a
 /// request whose body the client writes after its headers): ringway's
 /// server holds its `200` until the app answers the first bytes, so the
-/// open must tell it that the client has more (`more`), or client and app
-/// would wait on each other for ever.
+/// open must send what the client has more (`more`) ahead of the answer,
+/// or client and app would wait on each other for ever.
 #[tokio::test]
 async fn an_app_waiting_for_more_than_the_first_bytes_is_not_kept_waiting() {
-    let mut backend = Backend::start().await;
-    let server = Server::start(backend.handler()).await;
-    let app = tokio::spawn(async move {
-        let mut app = backend.next().await;
+    let app = |mut app: tokio::net::TcpStream| async move {
         let mut req = [0u8; 8];
         app.read_exact(&mut req).await.unwrap();
         assert_eq!(&req, b"HEADBODY");
         app.write_all(b"done").await.unwrap();
         app.shutdown().await.unwrap();
-    });
-    let pool = pool();
-    let addr = server.addr;
+    };
     // The client has more to send than its first bytes.
-    let open = pool.connect_with_data(
-        server.key(),
-        || dial(addr),
-        ConnectHeaders::new(dst()),
-        bytes::Bytes::from_static(b"HEAD"),
-        std::future::ready(More::Bytes(bytes::Bytes::from_static(b"BODY"))),
-    );
-    let mut s = tokio::time::timeout(WAIT, open)
-        .await
-        .expect("the open waited on an app that waits for the client")
-        .unwrap();
+    let more = std::future::ready(More::Bytes(bytes::Bytes::from_static(b"BODY")));
+    let (s, app, _kept) = open_ahead(app, b"HEAD", more).await;
+    let mut s = s.unwrap();
     assert_eq!(s.sent_first(), 8, "both pieces went before the answer");
     s.shutdown().await.unwrap();
     assert_eq!(read_all(&mut s).await.unwrap(), b"done");
@@ -398,29 +422,16 @@ async fn an_app_waiting_for_more_than_the_first_bytes_is_not_kept_waiting() {
 /// holds its `200` for the app), and the open stream is done writing.
 #[tokio::test]
 async fn a_client_that_closed_after_its_first_bytes_reaches_an_app_reading_to_the_end() {
-    let mut backend = Backend::start().await;
-    let server = Server::start(backend.handler()).await;
-    let app = tokio::spawn(async move {
-        let mut app = backend.next().await;
+    let app = |mut app: tokio::net::TcpStream| async move {
         let mut req = Vec::new();
         app.read_to_end(&mut req).await.unwrap();
         assert_eq!(req, b"all of it");
         app.write_all(b"seen").await.unwrap();
         app.shutdown().await.unwrap();
-    });
-    let pool = pool();
-    let addr = server.addr;
-    let open = pool.connect_with_data(
-        server.key(),
-        || dial(addr),
-        ConnectHeaders::new(dst()),
-        bytes::Bytes::from_static(b"all of it"),
-        std::future::ready(More::Closed),
-    );
-    let mut s = tokio::time::timeout(WAIT, open)
-        .await
-        .expect("the open waited on an app that reads to the end")
-        .unwrap();
+    };
+    let more = std::future::ready(More::Closed);
+    let (s, app, _kept) = open_ahead(app, b"all of it", more).await;
+    let mut s = s.unwrap();
     assert_eq!(read_all(&mut s).await.unwrap(), b"seen");
     // END_STREAM already went: shutting down again is a no-op, not an error.
     s.shutdown().await.unwrap();
@@ -432,30 +443,14 @@ async fn a_client_that_closed_after_its_first_bytes_reaches_an_app_reading_to_th
 /// on another endpoint with the same bytes.
 #[tokio::test]
 async fn an_app_that_fails_after_the_first_bytes_is_final() {
-    let mut backend = Backend::start().await;
-    let server = Server::start(backend.handler()).await;
-    let app = tokio::spawn(async move {
-        let app = backend.next().await;
+    let app = |mut app: tokio::net::TcpStream| async move {
         let mut buf = [0u8; 4];
-        let mut app = app;
         app.read_exact(&mut buf).await.unwrap();
+        // A reset (RST, not FIN) once it had them.
         app.set_zero_linger().unwrap();
-    });
-    let pool = pool();
-    let addr = server.addr;
-    let e = tokio::time::timeout(
-        WAIT,
-        pool.connect_with_data(
-            server.key(),
-            || dial(addr),
-            ConnectHeaders::new(dst()),
-            bytes::Bytes::from_static(b"PAY!"),
-            std::future::pending(),
-        ),
-    )
-    .await
-    .expect("an answer once the app failed")
-    .unwrap_err();
+    };
+    let (s, app, _kept) = open_ahead(app, b"PAY!", std::future::pending()).await;
+    let e = s.unwrap_err();
     assert!(matches!(e, HboneError::AppFailed), "{e:?}");
     app.await.unwrap();
 }
