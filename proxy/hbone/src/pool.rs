@@ -328,9 +328,11 @@ impl Pool {
                 Some(r) => r,
                 None => req.to_request()?,
             };
-            if !early.sent.is_empty() {
+            if early.more_pending {
                 // What the client writes next goes ahead of the answer:
-                // the peer may hold its 200 (see `More`).
+                // the peer may hold its 200 (see `More`). Not on a retry
+                // after `more` resolved: the client is no longer watched,
+                // so the peer must answer at once.
                 request.headers_mut().insert(
                     crate::headers::MORE_AHEAD,
                     http::HeaderValue::from_static(crate::headers::MORE_AHEAD_VALUE),

@@ -454,3 +454,79 @@ async fn an_app_that_fails_after_the_first_bytes_is_final() {
     assert!(matches!(e, HboneError::AppFailed), "{e:?}");
     app.await.unwrap();
 }
+
+/// A stream refused after the client's further bytes went ahead of the
+/// answer is retried on a new connection with all of them, and without
+/// `ringway-more-ahead`: the client is no longer watched for more, so the
+/// peer must answer at once (holding the `200` then could keep an app that
+/// waits for still more bytes waiting for ever).
+#[tokio::test]
+async fn a_retry_after_more_went_ahead_does_not_ask_for_a_held_200() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = tokio::spawn(async move {
+        // Connection 1: a first stream answered (the connection is pooled),
+        // then the second refused once its further bytes came.
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut conn = h2::server::handshake(tcp).await.unwrap();
+        let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
+        let kept = respond
+            .send_response(http::Response::new(()), false)
+            .unwrap();
+        let (req, mut respond) = conn.accept().await.unwrap().unwrap();
+        tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        assert!(req.headers().contains_key("ringway-more-ahead"));
+        let mut body = req.into_body();
+        let mut got = Vec::new();
+        while got.len() < 8 {
+            got.extend_from_slice(&body.data().await.unwrap().unwrap());
+        }
+        assert_eq!(got, b"HEADBODY");
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        // Connection 2: the retry.
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut conn = h2::server::handshake(tcp).await.unwrap();
+        let (req, mut respond) = conn.accept().await.unwrap().unwrap();
+        tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        let more_ahead = req.headers().contains_key("ringway-more-ahead");
+        let mut body = req.into_body();
+        let first = body.data().await.unwrap().unwrap();
+        let mut send = respond
+            .send_response(http::Response::new(()), false)
+            .unwrap();
+        send.send_data(first.clone(), true).unwrap();
+        drop(kept);
+        (more_ahead, first)
+    });
+    let pool = pool();
+    let _first = pool
+        .connect(key_for(addr), || dial(addr), ConnectHeaders::new(dst()))
+        .await
+        .unwrap();
+    let mut s = tokio::time::timeout(
+        WAIT,
+        pool.connect_with_data(
+            key_for(addr),
+            || dial(addr),
+            ConnectHeaders::new(dst()),
+            bytes::Bytes::from_static(b"HEAD"),
+            std::future::ready(More::Bytes(bytes::Bytes::from_static(b"BODY"))),
+        ),
+    )
+    .await
+    .expect("the retried open")
+    .unwrap();
+    assert_eq!(s.sent_first(), 8);
+    assert_eq!(read_all(&mut s).await.unwrap(), b"HEADBODY");
+    let (more_ahead, first) = peer.await.unwrap();
+    assert_eq!(
+        &first[..],
+        b"HEADBODY",
+        "the retry carries every byte sent ahead"
+    );
+    assert!(
+        !more_ahead,
+        "the retry asked for a held 200 with nothing watching the client"
+    );
+    assert_eq!(pool.connections_opened(), 2);
+}
