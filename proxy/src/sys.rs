@@ -121,22 +121,15 @@ pub fn shutdown_write(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// waiting and without taking them (`MSG_PEEK`): empty when there are none
 /// yet, or when the peer sent FIN. An error (a reset) is returned.
 pub fn peek_ready(fd: BorrowedFd<'_>) -> io::Result<bytes::Bytes> {
-    let mut buf = [0u8; PEEK_MAX];
-    let n = peek(fd, &mut buf)?;
-    Ok(bytes::Bytes::copy_from_slice(&buf[..n]))
-}
-
-/// Copies what the socket has received into `buf` without taking it or
-/// waiting: how many bytes (0 when none, or after FIN).
-fn peek(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     use nix::sys::socket::MsgFlags;
+    let mut buf = [0u8; PEEK_MAX];
     match nix::sys::socket::recv(
         fd.as_raw_fd(),
-        buf,
+        &mut buf,
         MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK,
     ) {
-        Ok(n) => Ok(n),
-        Err(nix::errno::Errno::EAGAIN) => Ok(0),
+        Ok(n) => Ok(bytes::Bytes::copy_from_slice(&buf[..n])),
+        Err(nix::errno::Errno::EAGAIN) => Ok(bytes::Bytes::new()),
         Err(e) => Err(io::Error::from(e)),
     }
 }
@@ -144,27 +137,14 @@ fn peek(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
 /// The most [`peek_ready`] returns.
 pub const PEEK_MAX: usize = 4 * 1024;
 
-/// A copy of the bytes the socket has received beyond its first `n` (at
-/// most [`PEEK_MAX`]), up to [`PEEK_MORE_MAX`] in all, without taking any:
-/// `None` when it has no more than `n`.
-pub fn peek_beyond(fd: BorrowedFd<'_>, n: usize) -> io::Result<Option<bytes::Bytes>> {
-    let mut buf = [0u8; PEEK_MORE_MAX];
-    let got = peek(fd, &mut buf)?;
-    Ok((got > n).then(|| bytes::Bytes::copy_from_slice(&buf[n..got])))
-}
-
-/// The most [`peek_ready`] and [`peek_beyond`] together return: twice
-/// [`PEEK_MAX`], so bytes beyond a full first peek are always seen.
-pub const PEEK_MORE_MAX: usize = 2 * PEEK_MAX;
-
-/// Takes `n` bytes that [`peek_ready`] and [`peek_beyond`] saw off the socket's receive queue
+/// Takes `n` bytes that [`peek_ready`] saw off the socket's receive queue
 /// (they were sent elsewhere). Fewer than `n` is an error.
 pub fn consume_peeked(fd: BorrowedFd<'_>, n: usize) -> io::Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let mut buf = [0u8; PEEK_MORE_MAX];
-    let want = n.min(PEEK_MORE_MAX);
+    let mut buf = [0u8; PEEK_MAX];
+    let want = n.min(PEEK_MAX);
     let got = nix::sys::socket::recv(
         fd.as_raw_fd(),
         &mut buf[..want],
@@ -474,35 +454,6 @@ pub(crate) static HEAP_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new((
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// What a client sent is only looked at until its tunnel opens: the
-    /// bytes beyond those already sent ahead are seen (up to
-    /// `PEEK_MORE_MAX` in all), none is taken, and `consume_peeked` then
-    /// takes exactly what was sent, leaving the rest in order.
-    #[test]
-    fn peeked_bytes_stay_queued_until_consumed() {
-        use std::io::Write;
-        let (mut client, ours) = std::os::unix::net::UnixStream::pair().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        let fd = ours.as_fd();
-        assert_eq!(peek_beyond(fd, 0).unwrap(), None, "nothing sent yet");
-        client.write_all(b"HEAD").unwrap();
-        assert_eq!(&peek_ready(fd).unwrap()[..], b"HEAD");
-        assert_eq!(peek_beyond(fd, 4).unwrap(), None, "nothing beyond HEAD");
-        client.write_all(b"BODY").unwrap();
-        assert_eq!(peek_beyond(fd, 4).unwrap().as_deref(), Some(&b"BODY"[..]));
-        // A lot more: seen up to PEEK_MORE_MAX in all.
-        client.write_all(&[7u8; PEEK_MORE_MAX]).unwrap();
-        let beyond = peek_beyond(fd, 8).unwrap().unwrap();
-        assert_eq!(beyond.len(), PEEK_MORE_MAX - 8);
-        // Still all there: take what was sent ahead, the rest follows.
-        consume_peeked(fd, 8).unwrap();
-        assert_eq!(&peek_ready(fd).unwrap()[..4], &[7u8; 4]);
-        assert!(
-            consume_peeked(fd, PEEK_MORE_MAX + 1).is_err(),
-            "more than queued"
-        );
-    }
 
     /// Minor page faults of the calling thread so far.
     fn thread_faults() -> i64 {

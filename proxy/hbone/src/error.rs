@@ -26,11 +26,6 @@ pub enum HboneError {
     /// The peer answered 503: it has no upstream or could not connect to it.
     #[error("peer has no reachable upstream (503 Service Unavailable)")]
     Unavailable,
-    /// The peer reset the stream (CONNECT_ERROR) before answering it, after
-    /// the client's first bytes went with the CONNECT: its app failed and
-    /// may have had them, so they must not be sent anywhere else.
-    #[error("the peer's app failed after the client's first bytes were sent (stream reset before its answer): not retried elsewhere")]
-    AppFailed,
     /// The peer answered another status than 200/400/401/503.
     #[error("peer answered the tunnel request with unexpected status {0}")]
     UnexpectedStatus(http::StatusCode),

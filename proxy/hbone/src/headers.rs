@@ -17,13 +17,6 @@ pub const FORWARDED: &str = "forwarded";
 pub const BAGGAGE: &str = "baggage";
 /// W3C trace context header.
 pub const TRACEPARENT: &str = "traceparent";
-/// ringway's own: the client sends what its app writes after the bytes on
-/// the CONNECT (and its FIN) without waiting for the `200`, so the server
-/// may hold the `200` until its app answers (value [`MORE_AHEAD_VALUE`]).
-/// Without it (the reference's client, an older ringway) nothing is held.
-pub const MORE_AHEAD: &str = "ringway-more-ahead";
-/// The one value of [`MORE_AHEAD`].
-pub const MORE_AHEAD_VALUE: &str = "1";
 
 /// What the client proxy tells the server about a proxied connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -42,7 +42,7 @@ mod upstream;
 
 pub use error::HboneError;
 pub use headers::{Baggage, ConnectHeaders, TraceParent};
-pub use pool::{More, Pool, PoolConfig, PoolKey};
+pub use pool::{Pool, PoolConfig, PoolKey};
 pub use server::{
     drain_channel, serve_connection, serve_connection_with, ConnectRequest, Decision, DrainSignal,
     DrainTrigger, PeerInfo, ServerConfig,

@@ -255,8 +255,7 @@ impl Pool {
         F: Future<Output = io::Result<IO>>,
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.connect_with_data(key, dial, req, Bytes::new(), std::future::pending())
-            .await
+        self.connect_with_data(key, dial, req, Bytes::new()).await
     }
 
     /// [`Pool::connect`], with `first` (the client's bytes already read,
@@ -266,39 +265,18 @@ impl Pool {
     /// connection. The peer holds the bytes in the stream's window until it
     /// has connected to the app; a refused stream drops them (the caller
     /// resets its client, as without them), a retried one sends them again.
-    ///
-    /// A ringway peer holds its `200` until its app answers them, so the
-    /// `200` and the answer leave together. `more` resolves when the client
-    /// has more than `first` to send before the `200` (what it has, still
-    /// only peeked, or that it has closed): it goes on the stream at once
-    /// (the peer answers on it), so an app that waits for more of the
-    /// client is never kept waiting by the held `200`. Polled only while a
-    /// stream that carried first bytes waits for its answer, at most to
-    /// its first result. [`HboneStream::sent_first`] counts all the bytes
-    /// sent before the answer.
-    ///
-    /// A stream with first bytes that the peer resets before answering is
-    /// [`HboneError::AppFailed`]: its app may have had them.
-    pub async fn connect_with_data<D, F, IO, M>(
+    pub async fn connect_with_data<D, F, IO>(
         &self,
         key: PoolKey,
         dial: D,
         mut req: ConnectHeaders,
         first: Bytes,
-        more: M,
     ) -> Result<HboneStream, HboneError>
     where
         D: FnOnce() -> F,
         F: Future<Output = io::Result<IO>>,
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        M: Future<Output = More>,
     {
-        let mut early = Early {
-            more_pending: !first.is_empty(),
-            sent: first,
-            closed: false,
-            more: std::pin::pin!(more),
-        };
         // One trace id per connection, kept across retries.
         req.traceparent.get_or_insert_with(TraceParent::random);
         // Built (and so validated) before touching the network, once: a
@@ -324,21 +302,11 @@ impl Pool {
                 }
             };
             let conn = guard.conn.clone();
-            let mut request = match request.take() {
+            let request = match request.take() {
                 Some(r) => r,
                 None => req.to_request()?,
             };
-            if early.more_pending {
-                // What the client writes next goes ahead of the answer:
-                // the peer may hold its 200 (see `More`). Not on a retry
-                // after `more` resolved: the client is no longer watched,
-                // so the peer must answer at once.
-                request.headers_mut().insert(
-                    crate::headers::MORE_AHEAD,
-                    http::HeaderValue::from_static(crate::headers::MORE_AHEAD_VALUE),
-                );
-            }
-            match open_stream(guard, request, &mut early).await {
+            match open_stream(guard, request, first.clone()).await {
                 Ok(s) => return Ok(s),
                 Err(OpenError::Retryable(e)) => {
                     debug!(conn = conn.id, error = %e, "stream refused, connection retired");
@@ -525,88 +493,26 @@ async fn idle_watch(conn: &Conn, slot: &Slot, config: &PoolConfig) {
     }
 }
 
-/// What a client has to send before its stream is answered
-/// ([`Pool::connect_with_data`]'s `more`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum More {
-    /// Bytes beyond the first ones (peeked, not taken).
-    Bytes(Bytes),
-    /// The client closed its sending side (FIN) after the first bytes.
-    Closed,
-}
-
-/// What a stream sends before its answer, kept across refused attempts.
-struct Early<'a, M> {
-    /// Every byte sent ahead of the answer (the first ones, then `more`'s).
-    sent: Bytes,
-    /// END_STREAM was sent ahead of the answer.
-    closed: bool,
-    /// `more` is still to be awaited (first bytes were sent and it has
-    /// not resolved).
-    more_pending: bool,
-    more: std::pin::Pin<&'a mut M>,
-}
-
-async fn open_stream<M: Future<Output = More>>(
+async fn open_stream(
     guard: StreamGuard,
     request: http::Request<()>,
-    early: &mut Early<'_, M>,
+    first: Bytes,
 ) -> Result<HboneStream, OpenError> {
     let send = guard.conn.send.clone();
     let mut send = send.ready().await.map_err(classify)?;
     let (response, mut send_stream) = send.send_request(request, false).map_err(classify)?;
-    if !early.sent.is_empty() || early.closed {
+    let sent_first = first.len();
+    if !first.is_empty() {
         // Queued behind the HEADERS before the connection task runs, so
         // both leave in one write; h2 asks the window for them itself.
-        send_stream
-            .send_data(early.sent.clone(), early.closed)
-            .map_err(classify)?;
+        send_stream.send_data(first, false).map_err(classify)?;
     }
-    let response = if early.more_pending {
-        // The peer may hold its 200 until its app answers the first bytes:
-        // what the client has more goes at once (see `connect_with_data`).
-        let mut response = std::pin::pin!(response);
-        tokio::select! {
-            biased;
-            r = &mut response => r,
-            more = early.more.as_mut() => {
-                early.more_pending = false;
-                match more {
-                    More::Bytes(b) => {
-                        send_stream.send_data(b.clone(), false).map_err(classify)?;
-                        let mut all = bytes::BytesMut::from(&early.sent[..]);
-                        all.extend_from_slice(&b);
-                        early.sent = all.freeze();
-                    }
-                    More::Closed => {
-                        send_stream.send_data(Bytes::new(), true).map_err(classify)?;
-                        early.closed = true;
-                    }
-                }
-                response.await
-            }
-        }
-    } else {
-        response.await
-    };
-    let response = response.map_err(|e| {
-        if !early.sent.is_empty() && e.is_reset() && e.reason() == Some(Reason::CONNECT_ERROR) {
-            // Reset before the answer, after the app may have had the bytes.
-            OpenError::Fatal(HboneError::AppFailed)
-        } else {
-            classify(e)
-        }
-    })?;
+    let response = response.await.map_err(classify)?;
     match response.status() {
-        StatusCode::OK => {
-            let stream = HboneStream::new(send_stream, response.into_body(), Some(guard))
-                .with_sent_first(early.sent.len());
-            Ok(if early.closed {
-                stream.closed_for_writing()
-            } else {
-                stream
-            })
-        }
+        StatusCode::OK => Ok(
+            HboneStream::new(send_stream, response.into_body(), Some(guard))
+                .with_sent_first(sent_first),
+        ),
         status => Err(OpenError::Fatal(HboneError::from_status(status))),
     }
 }

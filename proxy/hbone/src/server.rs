@@ -475,28 +475,18 @@ async fn handle_stream<H, Fut>(
             return respond_status(&mut respond, StatusCode::BAD_REQUEST);
         }
     };
-    // The client sends what its app writes next before the answer (a
-    // ringway client says so; the reference's and older ringways do not).
-    let more_ahead = req
-        .headers()
-        .get(headers::MORE_AHEAD)
-        .is_some_and(|v| v == headers::MORE_AHEAD_VALUE);
-    let mut body = req.into_body();
-    // The client's bytes that came with the CONNECT (one of ringway's
-    // clients: the reference's send none before the answer), taken now
-    // without waiting; whatever was polled is handed on, nothing is lost.
-    let first = poll_now(|cx| body.poll_data(cx));
-    let mut answer = Answer::new(respond);
-    // With such bytes, from a client that sends more ahead, the 200 waits
-    // for the app's answer (see `Answer`); else it goes now: the client
-    // waits for it before sending more.
-    if !(more_ahead && matches!(&first, Some(Some(Ok(d))) if !d.is_empty())) {
-        if let Err(e) = answer.stream() {
+    let resp = Response::builder()
+        .status(StatusCode::OK)
+        .body(())
+        .expect("static response");
+    let send = match respond.send_response(resp, false) {
+        Ok(s) => s,
+        Err(e) => {
             debug!(error = %e, "stream gone before 200");
             return upstream.reset();
         }
-    }
-    match pump(body, first, answer, upstream, slot, &conn).await {
+    };
+    match pump(req.into_body(), send, upstream, slot, &conn).await {
         PumpOutcome::Closed {
             to_upstream,
             to_peer,
@@ -557,106 +547,14 @@ fn poll_read_chunk(
     }
 }
 
-/// Polls `f` once, now, with a waker that wakes nothing: `None` when it
-/// is not ready (the caller polls it again with its own waker later).
-fn poll_now<T>(f: impl FnOnce(&mut std::task::Context<'_>) -> std::task::Poll<T>) -> Option<T> {
-    match f(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
-        std::task::Poll::Ready(t) => Some(t),
-        std::task::Poll::Pending => None,
-    }
-}
-
-/// A stream's answer: its `200` and then its DATA.
-///
-/// When the client's bytes came with the CONNECT (ringway's client sends
-/// what its app had already written), the `200` is held until the app
-/// answers (its first bytes, its FIN or its failure), so that the `200`
-/// and the app's first bytes (often the whole response and END_STREAM)
-/// leave in one TLS record and one TCP segment instead of two of each,
-/// and the client handles one wake-up instead of two. The client does not
-/// need the `200` earlier: its bytes are already here. Only a client that
-/// says it sends what comes next ahead of the answer
-/// ([`headers::MORE_AHEAD`]) has its `200` held. Any further frame
-/// of the client's (more DATA or END_STREAM) sends the `200` at once, so
-/// an app that waits for more of the client before it speaks never waits
-/// on the `200` (ringway's client sends what its app wrote after the first
-/// bytes, and its FIN, before the answer: `Pool::connect_with_data`). A
-/// client that sent nothing with the CONNECT (the reference's) gets the
-/// `200` as soon as the upstream is connected. An app that fails before it
-/// answers resets the stream unanswered (see [`Answer::upstream_failed`]).
-struct Answer {
-    respond: SendResponse<Bytes>,
-    /// The stream's DATA side, once the `200` is sent.
-    send: Option<SendStream<Bytes>>,
-}
-
-impl Answer {
-    fn new(respond: SendResponse<Bytes>) -> Self {
-        Answer {
-            respond,
-            send: None,
-        }
-    }
-
-    /// The stream's DATA side, sending the `200` first if it is not sent.
-    fn stream(&mut self) -> Result<&mut SendStream<Bytes>, h2::Error> {
-        let send = match self.send.take() {
-            Some(send) => send,
-            None => {
-                let resp = Response::builder()
-                    .status(StatusCode::OK)
-                    .body(())
-                    .expect("static response");
-                self.respond.send_response(resp, false)?
-            }
-        };
-        Ok(self.send.insert(send))
-    }
-
-    /// Whether the `200` is sent.
-    fn answered(&self) -> bool {
-        self.send.is_some()
-    }
-
-    /// Resolves when the peer resets the stream.
-    fn poll_reset(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<Reason, h2::Error>> {
-        match &mut self.send {
-            Some(send) => send.poll_reset(cx),
-            None => self.respond.poll_reset(cx),
-        }
-    }
-
-    /// Resets the stream (CONNECT_ERROR) after the app failed. With the
-    /// `200` still held this is a reset before the answer, which ringway's
-    /// client takes as final ([`HboneError::AppFailed`]): the app may
-    /// have had the first bytes, so they must go nowhere else. (A `200`
-    /// queued just before the reset would be dropped by HTTP/2 unsent.)
-    fn upstream_failed(&mut self) {
-        match &mut self.send {
-            Some(send) => send.send_reset(Reason::CONNECT_ERROR),
-            None => self.respond.send_reset(Reason::CONNECT_ERROR),
-        }
-    }
-}
-
-/// Pumps bytes between an accepted stream and its upstream. `first` is
-/// what was already polled from the stream (see `handle_stream`).
+/// Pumps bytes between an accepted stream and its upstream.
 async fn pump(
     mut h2r: RecvStream,
-    first: Option<Option<Result<Bytes, h2::Error>>>,
-    answer: Answer,
+    mut h2w: SendStream<Bytes>,
     upstream: Upstream,
     mut slot: Option<tokio::sync::OwnedSemaphorePermit>,
     conn: &ConnShared,
 ) -> PumpOutcome {
-    // Both directions are polled by this one task and take the answer only
-    // inside a poll, never across an await: the lock is never contended
-    // (a `Mutex`, not a `RefCell`, only because the task must be `Send`).
-    let answer = std::sync::Mutex::new(answer);
-    let answer = || answer.lock().unwrap_or_else(|p| p.into_inner());
     let (mut ur, mut uw) = tokio::io::split(upstream);
     let to_upstream = async {
         let mut n = 0u64;
@@ -664,17 +562,13 @@ async fn pump(
         // SLOT_HOLD; a reset before that counts as an early reset.
         let hold = tokio::time::sleep(SLOT_HOLD);
         tokio::pin!(hold);
-        let mut first = first;
         loop {
-            let (next, early) = match first.take() {
-                Some(next) => (next, true),
-                None => tokio::select! {
-                    d = h2r.data() => (d, false),
-                    _ = &mut hold, if slot.is_some() => {
-                        slot = None;
-                        continue;
-                    }
-                },
+            let next = tokio::select! {
+                d = h2r.data() => d,
+                _ = &mut hold, if slot.is_some() => {
+                    slot = None;
+                    continue;
+                }
             };
             if let Some(Err(e)) = &next {
                 if slot.take().is_some() && e.is_reset() {
@@ -682,13 +576,6 @@ async fn pump(
                 }
             }
             slot = None;
-            if (!early && next.as_ref().is_some_and(|d| d.is_ok())) || next.is_none() {
-                // The client has more to say (or is done): a held 200 goes.
-                let mut a = answer();
-                if !a.answered() {
-                    a.stream().map_err(PumpErr::Peer)?;
-                }
-            }
             match next {
                 Some(Ok(data)) => {
                     uw.write_all(&data).await.map_err(PumpErr::Upstream)?;
@@ -713,17 +600,14 @@ async fn pump(
         loop {
             let chunk = tokio::select! {
                 r = poll_fn(|cx| poll_read_chunk(&mut ur, cx, want)) => r.map_err(PumpErr::Upstream)?,
-                r = poll_fn(|cx| answer().poll_reset(cx)) => return Err(match r {
+                r = poll_fn(|cx| h2w.poll_reset(cx)) => return Err(match r {
                     Ok(reason) => PumpErr::Peer(h2::Error::from(reason)),
                     Err(e) => PumpErr::Peer(e),
                 }),
             };
             let read = chunk.len();
             if read == 0 {
-                // FIN from the app: END_STREAM toward the peer (behind a
-                // held 200, in the same write).
-                let mut a = answer();
-                let h2w = a.stream().map_err(PumpErr::Peer)?;
+                // FIN from the app: END_STREAM toward the peer.
                 h2w.send_data(Bytes::new(), true).map_err(PumpErr::Peer)?;
                 return Ok(n);
             }
@@ -733,7 +617,7 @@ async fn pump(
             } else {
                 MIN_READ
             };
-            send_all(&answer, chunk).await?;
+            send_all(&mut h2w, chunk).await?;
         }
     };
     let result = tokio::try_join!(to_upstream, to_peer);
@@ -751,45 +635,34 @@ async fn pump(
             PumpOutcome::PeerReset(e)
         }
         Err(PumpErr::Upstream(e)) => {
-            answer().upstream_failed();
+            h2w.send_reset(Reason::CONNECT_ERROR);
             upstream.reset();
             PumpOutcome::UpstreamFailed(e)
         }
     }
 }
 
-/// Sends `chunk` as DATA within flow control, behind the `200` if it is
-/// still held (then both leave in one write).
-async fn send_all<'a>(
-    answer: &impl Fn() -> std::sync::MutexGuard<'a, Answer>,
-    mut chunk: Bytes,
-) -> Result<(), PumpErr> {
-    use std::task::Poll;
-    poll_fn(|cx| {
-        let mut a = answer();
-        let h2w = a.stream().map_err(PumpErr::Peer)?;
-        while !chunk.is_empty() {
-            h2w.reserve_capacity(chunk.len());
-            match h2w.poll_capacity(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(0))) => continue,
-                Poll::Ready(Some(Ok(cap))) => {
-                    let part = chunk.split_to(cap.min(chunk.len()));
-                    h2w.send_data(part, false).map_err(PumpErr::Peer)?;
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(PumpErr::Peer(e))),
-                Poll::Ready(None) => {
-                    // The stream stopped sending: reset (or its connection failed).
-                    let e = match h2w.poll_reset(cx) {
-                        Poll::Ready(Ok(reason)) => h2::Error::from(reason),
-                        Poll::Ready(Err(e)) => e,
-                        Poll::Pending => h2::Error::from(Reason::CANCEL),
-                    };
-                    return Poll::Ready(Err(PumpErr::Peer(e)));
-                }
+async fn send_all(h2w: &mut SendStream<Bytes>, mut chunk: Bytes) -> Result<(), PumpErr> {
+    while !chunk.is_empty() {
+        h2w.reserve_capacity(chunk.len());
+        let cap = match poll_fn(|cx| h2w.poll_capacity(cx)).await {
+            Some(Ok(cap)) => cap,
+            Some(Err(e)) => return Err(PumpErr::Peer(e)),
+            None => {
+                // The stream stopped sending: reset (or its connection failed).
+                let e = match poll_fn(|cx| std::task::Poll::Ready(h2w.poll_reset(cx))).await {
+                    std::task::Poll::Ready(Ok(reason)) => h2::Error::from(reason),
+                    std::task::Poll::Ready(Err(e)) => e,
+                    std::task::Poll::Pending => h2::Error::from(Reason::CANCEL),
+                };
+                return Err(PumpErr::Peer(e));
             }
+        };
+        if cap == 0 {
+            continue;
         }
-        Poll::Ready(Ok(()))
-    })
-    .await
+        let part = chunk.split_to(cap.min(chunk.len()));
+        h2w.send_data(part, false).map_err(PumpErr::Peer)?;
+    }
+    Ok(())
 }

@@ -57,13 +57,6 @@ impl HboneStream {
         self
     }
 
-    /// END_STREAM went out before the stream was answered (the client had
-    /// closed): writing is over, dropping it resets nothing.
-    pub(crate) fn closed_for_writing(mut self) -> Self {
-        self.write_closed = true;
-        self
-    }
-
     /// How many bytes went out with the CONNECT request
     /// ([`crate::Pool::connect_with_data`]), before the stream was open:
     /// the caller counts them as sent.

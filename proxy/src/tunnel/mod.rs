@@ -43,7 +43,7 @@ pub mod warm;
 
 pub use error::TunnelError;
 pub use inbound::{check_client_claim, inbound, ClaimError};
-pub use outbound::{open_outbound, outbound_plan, outbound_pump, Ahead, ConnCtx, OutboundPlan};
+pub use outbound::{open_outbound, outbound_plan, outbound_pump, ConnCtx, OutboundPlan};
 pub use preauth::{admit_preauth, PreauthGuard, PreauthSlots};
 pub use refusal::HboneRefusal;
 pub use socket::{adopt, adopt_std};

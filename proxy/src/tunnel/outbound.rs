@@ -152,17 +152,6 @@ pub fn outbound_pump<'a>(
     }
 }
 
-/// What of the client goes on a new stream ahead of its answer: the bytes
-/// it has sent already (only peeked), and the client, watched for more
-/// ([`client_has_more`]).
-#[derive(Debug)]
-pub struct Ahead<'a> {
-    /// The client's bytes received so far (may be empty).
-    pub first: bytes::Bytes,
-    /// The client, registered with this thread's reactor.
-    pub client: &'a TcpStream,
-}
-
 /// Opens a CONNECT stream for `plan`: over a pooled HTTP/2 connection from
 /// `pod` to the destination's port 15008, dialled (TCP + mTLS) if needed.
 pub async fn open_outbound(
@@ -172,7 +161,7 @@ pub async fn open_outbound(
     src_peer: &Peer,
     client_addr: SocketAddr,
     plan: &OutboundPlan,
-    ahead: Ahead<'_>,
+    first: bytes::Bytes,
 ) -> Result<ringway_hbone::HboneStream, TunnelError> {
     let (key, tunnel) = tunnel_key(pod, plan, client_addr.ip());
     let dial = || dial_tunnel(cx, pod, plan, tunnel);
@@ -192,15 +181,7 @@ pub async fn open_outbound(
         // The destination reports the service from it (as the reference).
         headers = headers.forwarded_host(&svc.hostname);
     }
-    Ok(pool
-        .connect_with_data(
-            key,
-            dial,
-            headers,
-            ahead.first.clone(),
-            client_has_more(ahead.client, ahead.first.len()),
-        )
-        .await?)
+    Ok(pool.connect_with_data(key, dial, headers, first).await?)
 }
 
 /// The dial of a new pooled connection for `plan`: TCP from `pod`'s netns
@@ -302,37 +283,6 @@ pub async fn warm_outbound(
     };
     let dialled = pool.warm(key, dial, extra).await?;
     Ok(local.get().filter(|_| dialled))
-}
-
-/// What `client` has beyond the `sent` bytes (which are only peeked until
-/// its stream opens): resolves once it has more bytes (a copy of them, up
-/// to [`sys::PEEK_MORE_MAX`] in all, still not taken) or has closed its
-/// sending side. [`ringway_hbone::Pool::connect_with_data`]'s `more`: the
-/// peer answers at once on either, instead of waiting for its app.
-async fn client_has_more(client: &TcpStream, sent: usize) -> ringway_hbone::More {
-    use ringway_hbone::More;
-    use tokio::io::Interest;
-    loop {
-        let closed = match client.ready(Interest::READABLE).await {
-            Ok(r) => r.is_read_closed() || r.is_error(),
-            // The open learns of the failure itself; the peer may answer.
-            Err(_) => return More::Closed,
-        };
-        // Readiness with nothing new (the first bytes themselves) is
-        // cleared by the `WouldBlock`, so the next wait is for new bytes.
-        let beyond = client.try_io(Interest::READABLE, || {
-            match sys::peek_beyond(client.as_fd(), sent)? {
-                Some(b) => Ok(More::Bytes(b)),
-                None if closed => Ok(More::Closed),
-                None => Err(io::ErrorKind::WouldBlock.into()),
-            }
-        });
-        match beyond {
-            Ok(more) => return more,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(_) => return More::Closed,
-        }
-    }
 }
 
 /// Copies both ways with half-close passed on (FIN <-> END_STREAM); an error

@@ -319,12 +319,6 @@ async fn tunnel_outbound(
             return TunnelOutcome::Done;
         }
     };
-    // Registered now: while the stream opens, its readiness tells whether
-    // the app has more to send than the first bytes (the peer then answers
-    // without waiting for its app, see `client_has_more`).
-    let Some(tcp) = adopt_client(client) else {
-        return TunnelOutcome::Done;
-    };
     // Boxed: the open's state (dial, TLS handshake, HTTP/2 request) is
     // freed once the stream is open.
     let opened = Box::pin(tunnel::open_outbound(
@@ -334,10 +328,7 @@ async fn tunnel_outbound(
         &src,
         peer,
         &plan,
-        tunnel::Ahead {
-            first,
-            client: &tcp,
-        },
+        first,
     ))
     .await;
     match opened {
@@ -348,22 +339,15 @@ async fn tunnel_outbound(
                 stream.reset();
                 return TunnelOutcome::Done;
             }
-            TunnelOutcome::Open(Box::new(OpenTunnel {
-                client: tcp,
-                stream,
-                plan,
-                named: Box::new((src, series)),
-            }))
-        }
-        Err(tunnel::TunnelError::Hbone(ringway_hbone::HboneError::AppFailed)) => {
-            // The destination's app failed after it may have had the
-            // client's first bytes: final (another endpoint would get them
-            // twice); the client learns it as a reset, as after an open.
-            tracing::debug!(dst.endpoint = %addr, "destination app failed before the answer; client reset");
-            ctx.stats.connect_failed.inc();
-            ctx.metrics.connection_failed(&series.labels);
-            sys::tcp_abort(client.as_fd());
-            TunnelOutcome::Done
+            match adopt_client(client) {
+                Some(client) => TunnelOutcome::Open(Box::new(OpenTunnel {
+                    client,
+                    stream,
+                    plan,
+                    named: Box::new((src, series)),
+                })),
+                None => TunnelOutcome::Done,
+            }
         }
         Err(tunnel::TunnelError::Hbone(ringway_hbone::HboneError::Denied)) => {
             // The destination's policy said no: final, and the client

@@ -615,11 +615,10 @@ fn hbone_metrics_both_reporters_mid_connection() {
 }
 
 /// Apps that wait for more of the client than its first bytes, through
-/// HBONE between two nodes. The destination proxy holds its `200` until
-/// its app answers the bytes that came with the CONNECT (so that the `200`
-/// and the answer leave together); the source proxy must then pass on
-/// what its client sends after them, and its FIN, before the `200`, or
-/// client and app would wait on each other for ever:
+/// HBONE between two nodes. The source proxy sends what its client has
+/// written by the time the connection is accepted with the CONNECT, then
+/// the rest once the stream is answered; neither may be lost or wait on
+/// the other:
 /// - a request written in two pieces (headers, then a body 20 ms later)
 ///   to an app that answers only once it has both;
 /// - a request followed by FIN to an app that reads to the end first.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringway_hbone::{ConnectHeaders, HboneError, More, Pool, PoolConfig};
+use ringway_hbone::{ConnectHeaders, HboneError, Pool, PoolConfig};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -315,7 +315,6 @@ async fn first_bytes_leave_with_the_connect_before_the_answer() {
             || dial(addr),
             ConnectHeaders::new(dst()),
             bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"),
-            std::future::pending(),
         )
         .await
         .unwrap();
@@ -342,7 +341,6 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
             || dial(addr),
             ConnectHeaders::new(dst()),
             bytes::Bytes::from_static(b"first"),
-            std::future::pending(),
         )
         .await
         .unwrap();
@@ -353,180 +351,4 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
     let plain = server.open(&pool, dst()).await.unwrap();
     assert_eq!(plain.sent_first(), 0);
     assert_eq!(pool.connections_opened(), 1);
-}
-
-/// Opens a stream that carries `first`, with `more` as the client's
-/// watch, through ringway's server to an app that `app` serves (its task
-/// is returned), bounded by `WAIT`; the server and pool are returned to be
-/// kept while the stream is used.
-async fn open_ahead<A, AF>(
-    app: A,
-    first: &'static [u8],
-    more: impl std::future::Future<Output = More>,
-) -> (
-    Result<ringway_hbone::HboneStream, HboneError>,
-    tokio::task::JoinHandle<()>,
-    (Server, Pool),
-)
-where
-    A: FnOnce(tokio::net::TcpStream) -> AF + Send + 'static,
-    AF: std::future::Future<Output = ()> + Send + 'static,
-{
-    let mut backend = Backend::start().await;
-    let server = Server::start(backend.handler()).await;
-    let app = tokio::spawn(async move { app(backend.next().await).await });
-    let pool = pool();
-    let addr = server.addr;
-    let opened = tokio::time::timeout(
-        WAIT,
-        pool.connect_with_data(
-            server.key(),
-            || dial(addr),
-            ConnectHeaders::new(dst()),
-            bytes::Bytes::from_static(first),
-            more,
-        ),
-    )
-    .await
-    .expect("the open waited on an app that waits for the client");
-    (opened, app, (server, pool))
-}
-
-/// An app that answers only once it has more than the first bytes (a
-/// request whose body the client writes after its headers): ringway's
-/// server holds its `200` until the app answers the first bytes, so the
-/// open must send what the client has more (`more`) ahead of the answer,
-/// or client and app would wait on each other for ever.
-#[tokio::test]
-async fn an_app_waiting_for_more_than_the_first_bytes_is_not_kept_waiting() {
-    let app = |mut app: tokio::net::TcpStream| async move {
-        let mut req = [0u8; 8];
-        app.read_exact(&mut req).await.unwrap();
-        assert_eq!(&req, b"HEADBODY");
-        app.write_all(b"done").await.unwrap();
-        app.shutdown().await.unwrap();
-    };
-    // The client has more to send than its first bytes.
-    let more = std::future::ready(More::Bytes(bytes::Bytes::from_static(b"BODY")));
-    let (s, app, _kept) = open_ahead(app, b"HEAD", more).await;
-    let mut s = s.unwrap();
-    assert_eq!(s.sent_first(), 8, "both pieces went before the answer");
-    s.shutdown().await.unwrap();
-    assert_eq!(read_all(&mut s).await.unwrap(), b"done");
-    app.await.unwrap();
-}
-
-/// A client that closed after its first bytes (a request written, then
-/// FIN) to an app that reads to the end before it answers: the FIN goes
-/// before the answer (the app would otherwise wait for it while the peer
-/// holds its `200` for the app), and the open stream is done writing.
-#[tokio::test]
-async fn a_client_that_closed_after_its_first_bytes_reaches_an_app_reading_to_the_end() {
-    let app = |mut app: tokio::net::TcpStream| async move {
-        let mut req = Vec::new();
-        app.read_to_end(&mut req).await.unwrap();
-        assert_eq!(req, b"all of it");
-        app.write_all(b"seen").await.unwrap();
-        app.shutdown().await.unwrap();
-    };
-    let more = std::future::ready(More::Closed);
-    let (s, app, _kept) = open_ahead(app, b"all of it", more).await;
-    let mut s = s.unwrap();
-    assert_eq!(read_all(&mut s).await.unwrap(), b"seen");
-    // END_STREAM already went: shutting down again is a no-op, not an error.
-    s.shutdown().await.unwrap();
-    app.await.unwrap();
-}
-
-/// A stream that carried first bytes and whose app failed before
-/// answering is final (`AppFailed`), not a failure the caller would retry
-/// on another endpoint with the same bytes.
-#[tokio::test]
-async fn an_app_that_fails_after_the_first_bytes_is_final() {
-    let app = |mut app: tokio::net::TcpStream| async move {
-        let mut buf = [0u8; 4];
-        app.read_exact(&mut buf).await.unwrap();
-        // A reset (RST, not FIN) once it had them.
-        app.set_zero_linger().unwrap();
-    };
-    let (s, app, _kept) = open_ahead(app, b"PAY!", std::future::pending()).await;
-    let e = s.unwrap_err();
-    assert!(matches!(e, HboneError::AppFailed), "{e:?}");
-    app.await.unwrap();
-}
-
-/// A stream refused after the client's further bytes went ahead of the
-/// answer is retried on a new connection with all of them, and without
-/// `ringway-more-ahead`: the client is no longer watched for more, so the
-/// peer must answer at once (holding the `200` then could keep an app that
-/// waits for still more bytes waiting for ever).
-#[tokio::test]
-async fn a_retry_after_more_went_ahead_does_not_ask_for_a_held_200() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let peer = tokio::spawn(async move {
-        // Connection 1: a first stream answered (the connection is pooled),
-        // then the second refused once its further bytes came.
-        let (tcp, _) = listener.accept().await.unwrap();
-        let mut conn = h2::server::handshake(tcp).await.unwrap();
-        let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
-        let kept = respond
-            .send_response(http::Response::new(()), false)
-            .unwrap();
-        let (req, mut respond) = conn.accept().await.unwrap().unwrap();
-        tokio::spawn(async move { while conn.accept().await.is_some() {} });
-        assert!(req.headers().contains_key("ringway-more-ahead"));
-        let mut body = req.into_body();
-        let mut got = Vec::new();
-        while got.len() < 8 {
-            got.extend_from_slice(&body.data().await.unwrap().unwrap());
-        }
-        assert_eq!(got, b"HEADBODY");
-        respond.send_reset(h2::Reason::REFUSED_STREAM);
-        // Connection 2: the retry.
-        let (tcp, _) = listener.accept().await.unwrap();
-        let mut conn = h2::server::handshake(tcp).await.unwrap();
-        let (req, mut respond) = conn.accept().await.unwrap().unwrap();
-        tokio::spawn(async move { while conn.accept().await.is_some() {} });
-        let more_ahead = req.headers().contains_key("ringway-more-ahead");
-        let mut body = req.into_body();
-        let first = body.data().await.unwrap().unwrap();
-        let mut send = respond
-            .send_response(http::Response::new(()), false)
-            .unwrap();
-        send.send_data(first.clone(), true).unwrap();
-        drop(kept);
-        (more_ahead, first)
-    });
-    let pool = pool();
-    let _first = pool
-        .connect(key_for(addr), || dial(addr), ConnectHeaders::new(dst()))
-        .await
-        .unwrap();
-    let mut s = tokio::time::timeout(
-        WAIT,
-        pool.connect_with_data(
-            key_for(addr),
-            || dial(addr),
-            ConnectHeaders::new(dst()),
-            bytes::Bytes::from_static(b"HEAD"),
-            std::future::ready(More::Bytes(bytes::Bytes::from_static(b"BODY"))),
-        ),
-    )
-    .await
-    .expect("the retried open")
-    .unwrap();
-    assert_eq!(s.sent_first(), 8);
-    assert_eq!(read_all(&mut s).await.unwrap(), b"HEADBODY");
-    let (more_ahead, first) = peer.await.unwrap();
-    assert_eq!(
-        &first[..],
-        b"HEADBODY",
-        "the retry carries every byte sent ahead"
-    );
-    assert!(
-        !more_ahead,
-        "the retry asked for a held 200 with nothing watching the client"
-    );
-    assert_eq!(pool.connections_opened(), 2);
 }
