@@ -410,6 +410,15 @@ fn one(
         })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
+    // How the old proxy's drain went (its last lines: how many were open
+    // at SIGTERM, how many it reset at the end, how long it drained), to
+    // tell a connection lost in the drain from one lost elsewhere.
+    let old_tail = proxies[0].log_tail();
+    for l in old_tail.lines().filter(|l| {
+        l.contains("draining") || l.contains("stopped") || l.contains("WARN") || l.contains("ERROR")
+    }) {
+        progress(format!("  old proxy: {}", l.trim()));
+    }
     new.stop();
     for mut p in proxies {
         p.stop();
