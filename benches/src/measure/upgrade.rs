@@ -410,12 +410,15 @@ fn one(
         })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
-    // How the old proxy's drain went (its last lines: how many were open
-    // at SIGTERM, how many it reset at the end, how long it drained), to
-    // tell a connection lost in the drain from one lost elsewhere.
+    // How the old proxy's drain went (how many were open at SIGTERM, how
+    // many it reset at the end, how long it drained), and any error it
+    // logged, to tell a connection lost in the drain from one lost
+    // elsewhere. (Its start-up warnings are the same every round: left out.)
     let old_tail = proxies[0].log_tail();
     for l in old_tail.lines().filter(|l| {
-        l.contains("draining") || l.contains("stopped") || l.contains("WARN") || l.contains("ERROR")
+        l.contains("ringway::proxy_main: draining")
+            || l.contains("ringway::proxy_main: stopped")
+            || l.contains("ERROR")
     }) {
         progress(format!("  old proxy: {}", l.trim()));
     }
