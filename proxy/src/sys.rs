@@ -117,6 +117,16 @@ pub fn shutdown_write(fd: BorrowedFd<'_>) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
+/// `send` with MSG_MORE, without waiting: the bytes wait in the socket for
+/// more (or for the FIN of a `shutdown` that follows at once, which then
+/// leaves in their segment). Never for bytes that nothing follows.
+pub fn send_more(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    socket2::SockRef::from(&fd).send_with_flags(
+        buf,
+        libc::MSG_MORE | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+    )
+}
+
 /// A copy of the bytes a socket has already received, up to [`PEEK_MAX`], without
 /// waiting and without taking them (`MSG_PEEK`): empty when there are none
 /// yet, or when the peer sent FIN. An error (a reset) is returned.

@@ -28,6 +28,12 @@ pub struct HboneStream {
     send: SendStream<Bytes>,
     recv: RecvStream,
     buf: Bytes,
+    /// The peer's chunk after the one last handed out, taken from HTTP/2
+    /// while looking for END_STREAM (its window is released when it is
+    /// handed out, so at most one more frame is held than without it).
+    ahead: Bytes,
+    /// An error found while looking ahead, for the next read.
+    ahead_err: Option<io::Error>,
     read_eof: bool,
     write_closed: bool,
     /// Bytes sent with the CONNECT, before the stream was open.
@@ -45,6 +51,8 @@ impl HboneStream {
             send,
             recv,
             buf: Bytes::new(),
+            ahead: Bytes::new(),
+            ahead_err: None,
             read_eof: false,
             write_closed: false,
             sent_first: 0,
@@ -78,25 +86,57 @@ impl HboneStream {
     /// The peer's next bytes as they arrived (no copy, never empty): `None`
     /// once the peer half-closed (END_STREAM). For pumps that write each
     /// chunk straight to a socket instead of reading into a buffer of their own.
+    ///
+    /// Each chunk handed out is followed by a look at what HTTP/2 already
+    /// holds for the stream, without waiting: when that is END_STREAM,
+    /// [`HboneStream::at_end`] says so before the chunk is written on, so
+    /// the writer can send the chunk and its FIN in one segment.
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
         if !self.buf.is_empty() {
             return Poll::Ready(Ok(Some(std::mem::take(&mut self.buf))));
         }
-        loop {
-            if self.read_eof {
-                return Poll::Ready(Ok(None));
-            }
-            match ready!(self.recv.poll_data(cx)) {
-                // An empty DATA frame is not an EOF: wait for the next one.
-                Some(Ok(data)) if data.is_empty() => {}
-                Some(Ok(data)) => {
-                    let _ = self.recv.flow_control().release_capacity(data.len());
-                    return Poll::Ready(Ok(Some(data)));
+        let data = if !self.ahead.is_empty() {
+            std::mem::take(&mut self.ahead)
+        } else {
+            loop {
+                if let Some(e) = self.ahead_err.take() {
+                    return Poll::Ready(Err(e));
                 }
-                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
-                None => self.read_eof = true,
+                if self.read_eof {
+                    return Poll::Ready(Ok(None));
+                }
+                match ready!(self.recv.poll_data(cx)) {
+                    // An empty DATA frame is not an EOF: wait for the next one.
+                    Some(Ok(data)) if data.is_empty() => {}
+                    Some(Ok(data)) => break data,
+                    Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                    None => self.read_eof = true,
+                }
+            }
+        };
+        let _ = self.recv.flow_control().release_capacity(data.len());
+        self.look_ahead(cx);
+        Poll::Ready(Ok(Some(data)))
+    }
+
+    /// Takes what HTTP/2 already holds after the chunk just handed out
+    /// (empty DATA frames skipped): END_STREAM, the next chunk or an error.
+    /// Pending leaves the waker registered, as the next read would.
+    fn look_ahead(&mut self, cx: &mut Context<'_>) {
+        while self.ahead.is_empty() && self.ahead_err.is_none() && !self.read_eof {
+            match self.recv.poll_data(cx) {
+                Poll::Ready(Some(Ok(data))) => self.ahead = data,
+                Poll::Ready(Some(Err(e))) => self.ahead_err = Some(h2_to_io(e)),
+                Poll::Ready(None) => self.read_eof = true,
+                Poll::Pending => return,
             }
         }
+    }
+
+    /// Whether the peer's END_STREAM came right after the last chunk handed
+    /// out (nothing else to read): the reader's next call returns `None`.
+    pub fn at_end(&self) -> bool {
+        self.read_eof && self.buf.is_empty() && self.ahead.is_empty() && self.ahead_err.is_none()
     }
 
     /// Sends `data` (no copy: the frames share it) within flow control;
@@ -187,7 +227,8 @@ impl AsyncRead for HboneStream {
                 None => return Poll::Ready(Ok(())),
             }
         }
-        // At most one frame is held here, so the window still bounds memory.
+        // At most one frame is held here and one looked ahead (its window
+        // not yet released), so the window still bounds memory.
         let n = this.buf.len().min(out.remaining());
         out.put_slice(&this.buf.split_to(n));
         Poll::Ready(Ok(()))

@@ -313,6 +313,24 @@ async fn pump(
     }
 }
 
+/// Writes what it can of `buf` to `client` with MSG_MORE (for bytes a
+/// `shutdown(SHUT_WR)` follows at once): the kernel holds them for the FIN.
+fn poll_send_more(
+    client: &TcpStream,
+    cx: &mut std::task::Context<'_>,
+    buf: &[u8],
+) -> std::task::Poll<io::Result<usize>> {
+    loop {
+        std::task::ready!(client.poll_write_ready(cx))?;
+        match client.try_io(tokio::io::Interest::WRITABLE, || {
+            sys::send_more(client.as_fd(), buf)
+        }) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return std::task::Poll::Ready(r),
+        }
+    }
+}
+
 /// Largest read from a client socket at once.
 const READ_CHUNK: usize = 256 * 1024;
 
@@ -402,11 +420,20 @@ async fn pump_both(
             }
             down_budget -= 1;
             if !to_client.is_empty() {
-                match tokio::io::AsyncWrite::poll_write(
-                    std::pin::Pin::new(&mut *client),
-                    cx,
-                    &to_client,
-                ) {
+                // The peer's END_STREAM already came after these bytes: they
+                // go with MSG_MORE, and the `shutdown` right after puts the
+                // FIN on their segment (one segment and one wake-up of the
+                // client fewer per response that closes its connection).
+                let written = if stream.at_end() {
+                    poll_send_more(client, cx, &to_client)
+                } else {
+                    tokio::io::AsyncWrite::poll_write(
+                        std::pin::Pin::new(&mut *client),
+                        cx,
+                        &to_client,
+                    )
+                };
+                match written {
                     Poll::Ready(Ok(n)) => {
                         let _ = to_client.split_to(n);
                         down_meter.add(n as u64);

@@ -279,6 +279,101 @@ fn hbone_payloads_v6() {
     run_isolated("hbone_payloads_v6", || payloads(true));
 }
 
+/// Every TCP segment of the IPv4 frames from `src:port`: (its payload
+/// length, whether it carries FIN).
+fn tcp_segments_from<'a>(
+    frames: impl Iterator<Item = &'a Vec<u8>>,
+    src: IpAddr,
+    port: u16,
+) -> Vec<(usize, bool)> {
+    let mut out = Vec::new();
+    for f in frames {
+        // Ethernet (14; `lo` too) + IPv4.
+        if f.len() < 14 + 20 || f[12] != 0x08 || f[13] != 0x00 {
+            continue;
+        }
+        let ip = &f[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        if ip[9] != 6 || ip.len() < ihl + 20 {
+            continue;
+        }
+        let from = IpAddr::from([ip[12], ip[13], ip[14], ip[15]]);
+        let tcp = &ip[ihl..];
+        let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let thl = usize::from(tcp[12] >> 4) * 4;
+        if from == src && sport == port {
+            out.push((total.saturating_sub(ihl + thl), tcp[13] & 0x01 != 0));
+        }
+    }
+    out
+}
+
+/// An app that answers and closes at once (an HTTP/1.0 server, or
+/// `Connection: close`): its answer and its FIN reach the client in one
+/// segment, as they left the app, not as the answer and then a bare FIN
+/// (one segment and one wake-up of the client more per connection).
+#[test]
+fn hbone_an_answer_and_the_fin_after_it_reach_the_client_in_one_segment() {
+    run_isolated("hbone_answer_and_fin_in_one_segment", || {
+        const ROUNDS: usize = 10;
+        const ANSWER: &[u8] = b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let t = two_nodes("hbone_fin_with_data", Datapath::Uring, "");
+        let addr = server_addr(&t, false);
+        let l = t.server().netns.run(|| listen(addr)).unwrap();
+        let app = std::thread::spawn(move || -> std::io::Result<()> {
+            for _ in 0..ROUNDS {
+                let (mut s, _) = l.accept()?;
+                s.set_read_timeout(Some(TIMEOUT))?;
+                let mut req = [0u8; 64];
+                let n = s.read(&mut req)?;
+                assert!(n > 0, "the request");
+                // The answer and the FIN in one segment from the app.
+                socket2::SockRef::from(&s).send_with_flags(ANSWER, libc::MSG_MORE)?;
+                s.shutdown(std::net::Shutdown::Write)?;
+                let mut rest = Vec::new();
+                s.read_to_end(&mut rest)?;
+            }
+            Ok(())
+        });
+        let sniffer = Sniffer::start(&t.client().netns, "lo");
+        for i in 0..ROUNDS {
+            let got = t
+                .client()
+                .netns
+                .run(|| -> std::io::Result<Vec<u8>> {
+                    let mut s = connect(addr, TIMEOUT)?;
+                    s.set_read_timeout(Some(TIMEOUT))?;
+                    s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+                    let mut got = Vec::new();
+                    s.read_to_end(&mut got)?;
+                    Ok(got)
+                })
+                .unwrap_or_else(|e| panic!("round {i}: {e}"));
+            assert_eq!(got, ANSWER, "round {i}");
+        }
+        app.join().unwrap().unwrap();
+        let frames = sniffer.finish();
+        // What the client received, in its pod, from the proxy answering
+        // for the app's address: per connection the answer with the FIN.
+        // (`lo` shows each frame twice, leaving and arriving, back to back.)
+        let mut once: Vec<&Vec<u8>> = frames.iter().map(|(_, f)| f).collect();
+        once.dedup();
+        let segs = tcp_segments_from(once.into_iter(), addr.ip(), APP_PORT);
+        let answers = segs.iter().filter(|(len, _)| *len > 0).count();
+        let fins: Vec<_> = segs.iter().filter(|(_, fin)| *fin).collect();
+        assert_eq!(
+            answers, ROUNDS,
+            "one answer segment per connection: {segs:?}"
+        );
+        assert_eq!(fins.len(), ROUNDS, "one FIN per connection: {segs:?}");
+        assert!(
+            fins.iter().all(|(len, _)| *len == ANSWER.len()),
+            "every FIN on the answer's segment: {segs:?}"
+        );
+    });
+}
+
 #[test]
 fn hbone_pooling() {
     run_isolated("hbone_pooling", || {

@@ -174,3 +174,81 @@ async fn explicit_reset_after_half_close_resets_upstream() {
         "{e}"
     );
 }
+
+/// The upstream's answer and its FIN arrive together: the chunk that carries
+/// the answer is known to be the last one as it is handed out (so the
+/// caller can put the FIN on the same segment); then the end.
+#[tokio::test]
+async fn the_last_chunk_is_known_as_the_last_when_the_end_came_with_it() {
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let pool = pool();
+    let mut s = server.open(&pool, dst()).await.unwrap();
+    let up = backend.next().await;
+    // The answer and the FIN in one segment from the upstream.
+    let sent = socket2::SockRef::from(&up)
+        .send_with_flags(b"the answer", libc::MSG_MORE)
+        .unwrap();
+    assert_eq!(sent, 10);
+    socket2::SockRef::from(&up)
+        .shutdown(std::net::Shutdown::Write)
+        .unwrap();
+    let chunk = std::future::poll_fn(|cx| s.poll_chunk(cx)).await.unwrap();
+    assert_eq!(chunk.as_deref(), Some(&b"the answer"[..]));
+    assert!(s.at_end(), "END_STREAM came with the answer");
+    let end = std::future::poll_fn(|cx| s.poll_chunk(cx)).await.unwrap();
+    assert!(end.is_none());
+}
+
+/// Two chunks already in before the first is read: the look for the end
+/// takes the second and hands it out next, intact and in order; only then
+/// is the end known; a chunk with more to follow is never taken for the last.
+#[tokio::test]
+async fn a_chunk_looked_ahead_is_handed_out_next() {
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let pool = pool();
+    let mut s = server.open(&pool, dst()).await.unwrap();
+    let mut up = backend.next().await;
+    up.write_all(b"one").await.unwrap();
+    // The first chunk out as its own DATA frame before the second is written.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    up.write_all(b"two").await.unwrap();
+    up.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let first = std::future::poll_fn(|cx| s.poll_chunk(cx)).await.unwrap();
+    assert_eq!(first.as_deref(), Some(&b"one"[..]));
+    assert!(!s.at_end(), "more follows the first chunk");
+    let second = std::future::poll_fn(|cx| s.poll_chunk(cx)).await.unwrap();
+    assert_eq!(second.as_deref(), Some(&b"two"[..]));
+    assert!(s.at_end());
+    assert!(std::future::poll_fn(|cx| s.poll_chunk(cx))
+        .await
+        .unwrap()
+        .is_none());
+}
+
+/// An upstream that answers and then resets: the answer is handed out, and
+/// the reset reaches the reader after it (not lost in the look ahead, and
+/// never taken for a clean end).
+#[tokio::test]
+async fn a_reset_looked_ahead_is_reported_after_the_chunk() {
+    let mut backend = Backend::start().await;
+    let server = Server::start(backend.handler()).await;
+    let pool = pool();
+    let mut s = server.open(&pool, dst()).await.unwrap();
+    let mut up = backend.next().await;
+    up.write_all(b"partial").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // RST from the upstream: the server resets the stream.
+    up.set_zero_linger().unwrap();
+    drop(up);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let first = std::future::poll_fn(|cx| s.poll_chunk(cx)).await.unwrap();
+    assert_eq!(first.as_deref(), Some(&b"partial"[..]));
+    assert!(!s.at_end(), "a reset is not an end");
+    let err = std::future::poll_fn(|cx| s.poll_chunk(cx))
+        .await
+        .expect_err("the reset after the chunk");
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+}
