@@ -111,6 +111,11 @@ impl Bed {
         })
     }
 
+    /// The two nodes' own namespaces (where the bridges and the link are).
+    pub fn nodes_netns(&self) -> [&Netns; 2] {
+        [&self.n1.node, &self.n2.node]
+    }
+
     /// The HBONE configuration file (the CA and the pods as tunnel workloads).
     pub fn hbone_config_path(&self) -> &FsPath {
         &self.hbone_config

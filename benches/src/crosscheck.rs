@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::bed::{self, next_port, Bed, Proxies};
 use crate::config::Config;
 use crate::figures::{CrossCheck, Figure, RatioKind};
-use crate::host::{cpu_idle, progress};
+use crate::host::{cpu_idle, cpus, machine_busy_seconds, progress};
 use crate::load::{self, Path};
 use crate::scenario;
 use crate::stat::median;
@@ -127,8 +127,24 @@ fn tools_round(
         t("sockperf", r);
     }
     if let (Some(w), Some(n)) = (tools.get("wrk"), tools.get("nginx")) {
-        let r = tools::wrk(w, n, scratch, &on.next(), secs)
-            .map(|rps| put(row, CrossCheck::ConnPerS, rps));
+        let (c0, m0) = (proxies.cpu(), machine_busy_seconds());
+        let t0 = std::time::Instant::now();
+        let r = tools::wrk(w, n, scratch, &on.next(), secs).map(|rps| {
+            put(row, CrossCheck::ConnPerS, rps);
+            // How busy the machine was over wrk's run (nginx's start and
+            // stop included), and the proxies' share: a rate held back by
+            // idle CPUs is latency, one at full CPUs is cost.
+            let wall = t0.elapsed().as_secs_f64() * cpus() as f64;
+            let busy = machine_busy_seconds() - m0;
+            let proxy = match (c0, proxies.cpu()) {
+                (Some(a), Some(b)) => format!(", proxies {:.0}% of it", (b - a) / busy * 100.0),
+                _ => String::new(),
+            };
+            progress(format!(
+                "    wrk: {rps:.0} conn/s; machine busy {:.0}% of its CPUs over the run{proxy}",
+                busy / wall * 100.0
+            ));
+        });
         t("wrk", r);
     }
 }

@@ -224,6 +224,7 @@ pub fn profile(
             let stat = perf_stat_events(proxy.pid, CONN_STAT_EVENTS)?;
             let (m0, b0) = (machine_busy_seconds(), bench_cpu_seconds());
             let (sc0, ss0) = (tcp_counters(&path.client), tcp_counters(&path.server));
+            let t0 = threads(proxy.pid);
             let cr = load::conn_rate(
                 &path.on_port(PORT_BASE + 2),
                 config.conn_threads,
@@ -233,6 +234,7 @@ pub fn profile(
             let c1 = proxy.cpu_seconds();
             let (m1, b1) = (machine_busy_seconds(), bench_cpu_seconds());
             let (sc1, ss1) = (tcp_counters(&path.client), tcp_counters(&path.server));
+            let t1 = threads(proxy.pid);
             let counts = perf_stat_finish(stat)?;
             let per = |s: f64| s / cr.conns as f64 * 1e6;
             let cpus = cpus() as f64;
@@ -262,6 +264,7 @@ pub fn profile(
                 "\nper connection, TCP counters of the client pod's netns | the server pod's (every socket in each: app, proxy, tunnel end):{}",
                 counter_deltas(&sc0, &sc1, &ss0, &ss1, cr.conns.max(1))
             ));
+            line.push_str(&per_thread(&t0, &t1, cr.conns.max(1), "connection"));
             line
         }
         Profile::CniAdd => unreachable!("measured above"),
@@ -323,7 +326,7 @@ pub fn profile(
                     line.push_str(&format!("\n  {:>8.2}  {ev}", per(*n)));
                 }
             }
-            line.push_str(&per_thread(&t0, &t1, l.requests));
+            line.push_str(&per_thread(&t0, &t1, l.requests, "round trip"));
             let n = window_rts.max(1);
             line.push_str(&format!(
                 "\nper round trip ({window_rts} in the middle half), TCP counters of the client pod's netns (app <-> proxy, tunnel client end) | the server pod's (tunnel server end, proxy <-> app):{}",
@@ -567,9 +570,10 @@ fn per_thread(
     t0: &[(u32, String, u64, u64, u64)],
     t1: &[(u32, String, u64, u64, u64)],
     n: u64,
+    unit: &str,
 ) -> String {
-    let mut line = String::from(
-        "\nper round trip, each proxy thread that ran (/proc: voluntary + involuntary switches, CPU-µs):",
+    let mut line = format!(
+        "\nper {unit}, each proxy thread that ran (/proc: voluntary + involuntary switches, CPU-µs):",
     );
     for (tid, name, v1, i1, r1) in t1 {
         let Some((_, _, v0, i0, r0)) = t0.iter().find(|t| t.0 == *tid) else {
@@ -589,7 +593,7 @@ fn per_thread(
 
 /// The netns's TCP counters (/proc/net/snmp `Tcp:` and /proc/net/netstat
 /// `TcpExt:`), read from a thread inside it.
-fn tcp_counters(ns: &Netns) -> std::collections::BTreeMap<String, u64> {
+pub fn tcp_counters(ns: &Netns) -> std::collections::BTreeMap<String, u64> {
     ns.run(|| {
         let mut m = std::collections::BTreeMap::new();
         for file in ["snmp", "netstat"] {

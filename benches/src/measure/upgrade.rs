@@ -318,6 +318,19 @@ fn one(
         .run(|| ringway_testbed::traffic::listen(addr))
         .context("server listener")?;
     let echo = EchoServer::start(l);
+    // Counters that tell where a stalled or lost connection went (SYN
+    // retransmissions, listen queue drops, PAWS, conntrack drops), in the
+    // two pods and the two nodes, read around the whole load.
+    let watched: Vec<(&str, &ringway_testbed::ns::Netns)> = {
+        let [n1, n2] = bed.nodes_netns();
+        vec![
+            ("client pod", &client.netns),
+            ("server pod", &server.netns),
+            ("node 1", n1),
+            ("node 2", n2),
+        ]
+    };
+    let before: Vec<_> = watched.iter().map(|(_, ns)| trouble_counters(ns)).collect();
 
     // The load: thread k takes connections k, k + threads, ...
     let stop = Arc::new(AtomicBool::new(false));
@@ -376,6 +389,33 @@ fn one(
         );
     }
     let end = t0.elapsed();
+    let after: Vec<_> = watched.iter().map(|(_, ns)| trouble_counters(ns)).collect();
+    let trouble: Vec<String> = watched
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter_map(|((name, _), (b, a))| {
+            let d = trouble_deltas(b, a);
+            (!d.is_empty()).then(|| format!("{name}: {d}"))
+        })
+        .collect();
+    if !trouble.is_empty() {
+        progress(format!("  counters: {}", trouble.join("; ")));
+    }
+    // Each netns's conntrack table (a full one drops new SYNs: "table
+    // full, dropping packet" in the kernel log, `ct.drop` above).
+    progress(format!(
+        "  conntrack entries: {}",
+        watched
+            .iter()
+            .zip(&after)
+            .map(|((name, _), a)| format!(
+                "{name} {}",
+                a.get("ct.entries")
+                    .map_or("-".to_string(), |n| n.to_string())
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     let at_end = tunnel_counts(new_metrics);
     let (mut quiet, mut upgrade) = (Window::default(), Window::default());
     for (due, r) in outcomes {
@@ -440,6 +480,83 @@ fn one(
         cold_dials: at_end.1 - warm_dials + 0.0,
         rate: n as f64 / (end.as_secs_f64() - 0.5).max(1e-3),
     })
+}
+
+/// The TCP counters of `ns` (/proc/net/snmp and netstat) and its
+/// conntrack statistics (`ct.` + name, summed over CPUs).
+fn trouble_counters(ns: &ringway_testbed::ns::Netns) -> std::collections::BTreeMap<String, u64> {
+    let mut m = crate::profile::tcp_counters(ns);
+    let ct = ns.run(|| std::fs::read_to_string("/proc/thread-self/net/stat/nf_conntrack"));
+    if let Ok(text) = ct {
+        let mut lines = text.lines();
+        let names: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+        for l in lines {
+            for (k, v) in names.iter().zip(l.split_whitespace()) {
+                let Ok(v) = u64::from_str_radix(v, 16) else {
+                    continue;
+                };
+                if *k == "entries" {
+                    // The netns's whole table, on every CPU's line.
+                    m.insert("ct.entries".into(), v);
+                } else {
+                    *m.entry(format!("ct.{k}")).or_default() += v;
+                }
+            }
+        }
+    }
+    m
+}
+
+/// The counters that only move when something goes wrong (a SYN or a
+/// segment resent, a queue full, a timestamp refused, a reset, conntrack
+/// refusing or dropping), as `name +delta` for those that moved.
+fn trouble_deltas(
+    a: &std::collections::BTreeMap<String, u64>,
+    b: &std::collections::BTreeMap<String, u64>,
+) -> String {
+    const WATCHED: &[&str] = &[
+        "RetransSegs",
+        "AttemptFails",
+        "EstabResets",
+        "OutRsts",
+        "InErrs",
+        "TCPSynRetrans",
+        "TCPTimeouts",
+        "ListenOverflows",
+        "ListenDrops",
+        "TCPReqQFullDrop",
+        "TCPReqQFullDoCookies",
+        "TCPBacklogDrop",
+        "PAWSActive",
+        "PAWSEstab",
+        "TCPACKSkippedPAWS",
+        "TCPACKSkippedSynRecv",
+        "TCPACKSkippedTimeWait",
+        "TCPChallengeACK",
+        "TCPSYNChallenge",
+        "TCPTimeWaitOverflow",
+        "TWRecycled",
+        "TCPAbortOnData",
+        "TCPAbortOnClose",
+        "TCPAbortOnTimeout",
+        "TCPMigrateReqSuccess",
+        "TCPMigrateReqFailure",
+        "TCPRcvQDrop",
+        "TCPZeroWindowDrop",
+        "ct.invalid",
+        "ct.insert_failed",
+        "ct.drop",
+        "ct.early_drop",
+        "ct.clashres",
+    ];
+    WATCHED
+        .iter()
+        .filter_map(|k| {
+            let d = b.get(*k)?.saturating_sub(*a.get(*k)?);
+            (d > 0).then(|| format!("{k} +{d}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// (outbound tunnels held, client TLS handshakes so far) of the proxy whose
