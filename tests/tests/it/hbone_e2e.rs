@@ -89,29 +89,49 @@ impl Sniffer {
     }
 }
 
+/// One TCP segment of an IPv4 frame.
+struct Seg {
+    src: (IpAddr, u16),
+    dst: (IpAddr, u16),
+    /// Payload bytes.
+    len: usize,
+    fin: bool,
+}
+
+/// The TCP segment of an IPv4 frame (Ethernet header first; `lo` too).
+fn tcp_segment(f: &[u8]) -> Option<Seg> {
+    if f.len() < 14 + 20 || f[12] != 0x08 || f[13] != 0x00 {
+        return None;
+    }
+    let ip = &f[14..];
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip[9] != 6 || ip.len() < ihl + 20 {
+        return None;
+    }
+    let tcp = &ip[ihl..];
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let thl = usize::from(tcp[12] >> 4) * 4;
+    Some(Seg {
+        src: (
+            IpAddr::from([ip[12], ip[13], ip[14], ip[15]]),
+            u16::from_be_bytes([tcp[0], tcp[1]]),
+        ),
+        dst: (
+            IpAddr::from([ip[16], ip[17], ip[18], ip[19]]),
+            u16::from_be_bytes([tcp[2], tcp[3]]),
+        ),
+        len: total.saturating_sub(ihl + thl),
+        fin: tcp[13] & 0x01 != 0,
+    })
+}
+
 /// TCP payload bytes of the IPv4 frames to `dst:port`.
 fn tcp_to_port<'a>(frames: impl Iterator<Item = &'a Vec<u8>>, dst: IpAddr, port: u16) -> u64 {
-    let mut bytes = 0u64;
-    for f in frames {
-        // Ethernet (14) + IPv4.
-        if f.len() < 14 + 20 || f[12] != 0x08 || f[13] != 0x00 {
-            continue;
-        }
-        let ip = &f[14..];
-        let ihl = usize::from(ip[0] & 0x0f) * 4;
-        if ip[9] != 6 || ip.len() < ihl + 20 {
-            continue;
-        }
-        let d = IpAddr::from([ip[16], ip[17], ip[18], ip[19]]);
-        let tcp = &ip[ihl..];
-        let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
-        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let thl = usize::from(tcp[12] >> 4) * 4;
-        if d == dst && dport == port {
-            bytes += total.saturating_sub(ihl + thl) as u64;
-        }
-    }
-    bytes
+    frames
+        .filter_map(|f| tcp_segment(f))
+        .filter(|s| s.dst == (dst, port))
+        .map(|s| s.len as u64)
+        .sum()
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -279,36 +299,6 @@ fn hbone_payloads_v6() {
     run_isolated("hbone_payloads_v6", || payloads(true));
 }
 
-/// Every TCP segment of the IPv4 frames from `src:port`: (its payload
-/// length, whether it carries FIN).
-fn tcp_segments_from<'a>(
-    frames: impl Iterator<Item = &'a Vec<u8>>,
-    src: IpAddr,
-    port: u16,
-) -> Vec<(usize, bool)> {
-    let mut out = Vec::new();
-    for f in frames {
-        // Ethernet (14; `lo` too) + IPv4.
-        if f.len() < 14 + 20 || f[12] != 0x08 || f[13] != 0x00 {
-            continue;
-        }
-        let ip = &f[14..];
-        let ihl = usize::from(ip[0] & 0x0f) * 4;
-        if ip[9] != 6 || ip.len() < ihl + 20 {
-            continue;
-        }
-        let from = IpAddr::from([ip[12], ip[13], ip[14], ip[15]]);
-        let tcp = &ip[ihl..];
-        let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
-        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let thl = usize::from(tcp[12] >> 4) * 4;
-        if from == src && sport == port {
-            out.push((total.saturating_sub(ihl + thl), tcp[13] & 0x01 != 0));
-        }
-    }
-    out
-}
-
 /// An app that answers and closes at once (an HTTP/1.0 server, or
 /// `Connection: close`): its answer and its FIN reach the client in one
 /// segment, as they left the app, not as the answer and then a bare FIN
@@ -359,7 +349,12 @@ fn hbone_an_answer_and_the_fin_after_it_reach_the_client_in_one_segment() {
         // (`lo` shows each frame twice, leaving and arriving, back to back.)
         let mut once: Vec<&Vec<u8>> = frames.iter().map(|(_, f)| f).collect();
         once.dedup();
-        let segs = tcp_segments_from(once.into_iter(), addr.ip(), APP_PORT);
+        let segs: Vec<(usize, bool)> = once
+            .into_iter()
+            .filter_map(|f| tcp_segment(f))
+            .filter(|s| s.src == (addr.ip(), APP_PORT))
+            .map(|s| (s.len, s.fin))
+            .collect();
         let answers = segs.iter().filter(|(len, _)| *len > 0).count();
         let fins: Vec<_> = segs.iter().filter(|(_, fin)| *fin).collect();
         assert_eq!(
