@@ -438,6 +438,13 @@ async fn pump_both(
                         let _ = to_client.split_to(n);
                         down_meter.add(n as u64);
                         *down += n as u64;
+                        if to_client.is_empty() && stream.at_end() {
+                            // The FIN now, before any yield: bytes sent with
+                            // MSG_MORE never wait for a later poll.
+                            let _ = sys::shutdown_write(client.as_fd());
+                            down_done = true;
+                            break;
+                        }
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                     Poll::Pending => break,
