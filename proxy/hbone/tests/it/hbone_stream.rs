@@ -211,11 +211,12 @@ async fn a_chunk_looked_ahead_is_handed_out_next() {
     let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;
     up.write_all(b"one").await.unwrap();
-    // The first chunk out as its own DATA frame before the second is written.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The first chunk out as its own DATA frame before the second is written
+    // (the pauses only shape the traffic: a slower server would merge them).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     up.write_all(b"two").await.unwrap();
     up.shutdown().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let first = std::future::poll_fn(|cx| s.poll_chunk(cx)).await.unwrap();
     assert_eq!(first.as_deref(), Some(&b"one"[..]));
     assert!(!s.at_end(), "more follows the first chunk");
@@ -239,11 +240,11 @@ async fn a_reset_looked_ahead_is_reported_after_the_chunk() {
     let mut s = server.open(&pool, dst()).await.unwrap();
     let mut up = backend.next().await;
     up.write_all(b"partial").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     // RST from the upstream: the server resets the stream.
     up.set_zero_linger().unwrap();
     drop(up);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let first = std::future::poll_fn(|cx| s.poll_chunk(cx)).await.unwrap();
     assert_eq!(first.as_deref(), Some(&b"partial"[..]));
     assert!(!s.at_end(), "a reset is not an end");
