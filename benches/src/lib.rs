@@ -41,6 +41,7 @@ pub mod flood;
 pub mod host;
 pub mod load;
 pub mod measure;
+pub mod netstat;
 pub mod profile;
 pub mod report;
 pub mod results;

@@ -18,6 +18,7 @@ use crate::figures::Figures;
 use crate::host::{cpus, machine_busy_seconds, progress};
 use crate::load;
 use crate::measure::churn;
+use crate::netstat::tcp_counters;
 use crate::scenario::scenarios;
 use crate::tools::{self, Tools};
 
@@ -589,36 +590,6 @@ fn per_thread(
         }
     }
     line
-}
-
-/// The netns's TCP counters (/proc/net/snmp `Tcp:` and /proc/net/netstat
-/// `TcpExt:`), read from a thread inside it.
-pub fn tcp_counters(ns: &Netns) -> std::collections::BTreeMap<String, u64> {
-    ns.run(|| {
-        let mut m = std::collections::BTreeMap::new();
-        for file in ["snmp", "netstat"] {
-            let text = std::fs::read_to_string(format!("/proc/thread-self/net/{file}"))
-                .unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            for pair in lines.chunks(2) {
-                let [names, values] = pair else { continue };
-                let mut n = names.split_whitespace();
-                let mut v = values.split_whitespace();
-                let (Some(prefix), Some(_)) = (n.next(), v.next()) else {
-                    continue;
-                };
-                if prefix != "Tcp:" && prefix != "TcpExt:" {
-                    continue;
-                }
-                for (k, val) in n.zip(v) {
-                    if let Ok(val) = val.parse::<u64>() {
-                        m.insert(k.to_string(), val);
-                    }
-                }
-            }
-        }
-        m
-    })
 }
 
 /// The counters that say how segments and ACKs went, per round trip or

@@ -28,6 +28,7 @@ use ringway_testbed::Pod;
 use crate::bed::{self, next_port, Bed, PORT_BASE};
 use crate::child::{ProxyArgs, ProxyChild};
 use crate::host::progress;
+use crate::netstat::{trouble_counters, trouble_deltas};
 use crate::scenario::{by_key, Kind, Scenario};
 use crate::stat::{fmt, nearest_rank};
 
@@ -480,83 +481,6 @@ fn one(
         cold_dials: at_end.1 - warm_dials + 0.0,
         rate: n as f64 / (end.as_secs_f64() - 0.5).max(1e-3),
     })
-}
-
-/// The TCP counters of `ns` (/proc/net/snmp and netstat) and its
-/// conntrack statistics (`ct.` + name, summed over CPUs).
-fn trouble_counters(ns: &ringway_testbed::ns::Netns) -> std::collections::BTreeMap<String, u64> {
-    let mut m = crate::profile::tcp_counters(ns);
-    let ct = ns.run(|| std::fs::read_to_string("/proc/thread-self/net/stat/nf_conntrack"));
-    if let Ok(text) = ct {
-        let mut lines = text.lines();
-        let names: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
-        for l in lines {
-            for (k, v) in names.iter().zip(l.split_whitespace()) {
-                let Ok(v) = u64::from_str_radix(v, 16) else {
-                    continue;
-                };
-                if *k == "entries" {
-                    // The netns's whole table, on every CPU's line.
-                    m.insert("ct.entries".into(), v);
-                } else {
-                    *m.entry(format!("ct.{k}")).or_default() += v;
-                }
-            }
-        }
-    }
-    m
-}
-
-/// The counters that only move when something goes wrong (a SYN or a
-/// segment resent, a queue full, a timestamp refused, a reset, conntrack
-/// refusing or dropping), as `name +delta` for those that moved.
-fn trouble_deltas(
-    a: &std::collections::BTreeMap<String, u64>,
-    b: &std::collections::BTreeMap<String, u64>,
-) -> String {
-    const WATCHED: &[&str] = &[
-        "RetransSegs",
-        "AttemptFails",
-        "EstabResets",
-        "OutRsts",
-        "InErrs",
-        "TCPSynRetrans",
-        "TCPTimeouts",
-        "ListenOverflows",
-        "ListenDrops",
-        "TCPReqQFullDrop",
-        "TCPReqQFullDoCookies",
-        "TCPBacklogDrop",
-        "PAWSActive",
-        "PAWSEstab",
-        "TCPACKSkippedPAWS",
-        "TCPACKSkippedSynRecv",
-        "TCPACKSkippedTimeWait",
-        "TCPChallengeACK",
-        "TCPSYNChallenge",
-        "TCPTimeWaitOverflow",
-        "TWRecycled",
-        "TCPAbortOnData",
-        "TCPAbortOnClose",
-        "TCPAbortOnTimeout",
-        "TCPMigrateReqSuccess",
-        "TCPMigrateReqFailure",
-        "TCPRcvQDrop",
-        "TCPZeroWindowDrop",
-        "ct.invalid",
-        "ct.insert_failed",
-        "ct.drop",
-        "ct.early_drop",
-        "ct.clashres",
-    ];
-    WATCHED
-        .iter()
-        .filter_map(|k| {
-            let d = b.get(*k)?.saturating_sub(*a.get(*k)?);
-            (d > 0).then(|| format!("{k} +{d}"))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// (outbound tunnels held, client TLS handshakes so far) of the proxy whose
