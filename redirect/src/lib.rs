@@ -3,9 +3,10 @@
 //! binary at run time), verifies it, and removes it leaving nothing behind.
 //!
 //! # API
-//! - [`apply`] (idempotent): `lo` up, `net.ipv4.tcp_migrate_req=1`, ip rules +
-//!   local routes, then the whole nft table in one nfnetlink batch. On failure
-//!   it rolls back what it added.
+//! - [`apply`] (idempotent): `lo` up, `net.ipv4.tcp_migrate_req=1`, the
+//!   conntrack `TIME_WAIT` capped at 30 s, ip rules + local routes, then the
+//!   whole nft table in one nfnetlink batch. On failure it rolls back what it
+//!   added.
 //! - [`apply_for`]: the same, with the owning pod's [`PodTag`] stored in the
 //!   table's user data; [`read_tag`] reads it back (how a restarted node agent
 //!   finds out which pod a namespace belongs to).
@@ -89,12 +90,24 @@
 //! IPv6 rule and route are skipped (logged). The rules work with
 //! `net.ipv4.conf.*.src_valid_mark=1` (tested), so that sysctl is left alone.
 //!
-//! One sysctl is set in the pod namespace: `net.ipv4.tcp_migrate_req=1`
-//! (kernel 5.14+; skipped and logged on older kernels). When a proxy closes
-//! its `SO_REUSEPORT` listeners (an upgrade: the old proxy leaves, the new
-//! one already listens), the connections queued on them migrate to the
-//! remaining listeners instead of being reset. [`verify`] reports it as
-//! drift when it is 0; [`remove`] leaves it set (it is harmless).
+//! Two sysctls are set in the pod namespace (never the node's):
+//! - `net.ipv4.tcp_migrate_req=1` (kernel 5.14+; skipped and logged on older
+//!   kernels). When a proxy closes its `SO_REUSEPORT` listeners (an upgrade:
+//!   the old proxy leaves, the new one already listens), the connections
+//!   queued on them migrate to the remaining listeners instead of being
+//!   reset. [`verify`] reports it as drift when it is 0.
+//! - `net.netfilter.nf_conntrack_tcp_timeout_time_wait` at most
+//!   [`CONNTRACK_TIME_WAIT_CAP_S`] (30; a lower value stays). The `ct` rules
+//!   above make the namespace track every TCP connection (a pod without
+//!   capture tracks none), and a closed connection's entry waits this long,
+//!   120 s by default. The table's size is node-wide (`nf_conntrack_max`,
+//!   not settable in a pod): at 120 s a pod making or taking about 2,000
+//!   new connections a second through the proxy (1,000 on the plaintext
+//!   path through both hops, which tracks the app's connection and the
+//!   proxy's) fills it in two minutes and its SYNs are dropped; at 30 s it
+//!   takes 4x that rate. [`verify`] reports a value above the cap.
+//!
+//! [`remove`] leaves both set (harmless without the rules).
 //!
 //! **Why outbound is REDIRECT even in TPROXY mode.** With outbound TPROXY
 //! each accepted socket's local address is the *remote* (`pod0:9000`), and
@@ -159,6 +172,7 @@ pub use netns::{check_pod_netns, open_netns};
 pub use ruleset::render;
 pub use socket::wait_closed;
 pub use spec::{CaptureMode, CaptureSpec};
+pub use sysctl::CONNTRACK_TIME_WAIT_CAP_S;
 pub use tag::{PodTag, TagError, MAX_PIECES, NFT_USERDATA_MAX, PIECE_MAX};
 
 use nft::Chain;
@@ -246,7 +260,8 @@ fn read_tag_here(nf: &mut NlSocket) -> Result<Option<PodTag>, RedirectError> {
 
 /// Returns how the pod's capture differs from `spec`; empty when in place.
 /// Besides the rules, routes and `lo`, checks that `net.ipv4.tcp_migrate_req`
-/// is 1 (when the kernel has it).
+/// is 1 and the conntrack `TIME_WAIT` at most [`CONNTRACK_TIME_WAIT_CAP_S`]
+/// (when the kernel has them).
 pub fn verify(netns: BorrowedFd<'_>, spec: &CaptureSpec) -> Result<Vec<Drift>, RedirectError> {
     verify_inner(netns, spec, None)
 }
@@ -294,6 +309,7 @@ fn verify_inner(
         let fams = route::families("verify");
         drift.extend(verify::routing_drift(&mut rt, spec, &fams)?);
         drift.extend(sysctl::migrate_req_drift()?);
+        drift.extend(sysctl::conntrack_time_wait_drift()?);
         Ok(drift)
     })?;
     if drift.is_empty() {
@@ -380,11 +396,18 @@ fn apply_chains(
         // Harmless on its own and not rolled back: it only changes what
         // happens to the queue of a closing SO_REUSEPORT listener.
         sysctl::enable_migrate_req()?;
+        // Capped before the rules make the namespace track connections;
+        // where conntrack is a module the capture's rules load, the sysctl
+        // appears with them and is capped after the batch.
+        let ct_capped = sysctl::cap_conntrack_time_wait()?;
         let fams = route::families("apply");
         let mut added = Vec::new();
         let result = apply_steps(&mut rt, spec, &fams, &chains, &owner, &mut added);
         match result {
             Ok(()) => {
+                if !ct_capped {
+                    cap_conntrack_after_rules(ino);
+                }
                 tracing::info!(
                     netns.inode = ino,
                     mode = ?spec.mode,
@@ -405,6 +428,27 @@ fn apply_chains(
             }
         }
     })
+}
+
+/// The second try of [`sysctl::cap_conntrack_time_wait`], once the rules
+/// are in place. The capture works without the cap, so a failure here is
+/// logged, not an apply failure (and [`verify`] reports the sysctl).
+fn cap_conntrack_after_rules(ino: u64) {
+    match sysctl::cap_conntrack_time_wait() {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            netns.inode = ino,
+            sysctl = sysctl::CT_TIME_WAIT,
+            "conntrack has no {} in this namespace: closed connections keep the kernel's \
+             conntrack TIME_WAIT",
+            sysctl::CT_TIME_WAIT
+        ),
+        Err(error) => tracing::warn!(
+            netns.inode = ino,
+            %error,
+            "capping the conntrack TIME_WAIT failed; verify reports it"
+        ),
+    }
 }
 
 fn apply_steps(

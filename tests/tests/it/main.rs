@@ -26,6 +26,7 @@ mod agent_zds;
 mod busy_poll;
 mod common;
 mod connect_timeout;
+mod conntrack;
 mod crate_graph;
 mod datapath_payloads;
 mod datapath_scale;

@@ -1,4 +1,5 @@
-//! `ringway-redirect`'s owner tag and the `tcp_migrate_req` sysctl, in real
+//! `ringway-redirect`'s owner tag and its sysctls (`tcp_migrate_req`, the
+//! conntrack `TIME_WAIT` cap), in real
 //! pod network namespaces: what `apply_for` stores, what `read_tag` gives
 //! back (also for tags that span the chains), what `nft list` shows, and how
 //! `verify`/`verify_for` report a missing or foreign owner and a reset sysctl.
@@ -206,5 +207,53 @@ fn apply_sets_tcp_migrate_req_and_verify_reports_it() {
         pod.netns.sysctl(key, "0").unwrap();
         apply_for(pod.netns.fd(), &spec, &tag_for(pod, "u")).expect("apply_for");
         assert_eq!(pod.netns.read_sysctl(key).unwrap(), "1");
+    });
+}
+
+#[test]
+fn apply_caps_the_conntrack_time_wait_and_verify_reports_it() {
+    run_isolated("apply_caps_the_conntrack_time_wait", || {
+        let vn = VirtualNode::build(3, 1).expect("virtual node");
+        let pod = vn.pod(0);
+        let key = "net.netfilter.nf_conntrack_tcp_timeout_time_wait";
+        assert_eq!(pod.netns.read_sysctl(key).unwrap(), "120", "kernel default");
+        let node_before = vn.node.read_sysctl(key).unwrap();
+        let cap = ringway_redirect::CONNTRACK_TIME_WAIT_CAP_S.to_string();
+        assert_eq!(cap, "30");
+
+        let spec = CaptureSpec::default();
+        apply(pod.netns.fd(), &spec).expect("apply");
+        assert_eq!(pod.netns.read_sysctl(key).unwrap(), cap);
+        // The node namespace is not touched.
+        assert_eq!(vn.node.read_sysctl(key).unwrap(), node_before);
+        assert_eq!(verify(pod.netns.fd(), &spec).unwrap(), vec![]);
+
+        // Set back above the cap: drift, named, and a re-apply mends it.
+        pod.netns.sysctl(key, "120").unwrap();
+        let d = verify(pod.netns.fd(), &spec).unwrap();
+        assert_eq!(
+            d,
+            vec![Drift::SysctlDiffers {
+                key: key.into(),
+                want: "at most 30".into(),
+                found: "120".into()
+            }]
+        );
+        assert_eq!(
+            d[0].to_string(),
+            "sysctl net.netfilter.nf_conntrack_tcp_timeout_time_wait is 120, want at most 30"
+        );
+        apply(pod.netns.fd(), &spec).expect("re-apply");
+        assert_eq!(pod.netns.read_sysctl(key).unwrap(), cap);
+
+        // A lower value (the pod's own choice) is no drift and stays.
+        pod.netns.sysctl(key, "10").unwrap();
+        assert_eq!(verify(pod.netns.fd(), &spec).unwrap(), vec![]);
+        apply(pod.netns.fd(), &spec).expect("re-apply over a lower value");
+        assert_eq!(pod.netns.read_sysctl(key).unwrap(), "10");
+
+        // remove leaves it (harmless without the rules).
+        remove(pod.netns.fd(), &spec).expect("remove");
+        assert_eq!(pod.netns.read_sysctl(key).unwrap(), "10");
     });
 }
