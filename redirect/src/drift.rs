@@ -110,9 +110,10 @@ pub enum Drift {
     LoopbackDown,
     /// A sysctl of the pod's namespace has another value than the capture needs.
     SysctlDiffers {
-        /// The sysctl (`net.ipv4.tcp_migrate_req`).
+        /// The sysctl (`net.ipv4.tcp_migrate_req`,
+        /// `net.netfilter.nf_conntrack_tcp_timeout_time_wait`).
         key: String,
-        /// The value the capture sets.
+        /// The value the capture sets (`1`), or its bound (`at most 30`).
         want: String,
         /// The value found.
         found: String,

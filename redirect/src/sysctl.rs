@@ -25,9 +25,9 @@ const CT_TIME_WAIT_PATH: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeou
 
 /// The longest a closed connection's conntrack entry waits in a captured
 /// pod, in seconds (a lower value already set is kept). The entry only has
-/// to outlive the closing handshake's late segments: a peer's lost final
-/// ACK is retransmitted about five times within 30 s, and the sockets keep
-/// their own `TIME_WAIT` (60 s). At 30 s a pod's table holds 4x the
+/// to outlive the closing handshake's late segments: a peer whose final
+/// ACK from us was lost resends its FIN, about five times within 30 s
+/// (backoff from 200 ms), and the sockets keep their own `TIME_WAIT` (60 s). At 30 s a pod's table holds 4x the
 /// connection rate it held at the kernel's 120 s.
 pub const CONNTRACK_TIME_WAIT_CAP_S: u64 = 30;
 
