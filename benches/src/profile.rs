@@ -115,6 +115,43 @@ fn perf_stat_start(pid: u32) -> anyhow::Result<(std::process::Child, PathBuf)> {
     perf_stat_events(pid, STAT_EVENTS)
 }
 
+/// RINGWAY_BENCH_PROFILE_LOAD=wrk: the connection-rate profile runs wrk
+/// against nginx (the cross-check's pair) instead of the bundled generator.
+fn wrk_load() -> bool {
+    std::env::var("RINGWAY_BENCH_PROFILE_LOAD").as_deref() == Ok("wrk")
+}
+
+/// wrk against nginx on `path` for `dur` (whole seconds): the rate, and
+/// wrk's report with its latency percentiles.
+fn wrk_conn_rate(
+    bed: &Bed,
+    path: &load::Path,
+    dur: Duration,
+) -> anyhow::Result<(load::ConnRate, String)> {
+    let tools = Tools::find();
+    let (Some(w), Some(n)) = (tools.get("wrk"), tools.get("nginx")) else {
+        bail!("RINGWAY_BENCH_PROFILE_LOAD=wrk needs wrk and nginx installed");
+    };
+    let (rps, out) = tools::wrk_with_output(
+        w,
+        n,
+        &bed.scratch.0,
+        &path.on_port(PORT_BASE + 2),
+        dur.as_secs_f64(),
+    )?;
+    // wrk runs whole seconds and reports its own rate over them.
+    let run = dur.as_secs_f64().ceil().max(1.0);
+    Ok((
+        load::ConnRate {
+            conns: (rps * run) as u64,
+            failures: 0,
+            secs: run,
+            first_error: None,
+        },
+        out,
+    ))
+}
+
 fn perf_stat_events(pid: u32, events: &[&str]) -> anyhow::Result<(std::process::Child, PathBuf)> {
     let out = std::env::temp_dir().join(format!("ringway-perf-stat-{}.csv", std::process::id()));
     let mut cmd = std::process::Command::new("perf");
@@ -203,7 +240,24 @@ pub fn profile(
     };
     let sc = all.iter().find(|s| s.key == key).expect("scenario");
     let (path, proxies) = bed::start(config, &bed, sc)?;
-    let proxy = &proxies.0[0];
+    if proxies.0.is_empty() && what == Profile::ConnRate && wrk_load() {
+        // The baseline for the wrk load: no proxy to profile.
+        let (m0, t) = (machine_busy_seconds(), Instant::now());
+        let (cr, out) = wrk_conn_rate(&bed, &path, Duration::from_secs_f64(secs))?;
+        let m1 = machine_busy_seconds();
+        return Ok(format!(
+            "{} connections in {:.1} s through {key}: {:.0} conn/s; machine busy {:.1} of {:.1} CPU-s\nwrk's report:\n{out}",
+            cr.conns,
+            cr.secs,
+            cr.conns as f64 / cr.secs,
+            m1 - m0,
+            t.elapsed().as_secs_f64() * cpus() as f64,
+        ));
+    }
+    let proxy = proxies
+        .0
+        .first()
+        .with_context(|| format!("{key} runs no proxy to profile"))?;
     progress(format!(
         "profile: {what:?} through {} for {secs} s; proxy pid {}",
         sc.name, proxy.pid
@@ -226,12 +280,22 @@ pub fn profile(
             let (m0, b0) = (machine_busy_seconds(), bench_cpu_seconds());
             let (sc0, ss0) = (tcp_counters(&path.client), tcp_counters(&path.server));
             let t0 = threads(proxy.pid);
-            let cr = load::conn_rate(
-                &path.on_port(PORT_BASE + 2),
-                config.conn_threads,
-                dur,
-                (secs * 100_000.0) as u64,
-            )?;
+            // RINGWAY_BENCH_PROFILE_LOAD=wrk: wrk against nginx (the
+            // cross-check's pair) instead of the bundled generator, with
+            // wrk's latency percentiles.
+            let mut wrk_report = None;
+            let cr = if wrk_load() {
+                let (cr, out) = wrk_conn_rate(&bed, &path, dur)?;
+                wrk_report = Some(out);
+                cr
+            } else {
+                load::conn_rate(
+                    &path.on_port(PORT_BASE + 2),
+                    config.conn_threads,
+                    dur,
+                    (secs * 100_000.0) as u64,
+                )?
+            };
             let c1 = proxy.cpu_seconds();
             let (m1, b1) = (machine_busy_seconds(), bench_cpu_seconds());
             let (sc1, ss1) = (tcp_counters(&path.client), tcp_counters(&path.server));
@@ -266,6 +330,10 @@ pub fn profile(
                 counter_deltas(&sc0, &sc1, &ss0, &ss1, cr.conns.max(1))
             ));
             line.push_str(&per_thread(&t0, &t1, cr.conns.max(1), "connection"));
+            if let Some(out) = wrk_report {
+                line.push_str("\nwrk's report:\n");
+                line.push_str(&out);
+            }
             line
         }
         Profile::CniAdd => unreachable!("measured above"),

@@ -302,6 +302,17 @@ pub fn wrk(
     path: &Path,
     secs: f64,
 ) -> Result<f64, ToolError> {
+    wrk_with_output(wrk, nginx, dir, path, secs).map(|(rps, _)| rps)
+}
+
+/// [`wrk`], with wrk's own report (`--latency`: its latency percentiles).
+pub fn wrk_with_output(
+    wrk: &FsPath,
+    nginx: &FsPath,
+    dir: &FsPath,
+    path: &Path,
+    secs: f64,
+) -> Result<(f64, String), ToolError> {
     let addr = path.listen;
     let conf = dir.join("nginx.conf");
     std::fs::write(&conf, nginx_conf(dir, addr)).map_err(|source| ToolError::Io {
@@ -316,7 +327,7 @@ pub fn wrk(
         .args(["-g", "daemon off;"]);
     let mut server = start_server(path, s, addr.port())?;
     let mut c = Command::new(wrk);
-    c.args(["-t2", "-c16", "-H", "Connection: close"])
+    c.args(["-t2", "-c16", "--latency", "-H", "Connection: close"])
         .arg(format!("-d{}s", whole_secs(secs)))
         .arg(format!("http://{}/", path.connect));
     let out = run_client(path, c, Duration::from_secs_f64(secs + 20.0));
@@ -341,5 +352,5 @@ pub fn wrk(
             what: l.trim().to_string(),
         });
     }
-    Ok(rps)
+    Ok((rps, out))
 }

@@ -66,6 +66,7 @@ pub(crate) const NFNL_MSG_BATCH_BEGIN: u16 = NLMSG_MIN_TYPE;
 pub(crate) const NFNL_MSG_BATCH_END: u16 = NLMSG_MIN_TYPE + 1;
 pub(crate) const NFNETLINK_V0: u8 = 0;
 pub(crate) const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 1 << 1;
+pub(crate) const IP_CT_DIR_ORIGINAL: u8 = 0;
 pub(crate) const IP_CT_DIR_REPLY: u8 = 1;
 pub(crate) const IPPROTO_TCP: u8 = 6;
 

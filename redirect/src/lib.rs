@@ -36,21 +36,22 @@
 //! | # | rule | why |
 //! | --- | --- | --- |
 //! | 1 | `meta l4proto != tcp return` | only TCP is captured |
-//! | 2 | `meta mark & 0xfff == 0x539 ct mark set 0x111 return` | the proxy's own (spoofed-source) packets looping on `lo` toward the app: remember the connection so the app's replies come back to the proxy |
-//! | 3 | `iif "lo" socket transparent 1 meta mark set 0x111 accept` | packets for the proxy's transparent sockets looping on `lo` (the app's replies): delivered locally through the policy route |
-//! | 4 | `iif "lo" return` | nothing else on `lo` is captured (loopback, the pod's own IPs, redirected outbound) |
+//! | 2 | `meta mark & 0xfff == 0x539 ct direction original ct mark set 0x111 return` | the proxy's own (spoofed-source) packets looping on `lo` toward the app, on connections the proxy opened: remember the connection so the app's replies come back to the proxy |
+//! | 3 | `meta mark & 0xfff == 0x539 return` | the proxy's replies on `lo` to an app's connection (a redirected outbound one): no mark on that connection, whose packets reach the proxy's local address without a re-route (a marked connection costs every later packet of the app a policy re-route) |
+//! | 4 | `iif "lo" socket transparent 1 meta mark set 0x111 accept` | packets for the proxy's transparent sockets looping on `lo` (the app's replies): delivered locally through the policy route |
+//! | 5 | `iif "lo" return` | nothing else on `lo` is captured (loopback, the pod's own IPs, redirected outbound) |
 //!
 //! TPROXY mode ([`CaptureMode::Tproxy`], the default) continues `prerouting`:
 //!
 //! | # | rule | why |
 //! | --- | --- | --- |
-//! | 5 | `tcp flags & (syn \| ack) != syn socket transparent 1 accept` | established inbound flows of the proxy's transparent sockets; no mark is set on packets from the pod's interfaces, so `src_valid_mark=1` cannot reroute them. An opening SYN never matches: if its 4-tuple still has one of our sockets in TIME_WAIT (the client reused its port), the tproxy rule retires it and captures the SYN |
-//! | 6 | `ct direction reply return` | replies to connections the pod opened |
-//! | 7 | `ip saddr 169.254.7.127 return` | kubelet probes are never captured |
-//! | 8 | `ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return` | same, IPv6 |
-//! | 9 | `tcp dport 15008 return` | the tunnel (HBONE) port is never captured |
-//! | 10 | `meta l4proto tcp tproxy to :15006 accept` | inbound: handed to the transparent listener on 15006 without NAT; the accepted socket's local address is the original destination |
-//! | 11 | `meta l4proto tcp drop` | fail closed: with no listener on 15006 the SYN is dropped (the client retransmits), never delivered uncaptured |
+//! | 6 | `tcp flags & (syn \| ack) != syn socket transparent 1 accept` | established inbound flows of the proxy's transparent sockets; no mark is set on packets from the pod's interfaces, so `src_valid_mark=1` cannot reroute them. An opening SYN never matches: if its 4-tuple still has one of our sockets in TIME_WAIT (the client reused its port), the tproxy rule retires it and captures the SYN |
+//! | 7 | `ct direction reply return` | replies to connections the pod opened |
+//! | 8 | `ip saddr 169.254.7.127 return` | kubelet probes are never captured |
+//! | 9 | `ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return` | same, IPv6 |
+//! | 10 | `tcp dport 15008 return` | the tunnel (HBONE) port is never captured |
+//! | 11 | `meta l4proto tcp tproxy to :15006 accept` | inbound: handed to the transparent listener on 15006 without NAT; the accepted socket's local address is the original destination |
+//! | 12 | `meta l4proto tcp drop` | fail closed: with no listener on 15006 the SYN is dropped (the client retransmits), never delivered uncaptured |
 //!
 //! REDIRECT mode ([`CaptureMode::Redirect`]) adds **`nat_prerouting`** —
 //! `type nat hook prerouting priority -100`:

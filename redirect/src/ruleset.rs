@@ -107,6 +107,13 @@ fn ct_direction_reply() -> Vec<Expr> {
     ]
 }
 
+fn ct_direction_original() -> Vec<Expr> {
+    vec![
+        Expr::CtLoad(NFT_CT_DIRECTION),
+        cmp(NFT_CMP_EQ, &[IP_CT_DIR_ORIGINAL]),
+    ]
+}
+
 /// `meta nfproto <family>`
 fn nfproto_is(family: u8) -> Vec<Expr> {
     vec![Expr::MetaLoad(NFT_META_NFPROTO), cmp(NFT_CMP_EQ, &[family])]
@@ -268,7 +275,7 @@ fn ret() -> Vec<Expr> {
     verdict(NFT_RETURN)
 }
 
-/// Rules 1-4 of `prerouting`, shared by both modes: the proxy's own packets
+/// Rules 1-5 of `prerouting`, shared by both modes: the proxy's own packets
 /// and its transparent sockets on `lo`.
 fn prerouting_common(s: &CaptureSpec) -> Vec<Rule> {
     let (pm, cm, mask) = (s.proxy_mark, s.capture_mark, s.mark_mask);
@@ -278,10 +285,23 @@ fn prerouting_common(s: &CaptureSpec) -> Vec<Rule> {
             vec![l4proto_is_not_tcp(), ret()],
         ),
         rule(
-            format!("meta mark & {mask:#x} == {pm:#x} ct mark set {cm:#x} return"),
+            format!(
+                "meta mark & {mask:#x} == {pm:#x} ct direction original ct mark set {cm:#x} return"
+            ),
             vec![
                 masked_mark_is(Expr::MetaLoad(NFT_META_MARK), pm, mask),
+                ct_direction_original(),
                 set_ct_mark(cm),
+                ret(),
+            ],
+        ),
+        // The proxy's replies on `lo` to an app's connection (redirected
+        // outbound): no mark on the connection, whose packets reach the
+        // proxy's local address without it.
+        rule(
+            format!("meta mark & {mask:#x} == {pm:#x} return"),
+            vec![
+                masked_mark_is(Expr::MetaLoad(NFT_META_MARK), pm, mask),
                 ret(),
             ],
         ),
@@ -505,7 +525,8 @@ mod tests {
             pre,
             [
                 "meta l4proto != tcp return",
-                "meta mark & 0xfff == 0x539 ct mark set 0x111 return",
+                "meta mark & 0xfff == 0x539 ct direction original ct mark set 0x111 return",
+                "meta mark & 0xfff == 0x539 return",
                 "iif \"lo\" socket transparent 1 meta mark set 0x111 accept",
                 "iif \"lo\" return",
                 "tcp flags & (syn | ack) != syn socket transparent 1 accept",
@@ -542,7 +563,7 @@ mod tests {
             names,
             ["prerouting", "nat_prerouting", "output", "nat_output"]
         );
-        assert_eq!(c[0].rules.len(), 4);
+        assert_eq!(c[0].rules.len(), 5);
         assert_eq!(c[1].header(), "type nat hook prerouting priority -100");
         assert_eq!(
             c[1].rules.last().unwrap().desc,
@@ -573,22 +594,26 @@ mod tests {
         };
         // [ cmp neq reg 1 0x00000006 ]
         assert_eq!(cmp_data(&pre[0]), vec![vec![6]]);
-        // [ cmp eq reg 1 0x00000539 ] [ immediate reg 1 0x00000111 ]
+        // [ cmp eq reg 1 0x00000539 ] [ ct load direction => reg 1 ]
+        // [ cmp eq reg 1 0x00000000 ] [ immediate reg 1 0x00000111 ]
         assert_eq!(
             cmp_data(&pre[1]),
             vec![
                 0x539u32.to_ne_bytes().to_vec(),
+                vec![0],
                 0x111u32.to_ne_bytes().to_vec()
             ]
         );
+        // [ cmp eq reg 1 0x00000539 ]
+        assert_eq!(cmp_data(&pre[2]), vec![0x539u32.to_ne_bytes().to_vec()]);
         // [ cmp eq reg 1 0x7f07fea9 ] (169.254.7.127 in network order)
-        assert_eq!(cmp_data(&pre[6]), vec![vec![2], vec![169, 254, 7, 127]]);
+        assert_eq!(cmp_data(&pre[7]), vec![vec![2], vec![169, 254, 7, 127]]);
         // [ cmp eq reg 1 0x0000a03a ] (15008 big-endian)
-        assert_eq!(cmp_data(&pre[8]), vec![vec![6], vec![0x3a, 0xa0]]);
+        assert_eq!(cmp_data(&pre[9]), vec![vec![6], vec![0x3a, 0xa0]]);
         // [ immediate reg 1 0x00009e3a ] [ tproxy port reg 1 ]
-        assert_eq!(cmp_data(&pre[9]), vec![vec![6], vec![0x3a, 0x9e]]);
+        assert_eq!(cmp_data(&pre[10]), vec![vec![6], vec![0x3a, 0x9e]]);
         // v6 probe source: 16 bytes at network header + 8
-        assert!(pre[7].exprs.contains(&Expr::Payload {
+        assert!(pre[8].exprs.contains(&Expr::Payload {
             base: NFT_PAYLOAD_NETWORK_HEADER,
             offset: 8,
             len: 16
@@ -606,7 +631,7 @@ mod tests {
         assert!(r.contains("tproxy to :16006"), "{r}");
         assert!(r.contains("== 0x77"), "{r}");
         assert!(
-            r.contains("10: meta l4proto tcp tproxy to :16006 accept"),
+            r.contains("11: meta l4proto tcp tproxy to :16006 accept"),
             "{r}"
         );
     }

@@ -36,7 +36,7 @@ fn a_restarted_agent_rebuilds_its_pods_from_the_kernel_and_resends_the_snapshot(
         }
         proxy.wait_for(4);
         let before: Vec<Vec<String>> = (0..3).map(|i| handles(vn.pod(i))).collect();
-        assert!(before.iter().all(|h| h.len() == 21), "{before:?}");
+        assert!(before.iter().all(|h| h.len() == 22), "{before:?}");
         let enrolled = agent.pods();
 
         // Pod 3: tagged for another node. Pod 4: captured without a tag.

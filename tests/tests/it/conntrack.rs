@@ -133,3 +133,71 @@ fn closed_connections_leave_the_pods_conntrack_tables_within_30_s_redirect() {
         closed_connections_leave_within_the_cap(CaptureMode::Redirect, false);
     });
 }
+
+/// An entry's connection mark (`mark=N`; 0 when the kernel prints none).
+fn ct_mark(e: &Entry) -> u32 {
+    e.line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("mark="))
+        .map(|m| m.parse().expect("a conntrack mark"))
+        .unwrap_or(0)
+}
+
+/// The capture's connmark (`0x111`) is for connections whose replies must
+/// be steered back to the proxy: the proxy's spoofed-source connections to
+/// an app. On an app's IPv4 outbound connection, redirected to the proxy's
+/// local 15001, it steers nothing (the destination is already local) and
+/// costs a policy re-route of every later packet the app sends. The
+/// proxy's replies on that connection loop through `lo` marked `0x539`,
+/// like its spoofed packets, so only the connection's direction tells them
+/// apart.
+fn outbound_connections_carry_no_capture_connmark(fast_path: bool) {
+    let mut settings = common::settings(CaptureMode::Tproxy, Datapath::Uring);
+    settings.same_node_fast_path = fast_path;
+    let mn = MeshNode::with_settings(2, settings);
+    let port = 7303;
+    exchanges(&mn, false, port, 5);
+    common::wait_no_active(&mn.proxy);
+    let capture_mark = ringway_redirect::CaptureSpec::default().capture_mark;
+    // Pod 0's app connected out: its entries are redirected to 15001.
+    let outbound: Vec<_> = entries(mn.pod(0), port)
+        .into_iter()
+        .filter(|e| e.line.contains("sport=15001"))
+        .collect();
+    assert!(
+        !outbound.is_empty(),
+        "no redirected outbound entry in {}: {:?}",
+        mn.pod(0).name,
+        entries(mn.pod(0), port)
+    );
+    for e in &outbound {
+        assert_eq!(
+            ct_mark(e),
+            0,
+            "the app's outbound connection carries a connmark: {}",
+            e.line
+        );
+    }
+    // Pod 1's app was connected to by the proxy with the client's address:
+    // those connections need the mark (the test sees marks where they are).
+    let inbound = entries(mn.pod(1), port);
+    assert!(
+        inbound.iter().any(|e| ct_mark(e) == capture_mark),
+        "no spoofed-source connection with the capture connmark {capture_mark:#x} in {}: {inbound:?}",
+        mn.pod(1).name
+    );
+}
+
+#[test]
+fn the_apps_outbound_connections_carry_no_capture_connmark_both_hops() {
+    run_isolated("conntrack_outbound_no_connmark_both_hops", || {
+        outbound_connections_carry_no_capture_connmark(false);
+    });
+}
+
+#[test]
+fn the_apps_outbound_connections_carry_no_capture_connmark_fast_path() {
+    run_isolated("conntrack_outbound_no_connmark_fast_path", || {
+        outbound_connections_carry_no_capture_connmark(true);
+    });
+}

@@ -55,7 +55,7 @@ fn owner_tag_round_trips_and_survives_verify() {
 
         // Verify reads; it never rewrites (the rule handles stay).
         let before = handles(pod);
-        assert_eq!(before.len(), 21, "{before:?}");
+        assert_eq!(before.len(), 22, "{before:?}");
         for _ in 0..3 {
             assert_eq!(verify_for(pod.netns.fd(), &spec, &tag).unwrap(), vec![]);
         }

@@ -170,7 +170,8 @@ fn listing_checks(spec: &CaptureSpec, pod: &Pod) -> String {
         "chain prerouting {",
         "type filter hook prerouting priority mangle; policy accept;",
         "meta l4proto != tcp return",
-        "meta mark & 0x00000fff == 0x00000539 ct mark set 0x00000111 return",
+        "meta mark & 0x00000fff == 0x00000539 ct direction original ct mark set 0x00000111 return",
+        "meta mark & 0x00000fff == 0x00000539 return",
         "iif \"lo\" socket transparent 1 meta mark set 0x00000111 accept",
         "iif \"lo\" return",
         "chain output {",
@@ -347,7 +348,7 @@ fn switching_modes_replaces_the_rule_set() {
         );
         assert!(
             d.contains(
-                &"rule 5 of chain prerouting missing (tcp flags & (syn | ack) != syn socket transparent 1 accept)".to_string()
+                &"rule 6 of chain prerouting missing (tcp flags & (syn | ack) != syn socket transparent 1 accept)".to_string()
             ),
             "{d:?}"
         );
@@ -400,7 +401,7 @@ fn verify_reports_each_kind_of_drift() {
         );
         assert_eq!(
             drift_text(&pod, &spec),
-            vec!["rule 10 of chain prerouting missing (meta l4proto tcp tproxy to :15006 accept)"]
+            vec!["rule 11 of chain prerouting missing (meta l4proto tcp tproxy to :15006 accept)"]
         );
         reapply();
 
