@@ -8,6 +8,10 @@
 //! minutes and its new connections' SYNs are dropped (benches/HISTORY.md,
 //! "The 1-3 s stall of the upgrade pass"). The capture caps that wait at
 //! 30 s in the pod's namespace.
+//!
+//! And which connections carry the capture's connmark: only those whose
+//! replies must be steered back to the proxy (each marked connection's
+//! later packets are policy re-routed).
 
 use crate::common;
 
