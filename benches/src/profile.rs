@@ -144,7 +144,7 @@ fn wrk_conn_rate(
     Ok((
         load::ConnRate {
             conns: (rps * run) as u64,
-            failures: 0,
+            failures: tools::wrk_socket_errors(&out),
             secs: run,
             first_error: None,
         },
@@ -240,16 +240,20 @@ pub fn profile(
     };
     let sc = all.iter().find(|s| s.key == key).expect("scenario");
     let (path, proxies) = bed::start(config, &bed, sc)?;
+    // What is measured: the profile's time less the warm-up's share.
+    let dur = Duration::from_secs_f64((secs - 0.6).max(0.5));
     if proxies.0.is_empty() && what == Profile::ConnRate && wrk_load() {
-        // The baseline for the wrk load: no proxy to profile.
+        // The baseline for the wrk load: no proxy to profile; the same
+        // measured time as through a proxy.
         let (m0, t) = (machine_busy_seconds(), Instant::now());
-        let (cr, out) = wrk_conn_rate(&bed, &path, Duration::from_secs_f64(secs))?;
+        let (cr, out) = wrk_conn_rate(&bed, &path, dur)?;
         let m1 = machine_busy_seconds();
         return Ok(format!(
-            "{} connections in {:.1} s through {key}: {:.0} conn/s; machine busy {:.1} of {:.1} CPU-s\nwrk's report:\n{out}",
+            "{} connections in {:.1} s through {key}: {:.0} conn/s, {} failed; machine busy {:.1} of {:.1} CPU-s\nwrk's report:\n{out}",
             cr.conns,
             cr.secs,
             cr.conns as f64 / cr.secs,
+            cr.failures,
             m1 - m0,
             t.elapsed().as_secs_f64() * cpus() as f64,
         ));
@@ -272,7 +276,6 @@ pub fn profile(
     let mut perf = start_perf(perf_out, secs)?;
     std::thread::sleep(Duration::from_millis(300));
     let c0 = proxy.cpu_seconds();
-    let dur = Duration::from_secs_f64((secs - 0.6).max(0.5));
     let line = match what {
         Profile::ConnRate => {
             // Syscalls per connection, counted on the proxy alone.

@@ -305,6 +305,21 @@ pub fn wrk(
     wrk_with_output(wrk, nginx, dir, path, secs).map(|(rps, _)| rps)
 }
 
+/// The connections wrk counted as failed in its report (`Socket errors:
+/// connect N, read N, write N, timeout N`, summed; none when the line is
+/// absent, as wrk prints it only when there were some).
+pub fn wrk_socket_errors(report: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Socket errors:"))
+        .map(|rest| {
+            rest.split(',')
+                .filter_map(|part| part.split_whitespace().last()?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// [`wrk`], with wrk's own report (`--latency`: its latency percentiles).
 pub fn wrk_with_output(
     wrk: &FsPath,
@@ -353,4 +368,18 @@ pub fn wrk_with_output(
         });
     }
     Ok((rps, out))
+}
+
+#[cfg(test)]
+mod wrk_report_tests {
+    use super::wrk_socket_errors;
+
+    #[test]
+    fn socket_errors_are_summed_and_absent_means_none() {
+        let report = "Running 6s test @ http://10.0.0.1:80/\n  Socket errors: connect 3, read 12, write 0, timeout 5\nRequests/sec:   4468.24\n";
+        assert_eq!(wrk_socket_errors(report), 20);
+        assert_eq!(wrk_socket_errors("Requests/sec:   4468.24\n"), 0);
+        // A malformed line counts what it can read.
+        assert_eq!(wrk_socket_errors("Socket errors: connect x, read 2"), 2);
+    }
 }
