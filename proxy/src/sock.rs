@@ -265,6 +265,19 @@ pub fn new_upstream(v6: bool, mark: u32, spoofed: bool, ports: PortSplit) -> io:
     Ok(sock.into())
 }
 
+/// Makes the coming connect of `sock` hold back its handshake's last ACK
+/// until the first bytes are written, and send it with them (Linux: a
+/// connecting socket out of quick-ack mode delays that ACK; the delayed-ACK
+/// timer sends it alone if nothing is written). The app's `accept` then
+/// finds the connection with its first bytes: one segment fewer, and one
+/// wake-up of the app fewer than an accept followed by a read that waits.
+/// Only for a connect the caller writes on at once: a peer that speaks
+/// first would wait for that timer. Back to normal acking after the
+/// handshake.
+pub fn hold_last_ack(sock: BorrowedFd<'_>) -> io::Result<()> {
+    socket2::SockRef::from(&sock).set_quickack(false)
+}
+
 /// Binds a spoofed upstream socket ([`new_upstream`]) to the client's
 /// address `src` (mapped to IPv6 for an IPv6 `dst`), port chosen at connect.
 pub fn bind_spoofed(sock: BorrowedFd<'_>, src: IpAddr, dst: SocketAddr) -> io::Result<()> {

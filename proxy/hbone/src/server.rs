@@ -43,6 +43,14 @@ pub struct ConnectRequest {
     pub traceparent: Option<TraceParent>,
     /// The peer proxy.
     pub peer: Arc<PeerInfo>,
+    /// The peer's first bytes are already in hand (they came with the
+    /// CONNECT, as a client that sends its app's early bytes with the
+    /// HEADERS does) and go to the upstream as soon as it is connected: a
+    /// connect may then hold back its handshake's last ACK to carry them
+    /// (the app accepts the connection with its first bytes, one segment
+    /// and one wake-up fewer). Never set when nothing is in hand: an app
+    /// that speaks first must get its connection at once.
+    pub early_data: bool,
 }
 
 /// The handler's answer for one tunnel request.
@@ -400,6 +408,7 @@ fn validate(req: &Request<RecvStream>, peer: &Arc<PeerInfo>) -> Result<ConnectRe
         baggage,
         traceparent,
         peer: peer.clone(),
+        early_data: false,
     })
 }
 
@@ -423,7 +432,7 @@ async fn handle_stream<H, Fut>(
     H: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Decision> + Send + 'static,
 {
-    let creq = match validate(&req, &peer) {
+    let mut creq = match validate(&req, &peer) {
         Ok(c) => c,
         Err(e) => {
             info!(reason = %e, status = 400, "hbone request rejected");
@@ -431,6 +440,15 @@ async fn handle_stream<H, Fut>(
             return;
         }
     };
+    // What the peer sent with the CONNECT, if it is already here: taken
+    // now (one poll; nothing is waited for) so the handler knows it has
+    // bytes in hand, and written first once the upstream is connected.
+    let mut req = req;
+    let first = match poll_fn(|cx| std::task::Poll::Ready(req.body_mut().poll_data(cx))).await {
+        std::task::Poll::Ready(next) => Some(next),
+        std::task::Poll::Pending => None,
+    };
+    creq.early_data = matches!(&first, Some(Some(Ok(b))) if !b.is_empty());
     let dst = creq.authority;
     let src = creq.forwarded_for;
     let conn = active.0.clone();
@@ -486,7 +504,7 @@ async fn handle_stream<H, Fut>(
             return upstream.reset();
         }
     };
-    match pump(req.into_body(), send, upstream, slot, &conn).await {
+    match pump(req.into_body(), first, send, upstream, slot, &conn).await {
         PumpOutcome::Closed {
             to_upstream,
             to_peer,
@@ -547,9 +565,15 @@ fn poll_read_chunk(
     }
 }
 
-/// Pumps bytes between an accepted stream and its upstream.
+/// What one read of a stream's body gives: a chunk, the peer's error, or
+/// `None` at END_STREAM.
+type BodyNext = Option<Result<Bytes, h2::Error>>;
+
+/// Pumps bytes between an accepted stream and its upstream; `first` is the
+/// body's first read when it was taken before (it goes first).
 async fn pump(
     mut h2r: RecvStream,
+    mut first: Option<BodyNext>,
     mut h2w: SendStream<Bytes>,
     upstream: Upstream,
     mut slot: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -563,12 +587,15 @@ async fn pump(
         let hold = tokio::time::sleep(SLOT_HOLD);
         tokio::pin!(hold);
         loop {
-            let next = tokio::select! {
-                d = h2r.data() => d,
-                _ = &mut hold, if slot.is_some() => {
-                    slot = None;
-                    continue;
-                }
+            let next = match first.take() {
+                Some(next) => next,
+                None => tokio::select! {
+                    d = h2r.data() => d,
+                    _ = &mut hold, if slot.is_some() => {
+                        slot = None;
+                        continue;
+                    }
+                },
             };
             if let Some(Err(e)) = &next {
                 if slot.take().is_some() && e.is_reset() {

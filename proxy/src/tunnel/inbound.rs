@@ -274,7 +274,16 @@ async fn decide(
         Ok(a) => a,
         Err(why) => return deny_401(state, why.to_string()),
     };
-    match connect_in_pod(pod, mark, dst, Some(client), state.connect_timeout).await {
+    match connect_in_pod(
+        pod,
+        mark,
+        dst,
+        Some(client),
+        state.connect_timeout,
+        req.early_data,
+    )
+    .await
+    {
         Ok(s) => {
             // Re-checked when the policies change (reset if then denied).
             // The stream owns the socket: the flow table gets a duplicate.

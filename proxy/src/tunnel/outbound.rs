@@ -199,7 +199,8 @@ async fn dial_tunnel(
         .ids
         .client_config(&plan.src_identity, &plan.dst_identity)
         .map_err(io::Error::other)?;
-    let tcp = connect_in_pod(pod, mark, tunnel, None, timeout).await?;
+    // A TLS client speaks first: the ClientHello carries the last ACK.
+    let tcp = connect_in_pod(pod, mark, tunnel, None, timeout, true).await?;
     // Registered before the first byte of TLS: if this proxy serves the
     // other end, its server finds the mark once the handshake is done.
     let dial_mark = tcp

@@ -14,14 +14,21 @@ use crate::pod::PodShared;
 /// A nonblocking socket made inside `pod`'s netns (proxy mark, optionally
 /// spoofing `spoof` as its source; one of the pod's spares, see
 /// [`PodShared::upstream_socket`]), connected through the tokio reactor.
+/// `bytes_ready`: the caller writes as soon as the connect completes, so
+/// the handshake's last ACK waits for those bytes and goes with them
+/// ([`crate::sock::hold_last_ack`]). Never for a peer that may speak first.
 pub(super) async fn connect_in_pod(
     pod: &PodShared,
     mark: u32,
     dst: SocketAddr,
     spoof: Option<IpAddr>,
     timeout: Duration,
+    bytes_ready: bool,
 ) -> io::Result<TcpStream> {
     let fd = pod.upstream_socket(dst, mark, spoof)?;
+    if bytes_ready {
+        crate::sock::hold_last_ack(std::os::fd::AsFd::as_fd(&fd))?;
+    }
     let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
     match tokio::time::timeout(timeout, sock.connect(dst)).await {
         Ok(r) => r,
@@ -100,7 +107,14 @@ mod tests {
     fn tunnel_sockets_have_nagle_off_at_both_ends() {
         in_own_netns(|pod, addr, listener, rt| {
             let client = rt
-                .block_on(connect_in_pod(&pod, 0, addr, None, Duration::from_secs(5)))
+                .block_on(connect_in_pod(
+                    &pod,
+                    0,
+                    addr,
+                    None,
+                    Duration::from_secs(5),
+                    false,
+                ))
                 .unwrap();
             let (server, _) = listener.accept().unwrap();
             let server = adopt_std(OwnedFd::from(server)).unwrap();
@@ -118,8 +132,15 @@ mod tests {
     fn upstream_sockets_come_from_the_pods_spares() {
         in_own_netns(|pod, addr, listener, rt| {
             let connect = || {
-                rt.block_on(connect_in_pod(&pod, 0, addr, None, Duration::from_secs(5)))
-                    .unwrap()
+                rt.block_on(connect_in_pod(
+                    &pod,
+                    0,
+                    addr,
+                    None,
+                    Duration::from_secs(5),
+                    false,
+                ))
+                .unwrap()
             };
             let batch = crate::pod::SPARE_BATCH;
             let first = connect();

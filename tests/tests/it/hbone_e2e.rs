@@ -96,6 +96,7 @@ struct Seg {
     /// Payload bytes.
     len: usize,
     fin: bool,
+    syn: bool,
 }
 
 /// The TCP segment of an IPv4 frame (Ethernet header first; `lo` too).
@@ -122,6 +123,7 @@ fn tcp_segment(f: &[u8]) -> Option<Seg> {
         ),
         len: total.saturating_sub(ihl + thl),
         fin: tcp[13] & 0x01 != 0,
+        syn: tcp[13] & 0x02 != 0,
     })
 }
 
@@ -365,6 +367,147 @@ fn hbone_an_answer_and_the_fin_after_it_reach_the_client_in_one_segment() {
         assert!(
             fins.iter().all(|(len, _)| *len == ANSWER.len()),
             "every FIN on the answer's segment: {segs:?}"
+        );
+    });
+}
+
+/// The segments of each TCP connection to `dst`, by client port, in the
+/// order seen (`frames` deduplicated: `lo` shows each frame twice).
+fn connections_to(frames: &[(bool, Vec<u8>)], dst: (IpAddr, u16)) -> Vec<(u16, Vec<Seg>)> {
+    let mut once: Vec<&Vec<u8>> = frames.iter().map(|(_, f)| f).collect();
+    once.dedup();
+    let mut conns: Vec<(u16, Vec<Seg>)> = Vec::new();
+    for seg in once.into_iter().filter_map(|f| tcp_segment(f)) {
+        if seg.dst != dst {
+            continue;
+        }
+        let port = seg.src.1;
+        match conns.iter_mut().find(|(p, _)| *p == port) {
+            Some((_, segs)) => segs.push(seg),
+            None => conns.push((port, vec![seg])),
+        }
+    }
+    conns
+}
+
+/// What follows each connection's SYN: whether its first other segment
+/// carries bytes (`true`) or is the handshake's bare ACK (`false`).
+fn first_segment_after_syn_carries_bytes(conns: &[(u16, Vec<Seg>)]) -> Vec<bool> {
+    conns
+        .iter()
+        .filter(|(_, segs)| segs.first().is_some_and(|s| s.syn))
+        .map(|(port, segs)| {
+            let next = segs
+                .iter()
+                .find(|s| !s.syn)
+                .unwrap_or_else(|| panic!("connection from port {port}: nothing after its SYN"));
+            next.len > 0
+        })
+        .collect()
+}
+
+/// A client that writes at once after connecting, as the proxy does with
+/// bytes in hand: its handshake's last ACK waits for its first bytes, so
+/// the proxy's accept finds them with the connection (what the proxy then
+/// has in hand does not depend on how fast the test thread writes).
+fn connect_with_bytes_ready(addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    s.set_quickack(false)?;
+    s.connect_timeout(&addr.into(), TIMEOUT)?;
+    Ok(s.into())
+}
+
+/// When the proxy connects with bytes already in hand, the handshake's
+/// last ACK rides on them: the app's `accept` finds the request with the
+/// connection (one segment and one wake-up of the app fewer per
+/// connection; HAProxy's `tcp-smart-connect`). That holds for the CONNECT's
+/// early bytes toward the app and for a tunnel's ClientHello. An app that
+/// speaks first gets its connection with the bare ACK at once: with
+/// nothing in hand the proxy never holds the handshake back.
+#[test]
+fn hbone_the_first_bytes_ride_on_the_handshakes_last_ack() {
+    run_isolated("hbone_first_bytes_on_last_ack", || {
+        const ROUNDS: usize = 5;
+        const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
+        const BANNER: &[u8] = b"220 ready\r\n";
+        let t = two_nodes("hbone_last_ack", Datapath::Uring, "");
+        let addr = server_addr(&t, false);
+        let l = t.server().netns.run(|| listen(addr)).unwrap();
+        let sniffer = Sniffer::start(&t.server().netns, "lo");
+        // Client speaks first: the app reads the request, answers, closes.
+        // Then an app that speaks first: it greets, the client answers.
+        let app = std::thread::spawn(move || -> std::io::Result<()> {
+            for round in 0..2 * ROUNDS {
+                let (mut s, _) = l.accept()?;
+                s.set_read_timeout(Some(TIMEOUT))?;
+                if round >= ROUNDS {
+                    s.write_all(BANNER)?;
+                }
+                let mut req = [0u8; 64];
+                let n = s.read(&mut req)?;
+                assert!(n > 0, "round {round}: the client's bytes");
+                s.write_all(b"ok")?;
+            }
+            Ok(())
+        });
+        for round in 0..2 * ROUNDS {
+            let got = t
+                .client()
+                .netns
+                .run(|| -> std::io::Result<Vec<u8>> {
+                    let mut s = if round < ROUNDS {
+                        connect_with_bytes_ready(addr)?
+                    } else {
+                        connect(addr, TIMEOUT)?
+                    };
+                    s.set_read_timeout(Some(TIMEOUT))?;
+                    let mut got = Vec::new();
+                    if round >= ROUNDS {
+                        let mut banner = vec![0u8; BANNER.len()];
+                        s.read_exact(&mut banner)?;
+                        got.extend_from_slice(&banner);
+                    }
+                    s.write_all(REQUEST)?;
+                    s.read_to_end(&mut got)?;
+                    Ok(got)
+                })
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let want: &[u8] = if round >= ROUNDS {
+                b"220 ready\r\nok"
+            } else {
+                b"ok"
+            };
+            assert_eq!(got, want, "round {round}");
+        }
+        app.join().unwrap().unwrap();
+        let frames = sniffer.finish();
+        let to_app = connections_to(&frames, (addr.ip(), APP_PORT));
+        let carried = first_segment_after_syn_carries_bytes(&to_app);
+        assert_eq!(
+            carried.len(),
+            2 * ROUNDS,
+            "a SYN per connection to the app: {carried:?}"
+        );
+        assert!(
+            carried[..ROUNDS].iter().all(|c| *c),
+            "the request rides on the handshake's last ACK: {carried:?}"
+        );
+        assert!(
+            carried[ROUNDS..].iter().all(|c| !c),
+            "an app that speaks first gets the bare ACK at once: {carried:?}"
+        );
+        // The tunnel the first connection opened: its ClientHello rides on
+        // the handshake's last ACK too.
+        let to_tunnel = connections_to(&frames, (t.server().ip(false), 15008));
+        let carried = first_segment_after_syn_carries_bytes(&to_tunnel);
+        assert!(!carried.is_empty(), "no tunnel connection seen");
+        assert!(
+            carried.iter().all(|c| *c),
+            "the ClientHello rides on the handshake's last ACK: {carried:?}"
         );
     });
 }
