@@ -278,6 +278,16 @@ pub fn hold_last_ack(sock: BorrowedFd<'_>) -> io::Result<()> {
     socket2::SockRef::from(&sock).set_quickack(false)
 }
 
+/// Whether bytes wait to be read on the connected `sock` (a peek of one
+/// byte that never blocks; EOF and errors count as none).
+pub fn bytes_waiting(sock: BorrowedFd<'_>) -> bool {
+    let mut one = [std::mem::MaybeUninit::<u8>::uninit()];
+    matches!(
+        socket2::SockRef::from(&sock).recv_with_flags(&mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT),
+        Ok(n) if n > 0
+    )
+}
+
 /// Binds a spoofed upstream socket ([`new_upstream`]) to the client's
 /// address `src` (mapped to IPv6 for an IPv6 `dst`), port chosen at connect.
 pub fn bind_spoofed(sock: BorrowedFd<'_>, src: IpAddr, dst: SocketAddr) -> io::Result<()> {

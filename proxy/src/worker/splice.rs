@@ -101,6 +101,11 @@ pub(super) async fn connect_hop(
             ctx.stats.accept_resource_errors.inc();
         }
     })?;
+    // The client spoke first (its bytes are waiting): they are spliced as
+    // soon as the connect completes, so its last ACK goes with them.
+    if sock::bytes_waiting(client.as_fd()) {
+        sock::hold_last_ack(up_fd.as_fd())?;
+    }
     let upstream = Sock::new(up_fd, ctx.backend)?;
     // A fast-path connection belongs to the destination pod as well: removing
     // that pod must reset it (as it resets the inbound side of a connection

@@ -6,13 +6,16 @@ use crate::common;
 use ringway_testbed::traffic::ReadNoIntr;
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::hbone::{
     self, manager, mesh_of, metrics_text, raw_tls, Opts, TwoNodes, APP_PORT, CLIENT_ID, TD,
+};
+use common::sniff::{
+    connect_with_bytes_ready, connections_to, contains, first_segment_after_syn_carries_bytes,
+    tcp_segment, tcp_to_port, Sniffer,
 };
 use common::{wait_until, TIMEOUT};
 use ringway_config::{Datapath, Mesh};
@@ -35,109 +38,6 @@ fn two_nodes_with(test: &str, datapath: Datapath, policies: &str, hbone: bool) -
         extra: policies.to_string(),
         ..Opts::new(test)
     })
-}
-
-/// Captures every frame on every interface of a netns (AF_PACKET) from a
-/// thread inside it, until stopped; returns the frames, each with whether it
-/// was seen on the link device named at start.
-struct Sniffer {
-    stop: Arc<AtomicBool>,
-    join: std::thread::JoinHandle<Vec<(bool, Vec<u8>)>>,
-}
-
-impl Sniffer {
-    fn start(ns: &ringway_testbed::Netns, link_dev: &str) -> Sniffer {
-        let link_dev = link_dev.to_string();
-        let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let join = ns.spawn(move || {
-            use socket2::{Domain, Protocol, Socket, Type};
-            // ETH_P_ALL in network byte order.
-            let eth_p_all = (libc::ETH_P_ALL as u16).to_be() as i32;
-            let s = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(eth_p_all)))
-                .expect("AF_PACKET socket");
-            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-            // Best effort (capped by net.core.rmem_max): fewer drops in bursts.
-            let _ = s.set_recv_buffer_size(8 << 20);
-            let link =
-                nix::net::if_::if_nametoindex(link_dev.as_str()).expect("link device") as usize;
-            ready_tx.send(()).unwrap();
-            let mut frames = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(120);
-            let mut buf = vec![0u8; 65536];
-            while !st.load(Ordering::SeqCst) && Instant::now() < deadline {
-                // The sender's link-layer address names the interface.
-                use std::os::fd::AsRawFd;
-                if let Ok((n, from)) = nix::sys::socket::recvfrom::<nix::sys::socket::LinkAddr>(
-                    s.as_raw_fd(),
-                    &mut buf,
-                ) {
-                    let on_link = from.is_some_and(|a| a.ifindex() == link);
-                    frames.push((on_link, buf[..n].to_vec()));
-                }
-            }
-            frames
-        });
-        ready_rx.recv_timeout(TIMEOUT).expect("sniffer ready");
-        Sniffer { stop, join }
-    }
-
-    fn finish(self) -> Vec<(bool, Vec<u8>)> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.join.join().expect("sniffer thread")
-    }
-}
-
-/// One TCP segment of an IPv4 frame.
-struct Seg {
-    src: (IpAddr, u16),
-    dst: (IpAddr, u16),
-    /// Payload bytes.
-    len: usize,
-    fin: bool,
-    syn: bool,
-}
-
-/// The TCP segment of an IPv4 frame (Ethernet header first; `lo` too).
-fn tcp_segment(f: &[u8]) -> Option<Seg> {
-    if f.len() < 14 + 20 || f[12] != 0x08 || f[13] != 0x00 {
-        return None;
-    }
-    let ip = &f[14..];
-    let ihl = usize::from(ip[0] & 0x0f) * 4;
-    if ip[9] != 6 || ip.len() < ihl + 20 {
-        return None;
-    }
-    let tcp = &ip[ihl..];
-    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    let thl = usize::from(tcp[12] >> 4) * 4;
-    Some(Seg {
-        src: (
-            IpAddr::from([ip[12], ip[13], ip[14], ip[15]]),
-            u16::from_be_bytes([tcp[0], tcp[1]]),
-        ),
-        dst: (
-            IpAddr::from([ip[16], ip[17], ip[18], ip[19]]),
-            u16::from_be_bytes([tcp[2], tcp[3]]),
-        ),
-        len: total.saturating_sub(ihl + thl),
-        fin: tcp[13] & 0x01 != 0,
-        syn: tcp[13] & 0x02 != 0,
-    })
-}
-
-/// TCP payload bytes of the IPv4 frames to `dst:port`.
-fn tcp_to_port<'a>(frames: impl Iterator<Item = &'a Vec<u8>>, dst: IpAddr, port: u16) -> u64 {
-    frames
-        .filter_map(|f| tcp_segment(f))
-        .filter(|s| s.dst == (dst, port))
-        .map(|s| s.len as u64)
-        .sum()
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 fn server_addr(t: &TwoNodes, v6: bool) -> SocketAddr {
@@ -369,56 +269,6 @@ fn hbone_an_answer_and_the_fin_after_it_reach_the_client_in_one_segment() {
             "every FIN on the answer's segment: {segs:?}"
         );
     });
-}
-
-/// The segments of each TCP connection to `dst`, by client port, in the
-/// order seen (`frames` deduplicated: `lo` shows each frame twice).
-fn connections_to(frames: &[(bool, Vec<u8>)], dst: (IpAddr, u16)) -> Vec<(u16, Vec<Seg>)> {
-    let mut once: Vec<&Vec<u8>> = frames.iter().map(|(_, f)| f).collect();
-    once.dedup();
-    let mut conns: Vec<(u16, Vec<Seg>)> = Vec::new();
-    for seg in once.into_iter().filter_map(|f| tcp_segment(f)) {
-        if seg.dst != dst {
-            continue;
-        }
-        let port = seg.src.1;
-        match conns.iter_mut().find(|(p, _)| *p == port) {
-            Some((_, segs)) => segs.push(seg),
-            None => conns.push((port, vec![seg])),
-        }
-    }
-    conns
-}
-
-/// What follows each connection's SYN: whether its first other segment
-/// carries bytes (`true`) or is the handshake's bare ACK (`false`).
-fn first_segment_after_syn_carries_bytes(conns: &[(u16, Vec<Seg>)]) -> Vec<bool> {
-    conns
-        .iter()
-        .filter(|(_, segs)| segs.first().is_some_and(|s| s.syn))
-        .map(|(port, segs)| {
-            let next = segs
-                .iter()
-                .find(|s| !s.syn)
-                .unwrap_or_else(|| panic!("connection from port {port}: nothing after its SYN"));
-            next.len > 0
-        })
-        .collect()
-}
-
-/// A client that writes at once after connecting, as the proxy does with
-/// bytes in hand: its handshake's last ACK waits for its first bytes, so
-/// the proxy's accept finds them with the connection (what the proxy then
-/// has in hand does not depend on how fast the test thread writes).
-fn connect_with_bytes_ready(addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
-    let s = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    s.set_quickack(false)?;
-    s.connect_timeout(&addr.into(), TIMEOUT)?;
-    Ok(s.into())
 }
 
 /// When the proxy connects with bytes already in hand, the handshake's

@@ -31,6 +31,7 @@ mod crate_graph;
 mod datapath_payloads;
 mod datapath_scale;
 mod datapath_semantics;
+mod first_bytes;
 mod hbone_e2e;
 mod hbone_mesh;
 mod hbone_trust;

@@ -2,6 +2,7 @@
 //! captured with the production rules and served by an in-process proxy.
 
 pub mod hbone;
+pub mod sniff;
 
 use std::time::Duration;
 
