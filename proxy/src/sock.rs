@@ -273,9 +273,12 @@ pub fn new_upstream(v6: bool, mark: u32, spoofed: bool, ports: PortSplit) -> io:
 /// wake-up of the app fewer than an accept followed by a read that waits.
 /// Only for a connect the caller writes on at once: a peer that speaks
 /// first would wait for that timer. Back to normal acking after the
-/// handshake.
-pub fn hold_last_ack(sock: BorrowedFd<'_>) -> io::Result<()> {
-    socket2::SockRef::from(&sock).set_quickack(false)
+/// handshake. A saving only: if the option cannot be set, the connect
+/// goes on as it would have.
+pub fn hold_last_ack(sock: BorrowedFd<'_>) {
+    if let Err(e) = socket2::SockRef::from(&sock).set_quickack(false) {
+        tracing::debug!(error = %e, "TCP_QUICKACK unavailable: the handshake's last ACK goes alone");
+    }
 }
 
 /// Whether bytes wait to be read on the connected `sock` (a peek of one
@@ -365,4 +368,28 @@ pub fn original_dst(fd: BorrowedFd<'_>, nat: bool, v6: bool) -> io::Result<Socke
             "original destination is not an IP address",
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes_waiting;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    /// The peek sees waiting bytes without taking them; nothing waiting and
+    /// EOF both read as none, and neither blocks.
+    #[test]
+    fn bytes_waiting_peeks_without_taking_or_blocking() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        assert!(!bytes_waiting(b.as_fd()), "nothing sent yet");
+        a.write_all(b"x").unwrap();
+        assert!(bytes_waiting(b.as_fd()), "one byte sent");
+        assert!(bytes_waiting(b.as_fd()), "a peek leaves it there");
+        let mut one = [0u8; 1];
+        b.read_exact(&mut one).unwrap();
+        assert_eq!(&one, b"x", "the byte is still the reader's");
+        a.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(!bytes_waiting(b.as_fd()), "EOF is no bytes");
+    }
 }

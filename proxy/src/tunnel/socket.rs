@@ -27,7 +27,7 @@ pub(super) async fn connect_in_pod(
 ) -> io::Result<TcpStream> {
     let fd = pod.upstream_socket(dst, mark, spoof)?;
     if bytes_ready {
-        crate::sock::hold_last_ack(std::os::fd::AsFd::as_fd(&fd))?;
+        crate::sock::hold_last_ack(std::os::fd::AsFd::as_fd(&fd));
     }
     let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
     match tokio::time::timeout(timeout, sock.connect(dst)).await {
