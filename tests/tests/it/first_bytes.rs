@@ -8,21 +8,15 @@
 
 use crate::common;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 
-use common::sniff::{
-    connect_with_bytes_ready, connections_to, first_segment_after_syn_carries_bytes, Sniffer,
-};
-use common::{MeshNode, TIMEOUT};
+use common::sniff::{connections_to, first_bytes_rounds, first_segment_after_syn_carries_bytes};
+use common::MeshNode;
 use ringway_config::{CaptureMode, Datapath};
 use ringway_testbed::run_isolated;
-use ringway_testbed::traffic::{connect, listen};
 
 /// Connections of each kind (client first, then app first).
 const ROUNDS: usize = 4;
-const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
-const BANNER: &[u8] = b"220 ready\r\n";
 
 fn first_bytes_ride_on_the_last_ack(mode: CaptureMode, datapath: Datapath, fast_path: bool) {
     let mut settings = common::settings(mode, datapath);
@@ -31,53 +25,7 @@ fn first_bytes_ride_on_the_last_ack(mode: CaptureMode, datapath: Datapath, fast_
     let (a, b) = (mn.pod(0), mn.pod(1));
     let port = 7411;
     let addr = SocketAddr::new(b.ip(false), port);
-    let l = b.netns.run(|| listen(addr)).unwrap();
-    let sniffer = Sniffer::start(&b.netns, "lo");
-    let app = std::thread::spawn(move || -> std::io::Result<()> {
-        for round in 0..2 * ROUNDS {
-            let (mut s, _) = l.accept()?;
-            s.set_read_timeout(Some(TIMEOUT))?;
-            if round >= ROUNDS {
-                s.write_all(BANNER)?;
-            }
-            let mut req = [0u8; 64];
-            let n = s.read(&mut req)?;
-            assert!(n > 0, "round {round}: the client's bytes");
-            s.write_all(b"ok")?;
-        }
-        Ok(())
-    });
-    for round in 0..2 * ROUNDS {
-        let speaks_first = round < ROUNDS;
-        let got = a
-            .netns
-            .run(|| -> std::io::Result<Vec<u8>> {
-                let mut s = if speaks_first {
-                    connect_with_bytes_ready(addr)?
-                } else {
-                    connect(addr, TIMEOUT)?
-                };
-                s.set_read_timeout(Some(TIMEOUT))?;
-                let mut got = Vec::new();
-                if !speaks_first {
-                    let mut banner = vec![0u8; BANNER.len()];
-                    s.read_exact(&mut banner)?;
-                    got.extend_from_slice(&banner);
-                }
-                s.write_all(REQUEST)?;
-                s.read_to_end(&mut got)?;
-                Ok(got)
-            })
-            .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        let want: &[u8] = if speaks_first {
-            b"ok"
-        } else {
-            b"220 ready\r\nok"
-        };
-        assert_eq!(got, want, "round {round}");
-    }
-    app.join().unwrap().unwrap();
-    let frames = sniffer.finish();
+    let frames = first_bytes_rounds(&a.netns, &b.netns, addr, ROUNDS);
     // Every connection to the app's address seen in its pod: the proxy's
     // connect to the app, and on both hops the source side's connect too.
     let carried =

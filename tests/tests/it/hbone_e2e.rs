@@ -14,7 +14,7 @@ use common::hbone::{
     self, manager, mesh_of, metrics_text, raw_tls, Opts, TwoNodes, APP_PORT, CLIENT_ID, TD,
 };
 use common::sniff::{
-    connect_with_bytes_ready, connections_to, contains, first_segment_after_syn_carries_bytes,
+    connections_to, contains, first_bytes_rounds, first_segment_after_syn_carries_bytes,
     tcp_segment, tcp_to_port, Sniffer,
 };
 use common::{wait_until, TIMEOUT};
@@ -282,59 +282,9 @@ fn hbone_an_answer_and_the_fin_after_it_reach_the_client_in_one_segment() {
 fn hbone_the_first_bytes_ride_on_the_handshakes_last_ack() {
     run_isolated("hbone_first_bytes_on_last_ack", || {
         const ROUNDS: usize = 5;
-        const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
-        const BANNER: &[u8] = b"220 ready\r\n";
         let t = two_nodes("hbone_last_ack", Datapath::Uring, "");
         let addr = server_addr(&t, false);
-        let l = t.server().netns.run(|| listen(addr)).unwrap();
-        let sniffer = Sniffer::start(&t.server().netns, "lo");
-        // Client speaks first: the app reads the request, answers, closes.
-        // Then an app that speaks first: it greets, the client answers.
-        let app = std::thread::spawn(move || -> std::io::Result<()> {
-            for round in 0..2 * ROUNDS {
-                let (mut s, _) = l.accept()?;
-                s.set_read_timeout(Some(TIMEOUT))?;
-                if round >= ROUNDS {
-                    s.write_all(BANNER)?;
-                }
-                let mut req = [0u8; 64];
-                let n = s.read(&mut req)?;
-                assert!(n > 0, "round {round}: the client's bytes");
-                s.write_all(b"ok")?;
-            }
-            Ok(())
-        });
-        for round in 0..2 * ROUNDS {
-            let got = t
-                .client()
-                .netns
-                .run(|| -> std::io::Result<Vec<u8>> {
-                    let mut s = if round < ROUNDS {
-                        connect_with_bytes_ready(addr)?
-                    } else {
-                        connect(addr, TIMEOUT)?
-                    };
-                    s.set_read_timeout(Some(TIMEOUT))?;
-                    let mut got = Vec::new();
-                    if round >= ROUNDS {
-                        let mut banner = vec![0u8; BANNER.len()];
-                        s.read_exact(&mut banner)?;
-                        got.extend_from_slice(&banner);
-                    }
-                    s.write_all(REQUEST)?;
-                    s.read_to_end(&mut got)?;
-                    Ok(got)
-                })
-                .unwrap_or_else(|e| panic!("round {round}: {e}"));
-            let want: &[u8] = if round >= ROUNDS {
-                b"220 ready\r\nok"
-            } else {
-                b"ok"
-            };
-            assert_eq!(got, want, "round {round}");
-        }
-        app.join().unwrap().unwrap();
-        let frames = sniffer.finish();
+        let frames = first_bytes_rounds(&t.client().netns, &t.server().netns, addr, ROUNDS);
         let to_app = connections_to(&frames, (addr.ip(), APP_PORT));
         let carried = first_segment_after_syn_carries_bytes(&to_app);
         assert_eq!(

@@ -160,3 +160,66 @@ pub fn connect_with_bytes_ready(addr: SocketAddr) -> std::io::Result<std::net::T
     s.connect_timeout(&addr.into(), TIMEOUT)?;
     Ok(s.into())
 }
+
+/// `rounds` connections whose client speaks first, then `rounds` to an app
+/// that speaks first, from `client` to an app listening on `addr` in
+/// `server`, sniffed in `server` (every interface): the frames seen. The
+/// client-first ones connect with [`connect_with_bytes_ready`]; each app
+/// answers `ok` and closes; every exchange is checked.
+pub fn first_bytes_rounds(
+    client: &ringway_testbed::Netns,
+    server: &ringway_testbed::Netns,
+    addr: SocketAddr,
+    rounds: usize,
+) -> Vec<(bool, Vec<u8>)> {
+    use ringway_testbed::traffic::{connect, listen};
+    use std::io::{Read, Write};
+    const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
+    const BANNER: &[u8] = b"220 ready\r\n";
+    let l = server.run(|| listen(addr)).unwrap();
+    let sniffer = Sniffer::start(server, "lo");
+    let app = std::thread::spawn(move || -> std::io::Result<()> {
+        for round in 0..2 * rounds {
+            let (mut s, _) = l.accept()?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            if round >= rounds {
+                s.write_all(BANNER)?;
+            }
+            let mut req = [0u8; 64];
+            let n = s.read(&mut req)?;
+            assert!(n > 0, "round {round}: the client's bytes");
+            s.write_all(b"ok")?;
+        }
+        Ok(())
+    });
+    for round in 0..2 * rounds {
+        let speaks_first = round < rounds;
+        let got = client
+            .run(|| -> std::io::Result<Vec<u8>> {
+                let mut s = if speaks_first {
+                    connect_with_bytes_ready(addr)?
+                } else {
+                    connect(addr, TIMEOUT)?
+                };
+                s.set_read_timeout(Some(TIMEOUT))?;
+                let mut got = Vec::new();
+                if !speaks_first {
+                    let mut banner = vec![0u8; BANNER.len()];
+                    s.read_exact(&mut banner)?;
+                    got.extend_from_slice(&banner);
+                }
+                s.write_all(REQUEST)?;
+                s.read_to_end(&mut got)?;
+                Ok(got)
+            })
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let want: &[u8] = if speaks_first {
+            b"ok"
+        } else {
+            b"220 ready\r\nok"
+        };
+        assert_eq!(got, want, "round {round}");
+    }
+    app.join().unwrap().unwrap();
+    sniffer.finish()
+}
