@@ -329,7 +329,8 @@ async fn first_bytes_leave_with_the_connect_before_the_answer() {
 }
 
 /// Through ringway's own server the first bytes reach the app ahead of the
-/// rest; a stream without them reports none sent.
+/// rest, and its handler knows they were in hand; a stream without them
+/// reports none sent and none in hand.
 #[tokio::test]
 async fn first_bytes_reach_the_app_through_the_server_in_order() {
     let server = Server::start(echo_handler()).await;
@@ -351,4 +352,14 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
     let plain = server.open(&pool, dst()).await.unwrap();
     assert_eq!(plain.sent_first(), 0);
     assert_eq!(pool.connections_opened(), 1);
+    // The handler is told which CONNECT came with bytes in hand (it may
+    // then connect the app holding the handshake's last ACK for them).
+    let early: Vec<bool> = server
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.early_data)
+        .collect();
+    assert_eq!(early, [true, false], "early_data per request, in order");
 }
