@@ -281,16 +281,6 @@ pub fn hold_last_ack(sock: BorrowedFd<'_>) {
     }
 }
 
-/// Whether bytes wait to be read on the connected `sock` (a peek of one
-/// byte that never blocks; EOF and errors count as none).
-pub fn bytes_waiting(sock: BorrowedFd<'_>) -> bool {
-    let mut one = [std::mem::MaybeUninit::<u8>::uninit()];
-    matches!(
-        socket2::SockRef::from(&sock).recv_with_flags(&mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT),
-        Ok(n) if n > 0
-    )
-}
-
 /// Binds a spoofed upstream socket ([`new_upstream`]) to the client's
 /// address `src` (mapped to IPv6 for an IPv6 `dst`), port chosen at connect.
 pub fn bind_spoofed(sock: BorrowedFd<'_>, src: IpAddr, dst: SocketAddr) -> io::Result<()> {
@@ -368,28 +358,4 @@ pub fn original_dst(fd: BorrowedFd<'_>, nat: bool, v6: bool) -> io::Result<Socke
             "original destination is not an IP address",
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bytes_waiting;
-    use std::io::{Read, Write};
-    use std::os::fd::AsFd;
-    use std::os::unix::net::UnixStream;
-
-    /// The peek sees waiting bytes without taking them; nothing waiting and
-    /// EOF both read as none, and neither blocks.
-    #[test]
-    fn bytes_waiting_peeks_without_taking_or_blocking() {
-        let (mut a, mut b) = UnixStream::pair().unwrap();
-        assert!(!bytes_waiting(b.as_fd()), "nothing sent yet");
-        a.write_all(b"x").unwrap();
-        assert!(bytes_waiting(b.as_fd()), "one byte sent");
-        assert!(bytes_waiting(b.as_fd()), "a peek leaves it there");
-        let mut one = [0u8; 1];
-        b.read_exact(&mut one).unwrap();
-        assert_eq!(&one, b"x", "the byte is still the reader's");
-        a.shutdown(std::net::Shutdown::Write).unwrap();
-        assert!(!bytes_waiting(b.as_fd()), "EOF is no bytes");
-    }
 }

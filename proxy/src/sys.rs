@@ -144,6 +144,20 @@ pub fn peek_ready(fd: BorrowedFd<'_>) -> io::Result<bytes::Bytes> {
     }
 }
 
+/// Whether bytes wait to be read on `fd`: [`peek_ready`]'s question for
+/// one byte, with no copy (EOF and errors count as none; never blocks).
+pub fn bytes_waiting(fd: BorrowedFd<'_>) -> bool {
+    let mut one = [0u8; 1];
+    matches!(
+        nix::sys::socket::recv(
+            fd.as_raw_fd(),
+            &mut one,
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_PEEK,
+        ),
+        Ok(n) if n > 0
+    )
+}
+
 /// The most [`peek_ready`] returns.
 pub const PEEK_MAX: usize = 4 * 1024;
 
@@ -463,6 +477,24 @@ pub(crate) static HEAP_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new((
 
 #[cfg(test)]
 mod tests {
+
+    /// The peek sees waiting bytes without taking them; nothing waiting and
+    /// EOF both read as none, and neither blocks.
+    #[test]
+    fn bytes_waiting_peeks_without_taking_or_blocking() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsFd;
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(!bytes_waiting(b.as_fd()), "nothing sent yet");
+        a.write_all(b"x").unwrap();
+        assert!(bytes_waiting(b.as_fd()), "one byte sent");
+        assert!(bytes_waiting(b.as_fd()), "a peek leaves it there");
+        let mut one = [0u8; 1];
+        b.read_exact(&mut one).unwrap();
+        assert_eq!(&one, b"x", "the byte is still the reader's");
+        a.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(!bytes_waiting(b.as_fd()), "EOF is no bytes");
+    }
     use super::*;
 
     /// Minor page faults of the calling thread so far.

@@ -423,7 +423,7 @@ fn respond_status(respond: &mut SendResponse<Bytes>, status: StatusCode) {
 }
 
 async fn handle_stream<H, Fut>(
-    req: Request<RecvStream>,
+    mut req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     peer: Arc<PeerInfo>,
     handler: Arc<H>,
@@ -443,7 +443,6 @@ async fn handle_stream<H, Fut>(
     // What the peer sent with the CONNECT, if it is already here: taken
     // now (one poll; nothing is waited for) so the handler knows it has
     // bytes in hand, and written first once the upstream is connected.
-    let mut req = req;
     let first = match poll_fn(|cx| std::task::Poll::Ready(req.body_mut().poll_data(cx))).await {
         std::task::Poll::Ready(next) => Some(next),
         std::task::Poll::Pending => None,

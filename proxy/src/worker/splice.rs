@@ -103,7 +103,7 @@ pub(super) async fn connect_hop(
     })?;
     // The client spoke first (its bytes are waiting): they are spliced as
     // soon as the connect completes, so its last ACK goes with them.
-    if sock::bytes_waiting(client.as_fd()) {
+    if sys::bytes_waiting(client.as_fd()) {
         sock::hold_last_ack(up_fd.as_fd());
     }
     let upstream = Sock::new(up_fd, ctx.backend)?;

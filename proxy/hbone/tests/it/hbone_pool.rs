@@ -354,12 +354,9 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
     assert_eq!(pool.connections_opened(), 1);
     // The handler is told which CONNECT came with bytes in hand (it may
     // then connect the app holding the handshake's last ACK for them).
-    let early: Vec<bool> = server
-        .requests
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.early_data)
-        .collect();
-    assert_eq!(early, [true, false], "early_data per request, in order");
+    assert_eq!(
+        server.seen(|r| r.early_data),
+        [true, false],
+        "early_data per request, in order"
+    );
 }

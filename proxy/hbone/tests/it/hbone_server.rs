@@ -253,13 +253,7 @@ async fn malformed_requests_are_400_without_calling_handler() {
         StatusCode::OK
     );
     assert_eq!(calls.load(Ordering::SeqCst), 5);
-    let seen: Vec<_> = server
-        .requests
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.forwarded_for)
-        .collect();
+    let seen = server.seen(|r| r.forwarded_for);
     assert_eq!(
         seen,
         vec![

@@ -117,6 +117,11 @@ impl Server {
         .await
     }
 
+    /// One field of each request the handler saw, in order.
+    pub fn seen<T>(&self, field: impl Fn(&ConnectRequest) -> T) -> Vec<T> {
+        self.requests.lock().unwrap().iter().map(field).collect()
+    }
+
     pub fn key(&self) -> PoolKey {
         key_for(self.addr)
     }
