@@ -369,11 +369,79 @@ pub fn render(doc: &CrossCheckDoc) -> String {
     s.push_str(
         "\nRatios are to direct (`x`), added round trip to direct (`+µs`), computed from the medians above.\n",
     );
+    s.push_str(&round_ratios(doc));
     if !doc.errors.is_empty() {
         s.push_str("\nFailed measurements:\n\n");
         for e in &doc.errors {
             s.push_str(&format!("- {e}\n"));
         }
+    }
+    s
+}
+
+/// Each round's own ratio to direct for the figures given as ratios: the
+/// scenario's value over direct's from the same round, so a slow spell that
+/// fell on one scenario's round shows as the spread it causes instead of
+/// hiding in a ratio of medians taken from different rounds.
+fn round_ratios(doc: &CrossCheckDoc) -> String {
+    let Some(direct) = doc.rows.iter().find(|r| r.key == "direct") else {
+        return String::new();
+    };
+    let mut lines = Vec::new();
+    for f in CrossCheck::ALL {
+        if f.vs_direct() != Some(RatioKind::Ratio) {
+            continue;
+        }
+        for (by, tool) in [("bundled", false), ("tool", true)] {
+            fn pick<'a>(r: &'a Row, f: &CrossCheck, tool: bool) -> Option<&'a Vec<f64>> {
+                if tool {
+                    r.tools.get(f)
+                } else {
+                    r.bundled.get(f)
+                }
+            }
+            let Some(base) = pick(direct, f, tool) else {
+                continue;
+            };
+            for r in doc.rows.iter().filter(|r| r.key != "direct") {
+                let Some(v) = pick(r, f, tool) else {
+                    continue;
+                };
+                let ratios: Vec<f64> = v
+                    .iter()
+                    .zip(base)
+                    .filter(|(_, b)| **b > 0.0)
+                    .map(|(v, b)| v / b)
+                    .collect();
+                if ratios.is_empty() {
+                    continue;
+                }
+                lines.push(format!(
+                    "| {} ({}) | {by} | {} | {} | {:.3}–{:.3} |",
+                    f.def().title,
+                    r.name,
+                    ratios
+                        .iter()
+                        .map(|x| format!("{x:.3}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    format_args!("{:.3}", median(&ratios)),
+                    ratios.iter().cloned().fold(f64::INFINITY, f64::min),
+                    ratios.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                ));
+            }
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\n### Each round's ratio to direct\n\nThe scenario's value over direct's from the same round, in round order.\n\n\
+         | measure (scenario) | by | per round | median | range |\n| --- | --- | --- | --- | --- |\n",
+    );
+    for l in lines {
+        s.push_str(&l);
+        s.push('\n');
     }
     s
 }
@@ -388,4 +456,87 @@ pub fn write(out: &FsPath, doc: &CrossCheckDoc) -> anyhow::Result<String> {
     )?;
     std::fs::write(out.join("crosscheck.md"), &md)?;
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str, tool: &[f64], bundled: &[f64]) -> Row {
+        Row {
+            key: key.into(),
+            name: key.into(),
+            bundled: BTreeMap::from([(CrossCheck::ConnPerS, bundled.to_vec())]),
+            tools: BTreeMap::from([(CrossCheck::ConnPerS, tool.to_vec())]),
+        }
+    }
+
+    /// Figures from the run on f39aaad: the ratio of medians (4,960 /
+    /// 20,452 = 0.243) and each round's own ratio, which pairs each HBONE
+    /// round with direct's of the same round.
+    #[test]
+    fn each_rounds_ratio_pairs_the_scenario_with_direct_of_the_same_round() {
+        let doc = CrossCheckDoc {
+            rounds: 3,
+            secs: 2.0,
+            rows: vec![
+                row(
+                    "direct",
+                    &[18770.0, 20879.0, 20452.0],
+                    &[21376.0, 22325.0, 21331.0],
+                ),
+                row(
+                    "hbone_1node",
+                    &[4960.0, 5152.0, 4954.0],
+                    &[5114.0, 5155.0, 5177.0],
+                ),
+            ],
+            ..CrossCheckDoc::default()
+        };
+        let md = render(&doc);
+        println!("{md}");
+        assert!(
+            md.contains("| 4960 (0.24x) |"),
+            "the ratio of medians stays:\n{md}"
+        );
+        let line = md
+            .lines()
+            .find(|l| l.contains("(hbone_1node) | tool |"))
+            .unwrap_or_else(|| panic!("no per-round line for the tool:\n{md}"));
+        assert!(
+            line.contains("| 0.264, 0.247, 0.242 | 0.247 | 0.242–0.264 |"),
+            "{line}"
+        );
+        let bundled = md
+            .lines()
+            .find(|l| l.contains("(hbone_1node) | bundled |"))
+            .unwrap_or_else(|| panic!("no per-round line for the bundled generator:\n{md}"));
+        assert!(
+            bundled.contains("| 0.239, 0.231, 0.243 | 0.239 |"),
+            "{bundled}"
+        );
+        assert!(
+            !md.contains("(direct) |"),
+            "direct has no ratio to itself:\n{md}"
+        );
+    }
+
+    /// A scenario with fewer rounds than direct (a failed measurement) is
+    /// paired round by round as far as both go; a figure without direct's
+    /// rounds gets no line.
+    #[test]
+    fn round_ratios_pair_as_far_as_both_have_rounds() {
+        let mut direct = row("direct", &[20000.0, 20000.0], &[]);
+        direct.bundled.clear();
+        let doc = CrossCheckDoc {
+            rows: vec![direct, row("hbone_1node", &[5000.0], &[5000.0])],
+            ..CrossCheckDoc::default()
+        };
+        let md = render(&doc);
+        assert!(md.contains("| 0.250 | 0.250 | 0.250–0.250 |"), "{md}");
+        assert!(
+            !md.contains("| bundled | 0."),
+            "no bundled line without direct's:\n{md}"
+        );
+    }
 }
