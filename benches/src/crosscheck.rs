@@ -56,6 +56,18 @@ pub struct Row {
     pub tools: BTreeMap<CrossCheck, Vec<f64>>,
 }
 
+impl Row {
+    /// Figure `f`'s value per round, by the standard tool or the bundled
+    /// generator.
+    fn rounds(&self, f: &CrossCheck, tool: bool) -> Option<&Vec<f64>> {
+        if tool {
+            self.tools.get(f)
+        } else {
+            self.bundled.get(f)
+        }
+    }
+}
+
 /// The cross-check's document (`crosscheck.json`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CrossCheckDoc {
@@ -341,13 +353,7 @@ pub fn render(doc: &CrossCheckDoc) -> String {
     for f in CrossCheck::ALL {
         let d = f.def();
         for (by, tool) in [("bundled", false), ("tool", true)] {
-            let pick = |r: &Row| {
-                med(if tool {
-                    r.tools.get(f)
-                } else {
-                    r.bundled.get(f)
-                })
-            };
+            let pick = |r: &Row| med(r.rounds(f, tool));
             let base = direct.and_then(pick);
             s.push_str(&format!("| {} ({}) | {by} |", d.title, d.unit));
             for r in &doc.rows {
@@ -393,18 +399,11 @@ fn round_ratios(doc: &CrossCheckDoc) -> String {
             continue;
         }
         for (by, tool) in [("bundled", false), ("tool", true)] {
-            fn pick<'a>(r: &'a Row, f: &CrossCheck, tool: bool) -> Option<&'a Vec<f64>> {
-                if tool {
-                    r.tools.get(f)
-                } else {
-                    r.bundled.get(f)
-                }
-            }
-            let Some(base) = pick(direct, f, tool) else {
+            let Some(base) = direct.rounds(f, tool) else {
                 continue;
             };
             for r in doc.rows.iter().filter(|r| r.key != "direct") {
-                let Some(v) = pick(r, f, tool) else {
+                let Some(v) = r.rounds(f, tool) else {
                     continue;
                 };
                 let ratios: Vec<f64> = v
