@@ -403,7 +403,9 @@ fn round_ratios(doc: &CrossCheckDoc) -> String {
                 continue;
             };
             for r in doc.rows.iter().filter(|r| r.key != "direct") {
-                let Some(v) = r.rounds(f, tool) else {
+                // Rounds are kept as measured, without their index: a
+                // failed one shifts the rest, so only complete lists pair.
+                let Some(v) = r.rounds(f, tool).filter(|v| v.len() == base.len()) else {
                     continue;
                 };
                 let ratios: Vec<f64> = v
@@ -514,19 +516,30 @@ mod tests {
         );
     }
 
-    /// A scenario with fewer rounds than direct (a failed measurement) is
-    /// paired round by round as far as both go; a figure without direct's
-    /// rounds gets no line.
+    /// A scenario with a failed round (fewer rounds than direct) gets no
+    /// line: which round failed is not kept, so its rounds cannot be paired
+    /// with direct's. Nor does a figure without direct's rounds.
     #[test]
-    fn round_ratios_pair_as_far_as_both_have_rounds() {
-        let mut direct = row("direct", &[20000.0, 20000.0], &[]);
+    fn round_ratios_pair_only_complete_rounds() {
+        let mut direct = row("direct", &[20000.0, 16000.0], &[]);
         direct.bundled.clear();
         let doc = CrossCheckDoc {
-            rows: vec![direct, row("hbone_1node", &[5000.0], &[5000.0])],
+            rows: vec![
+                direct,
+                row("hbone_1node", &[4000.0], &[5000.0]),
+                row("tproxy_fast", &[8000.0, 8000.0], &[8000.0]),
+            ],
             ..CrossCheckDoc::default()
         };
         let md = render(&doc);
-        assert!(md.contains("| 0.250 | 0.250 | 0.250–0.250 |"), "{md}");
+        assert!(
+            md.contains("(tproxy_fast) | tool | 0.400, 0.500 | 0.450 | 0.400–0.500 |"),
+            "{md}"
+        );
+        assert!(
+            !md.contains("(hbone_1node) | tool"),
+            "a failed round shifts the rest:\n{md}"
+        );
         assert!(
             !md.contains("| bundled | 0."),
             "no bundled line without direct's:\n{md}"
