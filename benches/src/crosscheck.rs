@@ -303,7 +303,8 @@ fn med(v: Option<&Vec<f64>>) -> Option<f64> {
 }
 
 /// The Markdown: per figure, the bundled and the tool's medians side by
-/// side, each with its ratio to direct (added µs for latency).
+/// side, each with its ratio to direct (added µs for latency); then each
+/// round's own ratio to direct, for the figures given as ratios.
 pub fn render(doc: &CrossCheckDoc) -> String {
     let mut s = String::new();
     s.push_str("## Cross-check with the standard tools\n\n");
@@ -495,7 +496,6 @@ mod tests {
             ..CrossCheckDoc::default()
         };
         let md = render(&doc);
-        println!("{md}");
         assert!(
             md.contains("| 4960 (0.24x) |"),
             "the ratio of medians stays:\n{md}"
