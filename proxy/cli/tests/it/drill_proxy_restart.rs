@@ -99,6 +99,8 @@ fn one_request(addr: SocketAddr, i: u64) -> Result<(), String> {
 
 #[test]
 fn proxy_restart_under_load_drops_no_connection_tproxy() {
+    // Before `run_isolated`, as every drill takes it (one lock order).
+    let _drill = support::one_drill_at_a_time();
     run_isolated(
         "proxy_restart_under_load_drops_no_connection_tproxy",
         || drill(ringway_config::CaptureMode::Tproxy),
@@ -109,17 +111,15 @@ fn proxy_restart_under_load_drops_no_connection_tproxy() {
 /// answered with a reset (connection refused), not dropped and retransmitted.
 #[test]
 fn proxy_restart_under_load_drops_no_connection_redirect() {
+    // Before `run_isolated`, as every drill takes it (one lock order).
+    let _drill = support::one_drill_at_a_time();
     run_isolated(
         "proxy_restart_under_load_drops_no_connection_redirect",
         || drill(ringway_config::CaptureMode::Redirect),
     );
 }
 
-/// The drills load the machine: run them one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn drill(mode: ringway_config::CaptureMode) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     {
         let dir = ringway_testbed::TempDir::new(&format!("drill-{mode}"));
         let vn = VirtualNode::build(1, 2).unwrap();

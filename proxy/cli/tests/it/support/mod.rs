@@ -16,6 +16,24 @@ use ringway_zds::{
     self as zds, workload_request::Payload, AddWorkload, SnapshotSent, WorkloadInfo,
 };
 
+/// Held by each drill (the process-level load tests of `drill_cni` and
+/// `drill_proxy_restart`) for its whole run, so no two drills run at once:
+/// each loads the machine, and their packets share the kernel's per-CPU
+/// input queue (`netdev_max_backlog`, one queue for every netns on a CPU).
+/// A drill's bursts overflow it (a broadcast on `drill_cni`'s bridge of
+/// 200 pods is queued once per port; a killed proxy resets all its
+/// connections at once), and a drill beside it then loses packets to a
+/// burst it did not make.
+pub static DRILLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes [`DRILLS`] (a drill that panicked does not poison it for the rest).
+/// Take it before `run_isolated`, never inside: the isolated body holds
+/// the test bed's shared gate, and an `alone` test waiting on that gate
+/// would otherwise deadlock with a drill that holds this lock.
+pub fn one_drill_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    DRILLS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Whether the readiness endpoint at `addr` answers 200.
 pub fn ready(addr: SocketAddr) -> bool {
     ringway_testbed::http::get(addr, "/healthz/ready").is_ok_and(|r| r.status == 200)
