@@ -46,6 +46,23 @@ pub struct ProxyChild {
     /// Time from spawn to "serving" (every `--pod` enrolled), when known.
     pub startup: Duration,
     log_tail: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Its warnings, errors and failed connections (the first
+    /// [`NOTABLE_LINES`]), which the tail soon loses.
+    notable: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// How many notable lines a [`ProxyChild`] keeps.
+const NOTABLE_LINES: usize = 200;
+
+/// A log line worth keeping past the tail: a warning or an error, or a
+/// connection that failed or was refused (the access log's own words).
+fn notable(line: &str) -> bool {
+    line.contains(" WARN ")
+        || line.contains(" ERROR ")
+        || (line.contains(" access:")
+            && ["failed", "denied", "reset", "refused"]
+                .iter()
+                .any(|w| line.contains(w)))
 }
 
 impl ProxyChild {
@@ -80,7 +97,13 @@ impl ProxyChild {
             .arg(format!("{host}:15020"))
             .arg("--admin-addr")
             .arg(format!("{host}:15000"));
-        cmd.env("RINGWAY_LOG", "info,access=off")
+        // The access log is off: a line per connection would cost the
+        // proxy CPU the figures count. A diagnostic run can ask for it
+        // (`RINGWAY_BENCH_PROXY_LOG=info`); its failed connections are then
+        // kept ([`ProxyChild::notable`]).
+        let log = std::env::var("RINGWAY_BENCH_PROXY_LOG")
+            .unwrap_or_else(|_| "info,access=off".to_string());
+        cmd.env("RINGWAY_LOG", log)
             .env("RINGWAY_LOG_FORMAT", "text")
             .envs(env.iter().map(|(k, v)| (k, v)));
         Self::spawn(cmd, Some("serving"), timeout)
@@ -101,13 +124,21 @@ impl ProxyChild {
         let pid = child.id();
         let stderr = child.stderr.take().expect("piped stderr");
         let log_tail = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let notable_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel();
         {
             let log_tail = log_tail.clone();
+            let notable_lines = notable_lines.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                     if ready_line.is_some_and(|r| line.contains(r)) {
                         let _ = tx.send(Instant::now());
+                    }
+                    if notable(&line) {
+                        let mut n = notable_lines.lock().expect("lock");
+                        if n.len() < NOTABLE_LINES {
+                            n.push(line.clone());
+                        }
                     }
                     let mut t = log_tail.lock().expect("lock");
                     t.push(line);
@@ -122,6 +153,7 @@ impl ProxyChild {
             pid,
             startup: Duration::ZERO,
             log_tail,
+            notable: notable_lines,
         };
         if ready_line.is_some() {
             match rx.recv_timeout(timeout) {
@@ -139,6 +171,12 @@ impl ProxyChild {
     /// The last lines the child wrote on stderr.
     pub fn log_tail(&self) -> String {
         self.log_tail.lock().expect("lock").join("\n")
+    }
+
+    /// Its warnings, errors and failed connections so far (the first
+    /// [`NOTABLE_LINES`]).
+    pub fn notable(&self) -> Vec<String> {
+        self.notable.lock().expect("lock").clone()
     }
 
     /// CPU seconds (user + system, all threads) used so far.
@@ -373,4 +411,30 @@ pub fn haproxy_config(
         lo = ports.0,
         hi = ports.1,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::notable;
+
+    #[test]
+    fn notable_keeps_warnings_errors_and_failed_connections_only() {
+        let kept = [
+            "2026-12-05T23:36:10.356201Z  WARN ringway_proxy::proxy: the agent sent no addresses",
+            "2026-12-05T23:36:10.356201Z ERROR ringway_proxy::worker::conn: listener failed",
+            "2026-12-05T23:36:10.356201Z  INFO access: connection failed: upstream connect; client reset error=hbone: broken pipe",
+            "2026-12-05T23:36:10.356201Z  INFO access: connection denied by policy; reset",
+        ];
+        let dropped = [
+            "2026-12-05T23:36:10.356201Z  INFO access: connection closed bytes.sent=1 bytes.received=1 end=eof",
+            "2026-12-05T23:36:10.356201Z  INFO ringway::proxy_main: stopped reset=0 drained_for=101ms",
+            "2026-12-05T23:36:10.356201Z  INFO ringway_proxy::tunnel::warm: warm-up done failed=0",
+        ];
+        for l in kept {
+            assert!(notable(l), "{l}");
+        }
+        for l in dropped {
+            assert!(!notable(l), "{l}");
+        }
+    }
 }

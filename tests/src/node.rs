@@ -3,7 +3,8 @@
 //!
 //! Addressing for node `k` (1-based) and pod `i` (0-based):
 //! - bridge `br0` in the node netns: `10.244.k.1/24`, `fd00:244:k::1/64`
-//! - pod `eth0`: `10.244.k.(i+2)/24`, `fd00:244:k::(i+2)/64`, default routes via the bridge
+//! - pod `eth0`: `10.244.k.(i+2)/24`, `fd00:244:k::(i+2)/64`, default routes via the bridge;
+//!   no IPv6 link-local address and no router solicitations (see `QUIET_POD_IPV6`)
 //!
 //! Pods on one node talk over the bridge (layer 2); the node netns holds no
 //! capture rules. Everything lives inside the test's own namespaces.

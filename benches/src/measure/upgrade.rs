@@ -463,6 +463,20 @@ fn one(
     }) {
         progress(format!("  old proxy: {}", l.trim()));
     }
+    // A round that lost connections: every proxy's warnings, errors and
+    // failed connections (the latter with `RINGWAY_BENCH_PROXY_LOG=info`).
+    if quiet.failed + upgrade.failed > 0 {
+        let named = proxies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("old proxy of node {}", i + 1), p))
+            .chain(std::iter::once(("new proxy".to_string(), &new)));
+        for (name, p) in named {
+            for l in p.notable() {
+                progress(format!("  {name}: {}", l.trim()));
+            }
+        }
+    }
     new.stop();
     for mut p in proxies {
         p.stop();
