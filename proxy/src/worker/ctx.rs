@@ -92,9 +92,65 @@ pub(super) struct WorkerCtx {
     pub(super) hbone_pool: Rc<ringway_hbone::Pool>,
     /// Round robin over service endpoints.
     pub(super) next_endpoint: Cell<usize>,
+    /// Accept loops running on this worker ([`AcceptLoop`]).
+    pub(super) accept_loops: Cell<usize>,
+    /// Woken whenever an accept loop ends.
+    pub(super) accept_loop_ended: tokio::sync::Notify,
+}
+
+/// Held by a running accept loop: counts it in `WorkerCtx::accept_loops`
+/// until it ends. A drain waits for every loop of the worker to end after
+/// closing the listeners ([`WorkerCtx::accept_loops_ended`]): a connection
+/// the kernel handed over just before the close (an io_uring accept
+/// already completed) is then in the hands of a connection task and
+/// counted active, not lost with the process.
+pub(super) struct AcceptLoop(Rc<WorkerCtx>);
+
+impl AcceptLoop {
+    pub(super) fn enter(ctx: Rc<WorkerCtx>) -> AcceptLoop {
+        ctx.accept_loops.set(ctx.accept_loops.get() + 1);
+        AcceptLoop(ctx)
+    }
+}
+
+impl Drop for AcceptLoop {
+    fn drop(&mut self) {
+        let ctx = &self.0;
+        ctx.accept_loops.set(ctx.accept_loops.get() - 1);
+        ctx.accept_loop_ended.notify_waiters();
+    }
+}
+
+/// One accepted connection counted in `Stats::active` from the moment it
+/// was accepted until it is done (held by its task, then its `ConnGuard`),
+/// so a drain never ends while an accepted connection is still on its way
+/// to its task.
+pub(super) struct Counted(Arc<Stats>);
+
+impl Counted {
+    pub(super) fn new(stats: &Arc<Stats>) -> Counted {
+        stats.active.inc();
+        Counted(stats.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.active.dec();
+    }
 }
 
 impl WorkerCtx {
+    /// Resolves once no accept loop runs on this worker (after the
+    /// listeners were closed, every loop ends at its next accept).
+    pub(super) async fn accept_loops_ended(&self) {
+        // One thread: no loop can end between the check and the wait's
+        // registration (both happen before this task yields).
+        while self.accept_loops.get() > 0 {
+            self.accept_loop_ended.notified().await;
+        }
+    }
+
     /// What a tunnel of this worker's needs of it (counters, mark,
     /// timeout, the shared tunnel state, its id).
     pub(super) fn tunnel_ctx(&self) -> crate::tunnel::ConnCtx<'_> {
@@ -225,6 +281,8 @@ pub mod tests {
                 ringway_hbone::PoolConfig::default(),
             )),
             next_endpoint: Cell::new(0),
+            accept_loops: Cell::new(0),
+            accept_loop_ended: tokio::sync::Notify::new(),
         })
     }
 

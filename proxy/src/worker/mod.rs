@@ -147,6 +147,8 @@ pub fn run(
         tunnel,
         hbone_pool: Rc::new(hbone_pool),
         next_endpoint: Cell::new(0),
+        accept_loops: Cell::new(0),
+        accept_loop_ended: tokio::sync::Notify::new(),
     });
     match backend {
         Backend::Uring => {
@@ -208,7 +210,13 @@ async fn worker_main(ctx: Rc<WorkerCtx>, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                 for pod in ctx.pods.borrow().values() {
                     pod.close_listeners();
                 }
-                let _ = done.send(());
+                // Done once every accept loop has ended: what they accepted
+                // before the close is then counted active (see `AcceptLoop`).
+                let ctx = ctx.clone();
+                spawn_local(ctx.backend, async move {
+                    ctx.accept_loops_ended().await;
+                    let _ = done.send(());
+                });
             }
             Cmd::WarmTunnels {
                 targets,

@@ -18,7 +18,6 @@ use crate::metrics::{ConnectFailLabels, Series, SeriesKey, ServiceRef, Side};
 use crate::pod::{FlowAuthz, PodShared};
 use crate::policy;
 use crate::sock::{self, ListenerKind, Sock};
-use crate::stats::Stats;
 use crate::sys;
 
 /// A connection's registration with its pod (and, on the fast path, with
@@ -30,7 +29,8 @@ pub(super) struct ConnGuard {
     /// With the same-node fast path, the connection is also registered with
     /// the destination pod (its upstream socket lives in that pod's netns).
     pub(super) target: Option<(Rc<PodLocal>, u64)>,
-    pub(super) stats: Arc<Stats>,
+    /// Counts the connection active until the guard goes.
+    pub(super) _active: super::ctx::Counted,
 }
 
 impl ConnGuard {
@@ -67,7 +67,6 @@ impl Drop for ConnGuard {
         if let Some((target, id)) = &self.target {
             target.conns.borrow_mut().remove(id);
         }
-        self.stats.active.dec();
     }
 }
 
