@@ -83,7 +83,12 @@ fn exercise(datapath: Datapath, fast_path: bool, window_micros: u32) {
         );
     }
 
-    // Idle: every worker leaves its window, then stays asleep.
+    // Idle: once the proxy has seen every connection end, every worker
+    // leaves its window, then stays asleep. (A connection's last FIN is a
+    // readiness and rightly opens a window; checked before the proxy had
+    // seen them all, a CI run once saw a worker spin again after its
+    // window had closed.)
+    common::wait_no_active(&mn.proxy);
     assert!(
         common::wait_until(Duration::from_secs(5), || stats.busy_polling.get() == 0),
         "{what}: {} workers still spinning 5 s after the traffic stopped",

@@ -161,7 +161,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// ADD fails with a retryable error while no proxy is connected and succeeds
 /// once one is; then 200 pods in a row, each with an app that connects the
 /// instant ADD returns and is captured; DEL removes a pod's listeners at once.
-
 #[test]
 fn cni_add_captures_the_app_from_its_first_connection() {
     let _drill = support::one_drill_at_a_time();
@@ -238,12 +237,13 @@ fn cni_add_captures_the_app_from_its_first_connection() {
                     .count())
             });
             if proof != Ok(1) {
-                // Seen twice in CI with a 3 s read timeout; the second time
-                // at pod 199 of 200, whose ARP for the server had FAILED. With 200 pods
-                // on the bridge, each broadcast is queued once per port, and
-                // the kernel's input queue overflowed (`/proc/net/softnet_stat`
-                // counts drops in the loop's last second, with this test
-                // alone). Hence `REPLY_WAIT_200_PODS`. Should it come back, say
+                // Seen twice in CI with a 3 s read timeout; the second
+                // time at pod 199 of 200, whose ARP for the server had
+                // FAILED. With 200 pods on the bridge each broadcast is
+                // queued once per port, and the kernel's input queue
+                // overflowed (`/proc/net/softnet_stat` counts drops in the
+                // loop's last second, with this test alone). Hence ten ARP
+                // tries and `REPLY_WAIT_200_PODS`. Should it come back, say
                 // where the connection stood.
                 let sockets = |pod: &ringway_testbed::Pod| {
                     pod.netns

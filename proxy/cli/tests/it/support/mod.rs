@@ -20,10 +20,9 @@ use ringway_zds::{
 /// `drill_proxy_restart`) for its whole run, so no two drills run at once:
 /// each loads the machine, and their packets share the kernel's per-CPU
 /// input queue (`netdev_max_backlog`, one queue for every netns on a CPU).
-/// A drill's bursts overflow it (a broadcast on `drill_cni`'s bridge of
-/// 200 pods is queued once per port; a killed proxy resets all its
-/// connections at once), and a drill beside it then loses packets to a
-/// burst it did not make.
+/// A drill's bursts can overflow it (a broadcast on `drill_cni`'s bridge
+/// of 200 pods is queued once per port), and a drill beside it would then
+/// lose packets to a burst it did not make.
 pub static DRILLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Takes [`DRILLS`] (a drill that panicked does not poison it for the rest).
