@@ -418,13 +418,14 @@ mod tests {
         });
     }
 
-    /// A drain waits for the worker's accept loops to end after the close,
-    /// and a connection counts as active from its accept: the drain's
-    /// count (`Stats::active`) then includes every connection the kernel
-    /// handed over before the close (an io_uring accept that completed
-    /// just before it), instead of ending with one still on its way to its
-    /// task (it was reset when the old proxy exited: 1 connection in about
-    /// 61,000 through 30 upgrades in the bench, benches/HISTORY.md).
+    /// A drain waits for the worker's accept loops to end after the close
+    /// (not before), and a connection counted from its accept is counted
+    /// off exactly once when it is done. With both, the drain's count
+    /// (`Stats::active`) includes every connection the kernel handed over
+    /// before the close, where it used to miss one whose task had not run
+    /// yet and reset it at exit (2 in 55 fast-path upgrade rounds of the
+    /// bench, 0 in 60 after: benches/HISTORY.md, "Connections reset through
+    /// an upgrade with nothing open at SIGTERM").
     #[test]
     fn a_drain_waits_for_the_accept_loops_and_counts_what_they_accepted() {
         ringway_testbed::run_isolated(

@@ -74,6 +74,8 @@ pub enum Cmd {
         done: std::sync::mpsc::Sender<usize>,
     },
     /// Close every listener at once; keep serving established connections.
+    /// Answered once the worker's accept loops have ended, so that what
+    /// they accepted before the close is counted active.
     CloseListeners {
         /// Reply channel.
         done: std::sync::mpsc::Sender<()>,

@@ -23,7 +23,7 @@ use ringway_zds::{
 /// A drill's bursts can overflow it (a broadcast on `drill_cni`'s bridge
 /// of 200 pods is queued once per port), and a drill beside it would then
 /// lose packets to a burst it did not make.
-pub static DRILLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static DRILLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Takes [`DRILLS`] (a drill that panicked does not poison it for the rest).
 /// Take it before `run_isolated`, never inside: the isolated body holds
