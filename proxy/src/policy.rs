@@ -56,8 +56,9 @@ pub enum Denied {
 }
 
 /// A pod's SPIFFE identity: from the agent's record when it names both the
-/// namespace and the service account, else the mesh's workload of the pod's
-/// IPs (when the agent named a namespace, only a workload of that namespace).
+/// namespace and the service account, else the mesh's workload of the pod
+/// ([`PodShared::workload`]: never the record of another pod that held one
+/// of its addresses).
 /// Never a guess: `None` (no certificate, no HBONE for the pod) when neither
 /// says it.
 pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
@@ -69,14 +70,16 @@ pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
         }
         who.0.namespace.clone()
     };
-    let w = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip))?;
+    let Some(w) = pod.workload(mesh) else {
+        if let Some(other) = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)) {
+            tracing::warn!(pod.uid = %pod.uid, pod.namespace = %namespace, workload.namespace = %other.namespace,
+                workload.name = %other.name,
+                "the agent sent no service account and the mesh's workload of the pod's IPs is another pod: no identity");
+        }
+        return None;
+    };
     if w.service_account.is_empty() {
         // A pod without a service account has no identity.
-        return None;
-    }
-    if !namespace.is_empty() && w.namespace != namespace {
-        tracing::warn!(pod.uid = %pod.uid, pod.namespace = %namespace, workload.namespace = %w.namespace,
-            "the agent sent no service account and the mesh's workload of the pod's IPs is of another namespace: no identity");
         return None;
     }
     Some(w.identity(td))
@@ -88,7 +91,7 @@ pub fn pod_identity(mesh: &Mesh, pod: &PodShared) -> Option<Identity> {
 /// mesh and has not sent it (its labels and policies are unknown: never
 /// authorize against a guess).
 pub fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Option<Cow<'m, Workload>> {
-    if let Some(w) = pod.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)) {
+    if let Some(w) = pod.workload(mesh) {
         // Borrowed: authorizing a connection copies nothing.
         return Some(Cow::Borrowed(w));
     }
@@ -367,6 +370,69 @@ mod tests {
         assert_eq!(
             id(&pod("10.0.0.9", "shop", "cart")).as_deref(),
             Some("spiffe://cluster.local/ns/shop/sa/cart")
+        );
+    }
+
+    /// An address outlives its pod: where a control plane feeds the mesh,
+    /// the record of a deleted pod may still hold an address the cluster
+    /// has given a new pod. The new pod must never be authorized, nor named,
+    /// as the old one (another namespace's policies, other labels): only its
+    /// own record counts, and until it comes the pod has no workload.
+    #[test]
+    fn adversarial_a_stale_record_of_a_pods_address_is_not_the_pod() {
+        // The old pod, `open/old` at 10.0.0.2, and a policy of `secure`
+        // that allows nothing: fed as a control plane feeds (incomplete).
+        let mut edit = mesh().without_entries().edit();
+        let old = Workload {
+            uid: "cluster//Pod/open/old".into(),
+            name: "old".into(),
+            namespace: "open".into(),
+            service_account: "old".into(),
+            ips: vec!["10.0.0.2".parse().unwrap()],
+            ..mesh()
+                .workload_by_ip("10.0.0.2".parse().unwrap())
+                .unwrap()
+                .clone()
+        };
+        edit.upsert_workload(old.clone(), Default::default());
+        let stale = edit.finish();
+        assert!(!stale.is_complete());
+        // The new pod `secure/new` on the same address, its service account
+        // not sent by the agent.
+        let mut new = pod("10.0.0.2", "secure", "");
+        new.who.get_mut().unwrap().0.name = "new".into();
+        assert!(
+            pod_workload(&stale, &new).is_none(),
+            "authorized as the stale record"
+        );
+        assert_eq!(
+            pod_identity(&stale, &new),
+            None,
+            "named as the stale record"
+        );
+        // Same namespace, another pod's name: not this pod either.
+        let mut same_ns = pod("10.0.0.2", "open", "");
+        same_ns.who.get_mut().unwrap().0.name = "new".into();
+        assert!(pod_workload(&stale, &same_ns).is_none());
+        assert_eq!(pod_identity(&stale, &same_ns), None);
+        // Its own record, once it comes, is.
+        let mut edit = stale.edit();
+        edit.remove_workload(&old.uid);
+        edit.upsert_workload(
+            Workload {
+                uid: "cluster//Pod/secure/new".into(),
+                name: "new".into(),
+                namespace: "secure".into(),
+                service_account: "new".into(),
+                ..old.clone()
+            },
+            Default::default(),
+        );
+        let fresh = edit.finish();
+        assert_eq!(pod_workload(&fresh, &new).unwrap().name, "new");
+        assert_eq!(
+            pod_identity(&fresh, &new).map(|i| i.to_string()).as_deref(),
+            Some("spiffe://cluster.local/ns/secure/sa/new")
         );
     }
 

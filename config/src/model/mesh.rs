@@ -346,7 +346,9 @@ impl Mesh {
     /// Where a new connection to `service`'s `port` may go: its healthy
     /// endpoints with an address in the family asked for, each with the
     /// port it takes the connection on (its own target port, else the
-    /// service's; an endpoint for which neither names one is left out).
+    /// service's; an endpoint for which neither names one is left out). An
+    /// address another entry claims too (contested) is left out: it
+    /// resolves to neither, and its traffic is refused.
     pub fn healthy_endpoints<'a>(
         &'a self,
         service: &'a Service,
@@ -359,6 +361,9 @@ impl Mesh {
             .filter_map(move |(w, ports)| {
                 let target = ports.get(&port).copied().filter(|p| *p != 0).or(default)?;
                 let ip = w.ips.iter().copied().find(|ip| ip.is_ipv6() == ipv6)?;
+                if self.catalog.claimants(ip.to_canonical()).len() > 1 {
+                    return None;
+                }
                 Some((w, SocketAddr::new(ip, target)))
             })
     }

@@ -280,7 +280,10 @@ pub struct RefuseLabels {
     /// `unknown_workload` (the control plane has not sent the pod's
     /// workload within `proxy.workloadWait`), `waypoint` or
     /// `network_gateway` (the destination's traffic must pass one, which
-    /// this proxy does not support: refused, never sent around it).
+    /// this proxy does not support: refused, never sent around it),
+    /// `application_tunnel` (the destination's app wants a PROXY protocol
+    /// header), `contested_address` (two entries of the control plane
+    /// claim the destination's address: it resolves to neither).
     pub reason: &'static str,
 }
 

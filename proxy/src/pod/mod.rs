@@ -153,13 +153,35 @@ impl PodShared {
         Ok(fd)
     }
 
-    /// The pod's mesh workload: by uid, else by one of its addresses.
+    /// The pod's mesh workload: by uid, else the one that owns one of its
+    /// addresses, if that is this pod ([`PodShared::is_this_pod`]).
     pub fn workload<'m>(
         &self,
         mesh: &'m ringway_config::Mesh,
     ) -> Option<&'m ringway_config::Workload> {
-        mesh.workload_by_uid(&self.uid)
-            .or_else(|| self.ips.iter().find_map(|ip| mesh.workload_by_ip(*ip)))
+        if let Some(w) = mesh.workload_by_uid(&self.uid) {
+            return Some(w);
+        }
+        self.ips
+            .iter()
+            .filter_map(|ip| mesh.workload_by_ip(*ip))
+            .find(|w| self.is_this_pod(mesh, w))
+    }
+
+    /// Whether `w`, a workload that owns one of the pod's addresses, is
+    /// this pod: of the namespace the agent named, and, where a control
+    /// plane feeds the mesh, of the name it named too. An address outlives
+    /// its pod: the record of a deleted pod may still hold an address the
+    /// cluster has given a new one, and its namespace, labels and policies
+    /// are not the new pod's. (A configuration file is the whole truth:
+    /// there, the file's record of the address is the pod's.)
+    pub fn is_this_pod(&self, mesh: &ringway_config::Mesh, w: &ringway_config::Workload) -> bool {
+        let who = self.who.read().unwrap_or_else(|p| p.into_inner());
+        let named = &who.0;
+        if !named.namespace.is_empty() && w.namespace != named.namespace {
+            return false;
+        }
+        mesh.is_complete() || named.name.is_empty() || w.name == named.name
     }
 
     /// The service a connection that arrived at this pod's port `port`

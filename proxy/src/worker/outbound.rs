@@ -141,6 +141,20 @@ pub(super) async fn outbound(
         refuse_counted(&ctx, &client, u.label(), u);
         return;
     }
+    // An address two entries of the control plane claim resolves to
+    // neither: refused, never sent in plaintext as if it were outside the
+    // mesh (a claim on another's address must not strip its traffic's TLS).
+    let claimants = mesh
+        .as_deref()
+        .map_or(0, |m| m.address_claimants(dst.ip()).len());
+    if claimants > 1 {
+        let why = format!(
+            "{} is claimed by {claimants} entries of the mesh (contested): it resolves to none",
+            dst.ip()
+        );
+        refuse_counted(&ctx, &client, "contested_address", &why);
+        return;
+    }
     let targets = match candidates(&ctx, mesh.as_deref(), dst) {
         Ok(t) => t,
         Err(why) => {

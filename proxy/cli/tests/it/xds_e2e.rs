@@ -960,6 +960,60 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                 .count();
             assert_eq!(said, 1, "said once when it arrived:\n{}", node1.log());
 
+            // A second entry claiming the server's address (a workload of
+            // another namespace, as a WorkloadEntry anyone may write): the
+            // address resolves to neither, so its traffic is refused at the
+            // source and counted, never sent in plaintext as if the address
+            // were outside the mesh; and so is the VIP whose only endpoint
+            // it is.
+            let claim = Resource::new(
+                "Kubernetes//networking.istio.io/WorkloadEntry/other/claim",
+                "1",
+                wl::Address {
+                    kind: Some(address::Kind::Workload(wl::Workload {
+                        uid: "Kubernetes//networking.istio.io/WorkloadEntry/other/claim".into(),
+                        name: "claim".into(),
+                        namespace: "other".into(),
+                        addresses: vec![server.ipv4.octets().to_vec()],
+                        node: "node2".into(),
+                        ..Default::default()
+                    })),
+                }
+                .to_any(),
+            );
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![workload_with(server, 2, "5", member), web_service(), claim],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            let contested = |m: &str| {
+                prom::sum(
+                    m,
+                    "ringway_connections_refused_total",
+                    &["reason=\"contested_address\""],
+                )
+            };
+            let before = contested(&scrape(node1.control(15020)).unwrap());
+            let (what, _) = refused(client, server, at_server);
+            eprintln!("to a contested address: {what}");
+            let m1 = scrape(node1.control(15020)).unwrap();
+            assert_eq!(
+                contested(&m1),
+                before + 1.0,
+                "a contested address was not refused at the source:\n{m1}"
+            );
+            let (what, _) = refused_at(client, server, at_server, vip);
+            eprintln!("to a VIP whose only endpoint is contested: {what}");
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![],
+                vec!["Kubernetes//networking.istio.io/WorkloadEntry/other/claim".into()],
+            );
+            applied(&istiod, nonces);
+            let seen = exchange(client, server, at_server, vip).unwrap();
+            assert_eq!(seen, client.ip(false), "the claim gone: served again");
+
             // Garbage from the control plane: NACKed, and the state held
             // keeps serving.
             istiod.push(
