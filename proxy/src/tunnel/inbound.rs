@@ -287,6 +287,8 @@ async fn decide(
         Ok(s) => {
             // Re-checked when the policies change (reset if then denied).
             // The stream owns the socket: the flow table gets a duplicate.
+            // A flow the re-checks could not reset is never served (a
+            // DENY published later would not end it): reset and 503.
             let flow = match s.as_fd().try_clone_to_owned() {
                 Ok(dup) => Some(policy::register(
                     pod,
@@ -296,8 +298,11 @@ async fn decide(
                     &state.metrics,
                 )),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot duplicate a socket for policy re-checks");
-                    None
+                    tracing::warn!(error = %e, "cannot duplicate a socket for policy re-checks; resetting it");
+                    crate::sys::tcp_abort(s.as_fd());
+                    return Decision::Unavailable503(format!(
+                        "cannot track the connection to {dst} for policy re-checks: {e}"
+                    ));
                 }
             };
             // Counted once the stream is really served (not for a 503).

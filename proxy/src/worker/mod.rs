@@ -272,6 +272,13 @@ fn add_pod(
     if ctx.pods.borrow().contains_key(&pod.uid) {
         remove_pod(ctx, &pod.uid);
     }
+    // A tunnel pooled under one of the pod's addresses belongs to the pod
+    // that held the address before (a dial that ended after its removal):
+    // its socket is in that pod's netns. Never ridden by this one.
+    let stale = ctx.hbone_pool.evict(|k| pod.ips.contains(&k.src_ip));
+    if stale > 0 {
+        tracing::debug!(pod = %pod.uid, stale, "closed tunnels pooled under the pod's addresses before it came");
+    }
     let local = Rc::new(PodLocal::new(pod.clone(), preauth));
     for (kind, fd) in listeners {
         let lsock = match Sock::new(fd, ctx.backend) {
@@ -293,6 +300,66 @@ fn add_pod(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pod::PodShared;
+    use crate::stats::Stats;
+    use crate::worker::ctx::tests::{null_fd, test_ctx};
+
+    /// An address outlives its pod: a tunnel pooled under it (a dial that
+    /// ended after the old pod's removal, its socket in the old pod's
+    /// netns) is closed when a new pod comes with the address, so the new
+    /// pod's connections never ride it.
+    #[test]
+    fn a_new_pod_never_rides_a_tunnel_pooled_under_its_address_before_it_came() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tokio::task::LocalSet::new().block_on(&rt, async {
+            let ctx = test_ctx(Arc::new(Stats::default()));
+            let ip: std::net::IpAddr = "10.0.0.5".parse().unwrap();
+            let key = |src_ip| ringway_hbone::PoolKey {
+                src_identity: "spiffe://cluster.local/ns/a/sa/a".into(),
+                dst_identity: "spiffe://cluster.local/ns/b/sa/b".into(),
+                src_ip,
+                dst: "10.0.0.9:15008".parse().unwrap(),
+            };
+            // Two pooled tunnels, one under the address, one under another.
+            for src in [ip, "10.0.0.6".parse().unwrap()] {
+                let (near, far) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(async move {
+                    let peer = ringway_hbone::PeerInfo {
+                        identity: "spiffe://cluster.local/ns/a/sa/a".into(),
+                        addr: "10.0.0.1:40000".parse().unwrap(),
+                    };
+                    let config = ringway_hbone::ServerConfig::default();
+                    let never = ringway_hbone::DrainSignal::never();
+                    let deny = |_req| async { ringway_hbone::Decision::Deny401("test".into()) };
+                    let _ = ringway_hbone::serve_connection(far, peer, &config, never, deny).await;
+                });
+                let dialled = ctx
+                    .hbone_pool
+                    .warm(key(src), || async { Ok(near) }, false)
+                    .await
+                    .unwrap();
+                assert!(dialled);
+            }
+            assert_eq!(ctx.hbone_pool.keys().len(), 2);
+            let pod = Arc::new(PodShared::new(
+                "new",
+                null_fd(),
+                vec![ip],
+                crate::sock::PortSplit::default(),
+                Default::default(),
+                String::new(),
+            ));
+            add_pod(&ctx, pod, Default::default(), Vec::new());
+            assert_eq!(
+                ctx.hbone_pool.keys(),
+                vec![key("10.0.0.6".parse().unwrap())],
+                "the tunnel under the new pod's address is still pooled"
+            );
+        });
+    }
 
     /// Every worker's name is whole in `/proc/<pid>/task/*/comm` (the kernel
     /// keeps 15 bytes): the last worker the config allows, seen from its own
