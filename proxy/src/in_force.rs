@@ -78,6 +78,16 @@ impl InForce {
         &self,
         pod: &PodShared,
     ) -> Result<Option<Arc<Mesh>>, UnknownWorkload> {
+        self.mesh_where(|m| pod.workload(m).is_some()).await
+    }
+
+    /// The mesh in force when it is the whole mesh, there is none, or
+    /// `knows` says it has what the caller needs; else the first that does
+    /// within `proxy.workloadWait`. `Err` when none did.
+    pub async fn mesh_where(
+        &self,
+        knows: impl Fn(&Mesh) -> bool,
+    ) -> Result<Option<Arc<Mesh>>, UnknownWorkload> {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + self.workload_wait;
         loop {
@@ -89,7 +99,7 @@ impl InForce {
             let mesh = self.mesh();
             match &mesh {
                 None => return Ok(None),
-                Some(m) if m.is_complete() || pod.workload(m).is_some() => return Ok(mesh),
+                Some(m) if m.is_complete() || knows(m) => return Ok(mesh),
                 Some(_) => {}
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {

@@ -233,7 +233,7 @@ async fn decide(
     if !pod.ips.contains(&dst.ip().to_canonical()) {
         return Decision::BadRequest400(format!("{dst} is not an address of this pod"));
     }
-    let mesh = match state.in_force.mesh_knowing(pod).await {
+    let mut mesh = match state.in_force.mesh_knowing(pod).await {
         Ok(Some(mesh)) => mesh,
         Ok(None) => return Decision::Unavailable503("no mesh configuration".into()),
         Err(e) => {
@@ -258,6 +258,18 @@ async fn decide(
     // proved; never a loopback, unspecified, multicast or link-local one.
     let client_addr = req.forwarded_for.unwrap_or(req.peer.addr);
     let client = client_addr.ip().to_canonical();
+    if let Err(ClaimError::NoWorkload { .. }) = check_client_claim(&mesh, peer_id, client) {
+        // A control plane reaches nodes at different times: the client's
+        // node may have its new workload before this one does. Waited for
+        // as the pod's own is, then judged on the mesh that has it.
+        if let Ok(Some(newer)) = state
+            .in_force
+            .mesh_where(|m| m.workload_by_ip(client).is_some())
+            .await
+        {
+            mesh = newer;
+        }
+    }
     if let Err(why) = check_client_claim(&mesh, peer_id, client) {
         state.refused(why.reason());
         return deny_401(state, format!("client address {client}: {why}"));

@@ -675,3 +675,42 @@ fn hbone_apps_that_wait_for_more_than_the_first_bytes() {
         app.join().unwrap();
     });
 }
+
+/// The control plane reaches nodes at different times: a new client pod's
+/// node may know its workload (and tunnel its first connection) before the
+/// destination's node does. The destination waits for the client's
+/// workload as it waits for its own pod's (`proxy.workloadWait`), then
+/// judges the client's address claim: served once the record arrives,
+/// never refused at once for a lag (an outage), never accepted unchecked.
+#[test]
+fn hbone_waits_for_a_new_clients_workload_that_reaches_its_node_late() {
+    run_isolated(
+        "hbone_waits_for_a_new_clients_workload_that_reaches_its_node_late",
+        || {
+            let t = two_nodes(Opts::new("hbone_late_client"));
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = echo_app(&t.server().netns, addr);
+            // Node 2's view, fed by a control plane (incomplete), without
+            // the client's workload yet.
+            let full = t.mesh("");
+            let view = |with_client: bool| {
+                let mut e = full.without_entries().edit();
+                for w in full.workloads() {
+                    if with_client || w.uid != "client-0" {
+                        e.upsert_workload(w.clone(), Default::default());
+                    }
+                }
+                Arc::new(e.finish())
+            };
+            t.p2.set_mesh(view(false));
+            let conn = std::thread::scope(|s| {
+                let c = s.spawn(|| exchange(&t, addr));
+                std::thread::sleep(Duration::from_millis(500));
+                t.p2.set_mesh(view(true));
+                c.join().unwrap()
+            });
+            conn.expect("served once the client's workload reached the destination's node");
+            assert_eq!(app.connections(), 1);
+        },
+    );
+}
