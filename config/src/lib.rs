@@ -91,10 +91,10 @@ pub use file::{
 };
 pub use model::{
     workload_name_of, Action, AuthorizationPolicy, CaPaths, CaService, Claimant, Clause,
-    ClusterPolicyNote, Condition, EndpointPorts, EnvOverride, Locality, Match, MatchFields, Mesh,
-    MeshEdit, MtlsMode, Operation, PeerAuthentication, Rule, Service, ServiceAccountRef, Source,
-    Unsupported, Values, Workload, CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL,
-    DEFAULT_CA_TOKEN_FILE,
+    ClusterPolicyNote, Condition, EndpointPorts, EnvOverride, LbMode, LoadBalancing, Locality,
+    Match, MatchFields, Mesh, MeshEdit, MtlsMode, Operation, PeerAuthentication, Rule, Scope,
+    Service, ServiceAccountRef, Source, Unsupported, Values, Workload, CANONICAL_NAME_LABEL,
+    CANONICAL_REVISION_LABEL, DEFAULT_CA_TOKEN_FILE,
 };
 pub use names::{Cidr, CidrError, StringMatch};
 pub use settings::{

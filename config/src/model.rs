@@ -29,6 +29,6 @@ pub use self::policy::{
     MtlsMode, Operation, PeerAuthentication, Rule, ServiceAccountRef, Source, Values,
 };
 pub use self::workload::{
-    workload_name_of, Locality, Service, Unsupported, Workload, CANONICAL_NAME_LABEL,
-    CANONICAL_REVISION_LABEL,
+    workload_name_of, LbMode, LoadBalancing, Locality, Scope, Service, Unsupported, Workload,
+    CANONICAL_NAME_LABEL, CANONICAL_REVISION_LABEL,
 };

@@ -113,6 +113,7 @@ pub(crate) fn validate(
         }
         workload_by_uid.insert(w.uid.clone(), i);
         catalog.upsert_workload(Workload {
+            host_network: false,
             uid: w.uid.clone(),
             name: w.name.clone(),
             namespace: w.namespace.clone(),
@@ -198,6 +199,7 @@ pub(crate) fn validate(
             }
         }
         let service = Service {
+            load_balancing: None,
             hostname: s.hostname.clone(),
             namespace: s.namespace.clone(),
             vips,
@@ -383,6 +385,7 @@ fn locality(cx: &Ctx<'_>, at: &str, l: &LocalityConfig) -> Result<Locality> {
     check_label_value(&l.region).map_err(|p| cx.err(format!("{at}.region"), p))?;
     check_label_value(&l.zone).map_err(|p| cx.err(format!("{at}.zone"), p))?;
     Ok(Locality {
+        subzone: String::new(),
         region: l.region.clone(),
         zone: l.zone.clone(),
     })

@@ -164,11 +164,16 @@ fn workload(m: &Mesh, w: &Workload) -> Value {
         "trustDomain".into(),
         json!(w.trust_domain.as_deref().unwrap_or(m.trust_domain())),
     );
-    if !w.locality.region.is_empty() || !w.locality.zone.is_empty() {
-        o.insert(
-            "locality".into(),
-            json!({"region": w.locality.region, "zone": w.locality.zone}),
-        );
+    let l = &w.locality;
+    if !l.region.is_empty() || !l.zone.is_empty() || !l.subzone.is_empty() {
+        let mut loc = json!({"region": l.region, "zone": l.zone});
+        if !l.subzone.is_empty() {
+            loc["subzone"] = json!(l.subzone);
+        }
+        o.insert("locality".into(), loc);
+    }
+    if w.host_network {
+        o.insert("networkMode".into(), json!("HostNetwork"));
     }
     o.insert("node".into(), json!(w.node));
     o.insert("status".into(), json!(status(w.healthy)));

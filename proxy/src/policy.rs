@@ -100,6 +100,7 @@ pub fn pod_workload<'m>(mesh: &'m Mesh, pod: &PodShared) -> Option<Cow<'m, Workl
     }
     let who = pod.who.read().unwrap_or_else(|p| p.into_inner());
     Some(Cow::Owned(Workload {
+        host_network: false,
         uid: pod.uid.to_string(),
         name: who.0.name.clone(),
         namespace: who.0.namespace.clone(),

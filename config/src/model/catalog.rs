@@ -201,20 +201,21 @@ impl Catalog {
         }
     }
 
-    /// Adds or replaces the workload `w.uid`; returns the one it replaced.
+    /// Adds or replaces the workload `w.uid` (its addresses name it unless
+    /// it shares its node's network); returns the one it replaced.
     pub(crate) fn upsert_workload(&mut self, w: Workload) -> Option<Arc<Workload>> {
         let uid: Key = Arc::from(w.uid.as_str());
         let who = Claimant::Workload(uid.clone());
         let new = Arc::new(w);
         let old = self.workloads.insert(uid, new.clone());
         if let Some(old) = &old {
-            for ip in &old.ips {
-                if !new.ips.contains(ip) {
+            for ip in claimed(old) {
+                if !claimed(&new).contains(ip) {
                     self.release(*ip, &who);
                 }
             }
         }
-        for ip in &new.ips {
+        for ip in claimed(&new) {
             self.claim(*ip, who.clone());
         }
         old
@@ -224,7 +225,7 @@ impl Catalog {
     pub(crate) fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
         let old = self.workloads.remove(uid)?;
         let who = Claimant::Workload(Arc::from(uid));
-        for ip in &old.ips {
+        for ip in claimed(&old) {
             self.release(*ip, &who);
         }
         self.set_memberships(uid, BTreeMap::new());
@@ -331,3 +332,13 @@ impl Catalog {
 
 #[cfg(test)]
 mod tests;
+
+/// The addresses that name `w`: none for a pod on its node's network (they
+/// are the node's, shared by every such pod).
+fn claimed(w: &Workload) -> &[IpAddr] {
+    if w.host_network {
+        &[]
+    } else {
+        &w.ips
+    }
+}

@@ -13,7 +13,7 @@ use super::catalog::{Catalog, Claimant, EndpointPorts};
 use super::policy::{
     labels_match, Action, AuthorizationPolicy, ClusterPolicyNote, MtlsMode, PeerAuthentication,
 };
-use super::workload::{Locality, Service, Workload};
+use super::workload::{LbMode, Locality, Scope, Service, Workload};
 use crate::settings::ProxySettings;
 
 /// An environment variable's override that was applied: which variable set
@@ -343,12 +343,14 @@ impl Mesh {
             .collect()
     }
 
-    /// Where a new connection to `service`'s `port` may go: its healthy
-    /// endpoints with an address in the family asked for, each with the
-    /// port it takes the connection on (its own target port, else the
-    /// service's; an endpoint for which neither names one is left out). An
-    /// address another entry claims too (contested) is left out: it
-    /// resolves to neither, and its traffic is refused.
+    /// Where a new connection to `service`'s `port` may go: its endpoints
+    /// that take connections (the healthy ones; every one when the service
+    /// allows unhealthy endpoints) with an address in the family asked for,
+    /// each with the port it takes the connection on (its own target port,
+    /// else the service's; an endpoint for which neither names one is left
+    /// out). An address another entry claims too (contested) is left out:
+    /// it resolves to neither, and its traffic is refused. The service's
+    /// routing preference is not applied here ([`Mesh::endpoints_for`]).
     pub fn healthy_endpoints<'a>(
         &'a self,
         service: &'a Service,
@@ -356,8 +358,12 @@ impl Mesh {
         ipv6: bool,
     ) -> impl Iterator<Item = (&'a Workload, SocketAddr)> {
         let default = service.target_port(port).filter(|p| *p != 0);
+        let allow_unhealthy = service
+            .load_balancing
+            .as_ref()
+            .is_some_and(|lb| lb.allow_unhealthy);
         self.endpoints(service)
-            .filter(|(w, _)| w.healthy)
+            .filter(move |(w, _)| w.healthy || allow_unhealthy)
             .filter_map(move |(w, ports)| {
                 let target = ports.get(&port).copied().filter(|p| *p != 0).or(default)?;
                 let ip = w.ips.iter().copied().find(|ip| ip.is_ipv6() == ipv6)?;
@@ -366,6 +372,46 @@ impl Mesh {
                 }
                 Some((w, SocketAddr::new(ip, target)))
             })
+    }
+
+    /// [`Mesh::healthy_endpoints`] that a connection from `client` (the
+    /// connecting pod's workload, when known) may go to under the
+    /// service's routing preference: with [`LbMode::Strict`], only those
+    /// that share every scope with the client (none when the client is not
+    /// known); with [`LbMode::Failover`], those that share the longest run
+    /// of scopes, in order.
+    pub fn endpoints_for<'a>(
+        &'a self,
+        service: &'a Service,
+        port: u16,
+        ipv6: bool,
+        client: Option<&Workload>,
+    ) -> Vec<(&'a Workload, SocketAddr)> {
+        let eps = self.healthy_endpoints(service, port, ipv6);
+        let Some(lb) = service.load_balancing.as_ref().filter(|lb| {
+            matches!(lb.mode, LbMode::Strict | LbMode::Failover)
+                && !lb.routing_preference.is_empty()
+        }) else {
+            return eps.collect();
+        };
+        let shared = |w: &Workload| {
+            client.map_or(0, |c| {
+                lb.routing_preference
+                    .iter()
+                    .take_while(|scope| shares(**scope, c, w))
+                    .count()
+            })
+        };
+        let ranked: Vec<_> = eps.map(|e| (shared(e.0), e)).collect();
+        let want = match lb.mode {
+            LbMode::Strict => lb.routing_preference.len(),
+            _ => ranked.iter().map(|(r, _)| *r).max().unwrap_or(0),
+        };
+        ranked
+            .into_iter()
+            .filter(|(r, _)| *r == want)
+            .map(|(_, e)| e)
+            .collect()
     }
 
     /// Policies of the root namespace (every workload is in their scope).
@@ -569,5 +615,17 @@ impl MeshEdit {
     /// The new snapshot.
     pub fn finish(self) -> Mesh {
         self.mesh
+    }
+}
+
+/// Whether `a` and `b` share `scope` (this proxy serves one cluster and one
+/// network: those are always shared).
+fn shares(scope: Scope, a: &Workload, b: &Workload) -> bool {
+    match scope {
+        Scope::Region => a.locality.region == b.locality.region,
+        Scope::Zone => a.locality.zone == b.locality.zone,
+        Scope::Subzone => a.locality.subzone == b.locality.subzone,
+        Scope::Node => a.node == b.node,
+        Scope::Cluster | Scope::Network => true,
     }
 }

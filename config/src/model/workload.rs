@@ -22,6 +22,10 @@ pub struct Workload {
     pub service_account: String,
     /// Pod IPs (IPv4-mapped IPv6 addresses are stored as IPv4).
     pub ips: Vec<IpAddr>,
+    /// The pod shares its node's network (`hostNetwork`): its addresses
+    /// are the node's, so they never name it (no lookup by address finds
+    /// it); a service's connections may still go to them as an endpoint.
+    pub host_network: bool,
     /// Node the pod runs on.
     pub node: String,
     /// Whether the pod's node proxy speaks HBONE (port 15008).
@@ -96,14 +100,64 @@ impl fmt::Display for Unsupported {
     }
 }
 
-/// A node's topology (`topology.kubernetes.io/region` and `zone`); empty
-/// strings when not known.
+/// A node's topology (`topology.kubernetes.io/region` and `zone`, and the
+/// mesh's subzone); empty strings when not known.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Locality {
     /// Region.
     pub region: String,
     /// Zone.
     pub zone: String,
+    /// Subzone (`topology.istio.io/subzone`).
+    pub subzone: String,
+}
+
+/// How a connection to a service picks among its endpoints (the control
+/// plane's `load_balancing`: `internalTrafficPolicy: Local`,
+/// `trafficDistribution: PreferClose`, `publishNotReadyAddresses`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadBalancing {
+    /// What an endpoint should share with the client, in order of
+    /// importance.
+    pub routing_preference: Vec<Scope>,
+    /// How the preference applies.
+    pub mode: LbMode,
+    /// Endpoints that are not ready take connections too.
+    pub allow_unhealthy: bool,
+}
+
+/// A part of the topology a client and an endpoint may share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The same region.
+    Region,
+    /// The same zone.
+    Zone,
+    /// The same subzone.
+    Subzone,
+    /// The same node.
+    Node,
+    /// The same cluster (this proxy serves one: always shared).
+    Cluster,
+    /// The same network (this proxy serves one: always shared).
+    Network,
+}
+
+/// How [`LoadBalancing::routing_preference`] applies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LbMode {
+    /// No preference: every endpoint.
+    #[default]
+    Any,
+    /// Only endpoints that share every scope with the client; none (the
+    /// connection is refused) when no endpoint does.
+    Strict,
+    /// The endpoints that share the longest run of scopes, in order, with
+    /// the client; the others only when none shares more.
+    Failover,
+    /// No endpoint is picked: the connection goes to the address the
+    /// client dialled, as to an address outside the mesh.
+    Passthrough,
 }
 
 /// The label that names a workload's canonical service.
@@ -170,6 +224,8 @@ pub struct Service {
     /// Why its traffic must not go straight to its endpoints (a waypoint):
     /// refused while this proxy does not support it.
     pub unsupported: Option<Unsupported>,
+    /// How its endpoints are picked (`None`: any healthy one).
+    pub load_balancing: Option<LoadBalancing>,
 }
 
 impl Service {

@@ -342,6 +342,7 @@ mod tests {
         .unwrap();
         let w = mesh.workloads().next().unwrap();
         let loc = ringway_config::Locality {
+            subzone: String::new(),
             region: "r".into(),
             zone: String::new(),
         };

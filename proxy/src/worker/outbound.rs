@@ -37,8 +37,10 @@ enum NoEndpoint {
         /// The port dialled.
         port: u16,
     },
-    /// No healthy endpoint of the address family dialled has a target port.
-    #[error("service {service} has no healthy endpoint with an {family} address and a target port for {port}")]
+    /// No endpoint that takes connections (healthy unless the service
+    /// allows others, not contested, within its routing preference) has an
+    /// address of the family dialled and a target port.
+    #[error("service {service} has no endpoint that takes the connection (healthy, within its routing preference) with an {family} address and a target port for {port}")]
     NoHealthy {
         /// The service's host name.
         service: String,
@@ -77,12 +79,15 @@ fn route(ctx: &WorkerCtx, pod: &PodLocal, addr: SocketAddr) -> Route {
     }
 }
 
-/// The addresses an outbound connection to `dst` may go to, in the order
-/// to try them: a service VIP's healthy endpoints (round robin, at most
-/// [`SERVICE_TRIES`]), else `dst` itself.
+/// The addresses an outbound connection to `dst` from `pod` may go to, in
+/// the order to try them: a service VIP's endpoints that take connections,
+/// under its routing preference as seen from the pod (round robin, at most
+/// [`SERVICE_TRIES`]), else `dst` itself (also for a service whose load
+/// balancing is passthrough).
 fn candidates(
     ctx: &WorkerCtx,
     mesh: Option<&ringway_config::Mesh>,
+    pod: &PodShared,
     dst: SocketAddr,
 ) -> Result<Vec<SocketAddr>, NoEndpoint> {
     let Some((mesh, svc)) = mesh.and_then(|m| Some((m, m.service_by_vip(dst.ip())?))) else {
@@ -94,8 +99,16 @@ fn candidates(
             port: dst.port(),
         });
     }
+    if svc
+        .load_balancing
+        .as_ref()
+        .is_some_and(|lb| lb.mode == ringway_config::LbMode::Passthrough)
+    {
+        return Ok(vec![dst]);
+    }
     let eps: Vec<SocketAddr> = mesh
-        .healthy_endpoints(svc, dst.port(), dst.is_ipv6())
+        .endpoints_for(svc, dst.port(), dst.is_ipv6(), pod.workload(mesh))
+        .into_iter()
         .map(|(_, addr)| addr)
         .collect();
     if eps.is_empty() {
@@ -155,7 +168,7 @@ pub(super) async fn outbound(
         refuse_counted(&ctx, &client, "contested_address", &why);
         return;
     }
-    let targets = match candidates(&ctx, mesh.as_deref(), dst) {
+    let targets = match candidates(&ctx, mesh.as_deref(), &pod.shared, dst) {
         Ok(t) => t,
         Err(why) => {
             tracing::info!(target: "access", reason = %why, "connection to a service refused; reset");

@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use ringway_config::authz::Identity;
 use ringway_config::{
-    Action, AuthorizationPolicy, Cidr, Clause, Locality, Match, MatchFields, Rule, Service,
-    ServiceAccountRef, StringMatch, Unsupported, Workload,
+    Action, AuthorizationPolicy, Cidr, Clause, LbMode, LoadBalancing, Locality, Match, MatchFields,
+    Rule, Scope, Service, ServiceAccountRef, StringMatch, Unsupported, Workload,
 };
 
 use crate::proto::security::{self, string_match::MatchType};
@@ -170,15 +170,15 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
             e.to_string(),
         )
     })?;
+    // On its node's network, its addresses are the node's: kept for the
+    // services it is an endpoint of, never an address that names it.
     let host_network = w.network_mode == wl::NetworkMode::HostNetwork as i32;
     let mut ips = Vec::with_capacity(w.addresses.len());
-    if !host_network {
-        for (i, a) in w.addresses.iter().enumerate() {
-            let ip =
-                ip_of(a).map_err(|e| refused(format!("workload.addresses[{i}]"), e.to_string()))?;
-            if !ips.contains(&ip) {
-                ips.push(ip);
-            }
+    for (i, a) in w.addresses.iter().enumerate() {
+        let ip =
+            ip_of(a).map_err(|e| refused(format!("workload.addresses[{i}]"), e.to_string()))?;
+        if !ips.contains(&ip) {
+            ips.push(ip);
         }
     }
     let tunnel = match w.tunnel_protocol {
@@ -251,10 +251,12 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
         .map(|l| Locality {
             region: l.region.clone(),
             zone: l.zone.clone(),
+            subzone: l.subzone.clone(),
         })
         .unwrap_or_default();
     Ok((
         Workload {
+            host_network,
             uid: w.uid.clone(),
             name: w.name.clone(),
             namespace: w.namespace.clone(),
@@ -330,7 +332,9 @@ pub fn service(s: &wl::Service) -> Result<Service, Refused> {
         )?;
         ports.insert(sp, tp);
     }
+    let load_balancing = s.load_balancing.as_ref().map(load_balancing).transpose()?;
     Ok(Service {
+        load_balancing,
         hostname: s.hostname.clone(),
         namespace: s.namespace.clone(),
         vips,
@@ -339,6 +343,63 @@ pub fn service(s: &wl::Service) -> Result<Service, Refused> {
             .waypoint
             .as_ref()
             .map(|g| Unsupported::Waypoint(gateway(g))),
+    })
+}
+
+/// Reads a service's `load_balancing`. A scope or mode this proxy does not
+/// know refuses the service: its endpoints would otherwise be picked
+/// against what the control plane asked.
+fn load_balancing(lb: &wl::LoadBalancing) -> Result<LoadBalancing, Refused> {
+    use wl::load_balancing::{HealthPolicy, Mode, Scope as S};
+    let mut routing_preference = Vec::with_capacity(lb.routing_preference.len());
+    for (i, &scope) in lb.routing_preference.iter().enumerate() {
+        routing_preference.push(match S::try_from(scope) {
+            Ok(S::Region) => Scope::Region,
+            Ok(S::Zone) => Scope::Zone,
+            Ok(S::Subzone) => Scope::Subzone,
+            Ok(S::Node) => Scope::Node,
+            Ok(S::Cluster) => Scope::Cluster,
+            Ok(S::Network) => Scope::Network,
+            Ok(S::UnspecifiedScope) | Err(_) => {
+                return Err(refused(
+                    format!("service.loadBalancing.routingPreference[{i}]"),
+                    format!("{scope} is not a scope this proxy knows (REGION 1 .. NETWORK 6)"),
+                ))
+            }
+        });
+    }
+    let mode = match Mode::try_from(lb.mode) {
+        Ok(Mode::Strict) => LbMode::Strict,
+        // Unset with scopes listed: a preference, never a restriction.
+        Ok(Mode::Failover | Mode::UnspecifiedMode) => LbMode::Failover,
+        Ok(Mode::Passthrough) => LbMode::Passthrough,
+        Err(_) => {
+            return Err(refused(
+                "service.loadBalancing.mode",
+                format!(
+                    "{} is not a mode (UNSPECIFIED 0, STRICT 1, FAILOVER 2, PASSTHROUGH 3)",
+                    lb.mode
+                ),
+            ))
+        }
+    };
+    let allow_unhealthy = match HealthPolicy::try_from(lb.health_policy) {
+        Ok(HealthPolicy::OnlyHealthy) => false,
+        Ok(HealthPolicy::AllowAll) => true,
+        Err(_) => {
+            return Err(refused(
+                "service.loadBalancing.healthPolicy",
+                format!(
+                    "{} is not a health policy (ONLY_HEALTHY 0, ALLOW_ALL 1)",
+                    lb.health_policy
+                ),
+            ))
+        }
+    };
+    Ok(LoadBalancing {
+        routing_preference,
+        mode,
+        allow_unhealthy,
     })
 }
 

@@ -79,6 +79,7 @@ policies:
 fn xds_entries(mesh: &ringway_config::Mesh) -> ringway_config::Mesh {
     let mut edit = mesh.edit();
     edit.upsert_service(Service {
+        load_balancing: None,
         hostname: "reviews.bookinfo.svc.cluster.local".into(),
         namespace: "bookinfo".into(),
         vips: vec!["10.96.0.30".parse().unwrap()],
@@ -89,6 +90,7 @@ fn xds_entries(mesh: &ringway_config::Mesh) -> ringway_config::Mesh {
     });
     edit.upsert_workload(
         Workload {
+            host_network: false,
             uid: "Kubernetes//Pod/bookinfo/reviews-v2-5b6".into(),
             name: "reviews-v2-5b6".into(),
             namespace: "bookinfo".into(),
@@ -99,6 +101,7 @@ fn xds_entries(mesh: &ringway_config::Mesh) -> ringway_config::Mesh {
             healthy: true,
             labels: BTreeMap::new(),
             locality: Locality {
+                subzone: String::new(),
                 region: "us-east1".into(),
                 zone: "us-east1-c".into(),
             },

@@ -23,6 +23,7 @@ fn empty() -> Mesh {
 
 fn workload(uid: &str, ns: &str, sa: &str, ips: &[&str]) -> Workload {
     Workload {
+        host_network: false,
         uid: uid.into(),
         name: uid.into(),
         namespace: ns.into(),
@@ -43,6 +44,7 @@ fn workload(uid: &str, ns: &str, sa: &str, ips: &[&str]) -> Workload {
 
 fn service(ns: &str, host: &str, vips: &[&str], ports: &[(u16, u16)]) -> Service {
     Service {
+        load_balancing: None,
         hostname: host.into(),
         namespace: ns.into(),
         vips: vips.iter().map(|s| ip(s)).collect(),
@@ -588,4 +590,126 @@ services:
     let mut e = edited.edit();
     e.remove_workload("w2");
     assert!(!file.same_entries(&e.finish()));
+}
+
+/// A service's load balancing as the control plane sends it:
+/// `publishNotReadyAddresses` takes endpoints that are not ready,
+/// `internalTrafficPolicy: Local` (node, strict) only the client's node's
+/// endpoints, none when its node has none (refused, never sent elsewhere),
+/// `trafficDistribution: PreferClose` (failover) the closest ones, the
+/// others only when there is nothing closer; an endpoint on its node's
+/// network is taken at the node's address, which never names it.
+#[test]
+fn endpoints_follow_the_services_load_balancing() {
+    use crate::{LbMode, LoadBalancing, Locality, Scope};
+    let placed = |uid: &str, ip_: &str, node: &str, zone: &str| {
+        let mut w = workload(uid, "shop", "web", &[ip_]);
+        w.node = node.into();
+        w.locality = Locality {
+            region: "r1".into(),
+            zone: zone.into(),
+            subzone: String::new(),
+        };
+        w
+    };
+    let mut e = empty().edit();
+    e.upsert_service(service(
+        "shop",
+        "web.shop.svc",
+        &["10.96.0.1"],
+        &[(80, 8080)],
+    ));
+    e.upsert_workload(
+        placed("a", "10.0.0.1", "n1", "z1"),
+        member("shop/web.shop.svc", &[]),
+    );
+    e.upsert_workload(
+        placed("b", "10.0.0.2", "n2", "z1"),
+        member("shop/web.shop.svc", &[]),
+    );
+    e.upsert_workload(
+        placed("c", "10.0.0.3", "n3", "z2"),
+        member("shop/web.shop.svc", &[]),
+    );
+    let mut not_ready = placed("d", "10.0.0.4", "n1", "z1");
+    not_ready.healthy = false;
+    e.upsert_workload(not_ready, member("shop/web.shop.svc", &[]));
+    let mut host = placed("h", "192.168.0.9", "n9", "z2");
+    host.host_network = true;
+    e.upsert_workload(host, member("shop/web.shop.svc", &[]));
+    let base = e.finish();
+    let with = |lb: Option<LoadBalancing>| {
+        let mut e = base.edit();
+        let mut s = service("shop", "web.shop.svc", &["10.96.0.1"], &[(80, 8080)]);
+        s.load_balancing = lb;
+        e.upsert_service(s);
+        e.finish()
+    };
+    let picked = |m: &Mesh, client: Option<&Workload>| -> Vec<String> {
+        let svc = m.service_by_vip(ip("10.96.0.1")).unwrap();
+        m.endpoints_for(svc, 80, false, client)
+            .into_iter()
+            .map(|(w, a)| format!("{}@{a}", w.uid))
+            .collect()
+    };
+    let client_n1 = placed("client", "10.0.1.1", "n1", "z1");
+    let client_n8 = placed("client", "10.0.1.1", "n8", "z2");
+
+    // No load balancing: the healthy ones, the host-network one at its
+    // node's address; that address names no workload.
+    let m = with(None);
+    assert_eq!(
+        picked(&m, Some(&client_n1)),
+        [
+            "a@10.0.0.1:8080",
+            "b@10.0.0.2:8080",
+            "c@10.0.0.3:8080",
+            "h@192.168.0.9:8080"
+        ]
+    );
+    assert!(m.workload_by_ip(ip("192.168.0.9")).is_none());
+    assert!(m.address_claimants(ip("192.168.0.9")).is_empty());
+    // publishNotReadyAddresses.
+    let m = with(Some(LoadBalancing {
+        allow_unhealthy: true,
+        ..Default::default()
+    }));
+    assert!(picked(&m, Some(&client_n1)).contains(&"d@10.0.0.4:8080".to_owned()));
+    // internalTrafficPolicy: Local.
+    let local = LoadBalancing {
+        routing_preference: vec![Scope::Node],
+        mode: LbMode::Strict,
+        allow_unhealthy: false,
+    };
+    let m = with(Some(local));
+    assert_eq!(picked(&m, Some(&client_n1)), ["a@10.0.0.1:8080"]);
+    assert!(
+        picked(&m, Some(&client_n8)).is_empty(),
+        "none on its node: none at all"
+    );
+    assert!(picked(&m, None).is_empty(), "a client not known: none");
+    // trafficDistribution: PreferClose.
+    let close = LoadBalancing {
+        routing_preference: vec![Scope::Network, Scope::Region, Scope::Zone, Scope::Subzone],
+        mode: LbMode::Failover,
+        allow_unhealthy: false,
+    };
+    let m = with(Some(close));
+    assert_eq!(
+        picked(&m, Some(&client_n1)),
+        ["a@10.0.0.1:8080", "b@10.0.0.2:8080"],
+        "its zone's"
+    );
+    assert_eq!(
+        picked(&m, Some(&client_n8)),
+        ["c@10.0.0.3:8080", "h@192.168.0.9:8080"],
+        "its zone's"
+    );
+    let mut far = client_n1.clone();
+    far.locality.region = "r2".into();
+    assert_eq!(
+        picked(&m, Some(&far)).len(),
+        4,
+        "nothing shares more than the network: every one"
+    );
 }

@@ -1049,3 +1049,186 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
         },
     );
 }
+
+/// A service's endpoints are picked as the control plane asks
+/// (`load_balancing`): `internalTrafficPolicy: Local` (node, strict) never
+/// sends a connection to another node's endpoint (refused when its own
+/// node has none), a preference (failover) falls back to it,
+/// `publishNotReadyAddresses` (allow all) takes an endpoint that is not
+/// ready; and an endpoint on its node's network (`hostNetwork`) is reached
+/// at its node's address.
+#[test]
+fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "xds_services_follow_their_load_balancing_and_reach_host_network_endpoints",
+        || {
+            use wl::load_balancing::{HealthPolicy, Mode, Scope};
+            let bed = Bed::new("xds-e2e-lb");
+            let istiod = bed.start_istiod();
+            let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
+            let member = |w: &mut wl::Workload| {
+                w.services.insert(
+                    SERVICE.into(),
+                    wl::PortList {
+                        ports: vec![wl::Port {
+                            service_port: 80,
+                            target_port: 8080,
+                        }],
+                    },
+                );
+            };
+            istiod.update_fixture(
+                ADDRESS_TYPE_URL,
+                vec![
+                    workload(client, 1, "1"),
+                    workload_with(server, 2, "1", member),
+                    web_service(),
+                ],
+                vec![],
+            );
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            bed.wait_ready(&node1);
+            bed.wait_ready(&node2);
+            bed.cni_add(&node1, client);
+            bed.cni_add(&node2, server);
+            let vip = SocketAddr::new(IpAddr::V4(VIP), 80);
+            let at_server = SocketAddr::new(server.ip(false), 8080);
+            assert_eq!(
+                exchange(client, server, at_server, vip).unwrap(),
+                client.ip(false)
+            );
+            let lb = |scopes: &[Scope], mode: Mode, health: HealthPolicy| {
+                with_service(web_service_with(|s| {
+                    s.load_balancing = Some(wl::LoadBalancing {
+                        routing_preference: scopes.iter().map(|s| *s as i32).collect(),
+                        mode: mode as i32,
+                        health_policy: health as i32,
+                        dns_connect_strategy: 0,
+                    })
+                }))
+            };
+            // internalTrafficPolicy: Local: the only endpoint is on node 2.
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![lb(&[Scope::Node], Mode::Strict, HealthPolicy::OnlyHealthy)],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            let (what, _) = refused_at(client, server, at_server, vip);
+            eprintln!("node-local service, no endpoint on the client's node: {what}");
+            // The same scope as a preference: the other node's, for want
+            // of a closer one.
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![lb(
+                    &[Scope::Node],
+                    Mode::Failover,
+                    HealthPolicy::OnlyHealthy,
+                )],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            assert_eq!(
+                exchange(client, server, at_server, vip).unwrap(),
+                client.ip(false)
+            );
+            // The endpoint not ready: refused, unless the service takes
+            // endpoints that are not ready.
+            let unready = |w: &mut wl::Workload| {
+                member(w);
+                w.status = wl::WorkloadStatus::Unhealthy as i32;
+            };
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![workload_with(server, 2, "2", unready), web_service()],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            let (what, _) = refused_at(client, server, at_server, vip);
+            eprintln!("its only endpoint not ready: {what}");
+            let nonces = istiod.push(
+                ADDRESS_TYPE_URL,
+                vec![lb(&[], Mode::UnspecifiedMode, HealthPolicy::AllowAll)],
+                vec![],
+            );
+            applied(&istiod, nonces);
+            assert_eq!(
+                exchange(client, server, at_server, vip).unwrap(),
+                client.ip(false)
+            );
+
+            // A service whose only endpoint is on node 2's own network.
+            let node_ip = Ipv4Addr::new(10, 244, 2, 1);
+            let host_vip = Ipv4Addr::new(10, 96, 0, 77);
+            let host_svc = "demo/hostapp.demo.svc.cluster.local";
+            let host_app = Resource::new(
+                "Kubernetes//Pod/demo/hostapp",
+                "1",
+                wl::Address {
+                    kind: Some(address::Kind::Workload(wl::Workload {
+                        uid: "Kubernetes//Pod/demo/hostapp".into(),
+                        name: "hostapp".into(),
+                        namespace: "demo".into(),
+                        addresses: vec![node_ip.octets().to_vec()],
+                        network_mode: wl::NetworkMode::HostNetwork as i32,
+                        node: "node2".into(),
+                        services: [(
+                            host_svc.to_owned(),
+                            wl::PortList {
+                                ports: vec![wl::Port {
+                                    service_port: 80,
+                                    target_port: 9090,
+                                }],
+                            },
+                        )]
+                        .into(),
+                        ..Default::default()
+                    })),
+                }
+                .to_any(),
+            );
+            let host_service = Resource::new(
+                host_svc,
+                "1",
+                wl::Address {
+                    kind: Some(address::Kind::Service(wl::Service {
+                        name: "hostapp".into(),
+                        namespace: "demo".into(),
+                        hostname: "hostapp.demo.svc.cluster.local".into(),
+                        addresses: vec![wl::NetworkAddress {
+                            network: String::new(),
+                            address: host_vip.octets().to_vec(),
+                        }],
+                        ports: vec![wl::Port {
+                            service_port: 80,
+                            target_port: 9090,
+                        }],
+                        ..Default::default()
+                    })),
+                }
+                .to_any(),
+            );
+            let nonces = istiod.push(ADDRESS_TYPE_URL, vec![host_app, host_service], vec![]);
+            applied(&istiod, nonces);
+            let l = bed
+                .n2
+                .node
+                .run(|| listen(SocketAddr::new(IpAddr::V4(node_ip), 9090)))
+                .unwrap();
+            let srv = PayloadServer::start(l, 1);
+            client
+                .netns
+                .run(|| {
+                    ringway_testbed::traffic::client_exchange(
+                        connect(SocketAddr::new(IpAddr::V4(host_vip), 80), PATIENCE)?,
+                        4096,
+                        4096,
+                    )
+                })
+                .expect("the host-network endpoint reached through the service");
+            let rep = srv.next_report(PATIENCE).expect("the host app saw it");
+            assert_eq!(rep.peer.ip(), client.ip(false));
+        },
+    );
+}

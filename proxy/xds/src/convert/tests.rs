@@ -175,12 +175,127 @@ fn adversarial_an_application_tunnel_is_unsupported_never_ignored() {
     );
 }
 
+/// A pod on its node's network: its addresses are the node's. Kept, so a
+/// service it serves can reach it there, but marked, so they never name it
+/// (the model indexes no address of such a workload).
 #[test]
-fn a_host_network_workload_claims_no_address() {
+fn a_host_network_workload_keeps_its_addresses_but_claims_none() {
     let mut p = pod();
     p.network_mode = wl::NetworkMode::HostNetwork as i32;
     let (w, _) = workload(&p).unwrap();
-    assert!(w.ips.is_empty());
+    assert!(w.host_network);
+    assert_eq!(w.ips, [ip("10.1.0.10"), ip("fd00::10")]);
+    let (w, _) = workload(&pod()).unwrap();
+    assert!(!w.host_network);
+}
+
+/// A service's `load_balancing`, field by field, and every value this
+/// proxy does not know refused naming the field (its endpoints would
+/// otherwise be picked against what the control plane asked).
+#[test]
+fn a_services_load_balancing_is_read_and_unknown_values_refused() {
+    use wl::load_balancing::{HealthPolicy, Mode, Scope as S};
+    let svc = |lb: wl::LoadBalancing| wl::Service {
+        name: "web".into(),
+        namespace: "shop".into(),
+        hostname: "web.shop.svc.cluster.local".into(),
+        load_balancing: Some(lb),
+        ..Default::default()
+    };
+    let lb = |scopes: &[S], mode: Mode, health: HealthPolicy| wl::LoadBalancing {
+        routing_preference: scopes.iter().map(|s| *s as i32).collect(),
+        mode: mode as i32,
+        health_policy: health as i32,
+        dns_connect_strategy: 0,
+    };
+    let read = service(&svc(lb(
+        &[S::Node],
+        Mode::Strict,
+        HealthPolicy::OnlyHealthy,
+    )))
+    .unwrap()
+    .load_balancing
+    .unwrap();
+    assert_eq!(read.routing_preference, [Scope::Node]);
+    assert_eq!(read.mode, LbMode::Strict);
+    assert!(!read.allow_unhealthy);
+    let read = service(&svc(lb(
+        &[S::Network, S::Region, S::Zone, S::Subzone, S::Cluster],
+        Mode::Failover,
+        HealthPolicy::AllowAll,
+    )))
+    .unwrap()
+    .load_balancing
+    .unwrap();
+    assert_eq!(
+        read.routing_preference,
+        [
+            Scope::Network,
+            Scope::Region,
+            Scope::Zone,
+            Scope::Subzone,
+            Scope::Cluster
+        ]
+    );
+    assert_eq!(read.mode, LbMode::Failover);
+    assert!(read.allow_unhealthy);
+    let read = service(&svc(lb(&[], Mode::Passthrough, HealthPolicy::OnlyHealthy)))
+        .unwrap()
+        .load_balancing
+        .unwrap();
+    assert_eq!(read.mode, LbMode::Passthrough);
+    let read = service(&svc(lb(
+        &[S::Zone],
+        Mode::UnspecifiedMode,
+        HealthPolicy::OnlyHealthy,
+    )))
+    .unwrap()
+    .load_balancing
+    .unwrap();
+    assert_eq!(
+        read.mode,
+        LbMode::Failover,
+        "a preference, never a restriction"
+    );
+    assert!(
+        service(&svc(lb(&[], Mode::Strict, HealthPolicy::OnlyHealthy)))
+            .unwrap()
+            .load_balancing
+            .is_some()
+    );
+    for (bad, field) in [
+        (
+            wl::LoadBalancing {
+                routing_preference: vec![S::Zone as i32, 9],
+                ..Default::default()
+            },
+            "service.loadBalancing.routingPreference[1]",
+        ),
+        (
+            wl::LoadBalancing {
+                routing_preference: vec![S::UnspecifiedScope as i32],
+                ..Default::default()
+            },
+            "service.loadBalancing.routingPreference[0]",
+        ),
+        (
+            wl::LoadBalancing {
+                mode: 7,
+                ..Default::default()
+            },
+            "service.loadBalancing.mode",
+        ),
+        (
+            wl::LoadBalancing {
+                health_policy: 5,
+                ..Default::default()
+            },
+            "service.loadBalancing.healthPolicy",
+        ),
+    ] {
+        let e = service(&svc(bad)).unwrap_err().to_string();
+        assert!(e.contains(field), "{e}");
+    }
 }
 
 #[test]
