@@ -515,6 +515,16 @@ impl Proxy {
                 shared: shared.clone(),
             },
         );
+        drop(pods);
+        // A mesh published while the workers were taking the pod did not
+        // reach it (`set_mesh` re-checks the pods listed above, and the
+        // workers accept its connections before it is listed): its labels
+        // and any connection already open are brought up to the mesh in
+        // force now.
+        if let Some(mesh) = self.in_force.mesh() {
+            shared.relabel(Some(&mesh));
+            policy::recheck(&mesh, [&shared], &self.metrics);
+        }
         // Get the pod's certificate now, on the control thread, so the
         // datapath seldom has to (key generation takes milliseconds; a
         // certificate service one round trip, waited for at most 2 s: the
