@@ -283,7 +283,9 @@ pub struct RefuseLabels {
     /// this proxy does not support: refused, never sent around it),
     /// `application_tunnel` (the destination's app wants a PROXY protocol
     /// header), `contested_address` (two entries of the control plane
-    /// claim the destination's address: it resolves to neither).
+    /// claim the destination's address: it resolves to neither),
+    /// `proxy_port` (a same-node connection to one of the proxy's own
+    /// ports, which a tunnel's far side refuses too).
     pub reason: &'static str,
 }
 

@@ -76,6 +76,12 @@ impl Drop for DialMark {
 }
 
 impl TunnelState {
+    /// Whether `port` is one of the proxy's own (capture, tunnel,
+    /// reserved): never a pod's app port that traffic may be sent to.
+    pub fn is_proxy_port(&self, port: u16) -> bool {
+        self.proxy_ports.contains(&port)
+    }
+
     /// A state counting into `metrics`, with HBONE on once `in_force` has
     /// an identity manager and a mesh, holding the tunnel limits of
     /// `settings`.

@@ -201,6 +201,13 @@ pub(super) async fn outbound(
                     }
                     _ => mesh.clone(),
                 };
+                // As a tunnel's far side refuses it: the proxy's own ports
+                // in the pod's netns are never an app's.
+                if ctx.tunnel.is_proxy_port(addr.port()) {
+                    let why = format!("{addr} is a port of the proxy, not of the app");
+                    refuse_counted(&ctx, &client, "proxy_port", &why);
+                    return;
+                }
                 let flow = match &mesh {
                     Some(mesh) => {
                         match policy::authorize_local(

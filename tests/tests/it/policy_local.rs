@@ -133,3 +133,40 @@ fn policy_change_rechecks_open_connections() {
         assert_eq!(accepted.connections(), 2);
     });
 }
+
+/// The same-node fast path refuses what a tunnel's far side refuses: the
+/// proxy's own ports (capture, tunnel, and the reserved 15000, 15020,
+/// 15021) in the destination pod's netns are never an app's, even with
+/// something listening there; counted as `proxy_port`.
+#[test]
+fn fast_path_refuses_the_proxys_own_ports() {
+    run_isolated("fast_path_refuses_the_proxys_own_ports", || {
+        let node = MeshNode::new(2, CaptureMode::Tproxy, Datapath::Uring);
+        node.proxy.set_mesh(mesh(""));
+        let server = node.pod(1);
+        let on_reserved = EchoServer::start(
+            server
+                .netns
+                .run(|| listen(SocketAddr::new(server.ip(false), 15021)))
+                .unwrap(),
+        );
+        let r = open(&node.pod(0).netns, SocketAddr::new(server.ip(false), 15021))
+            .and_then(|mut s| round_trip(&mut s));
+        assert!(r.is_err(), "a same-node connection to 15021 was delivered");
+        assert_eq!(on_reserved.connections(), 0);
+        let r = open(&node.pod(0).netns, SocketAddr::new(server.ip(false), 15008))
+            .and_then(|mut s| round_trip(&mut s));
+        assert!(r.is_err(), "a same-node connection to 15008 was delivered");
+        let text = ringway_proxy::metrics::encode(&node.proxy.metrics().registry(), false);
+        assert!(
+            text.lines().any(
+                |l| l.starts_with("ringway_connections_refused_total{reason=\"proxy_port\"} 2")
+            ),
+            "{text}"
+        );
+        // An app port still goes through on the fast path.
+        let _app = echo_app(&node);
+        let mut s = open(&node.pod(0).netns, SocketAddr::new(server.ip(false), PORT)).unwrap();
+        round_trip(&mut s).unwrap();
+    });
+}
