@@ -13,7 +13,7 @@ use super::catalog::{Catalog, Claimant, EndpointPorts};
 use super::policy::{
     labels_match, Action, AuthorizationPolicy, ClusterPolicyNote, MtlsMode, PeerAuthentication,
 };
-use super::workload::{LbMode, Locality, Scope, Service, Workload};
+use super::workload::{LbMode, Locality, Scope, Service, Unsupported, Workload};
 use crate::settings::ProxySettings;
 
 /// An environment variable's override that was applied: which variable set
@@ -348,7 +348,8 @@ impl Mesh {
     /// allows unhealthy endpoints) with an address in the family asked for,
     /// each with the port it takes the connection on (its own target port,
     /// else the service's; an endpoint for which neither names one is left
-    /// out). An address another entry claims too (contested) is left out:
+    /// out), as is one behind a network gateway. An address another entry
+    /// claims too (contested) is left out:
     /// it resolves to neither, and its traffic is refused. The service's
     /// routing preference is not applied here ([`Mesh::endpoints_for`]).
     pub fn healthy_endpoints<'a>(
@@ -364,6 +365,9 @@ impl Mesh {
             .is_some_and(|lb| lb.allow_unhealthy);
         self.endpoints(service)
             .filter(move |(w, _)| w.healthy || allow_unhealthy)
+            // Reached only through its network's gateway, which this proxy
+            // does not support: never dialled straight.
+            .filter(|(w, _)| !matches!(w.unsupported, Some(Unsupported::NetworkGateway(_))))
             .filter_map(move |(w, ports)| {
                 let target = ports.get(&port).copied().filter(|p| *p != 0).or(default)?;
                 let ip = w.ips.iter().copied().find(|ip| ip.is_ipv6() == ipv6)?;

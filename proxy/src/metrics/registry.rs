@@ -139,7 +139,7 @@ impl Metrics {
         );
         r.register(
             "ringway_connections_refused",
-            "Connections reset before any upstream was dialled, by reason: a source (outbound) or destination (plaintext inbound) that is not the pod's, a pod whose workload the control plane has not sent, a destination behind a waypoint or network gateway, one whose app wants a PROXY header, one whose address two entries of the control plane claim",
+            "Connections reset before any upstream was dialled, by reason: a source (outbound) or destination (plaintext inbound) that is not the pod's, a pod whose workload the control plane has not sent, a destination behind a waypoint or network gateway, one whose app wants a PROXY header, one whose address two entries of the control plane claim, a same-node connection to a port of the proxy",
             self.refused.clone(),
         );
         r.register(

@@ -637,6 +637,10 @@ fn endpoints_follow_the_services_load_balancing() {
     let mut host = placed("h", "192.168.0.9", "n9", "z2");
     host.host_network = true;
     e.upsert_workload(host, member("shop/web.shop.svc", &[]));
+    // On another network, behind its gateway: never dialled straight.
+    let mut remote = placed("g", "10.9.0.1", "n7", "z1");
+    remote.unsupported = Some(Unsupported::NetworkGateway("east-west".into()));
+    e.upsert_workload(remote, member("shop/web.shop.svc", &[]));
     let base = e.finish();
     let with = |lb: Option<LoadBalancing>| {
         let mut e = base.edit();
