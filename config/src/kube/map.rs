@@ -384,7 +384,8 @@ impl<'a> Index<'a> {
     }
 }
 
-/// A service's entry, or `None` for an ExternalName service. Ports that
+/// A service's entry, or `None` for an ExternalName service and for one
+/// whose endpoints are all outside the mesh (with a note). Ports that
 /// cannot be mapped are left out with a note in `notes`.
 pub(crate) fn service(
     svc: &KubeService,
@@ -424,6 +425,34 @@ pub(crate) fn service(
         .filter(|uid| workloads.contains(uid) && listed.insert(uid))
         .map(str::to_owned)
         .collect();
+    // Endpoints that are not pods of the mesh and never will be: addresses
+    // without a pod (the API server's `default/kubernetes`, a hand-made
+    // slice's) and pods on their node's network. A service with only such
+    // endpoints is left out: its addresses are then passed through like any
+    // outside the mesh, never refused for want of a mesh endpoint. (A pod
+    // the watch has not delivered yet is not one of them: its service
+    // stays, and waits for it.)
+    let outside = slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .any(|e| match pod_uid(e) {
+            None => !e.addresses.is_empty(),
+            Some(uid) => index.pods_by_uid.get(uid).is_some_and(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.host_network)
+                    .unwrap_or(false)
+            }),
+        });
+    if endpoints.is_empty() && outside {
+        notes.push(
+            "left out of the mesh: none of its endpoints is a pod of the mesh (addresses without a \
+             pod, or pods on their node's network); its addresses are passed through like any \
+             outside the mesh"
+                .to_owned(),
+        );
+        return None;
+    }
 
     let mut ports = Vec::new();
     for sp in spec.ports.iter().flatten() {

@@ -765,3 +765,80 @@ fn a_pods_workload_name_is_its_controllers_as_the_reference_names_it() {
     let bare = workload_of(pod("shop", "solo", &["10.1.0.6"]), &["shop"]).unwrap();
     assert_eq!(bare.workload_name.as_deref(), Some("solo"));
 }
+
+/// A service whose endpoints are all outside the mesh (the API server's
+/// addresses, which no pod holds; pods on their node's network) is left
+/// out, named, so its addresses are passed through like any outside the
+/// mesh: never refused for want of a mesh endpoint. A service whose
+/// endpoint pod the watch has not delivered yet stays (its traffic waits).
+#[test]
+fn a_service_with_no_endpoint_in_the_mesh_is_left_out_to_be_passed_through() {
+    let mut o = shop();
+    o.namespaces.push(namespace("default", None));
+    o.services.push(service(
+        "default",
+        "kubernetes",
+        &["10.96.0.1"],
+        json!([{"name": "https", "port": 443, "targetPort": 6443}]),
+    ));
+    o.slices.push(slice(
+        "default",
+        "kubernetes",
+        "kubernetes",
+        "IPv4",
+        json!([{"addresses": ["172.18.0.2"], "conditions": {"ready": true}}]),
+        json!([{"name": "https", "port": 6443}]),
+    ));
+    let mut host = pod("shop", "node-agent-0", &["172.18.0.3"]);
+    host["spec"]["hostNetwork"] = json!(true);
+    o.pods.push(host);
+    o.services.push(service(
+        "shop",
+        "agent",
+        &["10.96.0.20"],
+        json!([{"port": 9100}]),
+    ));
+    o.slices.push(slice(
+        "shop",
+        "agent-1",
+        "agent",
+        "IPv4",
+        json!([endpoint("shop", "node-agent-0", "172.18.0.3", Some(true))]),
+        json!([{"port": 9100}]),
+    ));
+    o.services.push(service(
+        "shop",
+        "soon",
+        &["10.96.0.21"],
+        json!([{"port": 80}]),
+    ));
+    o.slices.push(slice(
+        "shop",
+        "soon-1",
+        "soon",
+        "IPv4",
+        json!([endpoint("shop", "soon-0", "10.1.0.40", Some(true))]),
+        json!([{"port": 80}]),
+    ));
+    let built = o.build();
+    let mesh = &built.mesh;
+    assert!(mesh.service_by_vip(ip("10.96.0.1")).is_none());
+    assert!(mesh.address_claimants(ip("10.96.0.1")).is_empty());
+    assert!(mesh.service_by_vip(ip("10.96.0.20")).is_none());
+    assert!(
+        mesh.service_by_vip(ip("10.96.0.21")).is_some(),
+        "a pod not delivered yet keeps its service"
+    );
+    let skipped = skipped_of(&built);
+    for name in ["Service default/kubernetes", "Service shop/agent"] {
+        assert!(
+            skipped
+                .iter()
+                .any(|s| s.starts_with(name)
+                    && s.contains("none of its endpoints is a pod of the mesh")),
+            "{name} not named: {skipped:?}"
+        );
+    }
+    // The others as before.
+    assert!(mesh.service_by_vip(ip("10.96.0.10")).is_some());
+}
