@@ -203,6 +203,29 @@ pub struct ServiceConfig {
     /// Uids of the workloads behind the service.
     #[serde(default)]
     pub endpoints: Vec<String>,
+    /// How a connection picks among the endpoints (default: any healthy
+    /// one).
+    #[serde(default)]
+    pub load_balancing: Option<LoadBalancingConfig>,
+}
+
+/// `services[].loadBalancing`: which endpoints a connection may go to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancingConfig {
+    /// What an endpoint should share with the client, in order:
+    /// `region`, `zone`, `subzone`, `node`, `cluster`, `network`.
+    #[serde(default)]
+    pub routing_preference: Vec<String>,
+    /// `strict` (only endpoints sharing every scope), `failover` (the
+    /// closest ones first; the default) or `passthrough` (no endpoint
+    /// picked: to the address dialled).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// `onlyHealthy` (the default) or `allowAll` (endpoints that are not
+    /// ready too).
+    #[serde(default)]
+    pub health_policy: Option<String>,
 }
 
 /// A YAML map of service port to target port, kept in file order; a port

@@ -83,7 +83,7 @@ pub use backoff::{Backoff, Jitter};
 pub use env::{EnvSource, EnvVar, NoEnv, ProcessEnv, ENV_VARS};
 pub use error::{ConfigError, IoError};
 pub use file::{
-    CaConfig, ConditionConfig, LocalityConfig, MeshConfig, OperationConfig,
+    CaConfig, ConditionConfig, LoadBalancingConfig, LocalityConfig, MeshConfig, OperationConfig,
     PeerAuthenticationConfig, PolicyConfig, PortMapConfig, RuleConfig, SelectorConfig,
     ServiceConfig, SourceConfig, WorkloadConfig, DEFAULT_CLUSTER_ID, DEFAULT_ROOT_NAMESPACE,
     DEFAULT_TRUST_DOMAIN, EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, ENV_CLUSTER_ID, ENV_NODE_REGION,

@@ -22,10 +22,10 @@ use self::policy::{peer_authentication, policy};
 pub(crate) use self::value::{namespace_pattern, principal_pattern, service_account};
 use self::value::{port_number, unicast};
 use crate::error::ConfigError;
-use crate::file::{CaConfig, LocalityConfig, MeshConfig};
+use crate::file::{CaConfig, LoadBalancingConfig, LocalityConfig, MeshConfig};
 use crate::model::{
-    CaPaths, CaService, Catalog, EndpointPorts, EnvOverride, Locality, Mesh, PeerAuthentication,
-    Service, Workload, DEFAULT_CA_TOKEN_FILE,
+    CaPaths, CaService, Catalog, EndpointPorts, EnvOverride, LbMode, LoadBalancing, Locality, Mesh,
+    PeerAuthentication, Scope, Service, Workload, DEFAULT_CA_TOKEN_FILE,
 };
 use crate::names::{
     check_label, check_label_key, check_label_value, check_subdomain, check_trust_domain,
@@ -198,8 +198,13 @@ pub(crate) fn validate(
                 return Err(cx.err(path, format!("{uid:?} is listed twice")));
             }
         }
+        let load_balancing = s
+            .load_balancing
+            .as_ref()
+            .map(|lb| load_balancing(&cx, &format!("{at}.loadBalancing"), lb))
+            .transpose()?;
         let service = Service {
-            load_balancing: None,
+            load_balancing,
             hostname: s.hostname.clone(),
             namespace: s.namespace.clone(),
             vips,
@@ -398,4 +403,60 @@ fn cluster_id(cx: &Ctx<'_>, id: &str) -> Result<String> {
     }
     check_label_value(id).map_err(|p| cx.err("clusterId", p))?;
     Ok(id.to_owned())
+}
+
+/// `services[].loadBalancing`: every word checked, none guessed.
+fn load_balancing(cx: &Ctx<'_>, at: &str, lb: &LoadBalancingConfig) -> Result<LoadBalancing> {
+    let mut routing_preference = Vec::with_capacity(lb.routing_preference.len());
+    for (i, scope) in lb.routing_preference.iter().enumerate() {
+        let scope = match scope.as_str() {
+            "region" => Scope::Region,
+            "zone" => Scope::Zone,
+            "subzone" => Scope::Subzone,
+            "node" => Scope::Node,
+            "cluster" => Scope::Cluster,
+            "network" => Scope::Network,
+            other => {
+                return Err(cx.err(
+                    format!("{at}.routingPreference[{i}]"),
+                    format!(
+                        "{other:?} is not a scope (region, zone, subzone, node, cluster, network)"
+                    ),
+                ))
+            }
+        };
+        if routing_preference.contains(&scope) {
+            return Err(cx.err(
+                format!("{at}.routingPreference[{i}]"),
+                format!("{:?} is listed twice", lb.routing_preference[i]),
+            ));
+        }
+        routing_preference.push(scope);
+    }
+    let mode = match lb.mode.as_deref() {
+        None | Some("failover") => LbMode::Failover,
+        Some("strict") => LbMode::Strict,
+        Some("passthrough") => LbMode::Passthrough,
+        Some(other) => {
+            return Err(cx.err(
+                format!("{at}.mode"),
+                format!("{other:?} is not a mode (strict, failover, passthrough)"),
+            ))
+        }
+    };
+    let allow_unhealthy = match lb.health_policy.as_deref() {
+        None | Some("onlyHealthy") => false,
+        Some("allowAll") => true,
+        Some(other) => {
+            return Err(cx.err(
+                format!("{at}.healthPolicy"),
+                format!("{other:?} is not a health policy (onlyHealthy, allowAll)"),
+            ))
+        }
+    };
+    Ok(LoadBalancing {
+        routing_preference,
+        mode,
+        allow_unhealthy,
+    })
 }

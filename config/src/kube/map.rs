@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, Pod, PodStatus, Service as KubeService, ServicePort,
+    Namespace, Node, Pod, PodStatus, Service as KubeService, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -19,7 +19,8 @@ use super::{KubeOptions, SERVICE_NAME_LABEL};
 use crate::enrollment::{self, PodMode};
 use crate::model::ClusterPolicyNote;
 use crate::{
-    ConfigError, LocalityConfig, Mesh, MeshConfig, PortMapConfig, ServiceConfig, WorkloadConfig,
+    ConfigError, LoadBalancingConfig, LocalityConfig, Mesh, MeshConfig, PortMapConfig,
+    ServiceConfig, WorkloadConfig,
 };
 
 #[cfg(test)]
@@ -490,7 +491,35 @@ pub(crate) fn service(
         vips,
         ports: PortMapConfig(ports),
         endpoints,
+        load_balancing: load_balancing(&spec),
     })
+}
+
+/// How the Service asks its endpoints to be picked, as the reference's
+/// control plane reads it: `internalTrafficPolicy: Local` only the
+/// client's node's; `trafficDistribution: PreferClose` the closest first;
+/// `publishNotReadyAddresses` those not ready too.
+fn load_balancing(spec: &ServiceSpec) -> Option<LoadBalancingConfig> {
+    let words = |w: &[&str]| w.iter().map(|s| (*s).to_owned()).collect();
+    let mut lb = if spec.internal_traffic_policy.as_deref() == Some("Local") {
+        LoadBalancingConfig {
+            routing_preference: words(&["node"]),
+            mode: Some("strict".into()),
+            health_policy: None,
+        }
+    } else if spec.traffic_distribution.as_deref() == Some("PreferClose") {
+        LoadBalancingConfig {
+            routing_preference: words(&["network", "region", "zone", "subzone"]),
+            mode: Some("failover".into()),
+            health_policy: None,
+        }
+    } else {
+        LoadBalancingConfig::default()
+    };
+    if spec.publish_not_ready_addresses == Some(true) {
+        lb.health_policy = Some("allowAll".into());
+    }
+    (lb != LoadBalancingConfig::default()).then_some(lb)
 }
 
 /// A named `targetPort` that no pod of the service defines.

@@ -367,6 +367,46 @@ fn service_fields() {
         )),
         "config.yaml: services[1].endpoints[2]: \"w2\" is listed twice"
     );
+    let lb = |lb: &str| {
+        svc(&format!(
+            "hostname: b, namespace: shop, loadBalancing: {lb}"
+        ))
+    };
+    assert_eq!(
+        error(&lb("{routingPreference: [node, rack]}")),
+        "config.yaml: services[1].loadBalancing.routingPreference[1]: \"rack\" is not a scope \
+         (region, zone, subzone, node, cluster, network)"
+    );
+    assert_eq!(
+        error(&lb("{routingPreference: [zone, zone]}")),
+        "config.yaml: services[1].loadBalancing.routingPreference[1]: \"zone\" is listed twice"
+    );
+    assert_eq!(
+        error(&lb("{mode: STRICT}")),
+        "config.yaml: services[1].loadBalancing.mode: \"STRICT\" is not a mode \
+         (strict, failover, passthrough)"
+    );
+    assert_eq!(
+        error(&lb("{healthPolicy: all}")),
+        "config.yaml: services[1].loadBalancing.healthPolicy: \"all\" is not a health policy \
+         (onlyHealthy, allowAll)"
+    );
+    assert!(error(&lb("{routing: [node]}")).contains("unknown field `routing`"));
+    let m = MeshConfig::load_str(
+        &lb("{routingPreference: [node], mode: strict, healthPolicy: allowAll}"),
+        ORIGIN,
+        &NoEnv,
+    )
+    .unwrap();
+    let b = m.services().find(|s| s.hostname == "b").unwrap();
+    assert_eq!(
+        b.load_balancing,
+        Some(crate::LoadBalancing {
+            routing_preference: vec![crate::Scope::Node],
+            mode: crate::LbMode::Strict,
+            allow_unhealthy: true,
+        })
+    );
 }
 
 #[test]

@@ -842,3 +842,73 @@ fn a_service_with_no_endpoint_in_the_mesh_is_left_out_to_be_passed_through() {
     // The others as before.
     assert!(mesh.service_by_vip(ip("10.96.0.10")).is_some());
 }
+
+/// A Service's endpoint selection as the reference's control plane reads
+/// it: `internalTrafficPolicy: Local` (the client's node only),
+/// `trafficDistribution: PreferClose` (the closest first),
+/// `publishNotReadyAddresses` (those not ready too); none of them: any
+/// ready endpoint.
+#[test]
+fn a_services_traffic_policies_become_its_load_balancing() {
+    use crate::{LbMode, LoadBalancing, Scope};
+    let mut o = shop();
+    let with = |name: &str, vip: &str, f: &dyn Fn(&mut Value)| {
+        let mut s = service("shop", name, &[vip], json!([{"port": 80}]));
+        f(&mut s["spec"]);
+        s
+    };
+    o.services.push(with("local", "10.96.1.1", &|s| {
+        s["internalTrafficPolicy"] = json!("Local")
+    }));
+    o.services.push(with("close", "10.96.1.2", &|s| {
+        s["trafficDistribution"] = json!("PreferClose")
+    }));
+    o.services.push(with("unready", "10.96.1.3", &|s| {
+        s["publishNotReadyAddresses"] = json!(true);
+        s["internalTrafficPolicy"] = json!("Cluster");
+    }));
+    for name in ["local", "close", "unready"] {
+        o.slices.push(slice(
+            "shop",
+            &format!("{name}-1"),
+            name,
+            "IPv4",
+            json!([endpoint("shop", "web-0", "10.1.0.10", Some(true))]),
+            json!([{"port": 80}]),
+        ));
+    }
+    let built = o.build();
+    let lb = |vip: &str| {
+        built
+            .mesh
+            .service_by_vip(ip(vip))
+            .unwrap_or_else(|| panic!("no service at {vip}"))
+            .load_balancing
+            .clone()
+    };
+    assert_eq!(
+        lb("10.96.1.1"),
+        Some(LoadBalancing {
+            routing_preference: vec![Scope::Node],
+            mode: LbMode::Strict,
+            allow_unhealthy: false,
+        })
+    );
+    assert_eq!(
+        lb("10.96.1.2"),
+        Some(LoadBalancing {
+            routing_preference: vec![Scope::Network, Scope::Region, Scope::Zone, Scope::Subzone],
+            mode: LbMode::Failover,
+            allow_unhealthy: false,
+        })
+    );
+    assert_eq!(
+        lb("10.96.1.3"),
+        Some(LoadBalancing {
+            allow_unhealthy: true,
+            mode: LbMode::Failover,
+            ..Default::default()
+        })
+    );
+    assert_eq!(lb("10.96.0.10"), None, "no policy: any ready endpoint");
+}
