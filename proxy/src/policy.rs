@@ -346,6 +346,7 @@ mod tests {
             flows: Default::default(),
             labels: Default::default(),
             spares: Default::default(),
+            addresses_from_netns: Default::default(),
         }
     }
 

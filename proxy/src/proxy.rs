@@ -400,6 +400,9 @@ impl Proxy {
                 }
                 if !sent.is_empty() && sent == rec.info.ips {
                     rec.info.ips_source = AddressSource::Agent;
+                    rec.shared
+                        .addresses_from_netns
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
                 } else if !sent.is_empty() {
                     tracing::warn!(
                         pod.uid = uid,
@@ -456,6 +459,11 @@ impl Proxy {
             identity.clone(),
             principal,
         ));
+        if ips_source == AddressSource::Netns {
+            shared
+                .addresses_from_netns
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         shared.relabel(self.in_force.mesh().as_ref());
         // Its tunnel port's pre-authentication places, shared by every
         // worker serving it.

@@ -102,6 +102,9 @@ pub struct PodShared {
     pub labels: RwLock<PodLabels>,
     /// Upstream sockets made ahead in its netns ([`PodShared::upstream_socket`]).
     pub spares: Spares,
+    /// Its addresses were read from its netns (the agent sent none), which
+    /// the pod can write: see [`PodShared::confirms_address`].
+    pub addresses_from_netns: std::sync::atomic::AtomicBool,
 }
 
 /// Pods served by this proxy, by IP: read by workers for the same-node fast path.
@@ -128,7 +131,25 @@ impl PodShared {
             flows: FlowTable::default(),
             labels: Default::default(),
             spares: Spares::default(),
+            addresses_from_netns: Default::default(),
         }
+    }
+
+    /// Whether the pod's address `ip` is its own as far as `mesh` can
+    /// tell: always, unless the address was read from the pod's netns
+    /// (which the pod can write: a pod could add the address of a pod of
+    /// another node) and a control plane feeds the mesh; then only when
+    /// the mesh's record of the pod lists it.
+    pub fn confirms_address(&self, mesh: &ringway_config::Mesh, ip: IpAddr) -> bool {
+        if !self
+            .addresses_from_netns
+            .load(std::sync::atomic::Ordering::Relaxed)
+            || mesh.is_complete()
+        {
+            return true;
+        }
+        self.workload(mesh)
+            .is_some_and(|w| w.ips.contains(&ip.to_canonical()))
     }
 
     /// An upstream socket to `dst` in the pod's netns, with the proxy's

@@ -232,8 +232,21 @@ async fn handle_conn(
     // Where a control plane feeds the mesh, the pod's workload (its
     // identity, labels, policies) may not have arrived yet: wait for it a
     // bounded time, then refuse; never serve under a guess.
-    if let Err(e) = ctx.in_force.mesh_knowing(&pod.shared).await {
-        refuse_counted(&ctx, &client, "unknown_workload", &e);
+    let mesh = match ctx.in_force.mesh_knowing(&pod.shared).await {
+        Ok(m) => m,
+        Err(e) => {
+            refuse_counted(&ctx, &client, "unknown_workload", &e);
+            return;
+        }
+    };
+    // A source address read from the pod's netns must also be one the
+    // mesh's record of the pod lists (the pod can write its netns).
+    if kind == ListenerKind::Outbound
+        && mesh
+            .as_deref()
+            .is_some_and(|m| !pod.shared.confirms_address(m, peer.ip().to_canonical()))
+    {
+        refuse_foreign(&ctx, &client, "source_not_pod_address", peer.ip());
         return;
     }
     match kind {

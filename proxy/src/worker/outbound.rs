@@ -61,7 +61,7 @@ enum Route {
     Direct,
 }
 
-fn route(ctx: &WorkerCtx, pod: &PodLocal, addr: SocketAddr) -> Route {
+fn route(ctx: &WorkerCtx, mesh: Option<&Mesh>, pod: &PodLocal, addr: SocketAddr) -> Route {
     if ctx.settings.same_node_fast_path {
         let local = ctx
             .local_pods
@@ -69,7 +69,12 @@ fn route(ctx: &WorkerCtx, pod: &PodLocal, addr: SocketAddr) -> Route {
             .unwrap_or_else(|p| p.into_inner())
             .get(&addr.ip())
             .cloned();
-        if let Some(target) = local {
+        // Not to a pod whose address, read from its netns, the mesh gives
+        // to no record of it (a pod of another node's, say): the address
+        // goes where the mesh says.
+        if let Some(target) =
+            local.filter(|t| mesh.is_none_or(|m| t.confirms_address(m, addr.ip())))
+        {
             return Route::Local(target);
         }
     }
@@ -181,7 +186,7 @@ pub(super) async fn outbound(
         if failed.is_some() {
             tracing::debug!(dst.endpoint = %addr, "trying the next endpoint");
         }
-        match route(&ctx, &pod, addr) {
+        match route(&ctx, mesh.as_deref(), &pod, addr) {
             Route::Local(target) => {
                 tracing::Span::current().record("dst.pod", tracing::field::display(&target.uid));
                 // The destination pod's workload (labels, policies) may not

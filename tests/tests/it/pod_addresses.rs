@@ -222,3 +222,106 @@ fn adversarial_plaintext_inbound_to_foreign_address_redirect() {
         || inbound_to_a_foreign_address(CaptureMode::Redirect),
     );
 }
+
+/// Where the agent sends no addresses, the proxy reads them from the pod's
+/// netns, which the pod can write. A pod that adds the address of a pod of
+/// another node before it is (re)added must not become that address for
+/// this node: where a control plane feeds the mesh (whose record of the
+/// attacker does not list it), a same-node client's connection to the
+/// address is not delivered into the attacker by the fast path, and the
+/// attacker cannot send from it.
+#[test]
+fn adversarial_a_netns_address_the_mesh_gives_another_node_is_not_the_pods() {
+    run_isolated(
+        "adversarial_a_netns_address_the_mesh_gives_another_node_is_not_the_pods",
+        || {
+            init_logs();
+            let vn = VirtualNode::build(1, 2).unwrap();
+            let (client, attacker) = (vn.pod(0), vn.pod(1));
+            // A pod of another node, by the mesh.
+            let victim: IpAddr = "10.244.2.50".parse().unwrap();
+            attacker
+                .netns
+                .ip(&["addr", "add", &format!("{victim}/32"), "dev", "eth0"])
+                .unwrap();
+            let proxy = Proxy::start(settings(CaptureMode::Tproxy, Datapath::Uring)).unwrap();
+            let w = |name: &str, ns: &str, ip: IpAddr, node: &str| {
+                ringway_testbed::mesh::WorkloadYaml {
+                    uid: format!("cluster//Pod/{ns}/{name}"),
+                    name: name.into(),
+                    namespace: ns.into(),
+                    service_account: name.into(),
+                    ips: vec![ip],
+                    node: node.into(),
+                    tunnel: false,
+                    healthy: true,
+                }
+            };
+            let file = ringway_config::MeshConfig::load_str(
+                &ringway_testbed::mesh::workloads_yaml(&[
+                    w(&client.name, "front", IpAddr::V4(client.ipv4), "node1"),
+                    w(&attacker.name, "evil", IpAddr::V4(attacker.ipv4), "node1"),
+                    w("bank-0", "bank", victim, "node2"),
+                ]),
+                "test",
+                &ringway_config::NoEnv,
+            )
+            .unwrap();
+            // As a control plane feeds it: not the whole mesh.
+            let mut edit = file.without_entries().edit();
+            for w in file.workloads() {
+                edit.upsert_workload(w.clone(), Default::default());
+            }
+            let mesh = std::sync::Arc::new(edit.finish());
+            assert!(!mesh.is_complete());
+            proxy.set_mesh(mesh);
+            for (p, ns) in [(client, "front"), (attacker, "evil")] {
+                capture(p, CaptureMode::Tproxy);
+                proxy
+                    .add_pod_with_identity(
+                        &p.name,
+                        p.netns.dup_fd().unwrap(),
+                        ringway_proxy::pod::PodIdentity {
+                            name: p.name.clone(),
+                            namespace: ns.into(),
+                            service_account: p.name.clone(),
+                        },
+                    )
+                    .unwrap();
+            }
+            // The attacker listens on the address it took.
+            let taken: TcpListener = attacker
+                .netns
+                .run(|| listen(SocketAddr::new(victim, PORT)))
+                .unwrap();
+            taken.set_nonblocking(true).unwrap();
+            let r = client.netns.run(|| {
+                std::net::TcpStream::connect_timeout(
+                    &SocketAddr::new(victim, PORT),
+                    std::time::Duration::from_secs(2),
+                )
+            });
+            let accepted = taken.accept();
+            assert!(
+                accepted.is_err(),
+                "a same-node connection to another node's pod address was delivered into the pod that took it (client: {r:?})"
+            );
+            // Nor may it send from that address; its own still works.
+            let seen = reporting_app(
+                &client.netns,
+                SocketAddr::new(IpAddr::V4(client.ipv4), PORT),
+            );
+            let dst = SocketAddr::new(IpAddr::V4(client.ipv4), PORT);
+            let ok = exchange_from(&attacker.netns, IpAddr::V4(attacker.ipv4), dst);
+            assert_eq!(ok.as_deref().ok(), Some(&b"ok"[..]), "own address: {ok:?}");
+            assert_eq!(
+                seen.recv_timeout(TIMEOUT).unwrap().ip(),
+                IpAddr::V4(attacker.ipv4)
+            );
+            let r = exchange_from(&attacker.netns, victim, dst);
+            let spoofed: Vec<SocketAddr> = seen.try_iter().collect();
+            assert!(spoofed.is_empty(), "the client saw {spoofed:?} ({r:?})");
+            assert!(refused(&proxy, "source_not_pod_address") >= 1.0);
+        },
+    );
+}
