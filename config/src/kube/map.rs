@@ -152,6 +152,18 @@ pub fn build_mesh(base: &Mesh, cluster: &Cluster, options: &KubeOptions) -> Kube
             .chain(workloads.iter().map(|(w, _)| w))
             .map(|w| w.uid.as_str())
             .collect();
+        // Every address a workload of the mesh holds (a slice's address
+        // without a pod may still be one).
+        let held: HashSet<&str> = file
+            .workloads
+            .iter()
+            .chain(workloads.iter().map(|(w, _)| w))
+            .flat_map(|w| w.ips.iter().map(String::as_str))
+            .collect();
+        let known = Known {
+            uids: known,
+            addresses: held,
+        };
         let index = Index::new(&pods, &cluster.endpoint_slices);
         let mut kube_services: Vec<&KubeService> = cluster.services.iter().map(|s| &**s).collect();
         kube_services
@@ -385,13 +397,20 @@ impl<'a> Index<'a> {
     }
 }
 
+/// The workloads of the mesh a service's endpoints may be: their uids and
+/// every address they hold.
+pub(crate) struct Known<'a> {
+    pub(crate) uids: HashSet<&'a str>,
+    pub(crate) addresses: HashSet<&'a str>,
+}
+
 /// A service's entry, or `None` for an ExternalName service and for one
 /// whose endpoints are all outside the mesh (with a note). Ports that
 /// cannot be mapped are left out with a note in `notes`.
 pub(crate) fn service(
     svc: &KubeService,
     index: &Index<'_>,
-    workloads: &HashSet<&str>,
+    workloads: &Known<'_>,
     options: &KubeOptions,
     notes: &mut Vec<String>,
 ) -> Option<ServiceConfig> {
@@ -423,33 +442,35 @@ pub(crate) fn service(
         .iter()
         .flat_map(|s| s.endpoints.iter())
         .filter_map(pod_uid)
-        .filter(|uid| workloads.contains(uid) && listed.insert(uid))
+        .filter(|uid| workloads.uids.contains(uid) && listed.insert(uid))
         .map(str::to_owned)
         .collect();
-    // Endpoints that are not pods of the mesh and never will be: addresses
-    // without a pod (the API server's `default/kubernetes`, a hand-made
-    // slice's) and pods on their node's network. A service with only such
-    // endpoints is left out: its addresses are then passed through like any
-    // outside the mesh, never refused for want of a mesh endpoint. (A pod
-    // the watch has not delivered yet is not one of them: its service
-    // stays, and waits for it.)
-    let outside = slices
-        .iter()
-        .flat_map(|s| s.endpoints.iter())
-        .any(|e| match pod_uid(e) {
-            None => !e.addresses.is_empty(),
-            Some(uid) => index.pods_by_uid.get(uid).is_some_and(|p| {
-                p.spec
-                    .as_ref()
-                    .and_then(|s| s.host_network)
-                    .unwrap_or(false)
-            }),
-        });
-    if endpoints.is_empty() && outside {
+    // Endpoints that are not of the mesh and never will be: addresses
+    // without a pod that no workload of the mesh holds (the API server's
+    // `default/kubernetes`) and pods on their node's network. A service
+    // all of whose endpoints are such is left out: its addresses are then
+    // passed through like any outside the mesh, never refused for want of
+    // a mesh endpoint. (A pod the watch has not delivered yet, or a mesh
+    // workload's address in a hand-made slice, is not one of them: its
+    // service stays, never a way around the mesh's TLS.)
+    let all: Vec<&Endpoint> = slices.iter().flat_map(|s| s.endpoints.iter()).collect();
+    let outside = |e: &Endpoint| match pod_uid(e) {
+        None => e
+            .addresses
+            .iter()
+            .all(|a| !workloads.addresses.contains(a.as_str())),
+        Some(uid) => index.pods_by_uid.get(uid).is_some_and(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.host_network)
+                .unwrap_or(false)
+        }),
+    };
+    if endpoints.is_empty() && !all.is_empty() && all.iter().all(|e| outside(e)) {
         notes.push(
-            "left out of the mesh: none of its endpoints is a pod of the mesh (addresses without a \
-             pod, or pods on their node's network); its addresses are passed through like any \
-             outside the mesh"
+            "left out of the mesh: none of its endpoints is of the mesh (addresses no workload of \
+             the mesh holds, or pods on their node's network); its addresses are passed through \
+             like any outside the mesh"
                 .to_owned(),
         );
         return None;

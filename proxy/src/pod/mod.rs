@@ -136,20 +136,32 @@ impl PodShared {
     }
 
     /// Whether the pod's address `ip` is its own as far as `mesh` can
-    /// tell: always, unless the address was read from the pod's netns
+    /// tell. Always, unless the address was read from the pod's netns
     /// (which the pod can write: a pod could add the address of a pod of
-    /// another node) and a control plane feeds the mesh; then only when
-    /// the mesh's record of the pod lists it.
-    pub fn confirms_address(&self, mesh: &ringway_config::Mesh, ip: IpAddr) -> bool {
+    /// another node) and a control plane feeds the mesh; then only when the
+    /// mesh's own record of the pod (by uid, or by the namespace and name
+    /// the agent named, never found by that address alone) lists it:
+    /// `Some(false)` when it does not or nothing names the pod, `None` when
+    /// the record has not come yet.
+    pub fn confirms_address(&self, mesh: &ringway_config::Mesh, ip: IpAddr) -> Option<bool> {
         if !self
             .addresses_from_netns
             .load(std::sync::atomic::Ordering::Relaxed)
             || mesh.is_complete()
         {
-            return true;
+            return Some(true);
         }
-        self.workload(mesh)
-            .is_some_and(|w| w.ips.contains(&ip.to_canonical()))
+        let ip = ip.to_canonical();
+        if let Some(w) = mesh.workload_by_uid(&self.uid) {
+            return Some(w.ips.contains(&ip));
+        }
+        {
+            let who = self.who.read().unwrap_or_else(|p| p.into_inner());
+            if who.0.namespace.is_empty() || who.0.name.is_empty() {
+                return Some(false);
+            }
+        }
+        self.workload(mesh).map(|w| w.ips.contains(&ip))
     }
 
     /// An upstream socket to `dst` in the pod's netns, with the proxy's

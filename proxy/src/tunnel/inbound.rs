@@ -258,7 +258,8 @@ async fn decide(
     // proved; never a loopback, unspecified, multicast or link-local one.
     let client_addr = req.forwarded_for.unwrap_or(req.peer.addr);
     let client = client_addr.ip().to_canonical();
-    if let Err(ClaimError::NoWorkload { .. }) = check_client_claim(&mesh, peer_id, client) {
+    let mut claim = check_client_claim(&mesh, peer_id, client);
+    if let Err(ClaimError::NoWorkload { .. }) = claim {
         // A control plane reaches nodes at different times: the client's
         // node may have its new workload before this one does. Waited for
         // as the pod's own is, then judged on the mesh that has it.
@@ -268,9 +269,10 @@ async fn decide(
             .await
         {
             mesh = newer;
+            claim = check_client_claim(&mesh, peer_id, client);
         }
     }
-    if let Err(why) = check_client_claim(&mesh, peer_id, client) {
+    if let Err(why) = claim {
         state.refused(why.reason());
         return deny_401(state, format!("client address {client}: {why}"));
     }

@@ -244,7 +244,7 @@ async fn handle_conn(
     if kind == ListenerKind::Outbound
         && mesh
             .as_deref()
-            .is_some_and(|m| !pod.shared.confirms_address(m, peer.ip().to_canonical()))
+            .is_some_and(|m| pod.shared.confirms_address(m, peer.ip()) != Some(true))
     {
         refuse_foreign(&ctx, &client, "source_not_pod_address", peer.ip());
         return;

@@ -13,7 +13,8 @@ use std::time::Instant;
 use ringway_config::Mesh;
 use tracing::Instrument;
 
-use super::ctx::{connect_failed, deny, failed_labels, refuse, refuse_counted, spawn_local};
+use super::ctx::spawn_local;
+use super::ctx::{connect_failed, deny, failed_labels, refuse, refuse_counted, refuse_foreign};
 use super::ctx::{PodLocal, WorkerCtx};
 use super::splice::{connect_hop, splice, splice_labels, ConnGuard, Hop};
 use crate::metrics::{DstService, Peer, Series, SeriesKey, ServiceRef, Side, TcpLabels};
@@ -69,11 +70,12 @@ fn route(ctx: &WorkerCtx, mesh: Option<&Mesh>, pod: &PodLocal, addr: SocketAddr)
             .unwrap_or_else(|p| p.into_inner())
             .get(&addr.ip())
             .cloned();
-        // Not to a pod whose address, read from its netns, the mesh gives
-        // to no record of it (a pod of another node's, say): the address
-        // goes where the mesh says.
+        // Not to a pod whose address, read from its netns, the mesh's
+        // record of it does not list (a pod of another node's, say): the
+        // address goes where the mesh says. A record not come yet is
+        // waited for on the fast path, then checked there.
         if let Some(target) =
-            local.filter(|t| mesh.is_none_or(|m| t.confirms_address(m, addr.ip())))
+            local.filter(|t| mesh.is_none_or(|m| t.confirms_address(m, addr.ip()) != Some(false)))
         {
             return Route::Local(target);
         }
@@ -111,8 +113,14 @@ fn candidates(
     {
         return Ok(vec![dst]);
     }
+    // The client's record only where the service has a preference.
+    let client = svc
+        .load_balancing
+        .as_ref()
+        .filter(|lb| !lb.routing_preference.is_empty())
+        .and_then(|_| pod.workload(mesh));
     let eps: Vec<SocketAddr> = mesh
-        .endpoints_for(svc, dst.port(), dst.is_ipv6(), pod.workload(mesh))
+        .endpoints_for(svc, dst.port(), dst.is_ipv6(), client)
         .into_iter()
         .map(|(_, addr)| addr)
         .collect();
@@ -206,6 +214,13 @@ pub(super) async fn outbound(
                     }
                     _ => mesh.clone(),
                 };
+                if mesh
+                    .as_deref()
+                    .is_some_and(|m| target.confirms_address(m, addr.ip()) != Some(true))
+                {
+                    refuse_foreign(&ctx, &client, "destination_not_pod_address", addr.ip());
+                    return;
+                }
                 // As a tunnel's far side refuses it: the proxy's own ports
                 // in the pod's netns are never an app's.
                 if ctx.tunnel.is_proxy_port(addr.port()) {

@@ -289,23 +289,19 @@ fn adversarial_a_netns_address_the_mesh_gives_another_node_is_not_the_pods() {
                     )
                     .unwrap();
             }
-            // The attacker listens on the address it took.
-            let taken: TcpListener = attacker
-                .netns
-                .run(|| listen(SocketAddr::new(victim, PORT)))
-                .unwrap();
-            taken.set_nonblocking(true).unwrap();
-            let r = client.netns.run(|| {
-                std::net::TcpStream::connect_timeout(
-                    &SocketAddr::new(victim, PORT),
-                    std::time::Duration::from_secs(2),
-                )
-            });
-            let accepted = taken.accept();
+            // The attacker answers on the address it took: a client that
+            // got an answer was delivered into it.
+            let taken = reporting_app(&attacker.netns, SocketAddr::new(victim, PORT));
+            let r = exchange_from(
+                &client.netns,
+                IpAddr::V4(client.ipv4),
+                SocketAddr::new(victim, PORT),
+            );
             assert!(
-                accepted.is_err(),
+                taken.recv_timeout(std::time::Duration::from_millis(500)).is_err(),
                 "a same-node connection to another node's pod address was delivered into the pod that took it (client: {r:?})"
             );
+            assert!(r.is_err(), "{r:?}");
             // Nor may it send from that address; its own still works.
             let seen = reporting_app(
                 &client.netns,

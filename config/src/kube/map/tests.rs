@@ -820,8 +820,51 @@ fn a_service_with_no_endpoint_in_the_mesh_is_left_out_to_be_passed_through() {
         json!([endpoint("shop", "soon-0", "10.1.0.40", Some(true))]),
         json!([{"port": 80}]),
     ));
+    // A hand-made slice pointing at a mesh pod's address, without a pod
+    // reference: that address is the mesh's, so the service stays (never
+    // passed through to a mesh pod in plaintext).
+    o.services.push(service(
+        "shop",
+        "by-hand",
+        &["10.96.0.22"],
+        json!([{"port": 8080}]),
+    ));
+    o.slices.push(slice(
+        "shop",
+        "by-hand-1",
+        "by-hand",
+        "IPv4",
+        json!([{"addresses": ["10.1.0.10"], "conditions": {"ready": true}}]),
+        json!([{"port": 8080}]),
+    ));
+    // A host-network pod beside a pod not delivered yet: not all outside.
+    o.services.push(service(
+        "shop",
+        "mixed",
+        &["10.96.0.23"],
+        json!([{"port": 9100}]),
+    ));
+    o.slices.push(slice(
+        "shop",
+        "mixed-1",
+        "mixed",
+        "IPv4",
+        json!([
+            endpoint("shop", "node-agent-0", "172.18.0.3", Some(true)),
+            endpoint("shop", "soon-1", "10.1.0.41", Some(true))
+        ]),
+        json!([{"port": 9100}]),
+    ));
     let built = o.build();
     let mesh = &built.mesh;
+    assert!(
+        mesh.service_by_vip(ip("10.96.0.22")).is_some(),
+        "a mesh pod's address by hand"
+    );
+    assert!(
+        mesh.service_by_vip(ip("10.96.0.23")).is_some(),
+        "not all outside"
+    );
     assert!(mesh.service_by_vip(ip("10.96.0.1")).is_none());
     assert!(mesh.address_claimants(ip("10.96.0.1")).is_empty());
     assert!(mesh.service_by_vip(ip("10.96.0.20")).is_none());
@@ -834,8 +877,7 @@ fn a_service_with_no_endpoint_in_the_mesh_is_left_out_to_be_passed_through() {
         assert!(
             skipped
                 .iter()
-                .any(|s| s.starts_with(name)
-                    && s.contains("none of its endpoints is a pod of the mesh")),
+                .any(|s| s.starts_with(name) && s.contains("none of its endpoints is of the mesh")),
             "{name} not named: {skipped:?}"
         );
     }

@@ -1188,24 +1188,17 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
                 }
                 .to_any(),
             );
+            let hostapp = web_service_with(|s| {
+                s.name = "hostapp".into();
+                s.hostname = "hostapp.demo.svc.cluster.local".into();
+                s.addresses[0].address = host_vip.octets().to_vec();
+                s.ports[0].target_port = 9090;
+            });
             let host_service = Resource::new(
                 host_svc,
                 "1",
                 wl::Address {
-                    kind: Some(address::Kind::Service(wl::Service {
-                        name: "hostapp".into(),
-                        namespace: "demo".into(),
-                        hostname: "hostapp.demo.svc.cluster.local".into(),
-                        addresses: vec![wl::NetworkAddress {
-                            network: String::new(),
-                            address: host_vip.octets().to_vec(),
-                        }],
-                        ports: vec![wl::Port {
-                            service_port: 80,
-                            target_port: 9090,
-                        }],
-                        ..Default::default()
-                    })),
+                    kind: Some(address::Kind::Service(hostapp)),
                 }
                 .to_any(),
             );
