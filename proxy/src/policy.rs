@@ -438,6 +438,61 @@ mod tests {
         );
     }
 
+    /// A pod the agent names nowhere, its addresses read from its netns:
+    /// the record its addresses name is its own only when they all name
+    /// the same one. A pod that took another pod's address names two: no
+    /// record, and none of its addresses confirmed (where a control plane
+    /// feeds the mesh), so it is neither the fast path's target at that
+    /// address nor a source from it.
+    #[test]
+    fn adversarial_an_unnamed_pods_netns_addresses_confirm_only_one_record() {
+        let base = mesh();
+        let mut edit = base.without_entries().edit();
+        let own = base
+            .workload_by_ip("10.0.0.2".parse().unwrap())
+            .unwrap()
+            .clone();
+        let other = Workload {
+            uid: "uid-bank".into(),
+            name: "bank".into(),
+            namespace: "bank".into(),
+            ips: vec!["10.0.9.9".parse().unwrap()],
+            ..own.clone()
+        };
+        edit.upsert_workload(own, Default::default());
+        edit.upsert_workload(other, Default::default());
+        let m = edit.finish();
+        let unnamed = |ips: &[&str]| {
+            let mut p = pod(ips[0], "", "");
+            p.who.get_mut().unwrap().0.name = String::new();
+            p.ips = ips.iter().map(|ip| ip.parse().unwrap()).collect();
+            p.addresses_from_netns
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            p
+        };
+        let honest = unnamed(&["10.0.0.2"]);
+        assert_eq!(honest.workload(&m).map(|w| w.name.as_str()), Some("web"));
+        assert_eq!(
+            honest.confirms_address(&m, "10.0.0.2".parse().unwrap()),
+            Some(true)
+        );
+        let taker = unnamed(&["10.0.0.2", "10.0.9.9"]);
+        assert!(taker.workload(&m).is_none());
+        assert_eq!(
+            taker.confirms_address(&m, "10.0.9.9".parse().unwrap()),
+            Some(false)
+        );
+        assert_eq!(
+            taker.confirms_address(&m, "10.0.0.2".parse().unwrap()),
+            Some(false)
+        );
+        let early = unnamed(&["10.0.0.7"]);
+        assert_eq!(
+            early.confirms_address(&m, "10.0.0.7".parse().unwrap()),
+            None
+        );
+    }
+
     /// A pod that has no service account (a static pod's mirror) has no
     /// identity: no certificate is asked for it and no tunnel carries it,
     /// never `sa/default`.

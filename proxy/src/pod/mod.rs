@@ -107,6 +107,13 @@ pub struct PodShared {
     pub addresses_from_netns: std::sync::atomic::AtomicBool,
 }
 
+/// What the mesh holds for a pod (see [`PodShared::workload`]).
+enum OwnRecord<'m> {
+    Found(&'m ringway_config::Workload),
+    NotYet,
+    Ambiguous,
+}
+
 /// Pods served by this proxy, by IP: read by workers for the same-node fast path.
 pub type LocalPods = Arc<RwLock<HashMap<IpAddr, Arc<PodShared>>>>;
 
@@ -139,10 +146,11 @@ impl PodShared {
     /// tell. Always, unless the address was read from the pod's netns
     /// (which the pod can write: a pod could add the address of a pod of
     /// another node) and a control plane feeds the mesh; then only when the
-    /// mesh's own record of the pod (by uid, or by the namespace and name
-    /// the agent named, never found by that address alone) lists it:
-    /// `Some(false)` when it does not or nothing names the pod, `None` when
-    /// the record has not come yet.
+    /// mesh's record of the pod ([`PodShared::workload`]: by uid, else the
+    /// one record its addresses name, of the namespace and name the agent
+    /// named) lists it: `Some(false)` when it does not, or when the pod's
+    /// addresses name different records; `None` when no record has come
+    /// yet.
     pub fn confirms_address(&self, mesh: &ringway_config::Mesh, ip: IpAddr) -> Option<bool> {
         if !self
             .addresses_from_netns
@@ -151,17 +159,11 @@ impl PodShared {
         {
             return Some(true);
         }
-        let ip = ip.to_canonical();
-        if let Some(w) = mesh.workload_by_uid(&self.uid) {
-            return Some(w.ips.contains(&ip));
+        match self.own_record(mesh) {
+            OwnRecord::Found(w) => Some(w.ips.contains(&ip.to_canonical())),
+            OwnRecord::NotYet => None,
+            OwnRecord::Ambiguous => Some(false),
         }
-        {
-            let who = self.who.read().unwrap_or_else(|p| p.into_inner());
-            if who.0.namespace.is_empty() || who.0.name.is_empty() {
-                return Some(false);
-            }
-        }
-        self.workload(mesh).map(|w| w.ips.contains(&ip))
     }
 
     /// An upstream socket to `dst` in the pod's netns, with the proxy's
@@ -186,19 +188,37 @@ impl PodShared {
         Ok(fd)
     }
 
-    /// The pod's mesh workload: by uid, else the one that owns one of its
-    /// addresses, if that is this pod ([`PodShared::is_this_pod`]).
+    /// The pod's mesh workload: by uid, else the one record that owns its
+    /// addresses, if that is this pod ([`PodShared::is_this_pod`]); none
+    /// when its addresses name different records (a pod that took another
+    /// pod's address names two).
     pub fn workload<'m>(
         &self,
         mesh: &'m ringway_config::Mesh,
     ) -> Option<&'m ringway_config::Workload> {
-        if let Some(w) = mesh.workload_by_uid(&self.uid) {
-            return Some(w);
+        match self.own_record(mesh) {
+            OwnRecord::Found(w) => Some(w),
+            OwnRecord::NotYet | OwnRecord::Ambiguous => None,
         }
-        self.ips
+    }
+
+    fn own_record<'m>(&self, mesh: &'m ringway_config::Mesh) -> OwnRecord<'m> {
+        if let Some(w) = mesh.workload_by_uid(&self.uid) {
+            return OwnRecord::Found(w);
+        }
+        let mut found: Option<&ringway_config::Workload> = None;
+        for w in self
+            .ips
             .iter()
             .filter_map(|ip| mesh.workload_by_ip(*ip))
-            .find(|w| self.is_this_pod(mesh, w))
+            .filter(|w| self.is_this_pod(mesh, w))
+        {
+            match found {
+                Some(f) if f.uid != w.uid => return OwnRecord::Ambiguous,
+                _ => found = Some(w),
+            }
+        }
+        found.map_or(OwnRecord::NotYet, OwnRecord::Found)
     }
 
     /// Whether `w`, a workload that owns one of the pod's addresses, is
