@@ -392,10 +392,11 @@ impl Mesh {
         client: Option<&Workload>,
     ) -> Vec<(&'a Workload, SocketAddr)> {
         let eps = self.healthy_endpoints(service, port, ipv6);
-        let Some(lb) = service.load_balancing.as_ref().filter(|lb| {
-            matches!(lb.mode, LbMode::Strict | LbMode::Failover)
-                && !lb.routing_preference.is_empty()
-        }) else {
+        let Some(lb) = service
+            .load_balancing
+            .as_ref()
+            .filter(|lb| lb.mode != LbMode::Passthrough && !lb.routing_preference.is_empty())
+        else {
             return eps.collect();
         };
         let shared = |w: &Workload| {

@@ -143,17 +143,16 @@ pub enum Scope {
     Network,
 }
 
-/// How [`LoadBalancing::routing_preference`] applies.
+/// How [`LoadBalancing::routing_preference`] applies (with no scope
+/// listed, strict and failover alike take every endpoint).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum LbMode {
-    /// No preference: every endpoint.
-    #[default]
-    Any,
     /// Only endpoints that share every scope with the client; none (the
     /// connection is refused) when no endpoint does.
     Strict,
     /// The endpoints that share the longest run of scopes, in order, with
     /// the client; the others only when none shares more.
+    #[default]
     Failover,
     /// No endpoint is picked: the connection goes to the address the
     /// client dialled, as to an address outside the mesh.

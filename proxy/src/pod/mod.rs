@@ -228,7 +228,7 @@ impl PodShared {
     /// cluster has given a new one, and its namespace, labels and policies
     /// are not the new pod's. (A configuration file is the whole truth:
     /// there, the file's record of the address is the pod's.)
-    pub fn is_this_pod(&self, mesh: &ringway_config::Mesh, w: &ringway_config::Workload) -> bool {
+    fn is_this_pod(&self, mesh: &ringway_config::Mesh, w: &ringway_config::Workload) -> bool {
         let who = self.who.read().unwrap_or_else(|p| p.into_inner());
         let named = &who.0;
         if !named.namespace.is_empty() && w.namespace != named.namespace {

@@ -491,6 +491,11 @@ impl Held {
     }
 }
 
+/// Pushes to every stream and waits until each has applied (ACKed) it.
+fn push_applied(istiod: &XdsServer, type_url: &str, upserts: Vec<Resource>, removals: Vec<String>) {
+    applied(istiod, istiod.push(type_url, upserts, removals));
+}
+
 /// Waits until every stream a push went to (`nonces`) ACKed it: applied.
 fn applied(istiod: &XdsServer, nonces: Vec<String>) {
     assert!(!nonces.is_empty(), "the push reached no stream");
@@ -636,12 +641,12 @@ fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
             );
             let (what, _) = refused(client, server, SocketAddr::new(server.ip(false), 9091));
             eprintln!("a new connection under the DENY: {what}");
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 AUTHORIZATION_TYPE_URL,
                 vec![],
                 vec!["demo/deny-default".into()],
             );
-            applied(&istiod, nonces);
             exchange(
                 client,
                 server,
@@ -833,7 +838,8 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
             assert_eq!(rep.peer.ip(), client.ip(false));
 
             // A workload behind a waypoint: never sent around it.
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![workload_with(server, 2, "2", |w| {
                     w.waypoint = Some(wl::GatewayAddress {
@@ -848,7 +854,6 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                 })],
                 vec![],
             );
-            applied(&istiod, nonces);
             let (what, _) = refused(client, server, SocketAddr::new(server.ip(false), 8080));
             eprintln!("to a workload behind a waypoint: {what}");
             let m1 = scrape(node1.control(15020)).unwrap();
@@ -884,12 +889,12 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                     },
                 );
             };
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![workload_with(server, 2, "3", member), web_service()],
                 vec![],
             );
-            applied(&istiod, nonces);
             let vip = SocketAddr::new(IpAddr::V4(VIP), 80);
             let at_server = SocketAddr::new(server.ip(false), 8080);
             let seen = exchange(client, server, at_server, vip).unwrap();
@@ -902,14 +907,14 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                 )
             };
             let before = waypoint_refusals(&scrape(node1.control(15020)).unwrap());
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![with_service(web_service_with(|s| {
                     s.waypoint = Some(waypoint())
                 }))],
                 vec![],
             );
-            applied(&istiod, nonces);
             let (what, _) = refused_at(client, server, at_server, vip);
             eprintln!("to a service behind a waypoint: {what}");
             let m1 = scrape(node1.control(15020)).unwrap();
@@ -926,7 +931,8 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
             // A workload whose app wants a PROXY protocol header (its
             // `application_tunnel`): refused and counted, never sent plain
             // TCP; said once in the log when it arrives.
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![workload_with(server, 2, "4", |w| {
                     w.application_tunnel = Some(wl::ApplicationTunnel {
@@ -936,7 +942,6 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                 })],
                 vec![],
             );
-            applied(&istiod, nonces);
             for _ in 0..2 {
                 let (what, _) = refused(client, server, at_server);
                 eprintln!("to a workload that wants a PROXY header: {what}");
@@ -981,12 +986,12 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                 }
                 .to_any(),
             );
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![workload_with(server, 2, "5", member), web_service(), claim],
                 vec![],
             );
-            applied(&istiod, nonces);
             let contested = |m: &str| {
                 prom::sum(
                     m,
@@ -1005,12 +1010,12 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
             );
             let (what, _) = refused_at(client, server, at_server, vip);
             eprintln!("to a VIP whose only endpoint is contested: {what}");
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![],
                 vec!["Kubernetes//networking.istio.io/WorkloadEntry/other/claim".into()],
             );
-            applied(&istiod, nonces);
             let seen = exchange(client, server, at_server, vip).unwrap();
             assert_eq!(seen, client.ip(false), "the claim gone: served again");
 
@@ -1109,17 +1114,18 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
                 }))
             };
             // internalTrafficPolicy: Local: the only endpoint is on node 2.
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![lb(&[Scope::Node], Mode::Strict, HealthPolicy::OnlyHealthy)],
                 vec![],
             );
-            applied(&istiod, nonces);
             let (what, _) = refused_at(client, server, at_server, vip);
             eprintln!("node-local service, no endpoint on the client's node: {what}");
             // The same scope as a preference: the other node's, for want
             // of a closer one.
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![lb(
                     &[Scope::Node],
@@ -1128,7 +1134,6 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
                 )],
                 vec![],
             );
-            applied(&istiod, nonces);
             assert_eq!(
                 exchange(client, server, at_server, vip).unwrap(),
                 client.ip(false)
@@ -1139,20 +1144,20 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
                 member(w);
                 w.status = wl::WorkloadStatus::Unhealthy as i32;
             };
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![workload_with(server, 2, "2", unready), web_service()],
                 vec![],
             );
-            applied(&istiod, nonces);
             let (what, _) = refused_at(client, server, at_server, vip);
             eprintln!("its only endpoint not ready: {what}");
-            let nonces = istiod.push(
+            push_applied(
+                &istiod,
                 ADDRESS_TYPE_URL,
                 vec![lb(&[], Mode::UnspecifiedMode, HealthPolicy::AllowAll)],
                 vec![],
             );
-            applied(&istiod, nonces);
             assert_eq!(
                 exchange(client, server, at_server, vip).unwrap(),
                 client.ip(false)
@@ -1202,8 +1207,12 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
                 }
                 .to_any(),
             );
-            let nonces = istiod.push(ADDRESS_TYPE_URL, vec![host_app, host_service], vec![]);
-            applied(&istiod, nonces);
+            push_applied(
+                &istiod,
+                ADDRESS_TYPE_URL,
+                vec![host_app, host_service],
+                vec![],
+            );
             let l = bed
                 .n2
                 .node
