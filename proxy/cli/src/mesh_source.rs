@@ -56,26 +56,35 @@ pub(crate) fn start_kube_mesh(
     Ok(watch)
 }
 
+/// How a wait for the mesh source's first snapshot ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FirstSnapshot {
+    In,
+    /// Asked to stop first.
+    Stopped,
+    /// The mesh source ended first.
+    Ended,
+}
+
 /// Waits for the mesh source's first snapshot (Kubernetes or xDS), logging
-/// while it does;
-/// false when stopped (or the watch ended) first.
+/// while it does, until `stopped()` says to give up (checked every 200 ms).
 pub(crate) fn wait_first_snapshot(
     rx: &std::sync::mpsc::Receiver<()>,
-    stop: &std::sync::atomic::AtomicBool,
-) -> bool {
+    stopped: impl Fn() -> bool,
+) -> FirstSnapshot {
     use std::sync::mpsc::RecvTimeoutError;
     let t0 = Instant::now();
     let mut next_log = Duration::ZERO;
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(()) => {
-                tracing::info!(waited = ?t0.elapsed(), "first mesh snapshot in; taking pods from the agent");
-                return true;
+                tracing::info!(waited = ?t0.elapsed(), "first mesh snapshot in; taking pods");
+                return FirstSnapshot::In;
             }
-            Err(RecvTimeoutError::Disconnected) => return false,
+            Err(RecvTimeoutError::Disconnected) => return FirstSnapshot::Ended,
             Err(RecvTimeoutError::Timeout) => {
-                if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    return false;
+                if stopped() {
+                    return FirstSnapshot::Stopped;
                 }
                 if t0.elapsed() >= next_log {
                     tracing::warn!(waited = ?t0.elapsed(), "waiting for the mesh source's first snapshot (Kubernetes: pods, services, EndpointSlices; xDS: the control plane's first workloads and policies) before taking pods");

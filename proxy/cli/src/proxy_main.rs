@@ -8,6 +8,7 @@ use crate::logs::LOG_RELOAD;
 use crate::mesh_source::load_mesh;
 use crate::mesh_source::start_kube_mesh;
 use crate::mesh_source::wait_first_snapshot;
+use crate::mesh_source::FirstSnapshot;
 use crate::signals::block_stop_signals;
 use crate::xds;
 use anyhow::Context;
@@ -140,61 +141,93 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let control = ringway_control::ControlServer::start(args.readiness_addr, ready.clone())
         .with_context(|| format!("binding the readiness endpoint on {}", args.readiness_addr))?;
     tracing::info!(addr = %control.addr, "readiness endpoint: GET /healthz/ready");
+    // The pods on the command line: their netns opened now (a bad path
+    // fails the start), taken below.
+    let mut cli_pods = Vec::with_capacity(args.pods.len());
     for spec in &args.pods {
         let (uid, path) = spec
             .split_once('=')
             .with_context(|| format!("--pod {spec:?} is not UID=NETNS_PATH"))?;
         let fd = ringway_redirect::open_netns(std::path::Path::new(path))?;
-        // The configured workload with this uid names the pod (metrics,
-        // identity), as the agent's record would.
-        let identity = match proxy.mesh().as_deref().and_then(|m| m.workload_by_uid(uid)) {
-            Some(w) => ringway_proxy::PodIdentity {
-                name: w.name.clone(),
-                namespace: w.namespace.clone(),
-                service_account: w.service_account.clone(),
-            },
-            None => {
-                tracing::warn!(
-                    pod.uid = uid,
-                    "--pod: no configured workload has this uid; its metrics name it by uid"
-                );
-                ringway_proxy::PodIdentity::default()
+        cli_pods.push((uid, fd));
+    }
+    // With a control plane or the cluster as the mesh source, they are
+    // taken only once its first snapshot is in (workloads and policies):
+    // a pod served before its policies came would pass what they deny.
+    // This thread has the stop signals blocked: the wait polls for one.
+    let mut stopped_early = false;
+    if !cli_pods.is_empty() {
+        if let Some(rx) = first_snapshot.take() {
+            let probe = crate::signals::StopProbe::new(&stop)
+                .context("watching for SIGTERM while waiting for the first mesh snapshot")?;
+            match wait_first_snapshot(&rx, || probe.pending()) {
+                FirstSnapshot::In => {}
+                FirstSnapshot::Stopped => stopped_early = true,
+                FirstSnapshot::Ended => anyhow::bail!(
+                    "the mesh source ended before its first snapshot; the pods on the \
+                     command line were not taken"
+                ),
             }
-        };
-        proxy
-            .add_pod_with_identity(uid, fd, identity)
-            .with_context(|| format!("adding pod {uid}"))?;
+        }
     }
     let zds_stop = Arc::new(AtomicBool::new(false));
-    let zds_thread = match &args.zds_socket {
-        Some(path) => {
-            let (p, r, st) = (proxy.clone(), ready.clone(), zds_stop.clone());
-            let cfg = ringway_proxy::zds_client::ZdsClientConfig::new(path.clone());
-            Some(
-                std::thread::Builder::new()
-                    .name("ringway-zds".into())
-                    .spawn(move || {
-                        // With the Kubernetes source, no pod is taken (and
-                        // readiness stays 503) before the cluster's workloads
-                        // are known: until then every destination would look
-                        // outside the mesh and every policy would see no
-                        // workload. The agent keeps the pods on the old
-                        // proxy (or answers CNI ADD "try again").
-                        if let Some(rx) = first_snapshot {
-                            if !wait_first_snapshot(&rx, &st) {
-                                return;
-                            }
-                        }
-                        ringway_proxy::zds_client::run(p, cfg, r, st)
-                    })?,
-            )
+    let zds_thread = if stopped_early {
+        tracing::info!("stopped before the first mesh snapshot; no pod was taken");
+        None
+    } else {
+        for (uid, fd) in cli_pods {
+            // The mesh's workload with this uid names the pod (metrics,
+            // identity), as the agent's record would.
+            let identity = match proxy.mesh().as_deref().and_then(|m| m.workload_by_uid(uid)) {
+                Some(w) => ringway_proxy::PodIdentity {
+                    name: w.name.clone(),
+                    namespace: w.namespace.clone(),
+                    service_account: w.service_account.clone(),
+                },
+                None => {
+                    tracing::warn!(
+                        pod.uid = uid,
+                        "--pod: no workload of the mesh has this uid; its metrics name it by uid"
+                    );
+                    ringway_proxy::PodIdentity::default()
+                }
+            };
+            proxy
+                .add_pod_with_identity(uid, fd, identity)
+                .with_context(|| format!("adding pod {uid}"))?;
         }
-        None => {
-            // Without an agent the pods on the command line are the
-            // snapshot (warmed up as the agent's would be).
-            proxy.warm_up(ringway_proxy::tunnel::warm::WARM_UP_BUDGET);
-            ready.mark_snapshot_applied();
-            None
+        match &args.zds_socket {
+            Some(path) => {
+                let (p, r, st) = (proxy.clone(), ready.clone(), zds_stop.clone());
+                let cfg = ringway_proxy::zds_client::ZdsClientConfig::new(path.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("ringway-zds".into())
+                        .spawn(move || {
+                            // With a control plane or the cluster as the
+                            // mesh source, no pod is taken (and readiness
+                            // stays 503) before its first snapshot: until
+                            // then every destination would look outside
+                            // the mesh and every policy would see no
+                            // workload. The agent keeps the pods on the old
+                            // proxy (or answers CNI ADD "try again").
+                            if let Some(rx) = first_snapshot {
+                                let first = wait_first_snapshot(&rx, || st.load(Ordering::SeqCst));
+                                if first != FirstSnapshot::In {
+                                    return;
+                                }
+                            }
+                            ringway_proxy::zds_client::run(p, cfg, r, st)
+                        })?,
+                )
+            }
+            None => {
+                // Without an agent the pods on the command line are the
+                // snapshot (warmed up as the agent's would be).
+                proxy.warm_up(ringway_proxy::tunnel::warm::WARM_UP_BUDGET);
+                ready.mark_snapshot_applied();
+                None
+            }
         }
     };
     tracing::info!("serving; SIGTERM or SIGINT starts the drain");

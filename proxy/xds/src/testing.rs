@@ -177,6 +177,8 @@ struct State {
     tls_failures: u64,
     streams_opened: u64,
     next_nonce: u64,
+    /// Types whose first request on a stream gets no answer.
+    held: std::collections::HashSet<String>,
 }
 
 impl State {
@@ -279,6 +281,9 @@ impl State {
                 .collect();
             removed.sort();
             entry.subs.insert(type_url.clone(), sub);
+            if self.held.contains(&type_url) {
+                return None;
+            }
             (resources, removed)
         } else {
             let sub = entry.subs.entry(type_url.clone()).or_default();
@@ -443,6 +448,13 @@ impl XdsServer {
         self.shared
             .lock()
             .update_fixture(type_url, &upserts, &removals);
+    }
+
+    /// From now on, a stream's first request for `type_url` is recorded
+    /// and subscribed but not answered (a control plane slow to compute
+    /// it); [`push`](XdsServer::push) sends it what it subscribed to.
+    pub fn hold_first_responses(&self, type_url: &str) {
+        self.shared.lock().held.insert(type_url.to_owned());
     }
 
     /// The fixture of `type_url`, by name.

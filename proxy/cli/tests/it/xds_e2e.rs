@@ -1234,3 +1234,200 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
         },
     );
 }
+
+/// A DENY of `demo`'s namespace scope refusing connections from `ip`.
+fn deny_source(name: &str, ip: Ipv4Addr) -> Resource {
+    let a = security::Authorization {
+        name: name.into(),
+        namespace: "demo".into(),
+        scope: security::Scope::Namespace as i32,
+        action: security::Action::Deny as i32,
+        rules: vec![security::Rule {
+            clauses: vec![security::Clause {
+                matches: vec![security::Match {
+                    source_ips: vec![security::Address {
+                        address: ip.octets().to_vec(),
+                        length: 32,
+                    }],
+                    ..Default::default()
+                }],
+            }],
+        }],
+        dry_run: false,
+    };
+    Resource::new(format!("demo/{name}"), "1", a.to_any())
+}
+
+/// `ringway proxy --mesh-source xds --pod UID=NETNS` (no agent): the pods
+/// on the command line are taken only once the control plane's first
+/// workloads *and* policies are in. Here the control plane sends the
+/// workloads and is slow with the policies: a pod served before the
+/// policies came would take traffic its policy denies.
+#[test]
+fn adversarial_xds_pod_flag_pods_wait_for_the_first_policies() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "adversarial_xds_pod_flag_pods_wait_for_the_first_policies",
+        || {
+            let bed = Bed::new("xds-pod-flag");
+            let istiod = bed.start_istiod();
+            let (denied, server, allowed) = (bed.n1.pod(0), bed.n1.pod(1), bed.n2.pod(0));
+            istiod.update_fixture(ADDRESS_TYPE_URL, vec![workload(server, 1, "1")], vec![]);
+            istiod.hold_first_responses(AUTHORIZATION_TYPE_URL);
+            let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings::default());
+            ringway_redirect::apply(server.netns.fd(), &spec).unwrap();
+            let (proxy, log) = pod_flag_proxy(&bed, server);
+            let proxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
+            // The workloads are in (applied), the policies are not.
+            istiod
+                .wait_for_request(PATIENCE, |r| {
+                    r.request.type_url == ADDRESS_TYPE_URL && r.request.is_ack()
+                })
+                .unwrap_or_else(|e| panic!("the workloads were not applied: {e}\n{}", proxy_log()));
+            let metrics: SocketAddr = "127.0.0.1:15020".parse().unwrap();
+            assert!(
+                wait_until(PATIENCE, || scrape(metrics).is_ok()),
+                "no metrics endpoint:\n{}",
+                proxy_log()
+            );
+            // Not a pod taken, not ready, nothing served: the denied
+            // client's connection never reaches the app.
+            let (what, _) = refused(denied, server, SocketAddr::new(server.ip(false), 8080));
+            eprintln!("before the first policies: {what}");
+            let page = scrape(metrics).unwrap();
+            assert_eq!(
+                prom::value(&page, "ringway_pods_enrolled", &[]),
+                Some(0.0),
+                "a pod was taken before the first policies:\n{}",
+                proxy_log()
+            );
+            let body =
+                ringway_testbed::http::get("127.0.0.1:15021".parse().unwrap(), "/healthz/ready")
+                    .map(|r| format!("{} {}", r.status, r.body))
+                    .unwrap_or_else(|e| e.to_string());
+            assert!(
+                body.starts_with("503"),
+                "ready before the first policies: {body}"
+            );
+            // The policies come: the pod is taken, named by its workload,
+            // and its policy holds from its first connection.
+            push_applied(
+                &istiod,
+                AUTHORIZATION_TYPE_URL,
+                vec![deny_source("deny-n1-pod0", denied.ipv4)],
+                vec![],
+            );
+            assert!(
+                wait_until(PATIENCE, || ready("127.0.0.1:15021".parse().unwrap())),
+                "never ready after the first policies:\n{}",
+                proxy_log()
+            );
+            assert_eq!(
+                prom::value(&scrape(metrics).unwrap(), "ringway_pods_enrolled", &[]),
+                Some(1.0)
+            );
+            let (what, _) = refused(denied, server, SocketAddr::new(server.ip(false), 8080));
+            eprintln!("the denied client after the first policies: {what}");
+            let to = SocketAddr::new(server.ip(false), 8080);
+            let saw = exchange(allowed, server, to, to).expect("the allowed client is served");
+            assert_eq!(saw, allowed.ip(false));
+            let dump =
+                ringway_testbed::http::get("127.0.0.1:15000".parse().unwrap(), "/config_dump")
+                    .unwrap();
+            let dump: serde_json::Value = serde_json::from_str(&dump.body).unwrap();
+            let pods = dump["pods"].as_array().unwrap();
+            let rec = pods
+                .iter()
+                .find(|p| p["uid"] == uid_of(server).as_str())
+                .unwrap();
+            assert_eq!(rec["name"], server.name.as_str(), "{dump}");
+            assert_eq!(rec["namespace"], "demo", "{dump}");
+            drop(proxy);
+        },
+    );
+}
+
+/// Node 1's proxy with `--mesh-source xds` and no agent: `server` given
+/// with `--pod` (its uid the control plane's); its log file.
+fn pod_flag_proxy(bed: &Bed, server: &Pod) -> (Proc, PathBuf) {
+    let config = bed.dir.join("node1.yaml");
+    std::fs::write(
+        &config,
+        format!("trustDomain: {TD}\nproxy:\n  workloadWait: 1\n"),
+    )
+    .unwrap();
+    let log = bed.dir.join("proxy1.log");
+    let proxy = Proc(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringway"))
+            .args(["--log-format", "text", "--log", "info", "proxy"])
+            .args(["--readiness-addr", "127.0.0.1:15021"])
+            .args(["--metrics-addr", "127.0.0.1:15020"])
+            .args(["--admin-addr", "127.0.0.1:15000"])
+            .arg("--config")
+            .arg(&config)
+            .env("POD_NAME", "ztunnel-node1")
+            .env("POD_NAMESPACE", PROXY_NS)
+            .env("INSTANCE_IP", "10.0.0.1")
+            .env("NODE_NAME", "node1")
+            .args(["--mesh-source", "xds", "--xds-address", XDS_ADDR])
+            .args(["--xds-server-name", ISTIOD])
+            .arg("--xds-root-cert")
+            .arg(&bed.root)
+            .arg("--xds-token-file")
+            .arg(bed.dir.join("node1.token"))
+            .arg("--pod")
+            .arg(format!(
+                "{}={}",
+                uid_of(server),
+                server.netns.path().display()
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    (proxy, log)
+}
+
+/// The same proxy, its control plane unreachable: SIGTERM while it waits
+/// for the first snapshot stops it at once, no pod taken.
+#[test]
+fn xds_pod_flag_proxy_stops_on_sigterm_while_it_waits_for_the_control_plane() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(
+        "xds_pod_flag_proxy_stops_on_sigterm_while_it_waits_for_the_control_plane",
+        || {
+            let bed = Bed::new("xds-pod-flag-stop");
+            let server = bed.n1.pod(1);
+            let (mut proxy, log) = pod_flag_proxy(&bed, server);
+            let proxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(
+                wait_until(PATIENCE, || proxy_log()
+                    .contains("waiting for the mesh source's first snapshot")),
+                "the proxy is not waiting for its control plane:\n{}",
+                proxy_log()
+            );
+            let t0 = Instant::now();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(proxy.0.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .unwrap();
+            let status = loop {
+                if let Some(st) = proxy.0.try_wait().unwrap() {
+                    break st;
+                }
+                assert!(
+                    t0.elapsed() < PATIENCE,
+                    "still running {PATIENCE:?} after SIGTERM:\n{}",
+                    proxy_log()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            assert!(status.success(), "{status:?}:\n{}", proxy_log());
+            eprintln!("stopped {:?} after SIGTERM", t0.elapsed());
+            let log = proxy_log();
+            assert!(log.contains("no pod was taken"), "{log}");
+        },
+    );
+}
