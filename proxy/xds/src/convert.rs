@@ -17,9 +17,11 @@
 //! is replaced by what errs toward deny for the workloads it could select
 //! (an unreadable match of a DENY matches every connection, one of an ALLOW
 //! none; an unknown action is a DENY of every connection to what the
-//! policy selects, whatever its rules say; an unknown scope is mesh-wide; a
-//! policy that cannot be decoded at all denies everything in its namespace,
-//! or the whole mesh when the namespace is unknown or the root), and each
+//! policy selects, whatever its rules say; an unknown scope selects its
+//! whole namespace (the whole mesh for the root namespace's), and an ALLOW
+//! of unknown scope grants nothing; a policy that cannot be decoded at all
+//! denies everything in its namespace, or the whole mesh when the namespace
+//! is unknown or the root, under a name no valid policy has), and each
 //! problem is reported for the NACK.
 
 use std::collections::BTreeMap;
@@ -444,19 +446,43 @@ pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &s
     let mut p = AuthorizationPolicy::new(&a.namespace, &a.name, action);
     p.origin = Some(format!("xds:{name}"));
     p.dry_run = a.dry_run;
+    // A scope that cannot be read: never narrower than it could have been
+    // (a policy selects only its own namespace's workloads, every
+    // workload when that is the root namespace), and an ALLOW then grants
+    // nothing: its rules were written for workloads it may not select.
+    let mut known_scope = true;
     match a.scope {
         x if x == security::Scope::Global as i32 => p.mesh_wide = true,
         x if x == security::Scope::Namespace as i32 => {}
         x if x == security::Scope::WorkloadSelector as i32 => p.listed = true,
         other => {
+            known_scope = false;
+            p.mesh_wide = a.namespace == root_namespace;
+            let to = if p.mesh_wide {
+                "every workload"
+            } else {
+                "every workload of its namespace"
+            };
+            let what = if action == Action::Allow && known_action {
+                "; as an ALLOW it grants nothing"
+            } else {
+                ""
+            };
             problems.push(format!(
-                "scope: {other} is not GLOBAL (0), NAMESPACE (1) or WORKLOAD_SELECTOR (2): applied mesh-wide"
+                "scope: {other} is not GLOBAL (0), NAMESPACE (1) or WORKLOAD_SELECTOR (2): applied to {to}{what}"
             ));
-            p.mesh_wide = true;
         }
     }
     if !known_action {
         p.rules = deny_every_connection();
+        return Policy {
+            policy: p,
+            problems,
+        };
+    }
+    if !known_scope && action == Action::Allow {
+        // No rule: an ALLOW that matches no connection.
+        p.rules = Vec::new();
         return Policy {
             policy: p,
             problems,
@@ -510,7 +536,12 @@ pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &s
 pub fn deny_everything(name: &str, root_namespace: &str) -> AuthorizationPolicy {
     let (ns, short) = match name.split_once('/') {
         Some((ns, n)) if !ns.is_empty() && !n.is_empty() => (ns.to_owned(), n.to_owned()),
-        _ => (root_namespace.to_owned(), name.replace('/', "_")),
+        // Under a name no Kubernetes object can have ('~'), one to one
+        // with the resource's: it never takes the place of another policy.
+        _ => (
+            root_namespace.to_owned(),
+            format!("~{}", name.replace('~', "~~").replace('/', "~s")),
+        ),
     };
     let mut p = AuthorizationPolicy::new(&ns, &short, Action::Deny);
     p.origin = Some(format!(

@@ -612,20 +612,73 @@ fn adversarial_unknown_enum_values_fail_toward_deny() {
         "selecting workloads that list it (web-0 lists shop/web-allow only)"
     );
 
-    // An unknown scope is mesh-wide: an ALLOW of another namespace that
-    // matches nothing governs web-0 and denies it.
-    let p = read("other", authz(allow, UNKNOWN_SCOPE, vec![nobody()]));
-    assert!(p.policy.mesh_wide, "unknown scope: every workload");
+    // An unknown scope selects what it could have: its namespace's
+    // workloads (every workload for the root namespace's). An ALLOW of
+    // unknown scope grants nothing: its rules were written for workloads
+    // it may not select.
+    let deny = security::Action::Deny as i32;
+    let p = read("other", authz(deny, UNKNOWN_SCOPE, vec![]));
+    assert!(!p.policy.mesh_wide && !p.policy.listed);
     assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
-    assert!(p.problems[0].starts_with("scope: 9 is not GLOBAL"));
+    assert!(
+        p.problems[0].starts_with("scope: 9 is not GLOBAL")
+            && p.problems[0].ends_with("applied to every workload of its namespace"),
+        "{:?}",
+        p.problems
+    );
+    assert!(allowed(vec![p.policy]), "another namespace's: not selected");
+    let p = read("shop", authz(deny, UNKNOWN_SCOPE, vec![]));
+    assert!(!allowed(vec![p.policy]), "its namespace's DENY: denied");
+    let p = read("istio-system", authz(deny, UNKNOWN_SCOPE, vec![]));
+    assert!(p.policy.mesh_wide, "the root namespace's: every workload");
+    assert!(!allowed(vec![p.policy]));
+    let fe = security::Match {
+        principals: vec![string(MatchType::Exact(
+            "cluster.local/ns/front/sa/fe".into(),
+        ))],
+        ..Default::default()
+    };
+    let p = read("shop", authz(allow, UNKNOWN_SCOPE, vec![fe.clone()]));
+    assert!(p.policy.rules.is_empty(), "grants nothing");
+    assert!(p.problems[0].ends_with("as an ALLOW it grants nothing"));
     assert!(!allowed(vec![p.policy]), "unknown scope with ALLOW: denied");
-    // Both unknown: denies everything, everywhere.
+    // Both unknown: denies everything it could select.
     let p = read(
-        "other",
+        "shop",
         no_rules(authz(UNKNOWN_ACTION, UNKNOWN_SCOPE, vec![])),
     );
     assert_eq!(p.problems.len(), 2, "{:?}", p.problems);
     assert!(!allowed(vec![p.policy]));
+}
+
+/// An ALLOW whose scope cannot be read never lets through a peer that
+/// the workload's own ALLOW does not: it once applied mesh-wide, rules
+/// and all, granting its principals every workload that had an ALLOW.
+#[test]
+fn adversarial_an_allow_of_unknown_scope_grants_nothing() {
+    let fe = security::Match {
+        principals: vec![string(MatchType::Exact(
+            "cluster.local/ns/front/sa/fe".into(),
+        ))],
+        ..Default::default()
+    };
+    let allow = security::Action::Allow as i32;
+    let own = read(
+        "shop",
+        authz(allow, security::Scope::Namespace as i32, vec![nobody()]),
+    );
+    assert!(own.problems.is_empty());
+    assert!(
+        !allowed(vec![own.policy.clone()]),
+        "shop's own ALLOW: front/fe denied"
+    );
+    for ns in ["other", "shop", "istio-system"] {
+        let stray = read(ns, authz(allow, 9, vec![fe.clone()]));
+        assert!(
+            !allowed(vec![own.policy.clone(), stray.policy]),
+            "{ns}'s ALLOW of unknown scope let front/fe in"
+        );
+    }
 }
 
 #[test]

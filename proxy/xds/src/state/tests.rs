@@ -529,3 +529,60 @@ fn an_unreadable_resource_says_why() {
     assert!(matches!(e, Unreadable::NoPayload), "{e:?}");
     assert_eq!(e.to_string(), "the resource carries no payload");
 }
+
+/// A garbage policy whose name says no namespace stands in the root
+/// namespace under a name of its own: it never replaces (nor, once
+/// removed, takes away) the root namespace's policy of that short name.
+#[test]
+fn adversarial_a_garbage_policy_without_a_namespace_never_takes_another_policys_place() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![wl_res(pod("shop", "a", "10.1.0.1"), "1")],
+        &[],
+    ))
+    .unwrap();
+    let mut global = deny_from("istio-system", "foo", "front");
+    {
+        let mut a: Authorization = decode(&global).unwrap();
+        a.scope = crate::proto::security::Scope::Global as i32;
+        global = Resource::new("istio-system/foo", "1", a.to_any());
+    }
+    st.on_response(&response(AUTHORIZATION_TYPE_URL, vec![global], &[]))
+        .unwrap();
+    assert!(denied(&last(&seen), "10.1.0.1", "front"));
+    assert!(!denied(&last(&seen), "10.1.0.1", "back"));
+    let garbage = Resource::new(
+        "foo",
+        "1",
+        Any {
+            type_url: AUTHORIZATION_TYPE_URL.into(),
+            value: vec![0x0a, 0xff],
+        },
+    );
+    let nack = st
+        .on_response(&response(AUTHORIZATION_TYPE_URL, vec![garbage], &[]))
+        .unwrap_err();
+    assert!(nack.message.contains("foo"), "{nack}");
+    assert!(
+        denied(&last(&seen), "10.1.0.1", "back"),
+        "garbage: denies all"
+    );
+    st.on_response(&response(AUTHORIZATION_TYPE_URL, vec![], &["foo"]))
+        .unwrap();
+    let m = last(&seen);
+    assert!(
+        denied(&m, "10.1.0.1", "front"),
+        "istio-system/foo is still in force"
+    );
+    assert!(
+        !denied(&m, "10.1.0.1", "back"),
+        "the garbage's deny is gone"
+    );
+    assert_eq!(
+        st.resource_versions(AUTHORIZATION_TYPE_URL)
+            .get("istio-system/foo")
+            .map(String::as_str),
+        Some("1")
+    );
+}
