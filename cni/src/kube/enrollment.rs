@@ -15,6 +15,17 @@ pub trait Enrollment: Send + Sync {
     /// Releases a pod by uid. Called only for pods in [`Enrollment::enrolled`]; an error
     /// is retried with backoff.
     fn unenroll(&self, uid: &str) -> Result<(), EnrollmentError>;
+    /// Releases a pod whose object is gone from the API server (deleted, or
+    /// absent from a relist past the orphan grace), which may still run: a
+    /// forced delete (`--grace-period=0`), or the garbage collector on a
+    /// node lost to the API server, removes the object before the kubelet
+    /// stops the containers. The proxies drop it, but its capture stays
+    /// (no listener: its traffic is dropped or refused, never uncaptured)
+    /// until its network namespace goes with its sandbox. Called like
+    /// [`Enrollment::unenroll`]; by default the same.
+    fn release_gone(&self, uid: &str) -> Result<(), EnrollmentError> {
+        self.unenroll(uid)
+    }
     /// The pods the agent has captured, by this watch or by the CNI plugin.
     fn enrolled(&self) -> Vec<EnrolledPod>;
     /// Whether the agent never captures pods of `namespace` (its own). Such pods are

@@ -416,7 +416,12 @@ impl Reconciler {
                     }
                     return;
                 }
-                match self.enrollment.unenroll(uid) {
+                let released = if reason == UnenrollReason::Gone {
+                    self.enrollment.release_gone(uid)
+                } else {
+                    self.enrollment.unenroll(uid)
+                };
+                match released {
                     Ok(()) => {
                         info!(pod.namespace = %namespace, pod.name = %name, pod.uid = %uid, %reason, "unenrolled pod");
                         enrolled.set().remove(uid);

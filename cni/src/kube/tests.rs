@@ -35,6 +35,8 @@ struct AgentState {
     annotations_seen: Vec<(PodRef, bool)>,
     /// `pod_deleted` calls.
     deleted: Vec<String>,
+    /// The unenrolls that were `release_gone` (rules kept).
+    gone: Vec<String>,
 }
 
 /// Records every call; `enrolled()` is what was enrolled and not unenrolled.
@@ -134,6 +136,12 @@ impl Enrollment for FakeAgent {
             )));
         }
         s.enrolled.remove(uid);
+        Ok(())
+    }
+
+    fn release_gone(&self, uid: &str) -> Result<(), EnrollmentError> {
+        self.unenroll(uid)?;
+        self.0.lock().unwrap().gone.push(uid.into());
         Ok(())
     }
 
@@ -349,6 +357,8 @@ async fn list_then_watch_enrolls_and_unenrolls_with_the_right_selectors() {
     );
     let calls = agent.wait_calls(4).await;
     assert_eq!(calls[2..], [enroll("e"), unenroll("a")]);
+    // Deleted: released with its rules kept (it may still run).
+    assert_eq!(agent.0.lock().unwrap().gone, ["a"]);
     assert_eq!(
         agent.identity("e").ips,
         vec!["10.0.0.5".parse::<std::net::IpAddr>().unwrap()]
@@ -461,6 +471,8 @@ async fn namespace_label_flip_re_evaluates_its_pods() {
         [unenroll("s1"), unenroll("s2")]
     );
     assert_eq!(agent.enrolled_set(), BTreeSet::new());
+    // No longer selected (still running): released and its rules removed.
+    assert!(agent.0.lock().unwrap().gone.is_empty());
     task.abort();
 }
 
@@ -496,6 +508,7 @@ async fn gone_relists_and_reconciles() {
     w.gone();
     let calls = agent.wait_calls(4).await;
     assert_eq!(calls[2..], [enroll("c"), unenroll("b")]);
+    assert_eq!(agent.0.lock().unwrap().gone, ["b"], "absent: rules kept");
     // b went through the orphan grace.
     assert!(agent.call_times()[3] - before >= fast().orphan_grace);
     let lists: Vec<_> = api

@@ -44,6 +44,13 @@ impl WatchEnrollment for Enroller {
         self.0.unenroll(uid).map_err(EnrollmentError::new)
     }
 
+    /// The proxies drop the pod; its rules stay in its namespace (which
+    /// goes with the sandbox): a pod still running after its object was
+    /// removed is never left uncaptured.
+    fn release_gone(&self, uid: &str) -> Result<(), EnrollmentError> {
+        self.0.release_gone(uid).map_err(EnrollmentError::new)
+    }
+
     fn enrolled(&self) -> Vec<EnrolledPod> {
         self.0
             .enrolled()

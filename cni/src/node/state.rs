@@ -383,6 +383,12 @@ impl Core {
         self.unenroll_matching(uid, None, None).map(|_| ())
     }
 
+    /// See [`crate::kube::Enrollment::release_gone`]: as [`Self::unenroll`],
+    /// the rules left in place.
+    pub(super) fn release_gone(&self, uid: &str) -> Result<(), EnrollError> {
+        self.unenroll_inner(uid, None, None, false).map(|_| ())
+    }
+
     /// Unenrolls `uid` if it is enrolled with sandbox `container_id` and
     /// netns `inode` (each when given). Returns whether it was.
     pub(super) fn unenroll_matching(
@@ -391,7 +397,17 @@ impl Core {
         container_id: Option<&str>,
         inode: Option<u64>,
     ) -> Result<bool, EnrollError> {
-        let span = tracing::info_span!("unenroll", pod.uid = %uid);
+        self.unenroll_inner(uid, container_id, inode, true)
+    }
+
+    fn unenroll_inner(
+        &self,
+        uid: &str,
+        container_id: Option<&str>,
+        inode: Option<u64>,
+        remove_rules: bool,
+    ) -> Result<bool, EnrollError> {
+        let span = tracing::info_span!("unenroll", pod.uid = %uid, remove_rules);
         let _span = span.enter();
         let _guard = self.pod_locks.lock(uid)?;
         let (entry, conns) = {
@@ -449,7 +465,11 @@ impl Core {
         if let (Some(annotator), Some(e)) = (&self.config.annotator, &entry) {
             annotator.released(&pod_ref(&e.pod));
         }
-        if let Some(fd) = entry.as_ref().and_then(|e| e.netns.as_ref()) {
+        if let Some(fd) = entry
+            .as_ref()
+            .and_then(|e| e.netns.as_ref())
+            .filter(|_| remove_rules)
+        {
             ringway_redirect::remove(fd.as_fd(), &self.config.capture).map_err(|e| {
                 tracing::warn!(error = %e, "removing the rules failed");
                 EnrollError::Rules {

@@ -148,6 +148,41 @@ fn the_watch_enrolls_running_pods_found_by_cgroup_and_ip() {
         let del = &proxy.wait_for(6)[5];
         assert_eq!((del.kind, del.uid.as_str()), ("Del", u0));
         assert_eq!(read_tag(vn.pod(0).netns.fd()).unwrap(), None);
+
+        // Pod 1's object is gone from the API server while its containers
+        // still run (a forced delete): the proxies drop it, and its capture
+        // stays, so nothing reaches its app uncaptured.
+        WatchEnrollment::release_gone(&watch, u1).unwrap();
+        let del = &proxy.wait_for(7)[6];
+        assert_eq!((del.kind, del.uid.as_str()), ("Del", u1));
+        assert!(
+            !WatchEnrollment::enrolled(&watch)
+                .iter()
+                .any(|p| p.uid == u1),
+            "forgotten by the agent"
+        );
+        let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings::default());
+        assert_eq!(
+            ringway_redirect::verify(vn.pod(1).netns.fd(), &spec).unwrap(),
+            vec![],
+            "its rules are in place"
+        );
+        let to = std::net::SocketAddr::new(vn.pod(1).ip(false), 8080);
+        let app = vn
+            .pod(1)
+            .netns
+            .run(|| std::net::TcpListener::bind(to))
+            .unwrap();
+        app.set_nonblocking(true).unwrap();
+        // From the node (the bridge's namespace): nothing captures there.
+        let tried = vn.node.run(|| {
+            std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_millis(500))
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            app.accept().is_err(),
+            "a connection reached the released pod's app uncaptured (client: {tried:?})"
+        );
         drop(pauses);
     });
 }
