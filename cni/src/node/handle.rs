@@ -141,9 +141,10 @@ impl NodeAgent {
                 Box::new(move || cni_srv.accept_loop(cni)),
             )?);
             let c = core.clone();
+            let repairs = metrics.repairs.clone();
             threads.push(spawn(
                 "ringway-reconcile",
-                Box::new(move || c.reconcile_loop()),
+                Box::new(move || c.reconcile_loop(&repairs)),
             )?);
             Ok(())
         })();

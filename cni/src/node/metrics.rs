@@ -47,6 +47,8 @@ pub struct AgentMetrics {
     pub requests: Family<CniLabels, Counter>,
     /// `ringway_agent_connections_refused_total{socket,reason}`.
     pub refused: Family<RefusedLabels, Counter>,
+    /// `ringway_agent_capture_repairs_total`.
+    pub repairs: Counter,
 }
 
 impl Default for AgentMetrics {
@@ -55,6 +57,7 @@ impl Default for AgentMetrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             requests: Family::default(),
             refused: Family::default(),
+            repairs: Counter::default(),
         }
     }
 }
@@ -96,6 +99,11 @@ impl AgentMetrics {
             "ringway_agent_connections_refused",
             "Connections to the agent's sockets refused (peer credentials, connection cap)",
             self.refused.clone(),
+        );
+        r.register(
+            "ringway_agent_capture_repairs",
+            "Enrolled pods whose capture (rules, routes, owner tag) was found changed and re-applied",
+            self.repairs.clone(),
         );
         r
     }

@@ -10,7 +10,7 @@
 //! | `ringway-zds-<n>` (one per proxy connection) | hello, snapshot, catch-up, then an idle watch for hang-ups |
 //! | `ringway-cni-accept` | the CNI event socket (`cni_socket`, unix stream, mode 0600; peers checked against `peer_uids` before a byte is read) |
 //! | `ringway-cni` (one per request, at most [`MAX_CNI_HANDLERS`]) | one request line, one response line |
-//! | `ringway-reconcile` | every `reconcile_interval`: releases the netns of pods whose namespace is gone |
+//! | `ringway-reconcile` | every `reconcile_interval`: releases the netns of pods whose namespace is gone; verifies every held pod's capture and re-applies what drifted |
 //!
 //! Rule programming runs on short-lived threads inside the pod's netns
 //! (`ringway-redirect`); the caller never moves.

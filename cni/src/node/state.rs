@@ -128,11 +128,62 @@ impl Core {
         self.persist();
     }
 
-    /// Every `reconcile_interval` until shutdown: release gone namespaces.
-    pub(super) fn reconcile_loop(&self) {
+    /// Every `reconcile_interval` until shutdown: release gone namespaces,
+    /// and put back the capture of every held pod whose rules drifted
+    /// (counted in `repairs`).
+    pub(super) fn reconcile_loop(&self, repairs: &prometheus_client::metrics::counter::Counter) {
         while !self.lifecycle.wait(self.config.reconcile_interval) {
             self.release_gone_netns();
+            let repaired = self.repair_drifted();
+            repairs.inc_by(repaired.len() as u64);
         }
+    }
+
+    /// Verifies the capture of every pod held (its rules, routes, sysctls
+    /// and owner tag) and re-applies what drifted: a pod with `NET_ADMIN`
+    /// can flush or delete its rules, and nothing else would notice while
+    /// the agent runs. Returns the UIDs repaired. A pod being enrolled or
+    /// unenrolled meanwhile is left to that call.
+    pub(super) fn repair_drifted(&self) -> Vec<String> {
+        let held: Vec<String> = lock(&self.state).pods.keys().cloned().collect();
+        let spec = &self.config.capture;
+        let mut repaired = Vec::new();
+        for uid in held {
+            if self.lifecycle.is_stopping() {
+                break;
+            }
+            let Ok(_guard) = self.pod_locks.lock(&uid) else {
+                continue;
+            };
+            // Still held (not unenrolled while this waited), with its netns.
+            let (fd, tag) = {
+                let st = lock(&self.state);
+                let Some(e) = st.pods.get(&uid) else { continue };
+                let Some(fd) = e.netns.as_ref().and_then(|f| f.try_clone().ok()) else {
+                    continue;
+                };
+                (fd, e.pod.owner_tag(&self.config.node_name))
+            };
+            let span = tracing::info_span!("repair", pod.uid = %uid);
+            let _span = span.enter();
+            match ringway_redirect::verify_for(fd.as_fd(), spec, &tag) {
+                Ok(drift) if drift.is_empty() => {}
+                Ok(drift) => {
+                    let drift: Vec<String> = drift.iter().map(|d| d.to_string()).collect();
+                    match ringway_redirect::apply_for(fd.as_fd(), spec, &tag) {
+                        Ok(()) => {
+                            tracing::warn!(drift = %drift.join("; "), "the capture of an enrolled pod drifted (its rules changed from inside the pod?): re-applied");
+                            repaired.push(uid);
+                        }
+                        Err(e) => {
+                            tracing::error!(drift = %drift.join("; "), error = %e, "the capture of an enrolled pod drifted and re-applying it failed")
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "verifying an enrolled pod's capture failed"),
+            }
+        }
+        repaired
     }
 
     /// Closes every proxy connection (shutdown has begun).

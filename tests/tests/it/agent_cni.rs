@@ -543,3 +543,96 @@ fn adversarial_gc_with_an_empty_attachment_list_keeps_live_pods_captured() {
         agent.shutdown();
     });
 }
+
+/// A pod with `NET_ADMIN` deletes its capture table, or flushes a chain,
+/// after it was enrolled: the agent finds the drift on its next reconcile
+/// and puts the capture back (tag included), counting each repair; a pod
+/// left alone is not touched.
+#[test]
+fn adversarial_a_pod_that_removes_its_own_capture_gets_it_back() {
+    run_isolated("adversarial_capture_removed", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_capture_removed");
+        let vn = VirtualNode::build(35, 2).unwrap();
+        let mut cfg = config("adversarial_capture_removed", dir.path());
+        cfg.reconcile_interval = Duration::from_millis(200);
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        let pods: Vec<CniPod> = (0..2)
+            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
+            .collect();
+        for p in &pods {
+            ok(plugin("ADD", p, &cfg.cni_socket));
+        }
+        proxy.wait_for(3);
+        let spec = CaptureSpec::default();
+        let tags: Vec<PodTag> = (0..2).map(|i| tag(&cfg, &pods[i], vn.pod(i))).collect();
+        let repairs = || {
+            agent
+                .metrics_text()
+                .lines()
+                .find_map(|l| l.strip_prefix("ringway_agent_capture_repairs_total "))
+                .map(|v| v.trim().parse::<f64>().unwrap())
+        };
+        assert_eq!(repairs(), Some(0.0));
+        let handles0 = vn
+            .pod(0)
+            .netns
+            .exec("nft", &["-a", "list", "table", "inet", "ringway"])
+            .unwrap();
+
+        // Pod 1 deletes its table (the owner tag goes with it).
+        vn.pod(1)
+            .netns
+            .exec("nft", &["delete", "table", "inet", "ringway"])
+            .unwrap();
+        assert!(!verify(vn.pod(1).netns.fd(), &spec).unwrap().is_empty());
+        assert!(
+            wait_until(WAIT, || verify_for(vn.pod(1).netns.fd(), &spec, &tags[1])
+                .unwrap()
+                .is_empty()),
+            "the deleted capture was never put back: {:?}",
+            verify_for(vn.pod(1).netns.fd(), &spec, &tags[1])
+        );
+        assert!(
+            wait_until(WAIT, || repairs() == Some(1.0)),
+            "{:?}",
+            repairs()
+        );
+
+        // Then it flushes the chain that captures its outbound.
+        vn.pod(1)
+            .netns
+            .exec("nft", &["flush", "chain", "inet", "ringway", "output"])
+            .unwrap();
+        assert!(
+            wait_until(WAIT, || verify_for(vn.pod(1).netns.fd(), &spec, &tags[1])
+                .unwrap()
+                .is_empty()),
+            "the flushed chain was never put back"
+        );
+        assert!(
+            wait_until(WAIT, || repairs() == Some(2.0)),
+            "{:?}",
+            repairs()
+        );
+
+        // Pod 0, untouched, keeps its very rules (same handles), and the
+        // proxy saw no Del.
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(
+            vn.pod(0)
+                .netns
+                .exec("nft", &["-a", "list", "table", "inet", "ringway"])
+                .unwrap(),
+            handles0
+        );
+        assert_eq!(
+            verify_for(vn.pod(0).netns.fd(), &spec, &tags[0]).unwrap(),
+            vec![]
+        );
+        assert_eq!(proxy.log().len(), 3, "{:?}", proxy.kinds());
+        agent.shutdown();
+    });
+}
