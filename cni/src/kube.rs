@@ -176,6 +176,7 @@ pub async fn run_watch_with(
     let mut inputs = std::pin::pin!(futures::stream::select(pods, namespaces));
     info!(node = %config.node, "watching pods and namespaces");
 
+    let freshness = selector.clone();
     let mut reconciler = Reconciler::new(enrollment, config, selector);
     loop {
         let input = tokio::select! {
@@ -189,17 +190,33 @@ pub async fn run_watch_with(
             },
             () = sleep_until(reconciler.next_due()) => Input::Tick,
         };
+        // A failed watch's cache may be out of date: the CNI path asks the
+        // API server until that watch delivers again (an event, or a relist
+        // done).
         match &input {
             Input::Pod(Err(e)) => {
-                warn!(error = %e, "pod watch failed, retrying");
+                warn!(error = %e, "pod watch failed, retrying; CNI ADD asks the API server meanwhile");
+                freshness.cache().pods_stale = true;
                 continue;
             }
             Input::Namespace(Err(e)) => {
-                warn!(error = %e, "namespace watch failed, retrying");
+                warn!(error = %e, "namespace watch failed, retrying; CNI ADD asks the API server meanwhile");
+                freshness.cache().namespaces_stale = true;
                 continue;
             }
             _ => {}
         }
+        // Which watch this event shows delivering again (cleared once the
+        // event is applied, so the cache answers with it).
+        let delivered = match &input {
+            Input::Pod(Ok(
+                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+            )) => Some(Watched::Pods),
+            Input::Namespace(Ok(
+                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+            )) => Some(Watched::Namespaces),
+            _ => None,
+        };
         let now = Instant::now();
         if let Input::Pod(Ok(event @ (watcher::Event::Init | watcher::Event::InitApply(_)))) = input
         {
@@ -230,7 +247,18 @@ pub async fn run_watch_with(
             // The runtime is shutting down.
             Err(_) => return,
         };
+        match delivered {
+            Some(Watched::Pods) => freshness.cache().pods_stale = false,
+            Some(Watched::Namespaces) => freshness.cache().namespaces_stale = false,
+            None => {}
+        }
     }
+}
+
+/// The two watches.
+enum Watched {
+    Pods,
+    Namespaces,
 }
 
 /// This node's pods.

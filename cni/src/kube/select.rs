@@ -91,6 +91,11 @@ pub(crate) struct Cache {
     pub(crate) namespaces: HashSet<String>,
     pub(crate) pods_synced: bool,
     pub(crate) namespaces_synced: bool,
+    /// The pod watch failed and has not delivered since: what it holds may be
+    /// out of date.
+    pub(crate) pods_stale: bool,
+    /// The same, for the namespace watch.
+    pub(crate) namespaces_stale: bool,
 }
 
 impl Cache {
@@ -98,6 +103,15 @@ impl Cache {
     /// and the selector asks the API server).
     pub(crate) fn synced(&self) -> bool {
         self.pods_synced && self.namespaces_synced
+    }
+
+    /// Listed, and neither watch failed since it last delivered: the CNI
+    /// path may answer from it. A watch that fails (an RBAC change, an API
+    /// server away longer than its backoff) would otherwise leave a
+    /// namespace labelled meanwhile looking unlabelled, and its new pods
+    /// would start uncaptured.
+    pub(crate) fn answers(&self) -> bool {
+        self.synced() && !self.pods_stale && !self.namespaces_stale
     }
 
     /// The decision for a cached pod.
@@ -201,7 +215,7 @@ impl Selector {
     pub fn select(&self, uid: &str, namespace: &str, name: &str) -> Result<Selected, SelectError> {
         let cached = {
             let cache = self.cache();
-            if cache.synced() {
+            if cache.answers() {
                 cache.decide(uid).map(|d| {
                     // Known when the API has the pod; empty when the pod
                     // has none (no identity, never `default`).

@@ -1199,6 +1199,58 @@ mod selector {
         task.abort();
     }
 
+    /// The namespace watch fails (its RBAC role lost `watch`: 403, or an API server
+    /// away longer than the backoff): what the cache holds may be out of date, so the
+    /// selector asks the API server until the watch delivers again. A namespace
+    /// labelled meanwhile is never answered "pass through" from the stale cache (its
+    /// new pods would start uncaptured).
+    #[tokio::test]
+    async fn adversarial_a_failing_watch_is_not_answered_from_its_stale_cache() {
+        let (s, api) = start();
+        api.apply_pod(FakePod::new("b", "plain", "pod-b", NODE).json());
+        let agent = Arc::new(FakeAgent::default());
+        let task = spawn_with(s.clone(), &agent, fast());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.synced() {
+            assert!(Instant::now() < deadline, "the watch did not list");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            ask(&s, "b", "plain", "pod-b").await.unwrap(),
+            Verdict::PassThrough(UnenrollReason::NotLabelled)
+        );
+        api.set_mode_of(Kind::Namespace, ApiMode::Refuse(403));
+        api.end_watches(Kind::Namespace);
+        while !s.cache().namespaces_stale {
+            assert!(Instant::now() < deadline, "the watch never failed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Labelled while the watch cannot see it.
+        api.apply_namespace("plain", Some("enabled"));
+        let gets = api.gets().len();
+        let e = ask(&s, "b", "plain", "pod-b").await.unwrap_err();
+        assert!(matches!(e, SelectError::Api { .. }), "{e:?}");
+        assert_eq!(
+            api.gets()[gets..],
+            [pod_get("plain", "pod-b"), ns_get("plain")],
+            "asked the API server, not the stale cache"
+        );
+        // The watch delivers again: the cache answers, and is right.
+        api.set_mode_of(Kind::Namespace, ApiMode::Serve);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.cache().namespaces_stale {
+            assert!(Instant::now() < deadline, "the watch never delivered again");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let gets = api.gets().len();
+        assert_eq!(
+            ask(&s, "b", "plain", "pod-b").await.unwrap(),
+            Verdict::Capture
+        );
+        assert_eq!(api.gets().len(), gets, "answered from the cache");
+        task.abort();
+    }
+
     /// Once the watch has listed pods and namespaces, the selector answers from its
     /// caches (no GET) and follows what the watch sees.
     #[tokio::test]
