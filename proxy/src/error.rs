@@ -86,4 +86,16 @@ pub enum ProxyError {
         /// The pod that holds it.
         holder: String,
     },
+    /// The pod's network namespace is another served pod's: one namespace is
+    /// one pod (two would split its inbound connections between two
+    /// identities and two sets of policies).
+    #[error("pod {uid}: its network namespace net:[{inode}] is pod {holder}'s; refusing the pod")]
+    NetnsConflict {
+        /// The pod refused.
+        uid: String,
+        /// The namespace's inode.
+        inode: u64,
+        /// The pod served in it.
+        holder: String,
+    },
 }

@@ -358,7 +358,9 @@ impl Proxy {
     /// pod's netns, with a warning: the pod can write those.
     ///
     /// A pod that claims an address another served pod holds is refused
-    /// ([`ProxyError::AddressConflict`]); nothing of it is left.
+    /// ([`ProxyError::AddressConflict`]), and so is one in another served
+    /// pod's network namespace ([`ProxyError::NetnsConflict`]); nothing of
+    /// it is left.
     pub fn add_pod_with_addresses(
         &self,
         uid: &str,
@@ -439,6 +441,13 @@ impl Proxy {
         {
             let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
             for (other, rec) in pods.iter().filter(|(other, _)| other.as_str() != uid) {
+                if rec.info.netns_inode == ino {
+                    return Err(ProxyError::NetnsConflict {
+                        uid: uid.to_string(),
+                        inode: ino,
+                        holder: other.clone(),
+                    });
+                }
                 if let Some(addr) = ips.iter().find(|ip| rec.info.ips.contains(ip)) {
                     return Err(ProxyError::AddressConflict {
                         uid: uid.to_string(),

@@ -311,10 +311,14 @@ fn session(
                         reply(sock, &proxy.metrics(), None)?;
                     }
                     Err(e) => {
-                        if matches!(e, crate::ProxyError::AddressConflict { .. }) {
+                        if matches!(
+                            e,
+                            crate::ProxyError::AddressConflict { .. }
+                                | crate::ProxyError::NetnsConflict { .. }
+                        ) {
                             // Loud: two pods claim one address. Retried, so
                             // the pod is served once the holder is deleted.
-                            tracing::error!(pod.uid = %uid, error = %e, "address conflict: pod refused (nacked), will retry");
+                            tracing::error!(pod.uid = %uid, error = %e, "two pods claim one address or one network namespace: pod refused (nacked), will retry");
                         } else {
                             tracing::warn!(pod.uid = %uid, error = %e, "cannot serve pod; nacked, will retry");
                         }

@@ -303,6 +303,24 @@ impl Core {
         let uid = pod.uid.clone();
         let (same_netns, pod) = {
             let st = lock(&self.state);
+            // One network namespace is one pod: another uid in a namespace
+            // held for a pod (a runtime's mistake, a reused path) would take
+            // over its capture's tag and split its traffic between two
+            // identities at the proxy.
+            if let Some(other) = st
+                .pods
+                .iter()
+                .find(|(u, e)| {
+                    **u != uid && e.netns.is_some() && inode.is_some() && e.inode == inode
+                })
+                .map(|(u, _)| u.clone())
+            {
+                tracing::warn!(holder = %other, "the network namespace is another pod's: refused");
+                return Err(EnrollError::BadInput(format!(
+                    "pod {uid}: network namespace net:[{}] is pod {other}'s; one network namespace is one pod",
+                    inode.unwrap_or(0)
+                )));
+            }
             match st.pods.get(&uid) {
                 Some(e) if e.inode == inode => (true, merge(pod, &e.pod)),
                 _ => (false, pod),

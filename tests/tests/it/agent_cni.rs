@@ -636,3 +636,43 @@ fn adversarial_a_pod_that_removes_its_own_capture_gets_it_back() {
         agent.shutdown();
     });
 }
+
+/// A CNI ADD that names another uid for a namespace the agent already
+/// holds for a pod (a runtime's mistake, a reused path) is refused: the
+/// first pod keeps its capture and its tag, and the proxy hears nothing.
+#[test]
+fn adversarial_a_second_pod_in_an_enrolled_netns_is_refused() {
+    run_isolated("adversarial_netns_twice", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_netns_twice");
+        let vn = VirtualNode::build(36, 1).unwrap();
+        let cfg = config("adversarial_netns_twice", dir.path());
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        let first = CniPod::of(vn.pod(0), "uid-first");
+        ok(plugin("ADD", &first, &cfg.cni_socket));
+        proxy.wait_for(2);
+        let mut second = CniPod::of(vn.pod(0), "uid-second");
+        second.name = "second".into();
+        let out = plugin("ADD", &second, &cfg.cni_socket);
+        assert_ne!(out.exit_code, 0, "{}", out.stdout);
+        assert!(
+            out.stdout.contains(&format!(
+                "pod uid-second: network namespace net:[{}] is pod uid-first's",
+                vn.pod(0).netns.inode()
+            )),
+            "{}",
+            out.stdout
+        );
+        assert_eq!(
+            read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,
+            "uid-first"
+        );
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-first"]);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
+        agent.shutdown();
+    });
+}

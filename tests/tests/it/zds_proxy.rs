@@ -427,6 +427,47 @@ fn adversarial_conflicting_add_is_nacked() {
     });
 }
 
+/// Two uids for one network namespace (a runtime's mistake, or an agent
+/// that lost track): the second is nacked naming the first, and the
+/// first keeps its listeners alone.
+#[test]
+fn adversarial_a_second_pod_in_a_served_netns_is_nacked() {
+    run_isolated(
+        "adversarial_a_second_pod_in_a_served_netns_is_nacked",
+        || {
+            let dir = TempDir::new("zds-netns-twice");
+            let vn = VirtualNode::build(1, 2).unwrap();
+            let (a, b) = (vn.pod(0), vn.pod(1));
+            let agent = FakeAgent::new(&dir);
+            let run = start_proxy(agent.path.clone());
+            let conn = agent.accept();
+            conn.ask(
+                add_with("a", &[a.ip(false), a.ip(true)]),
+                Some(&a.netns.dup_fd().unwrap()),
+            )
+            .unwrap();
+            // Another pod's addresses, a's netns.
+            let e = conn
+                .ask(
+                    add_with("b", &[b.ip(false), b.ip(true)]),
+                    Some(&a.netns.dup_fd().unwrap()),
+                )
+                .unwrap_err();
+            assert_eq!(
+                e,
+                format!(
+                    "pod b: its network namespace net:[{}] is pod a's; refusing the pod",
+                    a.netns.inode()
+                )
+            );
+            let uids: Vec<_> = run.proxy.pods().into_iter().map(|p| p.uid).collect();
+            assert_eq!(uids, vec!["a".to_string()]);
+            drop(run);
+            drop(conn);
+        },
+    );
+}
+
 /// A pod first added without addresses (an older agent: the netns's, which
 /// here include a neighbour's address the pod put on its eth0) takes the
 /// agent's once it sends them for the same netns; the same addresses again
