@@ -21,8 +21,9 @@
 //! whole namespace (the whole mesh for the root namespace's), and an ALLOW
 //! of unknown scope grants nothing; a policy that cannot be decoded at all
 //! denies everything in its namespace, or the whole mesh when the namespace
-//! is unknown or the root, under a name no valid policy has), and each
-//! problem is reported for the NACK.
+//! is unknown or the root, under a name no valid policy has; a field its
+//! bytes hold that this proxy does not know makes its match, clause or rule
+//! err the same way), and each problem is reported for the NACK.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,6 +37,7 @@ use ringway_config::{
 };
 
 use crate::proto::security::{self, string_match::MatchType};
+use crate::proto::wire::UnknownFields;
 use crate::proto::workload::{self as wl, address, gateway_address};
 
 /// The trust domain of a workload that names none (the control plane's
@@ -418,6 +420,90 @@ pub struct Policy {
 /// Reads the `Authorization` resource named `name`. `root_namespace`: the
 /// namespace whose policies would apply mesh-wide.
 pub fn authorization(name: &str, a: &security::Authorization, root_namespace: &str) -> Policy {
+    authorization_with(name, a, &UnknownFields::default(), root_namespace)
+}
+
+/// [`authorization`], with the fields of its bytes this proxy does not
+/// know ([`crate::proto::wire::unknown_in_authorization`]): each is a
+/// condition it cannot evaluate, so what holds it errs toward deny (a
+/// match, clause or rule of a DENY matches every connection, of an ALLOW
+/// none; an ALLOW with an unknown field of its own grants nothing; a
+/// DENY's own is reported, its rules enforced).
+pub fn authorization_with(
+    name: &str,
+    a: &security::Authorization,
+    unknown: &UnknownFields,
+    root_namespace: &str,
+) -> Policy {
+    let mut p = authorization_read(name, a, root_namespace);
+    if unknown.is_empty() {
+        return p;
+    }
+    let deny = p.policy.action == Action::Deny;
+    let (instead, stand_in, whole) = if deny {
+        ("every", Match::Always, "its rules are enforced as read")
+    } else {
+        ("no", Match::Never, "it grants nothing")
+    };
+    let fields = |f: &[u32]| {
+        f.iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for ((r, c, m), f) in &unknown.matches {
+        if let Some(slot) = p
+            .policy
+            .rules
+            .get_mut(*r)
+            .and_then(|rule| rule.clauses.get_mut(*c))
+            .and_then(|clause| clause.matches.get_mut(*m))
+        {
+            *slot = stand_in.clone();
+            p.problems.push(format!(
+                "rules[{r}].clauses[{c}].matches[{m}]: fields {} unknown to this proxy: it matches {instead} connection",
+                fields(f)
+            ));
+        }
+    }
+    for ((r, c), f) in &unknown.clauses {
+        if let Some(clause) = p
+            .policy
+            .rules
+            .get_mut(*r)
+            .and_then(|rule| rule.clauses.get_mut(*c))
+        {
+            clause.matches = vec![stand_in.clone()];
+            p.problems.push(format!(
+                "rules[{r}].clauses[{c}]: fields {} unknown to this proxy: it matches {instead} connection",
+                fields(f)
+            ));
+        }
+    }
+    for (r, f) in &unknown.rules {
+        if let Some(rule) = p.policy.rules.get_mut(*r) {
+            rule.clauses = vec![Clause {
+                matches: vec![stand_in.clone()],
+            }];
+            p.problems.push(format!(
+                "rules[{r}]: fields {} unknown to this proxy: it matches {instead} connection",
+                fields(f)
+            ));
+        }
+    }
+    if !unknown.policy.is_empty() {
+        if !deny {
+            p.policy.rules = Vec::new();
+        }
+        p.problems.push(format!(
+            "fields {} unknown to this proxy: {whole}",
+            fields(&unknown.policy)
+        ));
+    }
+    p
+}
+
+fn authorization_read(name: &str, a: &security::Authorization, root_namespace: &str) -> Policy {
     let mut problems = Vec::new();
     let expected = format!("{}/{}", a.namespace, a.name);
     if a.name.is_empty() || a.namespace.is_empty() || expected != name {

@@ -464,7 +464,12 @@ impl MeshState {
         let decoded = decode::<security::Authorization>(r);
         let (policy, problem, version) = match decoded {
             Ok(a) => {
-                let read = convert::authorization(name, &a, root);
+                let unknown = r
+                    .resource
+                    .as_ref()
+                    .map(|any| crate::proto::wire::unknown_in_authorization(&any.value))
+                    .unwrap_or_default();
+                let read = convert::authorization_with(name, &a, &unknown, root);
                 let problem = (!read.problems.is_empty())
                     .then(|| convert::describe_problems(name, &read.problems));
                 (read.policy, problem, Some(r.version.clone()))

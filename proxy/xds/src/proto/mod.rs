@@ -6,13 +6,16 @@
 //!   [`Node`], and `google.rpc.Status` as [`Status`]);
 //! - [`workload`]: `istio.workload` (an [`workload::Address`] is a
 //!   [`workload::Workload`] or a [`workload::Service`]);
-//! - [`security`]: `istio.security` ([`security::Authorization`]).
+//! - [`security`]: `istio.security` ([`security::Authorization`]);
+//! - [`wire`]: the fields of a policy's bytes that these structs do not
+//!   name (prost drops them).
 //!
 //! [`TypedResource`] wraps and unwraps the two resource types in the `Any`
 //! that carries them, checking the type URL.
 
 pub mod discovery;
 pub mod security;
+pub mod wire;
 pub mod workload;
 
 #[cfg(test)]

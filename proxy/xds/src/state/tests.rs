@@ -586,3 +586,85 @@ fn adversarial_a_garbage_policy_without_a_namespace_never_takes_another_policys_
         Some("1")
     );
 }
+
+/// A DENY whose only condition is a field this proxy does not know (a
+/// newer control plane's): prost drops the field, which left an empty
+/// match that matches nothing, a DENY that denied nothing. It now matches
+/// every connection, and the NACK names the field; an ALLOW's grants
+/// nothing.
+#[test]
+fn adversarial_a_condition_of_a_newer_schema_errs_toward_deny() {
+    use crate::proto::security::{self, string_match::MatchType};
+    use prost::Message as _;
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![
+            wl_res(pod("shop", "a", "10.1.0.1"), "1"),
+            wl_res(pod("other", "b", "10.2.0.1"), "1"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    // Field 13 of Match, as a newer schema would add it.
+    let mut unknown = Vec::new();
+    prost::encoding::encode_key(13, prost::encoding::WireType::LengthDelimited, &mut unknown);
+    prost::encoding::encode_varint(3, &mut unknown);
+    unknown.extend_from_slice(b"new");
+    let policy_bytes = |ns: &str, name: &str, action: i32, known: security::Match| {
+        let mut m = known.encode_to_vec();
+        m.extend_from_slice(&unknown);
+        let mut clause = Vec::new();
+        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut clause);
+        prost::encoding::encode_varint(m.len() as u64, &mut clause);
+        clause.extend(m);
+        let mut rule = Vec::new();
+        prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut rule);
+        prost::encoding::encode_varint(clause.len() as u64, &mut rule);
+        rule.extend(clause);
+        let mut a = Authorization {
+            name: name.into(),
+            namespace: ns.into(),
+            scope: 1,
+            action,
+            rules: vec![],
+            dry_run: false,
+        }
+        .encode_to_vec();
+        prost::encoding::encode_key(5, prost::encoding::WireType::LengthDelimited, &mut a);
+        prost::encoding::encode_varint(rule.len() as u64, &mut a);
+        a.extend(rule);
+        Resource::new(
+            format!("{ns}/{name}"),
+            "1",
+            Any {
+                type_url: AUTHORIZATION_TYPE_URL.into(),
+                value: a,
+            },
+        )
+    };
+    let deny = policy_bytes("shop", "deny-new", 1, security::Match::default());
+    let nack = st
+        .on_response(&response(AUTHORIZATION_TYPE_URL, vec![deny], &[]))
+        .unwrap_err();
+    assert!(
+        nack.message.contains("rules[0].clauses[0].matches[0]: fields 13 unknown to this proxy: it matches every connection"),
+        "{nack}"
+    );
+    let m = last(&seen);
+    assert!(denied(&m, "10.1.0.1", "front"), "the DENY denies");
+    assert!(!denied(&m, "10.2.0.1", "front"), "in its namespace only");
+
+    // An ALLOW of `other` for `front` with the unknown condition: grants
+    // nothing, so `front` is refused there.
+    let front = security::Match {
+        namespaces: vec![StringMatch {
+            match_type: Some(MatchType::Exact("front".into())),
+        }],
+        ..Default::default()
+    };
+    let allow = policy_bytes("other", "allow-new", 0, front);
+    st.on_response(&response(AUTHORIZATION_TYPE_URL, vec![allow], &[]))
+        .unwrap_err();
+    assert!(denied(&last(&seen), "10.2.0.1", "front"));
+}
