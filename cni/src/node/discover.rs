@@ -35,6 +35,8 @@ pub(super) struct Rediscovered {
     pub(super) report: Rediscovery,
     /// The pods to adopt.
     pub(super) pods: Vec<Adopted>,
+    /// The pods to `Keep` only (see [`Rediscovery::kept`]): uid -> netns inode.
+    pub(super) keep: BTreeMap<String, u64>,
 }
 
 fn pod_from_record(rec: &RecordedPod) -> Pod {
@@ -92,25 +94,28 @@ fn disagreement(tag: &PodTag, rec: &RecordedPod, inode: u64) -> Option<String> {
 /// each pod's rules and re-applies them only on drift; never removes any.
 /// The owner of the state adopts what it returns.
 pub(super) fn rediscover(cfg: &AgentConfig) -> Rediscovered {
-    let recorded = match cfg
+    // Whether the record can say which pods were enrolled: without it, the
+    // pods this node's tags name are kept at the proxies, never adopted.
+    let (recorded, usable) = match cfg
         .state_file
         .as_deref()
         .map(|p| record::load(p, &cfg.node_name))
     {
         None => {
             tracing::info!("no state file configured: no pod is adopted at start");
-            BTreeMap::new()
+            (BTreeMap::new(), false)
         }
-        Some(Ok(Some(pods))) => pods,
+        Some(Ok(Some(pods))) => (pods, true),
         Some(Ok(None)) => {
             tracing::info!("no state file yet: no pod to adopt");
-            BTreeMap::new()
+            (BTreeMap::new(), false)
         }
         Some(Err(e)) => {
-            tracing::error!(error = %e, "the agent's record is unreadable: no pod is adopted (their rules stay in place)");
-            BTreeMap::new()
+            tracing::error!(error = %e, "the agent's record is unreadable: no pod is adopted (their rules stay in place; the proxies keep the pods this node's tags name)");
+            (BTreeMap::new(), false)
         }
     };
+    let mut keep: BTreeMap<String, u64> = BTreeMap::new();
     let found = netns::scan(&cfg.proc_root, &cfg.netns_dirs);
     let mut report = Rediscovery {
         namespaces: found.len(),
@@ -150,6 +155,11 @@ pub(super) fn rediscover(cfg: &AgentConfig) -> Rediscovered {
             continue;
         }
         let Some(rec) = recorded.get(&tag.uid) else {
+            if !usable {
+                tracing::warn!(pod.uid = %tag.uid, netns.inode = f.inode, "owner tag of this node, no usable record: not adopted; the proxies keep the pod");
+                keep.insert(tag.uid.clone(), f.inode);
+                continue;
+            }
             tracing::warn!(pod.uid = %tag.uid, netns.inode = f.inode, "owner tag of a pod the agent has no record of: not adopted");
             report.skipped.push(format!(
                 "pod {} in net:[{}] is not in the agent's record",
@@ -220,7 +230,8 @@ pub(super) fn rediscover(cfg: &AgentConfig) -> Rediscovered {
             path: f.path,
         });
     }
-    Rediscovered { report, pods }
+    report.kept = keep.keys().cloned().collect();
+    Rediscovered { report, pods, keep }
 }
 
 #[cfg(test)]

@@ -85,13 +85,14 @@ impl NodeAgent {
         let lifecycle = Arc::new(Lifecycle::default());
         let metrics = Arc::new(AgentMetrics::default());
         let core = Arc::new(Core::new(config.clone(), lifecycle.clone()));
-        core.adopt(found.pods);
+        core.adopt(found.pods, found.keep);
         let report = found.report;
         tracing::info!(
             namespaces = report.namespaces,
             adopted = report.adopted.len(),
             reapplied = report.reapplied.len(),
             skipped = report.skipped.len(),
+            kept = report.kept.len(),
             "rediscovery done"
         );
         let zds = zds_server::bind(&config.zds_socket)?;

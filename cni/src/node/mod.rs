@@ -106,7 +106,10 @@
 //! never a crash. Each adopted pod's rules are verified; only on drift are
 //! they re-applied (an atomic table replacement that keeps connections).
 //! Rediscovery never removes rules; the record is then rewritten with the
-//! adopted pods. The first proxy to connect gets the full snapshot.
+//! adopted pods. The first proxy to connect gets the full snapshot. With no
+//! usable record (unreadable, or gone), nothing is adopted, and the pods
+//! this node's tags name are sent as `Keep` (never recorded, never an
+//! identity) until each is enrolled, unenrolled, or its namespace is gone.
 //!
 //! # Gone namespaces
 //! A pod's namespace is *live* while a process is in it, it is mounted in one

@@ -108,9 +108,10 @@ impl Core {
 
     /// Adopts the pods rediscovery found at start, and rewrites the state
     /// file with them (pods recorded but not found are gone: dropped from it).
-    pub(super) fn adopt(&self, pods: Vec<Adopted>) {
+    pub(super) fn adopt(&self, pods: Vec<Adopted>, keep: BTreeMap<String, u64>) {
         {
             let mut st = lock(&self.state);
+            st.keep_only = keep;
             for a in pods {
                 st.pods.insert(
                     a.pod.uid.clone(),
@@ -351,6 +352,7 @@ impl Core {
         let replaced = {
             let mut st = lock(&self.state);
             st.gen += 1;
+            st.keep_only.remove(&uid);
             st.pods.insert(
                 uid.clone(),
                 Entry {
@@ -479,6 +481,9 @@ impl Core {
         let span = tracing::info_span!("unenroll", pod.uid = %uid, remove_rules);
         let _span = span.enter();
         let _guard = self.pod_locks.lock(uid)?;
+        if self.release_kept(uid, inode) {
+            return Ok(true);
+        }
         let (entry, conns) = {
             let mut st = lock(&self.state);
             let matches = st.pods.get(uid).map(|e| {
@@ -518,18 +523,7 @@ impl Core {
             (entry, st.ready_conns())
         };
         self.persist_pods(&[uid.to_string()]);
-        let req = del_request(uid);
-        for conn in conns {
-            match conn.exchange(&req, None) {
-                Ok(Answer::Ack) => {}
-                Ok(Answer::Nack(reason)) => {
-                    tracing::warn!(proxy.conn = conn.id, %reason, "proxy nacked Del")
-                }
-                Err(e) => {
-                    self.close_conn(&conn, &format!("Del of pod {uid}: {e}"));
-                }
-            }
-        }
+        self.del_everywhere(uid, conns);
         // The proxies dropped it: no longer captured, whatever the rules do next.
         if let (Some(annotator), Some(e)) = (&self.config.annotator, &entry) {
             annotator.released(&pod_ref(&e.pod));
@@ -554,14 +548,55 @@ impl Core {
         Ok(true)
     }
 
+    /// `Del` of `uid` to each of `conns`.
+    fn del_everywhere(&self, uid: &str, conns: Vec<Arc<Conn>>) {
+        let req = del_request(uid);
+        for conn in conns {
+            match conn.exchange(&req, None) {
+                Ok(Answer::Ack) => {}
+                Ok(Answer::Nack(reason)) => {
+                    tracing::warn!(proxy.conn = conn.id, %reason, "proxy nacked Del")
+                }
+                Err(e) => {
+                    self.close_conn(&conn, &format!("Del of pod {uid}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// A pod only kept at the proxies (see [`State::keep_only`]) leaves:
+    /// `Del` to every ready proxy. Whether it was one (with `inode`, when
+    /// given).
+    fn release_kept(&self, uid: &str, inode: Option<u64>) -> bool {
+        let conns = {
+            let mut st = lock(&self.state);
+            if st.pods.contains_key(uid) {
+                return false;
+            }
+            match st.keep_only.get(uid) {
+                Some(ino) if inode.is_none_or(|want| want == *ino) => {}
+                _ => return false,
+            }
+            st.keep_only.remove(uid);
+            st.gen += 1;
+            st.ready_conns()
+        };
+        self.del_everywhere(uid, conns);
+        tracing::info!(pod.uid = %uid, "a pod the proxies kept (no usable record at start) left them");
+        true
+    }
+
     // ------------------------------------------------------------ liveness
 
     /// Releases the netns of every pod whose namespace is gone (no process,
     /// no mount in `netns_dirs`, and its path no longer names it). Returns
     /// their UIDs.
     pub(super) fn release_gone_netns(&self) -> Vec<String> {
-        let candidates = lock(&self.state).pinned();
-        if candidates.is_empty() {
+        let (candidates, kept) = {
+            let st = lock(&self.state);
+            (st.pinned(), !st.keep_only.is_empty())
+        };
+        if candidates.is_empty() && !kept {
             return Vec::new();
         }
         let live = live_inodes(&self.config.proc_root, &self.config.netns_dirs);
@@ -579,7 +614,24 @@ impl Core {
         let released = lock(&self.state).release(gone);
         // The record says the namespace is gone too (no inode to adopt).
         self.persist_pods(&released);
+        self.release_gone_kept(&live);
         released
+    }
+
+    /// The kept-only pods whose namespace is no longer live leave the
+    /// proxies.
+    fn release_gone_kept(&self, live: &std::collections::HashSet<u64>) {
+        let gone: Vec<(String, u64)> = lock(&self.state)
+            .keep_only
+            .iter()
+            .filter(|(_, ino)| !live.contains(*ino))
+            .map(|(uid, ino)| (uid.clone(), *ino))
+            .collect();
+        for (uid, ino) in gone {
+            if let Ok(_guard) = self.pod_locks.lock(&uid) {
+                self.release_kept(&uid, Some(ino));
+            }
+        }
     }
 
     /// A duplicate of the netns fd held for `uid`, with its path.

@@ -31,8 +31,15 @@ pub(super) struct State {
     pub(super) pods: BTreeMap<String, Entry>,
     /// In accept order: the last ready one is the newest.
     pub(super) conns: Vec<Arc<Conn>>,
-    /// Bumped on every change of `pods` (connections in their snapshot catch up).
+    /// Bumped on every change of `pods` or `keep_only` (connections in
+    /// their snapshot catch up).
     pub(super) gen: u64,
+    /// Pods the proxies are told to `Keep` though the agent does not hold
+    /// them (uid -> netns inode): named by this node's tags when the
+    /// agent's record could not be used at start. Never recorded, never
+    /// reported as enrolled; each leaves when it is enrolled (an `Add`),
+    /// unenrolled (a `Del`) or its namespace is gone (a `Del`).
+    pub(super) keep_only: BTreeMap<String, u64>,
 }
 
 impl State {
@@ -106,6 +113,19 @@ impl State {
                     netns,
                 }
             })
+            .chain(
+                self.keep_only
+                    .keys()
+                    .filter(|uid| !self.pods.contains_key(*uid))
+                    .map(|uid| SnapItem {
+                        pod: Pod {
+                            uid: uid.clone(),
+                            ..Pod::default()
+                        },
+                        netns: None,
+                        inode: None,
+                    }),
+            )
             .collect();
         (items, self.gen)
     }
@@ -138,7 +158,7 @@ impl State {
             .collect();
         let dels = told
             .keys()
-            .filter(|uid| !self.pods.contains_key(*uid))
+            .filter(|uid| !self.pods.contains_key(*uid) && !self.keep_only.contains_key(*uid))
             .cloned()
             .collect();
         Some((adds, dels))
@@ -182,6 +202,10 @@ impl State {
     /// given).
     pub(super) fn find(&self, uid: Option<&str>, container_id: &str) -> Option<String> {
         let e = match uid {
+            // A pod only kept at the proxies is named by its uid alone.
+            Some(uid) if !self.pods.contains_key(uid) && self.keep_only.contains_key(uid) => {
+                return Some(uid.to_owned());
+            }
             Some(uid) => self.pods.get(uid),
             None => self
                 .pods

@@ -233,3 +233,91 @@ fn adversarial_restart_does_not_adopt_forged_owner_tags() {
         agent.shutdown();
     });
 }
+
+/// The agent's record cannot be read at restart (corrupt, or written by a
+/// build this one cannot read): nothing is adopted (a tag is the pod's own
+/// to write, never an identity), but the proxies are told to keep the pods
+/// this node's tags name, so a lost record does not tear down every pod of
+/// the node. A kept pod leaves the proxies on its DEL, or once its
+/// namespace is gone.
+#[test]
+fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
+    run_isolated("restart_unreadable_record", || {
+        init_logs();
+        let dir = TempDir::new("restart_unreadable_record");
+        let mut cfg = config("restart_unreadable_record", dir.path());
+        cfg.reconcile_interval = std::time::Duration::from_millis(200);
+        let mut vn = VirtualNode::build(37, 3).unwrap();
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+        let cni: Vec<CniPod> = (0..3)
+            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
+            .collect();
+        for p in &cni {
+            ok(plugin("ADD", p, &cfg.cni_socket));
+        }
+        proxy.wait_for(4);
+        agent.shutdown();
+        proxy.disconnect();
+
+        // The record's middle line is damaged.
+        let path = cfg.state_file.clone().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() >= 3, "{text}");
+        lines[1] = "{\"put\": garbage";
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+
+        let agent = start(&cfg);
+        let r = agent.rediscovery();
+        assert!(r.adopted.is_empty(), "{r:?}");
+        assert_eq!(r.kept, ["uid-0", "uid-1", "uid-2"], "{r:?}");
+        assert!(agent.pods().is_empty(), "nothing adopted");
+        let p = FakeProxy::connect(&cfg.zds_socket);
+        for uid in ["uid-0", "uid-1", "uid-2"] {
+            let r = p.recv();
+            assert_eq!((r.kind, r.uid.as_str()), ("Keep", uid));
+            assert_eq!(r.netns_inode, None);
+            p.ack();
+        }
+        assert_eq!(p.recv().kind, "SnapshotSent");
+        p.ack();
+        wait_ready_proxies(&agent, 1);
+
+        // Pod 0's DEL: the proxy drops it.
+        let del = std::thread::spawn({
+            let (sock, pod) = (cfg.cni_socket.clone(), cni[0].clone());
+            move || plugin("DEL", &pod, &sock)
+        });
+        let r = p.recv();
+        assert_eq!((r.kind, r.uid.as_str()), ("Del", "uid-0"));
+        p.ack();
+        ok(del.join().unwrap());
+
+        // Pod 1's namespace goes without a DEL: dropped at the next
+        // reconcile.
+        let pod2_inode = vn.pod(2).netns.inode();
+        let gone = vn.pod(1).name.clone();
+        vn.remove_pod(&gone).unwrap();
+        let r = p.recv();
+        assert_eq!((r.kind, r.uid.as_str()), ("Del", "uid-1"));
+        p.ack();
+
+        // Pod 2 comes back through a CNI ADD (the runtime's retry, or the
+        // watch): enrolled with the identity the agent is given, a real
+        // `Add`, recorded again.
+        let add = std::thread::spawn({
+            let (sock, pod) = (cfg.cni_socket.clone(), cni[2].clone());
+            move || plugin("ADD", &pod, &sock)
+        });
+        let r = p.recv();
+        assert_eq!((r.kind, r.uid.as_str()), ("Add", "uid-2"));
+        assert_eq!(r.netns_inode, Some(pod2_inode));
+        p.ack();
+        ok(add.join().unwrap());
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-2"]);
+        agent.shutdown();
+    });
+}
