@@ -14,6 +14,7 @@ use super::config::AgentConfig;
 use super::netns;
 use super::pod::{Pod, Rediscovery};
 use super::record::{self, RecordedPod};
+use super::table::Kept;
 
 /// A pod found at start, its namespace pinned.
 #[derive(Debug)]
@@ -35,8 +36,8 @@ pub(super) struct Rediscovered {
     pub(super) report: Rediscovery,
     /// The pods to adopt.
     pub(super) pods: Vec<Adopted>,
-    /// The pods to `Keep` only (see [`Rediscovery::kept`]): uid -> netns inode.
-    pub(super) keep: BTreeMap<String, u64>,
+    /// The pods to `Keep` only (see [`Rediscovery::kept`]).
+    pub(super) keep: BTreeMap<String, Vec<Kept>>,
 }
 
 fn pod_from_record(rec: &RecordedPod) -> Pod {
@@ -115,7 +116,13 @@ pub(super) fn rediscover(cfg: &AgentConfig) -> Rediscovered {
             (BTreeMap::new(), false)
         }
     };
-    let mut keep: BTreeMap<String, u64> = BTreeMap::new();
+    // Pods kept before this start (a record unusable at an earlier start):
+    // kept again, in the namespaces they were kept in.
+    let kept_before = match (usable, cfg.state_file.as_deref()) {
+        (true, Some(p)) => record::load_kept(p, &cfg.node_name),
+        _ => BTreeMap::new(),
+    };
+    let mut keep: BTreeMap<String, Vec<Kept>> = BTreeMap::new();
     let found = netns::scan(&cfg.proc_root, &cfg.netns_dirs);
     let mut report = Rediscovery {
         namespaces: found.len(),
@@ -155,9 +162,15 @@ pub(super) fn rediscover(cfg: &AgentConfig) -> Rediscovered {
             continue;
         }
         let Some(rec) = recorded.get(&tag.uid) else {
-            if !usable {
-                tracing::warn!(pod.uid = %tag.uid, netns.inode = f.inode, "owner tag of this node, no usable record: not adopted; the proxies keep the pod");
-                keep.insert(tag.uid.clone(), f.inode);
+            let kept = kept_before
+                .get(&tag.uid)
+                .is_some_and(|inodes| inodes.contains(&f.inode));
+            if !usable || kept {
+                tracing::warn!(pod.uid = %tag.uid, netns.inode = f.inode, "owner tag of this node, no record of the pod: not adopted; the proxies keep the pod");
+                keep.entry(tag.uid.clone()).or_default().push(Kept {
+                    inode: f.inode,
+                    netns: fd,
+                });
                 continue;
             }
             tracing::warn!(pod.uid = %tag.uid, netns.inode = f.inode, "owner tag of a pod the agent has no record of: not adopted");

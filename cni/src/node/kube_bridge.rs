@@ -51,17 +51,23 @@ impl WatchEnrollment for Enroller {
         self.0.release_gone(uid).map_err(EnrollmentError::new)
     }
 
+    /// The pods held, and the pods only kept at the proxies with no
+    /// identity (none was recorded): the watch enrolls those it wants under
+    /// the identity it sees (an update), and releases the others.
     fn enrolled(&self) -> Vec<EnrolledPod> {
-        self.0
-            .enrolled()
-            .into_iter()
-            .map(|p| EnrolledPod {
-                uid: p.pod.uid,
-                name: p.pod.name,
-                namespace: p.pod.namespace,
-                service_account: p.pod.service_account,
-            })
-            .collect()
+        let held = self.0.enrolled().into_iter().map(|p| EnrolledPod {
+            uid: p.pod.uid,
+            name: p.pod.name,
+            namespace: p.pod.namespace,
+            service_account: p.pod.service_account,
+        });
+        let kept = self.0.kept_uids().into_iter().map(|uid| EnrolledPod {
+            uid,
+            name: String::new(),
+            namespace: String::new(),
+            service_account: String::new(),
+        });
+        held.chain(kept).collect()
     }
 
     /// Puts the pod's `ambient.istio.io/redirection` annotation right when the

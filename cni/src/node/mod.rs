@@ -108,8 +108,10 @@
 //! Rediscovery never removes rules; the record is then rewritten with the
 //! adopted pods. The first proxy to connect gets the full snapshot. With no
 //! usable record (unreadable, or gone), nothing is adopted, and the pods
-//! this node's tags name are sent as `Keep` (never recorded, never an
-//! identity) until each is enrolled, unenrolled, or its namespace is gone.
+//! this node's tags name are sent as `Keep` (never an identity), written
+//! beside the record (`<state file>.kept`) to be kept again at the next
+//! start, until each is enrolled, unenrolled (CNI DEL or the watch), or its
+//! namespaces are gone.
 //!
 //! # Gone namespaces
 //! A pod's namespace is *live* while a process is in it, it is mounted in one

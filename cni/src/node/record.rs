@@ -332,6 +332,99 @@ fn store_journal<'a>(
     })
 }
 
+/// The pods kept at the proxies without a record of them (uid -> the
+/// namespace inodes whose tags name it; see `Rediscovery::kept`), beside the
+/// record in `<state file>.kept`, so a restart keeps them again (never
+/// adopts them).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KeptFile {
+    version: u32,
+    node: String,
+    kept: BTreeMap<String, Vec<u64>>,
+}
+
+/// `<state file>.kept`.
+pub(super) fn kept_path(state_file: &Path) -> PathBuf {
+    let mut p = state_file.as_os_str().to_owned();
+    p.push(".kept");
+    PathBuf::from(p)
+}
+
+/// The kept pods written beside `state_file` for this `node` (none when
+/// there is no such file; an unreadable one, or another node's, is logged
+/// and counts as none).
+pub(super) fn load_kept(state_file: &Path, node: &str) -> BTreeMap<String, Vec<u64>> {
+    let path = kept_path(state_file);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeMap::new(),
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "reading the kept pods' file: none kept");
+            return BTreeMap::new();
+        }
+    };
+    match serde_json::from_slice::<KeptFile>(&bytes) {
+        Ok(k) if k.version == 1 && k.node == node => k.kept,
+        Ok(k) => {
+            tracing::error!(path = %path.display(), version = k.version, node = %k.node, "the kept pods' file is not this node's (or of an unknown version): none kept");
+            BTreeMap::new()
+        }
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "the kept pods' file is not valid: none kept");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// Writes the kept pods beside `state_file` (temp file, fsync, rename), or
+/// removes the file when there are none.
+pub(super) fn store_kept(
+    state_file: &Path,
+    node: &str,
+    kept: &BTreeMap<String, Vec<u64>>,
+) -> Result<(), RecordError> {
+    let path = kept_path(state_file);
+    let write = write_error(&path);
+    if kept.is_empty() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(write(e)),
+            _ => Ok(()),
+        };
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(&write)?;
+    }
+    let body = serde_json::to_vec(&KeptFile {
+        version: 1,
+        node: node.to_owned(),
+        kept: kept.clone(),
+    })
+    .map_err(|e| write(std::io::Error::other(e)))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        write(e)
+    })
+}
+
 fn line(out: &mut Vec<u8>, v: &impl Serialize) -> std::io::Result<()> {
     serde_json::to_writer(&mut *out, v).map_err(std::io::Error::other)?;
     out.push(b'\n');

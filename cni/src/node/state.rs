@@ -25,6 +25,7 @@ use super::netns::{canonical_netns, inode_of, live_inodes};
 use super::pod::{Pod, PodSource, PodStatus, ProxyStatus};
 use super::proxy_conn::{add_request, del_request, Conn, SnapItem};
 use super::record::RecordWriter;
+use super::table::Kept;
 use super::table::{Entry, State};
 use super::zds_server::Proxies;
 
@@ -108,7 +109,7 @@ impl Core {
 
     /// Adopts the pods rediscovery found at start, and rewrites the state
     /// file with them (pods recorded but not found are gone: dropped from it).
-    pub(super) fn adopt(&self, pods: Vec<Adopted>, keep: BTreeMap<String, u64>) {
+    pub(super) fn adopt(&self, pods: Vec<Adopted>, keep: BTreeMap<String, Vec<Kept>>) {
         {
             let mut st = lock(&self.state);
             st.keep_only = keep;
@@ -127,6 +128,27 @@ impl Core {
             st.gen += 1;
         }
         self.persist();
+        self.store_kept();
+    }
+
+    /// Writes the kept pods beside the record (see [`State::keep_only`]).
+    fn store_kept(&self) {
+        let Some(path) = self.config.state_file.as_deref() else {
+            return;
+        };
+        let kept: BTreeMap<String, Vec<u64>> = lock(&self.state)
+            .keep_only
+            .iter()
+            .map(|(uid, k)| (uid.clone(), k.iter().map(|k| k.inode).collect()))
+            .collect();
+        if let Err(e) = super::record::store_kept(path, &self.config.node_name, &kept) {
+            tracing::error!(error = %e, "the kept pods are not written down: a restarted agent will not keep them");
+        }
+    }
+
+    /// The uids of the pods kept at the proxies (see [`State::keep_only`]).
+    pub(super) fn kept_uids(&self) -> Vec<String> {
+        lock(&self.state).keep_only.keys().cloned().collect()
     }
 
     /// Every `reconcile_interval` until shutdown: release gone namespaces,
@@ -308,14 +330,20 @@ impl Core {
             // held for a pod (a runtime's mistake, a reused path) would take
             // over its capture's tag and split its traffic between two
             // identities at the proxy.
-            if let Some(other) = st
+            let held = st
                 .pods
                 .iter()
                 .find(|(u, e)| {
                     **u != uid && e.netns.is_some() && inode.is_some() && e.inode == inode
                 })
-                .map(|(u, _)| u.clone())
-            {
+                .map(|(u, _)| u.clone());
+            let kept = || {
+                st.keep_only
+                    .iter()
+                    .find(|(u, k)| **u != uid && k.iter().any(|k| Some(k.inode) == inode))
+                    .map(|(u, _)| u.clone())
+            };
+            if let Some(other) = held.or_else(kept) {
                 tracing::warn!(holder = %other, "the network namespace is another pod's: refused");
                 return Err(EnrollError::BadInput(format!(
                     "pod {uid}: network namespace net:[{}] is pod {other}'s; one network namespace is one pod",
@@ -349,10 +377,15 @@ impl Core {
             what: "duplicating the netns fd".into(),
             source: e,
         })?;
+        // A pod kept at the proxies, enrolled again in the same namespace:
+        // a failed Add leaves it kept, its rules in place.
+        let was_kept = lock(&self.state)
+            .keep_only
+            .get(&uid)
+            .is_some_and(|k| k.iter().any(|k| Some(k.inode) == inode));
         let replaced = {
             let mut st = lock(&self.state);
             st.gen += 1;
-            st.keep_only.remove(&uid);
             st.pods.insert(
                 uid.clone(),
                 Entry {
@@ -376,6 +409,18 @@ impl Core {
                 if let Some(annotator) = &self.config.annotator {
                     annotator.captured(&pod_ref(&pod));
                 }
+                let unkept = {
+                    let mut st = lock(&self.state);
+                    let gone = st.keep_only.remove(&uid).is_some();
+                    if gone {
+                        st.gen += 1;
+                    }
+                    gone
+                };
+                if unkept {
+                    tracing::info!("a pod the proxies kept is enrolled again");
+                    self.store_kept();
+                }
                 Ok(())
             }
             Err(fail) => {
@@ -391,6 +436,10 @@ impl Core {
                     st.pods.remove(&uid)
                 };
                 self.persist_pods(std::slice::from_ref(&uid));
+                if was_kept {
+                    // Still kept: the proxies keep serving it as before.
+                    return Err(fail.error);
+                }
                 if let Some(conn) = fail.nacked_by {
                     // The proxy keeps retrying a nacked pod: tell it we gave up.
                     if let Err(e) = conn.exchange(&del_request(&uid), None) {
@@ -481,7 +530,7 @@ impl Core {
         let span = tracing::info_span!("unenroll", pod.uid = %uid, remove_rules);
         let _span = span.enter();
         let _guard = self.pod_locks.lock(uid)?;
-        if self.release_kept(uid, inode) {
+        if self.release_kept(uid, inode, remove_rules) {
             return Ok(true);
         }
         let (entry, conns) = {
@@ -565,24 +614,41 @@ impl Core {
     }
 
     /// A pod only kept at the proxies (see [`State::keep_only`]) leaves:
-    /// `Del` to every ready proxy. Whether it was one (with `inode`, when
-    /// given).
-    fn release_kept(&self, uid: &str, inode: Option<u64>) -> bool {
-        let conns = {
+    /// `Del` to every ready proxy, and with `remove_rules` its rules are
+    /// removed from each namespace whose tag still names it. Whether it was
+    /// one (kept in namespace `inode`, when given). The caller holds the
+    /// pod's lock.
+    fn release_kept(&self, uid: &str, inode: Option<u64>, remove_rules: bool) -> bool {
+        let (kept, conns) = {
             let mut st = lock(&self.state);
             if st.pods.contains_key(uid) {
                 return false;
             }
             match st.keep_only.get(uid) {
-                Some(ino) if inode.is_none_or(|want| want == *ino) => {}
+                Some(k) if inode.is_none_or(|want| k.iter().any(|k| k.inode == want)) => {}
                 _ => return false,
             }
-            st.keep_only.remove(uid);
+            let kept = st.keep_only.remove(uid).unwrap_or_default();
             st.gen += 1;
-            st.ready_conns()
+            (kept, st.ready_conns())
         };
         self.del_everywhere(uid, conns);
-        tracing::info!(pod.uid = %uid, "a pod the proxies kept (no usable record at start) left them");
+        if remove_rules {
+            for k in &kept {
+                let named = ringway_redirect::read_tag(k.netns.as_fd())
+                    .ok()
+                    .flatten()
+                    .is_some_and(|t| t.uid == uid);
+                if named {
+                    if let Err(e) = ringway_redirect::remove(k.netns.as_fd(), &self.config.capture)
+                    {
+                        tracing::warn!(pod.uid = %uid, netns.inode = k.inode, error = %e, "removing a kept pod's rules failed");
+                    }
+                }
+            }
+        }
+        self.store_kept();
+        tracing::info!(pod.uid = %uid, remove_rules, "a pod the proxies kept (no record of it at start) left them");
         true
     }
 
@@ -618,19 +684,32 @@ impl Core {
         released
     }
 
-    /// The kept-only pods whose namespace is no longer live leave the
-    /// proxies.
+    /// The kept pods none of whose namespaces is live any more leave the
+    /// proxies (their namespaces that are gone are forgotten).
     fn release_gone_kept(&self, live: &std::collections::HashSet<u64>) {
-        let gone: Vec<(String, u64)> = lock(&self.state)
-            .keep_only
-            .iter()
-            .filter(|(_, ino)| !live.contains(*ino))
-            .map(|(uid, ino)| (uid.clone(), *ino))
-            .collect();
-        for (uid, ino) in gone {
-            if let Ok(_guard) = self.pod_locks.lock(&uid) {
-                self.release_kept(&uid, Some(ino));
+        let (gone, changed): (Vec<String>, bool) = {
+            let mut st = lock(&self.state);
+            let mut changed = false;
+            for k in st.keep_only.values_mut() {
+                let before = k.len();
+                k.retain(|k| live.contains(&k.inode));
+                changed |= k.len() != before;
             }
+            let gone = st
+                .keep_only
+                .iter()
+                .filter(|(_, k)| k.is_empty())
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            (gone, changed)
+        };
+        for uid in gone {
+            if let Ok(_guard) = self.pod_locks.lock(&uid) {
+                self.release_kept(&uid, None, false);
+            }
+        }
+        if changed {
+            self.store_kept();
         }
     }
 

@@ -35,11 +35,20 @@ pub(super) struct State {
     /// their snapshot catch up).
     pub(super) gen: u64,
     /// Pods the proxies are told to `Keep` though the agent does not hold
-    /// them (uid -> netns inode): named by this node's tags when the
-    /// agent's record could not be used at start. Never recorded, never
-    /// reported as enrolled; each leaves when it is enrolled (an `Add`),
-    /// unenrolled (a `Del`) or its namespace is gone (a `Del`).
-    pub(super) keep_only: BTreeMap<String, u64>,
+    /// them: named by this node's tags when the agent's record could not be
+    /// used at start (uid -> each namespace whose tag names it). Never an
+    /// identity; written beside the record (`<state file>.kept`) so a
+    /// restart keeps them again. Each leaves when it is enrolled (an `Add`),
+    /// unenrolled (a `Del`) or its namespaces are gone (a `Del`).
+    pub(super) keep_only: BTreeMap<String, Vec<Kept>>,
+}
+
+/// A namespace whose tag names a kept pod (held: its rules can be removed
+/// when the pod is unenrolled).
+#[derive(Debug)]
+pub(super) struct Kept {
+    pub(super) inode: u64,
+    pub(super) netns: OwnedFd,
 }
 
 impl State {

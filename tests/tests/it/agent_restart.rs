@@ -247,17 +247,19 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         let dir = TempDir::new("restart_unreadable_record");
         let mut cfg = config("restart_unreadable_record", dir.path());
         cfg.reconcile_interval = std::time::Duration::from_millis(200);
-        let mut vn = VirtualNode::build(37, 3).unwrap();
+        let mut vn = VirtualNode::build(37, 5).unwrap();
         let agent = start(&cfg);
         let proxy = AutoProxy::start(&cfg.zds_socket);
         wait_ready_proxies(&agent, 1);
-        let cni: Vec<CniPod> = (0..3)
+        // Pods 0-2 and 4 enrolled; pod 3 never is.
+        let cni: Vec<CniPod> = [0, 1, 2, 4]
+            .into_iter()
             .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
             .collect();
         for p in &cni {
             ok(plugin("ADD", p, &cfg.cni_socket));
         }
-        proxy.wait_for(4);
+        proxy.wait_for(5);
         agent.shutdown();
         proxy.disconnect();
 
@@ -272,10 +274,10 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         let agent = start(&cfg);
         let r = agent.rediscovery();
         assert!(r.adopted.is_empty(), "{r:?}");
-        assert_eq!(r.kept, ["uid-0", "uid-1", "uid-2"], "{r:?}");
+        assert_eq!(r.kept, ["uid-0", "uid-1", "uid-2", "uid-4"], "{r:?}");
         assert!(agent.pods().is_empty(), "nothing adopted");
         let p = FakeProxy::connect(&cfg.zds_socket);
-        for uid in ["uid-0", "uid-1", "uid-2"] {
+        for uid in ["uid-0", "uid-1", "uid-2", "uid-4"] {
             let r = p.recv();
             assert_eq!((r.kind, r.uid.as_str()), ("Keep", uid));
             assert_eq!(r.netns_inode, None);
@@ -285,7 +287,66 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         p.ack();
         wait_ready_proxies(&agent, 1);
 
-        // Pod 0's DEL: the proxy drops it.
+        // Restarted again: the record is readable now (rewritten with the
+        // pods held: none), and the pods kept are kept again, from the file
+        // beside it, in the namespaces they were kept in. Pod 3, never
+        // enrolled, forges pod 0's tag meanwhile: not kept.
+        agent.shutdown();
+        drop(p);
+        let tag0 = read_tag(vn.pod(0).netns.fd()).unwrap().unwrap();
+        apply_for(vn.pod(3).netns.fd(), &CaptureSpec::default(), &tag0).unwrap();
+        let agent = start(&cfg);
+        let r = agent.rediscovery();
+        assert_eq!(r.kept, ["uid-0", "uid-1", "uid-2", "uid-4"], "{r:?}");
+        assert_eq!(
+            r.skipped,
+            [format!(
+                "pod uid-0 in net:[{}] is not in the agent's record",
+                vn.pod(3).netns.inode()
+            )],
+            "{r:?}"
+        );
+        let p = FakeProxy::connect(&cfg.zds_socket);
+        for uid in ["uid-0", "uid-1", "uid-2", "uid-4"] {
+            let r = p.recv();
+            assert_eq!((r.kind, r.uid.as_str()), ("Keep", uid));
+            p.ack();
+        }
+        assert_eq!(p.recv().kind, "SnapshotSent");
+        p.ack();
+        wait_ready_proxies(&agent, 1);
+        // The Kubernetes watch sees them held with no identity: it enrolls
+        // those it wants under the one it sees, and releases the others
+        // (pod 4, opted out: its rules go too).
+        let watch = agent.enrollment();
+        let listed: Vec<(String, String)> = ringway_cni::kube::Enrollment::enrolled(&watch)
+            .into_iter()
+            .map(|p| (p.uid, p.namespace))
+            .collect();
+        assert_eq!(
+            listed,
+            ["uid-0", "uid-1", "uid-2", "uid-4"].map(|u| (u.to_string(), String::new()))
+        );
+        let pod4_inode = vn.pod(4).netns.inode();
+        let release = std::thread::spawn({
+            let watch = watch.clone();
+            move || ringway_cni::kube::Enrollment::unenroll(&watch, "uid-4")
+        });
+        let r = p.recv();
+        assert_eq!((r.kind, r.uid.as_str()), ("Del", "uid-4"));
+        p.ack();
+        release.join().unwrap().unwrap();
+        assert_eq!(read_tag(vn.pod(4).netns.fd()).unwrap(), None);
+        assert_eq!(vn.pod(4).netns.inode(), pod4_inode);
+
+        // Another uid in a kept pod's namespace is refused.
+        let mut intruder = CniPod::of(vn.pod(0), "uid-intruder");
+        intruder.name = "intruder".into();
+        let out = plugin("ADD", &intruder, &cfg.cni_socket);
+        assert_ne!(out.exit_code, 0, "{}", out.stdout);
+        assert!(out.stdout.contains("is pod uid-0's"), "{}", out.stdout);
+
+        // Pod 0's DEL: the proxy drops it, and its rules go.
         let del = std::thread::spawn({
             let (sock, pod) = (cfg.cni_socket.clone(), cni[0].clone());
             move || plugin("DEL", &pod, &sock)
@@ -294,6 +355,7 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         assert_eq!((r.kind, r.uid.as_str()), ("Del", "uid-0"));
         p.ack();
         ok(del.join().unwrap());
+        assert_eq!(read_tag(vn.pod(0).netns.fd()).unwrap(), None);
 
         // Pod 1's namespace goes without a DEL: dropped at the next
         // reconcile.
@@ -318,6 +380,10 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         ok(add.join().unwrap());
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
         assert_eq!(held, ["uid-2"]);
+        assert!(
+            !std::path::Path::new(&format!("{}.kept", path.display())).exists(),
+            "nothing kept any more: the file beside the record is gone"
+        );
         agent.shutdown();
     });
 }
