@@ -45,8 +45,13 @@
 //! Failing keeps the pod in ContainerCreating while the kubelet retries: an availability
 //! cost only for pods whose ADD comes during an API outage before the watch has seen
 //! them, and only while the outage lasts. Pods the watch already holds are answered
-//! from its caches and do not depend on the API server. The reference mesh's plugin
-//! makes the same choice (its ADD fails when it cannot read the pod).
+//! from its caches and do not depend on the API server. A watch that failed is not
+//! trusted until it delivers again (or has gone twice its longest backoff without
+//! failing): meanwhile the ADD asks the API server, since a namespace labelled while
+//! the watch could not see it would otherwise start its pods uncaptured; only when
+//! the API server cannot be reached at all (so nothing there can have changed) does
+//! the cache answer. The reference mesh's plugin makes the same choice (its ADD fails
+//! when it cannot read the pod).
 //!
 //! # The decision ([`decide`])
 //! The labels are ringway's `ringway.io/dataplane-mode` and the Istio ambient mesh's
@@ -72,11 +77,14 @@
 //!   that is in it, so repeated MODIFIED events (status updates, annotation changes)
 //!   cost nothing.
 //! - Nothing is called before both the pod and the namespace lists are in.
-//! - Pod deleted: `unenroll`. Namespace label changed: its pods are decided again.
+//! - Pod deleted: `release_gone` (the proxies drop it, its rules stay until its
+//!   namespace goes: it may still run). Namespace label changed: its pods are decided
+//!   again.
 //! - After every (re)list (start, or a watch that expired with 410 Gone): every pod is
-//!   decided again, and an enrolled pod that was not listed is unenrolled when it is still
-//!   unknown [`WatchConfig::orphan_grace`] later (a pod bound just after the list was
-//!   taken may already be enrolled by its CNI ADD; its ADDED event will come).
+//!   decided again, and an enrolled pod that was not listed is released the same way
+//!   when it is still unknown [`WatchConfig::orphan_grace`] later (a pod bound just
+//!   after the list was taken may already be enrolled by its CNI ADD; its ADDED event
+//!   will come).
 //! - The pods' [`REDIRECTION_ANNOTATION`] (`ambient.istio.io/redirection`, which the
 //!   agent sets on the pods it captures, see [`Annotator`]): a running pod the agent holds
 //!   without it, or a pod the rule passes over with it, is reported to the agent
@@ -177,6 +185,10 @@ pub async fn run_watch_with(
     info!(node = %config.node, "watching pods and namespaces");
 
     let freshness = selector.clone();
+    // After a failure, a watch is trusted again once it delivers, or once
+    // it has gone this long without failing again (its retries report
+    // each failure; the longest wait between them is the backoff's).
+    let quiet = config.watch_backoff_max * 2;
     let mut reconciler = Reconciler::new(enrollment, config, selector);
     loop {
         let input = tokio::select! {
@@ -196,12 +208,12 @@ pub async fn run_watch_with(
         match &input {
             Input::Pod(Err(e)) => {
                 warn!(error = %e, "pod watch failed, retrying; CNI ADD asks the API server meanwhile");
-                freshness.cache().pods_stale = true;
+                freshness.cache().pods_stale_until = Some(std::time::Instant::now() + quiet);
                 continue;
             }
             Input::Namespace(Err(e)) => {
                 warn!(error = %e, "namespace watch failed, retrying; CNI ADD asks the API server meanwhile");
-                freshness.cache().namespaces_stale = true;
+                freshness.cache().namespaces_stale_until = Some(std::time::Instant::now() + quiet);
                 continue;
             }
             _ => {}
@@ -248,8 +260,8 @@ pub async fn run_watch_with(
             Err(_) => return,
         };
         match delivered {
-            Some(Watched::Pods) => freshness.cache().pods_stale = false,
-            Some(Watched::Namespaces) => freshness.cache().namespaces_stale = false,
+            Some(Watched::Pods) => freshness.cache().pods_stale_until = None,
+            Some(Watched::Namespaces) => freshness.cache().namespaces_stale_until = None,
             None => {}
         }
     }

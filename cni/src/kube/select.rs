@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{Api, Client};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
 
@@ -80,6 +80,18 @@ pub enum SelectError {
     Stopped,
 }
 
+impl SelectError {
+    /// The API server could not be reached or did not answer (as opposed
+    /// to answering with an error status).
+    pub fn unreachable(&self) -> bool {
+        match self {
+            SelectError::Api { source, .. } => !matches!(source, kube::Error::Api(_)),
+            SelectError::Timeout { .. } => true,
+            SelectError::Stopped => false,
+        }
+    }
+}
+
 /// What the watch knows: this node's pods and the names of the enrolled namespaces.
 /// Written by the watch only; read by [`Selector::selects`].
 #[derive(Debug, Default)]
@@ -92,10 +104,12 @@ pub(crate) struct Cache {
     pub(crate) pods_synced: bool,
     pub(crate) namespaces_synced: bool,
     /// The pod watch failed and has not delivered since: what it holds may be
-    /// out of date.
-    pub(crate) pods_stale: bool,
+    /// out of date until then. A watch that resumed with nothing to deliver
+    /// reports no more failures: once its retries would have failed again
+    /// (twice the longest backoff after the last failure) it is trusted.
+    pub(crate) pods_stale_until: Option<std::time::Instant>,
     /// The same, for the namespace watch.
-    pub(crate) namespaces_stale: bool,
+    pub(crate) namespaces_stale_until: Option<std::time::Instant>,
 }
 
 impl Cache {
@@ -111,7 +125,15 @@ impl Cache {
     /// namespace labelled meanwhile looking unlabelled, and its new pods
     /// would start uncaptured.
     pub(crate) fn answers(&self) -> bool {
-        self.synced() && !self.pods_stale && !self.namespaces_stale
+        let now = std::time::Instant::now();
+        let fresh = |until: Option<std::time::Instant>| until.is_none_or(|t| now >= t);
+        self.synced() && fresh(self.pods_stale_until) && fresh(self.namespaces_stale_until)
+    }
+
+    /// Whether the last failure of either watch is still recent (see
+    /// [`Cache::answers`]).
+    pub(crate) fn stale(&self) -> bool {
+        self.synced() && !self.answers()
     }
 
     /// The decision for a cached pod.
@@ -213,26 +235,26 @@ impl Selector {
     /// [`Selector::selects`], with the pod's service account when the watch's cache or
     /// the API server holds the pod under `uid` (or its mirror pod, for a static pod).
     pub fn select(&self, uid: &str, namespace: &str, name: &str) -> Result<Selected, SelectError> {
-        let cached = {
+        // What the watch's cache says, and whether it may be behind (a watch
+        // failed lately).
+        let (cached, stale) = {
             let cache = self.cache();
-            if cache.answers() {
+            let cached = cache.synced().then(|| {
                 cache.decide(uid).map(|d| {
                     // Known when the API has the pod; empty when the pod
                     // has none (no identity, never `default`).
                     let sa = cache.pods.get(uid).map(|p| p.service_account.clone());
-                    (d, sa)
+                    Selected {
+                        verdict: Verdict::of(&d),
+                        service_account: sa,
+                    }
                 })
-            } else {
-                None
-            }
-        };
-        if let Some((decision, service_account)) = cached {
-            let verdict = Verdict::of(&decision);
-            debug!(pod.uid = %uid, ?verdict, source = "watch cache", "capture rule");
-            return Ok(Selected {
-                verdict,
-                service_account,
             });
+            (cached.flatten(), cache.stale())
+        };
+        if let (Some(selected), false) = (&cached, stale) {
+            debug!(pod.uid = %uid, verdict = ?selected.verdict, source = "watch cache", "capture rule");
+            return Ok(selected.clone());
         }
         let started = Instant::now();
         let (tx, rx) = sync_channel(1);
@@ -262,7 +284,19 @@ impl Selector {
                 pod.service_account = selected.service_account.as_deref().unwrap_or(""),
                 source = "API server", took = ?started.elapsed(), "capture rule");
         }
-        answer
+        match (answer, cached) {
+            // The watch failed because the API server cannot be reached, and
+            // it still cannot: nothing can have changed there since the
+            // watch last delivered, so the cache answers. An API server that
+            // answers with a refusal (403: the watch's RBAC role changed)
+            // fails the ADD instead: labels may have changed meanwhile.
+            (Err(e), Some(selected)) if e.unreachable() => {
+                warn!(pod.uid = %uid, pod.namespace = %namespace, pod.name = %name, verdict = ?selected.verdict, error = %e,
+                    "the API server cannot be reached: the watch's cache answers");
+                Ok(selected)
+            }
+            (answer, _) => answer,
+        }
     }
 }
 

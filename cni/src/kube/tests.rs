@@ -1221,7 +1221,7 @@ mod selector {
         );
         api.set_mode_of(Kind::Namespace, ApiMode::Refuse(403));
         api.end_watches(Kind::Namespace);
-        while !s.cache().namespaces_stale {
+        while !s.cache().stale() {
             assert!(Instant::now() < deadline, "the watch never failed");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -1238,7 +1238,7 @@ mod selector {
         // The watch delivers again: the cache answers, and is right.
         api.set_mode_of(Kind::Namespace, ApiMode::Serve);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while s.cache().namespaces_stale {
+        while s.cache().stale() {
             assert!(Instant::now() < deadline, "the watch never delivered again");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -1248,6 +1248,47 @@ mod selector {
             Verdict::Capture
         );
         assert_eq!(api.gets().len(), gets, "answered from the cache");
+
+        // It fails again and resumes with nothing to deliver (a quiet
+        // namespace watch): trusted again once it went twice its longest
+        // backoff without failing.
+        api.set_mode_of(Kind::Namespace, ApiMode::Refuse(403));
+        api.end_watches(Kind::Namespace);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.cache().stale() {
+            assert!(Instant::now() < deadline, "the watch never failed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        api.set_mode_of(Kind::Namespace, ApiMode::Serve);
+        while s.cache().stale() {
+            assert!(Instant::now() < deadline, "never trusted again");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let gets = api.gets().len();
+        assert_eq!(
+            ask(&s, "b", "plain", "pod-b").await.unwrap(),
+            Verdict::Capture
+        );
+        assert_eq!(api.gets().len(), gets, "answered from the cache");
+
+        // The API server cannot be reached at all: no label can change
+        // there, so the cache answers rather than failing every ADD.
+        api.set_mode(ApiMode::Unreachable);
+        api.end_watches(Kind::Namespace);
+        api.end_watches(Kind::Pod);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.cache().stale() {
+            assert!(Instant::now() < deadline, "the watch never failed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            ask(&s, "b", "plain", "pod-b").await.unwrap(),
+            Verdict::Capture
+        );
+        // A pod the watch has not seen is still an error, never a guess.
+        let e = ask(&s, "new", "plain", "pod-new").await.unwrap_err();
+        assert!(e.unreachable(), "{e:?}");
+        api.set_mode(ApiMode::Serve);
         task.abort();
     }
 

@@ -46,7 +46,8 @@ pub struct AgentConfig {
     /// start only pods tagged with this name are adopted; empty adopts every
     /// tagged pod.
     pub node_name: String,
-    /// How often the agent looks for pods whose namespace is gone.
+    /// How often the agent looks for pods whose namespace is gone, and
+    /// verifies (and repairs) every held pod's capture.
     pub reconcile_interval: Duration,
     /// Which pods the agent captures (besides `exclude_namespaces`, never).
     pub selection: Selection,
