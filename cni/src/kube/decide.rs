@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 
-use super::model::{PodIdentity, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
+use super::model::{PodIdentity, MIRROR_ANNOTATION, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
 
 // The labels and the label rule are `ringway_config::enrollment`'s, shared with the
 // proxy's Kubernetes mesh source (a workload's `tunnel` flag).
@@ -140,6 +140,9 @@ pub(crate) struct PodFacts {
     pub(crate) ips: Vec<IpAddr>,
     /// Its `ambient.istio.io/redirection` annotation says `enabled`.
     pub(crate) redirection: bool,
+    /// A mirror pod's static pod uid (`kubernetes.io/config.mirror`): the
+    /// uid the agent holds the pod by.
+    pub(crate) mirror_of: Option<String>,
 }
 
 impl PodFacts {
@@ -182,6 +185,12 @@ impl PodFacts {
                 .as_ref()
                 .and_then(|a| a.get(REDIRECTION_ANNOTATION))
                 .is_some_and(|v| v == REDIRECTION_ENABLED),
+            mirror_of: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(MIRROR_ANNOTATION))
+                .filter(|m| !m.is_empty())
+                .cloned(),
         })
     }
 
@@ -200,6 +209,7 @@ impl PodFacts {
             terminating: false,
             ips: Vec::new(),
             redirection: false,
+            mirror_of: None,
         }
     }
 

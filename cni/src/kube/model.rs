@@ -9,6 +9,10 @@ use std::net::IpAddr;
 pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 /// [`REDIRECTION_ANNOTATION`]'s value on a captured pod.
 pub const REDIRECTION_ENABLED: &str = "enabled";
+/// The annotation a mirror pod (the API server's object of a static pod,
+/// with a uid of its own) carries with its static pod's uid: the uid the
+/// kubelet, and so the CNI ADD, knows the pod by.
+pub(crate) const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// What the node agent needs to enroll a running pod.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -310,7 +310,13 @@ impl Reconciler {
             enrolled
                 .set()
                 .keys()
-                .filter(|uid| !cache.pods.contains_key(*uid))
+                .filter(|uid| {
+                    !cache.pods.contains_key(*uid)
+                        && !cache
+                            .pods
+                            .values()
+                            .any(|p| p.mirror_of.as_deref() == Some(uid.as_str()))
+                })
                 .cloned()
                 .collect()
         };
@@ -343,13 +349,29 @@ impl Reconciler {
     /// running and without it; not held and with it) is reported to the agent
     /// ([`Enrollment::annotation_seen`]).
     fn evaluate(&mut self, uid: &str, enrolled: &mut Enrolled<'_>) {
-        let (facts, ns_enabled) = {
+        // A static pod is held by the agent under the uid its CNI ADD had
+        // (the kubelet's), which its mirror pod (the API's object, a uid of
+        // its own) names: the agent is called with that one, the API object
+        // is annotated under its own.
+        let (facts, ns_enabled, agent_uid) = {
             let cache = self.selector.cache();
-            match cache.pods.get(uid) {
-                Some(p) => (Some(p.clone()), cache.namespaces.contains(&p.namespace)),
-                None => (None, false),
+            let found = cache.pods.get(uid).or_else(|| {
+                cache
+                    .pods
+                    .values()
+                    .find(|p| p.mirror_of.as_deref() == Some(uid))
+            });
+            match found {
+                Some(p) => (
+                    Some(p.clone()),
+                    cache.namespaces.contains(&p.namespace),
+                    p.mirror_of.clone().unwrap_or_else(|| p.uid.clone()),
+                ),
+                None => (None, false, uid.to_owned()),
             }
         };
+        let api_uid = facts.as_ref().map_or(uid, |p| p.uid.as_str()).to_owned();
+        let uid = agent_uid.as_str();
         let annotated = facts.as_ref().map(|p| p.redirection);
         let (decision, namespace, name) = match facts {
             Some(p) if self.enrollment.excludes(&p.namespace) => (
@@ -365,7 +387,8 @@ impl Reconciler {
             ),
         };
         match decision {
-            Decision::Enroll(id) => {
+            Decision::Enroll(mut id) => {
+                id.uid = uid.to_owned();
                 let wanted = EnrolledPod::from(&id);
                 let update = match enrolled.set().get(uid) {
                     Some(held) if *held == wanted => {
@@ -373,7 +396,7 @@ impl Reconciler {
                         self.retries.remove(uid);
                         if annotated == Some(false) {
                             self.enrollment
-                                .annotation_seen(&pod_ref(uid, &namespace, &name), false);
+                                .annotation_seen(&pod_ref(&api_uid, &namespace, &name), false);
                         }
                         return;
                     }
@@ -400,7 +423,7 @@ impl Reconciler {
                         // event may be the only one to say it is gone.
                         if update && annotated == Some(false) {
                             self.enrollment
-                                .annotation_seen(&pod_ref(uid, &namespace, &name), false);
+                                .annotation_seen(&pod_ref(&api_uid, &namespace, &name), false);
                         }
                     }
                     Err(error) => self.retry_later(uid, "enroll", &error),
@@ -412,7 +435,7 @@ impl Reconciler {
                     self.retries.remove(uid);
                     if annotated == Some(true) {
                         self.enrollment
-                            .annotation_seen(&pod_ref(uid, &namespace, &name), true);
+                            .annotation_seen(&pod_ref(&api_uid, &namespace, &name), true);
                     }
                     return;
                 }

@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use tracing::{debug, info, warn};
 
 use super::decide::{decide_facts, namespace_enabled, Decision, PodFacts, UnenrollReason};
+use super::model::MIRROR_ANNOTATION;
 
 /// How long [`Selector::selects`] waits for the API server (both GETs together).
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -49,9 +50,6 @@ pub struct Selected {
     /// The pod's service account, when known for this uid.
     pub service_account: Option<String>,
 }
-
-/// The annotation a mirror pod carries with its static pod's uid.
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Why [`Selector::selects`] has no answer. Every case is "try again later": the CNI
 /// ADD fails with code 11 rather than guess (see the module docs of [`super`]).

@@ -1721,3 +1721,28 @@ mod annotator {
         assert_eq!(a.pending(), 0);
     }
 }
+
+/// A static pod: its CNI ADD enrolled it under the kubelet's uid, and the API
+/// server's object of it is a mirror pod with a uid of its own, naming that
+/// uid in `kubernetes.io/config.mirror`. The watch calls the agent with the
+/// uid it holds (an identity update), and never takes the held uid for a
+/// gone pod (it once released it after the orphan grace: all its traffic
+/// dropped).
+#[tokio::test]
+async fn a_static_pod_is_known_by_the_uid_its_mirror_names() {
+    let (client, _api) = scripted(
+        vec![pod("mirror", "mesh")
+            .annotate("kubernetes.io/config.mirror", "static")
+            .json()],
+        vec![namespace("mesh", Some("enabled"), "7")],
+    );
+    let agent = FakeAgent::with_enrolled(&[("static", "mesh")]);
+    let task = spawn(client, &agent, fast());
+    assert_eq!(agent.wait_calls(1).await, [enroll("static")]);
+    assert_eq!(agent.identity("static").name, "pod-mirror");
+    // Past the orphan grace: nothing released.
+    tokio::time::sleep(fast().orphan_grace * 3).await;
+    assert_eq!(agent.calls(), [enroll("static")]);
+    assert_eq!(agent.enrolled_set(), BTreeSet::from(["static".to_string()]));
+    task.abort();
+}
