@@ -441,7 +441,11 @@ pub fn authorization_with(
     }
     let deny = p.policy.action == Action::Deny;
     let (instead, stand_in, whole) = if deny {
-        ("every", Match::Always, "its rules are enforced as read")
+        (
+            "every",
+            Match::Always,
+            "its rules are enforced as read, on every workload of its namespace",
+        )
     } else {
         ("no", Match::Never, "it grants nothing")
     };
@@ -492,7 +496,12 @@ pub fn authorization_with(
         }
     }
     if !unknown.policy.is_empty() {
-        if !deny {
+        if deny {
+            // What it selects may be what the field says: never narrower
+            // than it could have been (as an unknown scope).
+            p.policy.listed = false;
+            p.policy.mesh_wide = p.policy.mesh_wide || p.policy.namespace == root_namespace;
+        } else {
             p.policy.rules = Vec::new();
         }
         p.problems.push(format!(
@@ -506,7 +515,9 @@ pub fn authorization_with(
 fn authorization_read(name: &str, a: &security::Authorization, root_namespace: &str) -> Policy {
     let mut problems = Vec::new();
     let expected = format!("{}/{}", a.namespace, a.name);
-    if a.name.is_empty() || a.namespace.is_empty() || expected != name {
+    // '~' is in no Kubernetes name: the unreadable policies' stand-ins
+    // (`deny_everything`) are named with it.
+    if a.name.is_empty() || a.namespace.is_empty() || expected != name || name.contains('~') {
         // Scoped by what the resource's name says: never narrower than it
         // could have been.
         problems.push(format!(
@@ -620,14 +631,15 @@ fn authorization_read(name: &str, a: &security::Authorization, root_namespace: &
 /// namespace's workloads; every workload when its namespace is the root or
 /// cannot be told).
 pub fn deny_everything(name: &str, root_namespace: &str) -> AuthorizationPolicy {
-    let (ns, short) = match name.split_once('/') {
-        Some((ns, n)) if !ns.is_empty() && !n.is_empty() => (ns.to_owned(), n.to_owned()),
+    let split = name
+        .split_once('/')
+        .filter(|(ns, n)| !ns.is_empty() && !n.is_empty());
+    let ns = split.map_or(root_namespace, |(ns, _)| ns).to_owned();
+    let short = match split {
+        Some((_, n)) if !name.contains('~') => n.to_owned(),
         // Under a name no Kubernetes object can have ('~'), one to one
         // with the resource's: it never takes the place of another policy.
-        _ => (
-            root_namespace.to_owned(),
-            format!("~{}", name.replace('~', "~~").replace('/', "~s")),
-        ),
+        _ => format!("~{}", name.replace('~', "~~").replace('/', "~s")),
     };
     let mut p = AuthorizationPolicy::new(&ns, &short, Action::Deny);
     p.origin = Some(format!(

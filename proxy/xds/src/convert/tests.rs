@@ -770,3 +770,75 @@ fn adversarial_a_policy_named_unlike_its_resource_denies_what_it_could_select() 
     let r = deny_everything("istio-system/x", "istio-system");
     assert!(r.mesh_wide, "the root namespace's policies are mesh-wide");
 }
+
+/// A policy field this proxy does not know, at the top: a DENY selects
+/// at least its whole namespace (the field may widen what it selects), an
+/// ALLOW grants nothing.
+#[test]
+fn adversarial_an_unknown_top_level_field_errs_toward_deny() {
+    let unknown = crate::proto::wire::UnknownFields {
+        policy: vec![20],
+        ..Default::default()
+    };
+    let deny = security::Action::Deny as i32;
+    let listed = authz(deny, security::Scope::WorkloadSelector as i32, vec![]);
+    let a = Authorization {
+        namespace: "shop".into(),
+        ..listed.clone()
+    };
+    let read = authorization(&format!("shop/{}", a.name), &a, "istio-system");
+    assert!(read.policy.listed && read.problems.is_empty());
+    let p = authorization_with(&format!("shop/{}", a.name), &a, &unknown, "istio-system");
+    assert!(
+        !p.policy.listed && !p.policy.mesh_wide,
+        "its whole namespace"
+    );
+    assert!(
+        p.problems[0].starts_with("fields 20 unknown to this proxy: its rules are enforced"),
+        "{:?}",
+        p.problems
+    );
+    let root = Authorization {
+        namespace: "istio-system".into(),
+        ..listed
+    };
+    let p = authorization_with(
+        &format!("istio-system/{}", root.name),
+        &root,
+        &unknown,
+        "istio-system",
+    );
+    assert!(p.policy.mesh_wide, "the root namespace's: every workload");
+    let allow = Authorization {
+        namespace: "shop".into(),
+        ..authz(security::Action::Allow as i32, 1, vec![])
+    };
+    let p = authorization_with(
+        &format!("shop/{}", allow.name),
+        &allow,
+        &unknown,
+        "istio-system",
+    );
+    assert!(p.policy.rules.is_empty(), "grants nothing");
+}
+
+/// '~' is in no Kubernetes name: a resource that has one is unreadable, and
+/// its stand-in never shares a name with another resource's.
+#[test]
+fn adversarial_a_tilde_in_a_policy_name_is_unreadable_and_never_collides() {
+    let a = Authorization {
+        namespace: "istio-system".into(),
+        name: "~foo".into(),
+        ..authz(security::Action::Allow as i32, 0, vec![])
+    };
+    let p = authorization("istio-system/~foo", &a, "istio-system");
+    assert_eq!(p.policy.action, Action::Deny);
+    assert!(!p.problems.is_empty());
+    let garbage = deny_everything("foo", "istio-system");
+    assert_ne!(p.policy.qualified_name(), garbage.qualified_name());
+    assert_eq!(&**garbage.qualified_name(), "istio-system/~foo");
+    assert_eq!(
+        &**p.policy.qualified_name(),
+        "istio-system/~istio-system~s~~foo"
+    );
+}
