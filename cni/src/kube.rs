@@ -46,11 +46,11 @@
 //! cost only for pods whose ADD comes during an API outage before the watch has seen
 //! them, and only while the outage lasts. Pods the watch already holds are answered
 //! from its caches and do not depend on the API server. A watch that failed is not
-//! trusted until it delivers again (or has gone twice its longest backoff without
-//! failing): meanwhile the ADD asks the API server, since a namespace labelled while
-//! the watch could not see it would otherwise start its pods uncaptured; only when
-//! the API server cannot be reached at all (so nothing there can have changed) does
-//! the cache answer. The reference mesh's plugin makes the same choice (its ADD fails
+//! trusted until it delivers again (or has gone [`WatchConfig::trust_after_failure`]
+//! without failing): meanwhile the ADD asks the API server, since a namespace
+//! labelled while the watch could not see it would otherwise start its pods
+//! uncaptured; only when the connection to the API server fails does the cache
+//! answer (a refusal or a slow answer fails the ADD). The reference mesh's plugin makes the same choice (its ADD fails
 //! when it cannot read the pod).
 //!
 //! # The decision ([`decide`])
@@ -187,8 +187,8 @@ pub async fn run_watch_with(
     let freshness = selector.clone();
     // After a failure, a watch is trusted again once it delivers, or once
     // it has gone this long without failing again (its retries report
-    // each failure; the longest wait between them is the backoff's).
-    let quiet = config.watch_backoff_max * 2;
+    // each failure).
+    let quiet = config.trust_after_failure;
     let mut reconciler = Reconciler::new(enrollment, config, selector);
     loop {
         let input = tokio::select! {

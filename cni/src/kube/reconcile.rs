@@ -32,6 +32,11 @@ pub struct WatchConfig {
     pub watch_backoff_min: Duration,
     /// Longest such delay (30 s).
     pub watch_backoff_max: Duration,
+    /// After a watch failed, how long without another failure (or an
+    /// event) before its cache answers the CNI path again (2 min: twice
+    /// the longest backoff, plus what a failing attempt may itself take,
+    /// the client's 30 s connect timeout twice over).
+    pub trust_after_failure: Duration,
 }
 
 impl WatchConfig {
@@ -44,6 +49,7 @@ impl WatchConfig {
             orphan_grace: Duration::from_secs(30),
             watch_backoff_min: Duration::from_millis(800),
             watch_backoff_max: Duration::from_secs(30),
+            trust_after_failure: Duration::from_secs(120),
         }
     }
 
@@ -309,15 +315,11 @@ impl Reconciler {
             let cache = self.selector.cache();
             enrolled
                 .set()
-                .keys()
-                .filter(|uid| {
-                    !cache.pods.contains_key(*uid)
-                        && !cache
-                            .pods
-                            .values()
-                            .any(|p| p.mirror_of.as_deref() == Some(uid.as_str()))
+                .iter()
+                .filter(|(uid, held)| {
+                    !cache.pods.contains_key(*uid) && static_mirror(&cache, uid, held).is_none()
                 })
-                .cloned()
+                .map(|(uid, _)| uid.clone())
                 .collect()
         };
         for uid in &orphans {
@@ -355,17 +357,30 @@ impl Reconciler {
         // is annotated under its own.
         let (facts, ns_enabled, agent_uid) = {
             let cache = self.selector.cache();
-            let found = cache.pods.get(uid).or_else(|| {
-                cache
-                    .pods
-                    .values()
-                    .find(|p| p.mirror_of.as_deref() == Some(uid))
-            });
+            let found = match cache.pods.get(uid) {
+                Some(p) => {
+                    // A mirror pod: the agent's uid only when the agent holds
+                    // that uid as this very pod (see `static_mirror`).
+                    let held_as_mirror = p.mirror_of.as_deref().filter(|s| {
+                        enrolled
+                            .set()
+                            .get(*s)
+                            .and_then(|held| static_mirror(&cache, s, held))
+                            .is_some_and(|m| m.uid == p.uid)
+                    });
+                    Some((p, held_as_mirror.unwrap_or(uid).to_owned()))
+                }
+                None => enrolled
+                    .set()
+                    .get(uid)
+                    .and_then(|held| static_mirror(&cache, uid, held))
+                    .map(|m| (m, uid.to_owned())),
+            };
             match found {
-                Some(p) => (
+                Some((p, agent_uid)) => (
                     Some(p.clone()),
                     cache.namespaces.contains(&p.namespace),
-                    p.mirror_of.clone().unwrap_or_else(|| p.uid.clone()),
+                    agent_uid,
                 ),
                 None => (None, false, uid.to_owned()),
             }
@@ -479,6 +494,21 @@ impl Reconciler {
             },
         );
     }
+}
+
+/// The mirror pod of the static pod the agent holds as `uid` (`held`): the
+/// cached pod whose `kubernetes.io/config.mirror` names `uid` and that has
+/// the namespace and name the agent holds it under (the kubelet's CNI ADD
+/// gave the static pod's, which its mirror has), when no cached pod has
+/// `uid` itself. Anyone who may create pods can put that annotation on one:
+/// a pod naming another pod's uid under another name is no mirror of it.
+fn static_mirror<'c>(cache: &'c Cache, uid: &str, held: &EnrolledPod) -> Option<&'c PodFacts> {
+    if cache.pods.contains_key(uid) {
+        return None;
+    }
+    cache.pods.values().find(|p| {
+        p.mirror_of.as_deref() == Some(uid) && p.namespace == held.namespace && p.name == held.name
+    })
 }
 
 fn pod_ref(uid: &str, namespace: &str, name: &str) -> PodRef {

@@ -79,13 +79,16 @@ pub enum SelectError {
 }
 
 impl SelectError {
-    /// The API server could not be reached or did not answer (as opposed
-    /// to answering with an error status).
+    /// The API server could not be reached: the connection or the HTTP
+    /// exchange failed. Not an answer with an error status (a refusal), not
+    /// a slow answer (it is up, and may have changed), not a failure to
+    /// authenticate or to read what it sent.
     pub fn unreachable(&self) -> bool {
         match self {
-            SelectError::Api { source, .. } => !matches!(source, kube::Error::Api(_)),
-            SelectError::Timeout { .. } => true,
-            SelectError::Stopped => false,
+            SelectError::Api { source, .. } => {
+                matches!(source, kube::Error::HyperError(_) | kube::Error::Service(_))
+            }
+            SelectError::Timeout { .. } | SelectError::Stopped => false,
         }
     }
 }

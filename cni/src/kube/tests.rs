@@ -234,6 +234,7 @@ fn fast() -> WatchConfig {
         orphan_grace: Duration::from_millis(150),
         watch_backoff_min: Duration::from_millis(10),
         watch_backoff_max: Duration::from_millis(50),
+        trust_after_failure: Duration::from_millis(100),
     }
 }
 
@@ -1285,6 +1286,9 @@ mod selector {
             ask(&s, "b", "plain", "pod-b").await.unwrap(),
             Verdict::Capture
         );
+        // Still failing (so this came after a failed lookup, not from a
+        // cache trusted again).
+        assert!(s.cache().stale());
         // A pod the watch has not seen is still an error, never a guess.
         let e = ask(&s, "new", "plain", "pod-new").await.unwrap_err();
         assert!(e.unreachable(), "{e:?}");
@@ -1724,25 +1728,97 @@ mod annotator {
 
 /// A static pod: its CNI ADD enrolled it under the kubelet's uid, and the API
 /// server's object of it is a mirror pod with a uid of its own, naming that
-/// uid in `kubernetes.io/config.mirror`. The watch calls the agent with the
-/// uid it holds (an identity update), and never takes the held uid for a
-/// gone pod (it once released it after the orphan grace: all its traffic
-/// dropped).
+/// uid in `kubernetes.io/config.mirror` (and with the static pod's name). The
+/// watch calls the agent with the uid it holds (an identity update), and
+/// never takes the held uid for a gone pod (it once released it after the
+/// orphan grace: all its traffic dropped).
 #[tokio::test]
 async fn a_static_pod_is_known_by_the_uid_its_mirror_names() {
-    let (client, _api) = scripted(
-        vec![pod("mirror", "mesh")
+    let mirror = |uid: &str| {
+        FakePod::new(uid, "mesh", "pod-static", NODE)
+            .service_account("sa-x")
+            .running(&["10.0.0.1"])
             .annotate("kubernetes.io/config.mirror", "static")
-            .json()],
+    };
+    let (client, _api) = scripted(
+        vec![mirror("mirror").label("app", "web").json()],
         vec![namespace("mesh", Some("enabled"), "7")],
     );
     let agent = FakeAgent::with_enrolled(&[("static", "mesh")]);
+    agent
+        .0
+        .lock()
+        .unwrap()
+        .enrolled
+        .get_mut("static")
+        .unwrap()
+        .service_account = String::new();
     let task = spawn(client, &agent, fast());
     assert_eq!(agent.wait_calls(1).await, [enroll("static")]);
-    assert_eq!(agent.identity("static").name, "pod-mirror");
+    assert_eq!(agent.identity("static").service_account, "sa-x");
     // Past the orphan grace: nothing released.
     tokio::time::sleep(fast().orphan_grace * 3).await;
     assert_eq!(agent.calls(), [enroll("static")]);
     assert_eq!(agent.enrolled_set(), BTreeSet::from(["static".to_string()]));
+    task.abort();
+}
+
+/// Anyone who may create pods can put `kubernetes.io/config.mirror` on one:
+/// a pod naming another pod's uid under another name is no mirror of it (it
+/// would have had the watch unenroll it, its labels deciding), and two pods
+/// naming one uid are neither.
+#[tokio::test]
+async fn adversarial_a_pod_that_names_another_pods_uid_as_its_static_pod_is_ignored() {
+    let (client, api) = scripted(
+        vec![FakePod::new("hostile", "mesh", "hostile", NODE)
+            .service_account("sa-x")
+            .running(&["10.0.0.9"])
+            .mode("disabled")
+            .annotate("kubernetes.io/config.mirror", "victim")
+            .json()],
+        vec![namespace("mesh", Some("enabled"), "7")],
+    );
+    let agent = FakeAgent::with_enrolled(&[("victim", "mesh")]);
+    let task = spawn(client, &agent, fast());
+    tokio::time::sleep(fast().orphan_grace * 3).await;
+    // The victim is not listed (it has no object): released as gone after
+    // the grace, never unenrolled by the hostile pod's labels.
+    let calls = agent.calls();
+    assert!(calls.iter().all(|c| *c != enroll("victim")), "{calls:?}");
+    assert_eq!(agent.0.lock().unwrap().gone, ["victim"], "{calls:?}");
+    // A held static pod: an impostor naming its uid under another name
+    // changes nothing (it once had the watch unenroll it); its real mirror
+    // is it.
+    agent.hold("static", "mesh", "sa-x");
+    let w = api.next_watch(Kind::Pod).await;
+    w.send(
+        "ADDED",
+        FakePod::new("impostor", "mesh", "impostor", NODE)
+            .service_account("sa-x")
+            .running(&["10.0.0.2"])
+            .mode("disabled")
+            .annotate("kubernetes.io/config.mirror", "static")
+            .resource_version("101")
+            .json(),
+    );
+    w.send(
+        "ADDED",
+        FakePod::new("mirror", "mesh", "pod-static", NODE)
+            .service_account("sa-x")
+            .running(&["10.0.0.3"])
+            .annotate("kubernetes.io/config.mirror", "static")
+            .resource_version("102")
+            .json(),
+    );
+    settle().await;
+    tokio::time::sleep(fast().orphan_grace * 2).await;
+    let calls = agent.calls();
+    assert!(
+        calls
+            .iter()
+            .all(|c| *c != enroll("static") && *c != unenroll("static")),
+        "{calls:?}"
+    );
+    assert!(agent.enrolled_set().contains("static"), "{calls:?}");
     task.abort();
 }

@@ -55,13 +55,14 @@ impl WatchEnrollment for Enroller {
     /// identity (none was recorded): the watch enrolls those it wants under
     /// the identity it sees (an update), and releases the others.
     fn enrolled(&self) -> Vec<EnrolledPod> {
-        let held = self.0.enrolled().into_iter().map(|p| EnrolledPod {
+        let (held, kept) = self.0.enrolled_and_kept();
+        let held = held.into_iter().map(|p| EnrolledPod {
             uid: p.pod.uid,
             name: p.pod.name,
             namespace: p.pod.namespace,
             service_account: p.pod.service_account,
         });
-        let kept = self.0.kept_uids().into_iter().map(|uid| EnrolledPod {
+        let kept = kept.into_iter().map(|uid| EnrolledPod {
             uid,
             name: String::new(),
             namespace: String::new(),

@@ -93,7 +93,8 @@ pub struct Rediscovery {
     /// duplicate UID).
     pub skipped: Vec<String>,
     /// UIDs of this node's tags found while the record could not be used
-    /// (unreadable, or gone): not adopted (a tag is the pod's to write, so
+    /// (unreadable, or gone), or kept at the start before (in the namespaces
+    /// the file beside the record lists): not adopted (a tag is the pod's to write, so
     /// never an identity), but the proxies are told to `Keep` them until
     /// each is enrolled, unenrolled, or its namespace is gone, so an agent
     /// that lost its record does not tear down every pod of its node.

@@ -738,4 +738,38 @@ mod tests {
         w.sync(vec![pod("d")], vec![]).unwrap();
         assert_eq!(lines(&path), 5, "appending again after the rewrite");
     }
+
+    /// The kept pods' file: written and read back for its node, removed
+    /// when nothing is kept; another node's, another version's or a damaged
+    /// one keeps nothing (and says why in the log), never a crash.
+    #[test]
+    fn adversarial_the_kept_pods_file_round_trips_and_bad_ones_keep_nothing() {
+        let dir = Dir::new("kept-file");
+        let state = dir.join("state/pods.json");
+        assert!(load_kept(&state, "node1").is_empty(), "no file");
+        let kept = BTreeMap::from([
+            ("a".to_string(), vec![4026532001, 4026532002]),
+            ("b".to_string(), vec![4026532003]),
+        ]);
+        store_kept(&state, "node1", &kept).unwrap();
+        assert_eq!(load_kept(&state, "node1"), kept);
+        assert!(load_kept(&state, "node2").is_empty(), "another node's");
+        let mode = std::fs::metadata(kept_path(&state)).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        for junk in [
+            &b"{\"version\":2,\"node\":\"node1\",\"kept\":{}}"[..],
+            b"{\"version\":1,\"node\":\"node1\",\"kept\":{\"a\":[\"x\"]}}",
+            b"\xff\xfe",
+            b"",
+        ] {
+            std::fs::write(kept_path(&state), junk).unwrap();
+            assert!(load_kept(&state, "node1").is_empty(), "{junk:?}");
+        }
+        store_kept(&state, "node1", &BTreeMap::new()).unwrap();
+        assert!(!kept_path(&state).exists(), "nothing kept: no file");
+        store_kept(&state, "node1", &BTreeMap::new()).unwrap();
+    }
 }

@@ -127,8 +127,10 @@ impl Core {
             }
             st.gen += 1;
         }
-        self.persist();
+        // The kept pods first: a crash between the two leaves them written
+        // down beside a record that still cannot be used (kept again).
         self.store_kept();
+        self.persist();
     }
 
     /// Writes the kept pods beside the record (see [`State::keep_only`]).
@@ -136,6 +138,8 @@ impl Core {
         let Some(path) = self.config.state_file.as_deref() else {
             return;
         };
+        // One writer at a time, the state read under it (as the record's).
+        let _record = lock(&self.record);
         let kept: BTreeMap<String, Vec<u64>> = lock(&self.state)
             .keep_only
             .iter()
@@ -146,9 +150,17 @@ impl Core {
         }
     }
 
-    /// The uids of the pods kept at the proxies (see [`State::keep_only`]).
-    pub(super) fn kept_uids(&self) -> Vec<String> {
-        lock(&self.state).keep_only.keys().cloned().collect()
+    /// The pods held, and the uids of those only kept at the proxies (see
+    /// [`State::keep_only`]; none held), read together.
+    pub(super) fn enrolled_and_kept(&self) -> (Vec<PodStatus>, Vec<String>) {
+        let st = lock(&self.state);
+        let kept = st
+            .keep_only
+            .keys()
+            .filter(|uid| !st.pods.contains_key(*uid))
+            .cloned()
+            .collect();
+        (st.enrolled(), kept)
     }
 
     /// Every `reconcile_interval` until shutdown: release gone namespaces,

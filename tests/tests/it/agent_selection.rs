@@ -83,6 +83,7 @@ impl Kube {
             orphan_grace: Duration::from_millis(300),
             watch_backoff_min: Duration::from_millis(20),
             watch_backoff_max: Duration::from_millis(100),
+            trust_after_failure: Duration::from_millis(200),
         };
         let enrollment: std::sync::Arc<dyn WatchEnrollment> =
             std::sync::Arc::new(agent.enrollment());
