@@ -963,6 +963,19 @@ mod selector {
     use super::*;
 
     /// The selector's answer, asked from a blocking thread as the agent's CNI threads do.
+    /// Waits (at most 10 s) until the selector's cache is stale (a watch
+    /// failed lately), or no longer is.
+    async fn wait_stale(s: &Selector, stale: bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.cache().stale() != stale {
+            assert!(
+                Instant::now() < deadline,
+                "the cache never became stale={stale}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn ask(s: &Selector, uid: &str, ns: &str, name: &str) -> Result<Verdict, SelectError> {
         let (s, uid, ns, name) = (s.clone(), uid.to_owned(), ns.to_owned(), name.to_owned());
         tokio::task::spawn_blocking(move || s.selects(&uid, &ns, &name))
@@ -1222,10 +1235,7 @@ mod selector {
         );
         api.set_mode_of(Kind::Namespace, ApiMode::Refuse(403));
         api.end_watches(Kind::Namespace);
-        while !s.cache().stale() {
-            assert!(Instant::now() < deadline, "the watch never failed");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_stale(&s, true).await;
         // Labelled while the watch cannot see it.
         api.apply_namespace("plain", Some("enabled"));
         let gets = api.gets().len();
@@ -1238,11 +1248,7 @@ mod selector {
         );
         // The watch delivers again: the cache answers, and is right.
         api.set_mode_of(Kind::Namespace, ApiMode::Serve);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while s.cache().stale() {
-            assert!(Instant::now() < deadline, "the watch never delivered again");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_stale(&s, false).await;
         let gets = api.gets().len();
         assert_eq!(
             ask(&s, "b", "plain", "pod-b").await.unwrap(),
@@ -1255,16 +1261,9 @@ mod selector {
         // backoff without failing.
         api.set_mode_of(Kind::Namespace, ApiMode::Refuse(403));
         api.end_watches(Kind::Namespace);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !s.cache().stale() {
-            assert!(Instant::now() < deadline, "the watch never failed");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_stale(&s, true).await;
         api.set_mode_of(Kind::Namespace, ApiMode::Serve);
-        while s.cache().stale() {
-            assert!(Instant::now() < deadline, "never trusted again");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_stale(&s, false).await;
         let gets = api.gets().len();
         assert_eq!(
             ask(&s, "b", "plain", "pod-b").await.unwrap(),
@@ -1277,11 +1276,7 @@ mod selector {
         api.set_mode(ApiMode::Unreachable);
         api.end_watches(Kind::Namespace);
         api.end_watches(Kind::Pod);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !s.cache().stale() {
-            assert!(Instant::now() < deadline, "the watch never failed");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_stale(&s, true).await;
         assert_eq!(
             ask(&s, "b", "plain", "pod-b").await.unwrap(),
             Verdict::Capture

@@ -295,13 +295,7 @@ fn store_journal<'a>(
     pods: impl Iterator<Item = &'a RecordedPod>,
 ) -> Result<std::fs::File, RecordError> {
     let write = write_error(path);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(&write)?;
-    }
+    make_parent(path).map_err(&write)?;
     let mut body = Vec::new();
     let header = Header {
         version: RECORD_VERSION,
@@ -311,6 +305,27 @@ fn store_journal<'a>(
     for p in pods {
         line(&mut body, &Change::Put(p.clone())).map_err(&write)?;
     }
+    replace_file(path, &body).map_err(&write)?;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(write)
+}
+
+/// Makes `path`'s directory (mode 0700: pods cannot reach in) if need be.
+fn make_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
+        None => Ok(()),
+    }
+}
+
+/// Replaces `path` with `body` whole: written to `<path>.tmp` (mode 0600),
+/// fsynced, renamed over it; a crash leaves the old file or the new one.
+fn replace_file(path: &Path, body: &[u8]) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -321,15 +336,14 @@ fn store_journal<'a>(
             .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
-        f.write_all(&body)?;
+        f.write_all(body)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::OpenOptions::new().append(true).open(path)
+        std::fs::rename(&tmp, path)
     })();
-    result.map_err(|e| {
+    if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
-        write(e)
-    })
+    }
+    result
 }
 
 /// The pods kept at the proxies without a record of them (uid -> the
@@ -392,37 +406,14 @@ pub(super) fn store_kept(
             _ => Ok(()),
         };
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(&write)?;
-    }
+    make_parent(&path).map_err(&write)?;
     let body = serde_json::to_vec(&KeptFile {
         version: 1,
         node: node.to_owned(),
         kept: kept.clone(),
     })
     .map_err(|e| write(std::io::Error::other(e)))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        write(e)
-    })
+    replace_file(&path, &body).map_err(write)
 }
 
 fn line(out: &mut Vec<u8>, v: &impl Serialize) -> std::io::Result<()> {

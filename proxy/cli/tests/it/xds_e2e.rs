@@ -347,20 +347,40 @@ fn with_service(s: wl::Service) -> Resource {
 /// A DENY of `demo`'s namespace scope refusing peers whose principal is
 /// `principal` (written as the control plane does, without `spiffe://`).
 fn deny_principal(name: &str, principal: &str) -> Resource {
+    deny_matching(
+        name,
+        security::Match {
+            principals: vec![security::StringMatch {
+                match_type: Some(MatchType::Exact(principal.into())),
+            }],
+            ..Default::default()
+        },
+    )
+}
+
+/// A DENY of `demo`'s namespace scope refusing connections from `ip`.
+fn deny_source(name: &str, ip: Ipv4Addr) -> Resource {
+    deny_matching(
+        name,
+        security::Match {
+            source_ips: vec![security::Address {
+                address: ip.octets().to_vec(),
+                length: 32,
+            }],
+            ..Default::default()
+        },
+    )
+}
+
+/// A DENY of `demo`'s namespace scope refusing what `m` matches.
+fn deny_matching(name: &str, m: security::Match) -> Resource {
     let a = security::Authorization {
         name: name.into(),
         namespace: "demo".into(),
         scope: security::Scope::Namespace as i32,
         action: security::Action::Deny as i32,
         rules: vec![security::Rule {
-            clauses: vec![security::Clause {
-                matches: vec![security::Match {
-                    principals: vec![security::StringMatch {
-                        match_type: Some(MatchType::Exact(principal.into())),
-                    }],
-                    ..Default::default()
-                }],
-            }],
+            clauses: vec![security::Clause { matches: vec![m] }],
         }],
         dry_run: false,
     };
@@ -1233,29 +1253,6 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
             assert_eq!(rep.peer.ip(), client.ip(false));
         },
     );
-}
-
-/// A DENY of `demo`'s namespace scope refusing connections from `ip`.
-fn deny_source(name: &str, ip: Ipv4Addr) -> Resource {
-    let a = security::Authorization {
-        name: name.into(),
-        namespace: "demo".into(),
-        scope: security::Scope::Namespace as i32,
-        action: security::Action::Deny as i32,
-        rules: vec![security::Rule {
-            clauses: vec![security::Clause {
-                matches: vec![security::Match {
-                    source_ips: vec![security::Address {
-                        address: ip.octets().to_vec(),
-                        length: 32,
-                    }],
-                    ..Default::default()
-                }],
-            }],
-        }],
-        dry_run: false,
-    };
-    Resource::new(format!("demo/{name}"), "1", a.to_any())
 }
 
 /// `ringway proxy --mesh-source xds --pod UID=NETNS` (no agent): the pods

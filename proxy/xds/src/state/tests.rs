@@ -27,6 +27,18 @@ fn state() -> (MeshState, Published) {
     (st, seen)
 }
 
+/// [`state`] with the workloads `pods` (namespace, name, address) applied.
+fn state_with(pods: &[(&str, &str, &str)]) -> (MeshState, Published) {
+    let (mut st, seen) = state();
+    let resources = pods
+        .iter()
+        .map(|(ns, name, addr)| wl_res(pod(ns, name, addr), "1"))
+        .collect();
+    st.on_response(&response(ADDRESS_TYPE_URL, resources, &[]))
+        .unwrap();
+    (st, seen)
+}
+
 fn last(p: &Published) -> Arc<Mesh> {
     p.lock()
         .unwrap()
@@ -535,13 +547,7 @@ fn an_unreadable_resource_says_why() {
 /// removed, takes away) the root namespace's policy of that short name.
 #[test]
 fn adversarial_a_garbage_policy_without_a_namespace_never_takes_another_policys_place() {
-    let (mut st, seen) = state();
-    st.on_response(&response(
-        ADDRESS_TYPE_URL,
-        vec![wl_res(pod("shop", "a", "10.1.0.1"), "1")],
-        &[],
-    ))
-    .unwrap();
+    let (mut st, seen) = state_with(&[("shop", "a", "10.1.0.1")]);
     let mut global = deny_from("istio-system", "foo", "front");
     {
         let mut a: Authorization = decode(&global).unwrap();
@@ -596,16 +602,7 @@ fn adversarial_a_garbage_policy_without_a_namespace_never_takes_another_policys_
 fn adversarial_a_condition_of_a_newer_schema_errs_toward_deny() {
     use crate::proto::security::{self, string_match::MatchType};
     use prost::Message as _;
-    let (mut st, seen) = state();
-    st.on_response(&response(
-        ADDRESS_TYPE_URL,
-        vec![
-            wl_res(pod("shop", "a", "10.1.0.1"), "1"),
-            wl_res(pod("other", "b", "10.2.0.1"), "1"),
-        ],
-        &[],
-    ))
-    .unwrap();
+    let (mut st, seen) = state_with(&[("shop", "a", "10.1.0.1"), ("other", "b", "10.2.0.1")]);
     // Field 13 of Match, as a newer schema would add it.
     let mut unknown = Vec::new();
     prost::encoding::encode_key(13, prost::encoding::WireType::LengthDelimited, &mut unknown);
