@@ -963,6 +963,17 @@ mod selector {
     use super::*;
 
     /// The selector's answer, asked from a blocking thread as the agent's CNI threads do.
+    /// Starts the watch on `s` and waits (at most 10 s) until it has listed.
+    async fn spawn_synced(s: &Selector, agent: &Arc<FakeAgent>) -> tokio::task::JoinHandle<()> {
+        let task = spawn_with(s.clone(), agent, fast());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s.synced() {
+            assert!(Instant::now() < deadline, "the watch did not list");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        task
+    }
+
     /// Waits (at most 10 s) until the selector's cache is stale (a watch
     /// failed lately), or no longer is.
     async fn wait_stale(s: &Selector, stale: bool) {
@@ -1198,12 +1209,7 @@ mod selector {
         );
 
         let agent = Arc::new(FakeAgent::default());
-        let task = spawn_with(s.clone(), &agent, fast());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !s.synced() {
-            assert!(Instant::now() < deadline, "the watch did not list");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let task = spawn_synced(&s, &agent).await;
         let gets = api.gets().len();
         assert_eq!(
             ask_sa(&s, "u-web", "mesh", "web").await.as_deref(),
@@ -1223,12 +1229,7 @@ mod selector {
         let (s, api) = start();
         api.apply_pod(FakePod::new("b", "plain", "pod-b", NODE).json());
         let agent = Arc::new(FakeAgent::default());
-        let task = spawn_with(s.clone(), &agent, fast());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !s.synced() {
-            assert!(Instant::now() < deadline, "the watch did not list");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let task = spawn_synced(&s, &agent).await;
         assert_eq!(
             ask(&s, "b", "plain", "pod-b").await.unwrap(),
             Verdict::PassThrough(UnenrollReason::NotLabelled)
@@ -1299,12 +1300,7 @@ mod selector {
         api.apply_pod(FakePod::new("a", "mesh", "pod-a", NODE).json());
         api.apply_pod(FakePod::new("b", "plain", "pod-b", NODE).json());
         let agent = Arc::new(FakeAgent::default());
-        let task = spawn_with(s.clone(), &agent, fast());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !s.synced() {
-            assert!(Instant::now() < deadline, "the watch did not list");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let task = spawn_synced(&s, &agent).await;
         assert_eq!(
             ask(&s, "a", "mesh", "pod-a").await.unwrap(),
             Verdict::Capture
@@ -1444,12 +1440,7 @@ mod selector {
         // The CNI ADD captured y (the agent holds it with the watch's identity).
         let agent = Arc::new(FakeAgent::default());
         agent.hold("y", "amb", "sa-x");
-        let task = spawn_with(s.clone(), &agent, fast());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !s.synced() {
-            assert!(Instant::now() < deadline, "the watch did not list");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let task = spawn_synced(&s, &agent).await;
         assert_eq!(ask(&s, "x", "amb", "pod-x").await.unwrap(), out);
 
         // Everything else says "enroll": still not. Each watch applies its events in
