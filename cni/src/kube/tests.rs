@@ -963,6 +963,25 @@ mod selector {
     use super::*;
 
     /// The selector's answer, asked from a blocking thread as the agent's CNI threads do.
+    /// The selector's verdict for the pod, asserted to come from its cache
+    /// (no GET).
+    async fn from_cache(
+        s: &Selector,
+        api: &FakeApiServer,
+        uid: &str,
+        ns: &str,
+        name: &str,
+    ) -> Verdict {
+        let gets = api.gets().len();
+        let verdict = ask(s, uid, ns, name).await.unwrap();
+        assert_eq!(
+            api.gets()[gets..],
+            [] as [String; 0],
+            "answered from the cache"
+        );
+        verdict
+    }
+
     /// Starts the watch on `s` and waits (at most 10 s) until it has listed.
     async fn spawn_synced(s: &Selector, agent: &Arc<FakeAgent>) -> tokio::task::JoinHandle<()> {
         let task = spawn_with(s.clone(), agent, fast());
@@ -1250,12 +1269,10 @@ mod selector {
         // The watch delivers again: the cache answers, and is right.
         api.set_mode_of(Kind::Namespace, ApiMode::Serve);
         wait_stale(&s, false).await;
-        let gets = api.gets().len();
         assert_eq!(
-            ask(&s, "b", "plain", "pod-b").await.unwrap(),
+            from_cache(&s, &api, "b", "plain", "pod-b").await,
             Verdict::Capture
         );
-        assert_eq!(api.gets().len(), gets, "answered from the cache");
 
         // It fails again and resumes with nothing to deliver (a quiet
         // namespace watch): trusted again once it went twice its longest
@@ -1265,12 +1282,10 @@ mod selector {
         wait_stale(&s, true).await;
         api.set_mode_of(Kind::Namespace, ApiMode::Serve);
         wait_stale(&s, false).await;
-        let gets = api.gets().len();
         assert_eq!(
-            ask(&s, "b", "plain", "pod-b").await.unwrap(),
+            from_cache(&s, &api, "b", "plain", "pod-b").await,
             Verdict::Capture
         );
-        assert_eq!(api.gets().len(), gets, "answered from the cache");
 
         // The API server cannot be reached at all: no label can change
         // there, so the cache answers rather than failing every ADD.

@@ -508,15 +508,8 @@ fn adversarial_gc_with_an_empty_attachment_list_keeps_live_pods_captured() {
         let dir = TempDir::new("adversarial_gc_empty");
         let mut vn = VirtualNode::build(34, 2).unwrap();
         let cfg = config("adversarial_gc_empty", dir.path());
-        let agent = start(&cfg);
-        let proxy = AutoProxy::start(&cfg.zds_socket);
-        wait_ready_proxies(&agent, 1);
-        let pods: Vec<CniPod> = (0..2)
-            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
-            .collect();
-        for p in &pods {
-            ok(plugin("ADD", p, &cfg.cni_socket));
-        }
+        let (agent, proxy) = start_with_proxy(&cfg);
+        add_all(&cfg, &[(0, vn.pod(0)), (1, vn.pod(1))]);
         proxy.wait_for(3);
         let gc = b"{\"op\":\"gc\",\"validAttachments\":[]}\n";
         assert_eq!(cni_line(&cfg.cni_socket, gc), r#"{"ok":true}"#);
@@ -556,15 +549,8 @@ fn adversarial_a_pod_that_removes_its_own_capture_gets_it_back() {
         let vn = VirtualNode::build(35, 2).unwrap();
         let mut cfg = config("adversarial_capture_removed", dir.path());
         cfg.reconcile_interval = Duration::from_millis(200);
-        let agent = start(&cfg);
-        let proxy = AutoProxy::start(&cfg.zds_socket);
-        wait_ready_proxies(&agent, 1);
-        let pods: Vec<CniPod> = (0..2)
-            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
-            .collect();
-        for p in &pods {
-            ok(plugin("ADD", p, &cfg.cni_socket));
-        }
+        let (agent, proxy) = start_with_proxy(&cfg);
+        let pods = add_all(&cfg, &[(0, vn.pod(0)), (1, vn.pod(1))]);
         proxy.wait_for(3);
         let spec = CaptureSpec::default();
         let tags: Vec<PodTag> = (0..2).map(|i| tag(&cfg, &pods[i], vn.pod(i))).collect();
@@ -646,11 +632,8 @@ fn adversarial_a_second_pod_in_an_enrolled_netns_is_refused() {
         let dir = TempDir::new("adversarial_netns_twice");
         let vn = VirtualNode::build(36, 1).unwrap();
         let cfg = config("adversarial_netns_twice", dir.path());
-        let agent = start(&cfg);
-        let proxy = AutoProxy::start(&cfg.zds_socket);
-        wait_ready_proxies(&agent, 1);
-        let first = CniPod::of(vn.pod(0), "uid-first");
-        ok(plugin("ADD", &first, &cfg.cni_socket));
+        let (agent, proxy) = start_with_proxy(&cfg);
+        add_all(&cfg, &[(0, vn.pod(0))]);
         proxy.wait_for(2);
         let mut second = CniPod::of(vn.pod(0), "uid-second");
         second.name = "second".into();
@@ -658,7 +641,7 @@ fn adversarial_a_second_pod_in_an_enrolled_netns_is_refused() {
         assert_ne!(out.exit_code, 0, "{}", out.stdout);
         assert!(
             out.stdout.contains(&format!(
-                "pod uid-second: network namespace net:[{}] is pod uid-first's",
+                "pod uid-second: network namespace net:[{}] is pod uid-0's",
                 vn.pod(0).netns.inode()
             )),
             "{}",
@@ -666,10 +649,10 @@ fn adversarial_a_second_pod_in_an_enrolled_netns_is_refused() {
         );
         assert_eq!(
             read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,
-            "uid-first"
+            "uid-0"
         );
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
-        assert_eq!(held, ["uid-first"]);
+        assert_eq!(held, ["uid-0"]);
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
         agent.shutdown();

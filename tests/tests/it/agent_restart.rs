@@ -112,10 +112,7 @@ fn a_restarted_agent_rebuilds_its_pods_from_the_kernel_and_resends_the_snapshot(
         p.ack();
         wait_ready_proxies(&agent, 1);
         // And DEL works for a rediscovered pod (its sandbox id came back too).
-        let del = std::thread::spawn({
-            let (sock, pod) = (cfg.cni_socket.clone(), cni[2].clone());
-            move || plugin("DEL", &pod, &sock)
-        });
+        let del = plugin_in_background("DEL", &cni[2], &cfg.cni_socket);
         let r = p.recv();
         assert_eq!((r.kind, r.uid.as_str()), ("Del", "uid-2"));
         p.ack();
@@ -248,17 +245,9 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         let mut cfg = config("restart_unreadable_record", dir.path());
         cfg.reconcile_interval = std::time::Duration::from_millis(200);
         let mut vn = VirtualNode::build(37, 5).unwrap();
-        let agent = start(&cfg);
-        let proxy = AutoProxy::start(&cfg.zds_socket);
-        wait_ready_proxies(&agent, 1);
+        let (agent, proxy) = start_with_proxy(&cfg);
         // Pods 0-2 and 4 enrolled; pod 3 never is.
-        let cni: Vec<CniPod> = [0, 1, 2, 4]
-            .into_iter()
-            .map(|i| CniPod::of(vn.pod(i), &format!("uid-{i}")))
-            .collect();
-        for p in &cni {
-            ok(plugin("ADD", p, &cfg.cni_socket));
-        }
+        let cni = add_all(&cfg, &[0, 1, 2, 4].map(|i| (i, vn.pod(i))));
         proxy.wait_for(5);
         agent.shutdown();
         proxy.disconnect();
@@ -347,10 +336,7 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         assert!(out.stdout.contains("is pod uid-0's"), "{}", out.stdout);
 
         // Pod 0's DEL: the proxy drops it, and its rules go.
-        let del = std::thread::spawn({
-            let (sock, pod) = (cfg.cni_socket.clone(), cni[0].clone());
-            move || plugin("DEL", &pod, &sock)
-        });
+        let del = plugin_in_background("DEL", &cni[0], &cfg.cni_socket);
         let r = p.recv();
         assert_eq!((r.kind, r.uid.as_str()), ("Del", "uid-0"));
         p.ack();
@@ -369,10 +355,7 @@ fn adversarial_an_unreadable_record_keeps_the_nodes_pods_at_the_proxy() {
         // Pod 2 comes back through a CNI ADD (the runtime's retry, or the
         // watch): enrolled with the identity the agent is given, a real
         // `Add`, recorded again.
-        let add = std::thread::spawn({
-            let (sock, pod) = (cfg.cni_socket.clone(), cni[2].clone());
-            move || plugin("ADD", &pod, &sock)
-        });
+        let add = plugin_in_background("ADD", &cni[2], &cfg.cni_socket);
         let r = p.recv();
         assert_eq!((r.kind, r.uid.as_str()), ("Add", "uid-2"));
         assert_eq!(r.netns_inode, Some(pod2_inode));

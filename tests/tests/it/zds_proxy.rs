@@ -346,8 +346,9 @@ fn add_with(uid: &str, addresses: &[std::net::IpAddr]) -> Payload {
 
 /// The pod's addresses come from the agent's `Add` (ringway's field 1001),
 /// not from the netns the pod controls; a second pod claiming an address
-/// another holds is nacked with `AddressConflict`, also when a restarted
-/// proxy replays the snapshot, and is served once the holder is deleted.
+/// another holds is nacked with `AddressConflict`, and one in another
+/// pod's netns with `NetnsConflict`, also when a restarted proxy replays
+/// the snapshot; the first is served once the holder is deleted.
 #[test]
 fn adversarial_conflicting_add_is_nacked() {
     run_isolated("adversarial_conflicting_add_is_nacked", || {
@@ -383,6 +384,25 @@ fn adversarial_conflicting_add_is_nacked() {
                 ),
                 "round {round}"
             );
+            // Another uid in a's netns (a runtime's mistake, or an agent
+            // that lost track): nacked naming a, which keeps its listeners.
+            let e = conn
+                .ask(
+                    add_with("d", &[b.ip(false), b.ip(true)]),
+                    Some(&a.netns.dup_fd().unwrap()),
+                )
+                .unwrap_err();
+            assert_eq!(
+                e,
+                format!(
+                    "pod d: its network namespace net:[{}] is pod a's; refusing the pod",
+                    a.netns.inode()
+                ),
+                "round {round}"
+            );
+            // The agent gives it up (it is no longer retried).
+            conn.ask(Payload::Del(DelWorkload { uid: "d".into() }), None)
+                .unwrap();
             conn.ask(Payload::SnapshotSent(SnapshotSent {}), None)
                 .unwrap();
             let (code, body) = http_ready(run.control.addr);
@@ -425,47 +445,6 @@ fn adversarial_conflicting_add_is_nacked() {
             drop(conn);
         }
     });
-}
-
-/// Two uids for one network namespace (a runtime's mistake, or an agent
-/// that lost track): the second is nacked naming the first, and the
-/// first keeps its listeners alone.
-#[test]
-fn adversarial_a_second_pod_in_a_served_netns_is_nacked() {
-    run_isolated(
-        "adversarial_a_second_pod_in_a_served_netns_is_nacked",
-        || {
-            let dir = TempDir::new("zds-netns-twice");
-            let vn = VirtualNode::build(1, 2).unwrap();
-            let (a, b) = (vn.pod(0), vn.pod(1));
-            let agent = FakeAgent::new(&dir);
-            let run = start_proxy(agent.path.clone());
-            let conn = agent.accept();
-            conn.ask(
-                add_with("a", &[a.ip(false), a.ip(true)]),
-                Some(&a.netns.dup_fd().unwrap()),
-            )
-            .unwrap();
-            // Another pod's addresses, a's netns.
-            let e = conn
-                .ask(
-                    add_with("b", &[b.ip(false), b.ip(true)]),
-                    Some(&a.netns.dup_fd().unwrap()),
-                )
-                .unwrap_err();
-            assert_eq!(
-                e,
-                format!(
-                    "pod b: its network namespace net:[{}] is pod a's; refusing the pod",
-                    a.netns.inode()
-                )
-            );
-            let uids: Vec<_> = run.proxy.pods().into_iter().map(|p| p.uid).collect();
-            assert_eq!(uids, vec!["a".to_string()]);
-            drop(run);
-            drop(conn);
-        },
-    );
 }
 
 /// A pod first added without addresses (an older agent: the netns's, which

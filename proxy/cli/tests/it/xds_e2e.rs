@@ -46,6 +46,13 @@ const WORKLOAD_WAIT: Duration = Duration::from_secs(2);
 /// The drills load the machine: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Runs `body` on a fresh bed named `bed`, one drill at a time, in the
+/// test's own namespaces.
+fn drill(test: &str, bed: &str, body: impl FnOnce(&Bed) + Send) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    run_isolated(test, || body(&Bed::new(bed)));
+}
+
 /// The API server's TokenReview as the certificate service sees it: the
 /// node proxies' tokens (bound to their pods), and every token it was asked
 /// about.
@@ -271,6 +278,19 @@ impl Bed {
             node.log()
         );
     }
+}
+
+/// Makes the workload an endpoint of [`SERVICE`] (its port 80 on 8080).
+fn web_endpoint(w: &mut wl::Workload) {
+    w.services.insert(
+        SERVICE.into(),
+        wl::PortList {
+            ports: vec![wl::Port {
+                service_port: 80,
+                target_port: 8080,
+            }],
+        },
+    );
 }
 
 /// The control plane's workload for `pod` on `node`, version `version`.
@@ -536,11 +556,10 @@ fn readiness_body(node: &Node) -> String {
 
 #[test]
 fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    run_isolated(
+    drill(
         "xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane",
-        || {
-            let bed = Bed::new("xds-e2e");
+        "xds-e2e",
+        |bed| {
             // The proxies start before the control plane can be reached:
             // not ready, whatever else is in place.
             let (node1, node2) = (bed.start_node(1), bed.start_node(2));
@@ -566,17 +585,7 @@ fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
             // The server's workload is an endpoint of the service.
             istiod.update_fixture(
                 ADDRESS_TYPE_URL,
-                vec![workload_with(server, 2, "1", |w| {
-                    w.services.insert(
-                        SERVICE.into(),
-                        wl::PortList {
-                            ports: vec![wl::Port {
-                                service_port: 80,
-                                target_port: 8080,
-                            }],
-                        },
-                    );
-                })],
+                vec![workload_with(server, 2, "1", web_endpoint)],
                 vec![],
             );
             bed.wait_ready(&node1);
@@ -802,11 +811,10 @@ fn xds_two_nodes_serve_hbone_services_and_policies_from_the_control_plane() {
 
 #[test]
 fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_is_refused() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    run_isolated(
+    drill(
         "adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_is_refused",
-        || {
-            let bed = Bed::new("xds-e2e-adv");
+        "xds-e2e-adv",
+        |bed| {
             let istiod = bed.start_istiod();
             let (client, server, late) = (bed.n1.pod(0), bed.n2.pod(0), bed.n2.pod(1));
             istiod.update_fixture(
@@ -898,21 +906,10 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
                 )),
                 hbone_mtls_port: 15008,
             };
-            let member = |w: &mut wl::Workload| {
-                w.services.insert(
-                    SERVICE.into(),
-                    wl::PortList {
-                        ports: vec![wl::Port {
-                            service_port: 80,
-                            target_port: 8080,
-                        }],
-                    },
-                );
-            };
             push_applied(
                 &istiod,
                 ADDRESS_TYPE_URL,
-                vec![workload_with(server, 2, "3", member), web_service()],
+                vec![workload_with(server, 2, "3", web_endpoint), web_service()],
                 vec![],
             );
             let vip = SocketAddr::new(IpAddr::V4(VIP), 80);
@@ -1009,7 +1006,11 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
             push_applied(
                 &istiod,
                 ADDRESS_TYPE_URL,
-                vec![workload_with(server, 2, "5", member), web_service(), claim],
+                vec![
+                    workload_with(server, 2, "5", web_endpoint),
+                    web_service(),
+                    claim,
+                ],
                 vec![],
             );
             let contested = |m: &str| {
@@ -1084,30 +1085,18 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
 /// at its node's address.
 #[test]
 fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    run_isolated(
+    drill(
         "xds_services_follow_their_load_balancing_and_reach_host_network_endpoints",
-        || {
+        "xds-e2e-lb",
+        |bed| {
             use wl::load_balancing::{HealthPolicy, Mode, Scope};
-            let bed = Bed::new("xds-e2e-lb");
             let istiod = bed.start_istiod();
             let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
-            let member = |w: &mut wl::Workload| {
-                w.services.insert(
-                    SERVICE.into(),
-                    wl::PortList {
-                        ports: vec![wl::Port {
-                            service_port: 80,
-                            target_port: 8080,
-                        }],
-                    },
-                );
-            };
             istiod.update_fixture(
                 ADDRESS_TYPE_URL,
                 vec![
                     workload(client, 1, "1"),
-                    workload_with(server, 2, "1", member),
+                    workload_with(server, 2, "1", web_endpoint),
                     web_service(),
                 ],
                 vec![],
@@ -1161,7 +1150,7 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
             // The endpoint not ready: refused, unless the service takes
             // endpoints that are not ready.
             let unready = |w: &mut wl::Workload| {
-                member(w);
+                web_endpoint(w);
                 w.status = wl::WorkloadStatus::Unhealthy as i32;
             };
             push_applied(
@@ -1262,18 +1251,17 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
 /// policies came would take traffic its policy denies.
 #[test]
 fn adversarial_xds_pod_flag_pods_wait_for_the_first_policies() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    run_isolated(
+    drill(
         "adversarial_xds_pod_flag_pods_wait_for_the_first_policies",
-        || {
-            let bed = Bed::new("xds-pod-flag");
+        "xds-pod-flag",
+        |bed| {
             let istiod = bed.start_istiod();
             let (denied, server, allowed) = (bed.n1.pod(0), bed.n1.pod(1), bed.n2.pod(0));
             istiod.update_fixture(ADDRESS_TYPE_URL, vec![workload(server, 1, "1")], vec![]);
             istiod.hold_first_responses(AUTHORIZATION_TYPE_URL);
             let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings::default());
             ringway_redirect::apply(server.netns.fd(), &spec).unwrap();
-            let (proxy, log) = pod_flag_proxy(&bed, server);
+            let (proxy, log) = pod_flag_proxy(bed, server);
             let proxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
             // The workloads are in (applied), the policies are not.
             istiod
@@ -1390,13 +1378,12 @@ fn pod_flag_proxy(bed: &Bed, server: &Pod) -> (Proc, PathBuf) {
 /// for the first snapshot stops it at once, no pod taken.
 #[test]
 fn xds_pod_flag_proxy_stops_on_sigterm_while_it_waits_for_the_control_plane() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    run_isolated(
+    drill(
         "xds_pod_flag_proxy_stops_on_sigterm_while_it_waits_for_the_control_plane",
-        || {
-            let bed = Bed::new("xds-pod-flag-stop");
+        "xds-pod-flag-stop",
+        |bed| {
             let server = bed.n1.pod(1);
-            let (mut proxy, log) = pod_flag_proxy(&bed, server);
+            let (mut proxy, log) = pod_flag_proxy(bed, server);
             let proxy_log = || std::fs::read_to_string(&log).unwrap_or_default();
             assert!(
                 wait_until(PATIENCE, || proxy_log()

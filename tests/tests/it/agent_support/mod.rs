@@ -51,6 +51,26 @@ pub fn start(cfg: &AgentConfig) -> AgentHandle {
     NodeAgent::start(cfg.clone()).unwrap_or_else(|e| panic!("agent start: {e}"))
 }
 
+/// An agent on `cfg` with one auto-acking proxy, ready.
+pub fn start_with_proxy(cfg: &AgentConfig) -> (AgentHandle, AutoProxy) {
+    let agent = start(cfg);
+    let proxy = AutoProxy::start(&cfg.zds_socket);
+    wait_ready_proxies(&agent, 1);
+    (agent, proxy)
+}
+
+/// CNI ADD of each of `pods` as `uid-<i>` (`i` its index on the node)
+/// through the plugin's code; panics unless each succeeds. The requests.
+pub fn add_all(cfg: &AgentConfig, pods: &[(usize, &Pod)]) -> Vec<CniPod> {
+    pods.iter()
+        .map(|(i, pod)| {
+            let p = CniPod::of(pod, &format!("uid-{i}"));
+            ok(plugin("ADD", &p, &cfg.cni_socket));
+            p
+        })
+        .collect()
+}
+
 /// Waits until the agent has `n` proxies connected, all ready.
 pub fn wait_ready_proxies(agent: &AgentHandle, n: usize) {
     assert!(
@@ -355,6 +375,17 @@ pub fn plugin(command: &str, pod: &CniPod, socket: &Path) -> Outcome {
         .collect();
     let stdin = pod.netconf("1.1.0", "k8s-pod-network", socket);
     ringway_cni::run(&env, stdin.as_bytes(), &UnixAgent::default())
+}
+
+/// [`plugin`] on a thread of its own (the test answers the agent's requests
+/// meanwhile, as the proxy): join it for the outcome.
+pub fn plugin_in_background(
+    command: &'static str,
+    pod: &CniPod,
+    socket: &Path,
+) -> std::thread::JoinHandle<Outcome> {
+    let (pod, socket) = (pod.clone(), socket.to_path_buf());
+    std::thread::spawn(move || plugin(command, &pod, &socket))
 }
 
 /// Asserts a successful plugin run.
