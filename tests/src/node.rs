@@ -126,6 +126,8 @@ pub struct VirtualNode {
     /// Pods created so far.
     pub pods: Vec<Pod>,
     next_pod: u16,
+    /// Sandboxes made by [`VirtualNode::replace_pod`] so far (their names).
+    replaced: u16,
 }
 
 impl VirtualNode {
@@ -144,6 +146,7 @@ impl VirtualNode {
             node,
             pods: Vec::new(),
             next_pod: 0,
+            replaced: 0,
         };
         for _ in 0..pods {
             vn.add_pod()?;
@@ -158,8 +161,35 @@ impl VirtualNode {
             return Err(Error::Capacity("a virtual node holds at most 250 pods"));
         }
         self.next_pod += 1;
+        let pod = self.make_pod(i, format!("n{}-pod{i}", self.index))?;
+        self.pods.push(pod.clone());
+        Ok(pod)
+    }
+
+    /// Removes pod `name` as [`VirtualNode::remove_pod`] does, then makes a
+    /// new pod (a new network namespace, veth and name) with its addresses:
+    /// a sandbox torn down and the address given to the next one, as the
+    /// primary plugin's IPAM does; it takes the old pod's place in
+    /// [`VirtualNode::pods`]. The old namespace goes once the caller's clones
+    /// of the old pod are dropped.
+    pub fn replace_pod(&mut self, name: &str) -> Result<Pod, Error> {
+        let pos = self
+            .pods
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or(Error::Capacity("no such pod"))?;
+        let i = u16::from(self.pods[pos].ipv4.octets()[3]) - 2;
+        self.remove_pod(name)?;
+        self.replaced += 1;
+        let name = format!("n{}-pod{i}r{}", self.index, self.replaced);
+        let pod = self.make_pod(i, name)?;
+        self.pods.insert(pos, pod.clone());
+        Ok(pod)
+    }
+
+    /// Pod `i`'s namespace, veth and addresses, under `name`.
+    fn make_pod(&self, i: u16, name: String) -> Result<Pod, Error> {
         let k = self.index;
-        let name = format!("n{k}-pod{i}");
         let netns = Netns::create(&name)?;
         // Before its `eth0` exists, so the device takes these (see
         // `QUIET_POD_IPV6`).
@@ -189,7 +219,6 @@ impl VirtualNode {
             ipv6: format!("fd00:244:{k}::{host:x}").parse().expect("valid v6"),
             host_veth,
         };
-        self.pods.push(pod.clone());
         Ok(pod)
     }
 

@@ -35,6 +35,18 @@ struct AddFailure {
     nacked_by: Option<Arc<Conn>>,
 }
 
+/// Which network namespace an unenroll is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NetnsMatch {
+    /// Whichever the pod is held with.
+    Any,
+    /// Only this one (by inode; a pod whose namespace is gone matches).
+    Inode(u64),
+    /// Only a namespace found gone (none held): a pod enrolled again since
+    /// is left alone.
+    Gone,
+}
+
 /// The owner of the agent's state.
 #[derive(Debug)]
 pub(super) struct Core {
@@ -330,6 +342,7 @@ impl Core {
             netns.inode = inode.unwrap_or(0),
         );
         let _span = span.enter();
+        self.release_dead_holders(&pod);
         let _guard = self.pod_locks.lock(&pod.uid)?;
         if !self.any_ready() {
             tracing::info!("no proxy ready: the runtime is to retry");
@@ -472,6 +485,47 @@ impl Core {
         }
     }
 
+    /// Unenrolls each pod held here that claims one of `pod`'s addresses
+    /// and whose network namespace is gone: the runtime gave its address to
+    /// `pod`, so its sandbox was torn down and the DEL that should have
+    /// released it was missed (refused while the agent was busy, or sent
+    /// while no agent ran; the plugin answers DEL as done either way). Held
+    /// on, it would have the proxies refuse `pod` as a second claim on the
+    /// address, every retry of its ADD, until the agent restarted. A holder
+    /// whose namespace is live is left alone: the proxy refuses two live
+    /// pods on one address. Runs before `pod`'s own lock is taken, so no
+    /// two pod locks are ever held at once.
+    fn release_dead_holders(&self, pod: &Pod) {
+        let holders = || -> Vec<(String, bool)> {
+            lock(&self.state)
+                .pods
+                .iter()
+                .filter(|(uid, e)| {
+                    **uid != pod.uid && e.pod.ips.iter().any(|ip| pod.ips.contains(ip))
+                })
+                .map(|(uid, e)| (uid.clone(), e.netns.is_some()))
+                .collect()
+        };
+        let found = holders();
+        if found.is_empty() {
+            return;
+        }
+        // A namespace may have gone since the last reconcile: look now.
+        if found.iter().any(|(_, pinned)| *pinned) {
+            self.release_gone_netns();
+        }
+        for (uid, pinned) in holders() {
+            if pinned {
+                tracing::warn!(holder = %uid, "a pod with a live network namespace holds one of this pod's addresses");
+                continue;
+            }
+            tracing::warn!(holder = %uid, "the runtime gave this pod the address of a pod whose network namespace is gone and whose DEL never came: that pod is unenrolled");
+            if let Err(e) = self.unenroll_inner(&uid, None, NetnsMatch::Gone, false) {
+                tracing::warn!(holder = %uid, error = %e, "unenrolling the pod that held the address failed");
+            }
+        }
+    }
+
     /// Sends `Add` to the newest ready proxy; on a broken connection, to the
     /// next newest. Returns the connection id that acknowledged.
     fn add_to_newest(&self, pod: &Pod, netns: BorrowedFd<'_>) -> Result<u64, AddFailure> {
@@ -518,7 +572,8 @@ impl Core {
     /// See [`crate::kube::Enrollment::release_gone`]: as [`Self::unenroll`],
     /// the rules left in place.
     pub(super) fn release_gone(&self, uid: &str) -> Result<(), EnrollError> {
-        self.unenroll_inner(uid, None, None, false).map(|_| ())
+        self.unenroll_inner(uid, None, NetnsMatch::Any, false)
+            .map(|_| ())
     }
 
     /// Unenrolls `uid` if it is enrolled with sandbox `container_id` and
@@ -529,20 +584,26 @@ impl Core {
         container_id: Option<&str>,
         inode: Option<u64>,
     ) -> Result<bool, EnrollError> {
-        self.unenroll_inner(uid, container_id, inode, true)
+        let netns = inode.map_or(NetnsMatch::Any, NetnsMatch::Inode);
+        self.unenroll_inner(uid, container_id, netns, true)
     }
 
     fn unenroll_inner(
         &self,
         uid: &str,
         container_id: Option<&str>,
-        inode: Option<u64>,
+        netns: NetnsMatch,
         remove_rules: bool,
     ) -> Result<bool, EnrollError> {
         let span = tracing::info_span!("unenroll", pod.uid = %uid, remove_rules);
         let _span = span.enter();
         let _guard = self.pod_locks.lock(uid)?;
-        if self.release_kept(uid, inode, remove_rules) {
+        let inode = match netns {
+            NetnsMatch::Any => None,
+            NetnsMatch::Inode(inode) => Some(inode),
+            NetnsMatch::Gone => None,
+        };
+        if netns != NetnsMatch::Gone && self.release_kept(uid, inode, remove_rules) {
             return Ok(true);
         }
         let (entry, conns) = {
@@ -552,8 +613,10 @@ impl Core {
                     (Some(want), Some(have)) => want == have,
                     _ => true,
                 };
-                let ino_ok = match (inode, e.inode) {
-                    (Some(want), Some(have)) => want == have,
+                let ino_ok = match (netns, e.inode) {
+                    (NetnsMatch::Inode(want), Some(have)) => want == have,
+                    // Enrolled again (a namespace held) since it was found gone.
+                    (NetnsMatch::Gone, _) => e.netns.is_none(),
                     _ => true,
                 };
                 (cid_ok, ino_ok)

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_support::*;
+use ringway_cni::node::{AgentConfig, AgentHandle};
 use ringway_config::{CaptureMode, Datapath};
 use ringway_proxy::zds_client::{self, Readiness, ZdsClientConfig};
 use ringway_proxy::Proxy;
@@ -32,19 +33,12 @@ fn agent_and_proxy_capture_pods_and_survive_an_agent_restart() {
         let pauses = [a.start_pause().unwrap(), b.start_pause().unwrap()];
 
         let agent = start(&cfg);
-        let proxy =
-            Arc::new(Proxy::start(common::settings(CaptureMode::Tproxy, Datapath::Auto)).unwrap());
-        let ready = Arc::new(Readiness::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut zcfg = ZdsClientConfig::new(cfg.zds_socket.clone());
-        zcfg.backoff_max = Duration::from_millis(200);
-        zcfg.retry_every = Duration::from_millis(100);
-        let client = std::thread::spawn({
-            let (p, r, s) = (proxy.clone(), ready.clone(), stop.clone());
-            move || zds_client::run(p, zcfg, r, s)
-        });
-        wait_ready_proxies(&agent, 1);
-        assert!(wait_until(WAIT, || ready.is_ready()), "{}", ready.reason());
+        let RealProxy {
+            proxy,
+            ready,
+            stop,
+            client,
+        } = RealProxy::start(&cfg, &agent);
 
         let pods = [CniPod::of(&a, "uid-a"), CniPod::of(&b, "uid-b")];
         for p in &pods {
@@ -127,5 +121,103 @@ fn agent_and_proxy_capture_pods_and_survive_an_agent_restart() {
         stop.store(true, Ordering::SeqCst);
         client.join().unwrap();
         drop(pauses);
+    });
+}
+
+/// The real proxy on the agent's ZDS socket: its ZDS client on its own
+/// thread, connected and ready.
+struct RealProxy {
+    proxy: Arc<Proxy>,
+    ready: Arc<Readiness>,
+    stop: Arc<AtomicBool>,
+    client: std::thread::JoinHandle<()>,
+}
+
+impl RealProxy {
+    fn start(cfg: &AgentConfig, agent: &AgentHandle) -> RealProxy {
+        let proxy =
+            Arc::new(Proxy::start(common::settings(CaptureMode::Tproxy, Datapath::Auto)).unwrap());
+        let ready = Arc::new(Readiness::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut zcfg = ZdsClientConfig::new(cfg.zds_socket.clone());
+        zcfg.backoff_max = Duration::from_millis(200);
+        zcfg.retry_every = Duration::from_millis(100);
+        let client = std::thread::spawn({
+            let (p, r, s) = (proxy.clone(), ready.clone(), stop.clone());
+            move || zds_client::run(p, zcfg, r, s)
+        });
+        wait_ready_proxies(agent, 1);
+        assert!(wait_until(WAIT, || ready.is_ready()), "{}", ready.reason());
+        RealProxy {
+            proxy,
+            ready,
+            stop,
+            client,
+        }
+    }
+}
+
+/// A pod's sandbox is torn down and its CNI DEL never reaches the agent (the
+/// agent refused it while busy, or was down: the plugin answers DEL as done
+/// either way), then the runtime gives its address to a new pod. The pod
+/// whose namespace is gone gives the address way: the new pod is enrolled
+/// and served. While the holder's namespace is live, a second pod on its
+/// address is still refused.
+#[test]
+fn a_pod_whose_del_never_came_gives_its_address_to_the_next_pod() {
+    run_isolated("agent_proxy_missed_del", || {
+        init_logs();
+        let dir = TempDir::new("agent_proxy_missed_del");
+        let cfg = config("agent_proxy_missed_del", dir.path());
+        let mut vn = VirtualNode::build(42, 2).unwrap();
+        let agent = start(&cfg);
+        let real = RealProxy::start(&cfg, &agent);
+        let proxy = &real.proxy;
+        let (old, b) = (vn.pod(0).clone(), vn.pod(1).clone());
+        ok(plugin("ADD", &CniPod::of(&old, "uid-old"), &cfg.cni_socket));
+
+        // A live pod that claims the old pod's address is refused.
+        let mut claim = CniPod::of(&b, "uid-claim");
+        claim.ips = CniPod::of(&old, "uid-old").ips;
+        let out = plugin("ADD", &claim, &cfg.cni_socket);
+        assert_ne!(
+            out.exit_code, 0,
+            "a second live pod on one address: {}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("uid-old"),
+            "names the holder: {}",
+            out.stdout
+        );
+        let uids = |p: &Proxy| p.pods().into_iter().map(|p| p.uid).collect::<Vec<_>>();
+        assert_eq!(uids(proxy), ["uid-old"]);
+
+        // The old sandbox goes (no DEL), its address goes to a new pod.
+        let (old_name, old_ip) = (old.name.clone(), old.ipv4);
+        drop(old);
+        let new = vn.replace_pod(&old_name).unwrap();
+        assert_eq!(new.ipv4, old_ip);
+        ok(plugin("ADD", &CniPod::of(&new, "uid-new"), &cfg.cni_socket));
+        assert_eq!(uids(proxy), ["uid-new"]);
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["uid-new"]);
+
+        // b -> the new pod goes through the proxy and arrives from b.
+        let addr = SocketAddr::new(new.ip(false), 8080);
+        let l = new.netns.run(|| listen(addr)).unwrap();
+        let srv = PayloadServer::start(l, 1);
+        let before = proxy.stats();
+        let got = b
+            .netns
+            .run(|| client_exchange(connect(addr, WAIT)?, 100, 1000))
+            .unwrap();
+        assert_eq!(got, 1000);
+        assert_eq!(srv.next_report(WAIT).unwrap().peer.ip(), b.ip(false));
+        assert!(proxy.stats().accepted > before.accepted, "captured");
+
+        agent.shutdown();
+        real.stop.store(true, Ordering::SeqCst);
+        real.client.join().unwrap();
     });
 }
