@@ -62,6 +62,14 @@ impl PodLocks {
             uid: uid.to_string(),
         })
     }
+
+    /// Holds `uid` if no enroll/unenroll of it runs now; never waits.
+    pub(super) fn try_lock(&self, uid: &str) -> Option<PodGuard<'_>> {
+        lock(&self.busy).insert(uid.to_string()).then(|| PodGuard {
+            locks: self,
+            uid: uid.to_string(),
+        })
+    }
 }
 
 #[cfg(test)]

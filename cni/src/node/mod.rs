@@ -58,10 +58,11 @@
 //! that was new is rolled back (forgotten, `Del` to the proxy that nacked,
 //! rules removed), so a failed ADD leaves nothing behind; a repeated enroll
 //! of an already enrolled pod (same netns) keeps it. A new netns for a known
-//! UID (a re-created sandbox) replaces the old one. A pod held with one of
-//! the new pod's addresses whose netns is gone (its DEL was missed) is
-//! unenrolled first; one whose netns is live is left, and the proxy refuses
-//! the second claim on the address.
+//! UID (a re-created sandbox) replaces the old one. With a proxy ready, a
+//! pod held with one of the new pod's addresses whose netns is gone (its
+//! DEL was missed) is unenrolled before the new pod's own work; one whose
+//! netns is live is left, and the proxy refuses the second claim on the
+//! address.
 //!
 //! [`Enrollment::unenroll`] (CNI DEL, the watch) forgets the pod, sends `Del`
 //! to every ready proxy (acks awaited with [`ACK_TIMEOUT`]; a nack is

@@ -99,13 +99,30 @@ fn own_inodes() -> HashSet<u64> {
     .collect()
 }
 
-/// Inodes of every namespace a process is in or a netns directory mounts.
-pub(super) fn live_inodes(proc_root: &Path, netns_dirs: &[PathBuf]) -> HashSet<u64> {
-    processes(proc_root)
-        .into_iter()
-        .map(|(_, ino)| ino)
-        .chain(mounted(netns_dirs).into_iter().map(|(_, ino)| ino))
-        .collect()
+/// Inodes of every namespace a process is in or a netns directory mounts;
+/// `None` when `proc_root` or a netns directory that exists cannot be read:
+/// a scan that saw nothing is no proof that a namespace is gone.
+pub(super) fn live_inodes(proc_root: &Path, netns_dirs: &[PathBuf]) -> Option<HashSet<u64>> {
+    if let Err(e) = std::fs::read_dir(proc_root) {
+        tracing::warn!(proc_root = %proc_root.display(), error = %e, "cannot read proc_root: no namespace is taken for gone");
+        return None;
+    }
+    for d in netns_dirs {
+        match std::fs::read_dir(d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(netns_dir = %d.display(), error = %e, "cannot read a netns directory: no namespace is taken for gone");
+                return None;
+            }
+            _ => {}
+        }
+    }
+    Some(
+        processes(proc_root)
+            .into_iter()
+            .map(|(_, ino)| ino)
+            .chain(mounted(netns_dirs).into_iter().map(|(_, ino)| ino))
+            .collect(),
+    )
 }
 
 /// Every distinct namespace, processes first (oldest pid first), then mounts.
@@ -295,5 +312,27 @@ mod tests {
         assert_eq!(parse_ns_link("net:[4026531840]"), Some(4026531840));
         assert_eq!(parse_ns_link("mnt:[4026531840]"), None);
         assert_eq!(parse_ns_link("net:[x]"), None);
+    }
+
+    /// A scan that could not look is no proof that anything is gone; a
+    /// netns directory that does not exist (yet) is only empty.
+    #[test]
+    fn a_scan_that_cannot_read_finds_nothing_gone() {
+        let dir = std::env::temp_dir().join(format!("ringway-live-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("not-a-dir");
+        std::fs::write(&file, b"").unwrap();
+        let missing = dir.join("missing");
+        assert_eq!(live_inodes(&missing, &[]), None, "proc_root unreadable");
+        assert_eq!(
+            live_inodes(Path::new("/proc"), std::slice::from_ref(&file)),
+            None,
+            "a netns directory that is a file"
+        );
+        let own = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        let live =
+            live_inodes(Path::new("/proc"), &[missing]).expect("a missing netns dir is empty");
+        assert!(live.contains(&own), "this process's namespace is live");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -342,7 +342,9 @@ impl Core {
             netns.inode = inode.unwrap_or(0),
         );
         let _span = span.enter();
-        self.release_dead_holders(&pod);
+        if self.any_ready() {
+            self.release_dead_holders(&pod);
+        }
         let _guard = self.pod_locks.lock(&pod.uid)?;
         if !self.any_ready() {
             tracing::info!("no proxy ready: the runtime is to retry");
@@ -494,7 +496,10 @@ impl Core {
     /// address, every retry of its ADD, until the agent restarted. A holder
     /// whose namespace is live is left alone: the proxy refuses two live
     /// pods on one address. Runs before `pod`'s own lock is taken, so no
-    /// two pod locks are ever held at once.
+    /// two pod locks are ever held at once; a holder whose enroll or
+    /// unenroll runs now is left to it (`pod`'s ADD is retried). Kept pods
+    /// (no record at start: their addresses unknown here) whose namespaces
+    /// are gone leave the proxies too.
     fn release_dead_holders(&self, pod: &Pod) {
         let holders = || -> Vec<(String, bool)> {
             lock(&self.state)
@@ -507,12 +512,13 @@ impl Core {
                 .collect()
         };
         let found = holders();
+        let kept = !lock(&self.state).keep_only.is_empty();
+        // A namespace may have gone since the last reconcile: look now.
+        if kept || found.iter().any(|(_, pinned)| *pinned) {
+            self.release_gone_netns();
+        }
         if found.is_empty() {
             return;
-        }
-        // A namespace may have gone since the last reconcile: look now.
-        if found.iter().any(|(_, pinned)| *pinned) {
-            self.release_gone_netns();
         }
         for (uid, pinned) in holders() {
             if pinned {
@@ -597,7 +603,17 @@ impl Core {
     ) -> Result<bool, EnrollError> {
         let span = tracing::info_span!("unenroll", pod.uid = %uid, remove_rules);
         let _span = span.enter();
-        let _guard = self.pod_locks.lock(uid)?;
+        let _guard = if netns == NetnsMatch::Gone {
+            // Another pod's enroll: never waits on this one.
+            self.pod_locks
+                .try_lock(uid)
+                .ok_or_else(|| EnrollError::Busy {
+                    uid: uid.to_string(),
+                    secs: 0,
+                })?
+        } else {
+            self.pod_locks.lock(uid)?
+        };
         let inode = match netns {
             NetnsMatch::Any => None,
             NetnsMatch::Inode(inode) => Some(inode),
@@ -740,7 +756,9 @@ impl Core {
         if candidates.is_empty() && !kept {
             return Vec::new();
         }
-        let live = live_inodes(&self.config.proc_root, &self.config.netns_dirs);
+        let Some(live) = live_inodes(&self.config.proc_root, &self.config.netns_dirs) else {
+            return Vec::new();
+        };
         let gone: Vec<(String, u64)> = candidates
             .into_iter()
             .filter(|(_, ino, path)| {
