@@ -126,7 +126,8 @@ pub struct VirtualNode {
     /// Pods created so far.
     pub pods: Vec<Pod>,
     next_pod: u16,
-    /// Sandboxes made by [`VirtualNode::replace_pod`] so far (their names).
+    /// Sandboxes made by [`VirtualNode::replace_pod`] so far (numbers their
+    /// names).
     replaced: u16,
 }
 

@@ -47,11 +47,15 @@ fn parse_ns_link(link: &str) -> Option<u64> {
     link.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// (pid, netns inode) of every process, pids ascending.
-fn processes(proc_root: &Path) -> Vec<(u32, u64)> {
-    let Ok(dir) = std::fs::read_dir(proc_root) else {
-        tracing::warn!(proc_root = %proc_root.display(), "cannot read proc_root");
-        return Vec::new();
+/// (pid, netns inode) of every process, pids ascending; `None` (warned)
+/// when `proc_root` cannot be read.
+fn processes(proc_root: &Path) -> Option<Vec<(u32, u64)>> {
+    let dir = match std::fs::read_dir(proc_root) {
+        Ok(dir) => dir,
+        Err(e) => {
+            tracing::warn!(proc_root = %proc_root.display(), error = %e, "cannot read proc_root");
+            return None;
+        }
     };
     let mut out: Vec<(u32, u64)> = dir
         .flatten()
@@ -62,15 +66,24 @@ fn processes(proc_root: &Path) -> Vec<(u32, u64)> {
         })
         .collect();
     out.sort_unstable();
-    out
+    Some(out)
 }
 
-/// (path, inode) of every file in the netns directories.
-fn mounted(netns_dirs: &[PathBuf]) -> Vec<(PathBuf, u64)> {
+/// (path, inode) of every file in the netns directories (one that does not
+/// exist holds none), and whether every one that exists could be read (one
+/// that cannot is warned about and skipped).
+fn mounted(netns_dirs: &[PathBuf]) -> (Vec<(PathBuf, u64)>, bool) {
     let mut out = Vec::new();
+    let mut complete = true;
     for d in netns_dirs {
-        let Ok(dir) = std::fs::read_dir(d) else {
-            continue;
+        let dir = match std::fs::read_dir(d) {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                tracing::warn!(netns_dir = %d.display(), error = %e, "cannot read a netns directory");
+                complete = false;
+                continue;
+            }
         };
         let mut here: Vec<(PathBuf, u64)> = dir
             .flatten()
@@ -83,7 +96,7 @@ fn mounted(netns_dirs: &[PathBuf]) -> Vec<(PathBuf, u64)> {
         here.sort();
         out.extend(here);
     }
-    out
+    (out, complete)
 }
 
 /// Inodes of namespaces that are never a pod's: this process's, the calling
@@ -103,24 +116,16 @@ fn own_inodes() -> HashSet<u64> {
 /// `None` when `proc_root` or a netns directory that exists cannot be read:
 /// a scan that saw nothing is no proof that a namespace is gone.
 pub(super) fn live_inodes(proc_root: &Path, netns_dirs: &[PathBuf]) -> Option<HashSet<u64>> {
-    if let Err(e) = std::fs::read_dir(proc_root) {
-        tracing::warn!(proc_root = %proc_root.display(), error = %e, "cannot read proc_root: no namespace is taken for gone");
+    let processes = processes(proc_root)?;
+    let (mounted, complete) = mounted(netns_dirs);
+    if !complete {
         return None;
     }
-    for d in netns_dirs {
-        match std::fs::read_dir(d) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                tracing::warn!(netns_dir = %d.display(), error = %e, "cannot read a netns directory: no namespace is taken for gone");
-                return None;
-            }
-            _ => {}
-        }
-    }
     Some(
-        processes(proc_root)
+        processes
             .into_iter()
             .map(|(_, ino)| ino)
-            .chain(mounted(netns_dirs).into_iter().map(|(_, ino)| ino))
+            .chain(mounted.into_iter().map(|(_, ino)| ino))
             .collect(),
     )
 }
@@ -130,7 +135,8 @@ pub(super) fn scan(proc_root: &Path, netns_dirs: &[PathBuf]) -> Vec<Found> {
     let own = own_inodes();
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for (pid, inode) in processes(proc_root) {
+    // What cannot be read is skipped (warned): nothing is found there.
+    for (pid, inode) in processes(proc_root).unwrap_or_default() {
         if !own.contains(&inode) && seen.insert(inode) {
             out.push(Found {
                 inode,
@@ -139,7 +145,7 @@ pub(super) fn scan(proc_root: &Path, netns_dirs: &[PathBuf]) -> Vec<Found> {
             });
         }
     }
-    for (path, inode) in mounted(netns_dirs) {
+    for (path, inode) in mounted(netns_dirs).0 {
         if !own.contains(&inode) && seen.insert(inode) {
             out.push(Found {
                 inode,

@@ -490,8 +490,8 @@ impl Core {
     /// Unenrolls each pod held here that claims one of `pod`'s addresses
     /// and whose network namespace is gone: the runtime gave its address to
     /// `pod`, so its sandbox was torn down and the DEL that should have
-    /// released it was missed (refused while the agent was busy, or sent
-    /// while no agent ran; the plugin answers DEL as done either way). Held
+    /// released it was missed (refused while the agent was busy: the plugin
+    /// answers DEL as done). Held
     /// on, it would have the proxies refuse `pod` as a second claim on the
     /// address, every retry of its ADD, until the agent restarted. A holder
     /// whose namespace is live is left alone: the proxy refuses two live
@@ -615,9 +615,8 @@ impl Core {
             self.pod_locks.lock(uid)?
         };
         let inode = match netns {
-            NetnsMatch::Any => None,
             NetnsMatch::Inode(inode) => Some(inode),
-            NetnsMatch::Gone => None,
+            NetnsMatch::Any | NetnsMatch::Gone => None,
         };
         if netns != NetnsMatch::Gone && self.release_kept(uid, inode, remove_rules) {
             return Ok(true);
