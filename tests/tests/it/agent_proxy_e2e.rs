@@ -20,7 +20,7 @@ use ringway_config::{CaptureMode, Datapath};
 use ringway_proxy::zds_client::{self, Readiness, ZdsClientConfig};
 use ringway_proxy::Proxy;
 use ringway_testbed::traffic::{client_exchange, connect, listen, PayloadServer};
-use ringway_testbed::{run_isolated, VirtualNode};
+use ringway_testbed::{run_isolated, Pod, VirtualNode};
 
 #[test]
 fn agent_and_proxy_capture_pods_and_survive_an_agent_restart() {
@@ -52,18 +52,7 @@ fn agent_and_proxy_capture_pods_and_survive_an_agent_restart() {
         let addr = SocketAddr::new(b.ip(false), 8080);
         let l = b.netns.run(|| listen(addr)).unwrap();
         let srv = PayloadServer::start(l, 2);
-        let before = proxy.stats();
-        let got = a
-            .netns
-            .run(|| client_exchange(connect(addr, WAIT)?, 1000, 70_000))
-            .unwrap();
-        assert_eq!(got, 70_000);
-        let rep = srv.next_report(WAIT).unwrap();
-        assert_eq!(rep.peer.ip(), a.ip(false));
-        assert!(
-            proxy.stats().accepted > before.accepted,
-            "captured by the proxy"
-        );
+        captured_exchange(&proxy, &a, addr, &srv, 1000, 70_000);
 
         // A long-lived connection (a -> b:9090, echo) across an agent restart.
         let echo_addr = SocketAddr::new(b.ip(false), 9090);
@@ -122,6 +111,30 @@ fn agent_and_proxy_capture_pods_and_survive_an_agent_restart() {
         client.join().unwrap();
         drop(pauses);
     });
+}
+
+/// `from` sends `send` bytes to `srv` at `addr` and reads `recv` back: the
+/// connection is captured by `proxy` and arrives from `from`'s own address.
+fn captured_exchange(
+    proxy: &Proxy,
+    from: &Pod,
+    addr: SocketAddr,
+    srv: &PayloadServer,
+    send: u64,
+    recv: u64,
+) {
+    let before = proxy.stats();
+    let got = from
+        .netns
+        .run(|| client_exchange(connect(addr, WAIT)?, send, recv))
+        .unwrap();
+    assert_eq!(got, recv);
+    let rep = srv.next_report(WAIT).unwrap();
+    assert_eq!(rep.peer.ip(), from.ip(false), "the client's own address");
+    assert!(
+        proxy.stats().accepted > before.accepted,
+        "captured by the proxy"
+    );
 }
 
 /// The real proxy on the agent's ZDS socket: its ZDS client on its own
@@ -207,14 +220,7 @@ fn a_pod_whose_del_never_came_gives_its_address_to_the_next_pod() {
         let addr = SocketAddr::new(new.ip(false), 8080);
         let l = new.netns.run(|| listen(addr)).unwrap();
         let srv = PayloadServer::start(l, 1);
-        let before = proxy.stats();
-        let got = b
-            .netns
-            .run(|| client_exchange(connect(addr, WAIT)?, 100, 1000))
-            .unwrap();
-        assert_eq!(got, 1000);
-        assert_eq!(srv.next_report(WAIT).unwrap().peer.ip(), b.ip(false));
-        assert!(proxy.stats().accepted > before.accepted, "captured");
+        captured_exchange(proxy, &b, addr, &srv, 100, 1000);
 
         agent.shutdown();
         real.stop.store(true, Ordering::SeqCst);
