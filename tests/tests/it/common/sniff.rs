@@ -37,15 +37,24 @@ impl Sniffer {
             let mut frames = Vec::new();
             let deadline = Instant::now() + Duration::from_secs(120);
             let mut buf = vec![0u8; 65536];
-            while !st.load(Ordering::SeqCst) && Instant::now() < deadline {
+            while Instant::now() < deadline {
+                // Frames are queued on the socket as they are sent: once
+                // stopped, what is queued is still read (a sniffer that
+                // fell behind on a busy machine lost the tail of the last
+                // connection), until a read finds nothing.
+                let stopping = st.load(Ordering::SeqCst);
                 // The sender's link-layer address names the interface.
                 use std::os::fd::AsRawFd;
-                if let Ok((n, from)) = nix::sys::socket::recvfrom::<nix::sys::socket::LinkAddr>(
+                match nix::sys::socket::recvfrom::<nix::sys::socket::LinkAddr>(
                     s.as_raw_fd(),
                     &mut buf,
                 ) {
-                    let on_link = from.is_some_and(|a| a.ifindex() == link);
-                    frames.push((on_link, buf[..n].to_vec()));
+                    Ok((n, from)) => {
+                        let on_link = from.is_some_and(|a| a.ifindex() == link);
+                        frames.push((on_link, buf[..n].to_vec()));
+                    }
+                    Err(_) if stopping => break,
+                    Err(_) => {}
                 }
             }
             frames
