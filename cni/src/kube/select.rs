@@ -258,28 +258,17 @@ impl Selector {
             return Ok(selected.clone());
         }
         let started = Instant::now();
-        let (tx, rx) = sync_channel(1);
         let (client, ns, n, u) = (
             self.0.client.clone(),
             namespace.to_owned(),
             name.to_owned(),
             uid.to_owned(),
         );
-        let task = self.0.runtime.spawn(async move {
-            let _ = tx.send(lookup(client, &u, &ns, &n).await);
-        });
-        let answer = match rx.recv_timeout(self.0.lookup_timeout) {
-            Ok(answer) => answer,
-            Err(RecvTimeoutError::Timeout) => {
-                task.abort();
-                Err(SelectError::Timeout {
-                    pod: format!("{namespace}/{name}"),
-                    timeout: self.0.lookup_timeout,
-                })
-            }
-            // The task was dropped unrun: the runtime is shut down.
-            Err(RecvTimeoutError::Disconnected) => Err(SelectError::Stopped),
-        };
+        let answer = self.blocking(
+            namespace,
+            name,
+            async move { lookup(client, &u, &ns, &n).await },
+        );
         if let Ok(selected) = &answer {
             info!(pod.uid = %uid, pod.namespace = %namespace, pod.name = %name, verdict = ?selected.verdict,
                 pod.service_account = selected.service_account.as_deref().unwrap_or(""),
@@ -297,6 +286,62 @@ impl Selector {
                 Ok(selected)
             }
             (answer, _) => answer,
+        }
+    }
+}
+
+impl Selector {
+    /// The uid the agent holds pod `namespace`/`name` by, for a CNI request
+    /// whose runtime gave none (`K8S_POD_UID`): the API server's pod of that
+    /// name (always asked: the watch's cache may still hold an older pod of
+    /// the same name), or for a static pod's mirror, the static pod's own
+    /// uid (`kubernetes.io/config.mirror`). `None` when the API server has
+    /// no such pod.
+    ///
+    /// Blocking (at most the lookup timeout), as [`Selector::selects`].
+    pub fn uid_of(&self, namespace: &str, name: &str) -> Result<Option<String>, SelectError> {
+        let (client, ns, n) = (self.0.client.clone(), namespace.to_owned(), name.to_owned());
+        let uid = self.blocking(namespace, name, async move {
+            let pod = Api::<Pod>::namespaced(client, &ns)
+                .get_opt(&n)
+                .await
+                .map_err(|source| SelectError::Api {
+                    what: format!("pod {ns}/{n}"),
+                    source,
+                })?;
+            Ok(pod.as_ref().and_then(PodFacts::from_pod).map(|facts| {
+                let PodFacts { uid, mirror_of, .. } = facts;
+                mirror_of.unwrap_or(uid)
+            }))
+        })?;
+        info!(pod.namespace = %namespace, pod.name = %name, pod.uid = uid.as_deref().unwrap_or(""),
+            source = "API server", "the runtime gave no pod uid: looked it up");
+        Ok(uid)
+    }
+
+    /// Runs `lookup` on the client's runtime and waits for it, at most the
+    /// lookup timeout (about pod `namespace`/`name`, for the error).
+    fn blocking<T: Send + 'static>(
+        &self,
+        namespace: &str,
+        name: &str,
+        lookup: impl std::future::Future<Output = Result<T, SelectError>> + Send + 'static,
+    ) -> Result<T, SelectError> {
+        let (tx, rx) = sync_channel(1);
+        let task = self.0.runtime.spawn(async move {
+            let _ = tx.send(lookup.await);
+        });
+        match rx.recv_timeout(self.0.lookup_timeout) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => {
+                task.abort();
+                Err(SelectError::Timeout {
+                    pod: format!("{namespace}/{name}"),
+                    timeout: self.0.lookup_timeout,
+                })
+            }
+            // The task was dropped unrun: the runtime is shut down.
+            Err(RecvTimeoutError::Disconnected) => Err(SelectError::Stopped),
         }
     }
 }

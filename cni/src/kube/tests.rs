@@ -1161,6 +1161,68 @@ mod selector {
         assert_eq!(ask(&s, "u", "mesh", "web").await.unwrap(), Verdict::Capture);
     }
 
+    async fn uid_of(s: &Selector, ns: &str, name: &str) -> Result<Option<String>, SelectError> {
+        let (s, ns, name) = (s.clone(), ns.to_owned(), name.to_owned());
+        tokio::task::spawn_blocking(move || s.uid_of(&ns, &name))
+            .await
+            .unwrap()
+    }
+
+    /// A pod's uid for a runtime that gave none: always the API server's
+    /// pod of that name (never the watch's cache, which may hold an older
+    /// pod of the name), a static pod's own uid for its mirror, nothing for
+    /// a pod the API server does not have, an error (never a guess) when it
+    /// cannot be read.
+    #[tokio::test]
+    async fn a_pods_uid_comes_from_the_api_server_by_name() {
+        let rt = tokio::runtime::Handle::current();
+        let (client, api) = FakeApiServer::start(&rt);
+        let s = Selector::with_lookup_timeout(client, rt, Duration::from_millis(200));
+        api.apply_pod(FakePod::new("uid-web", "mesh", "web", NODE).json());
+        api.apply_pod(
+            FakePod::new("uid-mirror", "mesh", "static-web", NODE)
+                .annotate("kubernetes.io/config.mirror", "config-hash")
+                .json(),
+        );
+        assert_eq!(
+            uid_of(&s, "mesh", "web").await.unwrap().as_deref(),
+            Some("uid-web")
+        );
+        assert_eq!(
+            uid_of(&s, "mesh", "static-web").await.unwrap().as_deref(),
+            Some("config-hash")
+        );
+        assert_eq!(uid_of(&s, "mesh", "gone").await.unwrap(), None);
+        assert_eq!(
+            api.gets(),
+            [
+                pod_get("mesh", "web"),
+                pod_get("mesh", "static-web"),
+                pod_get("mesh", "gone")
+            ]
+        );
+        // Re-created under the same name: the new uid.
+        api.delete_pod("mesh", "web");
+        api.apply_pod(FakePod::new("uid-web-2", "mesh", "web", NODE).json());
+        assert_eq!(
+            uid_of(&s, "mesh", "web").await.unwrap().as_deref(),
+            Some("uid-web-2")
+        );
+
+        api.set_mode(ApiMode::Unreachable);
+        let e = uid_of(&s, "mesh", "web").await.unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("cannot read pod mesh/web from the Kubernetes API server: "),
+            "{e}"
+        );
+        api.set_mode(ApiMode::Hang);
+        assert_eq!(
+            uid_of(&s, "mesh", "web").await.unwrap_err().to_string(),
+            "no answer from the Kubernetes API server about pod mesh/web within 200 ms"
+        );
+    }
+
     /// The runtime the client runs on is gone (the agent is stopping): an error at once.
     #[test]
     fn a_stopped_runtime_is_an_error() {

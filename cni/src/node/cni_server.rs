@@ -24,7 +24,7 @@ use super::metrics::AgentMetrics;
 use super::pod::Pod;
 use super::protocol::{ErrorKind as Kind, Response, MAX_LINE};
 use super::sockets::{check_peer, chmod_600, clear_stale, create_parent, temp_path};
-use crate::kube::{SelectError, Selected, Verdict};
+use crate::kube::{SelectError, Selected, UnenrollReason, Verdict};
 use crate::result::{PodIp, PodIpError};
 
 const TICK_MS: u16 = 200;
@@ -425,9 +425,20 @@ pub(super) fn dispatch(srv: &CniServer, line: &str) -> Response {
     resp
 }
 
-/// The pod of an add/check request.
-fn pod_of(f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
+/// The pod of an add/check request. A request without `pod.uid` (a
+/// runtime that gave no `K8S_POD_UID`) is answered here when the pod's
+/// namespace is excluded (passed through: `Err` with the success), and
+/// otherwise gets the uid the API server knows the pod by
+/// ([`Selector::uid_of`](crate::kube::Selector::uid_of)); without the API
+/// it is refused, naming what is missing.
+fn pod_of(srv: &CniServer, f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
     let p = f.object("pod")?;
+    let name = p.str("name")?;
+    let namespace = p.str("namespace")?;
+    let uid = match p.opt_str("uid")?.filter(|u| !u.is_empty()) {
+        Some(uid) => uid,
+        None => uid_of(srv, f.op, &namespace, &name)?,
+    };
     let mut ips = Vec::new();
     for (i, v) in f.array("ips")?.into_iter().flatten().enumerate() {
         let s = v
@@ -439,13 +450,51 @@ fn pod_of(f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
         ips.push(ip.addr);
     }
     Ok(Pod {
-        uid: p.str("uid")?,
-        name: p.str("name")?,
-        namespace: p.str("namespace")?,
+        uid,
+        name,
+        namespace,
         service_account: p.opt_str("serviceAccount")?.unwrap_or_default(),
         ips,
         container_id: Some(container_id.to_string()),
     })
+}
+
+/// The uid of pod `namespace`/`name` of an add or check request that has
+/// none (see [`pod_of`]).
+fn uid_of(srv: &CniServer, op: &str, namespace: &str, name: &str) -> Result<String, Response> {
+    if srv.config.exclude_namespaces.iter().any(|n| n == namespace) {
+        tracing::info!(pod.namespace = %namespace, pod.name = %name, "the selection rule passes the pod over: not captured (no pod uid needed)");
+        return Err(Response::pass_through(UnenrollReason::Excluded.to_string()));
+    }
+    match &srv.config.selection {
+        Selection::All => Err(rejected(format!(
+            "{op} request for pod {namespace}/{name} has no \"pod.uid\" (the runtime gave no \
+             K8S_POD_UID), and without the Kubernetes API (--kube) the agent cannot learn it"
+        ))),
+        Selection::Kubernetes(selector) => match selector.uid_of(namespace, name) {
+            Ok(Some(uid)) => Ok(uid),
+            Ok(None) => {
+                tracing::warn!(pod.namespace = %namespace, pod.name = %name, "the runtime gave no pod uid and the API server has no such pod; the runtime is to retry");
+                Err(Response::err(
+                    Kind::NotReady,
+                    format!(
+                        "the runtime gave no K8S_POD_UID for pod {namespace}/{name}, and the \
+                         Kubernetes API server has no such pod"
+                    ),
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(pod.namespace = %namespace, pod.name = %name, error = %e, "the runtime gave no pod uid and the API server cannot say it; the runtime is to retry");
+                Err(Response::err(
+                    Kind::NotReady,
+                    format!(
+                        "the runtime gave no K8S_POD_UID for pod {namespace}/{name}, and the \
+                         agent cannot learn it: {e}"
+                    ),
+                ))
+            }
+        },
+    }
 }
 
 /// The selection rule for a pod of an add or check request: `Ok(None)` to
@@ -484,7 +533,7 @@ fn select(config: &AgentConfig, pod: &Pod) -> Result<Selected, SelectError> {
 fn add(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
-    let mut pod = pod_of(f, &container_id)?;
+    let mut pod = pod_of(srv, f, &container_id)?;
     tracing::info!(pod.uid = %pod.uid, pod.name = %pod.name, pod.namespace = %pod.namespace, container_id = %container_id, netns = %netns, "CNI ADD");
     let selected = match select(&srv.config, &pod) {
         Ok(s) => s,
@@ -591,7 +640,7 @@ fn remove_stray_rules(srv: &CniServer, uid: &str, path: &Path) {
 fn check(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
-    let pod = pod_of(f, &container_id)?;
+    let pod = pod_of(srv, f, &container_id)?;
     let inode = std::fs::metadata(&netns).ok().map(|m| m.ino());
     Ok(match srv.pods.check(&pod.uid, &container_id, inode) {
         Ok(()) => Response::ok(),

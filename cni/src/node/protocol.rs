@@ -14,8 +14,11 @@
 //! {"op":"gc","network":"..","validAttachments":[{"containerId":"c0ffee","ifname":"eth0"}]}
 //! ```
 //!
-//! `pod.uid` is required for add and check (`K8S_POD_UID`); del finds the pod
-//! by `containerId` when it is missing. `pod.serviceAccount` is optional.
+//! `pod.uid` is `K8S_POD_UID`. An add or check without it gets the uid from
+//! the Kubernetes API server's pod of that name (with `--kube`; a pod of an
+//! excluded namespace passes through without it; without the API it is
+//! refused); del finds the pod by `containerId` when it is missing.
+//! `pod.serviceAccount` is optional.
 //!
 //! Responses: `{"ok":true}`, `{"ok":true,"passThrough":"why"}` (add, check:
 //! the agent's selection rule leaves the pod alone: no rules, nothing sent to

@@ -311,7 +311,17 @@ fn bad_cni_requests_get_exact_errors_and_the_agent_keeps_serving() {
                 sock,
                 b"{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"/x\",\"pod\":{\"name\":\"a\",\"namespace\":\"b\"}}\n"
             ),
-            bad(r#"add request has no \"pod.uid\""#)
+            rejected(
+                r#"add request for pod b/a has no \"pod.uid\" (the runtime gave no K8S_POD_UID), and without the Kubernetes API (--kube) the agent cannot learn it"#
+            )
+        );
+        // The agent's own namespace needs no uid: passed through.
+        assert_eq!(
+            cni_line(
+                sock,
+                b"{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"/x\",\"pod\":{\"name\":\"a\",\"namespace\":\"ringway-system\"}}\n"
+            ),
+            r#"{"ok":true,"passThrough":"namespace excluded from capture (exclude_namespaces)"}"#
         );
         assert_eq!(
             cni_line(

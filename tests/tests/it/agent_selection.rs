@@ -846,3 +846,100 @@ fn a_failing_annotation_patch_never_fails_the_cni_add() {
         agent.shutdown();
     });
 }
+
+/// A runtime that gives no `K8S_POD_UID` (an old or unusual runtime, a
+/// meta-plugin that drops it): the agent takes the pod's uid from the API
+/// server's pod of that name (a static pod's mirror: the static pod's own
+/// uid), and the pod is captured and released as any other. A pod of an
+/// excluded namespace passes through without a lookup; one the API server
+/// does not know is "try again later", naming what was missing. Before,
+/// every such ADD failed: no pod of the node could start.
+#[test]
+fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
+    run_isolated("agent_selection_no_uid", || {
+        init_logs();
+        let dir = TempDir::new("agent_selection_no_uid");
+        let kube = Kube::start(Duration::from_secs(2));
+        let cfg = config_with("agent_selection_no_uid", &dir, &kube);
+        let vn = VirtualNode::build(68, 4).unwrap();
+        let api = &kube.api;
+        api.apply_namespace("shop", Some("enabled"));
+        api.apply_namespace("plain", None);
+        let no_uid = |i: usize, ns: &str| {
+            let mut p = CniPod::of(vn.pod(i), "");
+            p.namespace = ns.into();
+            p.container_id = format!("sandbox-{i}");
+            p
+        };
+        let web = no_uid(0, "shop");
+        let plain = no_uid(1, "plain");
+        let unknown = no_uid(2, "shop");
+        let statik = no_uid(3, "shop");
+        api.apply_pod(
+            FakePod::new("uid-web", "shop", &web.name, &cfg.node_name)
+                .service_account("web")
+                .json(),
+        );
+        api.apply_pod(FakePod::new("uid-plain", "plain", &plain.name, &cfg.node_name).json());
+        api.apply_pod(
+            FakePod::new("uid-mirror", "shop", &statik.name, &cfg.node_name)
+                .annotate("kubernetes.io/config.mirror", "static-hash")
+                .json(),
+        );
+        let agent = start(&cfg);
+        let proxy = AutoProxy::start(&cfg.zds_socket);
+        wait_ready_proxies(&agent, 1);
+
+        // Captured under the API server's uid, with its service account.
+        ok(plugin("ADD", &web, &cfg.cni_socket));
+        let add = &proxy.wait_for(2)[1];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "uid-web"));
+        assert_eq!(
+            add.info,
+            Some((web.name.clone(), "shop".into(), "web".into()))
+        );
+        assert_eq!(
+            read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,
+            "uid-web"
+        );
+        // CHECK finds it the same way.
+        ok(plugin("CHECK", &web, &cfg.cni_socket));
+
+        // Unlabelled: passed through, as with a uid.
+        let out = ok(plugin("ADD", &plain, &cfg.cni_socket));
+        assert!(out.stdout.contains("\"ips\""), "{}", out.stdout);
+        assert_uncaptured(vn.pod(1));
+
+        // A static pod: held by its own uid, the one its mirror names.
+        ok(plugin("ADD", &statik, &cfg.cni_socket));
+        let add = &proxy.wait_for(3)[2];
+        assert_eq!((add.kind, add.uid.as_str()), ("Add", "static-hash"));
+
+        // Unknown to the API server: try again later, nothing captured.
+        let out = plugin("ADD", &unknown, &cfg.cni_socket);
+        assert_eq!(cni_code(&out), Some(11), "{}", out.stdout);
+        assert!(
+            out.stdout.contains("K8S_POD_UID") && out.stdout.contains(&unknown.name),
+            "{}",
+            out.stdout
+        );
+        assert_uncaptured(vn.pod(2));
+
+        // The agent's own namespace: passed through, no lookup.
+        let gets = api.gets().len();
+        let own = no_uid(2, "ringway-system");
+        let out = ok(plugin("ADD", &own, &cfg.cni_socket));
+        assert!(out.stdout.contains("\"ips\""), "{}", out.stdout);
+        assert_eq!(api.gets()[gets..], [] as [String; 0]);
+        assert_uncaptured(vn.pod(2));
+
+        // DEL without a uid finds the pod by its sandbox and releases it.
+        ok(plugin("DEL", &web, &cfg.cni_socket));
+        let del = &proxy.wait_for(4)[3];
+        assert_eq!((del.kind, del.uid.as_str()), ("Del", "uid-web"));
+        assert_eq!(read_tag(vn.pod(0).netns.fd()).unwrap(), None);
+        let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
+        assert_eq!(held, ["static-hash"]);
+        agent.shutdown();
+    });
+}
