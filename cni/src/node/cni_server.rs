@@ -435,10 +435,8 @@ fn pod_of(srv: &CniServer, f: &Fields<'_>, container_id: &str) -> Result<Pod, Re
     let p = f.object("pod")?;
     let name = p.str("name")?;
     let namespace = p.str("namespace")?;
-    let uid = match p.opt_str("uid")?.filter(|u| !u.is_empty()) {
-        Some(uid) => uid,
-        None => uid_of(srv, f.op, &namespace, &name)?,
-    };
+    let uid = p.opt_str("uid")?.filter(|u| !u.is_empty());
+    let service_account = p.opt_str("serviceAccount")?.unwrap_or_default();
     let mut ips = Vec::new();
     for (i, v) in f.array("ips")?.into_iter().flatten().enumerate() {
         let s = v
@@ -449,11 +447,16 @@ fn pod_of(srv: &CniServer, f: &Fields<'_>, container_id: &str) -> Result<Pod, Re
             .map_err(|e: PodIpError| bad(format!("{} request: \"ips\"[{i}]: {e}", f.op)))?;
         ips.push(ip.addr);
     }
+    // Looked up only once the request is known to be well formed.
+    let uid = match uid {
+        Some(uid) => uid,
+        None => uid_of(srv, f.op, &namespace, &name)?,
+    };
     Ok(Pod {
         uid,
         name,
         namespace,
-        service_account: p.opt_str("serviceAccount")?.unwrap_or_default(),
+        service_account,
         ips,
         container_id: Some(container_id.to_string()),
     })

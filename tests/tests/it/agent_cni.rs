@@ -315,6 +315,14 @@ fn bad_cni_requests_get_exact_errors_and_the_agent_keeps_serving() {
                 r#"add request for pod b/a has no \"pod.uid\" (the runtime gave no K8S_POD_UID), and without the Kubernetes API (--kube) the agent cannot learn it"#
             )
         );
+        // A malformed request is named as such before a missing uid is.
+        assert_eq!(
+            cni_line(
+                sock,
+                b"{\"op\":\"add\",\"containerId\":\"c1\",\"netns\":\"/x\",\"pod\":{\"name\":\"a\",\"namespace\":\"b\"},\"ips\":[7]}\n"
+            ),
+            bad(r#"add request: \"ips\"[0] must be a string"#)
+        );
         // The agent's own namespace needs no uid: passed through.
         assert_eq!(
             cni_line(
