@@ -31,7 +31,9 @@
 //! API server, GETting the pod and, when its labels leave the answer to its namespace,
 //! the namespace, within [`LOOKUP_TIMEOUT`] (2 s). The API server's object counts even
 //! when its uid is not the ADD's (a static pod's mirror); a pod it does not know is
-//! decided by its namespace alone. A pod the rule passes over is passed straight through
+//! decided by its namespace alone. An ADD without a uid asks
+//! [`Selector::select_by_name`], which always GETs the pod (the cache may hold an
+//! older pod of that name) and counts it only on this node and not being deleted. A pod the rule passes over is passed straight through
 //! by the ADD; the watch unenrolls exactly those pods and enrolls the others once they
 //! run, so neither undoes the other.
 //!
@@ -128,7 +130,7 @@ pub use self::model::{
 };
 use self::reconcile::Reconciler;
 pub use self::reconcile::WatchConfig;
-pub use self::select::{SelectError, Selected, Selector, Verdict, LOOKUP_TIMEOUT};
+pub use self::select::{ByName, SelectError, Selected, Selector, Verdict, LOOKUP_TIMEOUT};
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::Api;
 pub use ::kube::Client;

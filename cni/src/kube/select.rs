@@ -51,6 +51,27 @@ pub struct Selected {
     pub service_account: Option<String>,
 }
 
+/// [`Selector::select_by_name`]'s answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ByName {
+    /// The pod: the uid to hold it by, and the rule's answer for it.
+    Found {
+        /// Its uid (a static pod's own, for its mirror).
+        uid: String,
+        /// Capture or pass through, and its service account.
+        selected: Selected,
+    },
+    /// No pod of that name counts (none, another node's, being deleted, a
+    /// mirror naming another pod): `verdict` is its namespace's, as for any
+    /// pod the API server does not have; capturing it needs the uid.
+    Unknown {
+        /// What the namespace says.
+        verdict: Verdict,
+        /// Why no pod counts, in words.
+        why: String,
+    },
+}
+
 /// Why [`Selector::selects`] has no answer. Every case is "try again later": the CNI
 /// ADD fails with code 11 rather than guess (see the module docs of [`super`]).
 #[derive(Debug, thiserror::Error)]
@@ -291,32 +312,90 @@ impl Selector {
 }
 
 impl Selector {
-    /// The uid the agent holds pod `namespace`/`name` by, for a CNI request
-    /// whose runtime gave none (`K8S_POD_UID`): the API server's pod of that
-    /// name (always asked: the watch's cache may still hold an older pod of
-    /// the same name), or for a static pod's mirror, the static pod's own
-    /// uid (`kubernetes.io/config.mirror`). `None` when the API server has
-    /// no such pod.
+    /// The capture rule for a CNI request whose runtime gave no pod uid
+    /// (`K8S_POD_UID`), with the uid the agent is to hold the pod by.
+    ///
+    /// The API server's pod of that name is always asked for (the watch's
+    /// cache may still hold an older pod of the name). It counts only when
+    /// it is on `node` and not being deleted; its uid is the pod's own, or
+    /// for a static pod's mirror the static pod's (`kubernetes.io/config.mirror`),
+    /// unless that names a pod the watch knows under its own uid (anyone who
+    /// may create pods can set the annotation). Otherwise the pod is
+    /// [`ByName::Unknown`] and its namespace decides, as for a pod the API
+    /// server does not have.
     ///
     /// Blocking (at most the lookup timeout), as [`Selector::selects`].
-    pub fn uid_of(&self, namespace: &str, name: &str) -> Result<Option<String>, SelectError> {
-        let (client, ns, n) = (self.0.client.clone(), namespace.to_owned(), name.to_owned());
-        let uid = self.blocking(namespace, name, async move {
-            let pod = Api::<Pod>::namespaced(client, &ns)
+    pub fn select_by_name(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+    ) -> Result<ByName, SelectError> {
+        let (selector, ns, n, node) = (
+            self.clone(),
+            namespace.to_owned(),
+            name.to_owned(),
+            node.to_owned(),
+        );
+        let client = self.0.client.clone();
+        let answer = self.blocking(namespace, name, async move {
+            let pod = Api::<Pod>::namespaced(client.clone(), &ns)
                 .get_opt(&n)
                 .await
                 .map_err(|source| SelectError::Api {
                     what: format!("pod {ns}/{n}"),
                     source,
                 })?;
-            Ok(pod.as_ref().and_then(PodFacts::from_pod).map(|facts| {
-                let PodFacts { uid, mirror_of, .. } = facts;
-                mirror_of.unwrap_or(uid)
-            }))
-        })?;
-        info!(pod.namespace = %namespace, pod.name = %name, pod.uid = uid.as_deref().unwrap_or(""),
-            source = "API server", "the runtime gave no pod uid: looked it up");
-        Ok(uid)
+            let found = match pod.as_ref().map(|p| (p, PodFacts::from_pod(p))) {
+                None | Some((_, None)) => Err("the API server has no such pod".to_owned()),
+                Some((p, Some(facts))) => {
+                    let on = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+                    if on != Some(node.as_str()) {
+                        Err(format!(
+                            "the API server's pod of that name is on node {:?}, not this node ({node:?})",
+                            on.unwrap_or("")
+                        ))
+                    } else if facts.terminating {
+                        Err("the API server's pod of that name is being deleted".to_owned())
+                    } else {
+                        match facts.mirror_of {
+                            Some(m) if selector.cache().pods.contains_key(&m) => Err(format!(
+                                "the API server's pod of that name names pod {m} as its static \
+                                 pod, but that uid is another pod's"
+                            )),
+                            Some(m) => Ok(m),
+                            None => Ok(facts.uid),
+                        }
+                    }
+                }
+            };
+            match found {
+                Ok(uid) => {
+                    let selected = lookup_in(client, pod.as_ref(), &uid, &ns, &n).await?;
+                    Ok(ByName::Found { uid, selected })
+                }
+                Err(why) => {
+                    let selected = lookup_in(client, None, "", &ns, &n).await?;
+                    Ok(ByName::Unknown {
+                        verdict: selected.verdict,
+                        why,
+                    })
+                }
+            }
+        });
+        if let Ok(by_name) = &answer {
+            match by_name {
+                ByName::Found { uid, selected } => {
+                    info!(pod.uid = %uid, pod.namespace = %namespace, pod.name = %name, verdict = ?selected.verdict,
+                        source = "API server", "the runtime gave no pod uid: the API server's pod of that name")
+                }
+                ByName::Unknown { verdict, why } => {
+                    info!(pod.namespace = %namespace, pod.name = %name, verdict = ?verdict, %why,
+                        source = "API server", "the runtime gave no pod uid and no pod of that name counts: its namespace decides")
+                }
+            }
+        }
+        answer
     }
 
     /// Runs `lookup` on the client's runtime and waits for it, at most the
@@ -353,11 +432,26 @@ async fn lookup(
     namespace: &str,
     name: &str,
 ) -> Result<Selected, SelectError> {
-    let api_error = |what: String| move |source: kube::Error| SelectError::Api { what, source };
     let pod = Api::<Pod>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await
-        .map_err(api_error(format!("pod {namespace}/{name}")))?;
+        .map_err(|source| SelectError::Api {
+            what: format!("pod {namespace}/{name}"),
+            source,
+        })?;
+    lookup_in(client, pod.as_ref(), uid, namespace, name).await
+}
+
+/// [`lookup`] once the pod is read (`None`: the API server has none): its
+/// namespace is read when the pod's own labels do not settle it.
+async fn lookup_in(
+    client: Client,
+    pod: Option<&Pod>,
+    uid: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Selected, SelectError> {
+    let api_error = |what: String| move |source: kube::Error| SelectError::Api { what, source };
     // The service account counts only for this very pod: a pod re-created under the
     // same name may run as another one.
     let mirror_of = |p: &Pod| {
@@ -367,7 +461,7 @@ async fn lookup(
             .and_then(|a| a.get(MIRROR_ANNOTATION))
             .is_some_and(|m| m == uid)
     };
-    let facts = match pod.as_ref().and_then(PodFacts::from_pod) {
+    let facts = match pod.and_then(PodFacts::from_pod) {
         Some(facts) => {
             if facts.uid != uid {
                 // A static pod (its mirror pod has a uid of its own), or a pod re-created
@@ -386,7 +480,6 @@ async fn lookup(
     // Known when the API has the pod (empty: it has none, so no identity);
     // unknown (`None`) when it has no such pod.
     let service_account = pod
-        .as_ref()
         .filter(|p| facts.uid == uid || mirror_of(p))
         .map(|_| facts.service_account.clone());
     let (plain, enabled) = (

@@ -1161,56 +1161,148 @@ mod selector {
         assert_eq!(ask(&s, "u", "mesh", "web").await.unwrap(), Verdict::Capture);
     }
 
-    async fn uid_of(s: &Selector, ns: &str, name: &str) -> Result<Option<String>, SelectError> {
+    async fn by_name(s: &Selector, ns: &str, name: &str) -> Result<ByName, SelectError> {
         let (s, ns, name) = (s.clone(), ns.to_owned(), name.to_owned());
-        tokio::task::spawn_blocking(move || s.uid_of(&ns, &name))
+        tokio::task::spawn_blocking(move || s.select_by_name(&ns, &name, NODE))
             .await
             .unwrap()
     }
 
-    /// A pod's uid for a runtime that gave none: always the API server's
-    /// pod of that name (never the watch's cache, which may hold an older
-    /// pod of the name), a static pod's own uid for its mirror, nothing for
-    /// a pod the API server does not have, an error (never a guess) when it
-    /// cannot be read.
+    fn found(uid: &str, verdict: Verdict, sa: &str) -> ByName {
+        ByName::Found {
+            uid: uid.into(),
+            selected: Selected {
+                verdict,
+                service_account: Some(sa.into()),
+            },
+        }
+    }
+
+    /// The verdict and the reason of an [`ByName::Unknown`].
+    fn unknown(b: ByName) -> (Verdict, String) {
+        match b {
+            ByName::Unknown { verdict, why } => (verdict, why),
+            other => panic!("expected no pod to count, got {other:?}"),
+        }
+    }
+
+    /// For a runtime that gave no pod uid: the API server's pod of that name
+    /// gives the uid and the rule's answer, when it is this node's and not
+    /// being deleted (a static pod's mirror: the static pod's uid, unless a
+    /// pod the watch knows has that uid); otherwise no pod counts and the
+    /// namespace decides. Never the watch's cache (an older pod of that
+    /// name), never a guess.
     #[tokio::test]
-    async fn a_pods_uid_comes_from_the_api_server_by_name() {
-        let rt = tokio::runtime::Handle::current();
-        let (client, api) = FakeApiServer::start(&rt);
-        let s = Selector::with_lookup_timeout(client, rt, Duration::from_millis(200));
-        api.apply_pod(FakePod::new("uid-web", "mesh", "web", NODE).json());
+    async fn a_pod_without_a_uid_is_the_api_servers_pod_of_that_name_on_this_node() {
+        let (s, api) = start();
+        api.apply_pod(
+            FakePod::new("uid-web", "mesh", "web", NODE)
+                .service_account("web")
+                .json(),
+        );
+        api.apply_pod(FakePod::new("uid-plain", "plain", "web", NODE).json());
         api.apply_pod(
             FakePod::new("uid-mirror", "mesh", "static-web", NODE)
                 .annotate("kubernetes.io/config.mirror", "config-hash")
                 .json(),
         );
-        assert_eq!(
-            uid_of(&s, "mesh", "web").await.unwrap().as_deref(),
-            Some("uid-web")
+        api.apply_pod(FakePod::new("uid-far", "mesh", "far", "another-node").json());
+        api.apply_pod(
+            FakePod::new("uid-going", "mesh", "going", NODE)
+                .terminating()
+                .json(),
         );
-        assert_eq!(
-            uid_of(&s, "mesh", "static-web").await.unwrap().as_deref(),
-            Some("config-hash")
-        );
-        assert_eq!(uid_of(&s, "mesh", "gone").await.unwrap(), None);
-        assert_eq!(
-            api.gets(),
-            [
-                pod_get("mesh", "web"),
-                pod_get("mesh", "static-web"),
-                pod_get("mesh", "gone")
-            ]
-        );
-        // Re-created under the same name: the new uid.
-        api.delete_pod("mesh", "web");
-        api.apply_pod(FakePod::new("uid-web-2", "mesh", "web", NODE).json());
-        assert_eq!(
-            uid_of(&s, "mesh", "web").await.unwrap().as_deref(),
-            Some("uid-web-2")
+        api.apply_pod(
+            FakePod::new("uid-liar", "mesh", "liar", NODE)
+                .annotate("kubernetes.io/config.mirror", "uid-victim")
+                .json(),
         );
 
+        assert_eq!(
+            by_name(&s, "mesh", "web").await.unwrap(),
+            found("uid-web", Verdict::Capture, "web")
+        );
+        assert_eq!(
+            by_name(&s, "plain", "web").await.unwrap(),
+            found(
+                "uid-plain",
+                Verdict::PassThrough(UnenrollReason::NotLabelled),
+                ""
+            )
+        );
+        match by_name(&s, "mesh", "static-web").await.unwrap() {
+            ByName::Found { uid, selected } => {
+                assert_eq!(uid, "config-hash");
+                assert_eq!(selected.verdict, Verdict::Capture);
+            }
+            other => panic!("{other:?}"),
+        }
+        let (verdict, why) = unknown(by_name(&s, "mesh", "gone").await.unwrap());
+        assert_eq!(
+            (verdict, why.as_str()),
+            (Verdict::Capture, "the API server has no such pod")
+        );
+        let (verdict, _) = unknown(by_name(&s, "plain", "gone").await.unwrap());
+        assert_eq!(verdict, Verdict::PassThrough(UnenrollReason::NotLabelled));
+        let (_, why) = unknown(by_name(&s, "mesh", "far").await.unwrap());
+        assert_eq!(
+            why,
+            format!("the API server's pod of that name is on node \"another-node\", not this node (\"{NODE}\")")
+        );
+        let (_, why) = unknown(by_name(&s, "mesh", "going").await.unwrap());
+        assert_eq!(why, "the API server's pod of that name is being deleted");
+
+        // A mirror annotation naming a pod the watch knows by that uid.
+        s.cache().pods.insert(
+            "uid-victim".into(),
+            super::super::decide::PodFacts::unknown("uid-victim", "mesh", "victim"),
+        );
+        let (_, why) = unknown(by_name(&s, "mesh", "liar").await.unwrap());
+        assert!(
+            why.contains("names pod uid-victim as its static pod"),
+            "{why}"
+        );
+
+        // The watch's cache holds an older pod of the name: the API server's
+        // pod counts.
+        {
+            let mut cache = s.cache();
+            cache.pods.insert(
+                "uid-old".into(),
+                super::super::decide::PodFacts::unknown("uid-old", "mesh", "web"),
+            );
+            cache.pods_synced = true;
+            cache.namespaces_synced = true;
+        }
+        let gets = api.gets().len();
+        match by_name(&s, "mesh", "web").await.unwrap() {
+            ByName::Found { uid, .. } => assert_eq!(uid, "uid-web"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(api.gets()[gets], pod_get("mesh", "web"));
+        // Re-created under the same name: the new uid.
+        api.delete_pod("mesh", "web");
+        api.apply_pod(
+            FakePod::new("uid-web-2", "mesh", "web", NODE)
+                .service_account("web")
+                .json(),
+        );
+        assert_eq!(
+            by_name(&s, "mesh", "web").await.unwrap(),
+            found("uid-web-2", Verdict::Capture, "web")
+        );
+    }
+
+    /// An API server that cannot be read: an error (the ADD is retried),
+    /// within the lookup timeout; never the cache's word.
+    #[tokio::test]
+    async fn a_pod_without_a_uid_and_no_api_server_is_an_error() {
+        let rt = tokio::runtime::Handle::current();
+        let (client, api) = FakeApiServer::start(&rt);
+        let s = Selector::with_lookup_timeout(client, rt, Duration::from_millis(200));
+        api.apply_pod(FakePod::new("uid-web", "mesh", "web", NODE).json());
         api.set_mode(ApiMode::Unreachable);
-        let e = uid_of(&s, "mesh", "web").await.unwrap_err();
+        let e = by_name(&s, "mesh", "web").await.unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("cannot read pod mesh/web from the Kubernetes API server: "),
@@ -1218,7 +1310,7 @@ mod selector {
         );
         api.set_mode(ApiMode::Hang);
         assert_eq!(
-            uid_of(&s, "mesh", "web").await.unwrap_err().to_string(),
+            by_name(&s, "mesh", "web").await.unwrap_err().to_string(),
             "no answer from the Kubernetes API server about pod mesh/web within 200 ms"
         );
     }

@@ -24,7 +24,7 @@ use super::metrics::AgentMetrics;
 use super::pod::Pod;
 use super::protocol::{ErrorKind as Kind, Response, MAX_LINE};
 use super::sockets::{check_peer, chmod_600, clear_stale, create_parent, temp_path};
-use crate::kube::{SelectError, Selected, UnenrollReason, Verdict};
+use crate::kube::{ByName, SelectError, Selected, UnenrollReason, Verdict};
 use crate::result::{PodIp, PodIpError};
 
 const TICK_MS: u16 = 200;
@@ -64,6 +64,8 @@ pub(super) trait Pods: Send + Sync + 'static {
     /// The UID of the pod enrolled with sandbox `container_id` (by UID when
     /// given).
     fn find(&self, uid: Option<&str>, container_id: &str) -> Option<String>;
+    /// The namespace and name of the pod held as `uid`, when one is.
+    fn name_of(&self, uid: &str) -> Option<(String, String)>;
     /// Unenrolls `uid` if it is enrolled with sandbox `container_id` and
     /// netns `inode` (each when given). Returns whether it was.
     fn unenroll_matching(
@@ -425,13 +427,22 @@ pub(super) fn dispatch(srv: &CniServer, line: &str) -> Response {
     resp
 }
 
-/// The pod of an add/check request. A request without `pod.uid` (a
-/// runtime that gave no `K8S_POD_UID`) is answered here when the pod's
-/// namespace is excluded (passed through: `Err` with the success), and
-/// otherwise gets the uid the API server knows the pod by
-/// ([`Selector::uid_of`](crate::kube::Selector::uid_of)); without the API
-/// it is refused, naming what is missing.
-fn pod_of(srv: &CniServer, f: &Fields<'_>, container_id: &str) -> Result<Pod, Response> {
+/// The pod of an add/check request, and the selection rule's answer when
+/// finding its uid already asked it.
+///
+/// A request without `pod.uid` (a runtime that gave no `K8S_POD_UID`) gets
+/// it, once the request is known to be well formed, from (in order): the
+/// pod's namespace being excluded (passed through: `Err` with the
+/// success); the pod held with this sandbox under this namespace and name
+/// (a repeated ADD, a CHECK); the API server's pod of that name
+/// ([`Selector::select_by_name`](crate::kube::Selector::select_by_name),
+/// which also answers the rule). Without the API it is refused, naming
+/// what is missing.
+fn pod_of(
+    srv: &CniServer,
+    f: &Fields<'_>,
+    container_id: &str,
+) -> Result<(Pod, Option<Selected>), Response> {
     let p = f.object("pod")?;
     let name = p.str("name")?;
     let namespace = p.str("namespace")?;
@@ -447,56 +458,81 @@ fn pod_of(srv: &CniServer, f: &Fields<'_>, container_id: &str) -> Result<Pod, Re
             .map_err(|e: PodIpError| bad(format!("{} request: \"ips\"[{i}]: {e}", f.op)))?;
         ips.push(ip.addr);
     }
-    // Looked up only once the request is known to be well formed.
-    let uid = match uid {
-        Some(uid) => uid,
-        None => uid_of(srv, f.op, &namespace, &name)?,
+    let (uid, selected) = match uid {
+        Some(uid) => (uid, None),
+        None => uid_of(srv, f.op, container_id, &namespace, &name)?,
     };
-    Ok(Pod {
-        uid,
-        name,
-        namespace,
-        service_account,
-        ips,
-        container_id: Some(container_id.to_string()),
-    })
+    Ok((
+        Pod {
+            uid,
+            name,
+            namespace,
+            service_account,
+            ips,
+            container_id: Some(container_id.to_string()),
+        },
+        selected,
+    ))
 }
 
-/// The uid of pod `namespace`/`name` of an add or check request that has
-/// none (see [`pod_of`]).
-fn uid_of(srv: &CniServer, op: &str, namespace: &str, name: &str) -> Result<String, Response> {
+/// The uid of pod `namespace`/`name` (sandbox `container_id`) of an add or
+/// check request that has none (see [`pod_of`]).
+fn uid_of(
+    srv: &CniServer,
+    op: &str,
+    container_id: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, Option<Selected>), Response> {
     if srv.config.exclude_namespaces.iter().any(|n| n == namespace) {
         tracing::info!(pod.namespace = %namespace, pod.name = %name, "the selection rule passes the pod over: not captured (no pod uid needed)");
         return Err(Response::pass_through(UnenrollReason::Excluded.to_string()));
     }
-    match &srv.config.selection {
-        Selection::All => Err(rejected(format!(
-            "{op} request for pod {namespace}/{name} has no \"pod.uid\" (the runtime gave no \
-             K8S_POD_UID), and without the Kubernetes API (--kube) the agent cannot learn it"
-        ))),
-        Selection::Kubernetes(selector) => match selector.uid_of(namespace, name) {
-            Ok(Some(uid)) => Ok(uid),
-            Ok(None) => {
-                tracing::warn!(pod.namespace = %namespace, pod.name = %name, "the runtime gave no pod uid and the API server has no such pod; the runtime is to retry");
-                Err(Response::err(
-                    Kind::NotReady,
-                    format!(
-                        "the runtime gave no K8S_POD_UID for pod {namespace}/{name}, and the \
-                         Kubernetes API server has no such pod"
-                    ),
-                ))
-            }
-            Err(e) => {
-                tracing::warn!(pod.namespace = %namespace, pod.name = %name, error = %e, "the runtime gave no pod uid and the API server cannot say it; the runtime is to retry");
-                Err(Response::err(
-                    Kind::NotReady,
-                    format!(
-                        "the runtime gave no K8S_POD_UID for pod {namespace}/{name}, and the \
-                         agent cannot learn it: {e}"
-                    ),
-                ))
-            }
+    let named = |uid: &str| {
+        srv.pods
+            .name_of(uid)
+            .is_some_and(|(ns, n)| ns == namespace && n == name)
+    };
+    if let Some(uid) = srv.pods.find(None, container_id).filter(|u| named(u)) {
+        return Ok((uid, None));
+    }
+    let not_ready = |why: String| {
+        tracing::warn!(pod.namespace = %namespace, pod.name = %name, %why, "the runtime gave no pod uid and the agent cannot learn it; the runtime is to retry");
+        Response::err(
+            Kind::NotReady,
+            format!("the runtime gave no K8S_POD_UID for pod {namespace}/{name}, and {why}"),
+        )
+    };
+    let selector = match &srv.config.selection {
+        Selection::All => {
+            return Err(rejected(format!(
+                "{op} request for pod {namespace}/{name} has no \"pod.uid\" (the runtime gave no \
+                 K8S_POD_UID), and without the Kubernetes API (--kube) the agent cannot learn it"
+            )))
+        }
+        Selection::Kubernetes(selector) => selector,
+    };
+    match selector.select_by_name(namespace, name, &srv.config.node_name) {
+        Ok(ByName::Found { uid, selected }) => match srv.pods.name_of(&uid) {
+            Some((ns, n)) if ns != namespace || n != name => Err(not_ready(format!(
+                "the uid the API server gives it ({uid}) is held by pod {ns}/{n}"
+            ))),
+            _ => Ok((uid, Some(selected))),
         },
+        Ok(ByName::Unknown {
+            verdict: Verdict::PassThrough(reason),
+            why,
+        }) => {
+            tracing::info!(pod.namespace = %namespace, pod.name = %name, %reason, %why, "the selection rule passes the pod over: not captured (no pod uid needed)");
+            Err(Response::pass_through(reason.to_string()))
+        }
+        Ok(ByName::Unknown {
+            verdict: Verdict::Capture,
+            why,
+        }) => Err(not_ready(format!(
+            "{why}: the namespace's pods are captured"
+        ))),
+        Err(e) => Err(not_ready(format!("the API server cannot say it: {e}"))),
     }
 }
 
@@ -536,9 +572,9 @@ fn select(config: &AgentConfig, pod: &Pod) -> Result<Selected, SelectError> {
 fn add(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
-    let mut pod = pod_of(srv, f, &container_id)?;
+    let (mut pod, known) = pod_of(srv, f, &container_id)?;
     tracing::info!(pod.uid = %pod.uid, pod.name = %pod.name, pod.namespace = %pod.namespace, container_id = %container_id, netns = %netns, "CNI ADD");
-    let selected = match select(&srv.config, &pod) {
+    let selected = match known.map_or_else(|| select(&srv.config, &pod), Ok) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(pod.uid = %pod.uid, error = %e, "cannot tell whether to capture the pod: the runtime is to retry");
@@ -643,7 +679,7 @@ fn remove_stray_rules(srv: &CniServer, uid: &str, path: &Path) {
 fn check(srv: &CniServer, f: &Fields<'_>) -> Result<Response, Response> {
     let container_id = f.str("containerId")?;
     let netns = f.str("netns")?;
-    let pod = pod_of(srv, f, &container_id)?;
+    let (pod, _) = pod_of(srv, f, &container_id)?;
     let inode = std::fs::metadata(&netns).ok().map(|m| m.ino());
     Ok(match srv.pods.check(&pod.uid, &container_id, inode) {
         Ok(()) => Response::ok(),
@@ -704,6 +740,9 @@ mod tests {
             Err(EnrollError::ShuttingDown)
         }
         fn find(&self, _: Option<&str>, _: &str) -> Option<String> {
+            None
+        }
+        fn name_of(&self, _: &str) -> Option<(String, String)> {
             None
         }
         fn unenroll_matching(

@@ -14,10 +14,12 @@
 //! {"op":"gc","network":"..","validAttachments":[{"containerId":"c0ffee","ifname":"eth0"}]}
 //! ```
 //!
-//! `pod.uid` is `K8S_POD_UID`. An add or check without it gets the uid from
-//! the Kubernetes API server's pod of that name (with `--kube`; a pod of an
-//! excluded namespace passes through without it; without the API it is
-//! refused); del finds the pod by `containerId` when it is missing.
+//! `pod.uid` is `K8S_POD_UID`. An add or check without it is matched by
+//! name: the pod held with that sandbox, else (with `--kube`) the API
+//! server's pod of that name on this node; a pod of an excluded namespace
+//! passes through without it; without the API it is refused (see
+//! [`super`], "The pod's identity"). Del finds the pod by `containerId` when
+//! it is missing.
 //! `pod.serviceAccount` is optional.
 //!
 //! Responses: `{"ok":true}`, `{"ok":true,"passThrough":"why"}` (add, check:

@@ -948,6 +948,12 @@ impl Pods for Core {
         lock(&self.state).find(uid, container_id)
     }
 
+    fn name_of(&self, uid: &str) -> Option<(String, String)> {
+        let state = lock(&self.state);
+        let e = state.pods.get(uid)?;
+        Some((e.pod.namespace.clone(), e.pod.name.clone()))
+    }
+
     fn unenroll_matching(
         &self,
         uid: &str,

@@ -849,11 +849,14 @@ fn a_failing_annotation_patch_never_fails_the_cni_add() {
 
 /// A runtime that gives no `K8S_POD_UID` (an old or unusual runtime, a
 /// meta-plugin that drops it): the agent takes the pod's uid from the API
-/// server's pod of that name (a static pod's mirror: the static pod's own
-/// uid), and the pod is captured and released as any other. A pod of an
-/// excluded namespace passes through without a lookup; one the API server
-/// does not know is "try again later", naming what was missing. Before,
-/// every such ADD failed: no pod of the node could start.
+/// server's pod of that name on this node (a static pod's mirror: the
+/// static pod's own uid), and the pod is captured and released as any
+/// other. A pod of an excluded namespace passes through without a lookup;
+/// where no pod of that name counts (none, another node's, or its uid held
+/// by another pod) the namespace decides: passed through when it is not
+/// captured, "try again later" naming `K8S_POD_UID` when it is. A held
+/// sandbox is found by itself (CHECK needs no API server). Before, every
+/// such ADD failed: no pod of the node could start.
 #[test]
 fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
     run_isolated("agent_selection_no_uid", || {
@@ -873,7 +876,7 @@ fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
         };
         let web = no_uid(0, "shop");
         let plain = no_uid(1, "plain");
-        let unknown = no_uid(2, "shop");
+        let other = no_uid(2, "shop");
         let statik = no_uid(3, "shop");
         api.apply_pod(
             FakePod::new("uid-web", "shop", &web.name, &cfg.node_name)
@@ -902,8 +905,6 @@ fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
             read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,
             "uid-web"
         );
-        // CHECK finds it the same way.
-        ok(plugin("CHECK", &web, &cfg.cni_socket));
 
         // Unlabelled: passed through, as with a uid.
         let out = ok(plugin("ADD", &plain, &cfg.cni_socket));
@@ -915,14 +916,35 @@ fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
         let add = &proxy.wait_for(3)[2];
         assert_eq!((add.kind, add.uid.as_str()), ("Add", "static-hash"));
 
-        // Unknown to the API server: try again later, nothing captured.
-        let out = plugin("ADD", &unknown, &cfg.cni_socket);
-        assert_eq!(cni_code(&out), Some(11), "{}", out.stdout);
-        assert!(
-            out.stdout.contains("K8S_POD_UID") && out.stdout.contains(&unknown.name),
-            "{}",
-            out.stdout
-        );
+        // No pod of that name counts, in a captured namespace: try again
+        // later, naming what was missing and why; nothing captured.
+        let refused = |why: &str| {
+            let out = plugin("ADD", &other, &cfg.cni_socket);
+            assert_eq!(cni_code(&out), Some(11), "{}", out.stdout);
+            assert!(
+                out.stdout.contains(&format!(
+                    "the runtime gave no K8S_POD_UID for pod shop/{}, and {why}",
+                    other.name
+                )),
+                "{}",
+                out.stdout
+            );
+            assert_uncaptured(vn.pod(2));
+        };
+        refused("the API server has no such pod");
+        api.apply_pod(FakePod::new("uid-far", "shop", &other.name, "another-node").json());
+        refused("the API server's pod of that name is on node \\\"another-node\\\"");
+        // Its uid is held by another pod (web).
+        api.apply_pod(FakePod::new("uid-web", "shop", &other.name, &cfg.node_name).json());
+        refused(&format!(
+            "the uid the API server gives it (uid-web) is held by pod shop/{}",
+            web.name
+        ));
+        // In a namespace that is not captured: passed through.
+        let mut elsewhere = other.clone();
+        elsewhere.namespace = "plain".into();
+        let out = ok(plugin("ADD", &elsewhere, &cfg.cni_socket));
+        assert!(out.stdout.contains("\"ips\""), "{}", out.stdout);
         assert_uncaptured(vn.pod(2));
 
         // The agent's own namespace: passed through, no lookup.
@@ -933,6 +955,11 @@ fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
         assert_eq!(api.gets()[gets..], [] as [String; 0]);
         assert_uncaptured(vn.pod(2));
 
+        // CHECK finds the held sandbox by itself, with the API server away.
+        api.set_mode(ApiMode::Unreachable);
+        ok(plugin("CHECK", &web, &cfg.cni_socket));
+        api.set_mode(ApiMode::Serve);
+
         // DEL without a uid finds the pod by its sandbox and releases it.
         ok(plugin("DEL", &web, &cfg.cni_socket));
         let del = &proxy.wait_for(4)[3];
@@ -940,6 +967,7 @@ fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
         assert_eq!(read_tag(vn.pod(0).netns.fd()).unwrap(), None);
         let held: Vec<String> = agent.pods().into_iter().map(|p| p.pod.uid).collect();
         assert_eq!(held, ["static-hash"]);
+        assert_eq!(proxy.log().len(), 4, "{:?}", proxy.kinds());
         agent.shutdown();
     });
 }
