@@ -118,7 +118,7 @@ pub enum InstallError {
         #[source]
         source: io::Error,
     },
-    /// The primary config does not hold our entry in last position ([`Installer::check`]).
+    /// The primary config does not hold our entry in last position ([`Installer::check`](crate::install::Installer::check)).
     #[error("CNI config {path} does not have the ringway-cni entry as its last plugin")]
     NotInstalled {
         /// The primary config.

@@ -108,7 +108,7 @@ fn watch_loop(
     }
 }
 
-/// The running watch of [`Installer::watch`]. Dropping it stops the watch too.
+/// The running watch of [`Installer::watch`](crate::install::Installer::watch). Dropping it stops the watch too.
 #[derive(Debug)]
 pub struct InstallWatch {
     stop: Option<OwnedFd>,
@@ -117,7 +117,7 @@ pub struct InstallWatch {
 
 impl InstallWatch {
     /// Stops the watch and waits for its thread (at most the time of one
-    /// [`Installer::ensure_entry`]).
+    /// [`Installer::ensure_entry`](crate::install::Installer::ensure_entry)).
     pub fn stop(mut self) {
         self.shutdown();
     }

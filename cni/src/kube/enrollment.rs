@@ -34,7 +34,7 @@ pub trait Enrollment: Send + Sync {
         let _ = namespace;
         false
     }
-    /// The watch saw `pod`'s [`REDIRECTION_ANNOTATION`] say `enabled` (`annotated`) or
+    /// The watch saw `pod`'s [`REDIRECTION_ANNOTATION`](crate::kube::REDIRECTION_ANNOTATION) say `enabled` (`annotated`) or
     /// not while it thinks the agent does not hold the pod, or holds it: called for a
     /// running pod the agent holds that lacks it, and for a pod the rule passes over
     /// that has it. The agent, which knows what it holds, puts the annotation right

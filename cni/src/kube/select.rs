@@ -261,7 +261,13 @@ impl Selector {
         // failed lately).
         let (cached, stale) = {
             let cache = self.cache();
-            let cached = cache.synced().then(|| {
+            // Only the very pod: a uid under another namespace or name is
+            // not the request's pod (the API server decides then).
+            let same = cache
+                .pods
+                .get(uid)
+                .is_some_and(|p| p.namespace == namespace && p.name == name);
+            let cached = (cache.synced() && same).then(|| {
                 cache.decide(uid).map(|d| {
                     // Known when the API has the pod; empty when the pod
                     // has none (no identity, never `default`).

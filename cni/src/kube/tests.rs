@@ -1493,6 +1493,20 @@ mod selector {
             Verdict::PassThrough(UnenrollReason::NotLabelled)
         );
         assert_eq!(api.gets(), [pod_get("plain", "pod-new"), ns_get("plain")]);
+        // A known uid under another name is not that pod: the API server
+        // decides, on the pod of the name asked about, with no identity.
+        let gets = api.gets().len();
+        api.apply_pod(
+            FakePod::new("c", "mesh", "pod-c", NODE)
+                .service_account("c")
+                .json(),
+        );
+        assert_eq!(
+            ask_sa(&s, "a", "mesh", "pod-c").await,
+            None,
+            "the identity of pod-c for uid a"
+        );
+        assert_eq!(api.gets()[gets], pod_get("mesh", "pod-c"));
         assert_eq!(agent.calls(), []);
         task.abort();
     }

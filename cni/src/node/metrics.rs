@@ -1,7 +1,7 @@
 //! The node agent's Prometheus metrics, a leaf: CNI request latency (ADD's is
 //! the time a pod waits in ContainerCreating for its capture), outcomes,
 //! refused connections, and the enrolled pods, read at scrape time from the
-//! owner of the state through [`PodCount`].
+//! owner of the state through `PodCount`.
 //! With `--kube`, the annotator's (`ringway_agent_redirection_annotation_*`)
 //! are added beside them by [`crate::kube::Annotator::register_metrics`].
 

@@ -272,7 +272,7 @@ pub(super) fn find_pod_netns(
     })
 }
 
-/// Why [`find_pod_netns`] found no namespace for a pod.
+/// Why `find_pod_netns` found no namespace for a pod.
 #[derive(Debug, thiserror::Error)]
 pub enum FindNetnsError {
     /// procfs could not be listed.
