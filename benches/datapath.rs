@@ -4,7 +4,8 @@
 //! pod churn. Writes `results/report.md`, `results/results.json` and SVG
 //! charts.
 //!
-//! `cargo bench -p ringway-benches` (full, < 15 min on 2 cores);
+//! `cargo bench -p ringway-benches` (full; with the cross-check, the upgrade
+//! pass and the control plane, 27 min on 2 cores in the last run);
 //! `RINGWAY_BENCH_QUICK=1 cargo bench -p ringway-benches` or
 //! `cargo bench -p ringway-benches -- --quick` (< 2 min, to `results/quick/`).
 //! Progress goes to stderr; the report to stdout. Exits non-zero when the
@@ -244,7 +245,7 @@ fn main() {
         print_or_exit("cross-check", ringway_benches::run_crosscheck(config, &out));
         return;
     }
-    // 2 s per measurement keeps the full run with its cross-check near 15 min.
+    // 2 s per measurement keeps the cross-check's 5 rounds near 8 min.
     let mut crosscheck_config = config.clone();
     crosscheck_config.secs = crosscheck_config.secs.min(2.0);
     let out = match std::env::var("RINGWAY_BENCH_OUT") {

@@ -218,7 +218,7 @@ pub fn run(config: &Config) -> anyhow::Result<CrossCheckDoc> {
         .map(|k| scenario::by_key(k).expect("a cross-check scenario is in the catalogue"))
         .collect();
     let mut doc = CrossCheckDoc {
-        rounds: config.rounds,
+        rounds: config.crosscheck_rounds,
         secs: config.secs,
         tools_found: tools
             .found
@@ -238,12 +238,12 @@ pub fn run(config: &Config) -> anyhow::Result<CrossCheckDoc> {
         cpu_idle: cpu_idle(),
     };
     let mut port = bed::PORT_BASE;
-    for round in 0..config.rounds {
+    for round in 0..config.crosscheck_rounds {
         for (i, sc) in scenarios.iter().enumerate() {
             progress(format!(
                 "cross-check round {}/{}: {}",
                 round + 1,
-                config.rounds,
+                config.crosscheck_rounds,
                 sc.name
             ));
             let (path, mut proxies) = match bed::start(config, &bed, sc) {
