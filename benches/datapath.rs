@@ -5,7 +5,7 @@
 //! charts.
 //!
 //! `cargo bench -p ringway-benches` (full; with the cross-check, the upgrade
-//! pass and the control plane, 27 min on 2 cores in the last run);
+//! pass and the control plane, 20-27 min on 2 cores in the last runs);
 //! `RINGWAY_BENCH_QUICK=1 cargo bench -p ringway-benches` or
 //! `cargo bench -p ringway-benches -- --quick` (< 2 min, to `results/quick/`).
 //! Progress goes to stderr; the report to stdout. Exits non-zero when the
