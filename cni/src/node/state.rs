@@ -353,6 +353,20 @@ impl Core {
         let uid = pod.uid.clone();
         let (same_netns, pod) = {
             let st = lock(&self.state);
+            // A uid is one pod: the same uid under another namespace or name
+            // (a runtime's or a caller's mistake) would move that pod's
+            // capture and identity to this one.
+            if let Some(e) = st
+                .pods
+                .get(&uid)
+                .filter(|e| e.pod.namespace != pod.namespace || e.pod.name != pod.name)
+            {
+                tracing::warn!(holder.namespace = %e.pod.namespace, holder.name = %e.pod.name, "the uid is held for another pod: refused");
+                return Err(EnrollError::BadInput(format!(
+                    "pod {uid} ({}/{}): the uid is held for pod {}/{}; one uid is one pod",
+                    pod.namespace, pod.name, e.pod.namespace, e.pod.name
+                )));
+            }
             // One network namespace is one pod: another uid in a namespace
             // held for a pod (a runtime's mistake, a reused path) would take
             // over its capture's tag and split its traffic between two

@@ -676,3 +676,49 @@ fn adversarial_a_second_pod_in_an_enrolled_netns_is_refused() {
         agent.shutdown();
     });
 }
+
+/// A CNI ADD that names a held pod's uid for another pod (another name, in
+/// another network namespace: a runtime's or a meta-plugin's mistake) is
+/// refused, naming the holder: the held pod keeps its capture and its
+/// network namespace at the proxy, the other namespace gets no rules, and
+/// the proxy hears nothing. Before, the uid moved to the second pod and
+/// the first lost its capture at the proxies.
+#[test]
+fn adversarial_a_held_uid_for_another_pod_is_refused() {
+    run_isolated("adversarial_uid_twice", || {
+        init_logs();
+        let dir = TempDir::new("adversarial_uid_twice");
+        let vn = VirtualNode::build(69, 2).unwrap();
+        let cfg = config("adversarial_uid_twice", dir.path());
+        let (agent, proxy) = start_with_proxy(&cfg);
+        let first = add_all(&cfg, &[(0, vn.pod(0))]).remove(0);
+        proxy.wait_for(2);
+        let mut other = CniPod::of(vn.pod(1), "uid-0");
+        other.name = "other".into();
+        other.container_id = "sandbox-other".into();
+        let out = plugin("ADD", &other, &cfg.cni_socket);
+        assert_ne!(out.exit_code, 0, "{}", out.stdout);
+        assert!(
+            out.stdout.contains(&format!(
+                "pod uid-0 (shop/other): the uid is held for pod shop/{}; one uid is one pod",
+                first.name
+            )),
+            "{}",
+            out.stdout
+        );
+        assert_eq!(
+            read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,
+            "uid-0"
+        );
+        assert_eq!(read_tag(vn.pod(1).netns.fd()).unwrap(), None);
+        let held: Vec<_> = agent
+            .pods()
+            .into_iter()
+            .map(|p| (p.pod.uid, p.pod.name))
+            .collect();
+        assert_eq!(held, [("uid-0".to_string(), first.name.clone())]);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(proxy.log().len(), 2, "{:?}", proxy.kinds());
+        agent.shutdown();
+    });
+}
