@@ -33,8 +33,8 @@
 //! when its uid is not the ADD's (a static pod's mirror); a pod it does not know is
 //! decided by its namespace alone. An ADD without a uid asks
 //! [`Selector::select_by_name`], which always GETs the pod (the cache may hold an
-//! older pod of that name) and counts it only on this node and not being deleted. A pod the rule passes over is passed straight through
-//! by the ADD; the watch unenrolls exactly those pods and enrolls the others once they
+//! older pod of that name) and counts it only on this node and not being deleted.
+//! A pod the rule passes over is passed straight through by the ADD; the watch unenrolls exactly those pods and enrolls the others once they
 //! run, so neither undoes the other.
 //!
 //! When the API server cannot be read at ADD time (unreachable, timeout, an RBAC

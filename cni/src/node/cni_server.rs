@@ -513,12 +513,9 @@ fn uid_of(
         Selection::Kubernetes(selector) => selector,
     };
     match selector.select_by_name(namespace, name, &srv.config.node_name) {
-        Ok(ByName::Found { uid, selected }) => match srv.pods.name_of(&uid) {
-            Some((ns, n)) if ns != namespace || n != name => Err(not_ready(format!(
-                "the uid the API server gives it ({uid}) is held by pod {ns}/{n}"
-            ))),
-            _ => Ok((uid, Some(selected))),
-        },
+        // A uid held for another pod is refused by the enroll (one uid is
+        // one pod), as it is for a uid the runtime gave.
+        Ok(ByName::Found { uid, selected }) => Ok((uid, Some(selected))),
         Ok(ByName::Unknown {
             verdict: Verdict::PassThrough(reason),
             why,

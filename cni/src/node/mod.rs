@@ -47,6 +47,17 @@
 //! refused. A request that names another service account than the one found
 //! is refused, and [`Enrollment::enroll`] refuses a pod without one.
 //!
+//! A request without a uid (the runtime gave no `K8S_POD_UID`) is matched by
+//! name instead: the pod held with that sandbox under that namespace and
+//! name, else with [`Selection::Kubernetes`] the API server's pod of that
+//! name when it is on this node and not being deleted
+//! ([`crate::kube::Selector::select_by_name`]); where none counts, the
+//! namespace decides, and a pod of a captured one is "try again later".
+//! The residual risk: a pod force-deleted and re-created under its name on
+//! this node while the old sandbox's ADD is retried is taken for the new one.
+//! Whatever gave the uid, [`Enrollment::enroll`] refuses one held for
+//! another namespace or name: one uid is one pod.
+//!
 //! # Enrollment
 //! [`Enrollment::enroll`] (CNI ADD, and the Kubernetes watch) refuses bad
 //! input (an empty uid, name, namespace or service account) and the host's netns, fails fast with [`EnrollError::NoProxy`] when

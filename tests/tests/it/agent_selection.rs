@@ -113,6 +113,22 @@ fn config_with(test: &str, dir: &TempDir, kube: &Kube) -> AgentConfig {
     }
 }
 
+/// The bed most of these tests share, inside `run_isolated`: logs on, a
+/// temporary directory, the fake API server (2 s lookups) with namespace
+/// `shop` labelled for capture and `plain` not, the agent's configuration
+/// for it, and virtual node `node` with `pods` pods. Keep the directory
+/// for the test's length.
+fn labelled_bed(test: &str, node: u8, pods: usize) -> (TempDir, Kube, AgentConfig, VirtualNode) {
+    init_logs();
+    let dir = TempDir::new(test);
+    let kube = Kube::start(Duration::from_secs(2));
+    let cfg = config_with(test, &dir, &kube);
+    let vn = VirtualNode::build(node, pods).unwrap();
+    kube.api.apply_namespace("shop", Some("enabled"));
+    kube.api.apply_namespace("plain", None);
+    (dir, kube, cfg, vn)
+}
+
 /// No rules at all in the pod's namespace.
 fn assert_uncaptured(pod: &ringway_testbed::Pod) {
     assert_eq!(read_tag(pod.netns.fd()).unwrap(), None, "{}", pod.name);
@@ -147,19 +163,9 @@ fn cni_code(o: &ringway_cni::Outcome) -> Option<u64> {
 #[test]
 fn cni_add_captures_only_what_the_labels_select() {
     run_isolated("agent_selection_add", || {
-        init_logs();
-        let dir = TempDir::new("agent_selection_add");
-        let kube = Kube::start(Duration::from_secs(2));
-        let cfg = config_with("agent_selection_add", &dir, &kube);
-        let vn = VirtualNode::build(61, 3).unwrap();
+        let (_dir, kube, cfg, vn) = labelled_bed("agent_selection_add", 61, 3);
         let api = &kube.api;
-        api.apply_namespace("shop", Some("enabled"));
-        api.apply_namespace("plain", None);
-        let pod = |i: usize, uid: &str, ns: &str| {
-            let mut p = CniPod::of(vn.pod(i), uid);
-            p.namespace = ns.into();
-            p
-        };
+        let pod = |i: usize, uid: &str, ns: &str| CniPod::of(vn.pod(i), uid).in_namespace(ns);
         let labelled = pod(0, "uid-shop", "shop");
         let unlabelled = pod(1, "uid-plain", "plain");
         let opted_out = pod(2, "uid-out", "shop");
@@ -296,14 +302,8 @@ fn cni_add_is_try_again_later_when_the_api_server_cannot_be_read() {
 #[test]
 fn the_watch_and_cni_agree_and_the_first_add_carries_the_service_account() {
     run_isolated("agent_selection_watch", || {
-        init_logs();
-        let dir = TempDir::new("agent_selection_watch");
-        let kube = Kube::start(Duration::from_secs(2));
-        let cfg = config_with("agent_selection_watch", &dir, &kube);
-        let vn = VirtualNode::build(63, 2).unwrap();
+        let (_dir, kube, cfg, vn) = labelled_bed("agent_selection_watch", 63, 2);
         let api = &kube.api;
-        api.apply_namespace("shop", Some("enabled"));
-        api.apply_namespace("plain", None);
         let meshed = CniPod::of(vn.pod(0), "uid-m");
         let mut plain = CniPod::of(vn.pod(1), "uid-p");
         plain.namespace = "plain".into();
@@ -602,19 +602,9 @@ fn adversarial_an_istio_opt_out_is_never_captured_and_a_switch_to_none_releases(
 #[test]
 fn captured_pods_carry_the_redirection_annotation_until_released() {
     run_isolated("agent_selection_annotation", || {
-        init_logs();
-        let dir = TempDir::new("agent_selection_annotation");
-        let kube = Kube::start(Duration::from_secs(2));
-        let cfg = config_with("agent_selection_annotation", &dir, &kube);
-        let vn = VirtualNode::build(66, 4).unwrap();
+        let (_dir, kube, cfg, vn) = labelled_bed("agent_selection_annotation", 66, 4);
         let api = &kube.api;
-        api.apply_namespace("shop", Some("enabled"));
-        api.apply_namespace("plain", None);
-        let pod = |i: usize, uid: &str, ns: &str| {
-            let mut p = CniPod::of(vn.pod(i), uid);
-            p.namespace = ns.into();
-            p
-        };
+        let pod = |i: usize, uid: &str, ns: &str| CniPod::of(vn.pod(i), uid).in_namespace(ns);
         let web = pod(0, "uid-web", "shop");
         let nacked = pod(1, "uid-nacked", "shop");
         let plain = pod(2, "uid-plain", "plain");
@@ -860,17 +850,10 @@ fn a_failing_annotation_patch_never_fails_the_cni_add() {
 #[test]
 fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
     run_isolated("agent_selection_no_uid", || {
-        init_logs();
-        let dir = TempDir::new("agent_selection_no_uid");
-        let kube = Kube::start(Duration::from_secs(2));
-        let cfg = config_with("agent_selection_no_uid", &dir, &kube);
-        let vn = VirtualNode::build(68, 4).unwrap();
+        let (_dir, kube, cfg, vn) = labelled_bed("agent_selection_no_uid", 68, 4);
         let api = &kube.api;
-        api.apply_namespace("shop", Some("enabled"));
-        api.apply_namespace("plain", None);
         let no_uid = |i: usize, ns: &str| {
-            let mut p = CniPod::of(vn.pod(i), "");
-            p.namespace = ns.into();
+            let mut p = CniPod::of(vn.pod(i), "").in_namespace(ns);
             p.container_id = format!("sandbox-{i}");
             p
         };
@@ -934,12 +917,20 @@ fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
         refused("the API server has no such pod");
         api.apply_pod(FakePod::new("uid-far", "shop", &other.name, "another-node").json());
         refused("the API server's pod of that name is on node \\\"another-node\\\"");
-        // Its uid is held by another pod (web).
+        // The uid it gives is held for another pod (web): refused, naming
+        // the holder, as a uid the runtime gave would be.
         api.apply_pod(FakePod::new("uid-web", "shop", &other.name, &cfg.node_name).json());
-        refused(&format!(
-            "the uid the API server gives it (uid-web) is held by pod shop/{}",
-            web.name
-        ));
+        let out = plugin("ADD", &other, &cfg.cni_socket);
+        assert_ne!(out.exit_code, 0, "{}", out.stdout);
+        assert!(
+            out.stdout.contains(&format!(
+                "the uid is held for pod shop/{}; one uid is one pod",
+                web.name
+            )),
+            "{}",
+            out.stdout
+        );
+        assert_uncaptured(vn.pod(2));
         // In a namespace that is not captured: passed through.
         let mut elsewhere = other.clone();
         elsewhere.namespace = "plain".into();
