@@ -655,15 +655,12 @@ fn adversarial_a_second_pod_in_an_enrolled_netns_is_refused() {
         proxy.wait_for(2);
         let mut second = CniPod::of(vn.pod(0), "uid-second");
         second.name = "second".into();
-        let out = plugin("ADD", &second, &cfg.cni_socket);
-        assert_ne!(out.exit_code, 0, "{}", out.stdout);
-        assert!(
-            out.stdout.contains(&format!(
+        failed_with(
+            plugin("ADD", &second, &cfg.cni_socket),
+            &format!(
                 "pod uid-second: network namespace net:[{}] is pod uid-0's",
                 vn.pod(0).netns.inode()
-            )),
-            "{}",
-            out.stdout
+            ),
         );
         assert_eq!(
             read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,
@@ -696,15 +693,12 @@ fn adversarial_a_held_uid_for_another_pod_is_refused() {
         let mut other = CniPod::of(vn.pod(1), "uid-0");
         other.name = "other".into();
         other.container_id = "sandbox-other".into();
-        let out = plugin("ADD", &other, &cfg.cni_socket);
-        assert_ne!(out.exit_code, 0, "{}", out.stdout);
-        assert!(
-            out.stdout.contains(&format!(
+        failed_with(
+            plugin("ADD", &other, &cfg.cni_socket),
+            &format!(
                 "pod uid-0 (shop/other): the uid is held for pod shop/{}; one uid is one pod",
                 first.name
-            )),
-            "{}",
-            out.stdout
+            ),
         );
         assert_eq!(
             read_tag(vn.pod(0).netns.fd()).unwrap().unwrap().uid,

@@ -920,15 +920,12 @@ fn cni_add_without_a_pod_uid_takes_it_from_the_api_server() {
         // The uid it gives is held for another pod (web): refused, naming
         // the holder, as a uid the runtime gave would be.
         api.apply_pod(FakePod::new("uid-web", "shop", &other.name, &cfg.node_name).json());
-        let out = plugin("ADD", &other, &cfg.cni_socket);
-        assert_ne!(out.exit_code, 0, "{}", out.stdout);
-        assert!(
-            out.stdout.contains(&format!(
+        failed_with(
+            plugin("ADD", &other, &cfg.cni_socket),
+            &format!(
                 "the uid is held for pod shop/{}; one uid is one pod",
                 web.name
-            )),
-            "{}",
-            out.stdout
+            ),
         );
         assert_uncaptured(vn.pod(2));
         // In a namespace that is not captured: passed through.

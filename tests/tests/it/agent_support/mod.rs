@@ -394,6 +394,13 @@ pub fn ok(o: Outcome) -> Outcome {
     o
 }
 
+/// Asserts a failed plugin run whose answer says `text`.
+pub fn failed_with(o: Outcome, text: &str) -> Outcome {
+    assert_ne!(o.exit_code, 0, "plugin succeeded: {}", o.stdout);
+    assert!(o.stdout.contains(text), "{}", o.stdout);
+    o
+}
+
 /// One raw request line to the CNI socket; the response line.
 pub fn cni_line(socket: &Path, line: &[u8]) -> String {
     let mut s = UnixStream::connect(socket).unwrap();
