@@ -12,7 +12,10 @@
 //! VIP) claims resolves to it. An address that two entries claim is
 //! *contested*: it resolves to nothing until all but one let it go, so
 //! traffic to or from it is treated as traffic of an unknown address, never
-//! given to whichever entry came last.
+//! given to whichever entry came last. A control plane's resource that was
+//! refused claims its addresses too ([`Claimant::Refused`]): they resolve
+//! to nothing while it is refused, and its traffic is refused, never taken
+//! for traffic outside the mesh.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -34,6 +37,10 @@ pub enum Claimant {
     Workload(Arc<str>),
     /// A service's VIP, by `namespace/hostname`.
     Service(Arc<str>),
+    /// A control plane's resource, by name, that was refused while it
+    /// claims the address (no copy of it is held): the address is the
+    /// mesh's, but nothing may be done with it.
+    Refused(Arc<str>),
 }
 
 impl std::fmt::Display for Claimant {
@@ -41,6 +48,7 @@ impl std::fmt::Display for Claimant {
         match self {
             Claimant::Workload(uid) => write!(f, "workload {uid}"),
             Claimant::Service(key) => write!(f, "service {key}"),
+            Claimant::Refused(name) => write!(f, "refused resource {name}"),
         }
     }
 }
@@ -112,14 +120,14 @@ impl Catalog {
     pub(crate) fn workload_by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
         match self.owner(ip)? {
             Claimant::Workload(uid) => self.workloads.get(uid),
-            Claimant::Service(_) => None,
+            Claimant::Service(_) | Claimant::Refused(_) => None,
         }
     }
 
     pub(crate) fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
         match self.owner(ip)? {
             Claimant::Service(key) => self.services.get(key),
-            Claimant::Workload(_) => None,
+            Claimant::Workload(_) | Claimant::Refused(_) => None,
         }
     }
 
@@ -289,6 +297,20 @@ impl Catalog {
             self.release(*ip, &who);
         }
         Some(old)
+    }
+
+    /// Makes `name` a refused claimant of exactly `ips` (none: it claims
+    /// nothing).
+    pub(crate) fn set_refused(&mut self, name: &str, before: &[IpAddr], ips: &[IpAddr]) {
+        let who = Claimant::Refused(Arc::from(name));
+        for ip in before {
+            if !ips.contains(ip) {
+                self.release(*ip, &who);
+            }
+        }
+        for ip in ips {
+            self.claim(*ip, who.clone());
+        }
     }
 
     /// Adds or replaces a policy (by its qualified name), at `seq` in the

@@ -245,6 +245,16 @@ impl Mesh {
         self.catalog.claimants(ip.to_canonical())
     }
 
+    /// The refused resource (by name) that claims `ip`, if one does: the
+    /// address is the mesh's but resolves to nothing, so traffic to it is
+    /// refused, never sent as if it were outside the mesh.
+    pub fn refused_claim(&self, ip: IpAddr) -> Option<&str> {
+        self.address_claimants(ip).iter().find_map(|c| match c {
+            Claimant::Refused(name) => Some(&**name),
+            _ => None,
+        })
+    }
+
     /// The contested addresses and who claims each.
     pub fn contested_addresses(&self) -> impl Iterator<Item = (IpAddr, &[Claimant])> {
         self.catalog.contested()
@@ -593,6 +603,16 @@ impl MeshEdit {
     /// Removes the service `namespace/hostname`; whether there was one.
     pub fn remove_service(&mut self, key: &str) -> bool {
         self.mesh.catalog.remove_service(key).is_some()
+    }
+
+    /// Makes the refused resource `name` claim exactly `ips` (it claimed
+    /// `before`; `ips` empty: it claims nothing any more). Each such
+    /// address resolves to nothing ([`Mesh::refused_claim`]).
+    pub fn set_refused(&mut self, name: &str, before: &[IpAddr], ips: &[IpAddr]) {
+        let canonical = |v: &[IpAddr]| v.iter().map(|ip| ip.to_canonical()).collect::<Vec<_>>();
+        self.mesh
+            .catalog
+            .set_refused(name, &canonical(before), &canonical(ips));
     }
 
     /// Adds or replaces the policy `namespace/name` (evaluated after the

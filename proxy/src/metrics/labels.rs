@@ -284,7 +284,8 @@ pub struct RefuseLabels {
     /// `application_tunnel` (the destination's app wants a PROXY protocol
     /// header), `contested_address` (two entries of the control plane
     /// claim the destination's address: it resolves to neither),
-    /// `proxy_port` (a same-node connection to one of the proxy's own
+    /// `refused_address` (a resource of the control plane this proxy
+    /// refused claims it: it resolves to nothing), `proxy_port` (a same-node connection to one of the proxy's own
     /// ports, which a tunnel's far side refuses too).
     pub reason: &'static str,
 }

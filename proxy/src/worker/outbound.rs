@@ -167,6 +167,17 @@ pub(super) async fn outbound(
         refuse_counted(&ctx, &client, u.label(), u);
         return;
     }
+    // An address of a resource the control plane sent and this proxy
+    // refused resolves to nothing: refused, never sent in plaintext as if it
+    // were outside the mesh.
+    if let Some(name) = mesh.as_deref().and_then(|m| m.refused_claim(dst.ip())) {
+        let why = format!(
+            "{} is claimed by {name}, a resource of the control plane this proxy refused (see the NACK): it resolves to nothing",
+            dst.ip()
+        );
+        refuse_counted(&ctx, &client, "refused_address", &why);
+        return;
+    }
     // An address two entries of the control plane claim resolves to
     // neither: refused, never sent in plaintext as if it were outside the
     // mesh (a claim on another's address must not strip its traffic's TLS).

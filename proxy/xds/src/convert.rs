@@ -105,6 +105,41 @@ pub fn address(name: &str, a: &wl::Address) -> Result<Entry, Refused> {
     }
 }
 
+/// What can still be read of an `Address` that was refused: the addresses
+/// it claims (those that are addresses at all; none of a workload on its
+/// node's network, whose addresses are the node's), and whether it asks for
+/// its traffic to go another way than straight to it (a waypoint, a
+/// network gateway, an `application_tunnel`), which no copy held before may
+/// stand in for.
+pub fn refused_claims(a: &wl::Address) -> (Vec<IpAddr>, bool) {
+    let (raw, elsewhere): (Vec<&[u8]>, bool) = match &a.kind {
+        None => (Vec::new(), false),
+        Some(address::Kind::Workload(w)) => (
+            if w.network_mode == wl::NetworkMode::HostNetwork as i32 {
+                Vec::new()
+            } else {
+                w.addresses.iter().map(Vec::as_slice).collect()
+            },
+            w.waypoint.is_some()
+                || w.network_gateway.is_some()
+                || w.application_tunnel
+                    .as_ref()
+                    .is_some_and(|t| application_tunnel(t).is_some()),
+        ),
+        Some(address::Kind::Service(s)) => (
+            s.addresses.iter().map(|a| a.address.as_slice()).collect(),
+            s.waypoint.is_some(),
+        ),
+    };
+    let mut ips: Vec<IpAddr> = Vec::with_capacity(raw.len());
+    for ip in raw.into_iter().filter_map(|b| ip_of(b).ok()) {
+        if !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    (ips, elsewhere)
+}
+
 /// Bytes that are not an address: neither 4 (IPv4) nor 16 (IPv6) of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{len} bytes are not an IPv4 (4) or IPv6 (16) address")]

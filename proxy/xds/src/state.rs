@@ -7,9 +7,15 @@
 //!
 //! Refusals, each NACKed naming the resource and the field:
 //! - a workload or service that cannot be read (or one named twice in a
-//!   response) is dropped: its name is unknown, so traffic that needed it is
-//!   refused (an enrolled pod's after `proxy.workloadWait`), never served
-//!   from the copy held before;
+//!   response) is not taken. The copy held before, if any, stays in force
+//!   (a control plane newer than this proxy must not take down what it
+//!   served), unless the refused version asks for its traffic to go another
+//!   way (a waypoint, a network gateway, an application tunnel): then the
+//!   copy is dropped. With no copy in force, the addresses the refused
+//!   version (and the dropped copy) claim resolve to nothing
+//!   ([`ringway_config::Claimant::Refused`]): traffic to them is refused,
+//!   never sent in plaintext as if they were outside the mesh, and an
+//!   enrolled pod at one waits `proxy.workloadWait` and is refused;
 //! - a policy is never dropped: what of it cannot be read is read toward
 //!   deny ([`crate::convert`]), and a policy that cannot be decoded at all,
 //!   or is named twice, denies everything it could have selected.
@@ -233,6 +239,9 @@ pub struct MeshState {
     entries: Mesh,
     held: [HashMap<String, HeldResource>; 2],
     problems: BTreeMap<(&'static str, String), String>,
+    /// Address resources refused with no copy in force, and the addresses
+    /// they claim as [`ringway_config::Claimant::Refused`].
+    refused_claims: HashMap<String, Vec<IpAddr>>,
     contested: BTreeSet<IpAddr>,
     status: Arc<XdsStatus>,
     publish: Publish,
@@ -263,6 +272,7 @@ impl MeshState {
             entries,
             held: [HashMap::new(), HashMap::new()],
             problems: BTreeMap::new(),
+            refused_claims: HashMap::new(),
             contested: BTreeSet::new(),
             status,
             publish,
@@ -330,23 +340,36 @@ impl MeshState {
         }
         for name in &resp.removed_resources {
             self.forget(ty, name, &mut edit);
+            if ty == ADDRESSES {
+                self.set_refused_claims(name, Vec::new(), &mut edit);
+            }
             self.problems.remove(&(kind, name.clone()));
         }
         for (name, n) in counts.iter().filter(|(_, n)| **n > 1) {
             let why = format!("named {n} times in one response: none of them applied");
-            self.forget(ty, name, &mut edit);
-            if ty == POLICIES {
-                let p = convert::deny_everything(name, &root);
-                let enforced = p.qualified_name().to_string();
-                edit.upsert_policy(p);
-                self.held[ty].insert(
-                    (*name).to_owned(),
-                    HeldResource {
-                        version: None,
-                        held: Held::Policy(enforced),
-                    },
-                );
+            if ty == ADDRESSES {
+                let copies: Vec<workload::Address> = resp
+                    .resources
+                    .iter()
+                    .filter(|r| r.name == **name)
+                    .filter_map(|r| decode::<workload::Address>(r).ok())
+                    .collect();
+                let why = self.refuse_address(name, &copies, why, &mut edit);
+                nacks.push(format!("{name}: {why}"));
+                self.problems.insert((kind, (*name).to_owned()), why);
+                continue;
             }
+            self.forget(ty, name, &mut edit);
+            let p = convert::deny_everything(name, &root);
+            let enforced = p.qualified_name().to_string();
+            edit.upsert_policy(p);
+            self.held[ty].insert(
+                (*name).to_owned(),
+                HeldResource {
+                    version: None,
+                    held: Held::Policy(enforced),
+                },
+            );
             nacks.push(format!("{name}: {why}"));
             self.problems.insert((kind, (*name).to_owned()), why);
         }
@@ -393,10 +416,16 @@ impl MeshState {
         edit: &mut ringway_config::MeshEdit,
     ) -> Option<String> {
         let name = &r.name;
-        let read = decode::<workload::Address>(r)
-            .and_then(|a| convert::address(name, &a).map_err(Unreadable::from));
+        let (decoded, read) = match decode::<workload::Address>(r) {
+            Ok(a) => {
+                let read = convert::address(name, &a).map_err(Unreadable::from);
+                (Some(a), read)
+            }
+            Err(e) => (None, Err(e)),
+        };
         match read {
             Ok(entry) => {
+                self.set_refused_claims(name, Vec::new(), edit);
                 let held = match entry {
                     Entry::Workload(w, services) => {
                         if self.held[ADDRESSES]
@@ -442,13 +471,91 @@ impl MeshState {
                 );
                 None
             }
-            Err(why) => {
-                // Unknown from now on: never served from the copy held.
-                self.forget(ADDRESSES, name, edit);
-                Some(format!(
-                    "{why}: refused (the name is unknown until a readable version comes)"
-                ))
+            Err(why) => Some(self.refuse_address(name, decoded.as_slice(), why.to_string(), edit)),
+        }
+    }
+
+    /// Refuses the address resource `name` (`versions`: what of the refused
+    /// version(s) could be decoded). The copy held stays in force, unless
+    /// the refused version sends its traffic another way (then it is
+    /// dropped). The addresses the refused version claims that no copy in
+    /// force claims (all of them, and the dropped copy's, when none is in
+    /// force) resolve to nothing. Returns the problem, in words.
+    fn refuse_address(
+        &mut self,
+        name: &str,
+        versions: &[workload::Address],
+        why: String,
+        edit: &mut ringway_config::MeshEdit,
+    ) -> String {
+        let mut refused: Vec<IpAddr> = Vec::new();
+        let mut elsewhere = false;
+        for v in versions {
+            let (claims, other_way) = convert::refused_claims(v);
+            refused.extend(claims);
+            elsewhere |= other_way;
+        }
+        let held = self.held[ADDRESSES].get(name).cloned();
+        let in_force: Vec<IpAddr> = if let Some(w) = self.entries.workload_by_uid(name) {
+            if w.host_network {
+                Vec::new()
+            } else {
+                w.ips.clone()
             }
+        } else if let Some(svc) = self.entries.service(name) {
+            svc.vips.clone()
+        } else {
+            Vec::new()
+        };
+        let kept = held.as_ref().filter(|_| !elsewhere);
+        if kept.is_some() {
+            refused.retain(|ip| !in_force.contains(&ip.to_canonical()));
+        } else {
+            refused.extend(in_force);
+            self.forget(ADDRESSES, name, edit);
+        }
+        let mut claims: Vec<IpAddr> = Vec::with_capacity(refused.len());
+        for ip in refused.into_iter().map(|ip| ip.to_canonical()) {
+            if !claims.contains(&ip) {
+                claims.push(ip);
+            }
+        }
+        let what = match (kept, held.is_some()) {
+            (Some(h), _) => format!(
+                "refused; the copy held (version {:?}) stays in force",
+                h.version.as_deref().unwrap_or("")
+            ),
+            (None, true) => "refused, and the copy held dropped: the refused version sends its traffic another way (a waypoint, a network gateway or an application tunnel)".to_owned(),
+            (None, false) => "refused".to_owned(),
+        };
+        let problem = if claims.is_empty() {
+            format!("{why}: {what} until a readable version comes")
+        } else {
+            let listed: Vec<String> = claims.iter().map(ToString::to_string).collect();
+            format!(
+                "{why}: {what}; the address(es) it claims that nothing in force does ({}) resolve to nothing, their traffic refused, until a readable version comes",
+                listed.join(", ")
+            )
+        };
+        self.set_refused_claims(name, claims, edit);
+        problem
+    }
+
+    /// Makes the refused resource `name` claim exactly `ips` (none: it is
+    /// no longer refused).
+    fn set_refused_claims(
+        &mut self,
+        name: &str,
+        ips: Vec<IpAddr>,
+        edit: &mut ringway_config::MeshEdit,
+    ) {
+        let before = self.refused_claims.remove(name).unwrap_or_default();
+        if before.is_empty() && ips.is_empty() {
+            return;
+        }
+        edit.set_refused(name, &before, &ips);
+        if !ips.is_empty() {
+            self.refused_claims.insert(name.to_owned(), ips);
         }
     }
 
@@ -502,6 +609,9 @@ impl MeshState {
         let mut look: BTreeSet<IpAddr> = std::mem::take(&mut self.contested);
         let before = look.clone();
         for r in touched {
+            if let Some(ips) = self.refused_claims.get(&r.name) {
+                look.extend(ips.iter().copied());
+            }
             if let Some(w) = self.entries.workload_by_uid(&r.name) {
                 look.extend(w.ips.iter().copied());
             } else if let Some(s) = self.entries.service(&r.name) {
@@ -604,10 +714,26 @@ impl Handler for MeshState {
             AUTHORIZATION_TYPE_URL => POLICIES,
             _ => return HashMap::new(),
         };
-        self.held[ty]
+        // A name held without a version (a policy that stands in for one
+        // that could not be read) or refused is listed with a version no
+        // server gives (""): it is sent again if it still exists, and its
+        // removal comes if it went while no stream was open (a server names
+        // in `removed_resources` only what the client says it holds).
+        let kind = if ty == ADDRESSES {
+            "address"
+        } else {
+            "authorization"
+        };
+        let mut versions: HashMap<String, String> = self.held[ty]
             .iter()
-            .filter_map(|(n, r)| Some((n.clone(), r.version.clone()?)))
-            .collect()
+            .map(|(n, r)| (n.clone(), r.version.clone().unwrap_or_default()))
+            .collect();
+        for (k, name) in self.problems.keys() {
+            if *k == kind {
+                versions.entry(name.clone()).or_default();
+            }
+        }
+        versions
     }
 
     fn on_event(&mut self, event: Event) {

@@ -1076,6 +1076,217 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
     );
 }
 
+/// Waits until both nodes NACKed a response naming `what`.
+fn nacked_by_both(istiod: &XdsServer, what: &str) {
+    let both = wait_until(PATIENCE, || {
+        istiod
+            .requests()
+            .iter()
+            .filter(|r| r.nack_message().is_some_and(|m| m.contains(what)))
+            .count()
+            >= 2
+    });
+    assert!(both, "both nodes did not NACK {what}");
+}
+
+/// What the control plane sends and this proxy refuses never takes traffic
+/// out of the mesh, nor takes down what it served (a control plane newer
+/// than its proxies, as an upgrade of the control plane first makes it,
+/// sends values they do not know): a refused update of a service or a
+/// workload keeps the copy held (the VIP and the pod still served over
+/// mutual TLS, a connection open to the pod kept); a refused new service's
+/// VIP and a refused new workload's address are refused at the source,
+/// never connected to in plaintext as if outside the mesh. A policy that
+/// could not be read denies what it could select, and once the control
+/// plane has deleted it while no stream was open, the next stream takes
+/// the deny away: the proxy lists it, so the server names its removal.
+#[test]
+fn adversarial_xds_refused_resources_keep_their_copy_or_are_refused_never_plaintext() {
+    drill(
+        "adversarial_xds_refused_resources_keep_their_copy_or_are_refused_never_plaintext",
+        "xds-e2e-refused",
+        |bed| {
+            let istiod = bed.start_istiod();
+            let (client, server, late) = (bed.n1.pod(0), bed.n2.pod(0), bed.n2.pod(1));
+            istiod.update_fixture(
+                ADDRESS_TYPE_URL,
+                vec![
+                    workload(client, 1, "1"),
+                    workload_with(server, 2, "1", web_endpoint),
+                    web_service(),
+                ],
+                vec![],
+            );
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            bed.wait_ready(&node1);
+            bed.wait_ready(&node2);
+            bed.cni_add(&node1, client);
+            bed.cni_add(&node2, server);
+            bed.cni_add(&node2, late);
+            let at_server = SocketAddr::new(server.ip(false), 8080);
+            let mtls = |n: &Node| {
+                prom::sum(
+                    &scrape(n.control(15020)).unwrap(),
+                    "istio_tcp_connections_opened_total",
+                    &["connection_security_policy=\"mutual_tls\""],
+                )
+            };
+            assert_eq!(through_the_vip(client, server).unwrap(), client.ip(false));
+            let mut open = Held::open(client, server, SocketAddr::new(server.ip(false), 9090));
+
+            // Updates this proxy cannot read: a service port 0, a tunnel
+            // protocol it does not know.
+            push_nacked(
+                &istiod,
+                vec![
+                    Resource::new(
+                        SERVICE,
+                        "2",
+                        wl::Address {
+                            kind: Some(address::Kind::Service(web_service_with(|s| {
+                                s.ports[0].service_port = 0
+                            }))),
+                        }
+                        .to_any(),
+                    ),
+                    workload_with(server, 2, "2", |w| {
+                        web_endpoint(w);
+                        w.tunnel_protocol = 7;
+                    }),
+                ],
+            );
+            nacked_by_both(&istiod, "workload.tunnelProtocol");
+            nacked_by_both(&istiod, "service.ports[0]");
+            let before = mtls(&node2);
+            assert!(
+                open.echoes(),
+                "a connection open to the pod whose update was refused was cut"
+            );
+            assert_eq!(
+                through_the_vip(client, server).unwrap(),
+                client.ip(false),
+                "the VIP resolves to the copy held"
+            );
+            assert_eq!(
+                exchange(client, server, at_server, at_server).unwrap(),
+                client.ip(false),
+                "the pod is served from the copy held"
+            );
+            assert!(
+                mtls(&node2) >= before + 2.0,
+                "not over mutual TLS: node2 counted {} such connections before, {} after",
+                before,
+                mtls(&node2)
+            );
+
+            // New resources this proxy cannot read: their addresses are
+            // the mesh's, so their traffic is refused at the source.
+            let new_vip = Ipv4Addr::new(10, 96, 0, 11);
+            push_nacked(
+                &istiod,
+                vec![
+                    Resource::new(
+                        "demo/new.demo.svc.cluster.local",
+                        "1",
+                        wl::Address {
+                            kind: Some(address::Kind::Service(web_service_with(|s| {
+                                s.name = "new".into();
+                                s.hostname = "new.demo.svc.cluster.local".into();
+                                s.addresses[0].address = new_vip.octets().to_vec();
+                                s.ports[0].service_port = 0;
+                            }))),
+                        }
+                        .to_any(),
+                    ),
+                    workload_with(late, 2, "1", |w| w.tunnel_protocol = 7),
+                ],
+            );
+            nacked_by_both(&istiod, "demo/new.demo.svc.cluster.local");
+            let refused_here = |n: &Node| {
+                prom::sum(
+                    &scrape(n.control(15020)).unwrap(),
+                    "ringway_connections_refused_total",
+                    &["reason=\"refused_address\""],
+                )
+            };
+            let (what, _) = refused_at(
+                client,
+                server,
+                at_server,
+                SocketAddr::new(IpAddr::V4(new_vip), 80),
+            );
+            eprintln!("to a refused service's VIP: {what}");
+            let (what, took) = refused(client, late, SocketAddr::new(late.ip(false), 8080));
+            eprintln!("to a refused workload's address: {what} after {took:?}");
+            let m1 = scrape(node1.control(15020)).unwrap();
+            assert!(
+                refused_here(&node1) >= 2.0,
+                "the refused resources' addresses were not refused at the source:\n{m1}"
+            );
+
+            // A policy that cannot be decoded denies what it could select.
+            let corrupt = Resource::new(
+                "demo/corrupt",
+                "1",
+                prost_types::Any {
+                    type_url: AUTHORIZATION_TYPE_URL.into(),
+                    value: vec![0x0a, 0xff],
+                },
+            );
+            istiod.push(AUTHORIZATION_TYPE_URL, vec![corrupt], vec![]);
+            nacked_by_both(&istiod, "demo/corrupt");
+            let (what, _) = refused(client, server, at_server);
+            eprintln!("to a pod under an unreadable policy: {what}");
+            // Deleted while no stream is open: the next stream lists it
+            // with a version no server gives, and the server removes it.
+            istiod.update_fixture(AUTHORIZATION_TYPE_URL, vec![], vec!["demo/corrupt".into()]);
+            let old_stream = istiod.requests().iter().map(|r| r.stream).max().unwrap();
+            assert!(istiod.drop_streams() >= 2);
+            for n in 1..=2 {
+                let again = istiod
+                    .wait_for_request(PATIENCE, |r| {
+                        r.first_of_type
+                            && r.stream > old_stream
+                            && r.request.type_url == AUTHORIZATION_TYPE_URL
+                            && r.bearer_token() == Some(token(n).as_str())
+                    })
+                    .unwrap_or_else(|e| panic!("node{n}'s stream did not come back: {e}"));
+                assert_eq!(
+                    again.request.initial_resource_versions.get("demo/corrupt"),
+                    Some(&String::new()),
+                    "node{n} did not list the stand-in: {:?}",
+                    again.request.initial_resource_versions
+                );
+                let removal = wait_until(PATIENCE, || {
+                    istiod.sent().iter().any(|r| {
+                        r.stream == again.stream && r.removed.iter().any(|n| n == "demo/corrupt")
+                    })
+                });
+                assert!(removal, "the server named no removal to node{n}");
+                let nonce = istiod
+                    .sent()
+                    .into_iter()
+                    .find(|r| {
+                        r.stream == again.stream && r.removed.iter().any(|n| n == "demo/corrupt")
+                    })
+                    .unwrap()
+                    .nonce;
+                applied(&istiod, vec![nonce]);
+            }
+            assert_eq!(
+                exchange(client, server, at_server, at_server).unwrap(),
+                client.ip(false),
+                "the deny of a policy deleted while no stream was open stayed in force"
+            );
+        },
+    );
+}
+
+/// Pushes `upserts` of addresses to every stream (each NACKs them).
+fn push_nacked(istiod: &XdsServer, upserts: Vec<Resource>) {
+    assert!(!istiod.push(ADDRESS_TYPE_URL, upserts, vec![]).is_empty());
+}
+
 /// A service's endpoints are picked as the control plane asks
 /// (`load_balancing`): `internalTrafficPolicy: Local` (node, strict) never
 /// sends a connection to another node's endpoint (refused when its own

@@ -248,7 +248,12 @@ fn an_update_replaces_only_what_it_names() {
 }
 
 #[test]
-fn adversarial_garbage_and_unreadable_addresses_are_refused_by_name_and_forgotten() {
+/// A refused update keeps the copy held in force (a control plane newer
+/// than the proxy must not take down what it served); a refused new
+/// resource's addresses resolve to nothing (refused, never taken for
+/// addresses outside the mesh); every refused name is listed on the next
+/// stream with a version no server gives, so it comes again, or its removal.
+fn adversarial_unreadable_addresses_are_refused_by_name_keeping_the_copy_held() {
     let (mut st, seen) = state();
     st.on_response(&response(
         ADDRESS_TYPE_URL,
@@ -301,35 +306,151 @@ fn adversarial_garbage_and_unreadable_addresses_are_refused_by_name_and_forgotte
         "{nack}"
     );
     assert!(
-        m.workload_by_ip(ip("10.1.0.1")).is_none(),
-        "the copy held before is not served"
+        nack.message
+            .contains("the copy held (version \"1\") stays in force"),
+        "{nack}"
     );
+    assert_eq!(
+        m.workload_by_ip(ip("10.1.0.1")).unwrap().name,
+        "a",
+        "the copy held before is still served"
+    );
+    assert_eq!(m.refused_claim(ip("10.1.0.1")), None);
     assert!(m.workload_by_ip(ip("10.1.0.2")).is_none());
+    assert_eq!(
+        m.refused_claim(ip("10.1.0.2")),
+        Some("c//Pod/shop/b"),
+        "a refused new workload's readable address resolves to nothing"
+    );
+    assert!(
+        nack.message.contains("(10.1.0.2) resolve to nothing"),
+        "{nack}"
+    );
     assert_eq!(
         m.workload_by_ip(ip("10.1.0.3")).unwrap().name,
         "c",
         "the rest applied"
     );
     let versions = st.resource_versions(ADDRESS_TYPE_URL);
+    let want: HashMap<String, String> = [
+        ("c//Pod/shop/a", "1"),
+        ("c//Pod/shop/b", ""),
+        ("c//Pod/shop/c", "1"),
+        ("shop/x", ""),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_owned(), v.to_owned()))
+    .collect();
     assert_eq!(
-        versions.len(),
-        1,
-        "refused names are sent again: {versions:?}"
+        versions, want,
+        "a refused update resumes from the copy held; a refused name is listed with a version no server gives"
     );
     assert_eq!(st.status().problems().len(), 3);
-    // A readable version clears the problem.
+    // A readable version clears the problem and the refused claim.
     st.on_response(&response(
         ADDRESS_TYPE_URL,
-        vec![wl_res(pod("shop", "a", "10.1.0.1"), "3")],
+        vec![
+            wl_res(pod("shop", "a", "10.1.0.1"), "3"),
+            wl_res(pod("shop", "b", "10.1.0.2"), "2"),
+        ],
         &[],
     ))
     .unwrap();
-    assert_eq!(st.status().problems().len(), 2);
-    assert!(last(&seen).workload_by_ip(ip("10.1.0.1")).is_some());
+    assert_eq!(st.status().problems().len(), 1);
+    let m = last(&seen);
+    assert!(m.workload_by_ip(ip("10.1.0.1")).is_some());
+    assert_eq!(m.workload_by_ip(ip("10.1.0.2")).unwrap().name, "b");
+    assert_eq!(m.refused_claim(ip("10.1.0.2")), None);
+    // A refused name the server removes (it went while the proxy was
+    // refusing it): nothing of it is left.
+    st.on_response(&response(ADDRESS_TYPE_URL, vec![], &["shop/x"]))
+        .unwrap();
+    assert!(st.status().problems().is_empty());
+    assert!(!st
+        .resource_versions(ADDRESS_TYPE_URL)
+        .contains_key("shop/x"));
+}
+
+/// A refused update that sends the workload's traffic another way (here a
+/// waypoint) cannot be stood in for by the copy held: the copy is dropped
+/// and its addresses, old and new, resolve to nothing.
+#[test]
+fn adversarial_a_refused_update_naming_a_waypoint_drops_the_copy_held() {
+    let (mut st, seen) = state_with(&[("shop", "a", "10.1.0.1")]);
+    let mut next = pod("shop", "a", "10.1.0.1");
+    next.addresses.push(v4("10.1.0.9"));
+    next.tunnel_protocol = 7;
+    next.waypoint = Some(crate::proto::workload::GatewayAddress {
+        destination: None,
+        hbone_mtls_port: 15008,
+    });
+    let nack = st
+        .on_response(&response(ADDRESS_TYPE_URL, vec![wl_res(next, "2")], &[]))
+        .unwrap_err();
+    assert!(nack.message.contains("the copy held dropped"), "{nack}");
+    let m = last(&seen);
+    for a in ["10.1.0.1", "10.1.0.9"] {
+        assert!(m.workload_by_ip(ip(a)).is_none(), "{a}");
+        assert_eq!(m.refused_claim(ip(a)), Some("c//Pod/shop/a"), "{a}");
+    }
+    assert_eq!(
+        st.resource_versions(ADDRESS_TYPE_URL).get("c//Pod/shop/a"),
+        Some(&String::new())
+    );
+}
+
+/// A refused update of a service keeps its VIP resolving to the copy held:
+/// never taken for an address outside the mesh. A refused new service's
+/// VIP resolves to nothing.
+#[test]
+fn adversarial_a_refused_service_keeps_its_copy_or_its_vip_resolves_to_nothing() {
+    let (mut st, seen) = state();
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![svc_res("shop", "web.shop.svc", "10.96.0.1", "1")],
+        &[],
+    ))
+    .unwrap();
+    let bad_port = |host: &str, vip: &str, version: &str| {
+        let mut r = svc_res("shop", host, vip, version);
+        let mut a =
+            <Address as prost::Message>::decode(&r.resource.as_ref().unwrap().value[..]).unwrap();
+        if let Some(address::Kind::Service(s)) = &mut a.kind {
+            s.ports[0].service_port = 0;
+        }
+        r.resource = Some(a.to_any());
+        r
+    };
+    let nack = st
+        .on_response(&response(
+            ADDRESS_TYPE_URL,
+            vec![
+                bad_port("web.shop.svc", "10.96.0.1", "2"),
+                bad_port("new.shop.svc", "10.96.0.2", "1"),
+            ],
+            &[],
+        ))
+        .unwrap_err();
+    assert!(
+        nack.message.contains("shop/web.shop.svc: service.ports[0]"),
+        "{nack}"
+    );
+    let m = last(&seen);
+    assert_eq!(
+        m.service_by_vip(ip("10.96.0.1")).unwrap().hostname,
+        "web.shop.svc",
+        "the copy held"
+    );
+    assert!(m.service_by_vip(ip("10.96.0.2")).is_none());
+    assert_eq!(m.refused_claim(ip("10.96.0.2")), Some("shop/new.shop.svc"));
+    // Removed: its VIP is free again.
+    st.on_response(&response(ADDRESS_TYPE_URL, vec![], &["shop/new.shop.svc"]))
+        .unwrap();
+    assert_eq!(last(&seen).refused_claim(ip("10.96.0.2")), None);
 }
 
 #[test]
-fn adversarial_a_name_twice_in_one_response_applies_neither() {
+fn adversarial_a_name_twice_in_one_response_applies_neither_version() {
     let (mut st, seen) = state();
     st.on_response(&response(
         ADDRESS_TYPE_URL,
@@ -352,8 +473,18 @@ fn adversarial_a_name_twice_in_one_response_applies_neither() {
         "{nack}"
     );
     let m = last(&seen);
-    for a in ["10.1.0.1", "10.1.0.7", "10.1.0.8"] {
+    assert_eq!(
+        m.workload_by_ip(ip("10.1.0.1")).unwrap().name,
+        "a",
+        "the copy held stays in force"
+    );
+    for a in ["10.1.0.7", "10.1.0.8"] {
         assert!(m.workload_by_ip(ip(a)).is_none(), "{a}");
+        assert_eq!(
+            m.refused_claim(ip(a)),
+            Some("c//Pod/shop/a"),
+            "{a}: an address only the refused versions claim resolves to nothing"
+        );
     }
     // Policies named twice deny everything they could select.
     st.on_response(&response(
@@ -409,9 +540,10 @@ fn adversarial_garbage_policy_denies_everything_in_its_namespace() {
         !denied(&m, "10.2.0.1", "front"),
         "another namespace: untouched"
     );
-    assert!(
-        st.resource_versions(AUTHORIZATION_TYPE_URL).is_empty(),
-        "sent again on the next stream"
+    assert_eq!(
+        st.resource_versions(AUTHORIZATION_TYPE_URL),
+        HashMap::from([("shop/corrupt".to_owned(), String::new())]),
+        "listed on the next stream with a version no server gives: sent again, or its removal"
     );
     // Removed: the deny goes with it.
     st.on_response(&response(AUTHORIZATION_TYPE_URL, vec![], &["shop/corrupt"]))
