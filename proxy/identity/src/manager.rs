@@ -616,9 +616,20 @@ impl IdentityManager {
         };
         let not_after = secs(not_after);
         let refresh_at = now + not_after.duration_since(now).unwrap_or_default() / 2;
+        let certified = CertifiedKey::new(chain, signing_key);
+        // A faulty (or caching) service may answer with a valid leaf for
+        // another key: every handshake with it would fail at the peer.
+        match certified.keys_match() {
+            Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+            Err(e) => {
+                return Err(fail(format!(
+                    "the certificate issued is not for the key this proxy generated: {e}"
+                )))
+            }
+        }
         Ok(WorkloadCert::new(
             id.clone(),
-            Arc::new(CertifiedKey::new(chain, signing_key)),
+            Arc::new(certified),
             serial,
             secs(not_before),
             not_after,
@@ -878,6 +889,83 @@ mod tests {
         fn remote(&self) -> bool {
             true
         }
+    }
+
+    /// A source that answers with a valid certificate for another key (a
+    /// faulty or caching certificate service) once told to.
+    #[derive(Debug)]
+    struct OtherKey {
+        ca: CaSigner,
+        mismatch: std::sync::atomic::AtomicBool,
+    }
+
+    impl CertSource for OtherKey {
+        fn issue(
+            &self,
+            id: &Identity,
+            nb: SystemTime,
+            na: SystemTime,
+        ) -> Result<Issued, IssueError> {
+            let (chain, key) = self.ca.issue(id, nb, na).map_err(IssueError::Sign)?;
+            if self.mismatch.load(Ordering::SeqCst) {
+                let (_, other) = self.ca.issue(id, nb, na).map_err(IssueError::Sign)?;
+                return Ok((chain, other));
+            }
+            Ok((chain, key))
+        }
+
+        fn expires(&self) -> Option<SystemTime> {
+            Some(self.ca.not_after())
+        }
+
+        fn remote(&self) -> bool {
+            false
+        }
+    }
+
+    /// A certificate that is not for the key the proxy generated is refused
+    /// by name, and the one in hand is kept: it would fail every handshake.
+    #[test]
+    fn adversarial_a_certificate_for_another_key_is_refused_and_the_one_in_hand_kept() {
+        let td = "cluster.local";
+        let ca = CaSigner::generate_for_tests_for_unit(td);
+        let mut bundle = TrustBundle::new();
+        bundle.add(ca.cert().clone());
+        let clock = Arc::new(crate::clock::ManualClock::new(SystemTime::now()));
+        let source = Arc::new(OtherKey {
+            ca,
+            mismatch: Default::default(),
+        });
+        let m = IdentityManager::with_source(source.clone(), bundle, td, DEFAULT_CERT_LIFETIME)
+            .unwrap()
+            .with_clock(clock.clone());
+        let id = Identity::new(td, "shop", "web");
+        let first = m.fetch(&id).unwrap();
+        source.mismatch.store(true, Ordering::SeqCst);
+        // A new identity gets none.
+        let other = Identity::new(td, "shop", "api");
+        let e = m.fetch(&other).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "spiffe://cluster.local/ns/shop/sa/api: the certificate issued is not for the key this proxy generated"
+            ),
+            "{e}"
+        );
+        // Past its half-life, the renewal is refused and the one in hand kept.
+        clock.advance(DEFAULT_CERT_LIFETIME * 3 / 5);
+        let failures = m.issue_failure_count();
+        let now = m.fetch(&id).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &now),
+            "the certificate in hand was replaced"
+        );
+        assert!(m.issue_failure_count() > failures);
+        source.mismatch.store(false, Ordering::SeqCst);
+        let renewed = m.fetch(&id).unwrap();
+        assert!(
+            !Arc::ptr_eq(&first, &renewed),
+            "renewed once the source is fixed"
+        );
     }
 
     /// A failed issuance says whose certificate and why, keeps the source's
