@@ -14,6 +14,15 @@ pub enum ProxyError {
     /// The configuration's CA could not be loaded (HBONE).
     #[error("loading the mesh CA: {0}")]
     Ca(#[from] ringway_identity::IdentityError),
+    /// A reloaded configuration names another trust domain than the one
+    /// the workload certificates are issued in (a restart takes it).
+    #[error("trustDomain {edited:?} is not the running {running:?}: the workload certificates are issued in the trust domain the proxy started with, so a new one takes effect only at a restart")]
+    TrustDomainChanged {
+        /// The trust domain in force.
+        running: String,
+        /// The one the edit names.
+        edited: String,
+    },
     /// The certificate refresher thread could not start.
     #[error("starting the certificate refresher: {0}")]
     Refresher(std::io::Error),

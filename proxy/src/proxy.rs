@@ -225,6 +225,22 @@ impl Proxy {
         Ok(Some(refresher))
     }
 
+    /// Whether a reloaded configuration may replace the one in force: not
+    /// when HBONE is on and it names another trust domain (the workload
+    /// certificates, and the peers' checks of them, are of the one the
+    /// proxy started with: every tunnel would fail).
+    pub fn check_reload(&self, mesh: &ringway_config::Mesh) -> Result<(), ProxyError> {
+        match self.identities() {
+            Some(ids) if ids.trust_domain() != mesh.trust_domain() => {
+                Err(ProxyError::TrustDomainChanged {
+                    running: ids.trust_domain().to_owned(),
+                    edited: mesh.trust_domain().to_owned(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Publishes the mesh (workloads, policies, trust domain): which
     /// destinations are tunnelled and what authorization allows. Swappable
     /// at any time (hot reload); connections opened afterwards use it.

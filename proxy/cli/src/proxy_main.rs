@@ -90,7 +90,8 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         }
     }
     // Hot reload of the mesh (workloads, policies): connections opened after
-    // a valid edit use it; datapath settings and the CA need a restart. With
+    // a valid edit use it; datapath settings and the CA need a restart, and
+    // an edit of the trust domain is rejected (HBONE on). With
     // the Kubernetes source the edit is merged with the cluster's objects.
     let _watcher = match &args.config {
         Some(path) => {
@@ -102,6 +103,10 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
                     path.clone(),
                     ringway_config::ProcessEnv,
                     move |m| {
+                        if let Err(e) = p.check_reload(&m) {
+                            tracing::error!(error = %e, "configuration edit rejected; keeping the previous one");
+                            return;
+                        }
                         tracing::info!(revision = m.revision(), "configuration reloaded");
                         match (&kube_mesh, &xds_mesh) {
                             (Some(k), _) => k.set_file(m),

@@ -604,3 +604,31 @@ fn plaintext_denied_by_policy() {
         expect_exchange(&t, APP_PORT + 2);
     });
 }
+
+/// A reloaded configuration that names another trust domain is refused,
+/// naming both: the workload certificates (and the peers' checks of them)
+/// are of the one the proxy started with, so applied, every tunnel would
+/// fail. The mesh in force keeps serving; an edit in the same trust domain
+/// passes.
+#[test]
+fn hbone_a_reload_of_another_trust_domain_is_refused_and_tunnels_keep_working() {
+    run_isolated("hbone_reload_trust_domain", || {
+        let t = two_nodes("hbone_reload_td", Datapath::Uring, "");
+        expect_exchange(&t, APP_PORT);
+        let other = t.mesh("trustDomain: other.example\n");
+        for p in [&t.p1, &t.p2] {
+            let e = p.check_reload(&other).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "trustDomain \"other.example\" is not the running \"{TD}\": the workload \
+                     certificates are issued in the trust domain the proxy started with, so a \
+                     new one takes effect only at a restart"
+                )
+            );
+            p.check_reload(&t.mesh(""))
+                .expect("an edit in the same trust domain");
+        }
+        expect_exchange(&t, APP_PORT + 1);
+    });
+}
