@@ -40,8 +40,9 @@ pub enum HboneError {
     /// The serving side's connection failed (I/O, protocol error or PING timeout).
     #[error("HTTP/2 server connection failed: {0}")]
     Server(#[source] h2::Error),
-    /// The peer reset more streams before their answer than allowed: GOAWAY
-    /// ENHANCE_YOUR_CALM was sent and the connection closed.
+    /// The peer reset more streams before their answer than allowed: a
+    /// graceful GOAWAY was sent, and the connection closed once its other
+    /// streams were done.
     #[error("peer reset more than {0} streams before their answer (rapid reset): GOAWAY")]
     RapidReset(u32),
     /// The client's HTTP/2 preface did not arrive in time.

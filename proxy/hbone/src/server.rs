@@ -82,8 +82,10 @@ pub struct ServerConfig {
     /// Streams whose decision (the handler: authorization and upstream
     /// connect) may run at once; the others wait for a slot.
     pub max_connecting_streams: u32,
-    /// Streams the peer may reset before they are answered; one more and
-    /// the connection gets GOAWAY ENHANCE_YOUR_CALM ([`HboneError::RapidReset`]).
+    /// Streams the peer may reset before they are answered (or within
+    /// `SLOT_HOLD` of the answer, before its first byte) in 10 s; one more
+    /// and the connection gets a graceful GOAWAY: its other streams finish,
+    /// no new one is taken ([`HboneError::RapidReset`]).
     pub max_early_resets: u32,
     /// Bound on the client's HTTP/2 preface ([`HboneError::PrefaceTimeout`]).
     pub preface_timeout: Duration,
@@ -300,7 +302,15 @@ where
                     limit = config.max_early_resets,
                     "peer resets streams before their answer: GOAWAY"
                 );
-                conn.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+                // Graceful: the connection's other streams (a client's
+                // long-lived connections beside the ones it aborts) finish;
+                // no new stream is taken (refused below, then by h2 past
+                // the last one processed), and the peer opens a new
+                // connection, with a new handshake, for more.
+                if !draining {
+                    draining = true;
+                    conn.graceful_shutdown();
+                }
                 ending = Some(HboneError::RapidReset(config.max_early_resets));
             }
             next = conn.accept() => match next {
@@ -530,7 +540,11 @@ pub(crate) enum PumpOutcome {
 }
 
 enum PumpErr {
+    /// The peer's side failed (a reset read with its data, or the
+    /// connection).
     Peer(h2::Error),
+    /// The peer reset the stream (RST_STREAM seen while sending).
+    Reset(h2::Error),
     Upstream(std::io::Error),
 }
 
@@ -627,7 +641,7 @@ async fn pump(
             let chunk = tokio::select! {
                 r = poll_fn(|cx| poll_read_chunk(&mut ur, cx, want)) => r.map_err(PumpErr::Upstream)?,
                 r = poll_fn(|cx| h2w.poll_reset(cx)) => return Err(match r {
-                    Ok(reason) => PumpErr::Peer(h2::Error::from(reason)),
+                    Ok(reason) => PumpErr::Reset(h2::Error::from(reason)),
                     Err(e) => PumpErr::Peer(e),
                 }),
             };
@@ -655,6 +669,13 @@ async fn pump(
         },
         Err(PumpErr::Peer(e)) => {
             if slot.take().is_some() && e.is_reset() {
+                conn.early_reset();
+            }
+            upstream.reset();
+            PumpOutcome::PeerReset(e)
+        }
+        Err(PumpErr::Reset(e)) => {
+            if slot.take().is_some() {
                 conn.early_reset();
             }
             upstream.reset();

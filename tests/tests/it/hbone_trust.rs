@@ -332,11 +332,13 @@ where
 }
 
 const ENHANCE_YOUR_CALM: u32 = 0xb;
+const NO_ERROR: u32 = 0;
 
 /// "Rapid reset": 10,000 CONNECTs on one authenticated HTTP/2 connection,
 /// each reset right after its HEADERS. The streams are cancelled with their
-/// authorization and upstream connect, the connection gets GOAWAY, and the
-/// app behind sees at most `maxConnectingStreams` connections.
+/// authorization and upstream connect, the connection gets GOAWAY (graceful:
+/// streams still open would finish; none is here) and is closed, and the app
+/// behind sees at most `maxConnectingStreams` connections.
 #[test]
 fn adversarial_hbone_rapid_reset_bounded() {
     run_isolated("adversarial_hbone_rapid_reset_bounded", || {
@@ -392,9 +394,100 @@ fn adversarial_hbone_rapid_reset_bounded() {
         assert!(wait_until(TIMEOUT, || t.p2.stats().active == 0));
         let seen = app.connections();
         println!("rapid reset: {seen} upstream connects, GOAWAY {goaway:?}");
-        assert_eq!(goaway, Some(ENHANCE_YOUR_CALM), "abusive peer gets GOAWAY");
+        assert_eq!(goaway, Some(NO_ERROR), "abusive peer gets GOAWAY");
         assert!(seen <= cap, "{seen} upstream connects, cap {cap}");
         assert!(refused(&t, "rapid_reset") >= 1.0);
+    });
+}
+
+/// A server-first app (a banner on every connection, as SMTP or MySQL
+/// send) on `addr` in `ns`: each connection gets the banner, then is read
+/// until its client goes. Runs until the process ends.
+fn banner_app(ns: &Netns, addr: SocketAddr) {
+    let l = ns
+        .run(|| ringway_testbed::traffic::listen(addr))
+        .expect("listen");
+    std::thread::spawn(move || {
+        for s in l.incoming().take(1000) {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+                if s.write_all(b"220 ready\r\n").is_ok() {
+                    let mut b = [0u8; 64];
+                    while matches!(s.read(&mut b), Ok(n) if n > 0) {}
+                }
+            });
+        }
+    });
+}
+
+/// A client app that aborts right after the server app's first bytes (a
+/// server-first protocol's health check, closed with SO_LINGER 0: the reset
+/// reaches the tunnel as RST_STREAM before the client sent a byte) counts
+/// toward the early-reset limit, and past it the peer gets GOAWAY. That
+/// GOAWAY lets the tunnel's other streams finish: long-lived connections on
+/// it keep flowing (an abrupt GOAWAY reset every one of them), and new
+/// connections go on a new tunnel.
+#[test]
+fn hbone_early_resets_goaway_without_cutting_the_tunnels_other_streams() {
+    run_isolated("hbone_early_resets_goaway_gracefully", || {
+        let mut o = Opts::new("hbone_early_graceful");
+        o.limits.max_early_resets = 8;
+        let t = two_nodes(o);
+        let echo_at = SocketAddr::new(t.server().ip(false), APP_PORT);
+        let _echo = App::start(&t.server().netns, echo_at);
+        let banner_at = SocketAddr::new(t.server().ip(false), APP_PORT + 1);
+        banner_app(&t.server().netns, banner_at);
+        let client = &t.client().netns;
+        let echoes = |s: &mut std::net::TcpStream| {
+            use std::io::{Read, Write};
+            let mut b = [0u8; 4];
+            s.write_all(b"ping").is_ok() && s.read_exact(&mut b).is_ok() && &b == b"ping"
+        };
+        // Long-lived connections, on each worker's tunnel.
+        let mut long: Vec<std::net::TcpStream> = (0..6)
+            .map(|_| {
+                let mut s = client
+                    .run(|| ringway_testbed::traffic::connect(echo_at, TIMEOUT))
+                    .unwrap();
+                s.set_read_timeout(Some(TIMEOUT)).unwrap();
+                assert!(echoes(&mut s));
+                s
+            })
+            .collect();
+        for _ in 0..60 {
+            client
+                .run(|| -> std::io::Result<()> {
+                    use std::io::Read;
+                    let mut s = ringway_testbed::traffic::connect(banner_at, TIMEOUT)?;
+                    s.set_read_timeout(Some(TIMEOUT))?;
+                    let mut banner = [0u8; 11];
+                    s.read_exact(&mut banner)?;
+                    socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO))?;
+                    Ok(())
+                })
+                .expect("a banner, then the abort");
+        }
+        let mut fresh = client
+            .run(|| ringway_testbed::traffic::connect(echo_at, TIMEOUT))
+            .unwrap();
+        fresh.set_read_timeout(Some(TIMEOUT)).unwrap();
+        assert!(echoes(&mut fresh), "a new connection after the GOAWAY");
+        for (i, s) in long.iter_mut().enumerate() {
+            assert!(
+                echoes(s),
+                "long-lived connection {i} was cut by the early-reset GOAWAY"
+            );
+        }
+        // The tunnels that got GOAWAY end once their streams have: counted
+        // then.
+        drop(long);
+        assert!(
+            wait_until(TIMEOUT, || refused(&t, "rapid_reset") >= 1.0),
+            "no tunnel reached the early-reset limit:\n{}",
+            common::hbone::metrics_text(&t.p2)
+        );
     });
 }
 
