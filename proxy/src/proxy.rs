@@ -391,7 +391,9 @@ impl Proxy {
                 uid: uid.to_string(),
                 source,
             })?;
-        {
+        // For a pod served already in this netns: Some(the pod, if its
+        // identity changed).
+        let same_pod: Option<Option<Arc<PodShared>>> = 'same: {
             let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
             let sent = canonical(addresses);
             let same = pods
@@ -408,12 +410,14 @@ impl Proxy {
             if let Some(rec) = same {
                 // Same pod, same netns: keep listeners and connections; take
                 // a fuller identity if the agent now knows one.
+                let mut changed = false;
                 if identity != rec.info.identity && !identity.namespace.is_empty() {
+                    changed = true;
                     let principal = self.principal_of(&identity);
                     *rec.shared.who.write().unwrap_or_else(|p| p.into_inner()) =
                         (identity.clone(), principal);
                     rec.shared.relabel(self.in_force.mesh().as_ref());
-                    rec.info.identity = identity;
+                    rec.info.identity = identity.clone();
                     tracing::info!(pod.uid = uid, "pod identity updated");
                 }
                 if !sent.is_empty() && sent == rec.info.ips {
@@ -429,9 +433,39 @@ impl Proxy {
                         "the agent sent other addresses for a pod already served in the same netns; keeping the first"
                     );
                 }
-                return Ok(());
+                break 'same Some(changed.then(|| rec.shared.clone()));
+            }
+            None
+        };
+        let Some(changed) = same_pod else {
+            return self.add_new_pod(uid, netns, identity, addresses, ino);
+        };
+        // Its connections were authorized under the identity it had (a pod
+        // unnamed in a file mesh takes its namespace from it): re-checked
+        // under the new one.
+        if let (Some(pod), Some(mesh)) = (changed, self.in_force.mesh()) {
+            let reset = policy::recheck(&mesh, std::iter::once(&pod), &self.metrics);
+            if reset > 0 {
+                tracing::info!(
+                    pod.uid = uid,
+                    connections_reset = reset,
+                    "identity change: open connections re-checked"
+                );
             }
         }
+        Ok(())
+    }
+
+    /// The rest of [`Proxy::add_pod_with_addresses`] for a pod not served
+    /// yet in that netns (new, or served anew).
+    fn add_new_pod(
+        &self,
+        uid: &str,
+        netns: OwnedFd,
+        identity: PodIdentity,
+        addresses: &[IpAddr],
+        ino: u64,
+    ) -> Result<(), ProxyError> {
         let (ips, ips_source) = if addresses.is_empty() {
             let ips = sys::in_netns(netns.as_fd(), pod_addresses).map_err(|source| {
                 ProxyError::EnterNetns {

@@ -170,3 +170,56 @@ fn fast_path_refuses_the_proxys_own_ports() {
         round_trip(&mut s).unwrap();
     });
 }
+
+/// A pod the configuration file does not list is known by the identity the
+/// agent gave it. When the agent gives a fuller one for the same netns,
+/// the pod's open connections are re-checked under it: a DENY of the
+/// namespace it turns out to be in resets what it had let through.
+#[test]
+fn an_identity_update_rechecks_the_pods_open_connections() {
+    run_isolated(
+        "an_identity_update_rechecks_the_pods_open_connections",
+        || {
+            let node = MeshNode::new(2, CaptureMode::Tproxy, Datapath::Uring);
+            // The file lists the client only; the server is known by what the
+            // agent says (nothing yet: it was added without an identity).
+            let yaml = format!(
+            "workloads:\n  - {{uid: c, name: client-0, namespace: front, serviceAccount: frontend, ips: [10.244.1.2], node: n}}\n{}",
+            deny_frontend()
+        );
+            node.proxy.set_mesh(Arc::new(
+                MeshConfig::load_str(&yaml, "policy_local", &NoEnv).unwrap(),
+            ));
+            let accepted = echo_app(&node);
+            let dst = SocketAddr::new(node.pod(1).ip(false), PORT);
+            let mut local = open(&node.pod(0).netns, dst).unwrap();
+            round_trip(&mut local).expect("not in shop yet: shop's DENY does not apply");
+            let server = node.pod(1);
+            node.proxy
+                .add_pod_with_addresses(
+                    &server.name,
+                    server.netns.dup_fd().unwrap(),
+                    ringway_proxy::PodIdentity {
+                        name: "server-0".into(),
+                        namespace: "shop".into(),
+                        service_account: "web".into(),
+                    },
+                    &[],
+                )
+                .unwrap();
+            assert!(
+                round_trip(&mut local).is_err(),
+                "a connection shop's DENY refuses survived the pod's identity update"
+            );
+            assert!(
+                denials(&node, "recheck").ends_with(" 1"),
+                "{}",
+                denials(&node, "recheck")
+            );
+            assert_eq!(accepted.connections(), 1);
+            // New connections are refused too.
+            let refused = open(&node.pod(0).netns, dst).and_then(|mut s| round_trip(&mut s));
+            assert!(refused.is_err());
+        },
+    );
+}
