@@ -676,6 +676,49 @@ fn hbone_apps_that_wait_for_more_than_the_first_bytes() {
     });
 }
 
+/// An address the cluster gave a new client pod may still name the pod it
+/// had before at the destination's node, whose control plane has not told
+/// it yet: the destination waits (`proxy.workloadWait`) for the address to
+/// be the peer's, then serves; a 401 at once would be an outage of every
+/// such pod's first connections.
+#[test]
+fn hbone_waits_when_a_reused_client_address_still_names_its_old_pod() {
+    run_isolated(
+        "hbone_waits_when_a_reused_client_address_still_names_its_old_pod",
+        || {
+            let t = two_nodes(Opts::new("hbone_reused_client_ip"));
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = echo_app(&t.server().netns, addr);
+            let full = t.mesh("");
+            // Node 2's view (a control plane's, incomplete): the client's
+            // addresses still held by the pod that had them before.
+            let view = |updated: bool| {
+                let mut e = full.without_entries().edit();
+                for w in full.workloads() {
+                    let mut w = w.clone();
+                    if w.uid == "client-0" && !updated {
+                        w.uid = "old-client-0".into();
+                        w.name = "old-client-0".into();
+                        w.namespace = "old".into();
+                        w.service_account = "gone".into();
+                    }
+                    e.upsert_workload(w, Default::default());
+                }
+                Arc::new(e.finish())
+            };
+            t.p2.set_mesh(view(false));
+            let conn = std::thread::scope(|s| {
+                let c = s.spawn(|| exchange(&t, addr));
+                std::thread::sleep(Duration::from_millis(500));
+                t.p2.set_mesh(view(true));
+                c.join().unwrap()
+            });
+            conn.expect("served once the address was the client's at the destination's node");
+            assert_eq!(app.connections(), 1);
+        },
+    );
+}
+
 /// The control plane reaches nodes at different times: a new client pod's
 /// node may know its workload (and tunnel its first connection) before the
 /// destination's node does. The destination waits for the client's
