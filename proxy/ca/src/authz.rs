@@ -20,7 +20,8 @@ pub struct PodView {
     /// Its service account; empty when it has none (a static or mirror
     /// pod), and then it has no identity.
     pub service_account: String,
-    /// Running, or about to (not finished, not deleted).
+    /// Running, or about to (not finished; a pod being deleted runs until
+    /// its grace period ends).
     pub live: bool,
 }
 

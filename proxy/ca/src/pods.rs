@@ -43,7 +43,10 @@ pub fn view(pod: &Pod) -> Option<PodView> {
         // No service account (a static or mirror pod): no identity, never
         // `default`'s.
         service_account: spec.service_account_name.clone().unwrap_or_default(),
-        live: meta.deletion_timestamp.is_none() && !matches!(phase, "Succeeded" | "Failed"),
+        // A pod being deleted still runs through its grace period (a
+        // preStop hook, a drain): its identity is still its own, and a node
+        // proxy that restarts meanwhile must get it.
+        live: !matches!(phase, "Succeeded" | "Failed"),
     })
 }
 
@@ -479,7 +482,8 @@ mod tests {
     }
 
     /// The index is kept by the watch's events: a finished, deleted, moved or
-    /// relisted-away pod stops counting, a second pod with the same identity
+    /// relisted-away pod stops counting (one being deleted still runs, and
+    /// counts), a second pod with the same identity
     /// keeps it counted until it goes too, and a pod without a service
     /// account never counts.
     #[test]
@@ -503,6 +507,20 @@ mod tests {
                 .service_account,
             ""
         );
+
+        // Being deleted, still running its grace period: still counts.
+        api.apply_pod(
+            FakePod::new("u-web", "shop", "web-1", "node-a")
+                .service_account("web")
+                .running(&[])
+                .terminating()
+                .json(),
+        );
+        until("the deletion's start arrived", || {
+            pods.pod("shop", "web-1")
+                .is_some_and(|p| p.uid == "u-web" && p.live)
+        });
+        assert!(has("node-a", "shop", "web"), "a terminating pod's identity");
 
         // Finished.
         api.apply_pod(
