@@ -24,6 +24,7 @@ use ringway_config::Backoff;
 use ringway_zds::{self as zds, Request, ZdsError, ZdsHello};
 
 use crate::{PodIdentity, Proxy};
+use ringway_identity::IdentityManager;
 
 /// What readiness depends on.
 #[derive(Debug, Default)]
@@ -35,13 +36,41 @@ pub struct Readiness {
     protocol_error: AtomicBool,
     draining: AtomicBool,
     pending: Mutex<HashSet<String>>,
+    /// With a certificate service: the identities whose certificates are
+    /// awaited ([`IdentityManager::awaited`]).
+    certificates: Mutex<Option<Arc<IdentityManager>>>,
     /// Snapshots completed.
     pub snapshots: AtomicU64,
 }
 
 impl Readiness {
-    /// Ready: a snapshot is in, no pod is pending, no protocol error, not draining.
+    /// Ready: a snapshot is in, no pod is pending, no workload certificate
+    /// is awaited, no protocol error, not draining.
     pub fn is_ready(&self) -> bool {
+        self.is_ready_but_certificates() && self.awaited_certificates().is_empty()
+    }
+
+    /// The workload certificates of the pods served that are not in hand
+    /// and may still come, with why.
+    fn awaited_certificates(&self) -> Vec<(ringway_identity::Identity, String)> {
+        self.certificates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|ids| ids.awaited())
+            .unwrap_or_default()
+    }
+
+    /// Readiness waits for the workload certificates `ids` (a certificate
+    /// service's) awaits too: a proxy that takes over a node (the old one
+    /// is stopped once this one is ready) before they are in hand would
+    /// refuse those pods' HBONE, while the old one still has them. One the
+    /// service refuses is not waited for.
+    pub fn wait_for_certificates(&self, ids: Arc<IdentityManager>) {
+        *self.certificates.lock().unwrap_or_else(|p| p.into_inner()) = Some(ids);
+    }
+
+    fn is_ready_but_certificates(&self) -> bool {
         self.mesh_waiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -78,6 +107,13 @@ impl Readiness {
             let mut v: Vec<_> = p.iter().cloned().collect();
             v.sort();
             return format!("pods pending: {}", v.join(", "));
+        }
+        let awaited = self.awaited_certificates();
+        if let Some((id, why)) = awaited.first() {
+            return format!(
+                "waiting for {} workload certificate(s), first {id}: {why}",
+                awaited.len()
+            );
         }
         "ready".into()
     }

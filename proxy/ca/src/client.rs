@@ -376,4 +376,19 @@ impl ringway_identity::CertSource for RemoteSource {
     fn remote(&self) -> bool {
         true
     }
+
+    /// The service looked at the request and said no for this identity
+    /// (`PermissionDenied`, `InvalidArgument`); unreachable, overloaded,
+    /// unauthenticated (a token being rotated) or unavailable are failures
+    /// that may pass.
+    fn refused(&self, e: &ringway_identity::IssueError) -> bool {
+        let ringway_identity::IssueError::Remote(e) = e else {
+            return false;
+        };
+        matches!(
+            e.downcast_ref::<RemoteIssueError>(),
+            Some(RemoteIssueError::Call(ClientError::Refused(s)))
+                if matches!(s.code, Code::PermissionDenied | Code::InvalidArgument)
+        )
+    }
 }

@@ -53,6 +53,14 @@ pub trait CertSource: Send + Sync + fmt::Debug {
     /// issues: it uses the certificate in hand or fails closed, and the
     /// control thread and the refresher (with jittered backoff) get them.
     fn remote(&self) -> bool;
+
+    /// Whether `e` is the source's answer that it will not issue this
+    /// identity (it looked at the request and said no), rather than a
+    /// failure to reach it or to answer: readiness does not wait for a
+    /// certificate refused so ([`IdentityManager::awaited`]).
+    fn refused(&self, _e: &IssueError) -> bool {
+        false
+    }
 }
 
 impl CertSource for CaSigner {
@@ -94,6 +102,8 @@ struct Retry {
     due: Option<SystemTime>,
     /// Why the last try failed; empty while nothing failed.
     reason: String,
+    /// The last try was refused by the source ([`CertSource::refused`]).
+    refused: bool,
 }
 
 impl Default for Retry {
@@ -102,6 +112,7 @@ impl Default for Retry {
             backoff: retry_backoff(),
             due: None,
             reason: String::new(),
+            refused: false,
         }
     }
 }
@@ -359,6 +370,38 @@ impl IdentityManager {
         out
     }
 
+    /// With a remote source, the identities wanted whose certificate is not
+    /// in hand and may still come (the first issuance under way, or the
+    /// last one failed without the source refusing it: unreachable, slow,
+    /// overloaded), with why: a proxy that takes over a node before these
+    /// are in hand would refuse their pods' HBONE. Empty with a local CA
+    /// (it issues while asked).
+    pub fn awaited(&self) -> Vec<(Identity, String)> {
+        if !self.ca.remote() {
+            return Vec::new();
+        }
+        let now = self.clock.now();
+        let mut out: Vec<(Identity, String)> = read(&self.certs)
+            .iter()
+            .filter_map(|(id, slot)| {
+                if read(&slot.current)
+                    .as_ref()
+                    .is_some_and(|c| now < c.not_after())
+                {
+                    return None;
+                }
+                let r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
+                match (r.refused, r.reason.is_empty()) {
+                    (true, _) => None,
+                    (false, true) => Some((id.clone(), "being issued".to_owned())),
+                    (false, false) => Some((id.clone(), r.reason.clone())),
+                }
+            })
+            .collect();
+        out.sort_by_key(|a| a.0.to_string());
+        out
+    }
+
     /// [`crate::parse_spiffe`] in our trust domain.
     pub fn parse_spiffe(&self, id: &str) -> Result<Identity, IdentityError> {
         Ok(spiffe::parse_spiffe(id, &self.trust_domain)?)
@@ -503,6 +546,8 @@ impl IdentityManager {
                 let mut r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
                 r.due = Some(self.clock.now() + r.backoff.next_delay());
                 r.reason = e.to_string();
+                r.refused =
+                    matches!(&e, IdentityError::Source { source, .. } if self.ca.refused(source));
                 return Err(e);
             }
         };
@@ -966,6 +1011,62 @@ mod tests {
             !Arc::ptr_eq(&first, &renewed),
             "renewed once the source is fixed"
         );
+    }
+
+    /// A source that refuses every identity (the service looked and said
+    /// no), as a certificate service does for an identity not on the node.
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl CertSource for Refusing {
+        fn issue(&self, _: &Identity, _: SystemTime, _: SystemTime) -> Result<Issued, IssueError> {
+            Err(IssueError::remote(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "no pod of the node has this identity",
+            )))
+        }
+
+        fn expires(&self) -> Option<SystemTime> {
+            None
+        }
+
+        fn remote(&self) -> bool {
+            true
+        }
+
+        fn refused(&self, _: &IssueError) -> bool {
+            true
+        }
+    }
+
+    /// Readiness waits for a certificate being issued, or whose issuance
+    /// failed without the source refusing it (unreachable, slow); never for
+    /// one the source refused, nor for one in hand.
+    #[test]
+    fn the_awaited_certificates_are_those_that_may_still_come() {
+        let td = "cluster.local";
+        let mut bundle = TrustBundle::new();
+        bundle.add(CaSigner::generate_for_tests_for_unit(td).cert().clone());
+        let id = Identity::new(td, "shop", "web");
+        let down =
+            IdentityManager::with_source(Arc::new(Down), bundle.clone(), td, DEFAULT_CERT_LIFETIME)
+                .unwrap();
+        assert!(down.awaited().is_empty(), "nothing wanted yet");
+        down.slot(&id).unwrap();
+        assert_eq!(down.awaited(), [(id.clone(), "being issued".to_owned())]);
+        let e = down.fetch(&id).unwrap_err();
+        assert_eq!(down.awaited(), [(id.clone(), e.to_string())]);
+        let refusing =
+            IdentityManager::with_source(Arc::new(Refusing), bundle, td, DEFAULT_CERT_LIFETIME)
+                .unwrap();
+        refusing.fetch(&id).unwrap_err();
+        assert!(refusing.awaited().is_empty(), "a refusal is not waited for");
+        // A local CA issues while asked: nothing is ever awaited.
+        let ca = CaSigner::generate_for_tests_for_unit(td);
+        let local =
+            IdentityManager::new(ca, TrustBundle::new(), td, DEFAULT_CERT_LIFETIME).unwrap();
+        local.fetch(&id).unwrap();
+        assert!(local.awaited().is_empty());
     }
 
     /// A failed issuance says whose certificate and why, keeps the source's

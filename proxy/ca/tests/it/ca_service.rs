@@ -1130,6 +1130,12 @@ fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_with
             "the failed issuance is counted"
         );
         assert!(ids.certificates().is_empty(), "no certificate in hand");
+        let awaited: Vec<Identity> = ids.awaited().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(
+            awaited,
+            [cart.clone()],
+            "an unreachable service's certificate is awaited"
+        );
 
         // The service comes up: the refresher gets the wanted certificate
         // on its own (after its backoff), with the pod's identity.
@@ -1151,6 +1157,11 @@ fn csr_a_proxy_gets_its_pods_certificates_from_the_service_and_fails_closed_with
         let e = ids.prefetch(&vault, Duration::from_secs(5)).unwrap_err();
         assert!(e.to_string().contains("node-a"), "{e}");
         assert!(ids.server_config(&vault).is_err());
+        assert!(
+            ids.awaited().is_empty(),
+            "a certificate the service refused is not awaited: {:?}",
+            ids.awaited()
+        );
 
         // The service goes away again: the certificates in hand keep working.
         drop(_server);

@@ -892,6 +892,24 @@ fn csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails
             // HBONE, out or in, and no other identity in its place.
             bed.api_pod(late, "node1", "late");
             bed.cni_add(&node1, late);
+            // Node1 awaits a certificate the service cannot give now: not
+            // ready, so a rollout does not stop its old proxy for one
+            // that would refuse this pod's HBONE. Node2 has all it needs.
+            let ready_at = |n: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)), 15021);
+            let r = ringway_testbed::http::get(ready_at(1), "/healthz/ready").unwrap();
+            assert_eq!(
+                r.status, 503,
+                "node1 ready while a certificate is awaited: {}",
+                r.body
+            );
+            assert!(
+                r.body.contains(&format!(
+                    "waiting for 1 workload certificate(s), first {LATE_ID}: "
+                )),
+                "{}",
+                r.body
+            );
+            assert!(ready(ready_at(2)), "node2 has every certificate it needs");
             let out = refused(late, server, SocketAddr::new(server.ip(false), 8082));
             let inb = refused(server, late, SocketAddr::new(late.ip(false), 8083));
             println!(
@@ -940,6 +958,10 @@ fn csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails
             assert!(
                 wait_until(RENEWAL_PATIENCE, || expiry(&node1, LATE_ID) > 0.0),
                 "the new pod never got its certificate"
+            );
+            assert!(
+                wait_until(PATIENCE, || ready(ready_at(1))),
+                "node1 not ready once every certificate was in hand"
             );
             let seen = exchange(
                 late,
