@@ -176,7 +176,14 @@ pub struct IdentityManager {
     permits: Arc<Permits>,
     issued: AtomicU64,
     issue_failures: AtomicU64,
+    /// When a remote source last failed without refusing (unreachable,
+    /// slow), and why; `None` once it issued again.
+    failing: Mutex<Option<(SystemTime, String)>>,
 }
+
+/// How long after a remote source failed (without refusing) a pod's
+/// prefetch does not wait for it: the refresher retries.
+const FAILING_FOR: Duration = Duration::from_secs(10);
 
 impl fmt::Debug for IdentityManager {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -268,6 +275,7 @@ impl IdentityManager {
             }),
             issued: AtomicU64::new(0),
             issue_failures: AtomicU64::new(0),
+            failing: Mutex::new(None),
         })
     }
 
@@ -500,6 +508,30 @@ impl IdentityManager {
         if self.cached(identity).is_ok() {
             return Ok(());
         }
+        // The source failed moments ago: each pod added now would wait the
+        // whole `wait` for it (one after another, on the thread that takes
+        // the pods), so none does; the identity is wanted, and the
+        // refresher gets it.
+        let failing = self
+            .failing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|(at, _)| {
+                self.clock
+                    .now()
+                    .duration_since(*at)
+                    .is_ok_and(|d| d < FAILING_FOR)
+            });
+        if let Some((_, why)) = failing {
+            self.slot(identity)?;
+            return Err(IdentityError::NotIssued {
+                identity: identity.clone(),
+                reason: format!(
+                    "the certificate service failed moments ago ({why}); the refresher retries"
+                ),
+            });
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let (me, id) = (self.clone(), identity.clone());
         std::thread::Builder::new()
@@ -548,10 +580,15 @@ impl IdentityManager {
                 r.reason = e.to_string();
                 r.refused =
                     matches!(&e, IdentityError::Source { source, .. } if self.ca.refused(source));
+                if !r.refused {
+                    *self.failing.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some((self.clock.now(), e.to_string()));
+                }
                 return Err(e);
             }
         };
         *slot.retry.lock().unwrap_or_else(PoisonError::into_inner) = Retry::default();
+        *self.failing.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let old = write(&slot.current).replace(cert.clone());
         // Invalidate configs holding the old certificate.
         write(&self.server_configs).remove(id);
@@ -1067,6 +1104,76 @@ mod tests {
             IdentityManager::new(ca, TrustBundle::new(), td, DEFAULT_CERT_LIFETIME).unwrap();
         local.fetch(&id).unwrap();
         assert!(local.awaited().is_empty());
+    }
+
+    /// A source that is down, counting the calls made to it.
+    #[derive(Debug, Default)]
+    struct CountingDown(AtomicU64);
+
+    impl CertSource for CountingDown {
+        fn issue(
+            &self,
+            i: &Identity,
+            nb: SystemTime,
+            na: SystemTime,
+        ) -> Result<Issued, IssueError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Down.issue(i, nb, na)
+        }
+
+        fn expires(&self) -> Option<SystemTime> {
+            None
+        }
+
+        fn remote(&self) -> bool {
+            true
+        }
+    }
+
+    /// Once the service has failed (not refused), a pod added moments
+    /// later does not wait for it (each would hold the thread taking pods
+    /// for the whole wait, one after another): no call, `NotIssued` naming
+    /// the failure, and the identity wanted (the refresher gets it). After
+    /// `FAILING_FOR`, a prefetch tries the service again.
+    #[test]
+    fn a_prefetch_does_not_wait_for_a_service_that_just_failed() {
+        let td = "cluster.local";
+        let start = SystemTime::now();
+        let clock = Arc::new(crate::clock::ManualClock::new(start));
+        let mut bundle = TrustBundle::new();
+        bundle.add(CaSigner::generate_for_tests_for_unit(td).cert().clone());
+        let source = Arc::new(CountingDown::default());
+        let m = Arc::new(
+            IdentityManager::with_source(source.clone(), bundle, td, DEFAULT_CERT_LIFETIME)
+                .unwrap()
+                .with_clock(clock.clone()),
+        );
+        let (a, b) = (
+            Identity::new(td, "shop", "a"),
+            Identity::new(td, "shop", "b"),
+        );
+        m.prefetch(&a, Duration::from_secs(2)).unwrap_err();
+        assert_eq!(source.0.load(Ordering::SeqCst), 1);
+        let e = m.prefetch(&b, Duration::from_secs(2)).unwrap_err();
+        assert_eq!(
+            source.0.load(Ordering::SeqCst),
+            1,
+            "the service was asked again"
+        );
+        assert!(
+            e.to_string().contains(
+                "no certificate for spiffe://cluster.local/ns/shop/sa/b yet: the certificate service failed moments ago (cannot issue a certificate for spiffe://cluster.local/ns/shop/sa/a: the certificate service is down); the refresher retries"
+            ),
+            "{e}"
+        );
+        assert!(m.awaited().iter().any(|(id, _)| *id == b), "b is wanted");
+        clock.advance(FAILING_FOR + Duration::from_secs(1));
+        m.prefetch(&b, Duration::from_secs(2)).unwrap_err();
+        assert_eq!(
+            source.0.load(Ordering::SeqCst),
+            2,
+            "asked again after a while"
+        );
     }
 
     /// A failed issuance says whose certificate and why, keeps the source's
