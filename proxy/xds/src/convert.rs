@@ -3,8 +3,11 @@
 //!
 //! A workload or service whose resource cannot be read (a bad address, a
 //! port out of range, a name that does not match the resource) is refused
-//! whole: the caller NACKs it naming the field and treats the name as
-//! unknown, so traffic that needed it is refused, never served from a guess.
+//! whole: the caller NACKs it naming the field, keeps a copy held only when
+//! the refused version agrees with it on what authorization and routing
+//! depend on ([`authority`], [`refused_claims`]), and otherwise has the
+//! addresses it claims resolve to nothing, so traffic that needed it is
+//! refused, never served from a guess.
 //!
 //! A workload or service this proxy cannot serve as the mesh means it (a
 //! waypoint, a network gateway, an `application_tunnel` other than NONE:
@@ -138,6 +141,47 @@ pub fn refused_claims(a: &wl::Address) -> (Vec<IpAddr>, bool) {
         }
     }
     (ips, elsewhere)
+}
+
+/// What of a workload decides how its connections are authorized: its
+/// namespace, service account and trust domain (its identity, and the
+/// namespace's policies), and the policies that name it (the control
+/// plane's label-selected ones), sorted. A copy held may stand in for a
+/// refused version only when both say the same here.
+pub fn authority(w: &wl::Workload) -> (String, String, String, Vec<String>) {
+    let or = |v: &str, d: &str| {
+        if v.is_empty() {
+            d.to_owned()
+        } else {
+            v.to_owned()
+        }
+    };
+    let mut policies = w.authorization_policies.clone();
+    policies.sort();
+    (
+        w.namespace.clone(),
+        or(&w.service_account, DEFAULT_SERVICE_ACCOUNT),
+        or(&w.trust_domain, DEFAULT_TRUST_DOMAIN),
+        policies,
+    )
+}
+
+/// [`authority`] of a workload as held.
+pub fn held_authority(w: &Workload) -> (String, String, String, Vec<String>) {
+    let mut policies: Vec<String> = w
+        .authorization_policies
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    policies.sort();
+    (
+        w.namespace.clone(),
+        w.service_account.clone(),
+        w.trust_domain
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TRUST_DOMAIN.to_owned()),
+        policies,
+    )
 }
 
 /// Bytes that are not an address: neither 4 (IPv4) nor 16 (IPv6) of them.

@@ -9,10 +9,12 @@
 //! - a workload or service that cannot be read (or one named twice in a
 //!   response) is not taken. The copy held before, if any, stays in force
 //!   (a control plane newer than this proxy must not take down what it
-//!   served), unless the refused version asks for its traffic to go another
-//!   way (a waypoint, a network gateway, an application tunnel): then the
-//!   copy is dropped. With no copy in force, the addresses the refused
-//!   version (and the dropped copy) claim resolve to nothing
+//!   served) when the refused version decodes and agrees with it on how its
+//!   connections are authorized (identity, namespace, the policies naming
+//!   it) and does not ask for its traffic to go another way (a waypoint, a
+//!   network gateway, an application tunnel); otherwise the copy is
+//!   dropped. With no copy in force, the addresses the refused version (and
+//!   the dropped copy) claim resolve to nothing
 //!   ([`ringway_config::Claimant::Refused`]): traffic to them is refused,
 //!   never sent in plaintext as if they were outside the mesh, and an
 //!   enrolled pod at one waits `proxy.workloadWait` and is refused;
@@ -476,11 +478,15 @@ impl MeshState {
     }
 
     /// Refuses the address resource `name` (`versions`: what of the refused
-    /// version(s) could be decoded). The copy held stays in force, unless
-    /// the refused version sends its traffic another way (then it is
-    /// dropped). The addresses the refused version claims that no copy in
-    /// force claims (all of them, and the dropped copy's, when none is in
-    /// force) resolve to nothing. Returns the problem, in words.
+    /// version(s) could be decoded). The copy held stays in force only when
+    /// a refused version could be read far enough to show that it agrees
+    /// with the copy on how its connections are authorized (identity,
+    /// namespace, the policies naming it) and does not send its traffic
+    /// another way (a waypoint, a network gateway, an application tunnel);
+    /// otherwise it is dropped. The addresses the refused version claims
+    /// that no copy in force claims (all of them, and the dropped copy's,
+    /// when none is in force; those claimed before, when nothing of it
+    /// could be read) resolve to nothing. Returns the problem, in words.
     fn refuse_address(
         &mut self,
         name: &str,
@@ -495,8 +501,14 @@ impl MeshState {
             refused.extend(claims);
             elsewhere |= other_way;
         }
+        if versions.is_empty() {
+            // Nothing of it could be read: what it claimed before still
+            // resolves to nothing.
+            refused.extend(self.refused_claims.get(name).into_iter().flatten());
+        }
         let held = self.held[ADDRESSES].get(name).cloned();
-        let in_force: Vec<IpAddr> = if let Some(w) = self.entries.workload_by_uid(name) {
+        let held_workload = self.entries.workload_by_uid(name);
+        let in_force: Vec<IpAddr> = if let Some(w) = held_workload {
             if w.host_network {
                 Vec::new()
             } else {
@@ -507,7 +519,17 @@ impl MeshState {
         } else {
             Vec::new()
         };
-        let kept = held.as_ref().filter(|_| !elsewhere);
+        // What would change how its connections are authorized.
+        let authority_changed = held_workload.is_some_and(|w| {
+            let held = convert::held_authority(w);
+            versions.iter().any(|v| match &v.kind {
+                Some(workload::address::Kind::Workload(new)) => convert::authority(new) != held,
+                _ => true,
+            })
+        });
+        let kept = held
+            .as_ref()
+            .filter(|_| !versions.is_empty() && !elsewhere && !authority_changed);
         if kept.is_some() {
             refused.retain(|ip| !in_force.contains(&ip.to_canonical()));
         } else {
@@ -525,7 +547,12 @@ impl MeshState {
                 "refused; the copy held (version {:?}) stays in force",
                 h.version.as_deref().unwrap_or("")
             ),
-            (None, true) => "refused, and the copy held dropped: the refused version sends its traffic another way (a waypoint, a network gateway or an application tunnel)".to_owned(),
+            (None, true) if versions.is_empty() => {
+                "refused, and the copy held dropped: nothing of the new version could be read"
+                    .to_owned()
+            }
+            (None, true) if elsewhere => "refused, and the copy held dropped: the refused version sends its traffic another way (a waypoint, a network gateway or an application tunnel)".to_owned(),
+            (None, true) => "refused, and the copy held dropped: the refused version changes how its connections are authorized (its identity, namespace or the policies naming it)".to_owned(),
             (None, false) => "refused".to_owned(),
         };
         let problem = if claims.is_empty() {

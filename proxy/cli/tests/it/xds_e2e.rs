@@ -1209,6 +1209,7 @@ fn adversarial_xds_refused_resources_keep_their_copy_or_are_refused_never_plaint
                     &["reason=\"refused_address\""],
                 )
             };
+            let before = refused_here(&node1);
             let (what, _) = refused_at(
                 client,
                 server,
@@ -1216,12 +1217,19 @@ fn adversarial_xds_refused_resources_keep_their_copy_or_are_refused_never_plaint
                 SocketAddr::new(IpAddr::V4(new_vip), 80),
             );
             eprintln!("to a refused service's VIP: {what}");
+            let m1 = scrape(node1.control(15020)).unwrap();
+            assert_eq!(
+                refused_here(&node1),
+                before + 1.0,
+                "the refused service's VIP was not refused at the source:\n{m1}"
+            );
             let (what, took) = refused(client, late, SocketAddr::new(late.ip(false), 8080));
             eprintln!("to a refused workload's address: {what} after {took:?}");
             let m1 = scrape(node1.control(15020)).unwrap();
-            assert!(
-                refused_here(&node1) >= 2.0,
-                "the refused resources' addresses were not refused at the source:\n{m1}"
+            assert_eq!(
+                refused_here(&node1),
+                before + 2.0,
+                "the refused workload's address was not refused at the source:\n{m1}"
             );
 
             // A policy that cannot be decoded denies what it could select.

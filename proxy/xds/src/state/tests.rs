@@ -247,35 +247,37 @@ fn an_update_replaces_only_what_it_names() {
     assert_eq!(before.workload_by_ip(ip("10.1.0.1")).unwrap().name, "a");
 }
 
-#[test]
-/// A refused update keeps the copy held in force (a control plane newer
-/// than the proxy must not take down what it served); a refused new
+/// A refused update that agrees with the copy held on how the workload's
+/// connections are authorized keeps that copy in force (a control plane
+/// newer than the proxy must not take down what it served); one that cannot
+/// be decoded drops it, its address resolving to nothing. A refused new
 /// resource's addresses resolve to nothing (refused, never taken for
-/// addresses outside the mesh); every refused name is listed on the next
+/// addresses outside the mesh), and keep doing so when a later version
+/// cannot be decoded at all. Every refused name is listed on the next
 /// stream with a version no server gives, so it comes again, or its removal.
-fn adversarial_unreadable_addresses_are_refused_by_name_keeping_the_copy_held() {
-    let (mut st, seen) = state();
-    st.on_response(&response(
-        ADDRESS_TYPE_URL,
-        vec![wl_res(pod("shop", "a", "10.1.0.1"), "1")],
-        &[],
-    ))
-    .unwrap();
-    let garbage = Resource::new(
-        "c//Pod/shop/a",
-        "2",
-        Any {
-            type_url: ADDRESS_TYPE_URL.into(),
-            value: vec![0xff, 0xff, 0xff, 0x0f, 0x01],
-        },
-    );
+#[test]
+fn adversarial_unreadable_addresses_are_refused_by_name_keeping_only_a_copy_that_agrees() {
+    let (mut st, seen) = state_with(&[("shop", "a", "10.1.0.1"), ("shop", "d", "10.1.0.4")]);
+    let garbage = |name: &str, version: &str| {
+        Resource::new(
+            name,
+            version,
+            Any {
+                type_url: ADDRESS_TYPE_URL.into(),
+                value: vec![0xff, 0xff, 0xff, 0x0f, 0x01],
+            },
+        )
+    };
+    let mut newer = pod("shop", "a", "10.1.0.1");
+    newer.tunnel_protocol = 7;
     let mut bad = pod("shop", "b", "10.1.0.2");
     bad.addresses.push(vec![9; 7]);
     let nack = st
         .on_response(&response(
             ADDRESS_TYPE_URL,
             vec![
-                garbage,
+                wl_res(newer, "2"),
+                garbage("c//Pod/shop/d", "2"),
                 wl_res(bad, "1"),
                 wl_res(pod("shop", "c", "10.1.0.3"), "1"),
                 Resource::new(
@@ -291,40 +293,33 @@ fn adversarial_unreadable_addresses_are_refused_by_name_keeping_the_copy_held() 
         ))
         .unwrap_err();
     let m = last(&seen);
-    assert!(
-        nack.message
-            .contains("c//Pod/shop/a: resource is not a valid"),
-        "{nack}"
-    );
-    assert!(
-        nack.message
-            .contains("c//Pod/shop/b: workload.addresses[1]: 7 bytes are not an IPv4"),
-        "{nack}"
-    );
-    assert!(
-        nack.message.contains("shop/x: resource is of type"),
-        "{nack}"
-    );
-    assert!(
-        nack.message
-            .contains("the copy held (version \"1\") stays in force"),
-        "{nack}"
-    );
+    for want in [
+        "c//Pod/shop/a: workload.tunnelProtocol: 7 is not a tunnel protocol",
+        "the copy held (version \"1\") stays in force",
+        "c//Pod/shop/d: resource is not a valid",
+        "the copy held dropped: nothing of the new version could be read",
+        "c//Pod/shop/b: workload.addresses[1]: 7 bytes are not an IPv4",
+        "(10.1.0.2) resolve to nothing",
+        "shop/x: resource is of type",
+    ] {
+        assert!(nack.message.contains(want), "{want:?} not in {nack}");
+    }
     assert_eq!(
         m.workload_by_ip(ip("10.1.0.1")).unwrap().name,
         "a",
         "the copy held before is still served"
     );
     assert_eq!(m.refused_claim(ip("10.1.0.1")), None);
+    assert!(
+        m.workload_by_ip(ip("10.1.0.4")).is_none(),
+        "an undecodable version's copy"
+    );
+    assert_eq!(m.refused_claim(ip("10.1.0.4")), Some("c//Pod/shop/d"));
     assert!(m.workload_by_ip(ip("10.1.0.2")).is_none());
     assert_eq!(
         m.refused_claim(ip("10.1.0.2")),
         Some("c//Pod/shop/b"),
         "a refused new workload's readable address resolves to nothing"
-    );
-    assert!(
-        nack.message.contains("(10.1.0.2) resolve to nothing"),
-        "{nack}"
     );
     assert_eq!(
         m.workload_by_ip(ip("10.1.0.3")).unwrap().name,
@@ -336,6 +331,7 @@ fn adversarial_unreadable_addresses_are_refused_by_name_keeping_the_copy_held() 
         ("c//Pod/shop/a", "1"),
         ("c//Pod/shop/b", ""),
         ("c//Pod/shop/c", "1"),
+        ("c//Pod/shop/d", ""),
         ("shop/x", ""),
     ]
     .into_iter()
@@ -345,13 +341,26 @@ fn adversarial_unreadable_addresses_are_refused_by_name_keeping_the_copy_held() 
         versions, want,
         "a refused update resumes from the copy held; a refused name is listed with a version no server gives"
     );
-    assert_eq!(st.status().problems().len(), 3);
+    assert_eq!(st.status().problems().len(), 4);
+    // A version of b that cannot be decoded at all: its address still
+    // resolves to nothing (never outside the mesh).
+    st.on_response(&response(
+        ADDRESS_TYPE_URL,
+        vec![garbage("c//Pod/shop/b", "2")],
+        &[],
+    ))
+    .unwrap_err();
+    assert_eq!(
+        last(&seen).refused_claim(ip("10.1.0.2")),
+        Some("c//Pod/shop/b")
+    );
     // A readable version clears the problem and the refused claim.
     st.on_response(&response(
         ADDRESS_TYPE_URL,
         vec![
             wl_res(pod("shop", "a", "10.1.0.1"), "3"),
-            wl_res(pod("shop", "b", "10.1.0.2"), "2"),
+            wl_res(pod("shop", "b", "10.1.0.2"), "3"),
+            wl_res(pod("shop", "d", "10.1.0.4"), "3"),
         ],
         &[],
     ))
@@ -360,7 +369,9 @@ fn adversarial_unreadable_addresses_are_refused_by_name_keeping_the_copy_held() 
     let m = last(&seen);
     assert!(m.workload_by_ip(ip("10.1.0.1")).is_some());
     assert_eq!(m.workload_by_ip(ip("10.1.0.2")).unwrap().name, "b");
+    assert_eq!(m.workload_by_ip(ip("10.1.0.4")).unwrap().name, "d");
     assert_eq!(m.refused_claim(ip("10.1.0.2")), None);
+    assert_eq!(m.refused_claim(ip("10.1.0.4")), None);
     // A refused name the server removes (it went while the proxy was
     // refusing it): nothing of it is left.
     st.on_response(&response(ADDRESS_TYPE_URL, vec![], &["shop/x"]))
@@ -369,6 +380,30 @@ fn adversarial_unreadable_addresses_are_refused_by_name_keeping_the_copy_held() 
     assert!(!st
         .resource_versions(ADDRESS_TYPE_URL)
         .contains_key("shop/x"));
+}
+
+/// A refused update that changes how the workload's connections are
+/// authorized (here: a policy that selects it by label, which the control
+/// plane lists on the workload) cannot be stood in for by the copy held,
+/// which would let through what that policy denies: the copy is dropped and
+/// its address resolves to nothing.
+#[test]
+fn adversarial_a_refused_update_naming_a_new_policy_drops_the_copy_held() {
+    let (mut st, seen) = state_with(&[("shop", "a", "10.1.0.1")]);
+    let mut next = pod("shop", "a", "10.1.0.1");
+    next.tunnel_protocol = 7;
+    next.authorization_policies = vec!["shop/deny-front".into()];
+    let nack = st
+        .on_response(&response(ADDRESS_TYPE_URL, vec![wl_res(next, "2")], &[]))
+        .unwrap_err();
+    assert!(
+        nack.message
+            .contains("changes how its connections are authorized"),
+        "{nack}"
+    );
+    let m = last(&seen);
+    assert!(m.workload_by_ip(ip("10.1.0.1")).is_none());
+    assert_eq!(m.refused_claim(ip("10.1.0.1")), Some("c//Pod/shop/a"));
 }
 
 /// A refused update that sends the workload's traffic another way (here a
