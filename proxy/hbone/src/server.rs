@@ -291,6 +291,10 @@ where
     tokio::pin!(idle);
     let mut draining = false;
     let mut ending: Option<HboneError> = None;
+    // Streams refused after the rapid-reset GOAWAY: a peer that goes on
+    // opening them (a client honours GOAWAY) is cut off past the limit.
+    let mut refused_after_goaway = 0u32;
+    let mut idle_closed = false;
     loop {
         tokio::select! {
             // Abuse first: no stream is accepted once it is known.
@@ -317,6 +321,15 @@ where
                 Some(Ok((req, mut respond))) => {
                     if matches!(ending, Some(HboneError::RapidReset(_))) {
                         respond.send_reset(Reason::REFUSED_STREAM);
+                        refused_after_goaway += 1;
+                        if refused_after_goaway == config.max_early_resets.max(1) {
+                            warn!(
+                                peer.id = %peer.identity,
+                                peer.addr = %peer.addr,
+                                "peer opens streams past its GOAWAY: closing"
+                            );
+                            conn.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+                        }
                         continue;
                     }
                     let span = tracing::debug_span!(
@@ -342,7 +355,10 @@ where
                 draining = true;
                 conn.graceful_shutdown();
             }
-            _ = &mut idle, if ending.is_none() => {
+            // Also after a rapid-reset GOAWAY: a peer that never answers
+            // the GOAWAY's PING must not hold the connection forever.
+            _ = &mut idle, if !idle_closed
+                && (ending.is_none() || matches!(ending, Some(HboneError::RapidReset(_)))) => {
                 let last = *shared.last_end.lock().unwrap_or_else(|p| p.into_inner());
                 let quiet_until = last + config.idle_timeout;
                 if shared.active.load(std::sync::atomic::Ordering::Relaxed) == 0
@@ -352,7 +368,10 @@ where
                     // No stream to finish: GOAWAY and close now (a graceful
                     // shutdown would wait for the peer's PING answer).
                     conn.abrupt_shutdown(Reason::NO_ERROR);
-                    ending = Some(HboneError::Idle(config.idle_timeout));
+                    idle_closed = true;
+                    if ending.is_none() {
+                        ending = Some(HboneError::Idle(config.idle_timeout));
+                    }
                 } else {
                     let now = tokio::time::Instant::now();
                     idle.as_mut().reset(quiet_until.max(now + config.idle_timeout / 4));

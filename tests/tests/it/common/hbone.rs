@@ -39,6 +39,8 @@ pub struct Opts {
     pub server_sa: String,
     /// The tunnel listener's limits (`proxy.hbone`) of both proxies.
     pub limits: ringway_config::HboneSettings,
+    /// Datapath workers of each proxy (each worker has its own tunnels).
+    pub workers: usize,
 }
 
 impl Opts {
@@ -52,6 +54,7 @@ impl Opts {
             cert_lifetime: Duration::from_secs(3600),
             server_sa: "web".into(),
             limits: ringway_config::HboneSettings::default(),
+            workers: 2,
         }
     }
 }
@@ -149,7 +152,7 @@ pub fn two_nodes(o: Opts) -> TwoNodes {
     let settings = ProxySettings {
         capture_mode: CaptureMode::Tproxy,
         datapath: o.datapath,
-        workers: 2,
+        workers: o.workers,
         hbone: o.limits.clone(),
         ..ProxySettings::default()
     };
