@@ -269,6 +269,30 @@ impl Proxy {
         reset
     }
 
+    /// The certificates of the pods served that the certificate service
+    /// has yet to issue and may still issue
+    /// ([`ringway_identity::IdentityManager::awaited`]), with why: only
+    /// identities a pod served now has (a certificate kept for one gone is
+    /// not waited for).
+    pub fn awaited_certificates(&self) -> Vec<(ringway_identity::Identity, String)> {
+        let Some((ids, mesh)) = self.in_force.enabled() else {
+            return Vec::new();
+        };
+        let awaited = ids.awaited();
+        if awaited.is_empty() {
+            return awaited;
+        }
+        let served: std::collections::HashSet<ringway_identity::Identity> = self
+            .pods_shared()
+            .iter()
+            .filter_map(|p| policy::pod_identity(&mesh, p))
+            .collect();
+        awaited
+            .into_iter()
+            .filter(|(id, _)| served.contains(id))
+            .collect()
+    }
+
     /// The identity manager HBONE uses, if HBONE is on
     /// ([`Proxy::set_identity`]).
     pub fn identities(&self) -> Option<Arc<ringway_identity::IdentityManager>> {
@@ -451,6 +475,14 @@ impl Proxy {
                     connections_reset = reset,
                     "identity change: open connections re-checked"
                 );
+            }
+            // Its certificate under the new identity, as for a new pod.
+            if let Some((ids, mesh)) = self.in_force.enabled() {
+                if let Some(id) = policy::pod_identity(&mesh, &pod) {
+                    if let Err(e) = ids.prefetch(&id, Duration::from_secs(2)) {
+                        tracing::warn!(pod.uid = uid, error = %e, "cannot issue the pod's certificate");
+                    }
+                }
             }
         }
         Ok(())

@@ -24,7 +24,6 @@ use ringway_config::Backoff;
 use ringway_zds::{self as zds, Request, ZdsError, ZdsHello};
 
 use crate::{PodIdentity, Proxy};
-use ringway_identity::IdentityManager;
 
 /// What readiness depends on.
 #[derive(Debug, Default)]
@@ -36,9 +35,10 @@ pub struct Readiness {
     protocol_error: AtomicBool,
     draining: AtomicBool,
     pending: Mutex<HashSet<String>>,
-    /// With a certificate service: the identities whose certificates are
-    /// awaited ([`IdentityManager::awaited`]).
-    certificates: Mutex<Option<Arc<IdentityManager>>>,
+    /// With a certificate service: the proxy whose pods' certificates are
+    /// awaited ([`Proxy::awaited_certificates`]).
+    /// (Weak: the proxy is unwrapped at exit.)
+    certificates: Mutex<Option<std::sync::Weak<Proxy>>>,
     /// Snapshots completed.
     pub snapshots: AtomicU64,
 }
@@ -57,17 +57,19 @@ impl Readiness {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .map(|ids| ids.awaited())
+            .and_then(std::sync::Weak::upgrade)
+            .map(|p| p.awaited_certificates())
             .unwrap_or_default()
     }
 
-    /// Readiness waits for the workload certificates `ids` (a certificate
-    /// service's) awaits too: a proxy that takes over a node (the old one
-    /// is stopped once this one is ready) before they are in hand would
-    /// refuse those pods' HBONE, while the old one still has them. One the
-    /// service refuses is not waited for.
-    pub fn wait_for_certificates(&self, ids: Arc<IdentityManager>) {
-        *self.certificates.lock().unwrap_or_else(|p| p.into_inner()) = Some(ids);
+    /// Readiness waits for the certificates of `proxy`'s pods that its
+    /// certificate service has yet to issue: a proxy that takes over a node
+    /// (the old one is stopped once this one is ready) before they are in
+    /// hand would refuse those pods' HBONE, while the old one still has
+    /// them. Only while their issuance fails in ways that may pass (the
+    /// service unreachable, slow, overloaded); never for a refusal.
+    pub fn wait_for_certificates(&self, proxy: &Arc<Proxy>) {
+        *self.certificates.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(proxy));
     }
 
     fn is_ready_but_certificates(&self) -> bool {

@@ -377,18 +377,24 @@ impl ringway_identity::CertSource for RemoteSource {
         true
     }
 
-    /// The service looked at the request and said no for this identity
-    /// (`PermissionDenied`, `InvalidArgument`); unreachable, overloaded,
-    /// unauthenticated (a token being rotated) or unavailable are failures
-    /// that may pass.
-    fn refused(&self, e: &ringway_identity::IssueError) -> bool {
+    /// The service could not be reached, did not answer in time, was
+    /// overloaded or failed inside (`Unavailable`, `ResourceExhausted`,
+    /// `Internal`), or the token could not be read (being rotated): these
+    /// may pass. A refusal (`PermissionDenied`, `Unauthenticated`: istiod's
+    /// answer to an impersonation it does not allow; `InvalidArgument`), a
+    /// malformed answer or one for another identity do not.
+    fn transient(&self, e: &ringway_identity::IssueError) -> bool {
         let ringway_identity::IssueError::Remote(e) = e else {
             return false;
         };
-        matches!(
-            e.downcast_ref::<RemoteIssueError>(),
-            Some(RemoteIssueError::Call(ClientError::Refused(s)))
-                if matches!(s.code, Code::PermissionDenied | Code::InvalidArgument)
-        )
+        match e.downcast_ref::<RemoteIssueError>() {
+            Some(RemoteIssueError::Call(ClientError::Transport { .. }))
+            | Some(RemoteIssueError::Token { .. }) => true,
+            Some(RemoteIssueError::Call(ClientError::Refused(s))) => matches!(
+                s.code,
+                Code::Unavailable | Code::ResourceExhausted | Code::Internal
+            ),
+            _ => false,
+        }
     }
 }

@@ -62,8 +62,8 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let ready = Arc::new(ringway_proxy::zds_client::Readiness::default());
     // With a certificate service, not ready (the old proxy keeps the node)
     // while a pod's certificate is awaited.
-    if let Some(ids) = proxy.identities() {
-        ready.wait_for_certificates(ids);
+    if proxy.identities().is_some() {
+        ready.wait_for_certificates(&proxy);
     }
     // `--mesh-source kubernetes`: the cluster's workloads and services are
     // added to the file's, on the `ringway-kube` control thread; until its

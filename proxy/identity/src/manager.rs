@@ -54,11 +54,13 @@ pub trait CertSource: Send + Sync + fmt::Debug {
     /// control thread and the refresher (with jittered backoff) get them.
     fn remote(&self) -> bool;
 
-    /// Whether `e` is the source's answer that it will not issue this
-    /// identity (it looked at the request and said no), rather than a
-    /// failure to reach it or to answer: readiness does not wait for a
-    /// certificate refused so ([`IdentityManager::awaited`]).
-    fn refused(&self, _e: &IssueError) -> bool {
+    /// Whether `e` is a failure that may pass by itself (the source could
+    /// not be reached, did not answer in time, or was overloaded), rather
+    /// than an answer that something is wrong (a refusal, a malformed
+    /// answer): readiness waits only for certificates whose issuance failed
+    /// so ([`IdentityManager::awaited`]), and a pod's prefetch skips a
+    /// source that just failed so.
+    fn transient(&self, _e: &IssueError) -> bool {
         false
     }
 }
@@ -102,8 +104,9 @@ struct Retry {
     due: Option<SystemTime>,
     /// Why the last try failed; empty while nothing failed.
     reason: String,
-    /// The last try was refused by the source ([`CertSource::refused`]).
-    refused: bool,
+    /// The last try failed in a way that may pass by itself
+    /// ([`CertSource::transient`]).
+    transient: bool,
 }
 
 impl Default for Retry {
@@ -112,7 +115,7 @@ impl Default for Retry {
             backoff: retry_backoff(),
             due: None,
             reason: String::new(),
-            refused: false,
+            transient: false,
         }
     }
 }
@@ -380,10 +383,11 @@ impl IdentityManager {
 
     /// With a remote source, the identities wanted whose certificate is not
     /// in hand and may still come (the first issuance under way, or the
-    /// last one failed without the source refusing it: unreachable, slow,
+    /// last one failed in a way that may pass: unreachable, slow,
     /// overloaded), with why: a proxy that takes over a node before these
-    /// are in hand would refuse their pods' HBONE. Empty with a local CA
-    /// (it issues while asked).
+    /// are in hand would refuse their pods' HBONE. Not one the source
+    /// answered it would not issue, nor one its answer was wrong for.
+    /// Empty with a local CA (it issues while asked).
     pub fn awaited(&self) -> Vec<(Identity, String)> {
         if !self.ca.remote() {
             return Vec::new();
@@ -399,10 +403,10 @@ impl IdentityManager {
                     return None;
                 }
                 let r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
-                match (r.refused, r.reason.is_empty()) {
-                    (true, _) => None,
-                    (false, true) => Some((id.clone(), "being issued".to_owned())),
-                    (false, false) => Some((id.clone(), r.reason.clone())),
+                match (r.reason.is_empty(), r.transient) {
+                    (true, _) => Some((id.clone(), "being issued".to_owned())),
+                    (false, true) => Some((id.clone(), r.reason.clone())),
+                    (false, false) => None,
                 }
             })
             .collect();
@@ -578,9 +582,9 @@ impl IdentityManager {
                 let mut r = slot.retry.lock().unwrap_or_else(PoisonError::into_inner);
                 r.due = Some(self.clock.now() + r.backoff.next_delay());
                 r.reason = e.to_string();
-                r.refused =
-                    matches!(&e, IdentityError::Source { source, .. } if self.ca.refused(source));
-                if !r.refused {
+                r.transient =
+                    matches!(&e, IdentityError::Source { source, .. } if self.ca.transient(source));
+                if r.transient {
                     *self.failing.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some((self.clock.now(), e.to_string()));
                 }
@@ -971,6 +975,10 @@ mod tests {
         fn remote(&self) -> bool {
             true
         }
+
+        fn transient(&self, _: &IssueError) -> bool {
+            true
+        }
     }
 
     /// A source that answers with a valid certificate for another key (a
@@ -1051,7 +1059,8 @@ mod tests {
     }
 
     /// A source that refuses every identity (the service looked and said
-    /// no), as a certificate service does for an identity not on the node.
+    /// no), as a certificate service does for an identity not on the node:
+    /// not a failure that passes by itself.
     #[derive(Debug)]
     struct Refusing;
 
@@ -1068,10 +1077,6 @@ mod tests {
         }
 
         fn remote(&self) -> bool {
-            true
-        }
-
-        fn refused(&self, _: &IssueError) -> bool {
             true
         }
     }
@@ -1126,6 +1131,10 @@ mod tests {
         }
 
         fn remote(&self) -> bool {
+            true
+        }
+
+        fn transient(&self, _: &IssueError) -> bool {
             true
         }
     }

@@ -223,3 +223,74 @@ fn an_identity_update_rechecks_the_pods_open_connections() {
         },
     );
 }
+
+/// A certificate service that cannot be reached (a failure that may pass).
+#[derive(Debug)]
+struct Unreachable;
+
+impl ringway_identity::CertSource for Unreachable {
+    fn issue(
+        &self,
+        _: &ringway_identity::Identity,
+        _: std::time::SystemTime,
+        _: std::time::SystemTime,
+    ) -> Result<ringway_identity::Issued, ringway_identity::IssueError> {
+        Err(ringway_identity::IssueError::remote(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "the certificate service cannot be reached",
+        )))
+    }
+
+    fn expires(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+
+    fn transient(&self, _: &ringway_identity::IssueError) -> bool {
+        true
+    }
+}
+
+/// Readiness waits for the certificates of the pods served only: one the
+/// service cannot issue now for a pod served is awaited, one held for an
+/// identity no pod served has (a pod gone, a former identity) is not.
+#[test]
+fn the_awaited_certificates_are_the_served_pods_only() {
+    run_isolated("the_awaited_certificates_are_the_served_pods_only", || {
+        let node = MeshNode::new(2, CaptureMode::Tproxy, Datapath::Uring);
+        let mut bundle = ringway_identity::TrustBundle::new();
+        bundle.add(
+            ringway_identity::CaSigner::generate_for_tests("cluster.local")
+                .cert()
+                .clone(),
+        );
+        let ids = std::sync::Arc::new(
+            ringway_identity::IdentityManager::with_source(
+                std::sync::Arc::new(Unreachable),
+                bundle,
+                "cluster.local",
+                std::time::Duration::from_secs(3600),
+            )
+            .unwrap(),
+        );
+        node.proxy.set_identity(Some(ids.clone()));
+        node.proxy.set_mesh(mesh(""));
+        let served = ringway_identity::Identity::new("cluster.local", "shop", "web");
+        let gone = ringway_identity::Identity::new("cluster.local", "old", "gone");
+        for id in [&served, &gone] {
+            ids.prefetch(id, std::time::Duration::from_secs(2))
+                .unwrap_err();
+        }
+        assert_eq!(ids.awaited().len(), 2, "{:?}", ids.awaited());
+        let awaited: Vec<String> = node
+            .proxy
+            .awaited_certificates()
+            .iter()
+            .map(|(id, _)| id.to_string())
+            .collect();
+        assert_eq!(awaited, ["spiffe://cluster.local/ns/shop/sa/web"]);
+    });
+}
