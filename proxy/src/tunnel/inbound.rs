@@ -259,13 +259,21 @@ async fn decide(
     let client_addr = req.forwarded_for.unwrap_or(req.peer.addr);
     let client = client_addr.ip().to_canonical();
     let mut claim = check_client_claim(&mesh, peer_id, client);
-    if let Err(ClaimError::NoWorkload { .. } | ClaimError::OtherIdentity { .. }) = claim {
+    // The peer's own address (the tunnel's TCP source): a peer may not
+    // have any other address waited for on another identity's behalf.
+    let own = client == req.peer.addr.ip().to_canonical();
+    let wait = match &claim {
+        Err(ClaimError::NoWorkload { .. }) => true,
+        Err(ClaimError::OtherIdentity { .. }) => own,
+        _ => false,
+    };
+    if wait {
         // A control plane reaches nodes at different times: the client's
         // node may have its new workload before this one does, and an
-        // address the cluster gave a new pod may still name the pod it
-        // had before here. Waited for as the pod's own is (a mesh from a
-        // file, complete, is judged at once), then judged on the mesh
-        // that has it.
+        // address the cluster gave a new pod (the peer's own) may still
+        // name the pod it had before here. Waited for as the pod's own is
+        // (a mesh from a file, complete, is judged at once), then judged
+        // on the mesh that has it.
         if let Ok(Some(newer)) = state
             .in_force
             .mesh_where(|m| check_client_claim(m, peer_id, client).is_ok())
