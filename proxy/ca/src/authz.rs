@@ -23,6 +23,10 @@ pub struct PodView {
     /// Running, or about to (not finished; a pod being deleted runs until
     /// its grace period ends).
     pub live: bool,
+    /// Being deleted (`deletionTimestamp`): it still holds its identity
+    /// while live, but as a caller (a node proxy on its way out) it may no
+    /// longer impersonate.
+    pub terminating: bool,
 }
 
 impl PodView {
@@ -192,7 +196,7 @@ fn caller_node(caller: &Caller, pods: &dyn PodDirectory) -> Result<String, Statu
             ),
         ));
     }
-    if !pod.live || pod.node.is_empty() {
+    if !pod.live || pod.terminating || pod.node.is_empty() {
         return Err(deny(
             "caller_pod_not_running",
             format!(

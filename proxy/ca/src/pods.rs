@@ -47,6 +47,7 @@ pub fn view(pod: &Pod) -> Option<PodView> {
         // preStop hook, a drain): its identity is still its own, and a node
         // proxy that restarts meanwhile must get it.
         live: !matches!(phase, "Succeeded" | "Failed"),
+        terminating: meta.deletion_timestamp.is_some(),
     })
 }
 
@@ -440,6 +441,7 @@ mod tests {
             node: format!("node-{}", i % 50),
             service_account: format!("sa-{}", i % 7),
             live: true,
+            terminating: false,
         };
         let many: Vec<_> = (0..PODS)
             .map(|i| {

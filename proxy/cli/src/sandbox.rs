@@ -603,6 +603,7 @@ impl CaRig {
                 node: (*node).to_owned(),
                 service_account: "default".into(),
                 live: true,
+                terminating: false,
             });
         }
         let mut callers = HashMap::new();
@@ -621,6 +622,7 @@ impl CaRig {
                 node: format!("node{n}"),
                 service_account: PROXY_SA.into(),
                 live: true,
+                terminating: false,
             });
             let token = format!("sandbox-node{n}-{}-{nonce:x}", std::process::id());
             callers.insert(

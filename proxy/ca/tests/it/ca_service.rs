@@ -58,6 +58,7 @@ fn pod(ns: &str, name: &str, uid: &str, node: &str, sa: &str) -> PodView {
         node: node.into(),
         service_account: sa.into(),
         live: true,
+        terminating: false,
     }
 }
 
@@ -276,6 +277,37 @@ fn csr_the_node_proxy_gets_the_identity_of_a_pod_on_its_node() {
     let req = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
     let chain = call(&b, Some("proxy-a"), &body(&req)).unwrap();
     assert_eq!(uris(&chain[0]), ["spiffe://cluster.local/ns/shop/sa/cart"]);
+}
+
+/// A pod being deleted runs through its grace period: its node's proxy
+/// still gets its identity (a proxy restarted meanwhile must serve it). A
+/// node proxy being deleted may no longer impersonate anyone.
+#[test]
+fn adversarial_csr_terminating_pods_keep_their_identity_but_a_terminating_proxy_impersonates_none()
+{
+    let b = bed();
+    let cart = request(&greedy_csr()).with_impersonation("spiffe://cluster.local/ns/shop/sa/cart");
+    b.pods.put(PodView {
+        terminating: true,
+        ..pod("shop", "cart-1", "u-cart-1", "node-a", "cart")
+    });
+    let chain = call(&b, Some("proxy-a"), &body(&cart)).expect("a terminating pod's identity");
+    assert_eq!(uris(&chain[0]), ["spiffe://cluster.local/ns/shop/sa/cart"]);
+    b.pods.put(PodView {
+        terminating: true,
+        ..pod(
+            "ringway-system",
+            "proxy-a",
+            "u-pa",
+            "node-a",
+            "ringway-proxy",
+        )
+    });
+    let e = call(&b, Some("proxy-a"), &body(&cart)).unwrap_err();
+    assert_eq!(
+        (e.code, e.reason),
+        (Code::PermissionDenied, "caller_pod_not_running")
+    );
 }
 
 #[test]

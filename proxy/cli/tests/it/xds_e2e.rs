@@ -140,6 +140,7 @@ impl Bed {
                 node: format!("node{n}"),
                 service_account: PROXY_SA.into(),
                 live: true,
+                terminating: false,
             });
             tokens.insert(
                 token(n),
@@ -161,6 +162,7 @@ impl Bed {
                     node: format!("node{n}"),
                     service_account: "default".into(),
                     live: true,
+                    terminating: false,
                 });
             }
         }
