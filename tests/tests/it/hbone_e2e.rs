@@ -605,16 +605,14 @@ fn plaintext_denied_by_policy() {
     });
 }
 
-/// A reloaded configuration that names another trust domain is refused,
-/// naming both: the workload certificates (and the peers' checks of them)
-/// are of the one the proxy started with, so applied, every tunnel would
-/// fail. The mesh in force keeps serving; an edit in the same trust domain
-/// passes.
+/// A configuration that names another trust domain than the one the
+/// proxy's certificates are of is refused for reload, naming both (the
+/// binary's reload rejects it: `proxy_reload` in the CLI's tests); one in
+/// the same trust domain passes.
 #[test]
-fn hbone_a_reload_of_another_trust_domain_is_refused_and_tunnels_keep_working() {
-    run_isolated("hbone_reload_trust_domain", || {
+fn hbone_check_reload_refuses_another_trust_domain_naming_both() {
+    run_isolated("hbone_check_reload_refuses_another_trust_domain", || {
         let t = two_nodes("hbone_reload_td", Datapath::Uring, "");
-        expect_exchange(&t, APP_PORT);
         let other = t.mesh("trustDomain: other.example\n");
         for p in [&t.p1, &t.p2] {
             let e = p.check_reload(&other).unwrap_err();
@@ -629,6 +627,5 @@ fn hbone_a_reload_of_another_trust_domain_is_refused_and_tunnels_keep_working() 
             p.check_reload(&t.mesh(""))
                 .expect("an edit in the same trust domain");
         }
-        expect_exchange(&t, APP_PORT + 1);
     });
 }

@@ -22,6 +22,7 @@ mod deploy;
 mod drill_cni;
 mod drill_proxy_restart;
 mod proxy_pod_flag;
+mod proxy_reload;
 mod proxy_tcache;
 mod sandbox_cli;
 mod support;
