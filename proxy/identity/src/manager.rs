@@ -956,16 +956,29 @@ mod tests {
         );
     }
 
-    /// A source that always fails, as a certificate service that is down.
+    /// A source that always fails: as a certificate service that is down
+    /// (`Down`, a failure that may pass), or one that refuses every
+    /// identity (`Refusing`: it looked and said no, as for an identity not
+    /// on the node).
     #[derive(Debug)]
-    struct Down;
+    enum Failing {
+        Down,
+        Refusing,
+    }
+    use Failing::{Down, Refusing};
 
-    impl CertSource for Down {
+    impl CertSource for Failing {
         fn issue(&self, _: &Identity, _: SystemTime, _: SystemTime) -> Result<Issued, IssueError> {
-            Err(IssueError::remote(std::io::Error::new(
-                std::io::ErrorKind::ConnectionRefused,
-                "the certificate service is down",
-            )))
+            Err(IssueError::remote(match self {
+                Down => std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "the certificate service is down",
+                ),
+                Refusing => std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "no pod of the node has this identity",
+                ),
+            }))
         }
 
         fn expires(&self) -> Option<SystemTime> {
@@ -977,7 +990,7 @@ mod tests {
         }
 
         fn transient(&self, _: &IssueError) -> bool {
-            true
+            matches!(self, Down)
         }
     }
 
@@ -1056,29 +1069,6 @@ mod tests {
             !Arc::ptr_eq(&first, &renewed),
             "renewed once the source is fixed"
         );
-    }
-
-    /// A source that refuses every identity (the service looked and said
-    /// no), as a certificate service does for an identity not on the node:
-    /// not a failure that passes by itself.
-    #[derive(Debug)]
-    struct Refusing;
-
-    impl CertSource for Refusing {
-        fn issue(&self, _: &Identity, _: SystemTime, _: SystemTime) -> Result<Issued, IssueError> {
-            Err(IssueError::remote(std::io::Error::new(
-                std::io::ErrorKind::PermissionDenied,
-                "no pod of the node has this identity",
-            )))
-        }
-
-        fn expires(&self) -> Option<SystemTime> {
-            None
-        }
-
-        fn remote(&self) -> bool {
-            true
-        }
     }
 
     /// Readiness waits for a certificate being issued, or whose issuance

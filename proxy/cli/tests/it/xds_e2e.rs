@@ -1078,6 +1078,28 @@ fn adversarial_xds_unknown_workloads_wait_then_are_refused_and_waypoint_traffic_
     );
 }
 
+/// The control plane holds the client (node 1), the server (node 2, an
+/// endpoint of `web`) and `web`; both nodes started, ready, and their pod
+/// enrolled.
+fn serving_web(bed: &Bed, istiod: &XdsServer) -> (Node, Node) {
+    let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
+    istiod.update_fixture(
+        ADDRESS_TYPE_URL,
+        vec![
+            workload(client, 1, "1"),
+            workload_with(server, 2, "1", web_endpoint),
+            web_service(),
+        ],
+        vec![],
+    );
+    let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+    bed.wait_ready(&node1);
+    bed.wait_ready(&node2);
+    bed.cni_add(&node1, client);
+    bed.cni_add(&node2, server);
+    (node1, node2)
+}
+
 /// Waits until both nodes NACKed a response naming `what`.
 fn nacked_by_both(istiod: &XdsServer, what: &str) {
     let both = wait_until(PATIENCE, || {
@@ -1110,20 +1132,7 @@ fn adversarial_xds_refused_resources_keep_their_copy_or_are_refused_never_plaint
         |bed| {
             let istiod = bed.start_istiod();
             let (client, server, late) = (bed.n1.pod(0), bed.n2.pod(0), bed.n2.pod(1));
-            istiod.update_fixture(
-                ADDRESS_TYPE_URL,
-                vec![
-                    workload(client, 1, "1"),
-                    workload_with(server, 2, "1", web_endpoint),
-                    web_service(),
-                ],
-                vec![],
-            );
-            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
-            bed.wait_ready(&node1);
-            bed.wait_ready(&node2);
-            bed.cni_add(&node1, client);
-            bed.cni_add(&node2, server);
+            let (node1, node2) = serving_web(bed, &istiod);
             bed.cni_add(&node2, late);
             let at_server = SocketAddr::new(server.ip(false), 8080);
             let mtls = |n: &Node| {
@@ -1313,20 +1322,8 @@ fn xds_services_follow_their_load_balancing_and_reach_host_network_endpoints() {
             use wl::load_balancing::{HealthPolicy, Mode, Scope};
             let istiod = bed.start_istiod();
             let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
-            istiod.update_fixture(
-                ADDRESS_TYPE_URL,
-                vec![
-                    workload(client, 1, "1"),
-                    workload_with(server, 2, "1", web_endpoint),
-                    web_service(),
-                ],
-                vec![],
-            );
-            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
-            bed.wait_ready(&node1);
-            bed.wait_ready(&node2);
-            bed.cni_add(&node1, client);
-            bed.cni_add(&node2, server);
+            // Kept: dropping a node stops its processes.
+            let _nodes = serving_web(bed, &istiod);
             let vip = SocketAddr::new(IpAddr::V4(VIP), 80);
             let at_server = SocketAddr::new(server.ip(false), 8080);
             assert_eq!(
