@@ -377,12 +377,13 @@ impl ringway_identity::CertSource for RemoteSource {
         true
     }
 
-    /// The service could not be reached, did not answer in time, was
-    /// overloaded or failed inside (`Unavailable`, `ResourceExhausted`,
-    /// `Internal`), or the token could not be read (being rotated): these
-    /// may pass. A refusal (`PermissionDenied`, `Unauthenticated`: istiod's
-    /// answer to an impersonation it does not allow; `InvalidArgument`), a
-    /// malformed answer or one for another identity do not.
+    /// The service could not be reached, did not answer in time, or said
+    /// so itself (`Unavailable`, `ResourceExhausted`), or the token could
+    /// not be read (being rotated): these may pass. A refusal
+    /// (`PermissionDenied`, `Unauthenticated`: istiod's answer to an
+    /// impersonation it does not allow; `InvalidArgument`), a failure
+    /// inside it (`Internal`, and any code this client does not know), a
+    /// malformed answer or one for another identity are not waited for.
     fn transient(&self, e: &ringway_identity::IssueError) -> bool {
         let ringway_identity::IssueError::Remote(e) = e else {
             return false;
@@ -390,10 +391,9 @@ impl ringway_identity::CertSource for RemoteSource {
         match e.downcast_ref::<RemoteIssueError>() {
             Some(RemoteIssueError::Call(ClientError::Transport { .. }))
             | Some(RemoteIssueError::Token { .. }) => true,
-            Some(RemoteIssueError::Call(ClientError::Refused(s))) => matches!(
-                s.code,
-                Code::Unavailable | Code::ResourceExhausted | Code::Internal
-            ),
+            Some(RemoteIssueError::Call(ClientError::Refused(s))) => {
+                matches!(s.code, Code::Unavailable | Code::ResourceExhausted)
+            }
             _ => false,
         }
     }

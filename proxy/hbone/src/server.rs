@@ -292,7 +292,9 @@ where
     let mut draining = false;
     let mut ending: Option<HboneError> = None;
     // Streams refused after the rapid-reset GOAWAY: a peer that goes on
-    // opening them (a client honours GOAWAY) is cut off past the limit.
+    // opening them (a client honours GOAWAY; only what it had in flight
+    // when the GOAWAY came may still arrive) is cut off past four times
+    // the limit.
     let mut refused_after_goaway = 0u32;
     let mut idle_closed = false;
     loop {
@@ -322,7 +324,7 @@ where
                     if matches!(ending, Some(HboneError::RapidReset(_))) {
                         respond.send_reset(Reason::REFUSED_STREAM);
                         refused_after_goaway += 1;
-                        if refused_after_goaway == config.max_early_resets.max(1) {
+                        if refused_after_goaway == config.max_early_resets.max(1).saturating_mul(4) {
                             warn!(
                                 peer.id = %peer.identity,
                                 peer.addr = %peer.addr,

@@ -1072,8 +1072,8 @@ mod tests {
     }
 
     /// Readiness waits for a certificate being issued, or whose issuance
-    /// failed without the source refusing it (unreachable, slow); never for
-    /// one the source refused, nor for one in hand.
+    /// failed in a way that may pass (unreachable, slow); never for one the
+    /// source refused, nor for one in hand.
     #[test]
     fn the_awaited_certificates_are_those_that_may_still_come() {
         let td = "cluster.local";
@@ -1129,7 +1129,7 @@ mod tests {
         }
     }
 
-    /// Once the service has failed (not refused), a pod added moments
+    /// Once the service has failed in a way that may pass, a pod added moments
     /// later does not wait for it (each would hold the thread taking pods
     /// for the whole wait, one after another): no call, `NotIssued` naming
     /// the failure, and the identity wanted (the refresher gets it). After

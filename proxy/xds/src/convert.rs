@@ -166,6 +166,16 @@ pub fn authority(w: &wl::Workload) -> (String, String, String, Vec<String>) {
     )
 }
 
+/// Whether the workload speaks HBONE (`Some(true)`) or plain TCP
+/// (`Some(false)`); `None` for a tunnel protocol this proxy does not know.
+pub fn tunnel(w: &wl::Workload) -> Option<bool> {
+    match w.tunnel_protocol {
+        x if x == wl::TunnelProtocol::Hbone as i32 => Some(true),
+        x if x == wl::TunnelProtocol::None as i32 => Some(false),
+        _ => None,
+    }
+}
+
 /// [`authority`] of a workload as held.
 pub fn held_authority(w: &Workload) -> (String, String, String, Vec<String>) {
     let mut policies: Vec<String> = w

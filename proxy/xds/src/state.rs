@@ -350,13 +350,15 @@ impl MeshState {
         for (name, n) in counts.iter().filter(|(_, n)| **n > 1) {
             let why = format!("named {n} times in one response: none of them applied");
             if ty == ADDRESSES {
-                let copies: Vec<workload::Address> = resp
+                let decoded: Vec<Option<workload::Address>> = resp
                     .resources
                     .iter()
                     .filter(|r| r.name == **name)
-                    .filter_map(|r| decode::<workload::Address>(r).ok())
+                    .map(|r| decode::<workload::Address>(r).ok())
                     .collect();
-                let why = self.refuse_address(name, &copies, why, &mut edit);
+                let unread = decoded.iter().any(Option::is_none);
+                let copies: Vec<workload::Address> = decoded.into_iter().flatten().collect();
+                let why = self.refuse_address(name, &copies, unread, why, &mut edit);
                 nacks.push(format!("{name}: {why}"));
                 self.problems.insert((kind, (*name).to_owned()), why);
                 continue;
@@ -473,13 +475,20 @@ impl MeshState {
                 );
                 None
             }
-            Err(why) => Some(self.refuse_address(name, decoded.as_slice(), why.to_string(), edit)),
+            Err(why) => Some(self.refuse_address(
+                name,
+                decoded.as_slice(),
+                decoded.is_none(),
+                why.to_string(),
+                edit,
+            )),
         }
     }
 
     /// Refuses the address resource `name` (`versions`: what of the refused
-    /// version(s) could be decoded). The copy held stays in force only when
-    /// a refused version could be read far enough to show that it agrees
+    /// version(s) could be decoded; `unread`: one could not be). The copy
+    /// held stays in force only when every refused version could be read
+    /// far enough to show that it agrees
     /// with the copy on how its connections are authorized (identity,
     /// namespace, the policies naming it) and does not send its traffic
     /// another way (a waypoint, a network gateway, an application tunnel);
@@ -491,6 +500,7 @@ impl MeshState {
         &mut self,
         name: &str,
         versions: &[workload::Address],
+        unread: bool,
         why: String,
         edit: &mut ringway_config::MeshEdit,
     ) -> String {
@@ -501,8 +511,8 @@ impl MeshState {
             refused.extend(claims);
             elsewhere |= other_way;
         }
-        if versions.is_empty() {
-            // Nothing of it could be read: what it claimed before still
+        if unread {
+            // Not all of it could be read: what it claimed before still
             // resolves to nothing.
             refused.extend(self.refused_claims.get(name).into_iter().flatten());
         }
@@ -519,17 +529,21 @@ impl MeshState {
         } else {
             Vec::new()
         };
-        // What would change how its connections are authorized.
+        // What would change how its connections are authorized or carried
+        // (a tunnel protocol this proxy does not know says nothing here).
         let authority_changed = held_workload.is_some_and(|w| {
             let held = convert::held_authority(w);
             versions.iter().any(|v| match &v.kind {
-                Some(workload::address::Kind::Workload(new)) => convert::authority(new) != held,
+                Some(workload::address::Kind::Workload(new)) => {
+                    convert::authority(new) != held
+                        || convert::tunnel(new).is_some_and(|t| t != w.tunnel)
+                }
                 _ => true,
             })
         });
         let kept = held
             .as_ref()
-            .filter(|_| !versions.is_empty() && !elsewhere && !authority_changed);
+            .filter(|_| !unread && !versions.is_empty() && !elsewhere && !authority_changed);
         if kept.is_some() {
             refused.retain(|ip| !in_force.contains(&ip.to_canonical()));
         } else {
@@ -547,12 +561,11 @@ impl MeshState {
                 "refused; the copy held (version {:?}) stays in force",
                 h.version.as_deref().unwrap_or("")
             ),
-            (None, true) if versions.is_empty() => {
-                "refused, and the copy held dropped: nothing of the new version could be read"
-                    .to_owned()
+            (None, true) if unread => {
+                "refused, and the copy held dropped: the new version could not be read".to_owned()
             }
             (None, true) if elsewhere => "refused, and the copy held dropped: the refused version sends its traffic another way (a waypoint, a network gateway or an application tunnel)".to_owned(),
-            (None, true) => "refused, and the copy held dropped: the refused version changes how its connections are authorized (its identity, namespace or the policies naming it)".to_owned(),
+            (None, true) => "refused, and the copy held dropped: the refused version changes how its connections are authorized or carried (its identity, namespace, the policies naming it, or whether it is in the mesh's tunnel)".to_owned(),
             (None, false) => "refused".to_owned(),
         };
         let problem = if claims.is_empty() {

@@ -358,6 +358,7 @@ fn adversarial_hbone_rapid_reset_bounded() {
         let goaway = raw_h2_session(&t, |mut r, mut w| async move {
             let flood = async {
                 let mut first_goaway = None;
+                let mut last_goaway = None;
                 for round in 0..100u32 {
                     let ids: Vec<u32> = (0..100).map(|i| 2 * (round * 100 + i) + 1).collect();
                     let mut out = Vec::new();
@@ -365,17 +366,17 @@ fn adversarial_hbone_rapid_reset_bounded() {
                         frames::frame(&mut out, frames::HEADERS, frames::END_HEADERS, id, &block);
                     }
                     if w.write_all(&out).await.is_err() {
-                        return Some(first_goaway);
+                        return Some((first_goaway, last_goaway));
                     }
                     loop {
                         let Ok((kind, _, stream, payload)) = r.next().await else {
                             // Closed by the server.
-                            return Some(first_goaway);
+                            return Some((first_goaway, last_goaway));
                         };
                         if kind == frames::GOAWAY {
-                            first_goaway.get_or_insert(u32::from_be_bytes(
-                                payload[4..8].try_into().unwrap(),
-                            ));
+                            let code = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+                            first_goaway.get_or_insert(code);
+                            last_goaway = Some(code);
                             continue;
                         }
                         if ids.contains(&stream) {
@@ -387,7 +388,7 @@ fn adversarial_hbone_rapid_reset_bounded() {
                         frames::frame(&mut out, frames::RST_STREAM, 0, id, &8u32.to_be_bytes());
                     }
                     if w.write_all(&out).await.is_err() {
-                        return Some(first_goaway);
+                        return Some((first_goaway, last_goaway));
                     }
                 }
                 None
@@ -397,7 +398,12 @@ fn adversarial_hbone_rapid_reset_bounded() {
                 .ok()
                 .flatten()
         });
-        let goaway = goaway.expect("the server never closed the flooding connection");
+        let (goaway, last) = goaway.expect("the server never closed the flooding connection");
+        assert_eq!(
+            last,
+            Some(ENHANCE_YOUR_CALM),
+            "closed for the streams opened past the GOAWAY"
+        );
         assert!(wait_until(TIMEOUT, || t.p2.stats().active == 0));
         let seen = app.connections();
         println!("rapid reset: {seen} upstream connects, GOAWAY {goaway:?}");

@@ -1,7 +1,9 @@
 //! Authorization on one node, without HBONE: the same-node fast path applies
 //! the destination's policies (with the source pod's identity, which the
-//! proxy knows first hand), and a policy change re-checks the connections
-//! already open on the fast path and on the plaintext inbound path.
+//! proxy knows first hand), and a policy change (or a pod's identity
+//! update) re-checks the connections already open on the fast path and on
+//! the plaintext inbound path. Also which pods' certificates readiness
+//! awaits from a certificate service (no tunnel needed to tell).
 
 use crate::common;
 

@@ -297,7 +297,7 @@ fn adversarial_unreadable_addresses_are_refused_by_name_keeping_only_a_copy_that
         "c//Pod/shop/a: workload.tunnelProtocol: 7 is not a tunnel protocol",
         "the copy held (version \"1\") stays in force",
         "c//Pod/shop/d: resource is not a valid",
-        "the copy held dropped: nothing of the new version could be read",
+        "the copy held dropped: the new version could not be read",
         "c//Pod/shop/b: workload.addresses[1]: 7 bytes are not an IPv4",
         "(10.1.0.2) resolve to nothing",
         "shop/x: resource is of type",
@@ -831,4 +831,53 @@ fn adversarial_a_condition_of_a_newer_schema_errs_toward_deny() {
     st.on_response(&response(AUTHORIZATION_TYPE_URL, vec![allow], &[]))
         .unwrap_err();
     assert!(denied(&last(&seen), "10.2.0.1", "front"));
+}
+
+/// A name sent twice, one copy of which cannot be decoded: nothing shows
+/// what that copy says, so the copy held is dropped and its address
+/// resolves to nothing, as for one undecodable version.
+#[test]
+fn adversarial_a_name_twice_with_an_undecodable_copy_drops_the_copy_held() {
+    let (mut st, seen) = state_with(&[("shop", "a", "10.1.0.1")]);
+    let garbage = Resource::new(
+        "c//Pod/shop/a",
+        "3",
+        Any {
+            type_url: ADDRESS_TYPE_URL.into(),
+            value: vec![0xff, 0xff, 0xff, 0x0f, 0x01],
+        },
+    );
+    let nack = st
+        .on_response(&response(
+            ADDRESS_TYPE_URL,
+            vec![wl_res(pod("shop", "a", "10.1.0.1"), "2"), garbage],
+            &[],
+        ))
+        .unwrap_err();
+    assert!(nack.message.contains("could not be read"), "{nack}");
+    let m = last(&seen);
+    assert!(m.workload_by_ip(ip("10.1.0.1")).is_none());
+    assert_eq!(m.refused_claim(ip("10.1.0.1")), Some("c//Pod/shop/a"));
+}
+
+/// A refused update that moves a workload into the mesh's tunnel (its
+/// tunnel protocol NONE -> HBONE), same identity otherwise: the plain copy
+/// held would have sources send it plaintext, so it is dropped.
+#[test]
+fn adversarial_a_refused_update_into_the_tunnel_drops_the_plain_copy_held() {
+    let (mut st, seen) = state();
+    let mut plain = pod("shop", "a", "10.1.0.1");
+    plain.tunnel_protocol = 0;
+    st.on_response(&response(ADDRESS_TYPE_URL, vec![wl_res(plain, "1")], &[]))
+        .unwrap();
+    assert!(!last(&seen).workload_by_ip(ip("10.1.0.1")).unwrap().tunnel);
+    let mut next = pod("shop", "a", "10.1.0.1");
+    next.addresses.push(vec![9; 7]);
+    let nack = st
+        .on_response(&response(ADDRESS_TYPE_URL, vec![wl_res(next, "2")], &[]))
+        .unwrap_err();
+    assert!(nack.message.contains("in the mesh's tunnel"), "{nack}");
+    let m = last(&seen);
+    assert!(m.workload_by_ip(ip("10.1.0.1")).is_none());
+    assert_eq!(m.refused_claim(ip("10.1.0.1")), Some("c//Pod/shop/a"));
 }
