@@ -174,6 +174,50 @@ fn adversarial_hbone_forwarded_claims_must_match_the_peer() {
     );
 }
 
+/// With a control plane as the mesh (its view may lag), a peer's claim of
+/// an address another identity holds here is refused at once: only the
+/// peer's own address (the tunnel's source) is waited for, so no peer can
+/// hold a wait per stream on someone else's address. Were it waited for,
+/// the view published meanwhile (the address now the peer identity's)
+/// would let it through.
+#[test]
+fn adversarial_hbone_a_claim_of_another_identitys_address_is_not_waited_for() {
+    run_isolated(
+        "adversarial_hbone_a_claim_of_another_identitys_address_is_not_waited_for",
+        || {
+            let t = two_nodes(Opts {
+                server_pods: 2,
+                ..Opts::new("hbone_claim_no_wait")
+            });
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let full = t.mesh("");
+            let view = |frontends: bool| {
+                let mut e = full.without_entries().edit();
+                for w in full.workloads() {
+                    let mut w = w.clone();
+                    if w.uid == "server-1" && frontends {
+                        w.namespace = "front".into();
+                        w.service_account = "frontend".into();
+                    }
+                    e.upsert_workload(w, Default::default());
+                }
+                Arc::new(e.finish())
+            };
+            t.p2.set_mesh(view(false));
+            let other = SocketAddr::new(t.n2.pod(1).ip(false), 40000);
+            let status = std::thread::scope(|s| {
+                let c = s.spawn(|| hostile_connect(&t, &frontend(), addr, Some(other)));
+                std::thread::sleep(Duration::from_millis(500));
+                t.p2.set_mesh(view(true));
+                c.join().unwrap()
+            });
+            assert_eq!(status, Ok(401), "a claim of another identity's address");
+            assert_eq!(app.connections(), 0);
+        },
+    );
+}
+
 /// A peer asks for the proxy's own ports in the destination pod (the
 /// capture and tunnel listeners, and a control port where the pod happens
 /// to listen): refused with 401 before any connect, and counted.
