@@ -689,22 +689,18 @@ fn hbone_waits_when_a_reused_client_address_still_names_its_old_pod() {
             let t = two_nodes(Opts::new("hbone_reused_client_ip"));
             let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
             let app = echo_app(&t.server().netns, addr);
-            let full = t.mesh("");
             // Node 2's view (a control plane's, incomplete): the client's
             // addresses still held by the pod that had them before.
             let view = |updated: bool| {
-                let mut e = full.without_entries().edit();
-                for w in full.workloads() {
-                    let mut w = w.clone();
+                t.control_plane_view(|w| {
                     if w.uid == "client-0" && !updated {
                         w.uid = "old-client-0".into();
                         w.name = "old-client-0".into();
                         w.namespace = "old".into();
                         w.service_account = "gone".into();
                     }
-                    e.upsert_workload(w, Default::default());
-                }
-                Arc::new(e.finish())
+                    true
+                })
             };
             t.p2.set_mesh(view(false));
             let conn = std::thread::scope(|s| {
@@ -735,16 +731,8 @@ fn hbone_waits_for_a_new_clients_workload_that_reaches_its_node_late() {
             let app = echo_app(&t.server().netns, addr);
             // Node 2's view, fed by a control plane (incomplete), without
             // the client's workload yet.
-            let full = t.mesh("");
-            let view = |with_client: bool| {
-                let mut e = full.without_entries().edit();
-                for w in full.workloads() {
-                    if with_client || w.uid != "client-0" {
-                        e.upsert_workload(w.clone(), Default::default());
-                    }
-                }
-                Arc::new(e.finish())
-            };
+            let view =
+                |with_client: bool| t.control_plane_view(|w| with_client || w.uid != "client-0");
             t.p2.set_mesh(view(false));
             let conn = std::thread::scope(|s| {
                 let c = s.spawn(|| exchange(&t, addr));

@@ -191,18 +191,14 @@ fn adversarial_hbone_a_claim_of_another_identitys_address_is_not_waited_for() {
             });
             let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
             let app = App::start(&t.server().netns, addr);
-            let full = t.mesh("");
             let view = |frontends: bool| {
-                let mut e = full.without_entries().edit();
-                for w in full.workloads() {
-                    let mut w = w.clone();
+                t.control_plane_view(|w| {
                     if w.uid == "server-1" && frontends {
                         w.namespace = "front".into();
                         w.service_account = "frontend".into();
                     }
-                    e.upsert_workload(w, Default::default());
-                }
-                Arc::new(e.finish())
+                    true
+                })
             };
             t.p2.set_mesh(view(false));
             let other = SocketAddr::new(t.n2.pod(1).ip(false), 40000);

@@ -87,6 +87,24 @@ impl TwoNodes {
     pub fn mesh(&self, extra: &str) -> Arc<Mesh> {
         mesh_of(self.server_pods, extra)
     }
+
+    /// This bed's workloads as a control plane's view holds them (not
+    /// complete: a node's view may lag), each passed through `edit`, which
+    /// may change it and says whether the view holds it.
+    pub fn control_plane_view(
+        &self,
+        edit: impl Fn(&mut ringway_config::Workload) -> bool,
+    ) -> Arc<Mesh> {
+        let full = self.mesh("");
+        let mut e = full.without_entries().edit();
+        for w in full.workloads() {
+            let mut w = w.clone();
+            if edit(&mut w) {
+                e.upsert_workload(w, Default::default());
+            }
+        }
+        Arc::new(e.finish())
+    }
 }
 
 /// The mesh: `client-0` (front/frontend) on node1, `server-i` (shop/web)
