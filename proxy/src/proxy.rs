@@ -477,15 +477,23 @@ impl Proxy {
                 );
             }
             // Its certificate under the new identity, as for a new pod.
-            if let Some((ids, mesh)) = self.in_force.enabled() {
-                if let Some(id) = policy::pod_identity(&mesh, &pod) {
-                    if let Err(e) = ids.prefetch(&id, Duration::from_secs(2)) {
-                        tracing::warn!(pod.uid = uid, error = %e, "cannot issue the pod's certificate");
-                    }
+            self.prefetch_certificate(uid, &pod);
+        }
+        Ok(())
+    }
+
+    /// Gets the pod's certificate now, on the control thread, so the
+    /// datapath seldom has to (key generation takes milliseconds; a
+    /// certificate service one round trip, waited for at most 2 s: the
+    /// agent waits for the `Add`'s ack).
+    fn prefetch_certificate(&self, uid: &str, pod: &PodShared) {
+        if let Some((ids, mesh)) = self.in_force.enabled() {
+            if let Some(id) = policy::pod_identity(&mesh, pod) {
+                if let Err(e) = ids.prefetch(&id, Duration::from_secs(2)) {
+                    tracing::warn!(pod.uid = uid, error = %e, "cannot issue the pod's certificate");
                 }
             }
         }
-        Ok(())
     }
 
     /// The rest of [`Proxy::add_pod_with_addresses`] for a pod not served
@@ -624,17 +632,7 @@ impl Proxy {
             shared.relabel(Some(&mesh));
             policy::recheck(&mesh, [&shared], &self.metrics);
         }
-        // Get the pod's certificate now, on the control thread, so the
-        // datapath seldom has to (key generation takes milliseconds; a
-        // certificate service one round trip, waited for at most 2 s: the
-        // agent waits for this Add's ack).
-        if let Some((ids, mesh)) = self.in_force.enabled() {
-            if let Some(id) = policy::pod_identity(&mesh, &shared) {
-                if let Err(e) = ids.prefetch(&id, Duration::from_secs(2)) {
-                    tracing::warn!(pod.uid = uid, error = %e, "cannot issue the pod's certificate");
-                }
-            }
-        }
+        self.prefetch_certificate(uid, &shared);
         tracing::info!(pod.uid = uid, "pod added");
         Ok(())
     }
