@@ -274,16 +274,15 @@ pub fn workload(w: &wl::Workload) -> Result<(Workload, Memberships), Refused> {
             ips.push(ip);
         }
     }
-    let tunnel = match w.tunnel_protocol {
-        x if x == wl::TunnelProtocol::Hbone as i32 => true,
-        x if x == wl::TunnelProtocol::None as i32 => false,
-        other => {
-            return Err(refused(
-                "workload.tunnelProtocol",
-                format!("{other} is not a tunnel protocol this proxy knows (NONE 0, HBONE 1)"),
-            ))
-        }
-    };
+    let tunnel = tunnel(w).ok_or_else(|| {
+        refused(
+            "workload.tunnelProtocol",
+            format!(
+                "{} is not a tunnel protocol this proxy knows (NONE 0, HBONE 1)",
+                w.tunnel_protocol
+            ),
+        )
+    })?;
     let healthy = match w.status {
         x if x == wl::WorkloadStatus::Healthy as i32 => true,
         x if x == wl::WorkloadStatus::Unhealthy as i32 => false,
