@@ -398,3 +398,67 @@ impl ringway_identity::CertSource for RemoteSource {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringway_identity::{CertSource, IssueError};
+
+    /// Which failures readiness waits out: the service unreachable or
+    /// saying it is busy, the token not readable yet; never a refusal
+    /// (istiod refuses an impersonation with `Unauthenticated`), a failure
+    /// inside the service, a malformed answer or one for another identity.
+    #[test]
+    fn transient_failures_are_those_that_may_pass() {
+        let ca = ringway_identity::CaSigner::generate_for_tests("cluster.local");
+        let client = CaClient::new(
+            "127.0.0.1:9".parse().unwrap(),
+            ServerName::try_from("ringway-ca.test").unwrap(),
+            CaClient::tls_config(&[ca.cert().clone()]).unwrap(),
+        );
+        let source = RemoteSource::new(client, "/nonexistent/token").unwrap();
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let call = |e: ClientError| IssueError::remote(RemoteIssueError::Call(e));
+        let status = |code| call(ClientError::Refused(Status::new(code, "test", "test")));
+        let cases = [
+            (
+                "unreachable",
+                call(ClientError::Transport {
+                    addr,
+                    detail: "connect: refused".into(),
+                }),
+                true,
+            ),
+            (
+                "token",
+                IssueError::remote(RemoteIssueError::Token {
+                    path: "/t".into(),
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                }),
+                true,
+            ),
+            ("Unavailable", status(Code::Unavailable), true),
+            ("ResourceExhausted", status(Code::ResourceExhausted), true),
+            ("PermissionDenied", status(Code::PermissionDenied), false),
+            ("Unauthenticated", status(Code::Unauthenticated), false),
+            ("InvalidArgument", status(Code::InvalidArgument), false),
+            ("Internal", status(Code::Internal), false),
+            (
+                "malformed",
+                call(ClientError::Malformed("no grpc-status trailer".into())),
+                false,
+            ),
+            (
+                "another identity",
+                call(ClientError::WrongIdentity {
+                    wanted: Identity::new("cluster.local", "shop", "web"),
+                    got: "spiffe://cluster.local/ns/shop/sa/api".into(),
+                }),
+                false,
+            ),
+        ];
+        for (what, e, transient) in cases {
+            assert_eq!(source.transient(&e), transient, "{what}: {e}");
+        }
+    }
+}
