@@ -676,6 +676,23 @@ fn hbone_apps_that_wait_for_more_than_the_first_bytes() {
     });
 }
 
+/// An exchange to `addr` begun while node 2's view is `lagging`; 500 ms in,
+/// the view catches up (`caught_up`): what the exchange came to.
+fn exchange_while_node2_catches_up(
+    t: &TwoNodes,
+    addr: SocketAddr,
+    lagging: Arc<ringway_config::Mesh>,
+    caught_up: Arc<ringway_config::Mesh>,
+) -> std::io::Result<()> {
+    t.p2.set_mesh(lagging);
+    std::thread::scope(|s| {
+        let c = s.spawn(|| exchange(t, addr));
+        std::thread::sleep(Duration::from_millis(500));
+        t.p2.set_mesh(caught_up);
+        c.join().unwrap()
+    })
+}
+
 /// An address the cluster gave a new client pod may still name the pod it
 /// had before at the destination's node, whose control plane has not told
 /// it yet: the destination waits (`proxy.workloadWait`) for the address to
@@ -702,13 +719,7 @@ fn hbone_waits_when_a_reused_client_address_still_names_its_old_pod() {
                     true
                 })
             };
-            t.p2.set_mesh(view(false));
-            let conn = std::thread::scope(|s| {
-                let c = s.spawn(|| exchange(&t, addr));
-                std::thread::sleep(Duration::from_millis(500));
-                t.p2.set_mesh(view(true));
-                c.join().unwrap()
-            });
+            let conn = exchange_while_node2_catches_up(&t, addr, view(false), view(true));
             conn.expect("served once the address was the client's at the destination's node");
             assert_eq!(app.connections(), 1);
         },
@@ -733,13 +744,7 @@ fn hbone_waits_for_a_new_clients_workload_that_reaches_its_node_late() {
             // the client's workload yet.
             let view =
                 |with_client: bool| t.control_plane_view(|w| with_client || w.uid != "client-0");
-            t.p2.set_mesh(view(false));
-            let conn = std::thread::scope(|s| {
-                let c = s.spawn(|| exchange(&t, addr));
-                std::thread::sleep(Duration::from_millis(500));
-                t.p2.set_mesh(view(true));
-                c.join().unwrap()
-            });
+            let conn = exchange_while_node2_catches_up(&t, addr, view(false), view(true));
             conn.expect("served once the client's workload reached the destination's node");
             assert_eq!(app.connections(), 1);
         },
