@@ -4,7 +4,7 @@
 //!
 //! | port | path | answer |
 //! | --- | --- | --- |
-//! | 15021 | `GET /healthz/ready` | 200 `ready` once the node agent's snapshot is applied and no pod is pending; 503 with the reason otherwise |
+//! | 15021 | `GET /healthz/ready` | 200 `ready` once the node agent's snapshot is applied, no pod is pending and (certificate service) no served pod's certificate is awaited after a failure that may pass; 503 with the reason otherwise |
 //! | 15020 | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics when the `Accept` header asks for `application/openmetrics-text` |
 //! | 127.0.0.1:15000 | `GET /config_dump`, `POST /logging?level=` | the admin endpoint ([`admin_handler`]) |
 

@@ -8,7 +8,8 @@
 //! listeners cannot be created is nacked and retried every second until it
 //! succeeds or is deleted; the proxy is ready only once a snapshot is in and
 //! no pod is pending (and, after the first snapshot, the proxy's warm-up has
-//! run: `Proxy::warm_up`). Protocol violations (a second `SnapshotSent`, `Keep`
+//! run: `Proxy::warm_up`), and, with a certificate service, no served pod's
+//! certificate is awaited ([`Readiness::wait_for_certificates`]). Protocol violations (a second `SnapshotSent`, `Keep`
 //! after the snapshot, undecodable packets) are nacked, make the proxy
 //! unready and end the connection so the next one starts clean.
 
