@@ -103,7 +103,7 @@ pub use settings::{
     ENV_PIPE_SIZE, ENV_PROXY_MARK, ENV_SAME_NODE_FAST_PATH, ENV_WORKERS, ENV_WORKLOAD_WAIT,
     MAX_WORKLOAD_WAIT,
 };
-pub use watch::{ConfigWatcher, POLL_INTERVAL};
+pub use watch::{ConfigWatcher, FileWatcher, Loader, ThreadFailed, POLL_INTERVAL};
 
 #[cfg(test)]
 mod tests {

@@ -32,16 +32,178 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Within this age of the file's mtime, the content is re-read every poll.
 const RACY_WINDOW: Duration = Duration::from_secs(2);
 
-/// Watches one configuration file from a background thread
-/// (`ringway-config`). Dropping it (or [`ConfigWatcher::stop`]) stops the
-/// thread and waits for it; the callbacks run on that thread.
-#[derive(Debug)]
-pub struct ConfigWatcher {
-    current: Arc<Mutex<Arc<Mesh>>>,
+/// What a [`FileWatcher`] makes of the files it watches.
+pub trait Loader: Send + 'static {
+    /// What the files load into.
+    type Output: Send + Sync + 'static;
+    /// Why a file could not be read or loaded; its text tells one failure
+    /// from another (the same failure is reported once).
+    type Error: std::fmt::Display + Send + 'static;
+    /// Reads one of the files (bounded in size).
+    fn read(&self, path: &Path) -> Result<Vec<u8>, Self::Error>;
+    /// Loads the files' contents (`contents[i]` is `paths[i]`'s).
+    fn load(&self, paths: &[PathBuf], contents: &[Vec<u8>]) -> Result<Self::Output, Self::Error>;
+}
+
+/// The watcher's thread could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start the {name} thread: {source}")]
+pub struct ThreadFailed {
+    /// The thread's name.
+    pub name: String,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl From<ThreadFailed> for ConfigError {
+    fn from(e: ThreadFailed) -> ConfigError {
+        ConfigError::io(format!("spawning the {} thread", e.name), e.source)
+    }
+}
+
+/// Watches a set of files from a background thread and publishes what
+/// they load into when a valid edit lands (the first load, and each later
+/// one that differs and loads). Dropping it (or [`FileWatcher::stop`])
+/// stops the thread and waits for it; the callbacks run on that thread.
+pub struct FileWatcher<T> {
+    current: Arc<Mutex<Arc<T>>>,
     polls: Arc<AtomicU64>,
     /// Each message asks for one poll now and carries its acknowledgement.
     thread: ControlThread<mpsc::Sender<mpsc::Sender<()>>>,
 }
+
+impl<T> std::fmt::Debug for FileWatcher<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileWatcher")
+            .field("polls", &self.polls.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + Sync + 'static> FileWatcher<T> {
+    /// Loads `paths` with `loader` now (an error here is returned: the
+    /// caller decides whether it may start without them), then polls them
+    /// every `interval` on a thread called `name`. `on_change` gets every
+    /// later valid load (not the first one: see [`FileWatcher::current`]);
+    /// `on_error` gets each rejected edit.
+    pub fn spawn<L, C, R>(
+        name: &str,
+        paths: Vec<PathBuf>,
+        loader: L,
+        interval: Duration,
+        on_change: C,
+        on_error: R,
+    ) -> Result<FileWatcher<T>, L::Error>
+    where
+        L: Loader<Output = T>,
+        L::Error: From<ThreadFailed>,
+        C: Fn(Arc<T>) + Send + 'static,
+        R: Fn(L::Error) + Send + 'static,
+    {
+        let fingerprints = paths.iter().map(|p| Fingerprint::of(p).ok()).collect();
+        let contents = paths
+            .iter()
+            .map(|p| loader.read(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let hash = hash_all(&contents);
+        let first = Arc::new(loader.load(&paths, &contents)?);
+        let current = Arc::new(Mutex::new(first));
+        let mut poller = Poller {
+            paths,
+            loader,
+            fingerprints,
+            handled: Some(hash),
+            published: hash,
+            pending: None,
+            current: current.clone(),
+            on_change,
+            on_error,
+        };
+        let polls = Arc::new(AtomicU64::new(0));
+        let counted = polls.clone();
+        let (requests, requested) = mpsc::channel::<mpsc::Sender<()>>();
+        let thread = ControlThread::spawn(name, requests, move || loop {
+            // Stops when the watcher (the sender) is gone.
+            let ack = match requested.recv_timeout(interval) {
+                Ok(ack) => Some(ack),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            poller.poll();
+            counted.fetch_add(1, Ordering::Release);
+            if let Some(ack) = ack {
+                let _ = ack.send(());
+            }
+        });
+        let thread = thread.map_err(|source| {
+            L::Error::from(ThreadFailed {
+                name: name.to_owned(),
+                source,
+            })
+        })?;
+        Ok(FileWatcher {
+            current,
+            polls,
+            thread,
+        })
+    }
+
+    /// How many polls have completed (timed ones and [`FileWatcher::poll_now`]).
+    pub fn polls(&self) -> u64 {
+        self.polls.load(Ordering::Acquire)
+    }
+
+    /// Checks the files now, on the watcher's thread, and returns once that
+    /// poll (and any callback it ran) has completed. Lets a caller (a
+    /// reload signal, a test) observe exactly what one poll saw; `false`
+    /// when the watcher has stopped.
+    pub fn poll_now(&self) -> bool {
+        let Some(requests) = self.thread.signal() else {
+            return false;
+        };
+        let (ack, acked) = mpsc::channel();
+        requests.send(ack).is_ok() && acked.recv().is_ok()
+    }
+
+    /// What is in force: the first load, or the last valid edit.
+    pub fn current(&self) -> Arc<T> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Stops polling and waits for the thread (and any callback running).
+    pub fn stop(mut self) {
+        self.thread.stop();
+    }
+}
+
+/// The configuration file, read and validated as [`MeshConfig::load`] does.
+struct MeshFile<E> {
+    origin: String,
+    env: E,
+}
+
+impl<E: EnvSource + Send + 'static> Loader for MeshFile<E> {
+    type Output = Mesh;
+    type Error = ConfigError;
+
+    fn read(&self, path: &Path) -> Result<Vec<u8>, ConfigError> {
+        read_file(path, &self.origin)
+    }
+
+    fn load(&self, _: &[PathBuf], contents: &[Vec<u8>]) -> Result<Mesh, ConfigError> {
+        load(&contents[0], &self.origin, &self.env)
+    }
+}
+
+/// Watches one configuration file from a background thread
+/// (`ringway-config`). Dropping it (or [`ConfigWatcher::stop`]) stops the
+/// thread and waits for it; the callbacks run on that thread.
+#[derive(Debug)]
+pub struct ConfigWatcher(FileWatcher<Mesh>);
 
 impl ConfigWatcher {
     /// Loads `path` now (an error here is returned: start-up must not go on
@@ -77,75 +239,39 @@ impl ConfigWatcher {
     {
         let path = path.into();
         let origin = path.display().to_string();
-        let fingerprint = Fingerprint::of(&path).map_err(|e| ConfigError::io(&origin, e))?;
-        let bytes = read_file(&path, &origin)?;
-        let hash = content_hash(&bytes);
-        let mesh = Arc::new(load(&bytes, &origin, &env)?);
-        let current = Arc::new(Mutex::new(mesh));
-        let mut poller = Poller {
-            path,
-            origin,
-            env,
-            fingerprint: Some(fingerprint),
-            handled: Some(hash),
-            published: hash,
-            pending: None,
-            current: current.clone(),
+        // A file that cannot be seen at start is an error (not a wait).
+        Fingerprint::of(&path).map_err(|e| ConfigError::io(&origin, e))?;
+        FileWatcher::spawn(
+            "ringway-config",
+            vec![path],
+            MeshFile { origin, env },
+            interval,
             on_change,
             on_error,
-        };
-        let polls = Arc::new(AtomicU64::new(0));
-        let counted = polls.clone();
-        let (requests, requested) = mpsc::channel::<mpsc::Sender<()>>();
-        let thread = ControlThread::spawn("ringway-config", requests, move || loop {
-            // Stops when the watcher (the sender) is gone.
-            let ack = match requested.recv_timeout(interval) {
-                Ok(ack) => Some(ack),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            poller.poll();
-            counted.fetch_add(1, Ordering::Release);
-            if let Some(ack) = ack {
-                let _ = ack.send(());
-            }
-        })
-        .map_err(|e| ConfigError::io("spawning the ringway-config thread", e))?;
-        Ok(ConfigWatcher {
-            current,
-            polls,
-            thread,
-        })
+        )
+        .map(ConfigWatcher)
     }
 
     /// How many polls have completed (timed ones and [`ConfigWatcher::poll_now`]).
     pub fn polls(&self) -> u64 {
-        self.polls.load(Ordering::Acquire)
+        self.0.polls()
     }
 
     /// Checks the file now, on the watcher's thread, and returns once that
-    /// poll (and any callback it ran) has completed. Lets a caller (a
-    /// reload signal, a test) observe exactly what one poll saw; `false`
-    /// when the watcher has stopped.
+    /// poll (and any callback it ran) has completed; `false` when the
+    /// watcher has stopped.
     pub fn poll_now(&self) -> bool {
-        let Some(requests) = self.thread.signal() else {
-            return false;
-        };
-        let (ack, acked) = mpsc::channel();
-        requests.send(ack).is_ok() && acked.recv().is_ok()
+        self.0.poll_now()
     }
 
     /// The snapshot in force: the first load, or the last valid edit.
     pub fn current(&self) -> Arc<Mesh> {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.0.current()
     }
 
     /// Stops polling and waits for the thread (and any callback running).
-    pub fn stop(mut self) {
-        self.thread.stop();
+    pub fn stop(self) {
+        self.0.stop();
     }
 }
 
@@ -194,61 +320,76 @@ impl Fingerprint {
     }
 }
 
-struct Poller<E, C, R> {
-    path: PathBuf,
-    origin: String,
-    env: E,
-    /// The file as last seen (`None`: could not be seen).
-    fingerprint: Option<Fingerprint>,
+/// One hash of several files' contents (each length-prefixed, so moving
+/// bytes from one file to the next changes it).
+fn hash_all(contents: &[Vec<u8>]) -> u64 {
+    let mut all = Vec::with_capacity(contents.iter().map(|c| c.len() + 8).sum());
+    for c in contents {
+        all.extend_from_slice(&(c.len() as u64).to_le_bytes());
+        all.extend_from_slice(c);
+    }
+    content_hash(&all)
+}
+
+struct Poller<L: Loader, C, R> {
+    paths: Vec<PathBuf>,
+    loader: L,
+    /// Each file as last seen (`None`: could not be seen).
+    fingerprints: Vec<Option<Fingerprint>>,
     /// Hash of the last outcome dealt with (published or reported).
     handled: Option<u64>,
-    /// Hash of the content of the snapshot in force.
+    /// Hash of the contents of what is in force.
     published: u64,
     /// A failure seen once, reported if it is seen again.
     pending: Option<u64>,
-    current: Arc<Mutex<Arc<Mesh>>>,
+    current: Arc<Mutex<Arc<L::Output>>>,
     on_change: C,
     on_error: R,
 }
 
-impl<E, C, R> Poller<E, C, R>
+impl<L, C, R> Poller<L, C, R>
 where
-    E: EnvSource,
-    C: Fn(Arc<Mesh>),
-    R: Fn(ConfigError),
+    L: Loader,
+    C: Fn(Arc<L::Output>),
+    R: Fn(L::Error),
 {
     fn poll(&mut self) {
-        let fingerprint = Fingerprint::of(&self.path).ok();
-        let changed = fingerprint != self.fingerprint;
-        let recent = fingerprint.is_some_and(|f| f.is_recent());
+        let fingerprints: Vec<_> = self.paths.iter().map(|p| Fingerprint::of(p).ok()).collect();
+        let changed = fingerprints != self.fingerprints;
+        let recent = fingerprints.iter().flatten().any(|f| f.is_recent());
         if !changed && !recent && self.pending.is_none() {
             return;
         }
-        self.fingerprint = fingerprint;
-        let (hash, outcome) = match read_file(&self.path, &self.origin) {
-            Ok(bytes) => {
-                let hash = content_hash(&bytes);
+        self.fingerprints = fingerprints;
+        let read = self
+            .paths
+            .iter()
+            .map(|p| self.loader.read(p))
+            .collect::<Result<Vec<_>, _>>();
+        let (hash, outcome) = match read {
+            Ok(contents) => {
+                let hash = hash_all(&contents);
                 if Some(hash) == self.handled && self.pending.is_none() {
                     return;
                 }
                 if hash == self.published {
-                    // Back to the content in force (e.g. a broken edit reverted).
+                    // Back to the contents in force (e.g. a broken edit reverted).
                     self.handled = Some(hash);
                     self.pending = None;
                     return;
                 }
-                (hash, load(&bytes, &self.origin, &self.env))
+                (hash, self.loader.load(&self.paths, &contents))
             }
             Err(err) => (content_hash(err.to_string().as_bytes()) ^ 1, Err(err)),
         };
         match outcome {
-            Ok(mesh) => {
-                let mesh = Arc::new(mesh);
-                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = mesh.clone();
+            Ok(loaded) => {
+                let loaded = Arc::new(loaded);
+                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = loaded.clone();
                 self.published = hash;
                 self.handled = Some(hash);
                 self.pending = None;
-                (self.on_change)(mesh);
+                (self.on_change)(loaded);
             }
             Err(err) => {
                 if Some(hash) == self.handled {
