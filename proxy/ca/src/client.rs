@@ -93,22 +93,23 @@ pub enum RemoteIssueError {
 pub struct CaClient {
     addr: SocketAddr,
     server_name: ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
+    tls: ringway_grpc::ClientTls,
     timeout: Duration,
 }
 
 impl CaClient {
     /// A client of the CA at `addr`, whose serving certificate must be valid
-    /// for `server_name` under `tls`'s roots.
+    /// for `server_name` under `tls`'s roots (a [`ringway_grpc::ClientTls`]
+    /// kept by the caller replaces them for the calls made after).
     pub fn new(
         addr: SocketAddr,
         server_name: ServerName<'static>,
-        tls: Arc<rustls::ClientConfig>,
+        tls: impl Into<ringway_grpc::ClientTls>,
     ) -> Self {
         CaClient {
             addr,
             server_name,
-            tls,
+            tls: tls.into(),
             timeout: Duration::from_secs(15),
         }
     }
@@ -198,7 +199,7 @@ impl CaClient {
             .await
             .map_err(|e| transport(format!("connect: {e}")))?;
         let _ = tcp.set_nodelay(true);
-        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+        let tls = tokio_rustls::TlsConnector::from(self.tls.current())
             .connect(self.server_name.clone(), tcp)
             .await
             .map_err(|e| transport(format!("TLS: {e}")))?;

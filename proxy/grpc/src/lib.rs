@@ -13,13 +13,19 @@
 //!   for what a peer sent (any code number), with `grpc-message`'s
 //!   percent-encoding ([`encode_message`], [`decode_message`]).
 //!
+//! - [`ClientTls`]: a client's TLS config that can be replaced while the
+//!   client runs (the mesh's roots rotated); each connect takes the one in
+//!   force.
+//!
 //! No compression is negotiated anywhere, so a compressed message is refused.
 
 #![forbid(unsafe_code)]
 
 mod decoder;
+mod tls;
 
 pub use decoder::{FrameError, MessageDecoder, PREFIX_LEN};
+pub use tls::ClientTls;
 
 use bytes::{BufMut, Bytes, BytesMut};
 

@@ -34,7 +34,6 @@ use std::future::Future;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -122,8 +121,9 @@ pub struct ClientConfig {
     /// The name the server's certificate must be valid for.
     pub server_name: ServerName<'static>,
     /// TLS: roots (the mesh root), client certificate if any; ALPN must
-    /// offer `h2`.
-    pub tls: Arc<rustls::ClientConfig>,
+    /// offer `h2`. Each connect takes the config in force (replaced when
+    /// the roots rotate).
+    pub tls: ringway_grpc::ClientTls,
     /// The service-account token, read at every (re)connect.
     pub token_file: PathBuf,
     /// Sent as the `clusterid` header (not sent when empty).
@@ -148,7 +148,7 @@ impl ClientConfig {
     pub fn new(
         address: impl Into<String>,
         server_name: ServerName<'static>,
-        tls: Arc<rustls::ClientConfig>,
+        tls: impl Into<ringway_grpc::ClientTls>,
         token_file: impl Into<PathBuf>,
         cluster_id: impl Into<String>,
         node: Node,
@@ -156,7 +156,7 @@ impl ClientConfig {
         ClientConfig {
             address: address.into(),
             server_name,
-            tls,
+            tls: tls.into(),
             token_file: token_file.into(),
             cluster_id: cluster_id.into(),
             node,
@@ -693,7 +693,7 @@ impl AdsClient {
             let _ = tcp.set_nodelay(true);
             let tls = tokio::time::timeout(
                 limit,
-                tokio_rustls::TlsConnector::from(self.config.tls.clone())
+                tokio_rustls::TlsConnector::from(self.config.tls.current())
                     .connect(self.config.server_name.clone(), tcp),
             )
             .await
@@ -923,6 +923,7 @@ fn cap_message(message: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     /// The doubling, the cap, the jitter and the reset are
     /// `ringway_config::Backoff`'s (its tests); here, the client's figures.
