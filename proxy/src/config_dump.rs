@@ -469,7 +469,8 @@ fn cert(der: &tokio_rustls::rustls::pki_types::CertificateDer<'_>) -> Value {
 }
 
 fn certificates(ids: &IdentityManager) -> Vec<Value> {
-    let roots = ids.bundle().roots();
+    let bundle = ids.bundle();
+    let roots = bundle.roots();
     ids.certificate_states()
         .into_iter()
         .map(|(id, state)| {

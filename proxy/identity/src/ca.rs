@@ -530,7 +530,12 @@ impl TrustBundle {
     /// Adds every certificate of a PEM file.
     pub fn add_pem_file(&mut self, file: impl AsRef<Path>) -> Result<(), CaError> {
         let file = file.as_ref();
-        let certs = certs_from_pem(file, &read(file)?)?;
+        self.add_pem(file, &read(file)?)
+    }
+
+    /// Adds every certificate of `bytes`, the PEM content of `file`.
+    fn add_pem(&mut self, file: &Path, bytes: &[u8]) -> Result<(), CaError> {
+        let certs = certs_from_pem(file, bytes)?;
         for cert in certs {
             let mut store = RootCertStore::empty();
             store.add(cert.clone()).map_err(|e| CaError {
@@ -560,6 +565,35 @@ impl TrustBundle {
             store.add(r.clone())?;
         }
         Ok(store)
+    }
+}
+
+/// A trust bundle's files as a [`ringway_config::FileWatcher`] loads
+/// them (the roots rotated: a ConfigMap updated, a file replaced): every
+/// certificate of every file, in order. A file that cannot be read, is too
+/// large, holds no certificate or one rustls cannot use as a root fails the
+/// whole load, naming the file: the roots in force stay.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BundleFiles;
+
+impl ringway_config::Loader for BundleFiles {
+    type Output = TrustBundle;
+    type Error = crate::IdentityError;
+
+    fn read(&self, path: &Path) -> Result<Vec<u8>, crate::IdentityError> {
+        Ok(read(path)?)
+    }
+
+    fn load(
+        &self,
+        paths: &[PathBuf],
+        contents: &[Vec<u8>],
+    ) -> Result<TrustBundle, crate::IdentityError> {
+        let mut bundle = TrustBundle::new();
+        for (file, bytes) in paths.iter().zip(contents) {
+            bundle.add_pem(file, bytes)?;
+        }
+        Ok(bundle)
     }
 }
 

@@ -33,6 +33,12 @@ pub enum IdentityError {
         /// rustls' reason.
         source: Box<rustls::Error>,
     },
+    /// The thread watching the trust bundle's files could not start.
+    #[error(transparent)]
+    Watch(#[from] ringway_config::ThreadFailed),
+    /// A trust bundle without a single root: it would refuse every peer.
+    #[error("trust bundle: no root certificate (every peer would be refused)")]
+    EmptyTrustBundle,
     /// The trust domain given to the manager is not valid.
     #[error("trust domain {trust_domain:?}: {reason}")]
     BadTrustDomain {

@@ -92,13 +92,13 @@ mod tls;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
+pub use ca::{BundleFiles, CaError, CaProblem, CaSigner, CsrError, TrustBundle};
 pub use cert::WorkloadCert;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{IdentityError, IssueError, SpiffeError};
 pub use manager::{
-    CertSource, IdentityManager, Issued, Refresher, DEFAULT_BACKDATE, DEFAULT_CERT_LIFETIME,
-    DEFAULT_MAX_CONCURRENT_ISSUANCE,
+    CertSource, IdentityManager, Issued, Refresher, TrustChange, DEFAULT_BACKDATE,
+    DEFAULT_CERT_LIFETIME, DEFAULT_MAX_CONCURRENT_ISSUANCE,
 };
 pub use ringway_config::authz::Identity;
 pub use spiffe::{parse_spiffe, peer_identity, peer_identity_from_certs, spiffe_id_of};

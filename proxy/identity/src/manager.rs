@@ -89,6 +89,9 @@ impl CertSource for CaSigner {
 #[derive(Debug, Default)]
 struct Slot {
     current: RwLock<Option<Arc<WorkloadCert>>>,
+    /// The certificate in hand no longer chains to the trusted roots (a
+    /// root was removed): renew it now, not at half-life.
+    untrusted: std::sync::atomic::AtomicBool,
     issuing: Mutex<()>,
     /// Failed issuances (a remote source: the refresher retries with
     /// jittered exponential backoff).
@@ -158,27 +161,55 @@ impl Drop for PermitGuard<'_> {
     }
 }
 
-type ConfigCache<K, C> = RwLock<HashMap<K, (Arc<WorkloadCert>, Arc<C>)>>;
+/// Configs cached per key with the certificate and the trust they were
+/// built from: either replaced, and the entry is stale.
+type ConfigCache<K, C> = RwLock<HashMap<K, (Arc<WorkloadCert>, Arc<Trust>, Arc<C>)>>;
+
+/// The roots peers are verified against, and what is built from them.
+/// Replaced as a whole ([`IdentityManager::set_bundle`]).
+struct Trust {
+    bundle: TrustBundle,
+    roots: Arc<RootCertStore>,
+    client_verifier: Arc<SpiffeClientVerifier>,
+}
+
+/// What [`IdentityManager::set_bundle`] changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustChange {
+    /// Roots trusted now that were not.
+    pub added: usize,
+    /// Roots no longer trusted.
+    pub removed: usize,
+    /// Roots trusted now.
+    pub roots: usize,
+    /// Certificates in hand that no longer chain to the roots: renewed
+    /// at once (by the refresher) instead of at half-life.
+    pub renewing: usize,
+}
 
 /// Issues, caches and rotates workload certificates, and hands out the
 /// rustls configs for HBONE. Share it as `Arc<IdentityManager>`; every
 /// method takes `&self`.
 pub struct IdentityManager {
     ca: Arc<dyn CertSource>,
-    bundle: TrustBundle,
-    roots: Arc<RootCertStore>,
+    trust: RwLock<Arc<Trust>>,
+    /// Roots trusted whatever the bundle says: the local CA's own
+    /// certificate.
+    pinned: Vec<CertificateDer<'static>>,
     trust_domain: String,
     lifetime: Duration,
     backdate: Duration,
     provider: Arc<CryptoProvider>,
     clock: Arc<dyn Clock>,
-    client_verifier: Arc<SpiffeClientVerifier>,
     certs: RwLock<HashMap<Identity, Arc<Slot>>>,
     server_configs: ConfigCache<Identity, ServerConfig>,
     client_configs: ConfigCache<(Identity, Identity), ClientConfig>,
     permits: Arc<Permits>,
     issued: AtomicU64,
     issue_failures: AtomicU64,
+    /// Trust bundles put in force after the first, and edits refused.
+    bundle_reloads: AtomicU64,
+    bundle_rejections: AtomicU64,
     /// When a remote source last failed without refusing (unreachable,
     /// slow), and why; `None` once it issued again.
     failing: Mutex<Option<(SystemTime, String)>>,
@@ -193,7 +224,7 @@ impl fmt::Debug for IdentityManager {
         f.debug_struct("IdentityManager")
             .field("trust_domain", &self.trust_domain)
             .field("ca", &self.ca)
-            .field("bundle", &self.bundle)
+            .field("bundle", &read(&self.trust).bundle)
             .field("lifetime", &self.lifetime)
             .field("backdate", &self.backdate)
             .field("clock", &self.clock)
@@ -221,8 +252,11 @@ impl IdentityManager {
         trust_domain: &str,
         lifetime: Duration,
     ) -> Result<Self, IdentityError> {
-        bundle.add(ca.cert().clone());
-        Self::with_source(Arc::new(ca), bundle, trust_domain, lifetime)
+        let pinned = ca.cert().clone();
+        bundle.add(pinned.clone());
+        let mut m = Self::with_source(Arc::new(ca), bundle, trust_domain, lifetime)?;
+        m.pinned.push(pinned);
+        Ok(m)
     }
 
     /// A manager getting its certificates from `source`; peers are trusted
@@ -245,30 +279,18 @@ impl IdentityManager {
         if lifetime < Duration::from_secs(2) {
             return Err(IdentityError::BadLifetime(lifetime));
         }
-        let roots = Arc::new(
-            bundle
-                .root_store()
-                .map_err(|source| IdentityError::TrustBundle {
-                    source: Box::new(source),
-                })?,
-        );
         let provider = tls::crypto_provider();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let client_verifier =
-            SpiffeClientVerifier::new(roots.clone(), trust_domain, provider.clone(), clock.clone())
-                .map_err(|source| IdentityError::TrustBundle {
-                    source: Box::new(source),
-                })?;
+        let trust = Trust::new(bundle, trust_domain, &provider, &clock)?;
         Ok(IdentityManager {
             ca,
-            bundle,
-            roots,
+            trust: RwLock::new(Arc::new(trust)),
+            pinned: Vec::new(),
             trust_domain: trust_domain.to_owned(),
             lifetime,
             backdate: DEFAULT_BACKDATE,
             provider,
             clock,
-            client_verifier: Arc::new(client_verifier),
             certs: RwLock::default(),
             server_configs: RwLock::default(),
             client_configs: RwLock::default(),
@@ -278,6 +300,8 @@ impl IdentityManager {
             }),
             issued: AtomicU64::new(0),
             issue_failures: AtomicU64::new(0),
+            bundle_reloads: AtomicU64::new(0),
+            bundle_rejections: AtomicU64::new(0),
             failing: Mutex::new(None),
         })
     }
@@ -312,7 +336,12 @@ impl IdentityManager {
 
     /// Replaces the clock (tests: [`ManualClock`](crate::ManualClock)). Call before any fetch.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.client_verifier = Arc::new(self.client_verifier.with_clock(clock.clone()));
+        let trust = self.trust.get_mut().unwrap_or_else(PoisonError::into_inner);
+        *trust = Arc::new(Trust {
+            bundle: trust.bundle.clone(),
+            roots: trust.roots.clone(),
+            client_verifier: Arc::new(trust.client_verifier.with_clock(clock.clone())),
+        });
         self.clock = clock;
         self
     }
@@ -322,9 +351,80 @@ impl IdentityManager {
         &self.trust_domain
     }
 
-    /// The trusted roots (the bundle plus the CA's certificate).
-    pub fn bundle(&self) -> &TrustBundle {
-        &self.bundle
+    /// The trusted roots (the bundle plus the local CA's certificate).
+    pub fn bundle(&self) -> TrustBundle {
+        read(&self.trust).bundle.clone()
+    }
+
+    /// Replaces the trusted roots (a root rotation, the roots' file
+    /// edited): every handshake from now on, in both directions, verifies
+    /// the peer against `bundle` (plus the local CA's own certificate), as
+    /// does every certificate issued from now on. Connections already open
+    /// keep going. Certificates in hand that no longer chain to the roots
+    /// are renewed at once by the refresher, not at half-life.
+    ///
+    /// An empty bundle is refused (it would refuse every peer), and so is
+    /// a root rustls cannot use; either way the roots in force stay.
+    pub fn set_bundle(&self, mut bundle: TrustBundle) -> Result<TrustChange, IdentityError> {
+        for p in &self.pinned {
+            bundle.add(p.clone());
+        }
+        if bundle.roots().is_empty() {
+            self.count_rejected_bundle();
+            return Err(IdentityError::EmptyTrustBundle);
+        }
+        let new = Arc::new(
+            Trust::new(bundle, &self.trust_domain, &self.provider, &self.clock)
+                .inspect_err(|_| self.count_rejected_bundle())?,
+        );
+        self.bundle_reloads.fetch_add(1, Ordering::Relaxed);
+        let old = std::mem::replace(&mut *write(&self.trust), new.clone());
+        let (was, now) = (old.bundle.roots(), new.bundle.roots());
+        let added = now.iter().filter(|r| !was.contains(r)).count();
+        let removed = was.iter().filter(|r| !now.contains(r)).count();
+        // The caches check the trust they were built from; dropping them
+        // here only frees the memory sooner.
+        write(&self.server_configs).clear();
+        write(&self.client_configs).clear();
+        let mut renewing = 0;
+        if removed > 0 {
+            let slots: Vec<(Identity, Arc<Slot>)> = read(&self.certs)
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            for (id, slot) in slots {
+                let Some(cert) = read(&slot.current).clone() else {
+                    continue;
+                };
+                if let Err(e) = self.verify_own(&id, cert.chain()) {
+                    tracing::warn!(identity = %id, error = %e,
+                        "the certificate in hand no longer chains to the trusted roots; renewing it now");
+                    slot.untrusted.store(true, Ordering::Relaxed);
+                    renewing += 1;
+                }
+            }
+        }
+        Ok(TrustChange {
+            added,
+            removed,
+            roots: now.len(),
+            renewing,
+        })
+    }
+
+    /// Counts an edit of the roots' files that was refused (it did not
+    /// load, or [`Self::set_bundle`] refused it).
+    pub fn count_rejected_bundle(&self) {
+        self.bundle_rejections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Trust bundles put in force after the first, and edits of the roots'
+    /// files refused (metrics).
+    pub fn bundle_reload_counts(&self) -> (u64, u64) {
+        (
+            self.bundle_reloads.load(Ordering::Relaxed),
+            self.bundle_rejections.load(Ordering::Relaxed),
+        )
     }
 
     /// Certificates issued so far (metrics, tests).
@@ -571,7 +671,7 @@ impl IdentityManager {
     /// did. Caller holds `slot.issuing`.
     fn renew_locked(&self, slot: &Slot, id: &Identity) -> Result<Arc<WorkloadCert>, IdentityError> {
         if let Some(c) = read(&slot.current).as_ref() {
-            if self.clock.now() < c.refresh_at() {
+            if self.clock.now() < c.refresh_at() && !slot.untrusted.load(Ordering::Relaxed) {
                 return Ok(c.clone());
             }
         }
@@ -592,6 +692,7 @@ impl IdentityManager {
             }
         };
         *slot.retry.lock().unwrap_or_else(PoisonError::into_inner) = Retry::default();
+        slot.untrusted.store(false, Ordering::Relaxed);
         *self.failing.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let old = write(&slot.current).replace(cert.clone());
         // Invalidate configs holding the old certificate.
@@ -643,22 +744,11 @@ impl IdentityManager {
         // it against theirs (the same roots), and a leaf they would refuse
         // (a service signing with a root not yet distributed) must not
         // replace one they accept.
-        {
-            use rustls::client::danger::ServerCertVerifier;
-            self.server_verifier(id)
-                .verify_server_cert(
-                    &chain[0],
-                    &chain[1..],
-                    &tls::placeholder_server_name(),
-                    &[],
-                    rustls_pki_types::UnixTime::now(),
-                )
-                .map_err(|e| {
-                    fail(format!(
-                        "the certificate issued does not verify against the trust bundle: {e}"
-                    ))
-                })?;
-        }
+        self.verify_own(id, &chain).map_err(|e| {
+            fail(format!(
+                "the certificate issued does not verify against the trust bundle: {e}"
+            ))
+        })?;
         // The validity actually granted (a service may cap it).
         let (not_before, not_after) = x509_parser::parse_x509_certificate(&chain[0])
             .map(|(_, x)| {
@@ -734,7 +824,7 @@ impl IdentityManager {
         for (id, slot) in slots {
             let now = self.clock.now();
             let due = match read(&slot.current).as_ref() {
-                Some(c) => now >= c.refresh_at(),
+                Some(c) => now >= c.refresh_at() || slot.untrusted.load(Ordering::Relaxed),
                 // Wanted but not in hand (a remote source's first issuance
                 // failed, or the datapath asked first).
                 None => self.ca.remote(),
@@ -805,20 +895,21 @@ impl IdentityManager {
     /// rotation.
     pub fn server_config(&self, local: &Identity) -> Result<Arc<ServerConfig>, IdentityError> {
         let cert = self.for_datapath(local)?;
-        if let Some((c, cfg)) = read(&self.server_configs).get(local) {
-            if Arc::ptr_eq(c, &cert) {
+        let trust = read(&self.trust).clone();
+        if let Some((c, t, cfg)) = read(&self.server_configs).get(local) {
+            if Arc::ptr_eq(c, &cert) && Arc::ptr_eq(t, &trust) {
                 return Ok(cfg.clone());
             }
         }
         let cfg = Arc::new(
-            tls::server_config(&self.provider, self.client_verifier.clone(), &cert).map_err(
+            tls::server_config(&self.provider, trust.client_verifier.clone(), &cert).map_err(
                 |source| IdentityError::Tls {
                     identity: local.clone(),
                     source: Box::new(source),
                 },
             )?,
         );
-        write(&self.server_configs).insert(local.clone(), (cert, cfg.clone()));
+        write(&self.server_configs).insert(local.clone(), (cert, trust, cfg.clone()));
         Ok(cfg)
     }
 
@@ -833,20 +924,26 @@ impl IdentityManager {
     ) -> Result<Arc<ClientConfig>, IdentityError> {
         let cert = self.for_datapath(local)?;
         let key = (local.clone(), expected_server.clone());
-        if let Some((c, cfg)) = read(&self.client_configs).get(&key) {
-            if Arc::ptr_eq(c, &cert) {
+        let trust = read(&self.trust).clone();
+        if let Some((c, t, cfg)) = read(&self.client_configs).get(&key) {
+            if Arc::ptr_eq(c, &cert) && Arc::ptr_eq(t, &trust) {
                 return Ok(cfg.clone());
             }
         }
         self.check_domain(expected_server)?;
-        let verifier = Arc::new(self.server_verifier(expected_server));
+        let verifier = Arc::new(SpiffeServerVerifier::new(
+            trust.roots.clone(),
+            expected_server.clone(),
+            self.provider.clone(),
+            self.clock.clone(),
+        ));
         let cfg = Arc::new(tls::client_config(&self.provider, verifier, &cert).map_err(
             |source| IdentityError::Tls {
                 identity: local.clone(),
                 source: Box::new(source),
             },
         )?);
-        write(&self.client_configs).insert(key, (cert, cfg.clone()));
+        write(&self.client_configs).insert(key, (cert, trust, cfg.clone()));
         Ok(cfg)
     }
 
@@ -854,7 +951,7 @@ impl IdentityManager {
     /// (for callers building their own `ClientConfig`).
     pub fn server_verifier(&self, expected: &Identity) -> SpiffeServerVerifier {
         SpiffeServerVerifier::new(
-            self.roots.clone(),
+            read(&self.trust).roots.clone(),
             expected.clone(),
             self.provider.clone(),
             self.clock.clone(),
@@ -864,7 +961,51 @@ impl IdentityManager {
     /// The verifier a client's certificate must pass (for callers building
     /// their own `ServerConfig`).
     pub fn client_verifier(&self) -> Arc<SpiffeClientVerifier> {
-        self.client_verifier.clone()
+        read(&self.trust).client_verifier.clone()
+    }
+
+    /// Whether `chain` is a valid certificate of `id` under the roots in
+    /// force, as a peer would check it.
+    fn verify_own(
+        &self,
+        id: &Identity,
+        chain: &[CertificateDer<'static>],
+    ) -> Result<(), rustls::Error> {
+        use rustls::client::danger::ServerCertVerifier;
+        let Some((leaf, rest)) = chain.split_first() else {
+            return Err(rustls::Error::NoCertificatesPresented);
+        };
+        self.server_verifier(id)
+            .verify_server_cert(
+                leaf,
+                rest,
+                &tls::placeholder_server_name(),
+                &[],
+                rustls_pki_types::UnixTime::now(),
+            )
+            .map(|_| ())
+    }
+}
+
+impl Trust {
+    fn new(
+        bundle: TrustBundle,
+        trust_domain: &str,
+        provider: &Arc<CryptoProvider>,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Trust, IdentityError> {
+        let bad = |source| IdentityError::TrustBundle {
+            source: Box::new(source),
+        };
+        let roots = Arc::new(bundle.root_store().map_err(bad)?);
+        let client_verifier =
+            SpiffeClientVerifier::new(roots.clone(), trust_domain, provider.clone(), clock.clone())
+                .map_err(bad)?;
+        Ok(Trust {
+            bundle,
+            roots,
+            client_verifier: Arc::new(client_verifier),
+        })
     }
 }
 
@@ -914,7 +1055,7 @@ mod tests {
             m.assemble(&id, chain, key, now, now, now + Duration::from_secs(3600))
                 .unwrap(),
         );
-        let server = tls::server_config(&m.provider, m.client_verifier.clone(), &cert).unwrap();
+        let server = tls::server_config(&m.provider, m.client_verifier(), &cert).unwrap();
         let client =
             tls::client_config(&m.provider, Arc::new(m.server_verifier(&id)), &cert).unwrap();
         let hex_lower: String = secret.iter().map(|b| format!("{b:02x}")).collect();
@@ -1208,5 +1349,203 @@ mod tests {
             Duration::from_secs(1) <= due && due <= Duration::from_millis(1250),
             "{due:?}"
         );
+    }
+
+    /// Signs with whichever CA it holds now (a service that moved to a
+    /// new root).
+    #[derive(Debug)]
+    struct Switching(Mutex<CaSigner>);
+
+    impl CertSource for Switching {
+        fn issue(
+            &self,
+            id: &Identity,
+            nb: SystemTime,
+            na: SystemTime,
+        ) -> Result<Issued, IssueError> {
+            self.0
+                .lock()
+                .unwrap()
+                .issue(id, nb, na)
+                .map_err(IssueError::Sign)
+        }
+
+        fn expires(&self) -> Option<SystemTime> {
+            None
+        }
+
+        fn remote(&self) -> bool {
+            true
+        }
+    }
+
+    /// A chain `ca` issues for `shop/<sa>`, valid for an hour.
+    fn leaf(ca: &CaSigner, sa: &str) -> Vec<CertificateDer<'static>> {
+        let now = SystemTime::now();
+        let id = Identity::new("cluster.local", "shop", sa);
+        ca.issue(&id, now, now + Duration::from_secs(3600))
+            .unwrap()
+            .0
+    }
+
+    fn bundle_of(cas: &[&CaSigner]) -> TrustBundle {
+        let mut b = TrustBundle::new();
+        for ca in cas {
+            b.add(ca.cert().clone());
+        }
+        b
+    }
+
+    /// Whether `chain` passes what a handshake checks of a peer, as this
+    /// manager's server (the client verifier of its server config) and as
+    /// its client (the server verifier of a client config).
+    fn peer_passes(
+        m: &IdentityManager,
+        chain: &[CertificateDer<'static>],
+        id: &Identity,
+    ) -> (bool, bool) {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::server::danger::ClientCertVerifier;
+        let now = rustls_pki_types::UnixTime::now();
+        let as_server = m
+            .client_verifier()
+            .verify_client_cert(&chain[0], &chain[1..], now)
+            .is_ok();
+        let as_client = m
+            .server_verifier(id)
+            .verify_server_cert(
+                &chain[0],
+                &chain[1..],
+                &tls::placeholder_server_name(),
+                &[],
+                now,
+            )
+            .is_ok();
+        (as_server, as_client)
+    }
+
+    /// A rotation's first step without a restart: a root added to the
+    /// bundle is trusted by the handshakes that follow, both ways, and the
+    /// cached configs are rebuilt from it; the local CA's own certificate
+    /// stays trusted whatever the bundle says.
+    #[test]
+    fn a_new_bundle_is_what_peers_are_verified_against_from_then_on() {
+        let td = "cluster.local";
+        let (ours, theirs) = (
+            CaSigner::generate_for_tests_for_unit(td),
+            CaSigner::generate_for_tests_for_unit(td),
+        );
+        let (peer, local_peer) = (leaf(&theirs, "api"), leaf(&ours, "db"));
+        let m = IdentityManager::new(ours, TrustBundle::new(), td, DEFAULT_CERT_LIFETIME).unwrap();
+        let (web, api, db) = (
+            Identity::new(td, "shop", "web"),
+            Identity::new(td, "shop", "api"),
+            Identity::new(td, "shop", "db"),
+        );
+        let (server, client) = (
+            m.server_config(&web).unwrap(),
+            m.client_config(&web, &api).unwrap(),
+        );
+        assert_eq!(peer_passes(&m, &peer, &api), (false, false));
+        assert_eq!(m.bundle().roots().len(), 1);
+
+        let change = m.set_bundle(bundle_of(&[&theirs])).unwrap();
+        assert_eq!(
+            change,
+            TrustChange {
+                added: 1,
+                removed: 0,
+                roots: 2,
+                renewing: 0
+            }
+        );
+        assert_eq!(peer_passes(&m, &peer, &api), (true, true));
+        assert_eq!(
+            peer_passes(&m, &local_peer, &db),
+            (true, true),
+            "the local CA stays trusted"
+        );
+        assert!(
+            !Arc::ptr_eq(&server, &m.server_config(&web).unwrap()),
+            "server config rebuilt"
+        );
+        assert!(
+            !Arc::ptr_eq(&client, &m.client_config(&web, &api).unwrap()),
+            "client config rebuilt"
+        );
+        let again = m.server_config(&web).unwrap();
+        assert!(
+            Arc::ptr_eq(&again, &m.server_config(&web).unwrap()),
+            "and cached again"
+        );
+
+        // The rotation's last step: the other root removed again.
+        let change = m.set_bundle(TrustBundle::new()).unwrap();
+        assert_eq!((change.added, change.removed, change.roots), (0, 1, 1));
+        assert_eq!(peer_passes(&m, &peer, &api), (false, false));
+        assert_eq!(m.bundle_reload_counts(), (2, 0));
+    }
+
+    /// An edit that would trust nothing is refused, counted, and the
+    /// roots in force stay: an empty bundle would refuse every peer.
+    #[test]
+    fn adversarial_an_empty_bundle_is_refused_and_the_roots_in_force_kept() {
+        let td = "cluster.local";
+        let ca = CaSigner::generate_for_tests_for_unit(td);
+        let id = Identity::new(td, "shop", "api");
+        let peer = leaf(&ca, "api");
+        let bundle = bundle_of(&[&ca]);
+        let m = IdentityManager::with_source(
+            Arc::new(Switching(Mutex::new(ca))),
+            bundle,
+            td,
+            DEFAULT_CERT_LIFETIME,
+        )
+        .unwrap();
+        let e = m.set_bundle(TrustBundle::new()).unwrap_err();
+        assert!(matches!(e, IdentityError::EmptyTrustBundle), "{e}");
+        assert!(e.to_string().contains("no root certificate"), "{e}");
+        assert_eq!(m.bundle().roots().len(), 1);
+        assert_eq!(peer_passes(&m, &peer, &id), (true, true));
+        assert_eq!(m.bundle_reload_counts(), (0, 1));
+    }
+
+    /// A root removed while a certificate in hand still chains to it: that
+    /// certificate would be refused by every peer holding the new bundle,
+    /// so it is renewed at once, not at half-life; one that chains to a
+    /// root still trusted is left alone.
+    #[test]
+    fn a_removed_root_renews_the_certificates_chained_to_it_at_once() {
+        let td = "cluster.local";
+        let (old, new) = (
+            CaSigner::generate_for_tests_for_unit(td),
+            CaSigner::generate_for_tests_for_unit(td),
+        );
+        let bundle = bundle_of(&[&old, &new]);
+        let new_only = bundle_of(&[&new]);
+        let source = Arc::new(Switching(Mutex::new(old)));
+        let m = IdentityManager::with_source(source.clone(), bundle, td, DEFAULT_CERT_LIFETIME)
+            .unwrap();
+        let (web, api) = (
+            Identity::new(td, "shop", "web"),
+            Identity::new(td, "shop", "api"),
+        );
+        let first = m.fetch(&web).unwrap();
+        // The service moves to the new root; `api` is issued under it.
+        *source.0.lock().unwrap() = new;
+        let api_cert = m.fetch(&api).unwrap();
+        assert_eq!(m.refresh_due(), 0, "nothing is due before the edit");
+
+        let change = m.set_bundle(new_only).unwrap();
+        assert_eq!((change.removed, change.renewing), (1, 1));
+        assert_eq!(m.refresh_due(), 1, "web's certificate renewed at once");
+        let renewed = m.cached(&web).unwrap();
+        assert_ne!(renewed.chain()[0], first.chain()[0]);
+        assert!(m.verify_own(&web, renewed.chain()).is_ok());
+        assert!(
+            Arc::ptr_eq(&api_cert, &m.cached(&api).unwrap()),
+            "api's is left alone"
+        );
+        assert_eq!(m.refresh_due(), 0, "and nothing is due after");
     }
 }

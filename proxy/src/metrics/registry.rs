@@ -222,7 +222,31 @@ impl prometheus_client::collector::Collector for Certificates {
             "Workload certificate issuances and renewals that failed",
             None,
             failures.metric_type(),
-        )?)
+        )?)?;
+        let roots = ConstGauge::new(ids.bundle().roots().len() as i64);
+        roots.encode(encoder.encode_descriptor(
+            "ringway_trust_roots",
+            "Root certificates HBONE peers are verified against",
+            None,
+            roots.metric_type(),
+        )?)?;
+        let (reloads, rejected) = ids.bundle_reload_counts();
+        for (name, help, v) in [
+            (
+                "ringway_trust_bundle_reloads",
+                "Edits of the roots' files put in force without a restart",
+                reloads,
+            ),
+            (
+                "ringway_trust_bundle_rejected",
+                "Edits of the roots' files refused (unreadable, no certificate, unusable root); the roots in force stayed",
+                rejected,
+            ),
+        ] {
+            let c = ConstCounter::new(v);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        Ok(())
     }
 }
 
