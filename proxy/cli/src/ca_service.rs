@@ -5,6 +5,16 @@
 use anyhow::Context;
 use ringway_proxy::Proxy;
 
+/// HBONE on with a certificate service: what keeps it going.
+pub(crate) struct CaServiceHbone {
+    /// Renews the certificates.
+    pub refresher: ringway_identity::Refresher,
+    /// The service client's TLS (replaced when the roots rotate).
+    pub tls: ringway_grpc::ClientTls,
+    /// The roots' files: the mesh root, then the extra roots.
+    pub root_files: Vec<std::path::PathBuf>,
+}
+
 /// HBONE with certificates from a certificate service (`ca.address`): keys
 /// made here, one CSR per identity, renewed at half-life by the refresher
 /// (every second, so a failed issuance is retried with its backoff soon).
@@ -12,7 +22,7 @@ pub(crate) fn enable_hbone_with_ca_service(
     proxy: &Proxy,
     svc: &ringway_config::CaService,
     trust_domain: &str,
-) -> anyhow::Result<ringway_identity::Refresher> {
+) -> anyhow::Result<CaServiceHbone> {
     use std::net::ToSocketAddrs;
     use std::sync::Arc;
     let mut files = vec![svc.root_cert_file.clone()];
@@ -27,10 +37,12 @@ pub(crate) fn enable_hbone_with_ca_service(
         .with_context(|| format!("the certificate service {} has no address", svc.address))?;
     let name = rustls_pki_types::ServerName::try_from(svc.server_name.clone())
         .with_context(|| format!("ca.serverName {:?}", svc.server_name))?;
-    let tls = ringway_ca::CaClient::tls_config(bundle.roots())
-        .map_err(|e| anyhow::anyhow!("the certificate service's TLS: {e}"))?;
+    let tls = ringway_grpc::ClientTls::new(
+        ringway_ca::CaClient::tls_config(bundle.roots())
+            .map_err(|e| anyhow::anyhow!("the certificate service's TLS: {e}"))?,
+    );
     let source = ringway_ca::client::RemoteSource::new(
-        ringway_ca::CaClient::new(addr, name, tls),
+        ringway_ca::CaClient::new(addr, name, tls.clone()),
         &svc.token_file,
     )
     .context("starting the certificate service client")?;
@@ -45,5 +57,9 @@ pub(crate) fn enable_hbone_with_ca_service(
         .context("starting the certificate refresher")?;
     proxy.set_identity(Some(ids));
     tracing::info!(ca.address = %svc.address, ca.server_name = %svc.server_name, "HBONE on: workload certificates from the certificate service");
-    Ok(refresher)
+    Ok(CaServiceHbone {
+        refresher,
+        tls,
+        root_files: files,
+    })
 }

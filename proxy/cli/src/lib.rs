@@ -43,6 +43,7 @@ mod sandbox;
 mod sandbox_main;
 mod signals;
 mod tcache;
+mod trust;
 mod xds;
 
 /// The `ringway` program: parses the command line (or, run as `ringway-cni`,

@@ -42,19 +42,40 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     }
     // HBONE: on when the config has a CA (`ca:`); with the control plane as
     // the mesh source, its certificate service otherwise; off otherwise.
-    let _refresher = match (mesh.ca(), mesh.ca_service(), args.mesh_source) {
-        (None, None, MeshSource::Xds) => Some(ca_service::enable_hbone_with_ca_service(
-            &proxy,
-            &args.xds.ca_service()?,
-            mesh.trust_domain(),
-        )?),
-        (_, None, _) => proxy.enable_hbone(&mesh)?,
-        (_, Some(svc), _) => Some(ca_service::enable_hbone_with_ca_service(
-            &proxy,
-            svc,
-            mesh.trust_domain(),
-        )?),
-    };
+    // The roots' files followed while running (a rotation), and the
+    // clients whose servers are checked against them.
+    let (_refresher, root_files, mut roots_users) =
+        match (mesh.ca(), mesh.ca_service(), args.mesh_source) {
+            (None, None, MeshSource::Xds) => {
+                let on = ca_service::enable_hbone_with_ca_service(
+                    &proxy,
+                    &args.xds.ca_service()?,
+                    mesh.trust_domain(),
+                )?;
+                (
+                    Some(on.refresher),
+                    on.root_files,
+                    vec![("certificate service", on.tls)],
+                )
+            }
+            (_, None, _) => {
+                let refresher = proxy.enable_hbone(&mesh)?;
+                let files = match (&refresher, mesh.ca()) {
+                    (Some(_), Some(ca)) => ca.bundle_files.clone(),
+                    _ => Vec::new(),
+                };
+                (refresher, files, Vec::new())
+            }
+            (_, Some(svc), _) => {
+                let on =
+                    ca_service::enable_hbone_with_ca_service(&proxy, svc, mesh.trust_domain())?;
+                (
+                    Some(on.refresher),
+                    on.root_files,
+                    vec![("certificate service", on.tls)],
+                )
+            }
+        };
     let mesh = Arc::new(mesh);
     if args.mesh_source != MeshSource::Xds {
         proxy.set_mesh(mesh.clone());
@@ -94,8 +115,33 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
             first_snapshot = Some(first_rx);
         }
     }
+    // The roots: one follower per set of files. The control plane's root
+    // is the certificate service's when that is the control plane too.
+    let mut root_watchers = Vec::new();
+    if let Some(x) = &xds_mesh {
+        let xds_files = vec![args.xds.xds_root_cert.clone()];
+        if xds_files == root_files {
+            roots_users.push(("control plane", x.tls().clone()));
+        } else {
+            root_watchers.push(crate::trust::follow(
+                xds_files,
+                crate::trust::RootsUsers {
+                    identities: None,
+                    clients: vec![("control plane", x.tls().clone())],
+                },
+            )?);
+        }
+    }
+    root_watchers.push(crate::trust::follow(
+        root_files,
+        crate::trust::RootsUsers {
+            identities: proxy.identities(),
+            clients: roots_users,
+        },
+    )?);
     // Hot reload of the mesh (workloads, policies): connections opened after
-    // a valid edit use it; datapath settings and the CA need a restart, and
+    // a valid edit use it; datapath settings and the CA need a restart (the
+    // roots' files are followed above), and
     // an edit of the trust domain is rejected (HBONE on). With
     // the Kubernetes source the edit is merged with the cluster's objects.
     let _watcher = match &args.config {
@@ -258,6 +304,7 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     if let Some(t) = zds_thread {
         let _ = t.join();
     }
+    drop(root_watchers);
     drop(xds_mesh);
     drop(control);
     drop(metrics_server);

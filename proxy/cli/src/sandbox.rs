@@ -121,7 +121,8 @@ fn start_node(
         // identity made here, a CSR to the certificate service.
         Some(svc) => Some(
             ca_service::enable_hbone_with_ca_service(&proxy, svc, TD)
-                .with_context(|| format!("node{index}'s proxy as a certificate service client"))?,
+                .with_context(|| format!("node{index}'s proxy as a certificate service client"))?
+                .refresher,
         ),
         None => {
             let ca =

@@ -108,6 +108,8 @@ pub fn check_file(mesh: &Mesh) -> anyhow::Result<()> {
 pub struct XdsMesh {
     state: SharedMeshState,
     status: Arc<XdsStatus>,
+    /// The client's TLS (replaced when the root rotates).
+    tls: ringway_grpc::ClientTls,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -124,6 +126,12 @@ impl XdsMesh {
     /// The client's status (readiness, metrics, refused resources).
     pub fn status(&self) -> &Arc<XdsStatus> {
         &self.status
+    }
+
+    /// The client's TLS: replace it to check the control plane's
+    /// certificate against other roots from the next connect on.
+    pub fn tls(&self) -> &ringway_grpc::ClientTls {
+        &self.tls
     }
 
     /// A reloaded configuration file: its settings apply, its entries do not.
@@ -171,8 +179,10 @@ pub fn start(
                 args.xds_root_cert.display()
             )
         })?;
-    let tls = ringway_ca::CaClient::tls_config(bundle.roots())
-        .map_err(|e| anyhow::anyhow!("the control plane's TLS: {e}"))?;
+    let tls = ringway_grpc::ClientTls::new(
+        ringway_ca::CaClient::tls_config(bundle.roots())
+            .map_err(|e| anyhow::anyhow!("the control plane's TLS: {e}"))?,
+    );
     let server_name = args.server_name()?;
     let name = rustls_pki_types::ServerName::try_from(server_name.clone())
         .with_context(|| format!("--xds-server-name {server_name:?}"))?;
@@ -187,7 +197,7 @@ pub fn start(
     let config = ringway_xds::ClientConfig::new(
         args.xds_address.clone(),
         name,
-        tls,
+        tls.clone(),
         args.xds_token_file.clone(),
         file.cluster_id(),
         node,
@@ -234,6 +244,7 @@ pub fn start(
     Ok(XdsMesh {
         state,
         status,
+        tls,
         stop: Some(stop),
         thread: Some(thread),
     })

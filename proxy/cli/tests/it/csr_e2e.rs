@@ -90,6 +90,9 @@ struct Bed {
     public_roots: Vec<PathBuf>,
     /// How many of them (the first ones) the proxies trust: all by default.
     trusted: usize,
+    /// The proxies' `rootCertFile` (the mesh root's ConfigMap): the first
+    /// root's certificate until a test edits it.
+    root_cert: PathBuf,
     plugin: PathBuf,
     n1: VirtualNode,
     n2: VirtualNode,
@@ -130,6 +133,8 @@ impl Bed {
             signers.push(s);
         }
         // The service's serving certificate, from the first root.
+        let root_cert = dir.join("root-cert.pem");
+        std::fs::write(&root_cert, signers[0].cert_pem()).unwrap();
         let serving = signers[0].issue_dns_for_tests(CA_NAME);
         let tls = (ca_dir.join("tls.crt"), ca_dir.join("tls.key"));
         serving.write_pem_files(&tls.0, &tls.1).unwrap();
@@ -164,6 +169,7 @@ impl Bed {
             roots: root_files,
             trusted: public_roots.len(),
             public_roots,
+            root_cert,
             plugin,
             n1,
             n2,
@@ -317,7 +323,7 @@ impl Bed {
         format!(
             "trustDomain: {TD}\n{}ca:\n  address: \"{CA_ADDR}\"\n  serverName: {CA_NAME}\n  rootCertFile: \"{}\"\n  bundleFiles: [{}]\n  tokenFile: \"{}\"\n",
             ringway_testbed::mesh::workloads_yaml(&ws),
-            self.public_roots[0].display(),
+            self.root_cert.display(),
             bundle.join(", "),
             self.token_file(n).display()
         )
@@ -483,21 +489,36 @@ impl rustls::client::danger::ServerCertVerifier for Capture {
     }
 }
 
+/// A TLS 1.3 client of a tunnel port (ALPN h2) that takes whatever chain
+/// the server presents into `capture`, presenting `leaf` if given.
+fn tunnel_client(
+    capture: Arc<Capture>,
+    leaf: Option<&ringway_identity::TestLeaf>,
+) -> rustls::ClientConfig {
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(capture);
+    let mut cfg = match leaf {
+        Some(l) => builder
+            .with_client_auth_cert(l.chain.clone(), l.key.clone_key())
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg
+}
+
 /// The chain the proxy's tunnel port (15008) of `server` presents, as seen
 /// from node netns `from` (a pod's own connections to 15008 are captured as
 /// outbound): a TLS client without a certificate, as the server's chain
 /// comes before it asks for the client's.
 fn presented_chain(from: &ringway_testbed::Netns, server: &Pod) -> Vec<CertificateDer<'static>> {
     let capture = Arc::new(Capture(Mutex::new(Vec::new())));
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .unwrap()
-    .dangerous()
-    .with_custom_certificate_verifier(capture.clone())
-    .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let cfg = tunnel_client(capture.clone(), None);
     let to = SocketAddr::new(IpAddr::V4(server.ipv4), 15008);
     let outcome = from.run(|| -> std::io::Result<()> {
         let mut tcp = connect(to, Duration::from_secs(5))?;
@@ -1116,4 +1137,163 @@ fn adversarial_csr_a_renewed_leaf_of_an_untrusted_root_is_refused_and_the_curren
             }
         },
     );
+}
+
+/// Writes `text` beside `path` and renames it over `path` (a ConfigMap
+/// update as the file's readers see it: whole or not at all).
+fn replace_file(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A node proxy's metric (0 when absent).
+fn node_metric(node: &Node, name: &str) -> f64 {
+    prom::sum(&scrape(node.metrics()).unwrap(), name, &[])
+}
+
+/// A TLS handshake to `server`'s tunnel port (15008) from node netns
+/// `from`, presenting `leaf`, then the HTTP/2 preface: `Ok` once the
+/// server's SETTINGS come back (the client certificate was accepted), the
+/// error otherwise (TLS 1.3 reports a refused client certificate after the
+/// client's side of the handshake, on the first read).
+fn tunnel_accepts(
+    from: &ringway_testbed::Netns,
+    server: &Pod,
+    leaf: &ringway_identity::TestLeaf,
+) -> Result<(), String> {
+    let cfg = tunnel_client(Arc::new(Capture(Mutex::new(Vec::new()))), Some(leaf));
+    let to = SocketAddr::new(IpAddr::V4(server.ipv4), 15008);
+    from.run(|| -> std::io::Result<()> {
+        let tcp = connect(to, Duration::from_secs(5))?;
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let conn = rustls::ClientConnection::new(
+            Arc::new(cfg),
+            rustls_pki_types::ServerName::try_from("tunnel").unwrap(),
+        )
+        .map_err(std::io::Error::other)?;
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        // The preface and an empty SETTINGS frame.
+        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")?;
+        let mut frame = [0u8; 9];
+        tls.read_exact(&mut frame)?;
+        if frame[3] != 4 {
+            return Err(std::io::Error::other(format!(
+                "the first frame back is of type {}, not SETTINGS",
+                frame[3]
+            )));
+        }
+        Ok(())
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// A root rotation as deploy/README gives it, with no proxy restarted:
+/// the roots' file edited (both roots), the service moved to the new root
+/// (leaves renewed under it), the old root removed from the file. Each
+/// edit is followed by the running proxies: pods talk over HBONE
+/// throughout, a broken edit of the file is refused and counted with the
+/// roots in force kept, and once the old root is removed a peer presenting
+/// a leaf of it is refused where it was accepted during the overlap.
+#[test]
+fn csr_root_rotation_without_restarting_the_proxies() {
+    run_isolated("csr_root_rotation_without_restarting_the_proxies", || {
+        let mut bed = Bed::new("csr-live-rotation", 2);
+        bed.trusted = 1;
+        let ca = bed.start_ca(&[0], LEAF_SECS);
+        let (mut node1, mut node2) = (bed.start_node(1), bed.start_node(2));
+        let (a, b) = (bed.n1.pod(0), bed.n2.pod(0));
+        bed.cni_add(&node1, a);
+        bed.cni_add(&node2, b);
+        let mut port = 8080;
+        let mut talk = |why: &str| {
+            for (from, to) in [(a, b), (b, a)] {
+                let addr = SocketAddr::new(to.ip(false), port);
+                port += 1;
+                assert_eq!(
+                    exchange(from, to, addr, 64 << 10).unwrap_or_else(|e| panic!("{why}: {e}")),
+                    from.ip(false),
+                    "{why}"
+                );
+            }
+        };
+        talk("before the rotation");
+        let roots = |n: &Node| node_metric(n, "ringway_trust_roots");
+        assert_eq!((roots(&node1), roots(&node2)), (1.0, 1.0));
+        // A leaf of the old root, as a peer would present it.
+        let old_ca =
+            ringway_identity::CaSigner::load(&bed.roots[0].cert, &bed.roots[0].key).unwrap();
+        let now = SystemTime::now();
+        let old_leaf = old_ca.issue_for_tests(
+            &ringway_identity::parse_spiffe(DEFAULT_ID, TD).unwrap(),
+            now - Duration::from_secs(60),
+            now + Duration::from_secs(3600),
+        );
+        drop(old_ca);
+        tunnel_accepts(&bed.n1.node, b, &old_leaf).expect("a leaf of the root in force");
+
+        // A broken edit: refused, counted, the roots kept.
+        replace_file(&bed.root_cert, "not a certificate\n");
+        let rejected = |n: &Node| node_metric(n, "ringway_trust_bundle_rejected_total");
+        assert!(
+            wait_until(PATIENCE, || rejected(&node1) >= 1.0
+                && rejected(&node2) >= 1.0),
+            "the broken edit was not refused"
+        );
+        assert_eq!((roots(&node1), roots(&node2)), (1.0, 1.0));
+        talk("after a broken edit of the roots");
+
+        // Step 1: both roots in the file.
+        let (old_pem, new_pem) = (
+            std::fs::read_to_string(&bed.public_roots[0]).unwrap(),
+            std::fs::read_to_string(&bed.public_roots[1]).unwrap(),
+        );
+        replace_file(&bed.root_cert, &format!("{old_pem}{new_pem}"));
+        assert!(
+            wait_until(PATIENCE, || roots(&node1) == 2.0 && roots(&node2) == 2.0),
+            "the proxies never took both roots"
+        );
+        // Step 2: the service signs with the new root; the leaves renew
+        // under it (a proxy that did not take the new root refuses them).
+        kill(ca);
+        let _ca = bed.start_ca(&[0, 1], 3600);
+        let (new_root, old_root) = (&bed.public_roots[1], &bed.public_roots[0]);
+        for (at, pod) in [(&bed.n1.node, b), (&bed.n2.node, a)] {
+            assert!(
+                wait_until(RENEWAL_PATIENCE, || chains_to(
+                    &presented_chain(at, pod),
+                    new_root,
+                    DEFAULT_ID
+                )
+                .is_ok()),
+                "{}'s leaf was never renewed under the new root",
+                pod.name
+            );
+        }
+        talk("the leaves renewed under the new root");
+        tunnel_accepts(&bed.n1.node, b, &old_leaf).expect("the old root's leaf in the overlap");
+
+        // Step 3: the old root removed from the file.
+        replace_file(&bed.root_cert, &new_pem);
+        assert!(
+            wait_until(PATIENCE, || roots(&node1) == 1.0 && roots(&node2) == 1.0),
+            "the proxies never dropped the old root"
+        );
+        talk("after the old root was removed");
+        let e = tunnel_accepts(&bed.n1.node, b, &old_leaf)
+            .expect_err("a leaf of the removed root was accepted");
+        assert!(
+            chains_to(&presented_chain(&bed.n1.node, b), old_root, DEFAULT_ID).is_err(),
+            "b presents a leaf of the removed root ({e})"
+        );
+        for n in [&mut node1, &mut node2] {
+            assert!(
+                n.proxy.0.try_wait().unwrap().is_none(),
+                "node{}'s proxy exited",
+                n.index
+            );
+        }
+        let reloads = |n: &Node| node_metric(n, "ringway_trust_bundle_reloads_total");
+        assert_eq!((reloads(&node1), reloads(&node2)), (2.0, 2.0));
+    });
 }

@@ -199,7 +199,12 @@ impl Bed {
     /// The control plane on [`XDS_ADDR`]: xDS, and `CreateCertificate`
     /// on the same port.
     fn start_istiod(&self) -> XdsServer {
-        let server = XdsServer::start(XDS_ADDR.parse().unwrap(), self.istiod_tls.clone()).unwrap();
+        self.start_istiod_with(self.istiod_tls.clone())
+    }
+
+    /// [`Bed::start_istiod`] presenting the serving certificate of `tls`.
+    fn start_istiod_with(&self, tls: Arc<rustls::ServerConfig>) -> XdsServer {
+        let server = XdsServer::start(XDS_ADDR.parse().unwrap(), tls).unwrap();
         let ca = self.ca.clone();
         server.set_other_methods(Arc::new(move |req, respond| {
             let ca = ca.clone();
@@ -1630,6 +1635,61 @@ fn xds_pod_flag_proxy_stops_on_sigterm_while_it_waits_for_the_control_plane() {
             eprintln!("stopped {:?} after SIGTERM", t0.elapsed());
             let log = proxy_log();
             assert!(log.contains("no pod was taken"), "{log}");
+        },
+    );
+}
+
+/// The control plane's root rotated: istiod restarts with a serving
+/// certificate of a new root, which the running proxy refuses (its root
+/// file names only the old one) until the file holds both; then it
+/// reconnects, with no restart, and the certificate service's client (the
+/// same root file) takes both roots too.
+#[test]
+fn xds_a_control_plane_root_rotation_is_followed_without_a_restart() {
+    drill(
+        "xds_a_control_plane_root_rotation_is_followed_without_a_restart",
+        "xds-root-rotation",
+        |bed| {
+            let istiod = bed.start_istiod();
+            let node1 = bed.start_node(1);
+            bed.wait_ready(&node1);
+            let metric = |name: &str| {
+                prom::value(&scrape(node1.control(15020)).unwrap(), name, &[]).unwrap_or(-1.0)
+            };
+            assert_eq!(metric("ringway_xds_connected"), 1.0);
+            assert_eq!(metric("ringway_trust_roots"), 1.0);
+
+            // istiod comes back with a serving certificate of a new root.
+            let next = ringway_identity::CaSigner::generate_for_tests(TD);
+            let leaf = next.issue_dns_for_tests(ISTIOD);
+            istiod.stop();
+            let istiod = bed.start_istiod_with(server_tls(leaf.chain, leaf.key).unwrap());
+            assert!(
+                wait_until(PATIENCE, || istiod.tls_failures() >= 1),
+                "the proxy never tried the new serving certificate"
+            );
+            assert_eq!(
+                metric("ringway_xds_connected"),
+                0.0,
+                "connected through a root it was not given"
+            );
+
+            // The root file gets both roots: the running proxy reconnects.
+            let old = std::fs::read_to_string(&bed.root).unwrap();
+            let tmp = bed.root.with_extension("tmp");
+            std::fs::write(&tmp, format!("{old}{}", next.cert_pem())).unwrap();
+            std::fs::rename(&tmp, &bed.root).unwrap();
+            assert!(
+                wait_until(PATIENCE * 3, || metric("ringway_xds_connected") == 1.0),
+                "never reconnected after the root file was edited:\n{}",
+                node1.log()
+            );
+            assert_eq!(metric("ringway_trust_roots"), 2.0);
+            assert!(
+                node1.log().contains("trust bundle reloaded"),
+                "{}",
+                node1.log()
+            );
         },
     );
 }

@@ -1,0 +1,91 @@
+//! The mesh's roots followed while the proxy runs. A root rotation edits
+//! the roots' files (the ConfigMap of `root-cert.pem` updated, the bundle
+//! files replaced); each edit that loads is put in force without a restart:
+//! the HBONE handshakes' roots in both directions, the roots the
+//! certificate service's and the control plane's serving certificates are
+//! checked against. An edit that does not load (unreadable, no
+//! certificate, garbage) is rejected and counted; the roots in force stay.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ringway_config::FileWatcher;
+use ringway_grpc::ClientTls;
+use ringway_identity::{BundleFiles, IdentityManager, TrustBundle};
+
+/// How often the roots' files are checked: a `stat` each; a ConfigMap's
+/// update reaches the pod's volume a minute or so after the edit anyway.
+pub(crate) const POLL: Duration = Duration::from_secs(1);
+
+/// Who takes the roots of one set of files.
+#[derive(Default)]
+pub(crate) struct RootsUsers {
+    /// HBONE: peers verified against them (and the certificates issued).
+    pub identities: Option<Arc<IdentityManager>>,
+    /// gRPC clients (the certificate service, the control plane) whose
+    /// server's certificate is checked against them.
+    pub clients: Vec<(&'static str, ClientTls)>,
+}
+
+/// Follows `files` (in order: every certificate of each) and hands each
+/// edit that loads to `users`. `None` without files. The files were read
+/// once at start already; one that cannot be read now fails the start.
+pub(crate) fn follow(
+    files: Vec<PathBuf>,
+    users: RootsUsers,
+) -> anyhow::Result<Option<FileWatcher<TrustBundle>>> {
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let names = files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rejected_by = users.identities.clone();
+    let watcher = FileWatcher::spawn(
+        "ringway-roots",
+        files,
+        BundleFiles,
+        POLL,
+        move |bundle: Arc<TrustBundle>| apply(&bundle, &users),
+        move |e| {
+            if let Some(ids) = &rejected_by {
+                ids.count_rejected_bundle();
+            }
+            tracing::error!(error = %e, "trust bundle edit rejected; keeping the roots in force");
+        },
+    )
+    .with_context(|| format!("following the mesh's roots in {names}"))?;
+    Ok(Some(watcher))
+}
+
+fn apply(bundle: &TrustBundle, users: &RootsUsers) {
+    if let Some(ids) = &users.identities {
+        match ids.set_bundle(bundle.clone()) {
+            Ok(c) => tracing::info!(
+                roots = c.roots,
+                added = c.added,
+                removed = c.removed,
+                renewing = c.renewing,
+                "trust bundle reloaded: new HBONE handshakes verify peers against it"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "trust bundle edit rejected; keeping the roots in force");
+                return;
+            }
+        }
+    }
+    for (who, tls) in &users.clients {
+        match ringway_ca::CaClient::tls_config(bundle.roots()) {
+            Ok(cfg) => {
+                tls.replace(cfg);
+                tracing::info!(client = who, roots = bundle.roots().len(), "roots reloaded");
+            }
+            Err(e) => tracing::error!(client = who, error = %e,
+                "roots edit rejected; keeping the roots in force"),
+        }
+    }
+}
