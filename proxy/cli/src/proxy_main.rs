@@ -128,6 +128,7 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
                 crate::trust::RootsUsers {
                     identities: None,
                     clients: vec![("control plane", x.tls().clone())],
+                    counted_by: proxy.identities(),
                 },
             )?);
         }
@@ -137,6 +138,7 @@ pub(crate) fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         crate::trust::RootsUsers {
             identities: proxy.identities(),
             clients: roots_users,
+            counted_by: proxy.identities(),
         },
     )?);
     // Hot reload of the mesh (workloads, policies): connections opened after

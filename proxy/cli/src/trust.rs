@@ -27,11 +27,15 @@ pub(crate) struct RootsUsers {
     /// gRPC clients (the certificate service, the control plane) whose
     /// server's certificate is checked against them.
     pub clients: Vec<(&'static str, ClientTls)>,
+    /// Where a refused edit is counted (`ringway_trust_bundle_rejected`).
+    pub counted_by: Option<Arc<IdentityManager>>,
 }
 
 /// Follows `files` (in order: every certificate of each) and hands each
-/// edit that loads to `users`. `None` without files. The files were read
-/// once at start already; one that cannot be read now fails the start.
+/// edit that loads to `users`. `None` without files. The users were built
+/// from the files read moments before; what the watcher reads first is
+/// handed to them too, so an edit in between is not missed. A file that
+/// cannot be read now fails the start.
 pub(crate) fn follow(
     files: Vec<PathBuf>,
     users: RootsUsers,
@@ -44,13 +48,15 @@ pub(crate) fn follow(
         .map(|f| f.display().to_string())
         .collect::<Vec<_>>()
         .join(", ");
-    let rejected_by = users.identities.clone();
+    let rejected_by = users.counted_by.clone();
+    let users = Arc::new(users);
+    let on_change = users.clone();
     let watcher = FileWatcher::spawn(
         "ringway-roots",
         files,
         BundleFiles,
         POLL,
-        move |bundle: Arc<TrustBundle>| apply(&bundle, &users),
+        move |bundle: Arc<TrustBundle>| apply(&bundle, &on_change),
         move |e| {
             if let Some(ids) = &rejected_by {
                 ids.count_rejected_bundle();
@@ -59,12 +65,14 @@ pub(crate) fn follow(
         },
     )
     .with_context(|| format!("following the mesh's roots in {names}"))?;
+    apply(&watcher.current(), &users);
     Ok(Some(watcher))
 }
 
 fn apply(bundle: &TrustBundle, users: &RootsUsers) {
     if let Some(ids) = &users.identities {
         match ids.set_bundle(bundle.clone()) {
+            Ok(c) if c.added + c.removed == 0 => {}
             Ok(c) => tracing::info!(
                 roots = c.roots,
                 added = c.added,
@@ -78,11 +86,13 @@ fn apply(bundle: &TrustBundle, users: &RootsUsers) {
             }
         }
     }
+    // The clients' configs are rebuilt whatever changed: each is one
+    // allocation, made once per edit.
     for (who, tls) in &users.clients {
         match ringway_ca::CaClient::tls_config(bundle.roots()) {
             Ok(cfg) => {
                 tls.replace(cfg);
-                tracing::info!(client = who, roots = bundle.roots().len(), "roots reloaded");
+                tracing::debug!(client = who, roots = bundle.roots().len(), "roots in force");
             }
             Err(e) => tracing::error!(client = who, error = %e,
                 "roots edit rejected; keeping the roots in force"),

@@ -54,7 +54,8 @@ impl Default for PoolConfig {
 }
 
 /// Which connections may carry a tunnel: the same source identity, expected destination
-/// identity (checked by the caller's TLS), source IP and destination `ip:15008`.
+/// identity (checked by the caller's TLS), source IP and destination `ip:15008`, dialled
+/// under the same trusted roots.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     /// SPIFFE id the client presents.
@@ -65,6 +66,11 @@ pub struct PoolKey {
     pub src_ip: IpAddr,
     /// The destination pod's HBONE address (`ip:15008`).
     pub dst: SocketAddr,
+    /// The generation of the trusted roots the caller dials under (bumped
+    /// when a root stops being trusted): a connection whose server was
+    /// checked against a root since removed carries no new tunnel, and
+    /// closes once idle.
+    pub trust_generation: u64,
 }
 
 /// A pool of HBONE connections. Cheap to clone; clones share connections.

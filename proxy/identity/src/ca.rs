@@ -90,7 +90,7 @@ pub enum CaProblem {
 }
 
 /// Reads a CA or bundle file, at most the configuration's file limit.
-fn read(path: &Path) -> Result<Vec<u8>, CaError> {
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, CaError> {
     use std::io::Read;
     let limit = ringway_config::MAX_FILE_BYTES;
     let err = |problem| CaError {
@@ -534,7 +534,7 @@ impl TrustBundle {
     }
 
     /// Adds every certificate of `bytes`, the PEM content of `file`.
-    fn add_pem(&mut self, file: &Path, bytes: &[u8]) -> Result<(), CaError> {
+    pub(crate) fn add_pem(&mut self, file: &Path, bytes: &[u8]) -> Result<(), CaError> {
         let certs = certs_from_pem(file, bytes)?;
         for cert in certs {
             let mut store = RootCertStore::empty();
@@ -565,35 +565,6 @@ impl TrustBundle {
             store.add(r.clone())?;
         }
         Ok(store)
-    }
-}
-
-/// A trust bundle's files as a [`ringway_config::FileWatcher`] loads
-/// them (the roots rotated: a ConfigMap updated, a file replaced): every
-/// certificate of every file, in order. A file that cannot be read, is too
-/// large, holds no certificate or one rustls cannot use as a root fails the
-/// whole load, naming the file: the roots in force stay.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BundleFiles;
-
-impl ringway_config::Loader for BundleFiles {
-    type Output = TrustBundle;
-    type Error = crate::IdentityError;
-
-    fn read(&self, path: &Path) -> Result<Vec<u8>, crate::IdentityError> {
-        Ok(read(path)?)
-    }
-
-    fn load(
-        &self,
-        paths: &[PathBuf],
-        contents: &[Vec<u8>],
-    ) -> Result<TrustBundle, crate::IdentityError> {
-        let mut bundle = TrustBundle::new();
-        for (file, bytes) in paths.iter().zip(contents) {
-            bundle.add_pem(file, bytes)?;
-        }
-        Ok(bundle)
     }
 }
 

@@ -85,6 +85,7 @@ mod cert;
 mod clock;
 mod error;
 mod manager;
+mod roots;
 mod spiffe;
 mod summary;
 mod tls;
@@ -92,7 +93,7 @@ mod tls;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use ca::{BundleFiles, CaError, CaProblem, CaSigner, CsrError, TrustBundle};
+pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
 pub use cert::WorkloadCert;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{IdentityError, IssueError, SpiffeError};
@@ -101,6 +102,7 @@ pub use manager::{
     DEFAULT_CERT_LIFETIME, DEFAULT_MAX_CONCURRENT_ISSUANCE,
 };
 pub use ringway_config::authz::Identity;
+pub use roots::BundleFiles;
 pub use spiffe::{parse_spiffe, peer_identity, peer_identity_from_certs, spiffe_id_of};
 pub use summary::{base64, describe_certificate, rfc3339, CertState, CertSummary};
 pub use tls::{

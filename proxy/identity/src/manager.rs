@@ -209,6 +209,8 @@ pub struct IdentityManager {
     issue_failures: AtomicU64,
     /// Trust bundles put in force after the first, and edits refused.
     bundle_reloads: AtomicU64,
+    /// See [`IdentityManager::trust_generation`].
+    trust_generation: AtomicU64,
     bundle_rejections: AtomicU64,
     /// When a remote source last failed without refusing (unreachable,
     /// slow), and why; `None` once it issued again.
@@ -301,6 +303,7 @@ impl IdentityManager {
             issued: AtomicU64::new(0),
             issue_failures: AtomicU64::new(0),
             bundle_reloads: AtomicU64::new(0),
+            trust_generation: AtomicU64::new(0),
             bundle_rejections: AtomicU64::new(0),
             failing: Mutex::new(None),
         })
@@ -373,43 +376,82 @@ impl IdentityManager {
             self.count_rejected_bundle();
             return Err(IdentityError::EmptyTrustBundle);
         }
+        let (added, removed) = {
+            let was = read(&self.trust).clone();
+            let (was, now) = (was.bundle.roots(), bundle.roots());
+            (
+                now.iter().filter(|r| !was.contains(r)).count(),
+                was.iter().filter(|r| !now.contains(r)).count(),
+            )
+        };
+        let roots = bundle.roots().len();
+        if added == 0 && removed == 0 {
+            // The same roots (in another order, or read again): nothing to do.
+            return Ok(TrustChange {
+                added,
+                removed,
+                roots,
+                renewing: 0,
+            });
+        }
         let new = Arc::new(
             Trust::new(bundle, &self.trust_domain, &self.provider, &self.clock)
                 .inspect_err(|_| self.count_rejected_bundle())?,
         );
+        *write(&self.trust) = new.clone();
+        if removed > 0 {
+            self.trust_generation.fetch_add(1, Ordering::SeqCst);
+        }
         self.bundle_reloads.fetch_add(1, Ordering::Relaxed);
-        let old = std::mem::replace(&mut *write(&self.trust), new.clone());
-        let (was, now) = (old.bundle.roots(), new.bundle.roots());
-        let added = now.iter().filter(|r| !was.contains(r)).count();
-        let removed = was.iter().filter(|r| !now.contains(r)).count();
         // The caches check the trust they were built from; dropping them
         // here only frees the memory sooner.
         write(&self.server_configs).clear();
         write(&self.client_configs).clear();
+        let renewing = self.recheck_certificates(&new);
+        Ok(TrustChange {
+            added,
+            removed,
+            roots,
+            renewing,
+        })
+    }
+
+    /// Flags every certificate in hand that does not chain to `trust` for
+    /// renewal at once (its retry backoff reset), and clears the flag of
+    /// those that do (a root removed, then put back). Returns how many are
+    /// flagged.
+    fn recheck_certificates(&self, trust: &Trust) -> usize {
+        let slots: Vec<(Identity, Arc<Slot>)> = read(&self.certs)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let mut renewing = 0;
-        if removed > 0 {
-            let slots: Vec<(Identity, Arc<Slot>)> = read(&self.certs)
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            for (id, slot) in slots {
-                let Some(cert) = read(&slot.current).clone() else {
-                    continue;
-                };
-                if let Err(e) = self.verify_own(&id, cert.chain()) {
+        for (id, slot) in slots {
+            let Some(cert) = read(&slot.current).clone() else {
+                continue;
+            };
+            match self.verify_with(trust, &id, cert.chain()) {
+                Ok(()) => slot.untrusted.store(false, Ordering::Relaxed),
+                Err(e) => {
                     tracing::warn!(identity = %id, error = %e,
-                        "the certificate in hand no longer chains to the trusted roots; renewing it now");
+                        "the certificate in hand does not verify against the trusted roots; renewing it now");
                     slot.untrusted.store(true, Ordering::Relaxed);
+                    slot.retry
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .due = None;
                     renewing += 1;
                 }
             }
         }
-        Ok(TrustChange {
-            added,
-            removed,
-            roots: now.len(),
-            renewing,
-        })
+        renewing
+    }
+
+    /// Bumped each time a root stops being trusted: a connection
+    /// authenticated before (the peer's chain checked against a root since
+    /// removed) must not carry new streams once it has moved.
+    pub fn trust_generation(&self) -> u64 {
+        self.trust_generation.load(Ordering::SeqCst)
     }
 
     /// Counts an edit of the roots' files that was refused (it did not
@@ -675,7 +717,8 @@ impl IdentityManager {
                 return Ok(c.clone());
             }
         }
-        let cert = match self.issue(id) {
+        let trust = read(&self.trust).clone();
+        let cert = match self.issue(id, &trust) {
             Ok(c) => Arc::new(c),
             Err(e) => {
                 self.issue_failures.fetch_add(1, Ordering::Relaxed);
@@ -695,6 +738,15 @@ impl IdentityManager {
         slot.untrusted.store(false, Ordering::Relaxed);
         *self.failing.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let old = write(&slot.current).replace(cert.clone());
+        // The roots changed while this was issued and checked: check it
+        // against those in force now (a swap's re-check may have seen the
+        // certificate this one replaces).
+        let now_trust = read(&self.trust).clone();
+        if !Arc::ptr_eq(&trust, &now_trust)
+            && self.verify_with(&now_trust, id, cert.chain()).is_err()
+        {
+            slot.untrusted.store(true, Ordering::Relaxed);
+        }
         // Invalidate configs holding the old certificate.
         write(&self.server_configs).remove(id);
         write(&self.client_configs).retain(|(local, _), _| local != id);
@@ -708,7 +760,7 @@ impl IdentityManager {
         Ok(cert)
     }
 
-    fn issue(&self, id: &Identity) -> Result<WorkloadCert, IdentityError> {
+    fn issue(&self, id: &Identity, trust: &Trust) -> Result<WorkloadCert, IdentityError> {
         let now = self.clock.now();
         if let Some(expires) = self.ca.expires().filter(|e| now >= *e) {
             return Err(IdentityError::CaExpired {
@@ -744,7 +796,7 @@ impl IdentityManager {
         // it against theirs (the same roots), and a leaf they would refuse
         // (a service signing with a root not yet distributed) must not
         // replace one they accept.
-        self.verify_own(id, &chain).map_err(|e| {
+        self.verify_with(trust, id, &chain).map_err(|e| {
             fail(format!(
                 "the certificate issued does not verify against the trust bundle: {e}"
             ))
@@ -964,10 +1016,11 @@ impl IdentityManager {
         read(&self.trust).client_verifier.clone()
     }
 
-    /// Whether `chain` is a valid certificate of `id` under the roots in
-    /// force, as a peer would check it.
-    fn verify_own(
+    /// Whether `chain` is a valid certificate of `id` under `trust`'s
+    /// roots, as a peer would check it.
+    fn verify_with(
         &self,
+        trust: &Trust,
         id: &Identity,
         chain: &[CertificateDer<'static>],
     ) -> Result<(), rustls::Error> {
@@ -975,15 +1028,20 @@ impl IdentityManager {
         let Some((leaf, rest)) = chain.split_first() else {
             return Err(rustls::Error::NoCertificatesPresented);
         };
-        self.server_verifier(id)
-            .verify_server_cert(
-                leaf,
-                rest,
-                &tls::placeholder_server_name(),
-                &[],
-                rustls_pki_types::UnixTime::now(),
-            )
-            .map(|_| ())
+        SpiffeServerVerifier::new(
+            trust.roots.clone(),
+            id.clone(),
+            self.provider.clone(),
+            self.clock.clone(),
+        )
+        .verify_server_cert(
+            leaf,
+            rest,
+            &tls::placeholder_server_name(),
+            &[],
+            rustls_pki_types::UnixTime::now(),
+        )
+        .map(|_| ())
     }
 }
 
@@ -1541,11 +1599,54 @@ mod tests {
         assert_eq!(m.refresh_due(), 1, "web's certificate renewed at once");
         let renewed = m.cached(&web).unwrap();
         assert_ne!(renewed.chain()[0], first.chain()[0]);
-        assert!(m.verify_own(&web, renewed.chain()).is_ok());
+        assert!(m
+            .verify_with(&read(&m.trust), &web, renewed.chain())
+            .is_ok());
         assert!(
             Arc::ptr_eq(&api_cert, &m.cached(&api).unwrap()),
             "api's is left alone"
         );
         assert_eq!(m.refresh_due(), 0, "and nothing is due after");
+    }
+
+    /// A root removed, then put back before the renewal it called for:
+    /// the renewal is called off (the certificate in hand chains to the
+    /// roots again). The generation moves on each removal only.
+    #[test]
+    fn a_root_put_back_calls_off_the_renewal_its_removal_asked_for() {
+        let td = "cluster.local";
+        let (old, new) = (
+            CaSigner::generate_for_tests_for_unit(td),
+            CaSigner::generate_for_tests_for_unit(td),
+        );
+        let (both, new_only) = (bundle_of(&[&old, &new]), bundle_of(&[&new]));
+        let m = IdentityManager::with_source(
+            Arc::new(Switching(Mutex::new(old))),
+            both.clone(),
+            td,
+            DEFAULT_CERT_LIFETIME,
+        )
+        .unwrap();
+        let web = Identity::new(td, "shop", "web");
+        let first = m.fetch(&web).unwrap();
+        assert_eq!(m.trust_generation(), 0);
+        assert_eq!(m.set_bundle(new_only).unwrap().renewing, 1);
+        assert_eq!(m.trust_generation(), 1);
+        let back = m.set_bundle(both.clone()).unwrap();
+        assert_eq!((back.added, back.removed, back.renewing), (1, 0, 0));
+        assert_eq!(m.trust_generation(), 1, "an addition does not move it");
+        assert_eq!(m.refresh_due(), 0, "the renewal is called off");
+        assert!(Arc::ptr_eq(&first, &m.cached(&web).unwrap()));
+        // The same roots again: nothing changes, nothing is counted.
+        assert_eq!(
+            m.set_bundle(both).unwrap(),
+            TrustChange {
+                added: 0,
+                removed: 0,
+                roots: 2,
+                renewing: 0
+            }
+        );
+        assert_eq!(m.bundle_reload_counts(), (2, 0));
     }
 }

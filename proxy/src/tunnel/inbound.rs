@@ -56,13 +56,18 @@ pub async fn inbound(
     // places capped per source and per pod (`preauth`, taken at accept).
     let (ids, mesh) = state.in_force.enabled().ok_or(TunnelError::Disabled)?;
     let local = pod_identity(&mesh, &pod).ok_or(TunnelError::NoLocalIdentity)?;
+    // Read before the config: the roots the handshake checks the peer
+    // against are at least this generation's.
+    let generation = ids.trust_generation();
     let cfg = ids.server_config(&local)?;
     let tls = server_handshake(&state, cfg, tcp, stats).await?;
+    let trusted = (ids, generation);
     // The dial is registered before its TLS starts, so it is known by now.
     match state.serving_dial(peer_addr) {
         Some(w) if w != worker => {
             let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-            let job = serve_authenticated(state.clone(), pod, mark, tls, peer_addr, preauth);
+            let job =
+                serve_authenticated(state.clone(), pod, mark, tls, peer_addr, preauth, trusted);
             let job: super::state::ServeJob =
                 Box::pin(tracing::Instrument::in_current_span(async move {
                     let _ = done_tx.send(job.await);
@@ -81,7 +86,39 @@ pub async fn inbound(
                 }
             }
         }
-        _ => serve_authenticated(state, pod, mark, tls, peer_addr, preauth).await,
+        _ => serve_authenticated(state, pod, mark, tls, peer_addr, preauth, trusted).await,
+    }
+}
+
+/// The peer's certificate chain and the generation of the roots it was
+/// last found to chain to: a stream opened after a root was removed checks
+/// the chain again (once per removal), so a connection authenticated under
+/// a root no longer trusted carries no new stream.
+struct PeerProof {
+    ids: Arc<ringway_identity::IdentityManager>,
+    chain: Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
+    checked: std::sync::atomic::AtomicU64,
+}
+
+impl PeerProof {
+    fn still_trusted(&self) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
+        use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+        let now = self.ids.trust_generation();
+        if self.checked.load(Ordering::Acquire) == now {
+            return Ok(());
+        }
+        let Some((leaf, rest)) = self.chain.split_first() else {
+            return Err("the peer presented no certificate".into());
+        };
+        self.ids
+            .client_verifier()
+            .verify_client_cert(leaf, rest, tokio_rustls::rustls::pki_types::UnixTime::now())
+            .map_err(|e| {
+                format!("the peer's certificate no longer verifies against the trusted roots: {e}")
+            })?;
+        self.checked.store(now, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -94,6 +131,7 @@ async fn serve_authenticated(
     mut tls: ServerTls,
     peer_addr: SocketAddr,
     preauth: PreauthGuard,
+    (ids, generation): (Arc<ringway_identity::IdentityManager>, u64),
 ) -> Result<(), TunnelError> {
     // On the driving worker: its reactor drives the socket from now on.
     tls.get_mut().0.tcp.attach()?;
@@ -102,6 +140,16 @@ async fn serve_authenticated(
     tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
     let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
     tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
+    let proof = Arc::new(PeerProof {
+        ids,
+        chain: tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default(),
+        checked: std::sync::atomic::AtomicU64::new(generation),
+    });
     let info = PeerInfo {
         identity: peer_id.to_string(),
         addr: peer_addr,
@@ -113,7 +161,14 @@ async fn serve_authenticated(
             let state = state.clone();
             let pod = pod.clone();
             let peer_id = peer_id.clone();
-            async move { decide(&state, &pod, mark, &peer_id, req).await }
+            let proof = proof.clone();
+            async move {
+                if let Err(why) = proof.still_trusted() {
+                    state.refused(HboneRefusal::UntrustedPeer);
+                    return deny_401(&state, why);
+                }
+                decide(&state, &pod, mark, &peer_id, req).await
+            }
         }
     };
     let l = &state.limits;

@@ -257,6 +257,7 @@ fn tunnel_key(pod: &PodShared, plan: &OutboundPlan, fallback: IpAddr) -> (PoolKe
         dst_identity: plan.dst_identity.to_string(),
         src_ip,
         dst: tunnel,
+        trust_generation: plan.ids.trust_generation(),
     };
     (key, tunnel)
 }

@@ -32,6 +32,10 @@ pub enum HboneRefusal {
     /// A stream to a workload whose traffic must pass a waypoint or a
     /// network gateway this proxy does not support.
     Unsupported,
+    /// A stream on a connection whose peer's certificate no longer
+    /// verifies against the trusted roots (a root removed since it was
+    /// authenticated).
+    UntrustedPeer,
 }
 
 impl HboneRefusal {
@@ -50,6 +54,7 @@ impl HboneRefusal {
             HboneRefusal::PerPodPaused => "per_pod_paused",
             HboneRefusal::UnknownWorkload => "unknown_workload",
             HboneRefusal::Unsupported => "unsupported",
+            HboneRefusal::UntrustedPeer => "untrusted_peer",
         }
     }
 }

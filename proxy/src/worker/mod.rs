@@ -322,6 +322,7 @@ mod tests {
                 dst_identity: "spiffe://cluster.local/ns/b/sa/b".into(),
                 src_ip,
                 dst: "10.0.0.9:15008".parse().unwrap(),
+                trust_generation: 0,
             };
             // Two pooled tunnels, one under the address, one under another.
             for src in [ip, "10.0.0.6".parse().unwrap()] {

@@ -525,6 +525,7 @@ fn hbone_refuses_forged_forwarded_from_non_mesh_client() {
                         dst_identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
                         src_ip: t.client().ip(false),
                         dst: tunnel,
+                        trust_generation: 0,
                     };
                     let headers = ringway_hbone::ConnectHeaders::new(addr).forwarded_for(forged);
                     let dial = || tokio::net::TcpStream::connect(tunnel);

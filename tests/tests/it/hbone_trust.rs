@@ -1216,3 +1216,95 @@ fn adversarial_hbone_preface_and_idle_timeouts() {
         assert!(wait_until(TIMEOUT, || refused(&t, "idle") >= 1.0));
     });
 }
+
+/// A root removed from the bundle while a peer holds a connection
+/// authenticated under it (the last step of a rotation, or a root that
+/// must go): the stream already open runs to its end, but no new stream
+/// rides that connection (`401`, `reason="untrusted_peer"`), and a new
+/// handshake under that root is refused. Without the check, the peer's
+/// pooled connection would carry new tunnels for as long as it stays busy.
+#[test]
+fn adversarial_hbone_a_removed_root_carries_no_new_stream() {
+    run_isolated(
+        "adversarial_hbone_a_removed_root_carries_no_new_stream",
+        || {
+            let t = two_nodes(Opts::new("hbone_removed_root"));
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let ids2 = t.ids2.clone().expect("HBONE on");
+            // A peer whose certificate is of another root, which node 2 is
+            // given; the peer trusts node 2's root.
+            let other = ringway_identity::CaSigner::generate_for_tests(TD);
+            let mut trusted = ringway_identity::TrustBundle::new();
+            trusted.add(other.cert().clone());
+            let mesh_root =
+                ringway_identity::TrustBundle::from_pem_files(&[t.dir.join("ca.crt")]).unwrap();
+            let peer = ringway_identity::IdentityManager::new(
+                other,
+                mesh_root,
+                TD,
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+            assert_eq!(ids2.set_bundle(trusted).unwrap().added, 1);
+            let tls = peer.client_config(&frontend(), &web()).unwrap();
+            let key = common::hbone::peer_key(&t, &frontend(), &web(), false);
+            let own = SocketAddr::new(t.client().ip(false), 40000);
+            let headers = || ringway_hbone::ConnectHeaders::new(addr).forwarded_for(own);
+            let dial = common::hbone::tls_dial;
+            common::hbone::on_node1(&t, async {
+                {
+                    let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
+                    let mut first = tokio::time::timeout(
+                        TIMEOUT,
+                        pool.connect(key.clone(), || dial(tls.clone(), key.dst), headers()),
+                    )
+                    .await
+                    .expect("CONNECT timed out")
+                    .expect("a peer of a trusted root is served");
+                    for round in 0..2 {
+                        first.write_all(b"ping").await.unwrap();
+                        let mut back = [0u8; 4];
+                        tokio::time::timeout(TIMEOUT, first.read_exact(&mut back))
+                            .await
+                            .expect("echo timed out")
+                            .unwrap();
+                        assert_eq!(&back, b"ping");
+                        if round == 1 {
+                            break;
+                        }
+                        // The root removed while the connection is open.
+                        let change = ids2
+                            .set_bundle(ringway_identity::TrustBundle::new())
+                            .unwrap();
+                        assert_eq!(change.removed, 1);
+                        let second = tokio::time::timeout(
+                            TIMEOUT,
+                            pool.connect(key.clone(), || dial(tls.clone(), key.dst), headers()),
+                        )
+                        .await
+                        .expect("CONNECT timed out");
+                        assert_eq!(
+                            second.err().and_then(|e| e.status()).map(|s| s.as_u16()),
+                            Some(401),
+                            "a new stream on a connection authenticated under a removed root"
+                        );
+                        assert_eq!(pool.connections_opened(), 1, "both on one connection");
+                    }
+                }
+            });
+            assert_eq!(refused(&t, "untrusted_peer"), 1.0);
+            assert_eq!(
+                app.connections(),
+                1,
+                "only the first stream reached the app"
+            );
+            // A new handshake under the removed root is refused.
+            let r = common::hbone::raw_tls(&t, (*tls).clone());
+            assert!(
+                common::hbone::tls_error(&r).is_some(),
+                "a new handshake under the removed root: {r:?}"
+            );
+        },
+    );
+}

@@ -225,6 +225,17 @@ impl Bed {
     /// granting at most `max_lifetime_secs`; waits until it is ready (its
     /// pod cache listed the API server's pods).
     fn start_ca(&self, roots: &[usize], max_lifetime_secs: u64) -> Proc {
+        self.start_ca_serving(roots, max_lifetime_secs, &self.tls)
+    }
+
+    /// [`Bed::start_ca`] presenting the serving certificate and key in
+    /// `tls` (PEM files).
+    fn start_ca_serving(
+        &self,
+        roots: &[usize],
+        max_lifetime_secs: u64,
+        tls: &(PathBuf, PathBuf),
+    ) -> Proc {
         let log = self.dir.join(format!("ca-{}.log", now_ms()));
         let mut c = Command::new(env!("CARGO_BIN_EXE_ringway"));
         c.env_clear()
@@ -232,9 +243,9 @@ impl Bed {
             .args(["--log-format", "text", "--log", "info", "ca"])
             .args(["--listen", CA_ADDR, "--metrics-addr", CA_METRICS])
             .arg("--tls-cert")
-            .arg(&self.tls.0)
+            .arg(&tls.0)
             .arg("--tls-key")
-            .arg(&self.tls.1)
+            .arg(&tls.1)
             .args(["--max-lifetime-secs", &max_lifetime_secs.to_string()]);
         for &i in roots {
             c.arg("--root-cert")
@@ -1256,7 +1267,7 @@ fn csr_root_rotation_without_restarting_the_proxies() {
         // Step 2: the service signs with the new root; the leaves renew
         // under it (a proxy that did not take the new root refuses them).
         kill(ca);
-        let _ca = bed.start_ca(&[0, 1], 3600);
+        let ca = bed.start_ca(&[0, 1], LEAF_SECS);
         let (new_root, old_root) = (&bed.public_roots[1], &bed.public_roots[0]);
         for (at, pod) in [(&bed.n1.node, b), (&bed.n2.node, a)] {
             assert!(
@@ -1273,13 +1284,42 @@ fn csr_root_rotation_without_restarting_the_proxies() {
         talk("the leaves renewed under the new root");
         tunnel_accepts(&bed.n1.node, b, &old_leaf).expect("the old root's leaf in the overlap");
 
-        // Step 3: the old root removed from the file.
+        // Step 3: the service's serving certificate re-issued under the new
+        // root, the service left with the new root only (the proxies reach
+        // it only if their client took the edited roots), then the old root
+        // removed from the file.
+        let next_tls = (bed.dir.join("tls-next.crt"), bed.dir.join("tls-next.key"));
+        ringway_identity::CaSigner::load(&bed.roots[1].cert, &bed.roots[1].key)
+            .unwrap()
+            .issue_dns_for_tests(CA_NAME)
+            .write_pem_files(&next_tls.0, &next_tls.1)
+            .unwrap();
+        kill(ca);
+        let _ca = bed.start_ca_serving(&[1], LEAF_SECS, &next_tls);
+        let handshakes = |n: &Node| {
+            prom::sum(
+                &scrape(n.metrics()).unwrap(),
+                "ringway_tls_handshakes_total",
+                &["side=\"client\"", "outcome=\"ok\""],
+            )
+        };
+        let dialled = (handshakes(&node1), handshakes(&node2));
         replace_file(&bed.root_cert, &new_pem);
         assert!(
             wait_until(PATIENCE, || roots(&node1) == 1.0 && roots(&node2) == 1.0),
             "the proxies never dropped the old root"
         );
+        let (exp_a, exp_b) = (expiry(&node1, DEFAULT_ID), expiry(&node2, DEFAULT_ID));
+        assert!(
+            wait_until(RENEWAL_PATIENCE, || expiry(&node1, DEFAULT_ID) > exp_a
+                && expiry(&node2, DEFAULT_ID) > exp_b),
+            "no renewal through the service's new serving certificate"
+        );
         talk("after the old root was removed");
+        assert!(
+            handshakes(&node1) > dialled.0 && handshakes(&node2) > dialled.1,
+            "the tunnels authenticated before the old root went were reused"
+        );
         let e = tunnel_accepts(&bed.n1.node, b, &old_leaf)
             .expect_err("a leaf of the removed root was accepted");
         assert!(

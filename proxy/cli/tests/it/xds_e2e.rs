@@ -1685,6 +1685,20 @@ fn xds_a_control_plane_root_rotation_is_followed_without_a_restart() {
                 node1.log()
             );
             assert_eq!(metric("ringway_trust_roots"), 2.0);
+            // The certificate service behind the new serving certificate:
+            // a pod enrolled now gets its certificate through it.
+            bed.cni_add(&node1, bed.n1.pod(0));
+            let id = "identity=\"spiffe://cluster.local/ns/demo/sa/default\"";
+            assert!(
+                wait_until(PATIENCE, || prom::value(
+                    &scrape(node1.control(15020)).unwrap(),
+                    "ringway_certificate_expiry_timestamp_seconds",
+                    &[id]
+                )
+                .is_some_and(|v| v > 0.0)),
+                "no certificate through the control plane's new serving certificate:\n{}",
+                node1.log()
+            );
             assert!(
                 node1.log().contains("trust bundle reloaded"),
                 "{}",

@@ -155,6 +155,7 @@ fn idle_streams_are_all_served_and_their_memory_printed() {
             dst_identity: "spiffe://cluster.local/ns/default/sa/server".into(),
             src_ip: "10.0.0.1".parse().unwrap(),
             dst: "10.0.0.2:15008".parse().unwrap(),
+            trust_generation: 0,
         };
         let acceptor = TlsAcceptor::from(server_cfg);
         let open = |n: usize| {

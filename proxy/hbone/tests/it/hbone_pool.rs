@@ -216,6 +216,7 @@ async fn unanswered_ping_closes_connection() {
         dst_identity: "b".into(),
         src_ip: "127.0.0.1".parse().unwrap(),
         dst: addr,
+        trust_generation: 0,
     };
     let started = tokio::time::Instant::now();
     let r = tokio::time::timeout(

@@ -425,3 +425,49 @@ async fn alpn_other_than_h2_is_refused() {
     let e = refused(s);
     assert!(e.contains("doesn't support any known protocol"), "{e}");
 }
+
+/// A rotation on running managers (`set_bundle`, the roots' file edited):
+/// the configs handed out after it carry the new roots in both directions
+/// (a peer of the added root is accepted as client and as server), and
+/// after the root is removed again both handshakes are refused.
+#[tokio::test]
+async fn a_bundle_set_at_run_time_is_what_the_handshakes_after_it_verify_against() {
+    let (ours, theirs) = (
+        CaSigner::generate_for_tests(TD),
+        CaSigner::generate_for_tests(TD),
+    );
+    let (our_root, their_root) = (ours.cert().clone(), theirs.cert().clone());
+    let us = manager(ours, TrustBundle::new());
+    // The peer already trusts our root; we do not trust theirs yet.
+    let peer = manager(theirs, roots(&[&our_root]));
+    let both_ways = |us: &IdentityManager| {
+        (
+            (
+                peer.client_config(&front(), &web()).unwrap(),
+                us.server_config(&web()).unwrap(),
+            ),
+            (
+                us.client_config(&front(), &web()).unwrap(),
+                peer.server_config(&web()).unwrap(),
+            ),
+        )
+    };
+    let ((c1, s1), (c2, s2)) = both_ways(&us);
+    refused(handshake(c1, s1).await.1);
+    client_sees_refusal(handshake(c2, s2).await.0).await;
+
+    us.set_bundle(roots(&[&their_root])).unwrap();
+    let ((c1, s1), (c2, s2)) = both_ways(&us);
+    let (c, s) = handshake(c1, s1).await;
+    let (mut c, mut s) = (c.unwrap(), s.unwrap());
+    assert_eq!(peer_identity(s.get_ref().1).unwrap(), front());
+    ping(&mut c, &mut s, 3).await;
+    let (c, s) = handshake(c2, s2).await;
+    let (mut c, mut s) = (c.unwrap(), s.unwrap());
+    ping(&mut c, &mut s, 3).await;
+
+    us.set_bundle(TrustBundle::new()).unwrap();
+    let ((c1, s1), (c2, s2)) = both_ways(&us);
+    refused(handshake(c1, s1).await.1);
+    client_sees_refusal(handshake(c2, s2).await.0).await;
+}

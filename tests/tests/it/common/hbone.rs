@@ -277,25 +277,11 @@ pub fn peer_connect(
     let tls = ids
         .client_config(as_id, dst_id)
         .map_err(|e| e.to_string())?;
-    let key = ringway_hbone::PoolKey {
-        src_identity: as_id.to_string(),
-        dst_identity: dst_id.to_string(),
-        src_ip: t.client().ip(v6),
-        dst: tunnel,
-    };
-    t.n1.node.run(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+    let key = peer_key(t, as_id, dst_id, v6);
+    on_node1(t, async {
+        {
             let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
-            let dial = move || async move {
-                let tcp = tokio::net::TcpStream::connect(tunnel).await?;
-                tokio_rustls::TlsConnector::from(tls)
-                    .connect(ringway_identity::placeholder_server_name(), tcp)
-                    .await
-            };
+            let dial = move || tls_dial(tls, tunnel);
             let opened = tokio::time::timeout(timeout, pool.connect(key, dial, headers))
                 .await
                 .map_err(|_| "CONNECT timed out".to_string())?;
@@ -314,6 +300,48 @@ pub fn peer_connect(
                     .map(|s| s.as_u16())
                     .ok_or_else(|| format!("no status: {e}")),
             }
-        })
+        }
     })
+}
+
+/// The pool key of a mesh peer on node 1 (the client pod's address of the
+/// family) dialling the server pod's 15008 as `as_id`, expecting `dst_id`.
+#[allow(dead_code)]
+pub fn peer_key(
+    t: &TwoNodes,
+    as_id: &ringway_identity::Identity,
+    dst_id: &ringway_identity::Identity,
+    v6: bool,
+) -> ringway_hbone::PoolKey {
+    ringway_hbone::PoolKey {
+        src_identity: as_id.to_string(),
+        dst_identity: dst_id.to_string(),
+        src_ip: t.client().ip(v6),
+        dst: SocketAddr::new(t.server().ip(v6), ringway_hbone::HBONE_PORT),
+        trust_generation: 0,
+    }
+}
+
+/// Runs `f` to its end on a current-thread runtime in node 1's netns.
+#[allow(dead_code)]
+pub fn on_node1<T: Send>(t: &TwoNodes, f: impl std::future::Future<Output = T> + Send) -> T {
+    t.n1.node.run(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    })
+}
+
+/// TCP to `to`, then a TLS handshake under `tls` (a tunnel's dial).
+#[allow(dead_code)]
+pub async fn tls_dial(
+    tls: Arc<rustls::ClientConfig>,
+    to: SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(to).await?;
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(ringway_identity::placeholder_server_name(), tcp)
+        .await
 }

@@ -140,6 +140,7 @@ pub fn key_for(dst: SocketAddr) -> PoolKey {
         dst_identity: "spiffe://cluster.local/ns/default/sa/server".into(),
         src_ip: "127.0.0.1".parse().unwrap(),
         dst,
+        trust_generation: 0,
     }
 }
 
