@@ -45,6 +45,13 @@ pub enum HboneError {
     /// streams were done.
     #[error("peer reset more than {0} streams before their answer (rapid reset): GOAWAY")]
     RapidReset(u32),
+    /// The peer's certificate no longer verified when it opened a stream
+    /// (a trusted root removed since the handshake): that stream was
+    /// refused unprocessed (the client retries it on a new connection, with
+    /// a new handshake), a graceful GOAWAY sent, and the connection closed
+    /// once its other streams were done.
+    #[error("the peer is no longer trusted ({0}): GOAWAY")]
+    UntrustedPeer(String),
     /// The client's HTTP/2 preface did not arrive in time.
     #[error("no HTTP/2 preface from the peer within {0:?}")]
     PrefaceTimeout(std::time::Duration),

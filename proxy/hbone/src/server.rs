@@ -236,12 +236,18 @@ where
     H: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Decision> + Send + 'static,
 {
-    serve_connection_with(io, peer, config, drain, handler, || ()).await
+    serve_connection_with(io, peer, config, drain, handler, || (), || Ok(())).await
 }
 
 /// [`serve_connection`], calling `on_preface` once the client's HTTP/2
 /// preface has arrived (the caller's pre-authentication accounting ends
-/// there).
+/// there), and `still_trusted` before taking each new stream: once it
+/// fails (the peer's certificate no longer verifies, a root removed since
+/// the handshake) the stream is refused unprocessed (`REFUSED_STREAM`: the
+/// client retries it on a new connection, whose handshake checks the
+/// peer afresh) and the connection gets a graceful GOAWAY, its other
+/// streams finishing ([`HboneError::UntrustedPeer`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_connection_with<IO, H, Fut>(
     io: IO,
     peer: PeerInfo,
@@ -249,6 +255,7 @@ pub async fn serve_connection_with<IO, H, Fut>(
     mut drain: DrainSignal,
     handler: H,
     on_preface: impl FnOnce(),
+    still_trusted: impl Fn() -> Result<(), String>,
 ) -> Result<(), HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -291,7 +298,8 @@ where
     tokio::pin!(idle);
     let mut draining = false;
     let mut ending: Option<HboneError> = None;
-    // Streams refused after the rapid-reset GOAWAY: a peer that goes on
+    // Streams refused after the rapid-reset (or untrusted peer's) GOAWAY:
+    // a peer that goes on
     // opening them (a client honours GOAWAY; only what it had in flight
     // when the GOAWAY came may still arrive) is cut off past four times
     // the limit.
@@ -321,7 +329,25 @@ where
             }
             next = conn.accept() => match next {
                 Some(Ok((req, mut respond))) => {
-                    if matches!(ending, Some(HboneError::RapidReset(_))) {
+                    if ending.is_none() {
+                        if let Err(why) = still_trusted() {
+                            warn!(
+                                peer.id = %peer.identity,
+                                peer.addr = %peer.addr,
+                                reason = %why,
+                                "peer no longer trusted: its stream refused, GOAWAY"
+                            );
+                            if !draining {
+                                draining = true;
+                                conn.graceful_shutdown();
+                            }
+                            ending = Some(HboneError::UntrustedPeer(why));
+                        }
+                    }
+                    if matches!(
+                        ending,
+                        Some(HboneError::RapidReset(_) | HboneError::UntrustedPeer(_))
+                    ) {
                         respond.send_reset(Reason::REFUSED_STREAM);
                         refused_after_goaway += 1;
                         if refused_after_goaway == config.max_early_resets.max(1).saturating_mul(4) {
@@ -360,7 +386,11 @@ where
             // Also after a rapid-reset GOAWAY: a peer that never answers
             // the GOAWAY's PING must not hold the connection forever.
             _ = &mut idle, if !idle_closed
-                && (ending.is_none() || matches!(ending, Some(HboneError::RapidReset(_)))) => {
+                && (ending.is_none()
+                    || matches!(
+                        ending,
+                        Some(HboneError::RapidReset(_) | HboneError::UntrustedPeer(_))
+                    )) => {
                 let last = *shared.last_end.lock().unwrap_or_else(|p| p.into_inner());
                 let quiet_until = last + config.idle_timeout;
                 if shared.active.load(std::sync::atomic::Ordering::Relaxed) == 0

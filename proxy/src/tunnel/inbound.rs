@@ -93,7 +93,9 @@ pub async fn inbound(
 /// The peer's certificate chain and the generation of the roots it was
 /// last found to chain to: a stream opened after a root was removed checks
 /// the chain again (once per removal), so a connection authenticated under
-/// a root no longer trusted carries no new stream.
+/// a root no longer trusted carries no new stream (the server refuses it
+/// unprocessed and sends GOAWAY: the client retries on a new connection,
+/// whose handshake checks it afresh).
 struct PeerProof {
     ids: Arc<ringway_identity::IdentityManager>,
     chain: Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
@@ -161,14 +163,7 @@ async fn serve_authenticated(
             let state = state.clone();
             let pod = pod.clone();
             let peer_id = peer_id.clone();
-            let proof = proof.clone();
-            async move {
-                if let Err(why) = proof.still_trusted() {
-                    state.refused(HboneRefusal::UntrustedPeer);
-                    return deny_401(&state, why);
-                }
-                decide(&state, &pod, mark, &peer_id, req).await
-            }
+            async move { decide(&state, &pod, mark, &peer_id, req).await }
         }
     };
     let l = &state.limits;
@@ -187,10 +182,14 @@ async fn serve_authenticated(
         state.signal.clone(),
         handler,
         move || drop(preauth),
+        move || proof.still_trusted(),
     )
     .await;
     match &served {
         Err(ringway_hbone::HboneError::RapidReset(_)) => state.refused(HboneRefusal::RapidReset),
+        Err(ringway_hbone::HboneError::UntrustedPeer(_)) => {
+            state.refused(HboneRefusal::UntrustedPeer)
+        }
         Err(ringway_hbone::HboneError::PrefaceTimeout(_)) => {
             state.refused(HboneRefusal::PrefaceTimeout)
         }

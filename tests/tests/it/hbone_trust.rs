@@ -1217,12 +1217,26 @@ fn adversarial_hbone_preface_and_idle_timeouts() {
     });
 }
 
+/// One message through `s` and back (the app echoes).
+async fn echo(s: &mut ringway_hbone::HboneStream) {
+    s.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(TIMEOUT, s.read_exact(&mut back))
+        .await
+        .expect("echo timed out")
+        .unwrap();
+    assert_eq!(&back, b"ping");
+}
+
 /// A root removed from the bundle while a peer holds a connection
 /// authenticated under it (the last step of a rotation, or a root that
 /// must go): the stream already open runs to its end, but no new stream
-/// rides that connection (`401`, `reason="untrusted_peer"`), and a new
-/// handshake under that root is refused. Without the check, the peer's
-/// pooled connection would carry new tunnels for as long as it stays busy.
+/// rides that connection: it is refused unprocessed with a GOAWAY, so the
+/// client retries on a new connection, whose handshake under the removed
+/// root is refused (counted once, `reason="untrusted_peer"`). A peer of a
+/// root still trusted keeps its connection and opens new streams on it.
+/// Without the check, the first peer's pooled connection would carry new
+/// tunnels for as long as it stays busy.
 #[test]
 fn adversarial_hbone_a_removed_root_carries_no_new_stream() {
     run_isolated(
@@ -1248,56 +1262,78 @@ fn adversarial_hbone_a_removed_root_carries_no_new_stream() {
             .unwrap();
             assert_eq!(ids2.set_bundle(trusted).unwrap().added, 1);
             let tls = peer.client_config(&frontend(), &web()).unwrap();
+            // Node 1's own proxy identities: the mesh root, which stays.
+            let mesh_tls = t
+                .ids1
+                .as_ref()
+                .unwrap()
+                .client_config(&frontend(), &web())
+                .unwrap();
             let key = common::hbone::peer_key(&t, &frontend(), &web(), false);
             let own = SocketAddr::new(t.client().ip(false), 40000);
             let headers = || ringway_hbone::ConnectHeaders::new(addr).forwarded_for(own);
             let dial = common::hbone::tls_dial;
             common::hbone::on_node1(&t, async {
-                {
-                    let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
-                    let mut first = tokio::time::timeout(
-                        TIMEOUT,
-                        pool.connect(key.clone(), || dial(tls.clone(), key.dst), headers()),
-                    )
-                    .await
-                    .expect("CONNECT timed out")
-                    .expect("a peer of a trusted root is served");
-                    for round in 0..2 {
-                        first.write_all(b"ping").await.unwrap();
-                        let mut back = [0u8; 4];
-                        tokio::time::timeout(TIMEOUT, first.read_exact(&mut back))
-                            .await
-                            .expect("echo timed out")
-                            .unwrap();
-                        assert_eq!(&back, b"ping");
-                        if round == 1 {
-                            break;
-                        }
-                        // The root removed while the connection is open.
-                        let change = ids2
-                            .set_bundle(ringway_identity::TrustBundle::new())
-                            .unwrap();
-                        assert_eq!(change.removed, 1);
-                        let second = tokio::time::timeout(
+                let open = |pool: ringway_hbone::Pool, tls: Arc<rustls::ClientConfig>| {
+                    let key = key.clone();
+                    async move {
+                        let dst = key.dst;
+                        tokio::time::timeout(
                             TIMEOUT,
-                            pool.connect(key.clone(), || dial(tls.clone(), key.dst), headers()),
+                            pool.connect(key, || dial(tls, dst), headers()),
                         )
                         .await
-                        .expect("CONNECT timed out");
-                        assert_eq!(
-                            second.err().and_then(|e| e.status()).map(|s| s.as_u16()),
-                            Some(401),
-                            "a new stream on a connection authenticated under a removed root"
-                        );
-                        assert_eq!(pool.connections_opened(), 1, "both on one connection");
+                        .expect("CONNECT timed out")
                     }
-                }
+                };
+                let (theirs, ours) = (
+                    ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default()),
+                    ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default()),
+                );
+                let mut first = open(theirs.clone(), tls.clone())
+                    .await
+                    .expect("a peer of a trusted root is served");
+                echo(&mut first).await;
+                let mut mine = open(ours.clone(), mesh_tls.clone()).await.unwrap();
+                echo(&mut mine).await;
+
+                // The other root removed while both connections are open.
+                let change = ids2
+                    .set_bundle(ringway_identity::TrustBundle::new())
+                    .unwrap();
+                assert_eq!(change.removed, 1);
+                let mut again = open(ours.clone(), mesh_tls.clone())
+                    .await
+                    .expect("a peer of the root still trusted is served");
+                echo(&mut again).await;
+                assert_eq!(ours.connections_opened(), 1, "on the connection it had");
+                let second = open(theirs.clone(), tls.clone()).await;
+                assert!(
+                    second.is_err(),
+                    "a new stream of a peer of the removed root was served"
+                );
+                assert!(
+                    second.as_ref().err().and_then(|e| e.status()).is_none(),
+                    "refused before any answer: {:?}",
+                    second.err()
+                );
+                assert_eq!(
+                    theirs.connections_opened(),
+                    2,
+                    "retried on a new connection, whose handshake was refused"
+                );
+                // The stream already open runs to its end.
+                echo(&mut first).await;
             });
-            assert_eq!(refused(&t, "untrusted_peer"), 1.0);
+            assert!(
+                wait_until(TIMEOUT, || refused(&t, "untrusted_peer") == 1.0),
+                "{}",
+                common::hbone::metrics_text(&t.p2)
+            );
             assert_eq!(
                 app.connections(),
-                1,
-                "only the first stream reached the app"
+                3,
+                "the second stream never reached the app"
             );
             // A new handshake under the removed root is refused.
             let r = common::hbone::raw_tls(&t, (*tls).clone());
