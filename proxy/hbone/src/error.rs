@@ -46,7 +46,7 @@ pub enum HboneError {
     #[error("peer reset more than {0} streams before their answer (rapid reset): GOAWAY")]
     RapidReset(u32),
     /// The peer's certificate no longer verified when it opened a stream
-    /// (a trusted root removed since the handshake): that stream was
+    /// (expired, or a trusted root removed since the handshake): that stream was
     /// refused unprocessed (the client retries it on a new connection, with
     /// a new handshake), a graceful GOAWAY sent, and the connection closed
     /// once its other streams were done.

@@ -90,15 +90,18 @@ pub async fn inbound(
     }
 }
 
-/// The peer's certificate chain and the generation of the roots it was
-/// last found to chain to: a stream opened after a root was removed checks
-/// the chain again (once per removal), so a connection authenticated under
-/// a root no longer trusted carries no new stream (the server refuses it
-/// unprocessed and sends GOAWAY: the client retries on a new connection,
-/// whose handshake checks it afresh).
+/// The peer's certificate chain, when it expires, and the generation of
+/// the roots it was last found to chain to. A stream opened after a root
+/// was removed checks the chain again (once per removal), and one opened
+/// once the chain expired fails: a connection authenticated under a root
+/// no longer trusted, or with a certificate since expired, carries no new
+/// stream (the server refuses it unprocessed and sends GOAWAY: the client
+/// retries on a new connection, whose handshake checks its current
+/// certificate).
 struct PeerProof {
     ids: Arc<ringway_identity::IdentityManager>,
     chain: Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
+    expires: std::time::SystemTime,
     checked: std::sync::atomic::AtomicU64,
 }
 
@@ -106,6 +109,9 @@ impl PeerProof {
     fn still_trusted(&self) -> Result<(), String> {
         use std::sync::atomic::Ordering;
         use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+        if std::time::SystemTime::now() >= self.expires {
+            return Err("the peer's certificate has expired".into());
+        }
         let now = self.ids.trust_generation();
         if self.checked.load(Ordering::Acquire) == now {
             return Ok(());
@@ -142,14 +148,17 @@ async fn serve_authenticated(
     tls.get_mut().1.set_buffer_limit(Some(TLS_WRITE_LIMIT));
     let peer_id = ringway_identity::peer_identity(tls.get_ref().1)?;
     tracing::debug!(peer.id = %peer_id, "hbone peer authenticated");
+    let chain: Vec<_> = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default();
     let proof = Arc::new(PeerProof {
         ids,
-        chain: tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
-            .unwrap_or_default(),
+        // Unreadable, it would not have been accepted: expired at once.
+        expires: ringway_identity::chain_expiry(&chain).unwrap_or(std::time::UNIX_EPOCH),
+        chain,
         checked: std::sync::atomic::AtomicU64::new(generation),
     });
     let info = PeerInfo {

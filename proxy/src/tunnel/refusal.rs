@@ -32,10 +32,10 @@ pub enum HboneRefusal {
     /// A stream to a workload whose traffic must pass a waypoint or a
     /// network gateway this proxy does not support.
     Unsupported,
-    /// A connection whose peer's certificate no longer verified against
-    /// the trusted roots when it opened a stream (a root removed since it
-    /// was authenticated): the stream refused unprocessed, GOAWAY; counted
-    /// when the connection closes.
+    /// A connection whose peer's certificate had expired, or no longer
+    /// verified against the trusted roots (a root removed since it was
+    /// authenticated), when it opened a stream: the stream refused
+    /// unprocessed, GOAWAY; counted when the connection closes.
     UntrustedPeer,
 }
 

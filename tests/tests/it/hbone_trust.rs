@@ -1344,3 +1344,65 @@ fn adversarial_hbone_a_removed_root_carries_no_new_stream() {
         },
     );
 }
+
+/// A peer whose certificate expires while its connection stays open: a
+/// stream opened after the expiry does not ride that connection (refused
+/// unprocessed with a GOAWAY, counted `reason="untrusted_peer"`); the
+/// client retries on a new connection with its renewed certificate and is
+/// served, so nothing is refused to it. Without the check, a busy
+/// connection would carry new streams long after its certificate expired.
+#[test]
+fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_stream() {
+    run_isolated(
+        "adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_stream",
+        || {
+            let t = two_nodes(Opts::new("hbone_expired_peer"));
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            // The mesh's own CA, with leaves of 3 s (renewed at half-life).
+            let peer = common::hbone::manager_with(t.dir.path(), &[], Duration::from_secs(3));
+            let key = common::hbone::peer_key(&t, &frontend(), &web(), false);
+            let own = SocketAddr::new(t.client().ip(false), 40000);
+            let headers = || ringway_hbone::ConnectHeaders::new(addr).forwarded_for(own);
+            common::hbone::on_node1(&t, async {
+                let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
+                let open = || {
+                    let (key, peer) = (key.clone(), peer.clone());
+                    let dst = key.dst;
+                    let pool = pool.clone();
+                    async move {
+                        // The certificate in force at each dial.
+                        let dial = move || async move {
+                            let tls = peer
+                                .client_config(&frontend(), &web())
+                                .map_err(std::io::Error::other)?;
+                            common::hbone::tls_dial(tls, dst).await
+                        };
+                        tokio::time::timeout(TIMEOUT, pool.connect(key, dial, headers()))
+                            .await
+                            .expect("CONNECT timed out")
+                    }
+                };
+                let mut first = open().await.expect("served");
+                echo(&mut first).await;
+                let expires = peer.certificates()[0].1;
+                while std::time::SystemTime::now() <= expires + Duration::from_millis(200) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let mut second = open().await.expect("served on a new connection");
+                echo(&mut second).await;
+                assert_eq!(
+                    pool.connections_opened(),
+                    2,
+                    "the stream rode the connection of the expired certificate"
+                );
+            });
+            assert!(
+                wait_until(TIMEOUT, || refused(&t, "untrusted_peer") == 1.0),
+                "{}",
+                common::hbone::metrics_text(&t.p2)
+            );
+            assert_eq!(app.connections(), 2);
+        },
+    );
+}
