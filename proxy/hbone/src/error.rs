@@ -45,13 +45,13 @@ pub enum HboneError {
     /// streams were done.
     #[error("peer reset more than {0} streams before their answer (rapid reset): GOAWAY")]
     RapidReset(u32),
-    /// The peer's certificate no longer verified when it opened a stream
-    /// (expired, or a trusted root removed since the handshake): that stream was
-    /// refused unprocessed (the client retries it on a new connection, with
-    /// a new handshake), a graceful GOAWAY sent, and the connection closed
-    /// once its other streams were done.
-    #[error("the peer is no longer trusted ({0}): GOAWAY")]
-    UntrustedPeer(String),
+    /// The peer's certificate was no longer valid when it opened a
+    /// stream ([`PeerRevoked`]): that stream was refused unprocessed (the
+    /// client retries it on a new connection, with a new handshake), a
+    /// graceful GOAWAY sent, and the connection closed once its other
+    /// streams were done.
+    #[error("the peer may open no more streams here: {0}; GOAWAY")]
+    UntrustedPeer(PeerRevoked),
     /// The client's HTTP/2 preface did not arrive in time.
     #[error("no HTTP/2 preface from the peer within {0:?}")]
     PrefaceTimeout(std::time::Duration),
@@ -97,4 +97,17 @@ pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
         return io::Error::new(io::ErrorKind::ConnectionReset, e);
     }
     io::Error::other(e)
+}
+
+/// Why a peer authenticated at its handshake may open no more streams on
+/// that connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerRevoked {
+    /// Its certificate has expired since the handshake.
+    #[error("its certificate has expired")]
+    Expired,
+    /// Its certificate no longer verifies against the trusted roots (a
+    /// root removed since the handshake).
+    #[error("its certificate no longer verifies: {0}")]
+    Untrusted(String),
 }

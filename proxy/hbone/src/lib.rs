@@ -40,12 +40,12 @@ mod spawn;
 mod stream;
 mod upstream;
 
-pub use error::HboneError;
+pub use error::{HboneError, PeerRevoked};
 pub use headers::{Baggage, ConnectHeaders, TraceParent};
 pub use pool::{Pool, PoolConfig, PoolKey};
 pub use server::{
     drain_channel, serve_connection, serve_connection_with, ConnectRequest, Decision, DrainSignal,
-    DrainTrigger, PeerInfo, ServerConfig,
+    DrainTrigger, PeerCheck, PeerInfo, ServerConfig,
 };
 pub use spawn::LocalTasks;
 pub use stream::HboneStream;

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::headers::{self, Baggage, ForwardedError, TraceParent};
 use crate::upstream::Upstream;
-use crate::{keepalive, HboneError};
+use crate::{keepalive, HboneError, PeerRevoked};
 
 /// Who is on the other end of the (m)TLS session, as the caller verified it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,18 +236,50 @@ where
     H: Fn(ConnectRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Decision> + Send + 'static,
 {
-    serve_connection_with(io, peer, config, drain, handler, || (), || Ok(())).await
+    serve_connection_with(io, peer, config, drain, handler, || (), PeerCheck::none()).await
+}
+
+/// What a connection checks of its peer after the handshake: before taking
+/// each new stream (`still_valid`), and when to send a graceful GOAWAY
+/// ahead of its certificate's expiry (`goaway_at`) so that clients move to
+/// a new connection, with their renewed certificate, before any stream
+/// would be refused.
+pub struct PeerCheck {
+    /// Whether the peer may open a new stream now.
+    pub still_valid: Box<dyn Fn() -> Result<(), PeerRevoked> + Send>,
+    /// When the connection gets a graceful GOAWAY (shortly before the
+    /// peer's certificate expires); `None`: never for this reason.
+    pub goaway_at: Option<tokio::time::Instant>,
+}
+
+impl PeerCheck {
+    /// No check: every stream is taken, no GOAWAY is planned.
+    pub fn none() -> PeerCheck {
+        PeerCheck {
+            still_valid: Box::new(|| Ok(())),
+            goaway_at: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for PeerCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerCheck")
+            .field("goaway_at", &self.goaway_at)
+            .finish_non_exhaustive()
+    }
 }
 
 /// [`serve_connection`], calling `on_preface` once the client's HTTP/2
 /// preface has arrived (the caller's pre-authentication accounting ends
-/// there), and `still_trusted` before taking each new stream: once it
-/// fails (the peer's certificate no longer verifies, a root removed since
-/// the handshake) the stream is refused unprocessed (`REFUSED_STREAM`: the
-/// client retries it on a new connection, whose handshake checks the
-/// peer afresh) and the connection gets a graceful GOAWAY, its other
-/// streams finishing ([`HboneError::UntrustedPeer`]).
-#[allow(clippy::too_many_arguments)]
+/// there), and checking the peer with `check`: at `check.goaway_at` the
+/// connection gets a graceful GOAWAY (its streams finish, new ones go to a
+/// new connection); before taking each new stream `check.still_valid`
+/// runs, and once it fails (the peer's certificate expired, or no longer
+/// verifies) the stream is refused unprocessed (`REFUSED_STREAM`: a client
+/// may retry it on a new connection, whose handshake checks the peer
+/// afresh) and the connection gets a graceful GOAWAY, its other streams
+/// finishing ([`HboneError::UntrustedPeer`]).
 pub async fn serve_connection_with<IO, H, Fut>(
     io: IO,
     peer: PeerInfo,
@@ -255,7 +287,7 @@ pub async fn serve_connection_with<IO, H, Fut>(
     mut drain: DrainSignal,
     handler: H,
     on_preface: impl FnOnce(),
-    still_trusted: impl Fn() -> Result<(), String>,
+    check: PeerCheck,
 ) -> Result<(), HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -296,6 +328,14 @@ where
     });
     let idle = tokio::time::sleep(config.idle_timeout);
     tokio::pin!(idle);
+    let goaway_at = check.goaway_at;
+    let expiring = async move {
+        match goaway_at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expiring);
     let mut draining = false;
     let mut ending: Option<HboneError> = None;
     // Streams refused after the rapid-reset (or untrusted peer's) GOAWAY:
@@ -330,12 +370,12 @@ where
             next = conn.accept() => match next {
                 Some(Ok((req, mut respond))) => {
                     if ending.is_none() {
-                        if let Err(why) = still_trusted() {
+                        if let Err(why) = (check.still_valid)() {
                             warn!(
                                 peer.id = %peer.identity,
                                 peer.addr = %peer.addr,
                                 reason = %why,
-                                "peer no longer trusted: its stream refused, GOAWAY"
+                                "peer may open no more streams here: its stream refused, GOAWAY"
                             );
                             if !draining {
                                 draining = true;
@@ -378,6 +418,11 @@ where
                 }
                 None => break,
             },
+            () = &mut expiring, if !draining => {
+                debug!(peer.addr = %peer.addr, "the peer's certificate expires soon: GOAWAY");
+                draining = true;
+                conn.graceful_shutdown();
+            }
             _ = drain.wait(), if !draining => {
                 debug!(peer.addr = %peer.addr, "draining: sending GOAWAY");
                 draining = true;

@@ -12,20 +12,11 @@ use rustls_pki_types::CertificateDer;
 
 use crate::ca::fmt_time;
 
-/// When the first certificate of `chain` expires (its earliest
-/// `notAfter`): a peer's chain is valid until then. `None` when one does
-/// not parse (then it was never accepted as a peer's).
-pub fn chain_expiry(chain: &[CertificateDer<'_>]) -> Option<SystemTime> {
-    chain
-        .iter()
-        .map(|c| {
-            x509_parser::parse_x509_certificate(c)
-                .ok()
-                .map(|(_, x)| crate::ca::system_time(&x.validity().not_after))
-        })
-        .collect::<Option<Vec<_>>>()?
-        .into_iter()
-        .min()
+/// When `cert` expires (its `notAfter`); `None` when it does not parse.
+pub fn cert_expiry(cert: &CertificateDer<'_>) -> Option<SystemTime> {
+    x509_parser::parse_x509_certificate(cert)
+        .ok()
+        .map(|(_, x)| crate::ca::system_time(&x.validity().not_after))
 }
 
 /// A workload's certificate chain and in-memory key, ready for rustls.

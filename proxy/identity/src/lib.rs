@@ -94,7 +94,7 @@ mod tls;
 pub mod testing;
 
 pub use ca::{CaError, CaProblem, CaSigner, CsrError, TrustBundle};
-pub use cert::{chain_expiry, WorkloadCert};
+pub use cert::{cert_expiry, WorkloadCert};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{IdentityError, IssueError, SpiffeError};
 pub use manager::{

@@ -363,8 +363,10 @@ impl IdentityManager {
     /// edited): every handshake from now on, in both directions, verifies
     /// the peer against `bundle` (plus the local CA's own certificate), as
     /// does every certificate issued from now on. Connections already open
-    /// keep going. Certificates in hand that no longer chain to the roots
-    /// are renewed at once by the refresher, not at half-life.
+    /// are not touched here: a removal moves [`Self::trust_generation`] on,
+    /// which the callers' connections check before carrying a new stream.
+    /// Certificates in hand that no longer chain to the roots are renewed
+    /// at once by the refresher, not at half-life.
     ///
     /// An empty bundle is refused (it would refuse every peer), and so is
     /// a root rustls cannot use; either way the roots in force stay.

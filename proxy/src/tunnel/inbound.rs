@@ -90,43 +90,74 @@ pub async fn inbound(
     }
 }
 
-/// The peer's certificate chain, when it expires, and the generation of
-/// the roots it was last found to chain to. A stream opened after a root
-/// was removed checks the chain again (once per removal), and one opened
-/// once the chain expired fails: a connection authenticated under a root
-/// no longer trusted, or with a certificate since expired, carries no new
-/// stream (the server refuses it unprocessed and sends GOAWAY: the client
-/// retries on a new connection, whose handshake checks its current
-/// certificate).
+/// The peer's certificate chain, when its certificate expires, and the
+/// generation of the roots it was last found to chain to. A stream opened
+/// after a root was removed checks the chain again (once per removal), and
+/// so does one opened once the certificate's time is up (which the
+/// verifier then refuses as expired): a connection authenticated under a
+/// root no longer trusted, or with a certificate since expired, carries no
+/// new stream (the server refuses it unprocessed and sends GOAWAY: the
+/// client retries on a new connection, whose handshake checks its current
+/// certificate). Shortly before the expiry the connection gets a graceful
+/// GOAWAY anyway, so a client moves to a new connection before any stream
+/// would be refused.
 struct PeerProof {
     ids: Arc<ringway_identity::IdentityManager>,
     chain: Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
-    expires: std::time::SystemTime,
+    /// The leaf's `notAfter` (`None`: unreadable here, checked by the
+    /// verifier at every stream).
+    expires: Option<std::time::SystemTime>,
     checked: std::sync::atomic::AtomicU64,
 }
 
+/// How long before the peer's certificate expires its connection gets a
+/// graceful GOAWAY (at most; a tenth of what is left at the handshake if
+/// that is less).
+const EXPIRY_GOAWAY_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl PeerProof {
-    fn still_trusted(&self) -> Result<(), String> {
+    fn still_valid(&self) -> Result<(), ringway_hbone::PeerRevoked> {
         use std::sync::atomic::Ordering;
         use tokio_rustls::rustls::server::danger::ClientCertVerifier;
-        if std::time::SystemTime::now() >= self.expires {
-            return Err("the peer's certificate has expired".into());
-        }
-        let now = self.ids.trust_generation();
-        if self.checked.load(Ordering::Acquire) == now {
+        use tokio_rustls::rustls::{CertificateError, Error};
+        let generation = self.ids.trust_generation();
+        let timely = self
+            .expires
+            .is_some_and(|e| std::time::SystemTime::now() < e);
+        if timely && self.checked.load(Ordering::Acquire) == generation {
             return Ok(());
         }
         let Some((leaf, rest)) = self.chain.split_first() else {
-            return Err("the peer presented no certificate".into());
+            return Err(ringway_hbone::PeerRevoked::Untrusted(
+                "the peer presented no certificate".into(),
+            ));
         };
-        self.ids
-            .client_verifier()
-            .verify_client_cert(leaf, rest, tokio_rustls::rustls::pki_types::UnixTime::now())
-            .map_err(|e| {
-                format!("the peer's certificate no longer verifies against the trusted roots: {e}")
-            })?;
-        self.checked.store(now, Ordering::Release);
-        Ok(())
+        match self.ids.client_verifier().verify_client_cert(
+            leaf,
+            rest,
+            tokio_rustls::rustls::pki_types::UnixTime::now(),
+        ) {
+            Ok(_) => {
+                if timely {
+                    self.checked.store(generation, Ordering::Release);
+                }
+                Ok(())
+            }
+            Err(Error::InvalidCertificate(
+                CertificateError::Expired | CertificateError::ExpiredContext { .. },
+            )) => Err(ringway_hbone::PeerRevoked::Expired),
+            Err(e) => Err(ringway_hbone::PeerRevoked::Untrusted(e.to_string())),
+        }
+    }
+
+    /// When the connection gets its graceful GOAWAY ahead of the expiry.
+    fn goaway_at(&self) -> Option<tokio::time::Instant> {
+        let left = self
+            .expires?
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        let margin = EXPIRY_GOAWAY_MARGIN.min(left / 10);
+        Some(tokio::time::Instant::now() + (left - margin))
     }
 }
 
@@ -154,13 +185,12 @@ async fn serve_authenticated(
         .peer_certificates()
         .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
         .unwrap_or_default();
-    let proof = Arc::new(PeerProof {
+    let proof = PeerProof {
         ids,
-        // Unreadable, it would not have been accepted: expired at once.
-        expires: ringway_identity::chain_expiry(&chain).unwrap_or(std::time::UNIX_EPOCH),
+        expires: chain.first().and_then(ringway_identity::cert_expiry),
         chain,
         checked: std::sync::atomic::AtomicU64::new(generation),
-    });
+    };
     let info = PeerInfo {
         identity: peer_id.to_string(),
         addr: peer_addr,
@@ -191,11 +221,17 @@ async fn serve_authenticated(
         state.signal.clone(),
         handler,
         move || drop(preauth),
-        move || proof.still_trusted(),
+        ringway_hbone::PeerCheck {
+            goaway_at: proof.goaway_at(),
+            still_valid: Box::new(move || proof.still_valid()),
+        },
     )
     .await;
     match &served {
         Err(ringway_hbone::HboneError::RapidReset(_)) => state.refused(HboneRefusal::RapidReset),
+        Err(ringway_hbone::HboneError::UntrustedPeer(ringway_hbone::PeerRevoked::Expired)) => {
+            state.refused(HboneRefusal::PeerExpired)
+        }
         Err(ringway_hbone::HboneError::UntrustedPeer(_)) => {
             state.refused(HboneRefusal::UntrustedPeer)
         }

@@ -32,11 +32,15 @@ pub enum HboneRefusal {
     /// A stream to a workload whose traffic must pass a waypoint or a
     /// network gateway this proxy does not support.
     Unsupported,
-    /// A connection whose peer's certificate had expired, or no longer
-    /// verified against the trusted roots (a root removed since it was
-    /// authenticated), when it opened a stream: the stream refused
-    /// unprocessed, GOAWAY; counted when the connection closes.
+    /// A connection whose peer's certificate no longer verified against
+    /// the trusted roots (a root removed since it was authenticated) when
+    /// it opened a stream: the stream refused unprocessed, GOAWAY; counted
+    /// when the connection closes.
     UntrustedPeer,
+    /// The same for a peer whose certificate had expired since the
+    /// handshake (a client that kept a connection past its certificate's
+    /// lifetime and ignored the GOAWAY sent shortly before it).
+    PeerExpired,
 }
 
 impl HboneRefusal {
@@ -56,6 +60,7 @@ impl HboneRefusal {
             HboneRefusal::UnknownWorkload => "unknown_workload",
             HboneRefusal::Unsupported => "unsupported",
             HboneRefusal::UntrustedPeer => "untrusted_peer",
+            HboneRefusal::PeerExpired => "peer_expired",
         }
     }
 }

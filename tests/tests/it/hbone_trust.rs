@@ -338,7 +338,16 @@ where
     Fut: std::future::Future<Output = T>,
 {
     let ids = t.ids1.clone().expect("HBONE on");
-    let tls = ids.client_config(&frontend(), &web()).unwrap();
+    raw_h2_session_as(t, ids.client_config(&frontend(), &web()).unwrap(), session)
+}
+
+/// [`raw_h2_session`] presenting the certificate of `tls`.
+fn raw_h2_session_as<T, F, Fut>(t: &TwoNodes, tls: Arc<rustls::ClientConfig>, session: F) -> T
+where
+    T: Send,
+    F: FnOnce(FrameReader, tokio::io::WriteHalf<TlsStream>) -> Fut + Send,
+    Fut: std::future::Future<Output = T>,
+{
     let tunnel = SocketAddr::new(t.server().ip(false), 15008);
     t.n1.node.run(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -372,6 +381,8 @@ where
 }
 
 const ENHANCE_YOUR_CALM: u32 = 0xb;
+const REFUSED_STREAM: u32 = 0x7;
+const RST_STREAM: u8 = 3;
 const NO_ERROR: u32 = 0;
 
 /// "Rapid reset": up to 10,000 CONNECTs on one authenticated HTTP/2
@@ -1345,12 +1356,14 @@ fn adversarial_hbone_a_removed_root_carries_no_new_stream() {
     );
 }
 
-/// A peer whose certificate expires while its connection stays open: a
-/// stream opened after the expiry does not ride that connection (refused
-/// unprocessed with a GOAWAY, counted `reason="untrusted_peer"`); the
-/// client retries on a new connection with its renewed certificate and is
-/// served, so nothing is refused to it. Without the check, a busy
-/// connection would carry new streams long after its certificate expired.
+/// A peer whose certificate expires while its connection stays open. A
+/// well-behaved client gets a graceful GOAWAY shortly before the expiry:
+/// its open stream goes on past the expiry, its next stream goes to a new
+/// connection with its renewed certificate, and nothing is refused. A
+/// client that ignores the GOAWAY and opens a stream after the expiry on
+/// that connection has it refused unprocessed (`REFUSED_STREAM`, counted
+/// `reason="peer_expired"`). Without the checks, a busy connection would
+/// carry new streams long after its certificate expired.
 #[test]
 fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_stream() {
     run_isolated(
@@ -1360,10 +1373,18 @@ fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_st
             let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
             let app = App::start(&t.server().netns, addr);
             // The mesh's own CA, with leaves of 3 s (renewed at half-life).
-            let peer = common::hbone::manager_with(t.dir.path(), &[], Duration::from_secs(3));
+            let leaves = Duration::from_secs(3);
+            let peer = common::hbone::manager_with(t.dir.path(), &[], leaves);
             let key = common::hbone::peer_key(&t, &frontend(), &web(), false);
             let own = SocketAddr::new(t.client().ip(false), 40000);
             let headers = || ringway_hbone::ConnectHeaders::new(addr).forwarded_for(own);
+            // Past the expiry as the verifier sees it (whole seconds: valid
+            // through the second of `notAfter`).
+            let past = |expires: std::time::SystemTime| async move {
+                while std::time::SystemTime::now() <= expires + Duration::from_millis(1200) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            };
             common::hbone::on_node1(&t, async {
                 let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
                 let open = || {
@@ -1385,10 +1406,7 @@ fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_st
                 };
                 let mut first = open().await.expect("served");
                 echo(&mut first).await;
-                let expires = peer.certificates()[0].1;
-                while std::time::SystemTime::now() <= expires + Duration::from_millis(200) {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                past(peer.certificates()[0].1).await;
                 let mut second = open().await.expect("served on a new connection");
                 echo(&mut second).await;
                 assert_eq!(
@@ -1396,13 +1414,61 @@ fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_st
                     2,
                     "the stream rode the connection of the expired certificate"
                 );
+                // The stream opened before the expiry goes on.
+                echo(&mut first).await;
             });
+            assert_eq!(app.connections(), 2);
+            let metrics = common::hbone::metrics_text(&t.p2);
+            assert_eq!(refused(&t, "peer_expired"), 0.0, "{metrics}");
+
+            // A client that ignores the GOAWAY.
+            let ignoring = common::hbone::manager_with(t.dir.path(), &[], leaves);
+            let tls = ignoring.client_config(&frontend(), &web()).unwrap();
+            let expires = ignoring.certificates()[0].1;
+            let authority = addr.to_string();
+            let forwarded = format!("for=\"{own}\"");
+            let block = frames::connect_block(&authority, &forwarded);
+            let (answered, refused_code) = raw_h2_session_as(&t, tls, |mut r, mut w| async move {
+                let mut out = Vec::new();
+                frames::frame(&mut out, frames::HEADERS, frames::END_HEADERS, 1, &block);
+                w.write_all(&out).await.unwrap();
+                let mut answered = false;
+                while !answered {
+                    let (kind, _, stream, _) = r.next().await.expect("the answer");
+                    answered = kind == frames::HEADERS && stream == 1;
+                }
+                past(expires).await;
+                let mut out = Vec::new();
+                frames::frame(&mut out, frames::HEADERS, frames::END_HEADERS, 3, &block);
+                w.write_all(&out).await.unwrap();
+                let refused_code = loop {
+                    match tokio::time::timeout(TIMEOUT, r.next()).await {
+                        Ok(Ok((RST_STREAM, _, 3, p))) => {
+                            break Some(u32::from_be_bytes(p[..4].try_into().unwrap()))
+                        }
+                        Ok(Ok((frames::HEADERS, _, 3, _))) => break None,
+                        Ok(Ok(_)) => continue,
+                        _ => break None,
+                    }
+                };
+                (answered, refused_code)
+            });
+            assert!(answered);
+            assert_eq!(
+                refused_code,
+                Some(REFUSED_STREAM),
+                "the stream after the expiry"
+            );
             assert!(
-                wait_until(TIMEOUT, || refused(&t, "untrusted_peer") == 1.0),
+                wait_until(TIMEOUT, || refused(&t, "peer_expired") == 1.0),
                 "{}",
                 common::hbone::metrics_text(&t.p2)
             );
-            assert_eq!(app.connections(), 2);
+            assert_eq!(
+                app.connections(),
+                3,
+                "the refused stream never reached the app"
+            );
         },
     );
 }

@@ -192,7 +192,7 @@ fn idle_streams_are_all_served_and_their_memory_printed() {
                                     }
                                 },
                                 || {},
-                                || Ok(()),
+                                ringway_hbone::PeerCheck::none(),
                             )
                             .await;
                         });
