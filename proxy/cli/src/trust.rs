@@ -49,14 +49,17 @@ pub(crate) fn follow(
         .collect::<Vec<_>>()
         .join(", ");
     let rejected_by = users.counted_by.clone();
-    let users = Arc::new(users);
+    let users = Arc::new(Applier {
+        users,
+        edited: std::sync::Mutex::new(false),
+    });
     let on_change = users.clone();
     let watcher = FileWatcher::spawn(
         "ringway-roots",
         files,
         BundleFiles,
         POLL,
-        move |bundle: Arc<TrustBundle>| apply(&bundle, &on_change),
+        move |bundle: Arc<TrustBundle>| on_change.edited(&bundle),
         move |e| {
             if let Some(ids) = &rejected_by {
                 ids.count_rejected_bundle();
@@ -65,8 +68,33 @@ pub(crate) fn follow(
         },
     )
     .with_context(|| format!("following the mesh's roots in {names}"))?;
-    apply(&watcher.current(), &users);
+    users.first(&watcher);
     Ok(Some(watcher))
+}
+
+/// Hands the watcher's loads to the users, one at a time.
+struct Applier {
+    users: RootsUsers,
+    /// Whether an edit was applied: the first read is then older.
+    edited: std::sync::Mutex<bool>,
+}
+
+impl Applier {
+    /// An edit the watcher loaded.
+    fn edited(&self, bundle: &TrustBundle) {
+        let mut edited = self.edited.lock().unwrap_or_else(|p| p.into_inner());
+        apply(bundle, &self.users);
+        *edited = true;
+    }
+
+    /// What the watcher read first (the users were built from a read just
+    /// before it), unless an edit it loaded since came first.
+    fn first(&self, watcher: &FileWatcher<TrustBundle>) {
+        let edited = self.edited.lock().unwrap_or_else(|p| p.into_inner());
+        if !*edited {
+            apply(&watcher.current(), &self.users);
+        }
+    }
 }
 
 fn apply(bundle: &TrustBundle, users: &RootsUsers) {

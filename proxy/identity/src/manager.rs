@@ -211,6 +211,10 @@ pub struct IdentityManager {
     bundle_reloads: AtomicU64,
     /// See [`IdentityManager::trust_generation`].
     trust_generation: AtomicU64,
+    /// Held by [`IdentityManager::set_bundle`]: two edits applied at once
+    /// (the watcher's first read and its first poll) go one after the
+    /// other, the later one last.
+    swapping: Mutex<()>,
     bundle_rejections: AtomicU64,
     /// When a remote source last failed without refusing (unreachable,
     /// slow), and why; `None` once it issued again.
@@ -304,6 +308,7 @@ impl IdentityManager {
             issue_failures: AtomicU64::new(0),
             bundle_reloads: AtomicU64::new(0),
             trust_generation: AtomicU64::new(0),
+            swapping: Mutex::new(()),
             bundle_rejections: AtomicU64::new(0),
             failing: Mutex::new(None),
         })
@@ -378,6 +383,7 @@ impl IdentityManager {
             self.count_rejected_bundle();
             return Err(IdentityError::EmptyTrustBundle);
         }
+        let _one_at_a_time = self.swapping.lock().unwrap_or_else(PoisonError::into_inner);
         let (added, removed) = {
             let was = read(&self.trust).clone();
             let (was, now) = (was.bundle.roots(), bundle.roots());
