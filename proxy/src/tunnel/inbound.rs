@@ -60,8 +60,15 @@ pub async fn inbound(
     // against are at least this generation's.
     let generation = ids.trust_generation();
     let cfg = ids.server_config(&local)?;
+    // When the certificate this end presents expires (the one the config
+    // was built from, unless renewed this instant: then a later one).
+    let own_expires = ids.cached(&local).ok().map(|c| c.not_after());
     let tls = server_handshake(&state, cfg, tcp, stats).await?;
-    let trusted = (ids, generation);
+    let trusted = Handshook {
+        ids,
+        generation,
+        own_expires,
+    };
     // The dial is registered before its TLS starts, so it is known by now.
     match state.serving_dial(peer_addr) {
         Some(w) if w != worker => {
@@ -107,6 +114,10 @@ struct PeerProof {
     /// The leaf's `notAfter` (`None`: unreadable here, checked by the
     /// verifier at every stream).
     expires: Option<std::time::SystemTime>,
+    /// When the certificate this end presented expires: the connection
+    /// gets its GOAWAY before that too, so the client's next stream goes to
+    /// a connection whose server it checks afresh.
+    own_expires: Option<std::time::SystemTime>,
     checked: std::sync::atomic::AtomicU64,
 }
 
@@ -150,15 +161,27 @@ impl PeerProof {
         }
     }
 
-    /// When the connection gets its graceful GOAWAY ahead of the expiry.
+    /// When the connection gets its graceful GOAWAY ahead of the first
+    /// expiry, the peer's certificate's or this end's.
     fn goaway_at(&self) -> Option<tokio::time::Instant> {
-        let left = self
-            .expires?
+        let first = match (self.expires, self.own_expires) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        let left = first
             .duration_since(std::time::SystemTime::now())
             .unwrap_or_default();
         let margin = EXPIRY_GOAWAY_MARGIN.min(left / 10);
         Some(tokio::time::Instant::now() + (left - margin))
     }
+}
+
+/// What the handshake was checked under: the roots' generation read before
+/// it, and when the certificate this end presented expires.
+struct Handshook {
+    ids: Arc<ringway_identity::IdentityManager>,
+    generation: u64,
+    own_expires: Option<std::time::SystemTime>,
 }
 
 /// The authenticated tunnel's HTTP/2 CONNECT streams, driven by the thread
@@ -170,8 +193,13 @@ async fn serve_authenticated(
     mut tls: ServerTls,
     peer_addr: SocketAddr,
     preauth: PreauthGuard,
-    (ids, generation): (Arc<ringway_identity::IdentityManager>, u64),
+    trusted: Handshook,
 ) -> Result<(), TunnelError> {
+    let Handshook {
+        ids,
+        generation,
+        own_expires,
+    } = trusted;
     // On the driving worker: its reactor drives the socket from now on.
     tls.get_mut().0.tcp.attach()?;
     // Authenticated: from now on TLS reads go through the buffer.
@@ -188,6 +216,7 @@ async fn serve_authenticated(
     let proof = PeerProof {
         ids,
         expires: chain.first().and_then(ringway_identity::cert_expiry),
+        own_expires,
         chain,
         checked: std::sync::atomic::AtomicU64::new(generation),
     };

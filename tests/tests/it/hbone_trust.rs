@@ -1228,6 +1228,57 @@ fn adversarial_hbone_preface_and_idle_timeouts() {
     });
 }
 
+/// Waits past `expires` as the verifier sees it (whole seconds: a
+/// certificate is valid through the second of its `notAfter`).
+async fn past_expiry(expires: std::time::SystemTime) {
+    while std::time::SystemTime::now() <= expires + Duration::from_millis(1200) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A pooled client on node 1 (`peer`'s certificate for front/frontend,
+/// the one in force at each dial) opens a stream to the app and echoes,
+/// waits past `expiry()` (read after that stream opened), opens a second
+/// stream and echoes, then echoes on the first again. Returns how many
+/// connections the pool opened.
+fn streams_across_an_expiry(
+    t: &TwoNodes,
+    peer: Arc<ringway_identity::IdentityManager>,
+    expiry: impl Fn() -> std::time::SystemTime + Send + Sync,
+) -> u64 {
+    let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+    let key = common::hbone::peer_key(t, &frontend(), &web(), false);
+    let own = SocketAddr::new(t.client().ip(false), 40000);
+    common::hbone::on_node1(t, async {
+        let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
+        let open = || {
+            let (key, peer) = (key.clone(), peer.clone());
+            let dst = key.dst;
+            let pool = pool.clone();
+            async move {
+                let dial = move || async move {
+                    let tls = peer
+                        .client_config(&frontend(), &web())
+                        .map_err(std::io::Error::other)?;
+                    common::hbone::tls_dial(tls, dst).await
+                };
+                let headers = ringway_hbone::ConnectHeaders::new(addr).forwarded_for(own);
+                tokio::time::timeout(TIMEOUT, pool.connect(key, dial, headers))
+                    .await
+                    .expect("CONNECT timed out")
+            }
+        };
+        let mut first = open().await.expect("served");
+        echo(&mut first).await;
+        past_expiry(expiry()).await;
+        let mut second = open().await.expect("served on a new connection");
+        echo(&mut second).await;
+        // The stream opened before the expiry goes on.
+        echo(&mut first).await;
+        pool.connections_opened()
+    })
+}
+
 /// One message through `s` and back (the app echoes).
 async fn echo(s: &mut ringway_hbone::HboneStream) {
     s.write_all(b"ping").await.unwrap();
@@ -1375,48 +1426,12 @@ fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_st
             // The mesh's own CA, with leaves of 3 s (renewed at half-life).
             let leaves = Duration::from_secs(3);
             let peer = common::hbone::manager_with(t.dir.path(), &[], leaves);
-            let key = common::hbone::peer_key(&t, &frontend(), &web(), false);
             let own = SocketAddr::new(t.client().ip(false), 40000);
-            let headers = || ringway_hbone::ConnectHeaders::new(addr).forwarded_for(own);
-            // Past the expiry as the verifier sees it (whole seconds: valid
-            // through the second of `notAfter`).
-            let past = |expires: std::time::SystemTime| async move {
-                while std::time::SystemTime::now() <= expires + Duration::from_millis(1200) {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            };
-            common::hbone::on_node1(&t, async {
-                let pool = ringway_hbone::Pool::new(ringway_hbone::PoolConfig::default());
-                let open = || {
-                    let (key, peer) = (key.clone(), peer.clone());
-                    let dst = key.dst;
-                    let pool = pool.clone();
-                    async move {
-                        // The certificate in force at each dial.
-                        let dial = move || async move {
-                            let tls = peer
-                                .client_config(&frontend(), &web())
-                                .map_err(std::io::Error::other)?;
-                            common::hbone::tls_dial(tls, dst).await
-                        };
-                        tokio::time::timeout(TIMEOUT, pool.connect(key, dial, headers()))
-                            .await
-                            .expect("CONNECT timed out")
-                    }
-                };
-                let mut first = open().await.expect("served");
-                echo(&mut first).await;
-                past(peer.certificates()[0].1).await;
-                let mut second = open().await.expect("served on a new connection");
-                echo(&mut second).await;
-                assert_eq!(
-                    pool.connections_opened(),
-                    2,
-                    "the stream rode the connection of the expired certificate"
-                );
-                // The stream opened before the expiry goes on.
-                echo(&mut first).await;
-            });
+            let opened = streams_across_an_expiry(&t, peer.clone(), || peer.certificates()[0].1);
+            assert_eq!(
+                opened, 2,
+                "the stream rode the connection of the expired certificate"
+            );
             assert_eq!(app.connections(), 2);
             let metrics = common::hbone::metrics_text(&t.p2);
             assert_eq!(refused(&t, "peer_expired"), 0.0, "{metrics}");
@@ -1437,7 +1452,7 @@ fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_st
                     let (kind, _, stream, _) = r.next().await.expect("the answer");
                     answered = kind == frames::HEADERS && stream == 1;
                 }
-                past(expires).await;
+                past_expiry(expires).await;
                 let mut out = Vec::new();
                 frames::frame(&mut out, frames::HEADERS, frames::END_HEADERS, 3, &block);
                 w.write_all(&out).await.unwrap();
@@ -1469,6 +1484,36 @@ fn adversarial_hbone_a_certificate_expired_since_the_handshake_carries_no_new_st
                 3,
                 "the refused stream never reached the app"
             );
+        },
+    );
+}
+
+/// The server end's own certificate expires while a client's connection
+/// stays open: the connection gets a graceful GOAWAY shortly before, so the
+/// client's next stream goes to a new connection, whose server certificate
+/// (renewed) it checks afresh, and its open stream goes on. Without it, the
+/// client would go on opening streams to a server whose certificate it
+/// checked once, long expired.
+#[test]
+fn hbone_a_connection_moves_on_before_the_servers_certificate_expires() {
+    run_isolated(
+        "hbone_a_connection_moves_on_before_the_servers_certificate_expires",
+        || {
+            let t = two_nodes(Opts {
+                cert_lifetime: Duration::from_secs(3),
+                ..Opts::new("hbone_server_expiry")
+            });
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let ids2 = t.ids2.clone().unwrap();
+            // A client whose own certificate outlives the test.
+            let peer = common::hbone::manager_with(t.dir.path(), &[], Duration::from_secs(3600));
+            let opened = streams_across_an_expiry(&t, peer, || ids2.certificates()[0].1);
+            assert_eq!(
+                opened, 2,
+                "the stream rode a connection whose server certificate had expired"
+            );
+            assert_eq!(app.connections(), 2);
         },
     );
 }
