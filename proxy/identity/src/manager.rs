@@ -424,15 +424,20 @@ impl IdentityManager {
         })
     }
 
+    /// Every identity's slot, taken out of the map's lock.
+    fn slots(&self) -> Vec<(Identity, Arc<Slot>)> {
+        read(&self.certs)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     /// Flags every certificate in hand that does not chain to `trust` for
     /// renewal at once (its retry backoff reset), and clears the flag of
     /// those that do (a root removed, then put back). Returns how many are
     /// flagged.
     fn recheck_certificates(&self, trust: &Trust) -> usize {
-        let slots: Vec<(Identity, Arc<Slot>)> = read(&self.certs)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let slots = self.slots();
         let mut renewing = 0;
         for (id, slot) in slots {
             let Some(cert) = read(&slot.current).clone() else {
@@ -876,10 +881,7 @@ impl IdentityManager {
     /// Renews every cached certificate past its half-life; returns how many
     /// were renewed. The refresher thread calls this; so may a timer.
     pub fn refresh_due(&self) -> usize {
-        let slots: Vec<(Identity, Arc<Slot>)> = read(&self.certs)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let slots = self.slots();
         let mut renewed = 0;
         for (id, slot) in slots {
             let now = self.clock.now();
