@@ -250,6 +250,10 @@ pub struct PeerCheck {
     /// When the connection gets a graceful GOAWAY (shortly before the
     /// peer's certificate expires); `None`: never for this reason.
     pub goaway_at: Option<tokio::time::Instant>,
+    /// Changes when what `still_valid` checks against may have changed (a
+    /// root removed): the connection checks at once, and a peer that fails
+    /// gets its graceful GOAWAY before it opens another stream.
+    pub recheck: Option<watch::Receiver<u64>>,
 }
 
 impl PeerCheck {
@@ -258,6 +262,7 @@ impl PeerCheck {
         PeerCheck {
             still_valid: Box::new(|| Ok(())),
             goaway_at: None,
+            recheck: None,
         }
     }
 }
@@ -336,6 +341,7 @@ where
         }
     };
     tokio::pin!(expiring);
+    let mut recheck = check.recheck;
     let mut draining = false;
     let mut ending: Option<HboneError> = None;
     // Streams refused after the rapid-reset (or untrusted peer's) GOAWAY:
@@ -371,17 +377,7 @@ where
                 Some(Ok((req, mut respond))) => {
                     if ending.is_none() {
                         if let Err(why) = (check.still_valid)() {
-                            warn!(
-                                peer.id = %peer.identity,
-                                peer.addr = %peer.addr,
-                                reason = %why,
-                                "peer may open no more streams here: its stream refused, GOAWAY"
-                            );
-                            if !draining {
-                                draining = true;
-                                conn.graceful_shutdown();
-                            }
-                            ending = Some(HboneError::UntrustedPeer(why));
+                            ending = Some(revoke(&mut conn, &mut draining, &peer, why));
                         }
                     }
                     if matches!(
@@ -418,6 +414,19 @@ where
                 }
                 None => break,
             },
+            changed = async {
+                match recheck.as_mut() {
+                    Some(r) => r.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            }, if ending.is_none() => {
+                if !changed {
+                    // No more changes will come.
+                    recheck = None;
+                } else if let Err(why) = (check.still_valid)() {
+                    ending = Some(revoke(&mut conn, &mut draining, &peer, why));
+                }
+            }
             () = &mut expiring, if !draining => {
                 debug!(peer.addr = %peer.addr, "the peer's certificate expires soon: GOAWAY");
                 draining = true;
@@ -465,6 +474,27 @@ where
         Some(e) => Err(e),
         None => closed.map_err(HboneError::Server),
     }
+}
+
+/// A peer that may open no more streams on `conn` ([`PeerCheck`]): a
+/// graceful GOAWAY unless one was sent already; what ends the connection.
+fn revoke<IO: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut h2::server::Connection<IO, Bytes>,
+    draining: &mut bool,
+    peer: &PeerInfo,
+    why: PeerRevoked,
+) -> HboneError {
+    warn!(
+        peer.id = %peer.identity,
+        peer.addr = %peer.addr,
+        reason = %why,
+        "peer may open no more streams here: GOAWAY"
+    );
+    if !*draining {
+        *draining = true;
+        conn.graceful_shutdown();
+    }
+    HboneError::UntrustedPeer(why)
 }
 
 /// Why a request is answered 400 before the handler sees it.

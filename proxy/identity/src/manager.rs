@@ -211,6 +211,8 @@ pub struct IdentityManager {
     bundle_reloads: AtomicU64,
     /// See [`IdentityManager::trust_generation`].
     trust_generation: AtomicU64,
+    /// Told each new generation ([`IdentityManager::watch_trust`]).
+    trust_changes: tokio::sync::watch::Sender<u64>,
     /// Held by [`IdentityManager::set_bundle`]: two edits applied at once
     /// (the watcher's first read and its first poll) go one after the
     /// other, the later one last.
@@ -308,6 +310,7 @@ impl IdentityManager {
             issue_failures: AtomicU64::new(0),
             bundle_reloads: AtomicU64::new(0),
             trust_generation: AtomicU64::new(0),
+            trust_changes: tokio::sync::watch::Sender::new(0),
             swapping: Mutex::new(()),
             bundle_rejections: AtomicU64::new(0),
             failing: Mutex::new(None),
@@ -408,7 +411,8 @@ impl IdentityManager {
         );
         *write(&self.trust) = new.clone();
         if removed > 0 {
-            self.trust_generation.fetch_add(1, Ordering::SeqCst);
+            let generation = self.trust_generation.fetch_add(1, Ordering::SeqCst) + 1;
+            self.trust_changes.send_replace(generation);
         }
         self.bundle_reloads.fetch_add(1, Ordering::Relaxed);
         // The caches check the trust they were built from; dropping them
@@ -465,6 +469,12 @@ impl IdentityManager {
     /// removed) must not carry new streams once it has moved.
     pub fn trust_generation(&self) -> u64 {
         self.trust_generation.load(Ordering::SeqCst)
+    }
+
+    /// Changes each time [`Self::trust_generation`] moves on: a connection
+    /// waits on it to check its peer again at once, not at its next stream.
+    pub fn watch_trust(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.trust_changes.subscribe()
     }
 
     /// Counts an edit of the roots' files that was refused (it did not

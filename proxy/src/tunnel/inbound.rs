@@ -252,6 +252,7 @@ async fn serve_authenticated(
         move || drop(preauth),
         ringway_hbone::PeerCheck {
             goaway_at: proof.goaway_at(),
+            recheck: Some(proof.ids.watch_trust()),
             still_valid: Box::new(move || proof.still_valid()),
         },
     )

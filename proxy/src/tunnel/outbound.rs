@@ -475,3 +475,54 @@ async fn pump_both(
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A root removed moves the pool key of every tunnel on (a connection
+    /// dialled before, its server checked against that root, carries no new
+    /// tunnel); a root added does not (the pooled connections stay).
+    #[test]
+    fn a_removed_root_gives_tunnels_a_new_pool_key_and_an_added_one_does_not() {
+        let td = "cluster.local";
+        let (ours, theirs) = (
+            ringway_identity::CaSigner::generate_for_tests(td),
+            ringway_identity::CaSigner::generate_for_tests(td),
+        );
+        let mut theirs_only = ringway_identity::TrustBundle::new();
+        theirs_only.add(theirs.cert().clone());
+        let ids = Arc::new(
+            IdentityManager::new(
+                ours,
+                ringway_identity::TrustBundle::new(),
+                td,
+                std::time::Duration::from_secs(3600),
+            )
+            .unwrap(),
+        );
+        let plan = OutboundPlan {
+            dst: "10.0.0.9:8080".parse().unwrap(),
+            dst_name: "web-0".into(),
+            src_identity: Identity::new(td, "front", "frontend"),
+            dst_identity: Identity::new(td, "shop", "web"),
+            service: None,
+            ids: ids.clone(),
+        };
+        let pod = PodShared::new(
+            "pod",
+            std::os::fd::OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
+            vec!["10.0.0.5".parse().unwrap()],
+            crate::sock::PortSplit::default(),
+            Default::default(),
+            String::new(),
+        );
+        let key = || tunnel_key(&pod, &plan, "10.0.0.5".parse().unwrap()).0;
+        let first = key();
+        ids.set_bundle(theirs_only).unwrap();
+        assert_eq!(key(), first, "a root added keeps the pooled connections");
+        ids.set_bundle(ringway_identity::TrustBundle::new())
+            .unwrap();
+        assert_ne!(key(), first, "a root removed: a new connection");
+    }
+}

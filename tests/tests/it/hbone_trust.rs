@@ -1279,6 +1279,21 @@ fn streams_across_an_expiry(
     })
 }
 
+/// A peer on node 1 whose certificates are of another root than the
+/// mesh's, which node 2 is given (and which trusts the mesh's root).
+fn peer_of_another_root(t: &TwoNodes) -> ringway_identity::IdentityManager {
+    let other = ringway_identity::CaSigner::generate_for_tests(TD);
+    let mut trusted = ringway_identity::TrustBundle::new();
+    trusted.add(other.cert().clone());
+    let mesh_root = ringway_identity::TrustBundle::from_pem_files(&[t.dir.join("ca.crt")]).unwrap();
+    let peer =
+        ringway_identity::IdentityManager::new(other, mesh_root, TD, Duration::from_secs(3600))
+            .unwrap();
+    let ids2 = t.ids2.as_ref().expect("HBONE on");
+    assert_eq!(ids2.set_bundle(trusted).unwrap().added, 1);
+    peer
+}
+
 /// One message through `s` and back (the app echoes).
 async fn echo(s: &mut ringway_hbone::HboneStream) {
     s.write_all(b"ping").await.unwrap();
@@ -1308,21 +1323,7 @@ fn adversarial_hbone_a_removed_root_carries_no_new_stream() {
             let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
             let app = App::start(&t.server().netns, addr);
             let ids2 = t.ids2.clone().expect("HBONE on");
-            // A peer whose certificate is of another root, which node 2 is
-            // given; the peer trusts node 2's root.
-            let other = ringway_identity::CaSigner::generate_for_tests(TD);
-            let mut trusted = ringway_identity::TrustBundle::new();
-            trusted.add(other.cert().clone());
-            let mesh_root =
-                ringway_identity::TrustBundle::from_pem_files(&[t.dir.join("ca.crt")]).unwrap();
-            let peer = ringway_identity::IdentityManager::new(
-                other,
-                mesh_root,
-                TD,
-                Duration::from_secs(3600),
-            )
-            .unwrap();
-            assert_eq!(ids2.set_bundle(trusted).unwrap().added, 1);
+            let peer = peer_of_another_root(&t);
             let tls = peer.client_config(&frontend(), &web()).unwrap();
             // Node 1's own proxy identities: the mesh root, which stays.
             let mesh_tls = t
@@ -1514,6 +1515,52 @@ fn hbone_a_connection_moves_on_before_the_servers_certificate_expires() {
                 "the stream rode a connection whose server certificate had expired"
             );
             assert_eq!(app.connections(), 2);
+        },
+    );
+}
+
+/// A root removed while a peer of it holds an idle connection: the
+/// connection gets its GOAWAY at once, before the peer opens another
+/// stream, so a client that heeds GOAWAY (any h2 client) moves to a new
+/// connection, whose handshake checks it afresh, without a stream refused.
+/// Without the wake-up, the GOAWAY would wait for the peer's next stream,
+/// which would then be refused.
+#[test]
+fn adversarial_hbone_a_removed_root_gets_its_peers_a_goaway_at_once() {
+    run_isolated(
+        "adversarial_hbone_a_removed_root_gets_its_peers_a_goaway_at_once",
+        || {
+            let t = two_nodes(Opts::new("hbone_removed_root_goaway"));
+            let ids2 = t.ids2.clone().expect("HBONE on");
+            let peer = peer_of_another_root(&t);
+            let tls = peer.client_config(&frontend(), &web()).unwrap();
+            let ids = ids2.clone();
+            let goaway = raw_h2_session_as(&t, tls, |mut r, _w| async move {
+                assert_eq!(
+                    ids.set_bundle(ringway_identity::TrustBundle::new())
+                        .unwrap()
+                        .removed,
+                    1
+                );
+                // Well before the server's first keepalive PING (10 s).
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    loop {
+                        match r.next().await {
+                            Ok((frames::GOAWAY, _, _, _)) => return true,
+                            Ok(_) => continue,
+                            Err(_) => return false,
+                        }
+                    }
+                })
+                .await
+                .unwrap_or(false)
+            });
+            assert!(goaway, "no GOAWAY after the peer's root was removed");
+            assert!(
+                wait_until(TIMEOUT, || refused(&t, "untrusted_peer") == 1.0),
+                "{}",
+                common::hbone::metrics_text(&t.p2)
+            );
         },
     );
 }
