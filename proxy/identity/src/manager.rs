@@ -1213,31 +1213,42 @@ mod tests {
         }
     }
 
-    /// A source that answers with a valid certificate for another key (a
-    /// faulty or caching certificate service) once told to.
+    /// A source signing with whichever CA it holds now (a service that
+    /// moved to a new root), and, when told, handing out a key other than
+    /// the certificate's.
     #[derive(Debug)]
-    struct OtherKey {
-        ca: CaSigner,
+    struct TestSource {
+        ca: Mutex<CaSigner>,
         mismatch: std::sync::atomic::AtomicBool,
     }
 
-    impl CertSource for OtherKey {
+    impl TestSource {
+        fn new(ca: CaSigner) -> Arc<TestSource> {
+            Arc::new(TestSource {
+                ca: Mutex::new(ca),
+                mismatch: Default::default(),
+            })
+        }
+    }
+
+    impl CertSource for TestSource {
         fn issue(
             &self,
             id: &Identity,
             nb: SystemTime,
             na: SystemTime,
         ) -> Result<Issued, IssueError> {
-            let (chain, key) = self.ca.issue(id, nb, na).map_err(IssueError::Sign)?;
+            let ca = self.ca.lock().unwrap();
+            let (chain, key) = ca.issue(id, nb, na).map_err(IssueError::Sign)?;
             if self.mismatch.load(Ordering::SeqCst) {
-                let (_, other) = self.ca.issue(id, nb, na).map_err(IssueError::Sign)?;
+                let (_, other) = ca.issue(id, nb, na).map_err(IssueError::Sign)?;
                 return Ok((chain, other));
             }
             Ok((chain, key))
         }
 
         fn expires(&self) -> Option<SystemTime> {
-            Some(self.ca.not_after())
+            Some(self.ca.lock().unwrap().not_after())
         }
 
         fn remote(&self) -> bool {
@@ -1254,10 +1265,7 @@ mod tests {
         let mut bundle = TrustBundle::new();
         bundle.add(ca.cert().clone());
         let clock = Arc::new(crate::clock::ManualClock::new(SystemTime::now()));
-        let source = Arc::new(OtherKey {
-            ca,
-            mismatch: Default::default(),
-        });
+        let source = TestSource::new(ca);
         let m = IdentityManager::with_source(source.clone(), bundle, td, DEFAULT_CERT_LIFETIME)
             .unwrap()
             .with_clock(clock.clone());
@@ -1429,34 +1437,6 @@ mod tests {
         );
     }
 
-    /// Signs with whichever CA it holds now (a service that moved to a
-    /// new root).
-    #[derive(Debug)]
-    struct Switching(Mutex<CaSigner>);
-
-    impl CertSource for Switching {
-        fn issue(
-            &self,
-            id: &Identity,
-            nb: SystemTime,
-            na: SystemTime,
-        ) -> Result<Issued, IssueError> {
-            self.0
-                .lock()
-                .unwrap()
-                .issue(id, nb, na)
-                .map_err(IssueError::Sign)
-        }
-
-        fn expires(&self) -> Option<SystemTime> {
-            None
-        }
-
-        fn remote(&self) -> bool {
-            true
-        }
-    }
-
     /// A chain `ca` issues for `shop/<sa>`, valid for an hour.
     fn leaf(ca: &CaSigner, sa: &str) -> Vec<CertificateDer<'static>> {
         let now = SystemTime::now();
@@ -1573,13 +1553,9 @@ mod tests {
         let id = Identity::new(td, "shop", "api");
         let peer = leaf(&ca, "api");
         let bundle = bundle_of(&[&ca]);
-        let m = IdentityManager::with_source(
-            Arc::new(Switching(Mutex::new(ca))),
-            bundle,
-            td,
-            DEFAULT_CERT_LIFETIME,
-        )
-        .unwrap();
+        let m =
+            IdentityManager::with_source(TestSource::new(ca), bundle, td, DEFAULT_CERT_LIFETIME)
+                .unwrap();
         let e = m.set_bundle(TrustBundle::new()).unwrap_err();
         assert!(matches!(e, IdentityError::EmptyTrustBundle), "{e}");
         assert!(e.to_string().contains("no root certificate"), "{e}");
@@ -1601,7 +1577,7 @@ mod tests {
         );
         let bundle = bundle_of(&[&old, &new]);
         let new_only = bundle_of(&[&new]);
-        let source = Arc::new(Switching(Mutex::new(old)));
+        let source = TestSource::new(old);
         let m = IdentityManager::with_source(source.clone(), bundle, td, DEFAULT_CERT_LIFETIME)
             .unwrap();
         let (web, api) = (
@@ -1610,7 +1586,7 @@ mod tests {
         );
         let first = m.fetch(&web).unwrap();
         // The service moves to the new root; `api` is issued under it.
-        *source.0.lock().unwrap() = new;
+        *source.ca.lock().unwrap() = new;
         let api_cert = m.fetch(&api).unwrap();
         assert_eq!(m.refresh_due(), 0, "nothing is due before the edit");
 
@@ -1641,7 +1617,7 @@ mod tests {
         );
         let (both, new_only) = (bundle_of(&[&old, &new]), bundle_of(&[&new]));
         let m = IdentityManager::with_source(
-            Arc::new(Switching(Mutex::new(old))),
+            TestSource::new(old),
             both.clone(),
             td,
             DEFAULT_CERT_LIFETIME,
