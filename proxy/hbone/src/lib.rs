@@ -32,6 +32,7 @@
 use std::time::Duration;
 
 mod conn;
+mod dialled;
 mod error;
 pub mod headers;
 mod pool;
@@ -40,6 +41,7 @@ mod spawn;
 mod stream;
 mod upstream;
 
+pub use dialled::{move_on_at, Dialled, IntoDialled, EXPIRY_MARGIN};
 pub use error::{HboneError, PeerRevoked};
 pub use headers::{Baggage, ConnectHeaders, TraceParent};
 pub use pool::{Pool, PoolConfig, PoolKey};

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tracing::{debug, Instrument};
 
 use crate::conn::{Conn, ConnState, Counters, StreamGuard};
+use crate::dialled::{Dialled, IntoDialled};
 use crate::error::HboneError;
 use crate::headers::{ConnectHeaders, TraceParent};
 use crate::stream::HboneStream;
@@ -166,7 +167,7 @@ impl Pool {
         conns
             .iter()
             .filter(|conn| {
-                if conn.state.lock().unwrap_or_else(|p| p.into_inner()).dead {
+                if conn.state.lock().unwrap_or_else(|p| p.into_inner()).dead || !conn.timely() {
                     return false;
                 }
                 // A clone has no pending stream: polling it only checks the
@@ -196,7 +197,7 @@ impl Pool {
     /// dialled. The connection then waits idle in the pool like one whose
     /// streams have ended (after those pooled before it: a stream takes it
     /// when they are full or gone).
-    pub async fn warm<D, F, IO>(
+    pub async fn warm<D, F, T, IO>(
         &self,
         key: PoolKey,
         dial: D,
@@ -204,7 +205,8 @@ impl Pool {
     ) -> Result<bool, HboneError>
     where
         D: FnOnce() -> F,
-        F: Future<Output = io::Result<IO>>,
+        F: Future<Output = io::Result<T>>,
+        T: IntoDialled<Io = IO>,
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let slot = self.slot(&key);
@@ -250,7 +252,7 @@ impl Pool {
     ///
     /// Flows of the same key wait for a dial in progress, so give `dial` a timeout. Dropping
     /// the returned future releases its stream slot (and abandons a dial it was running).
-    pub async fn connect<D, F, IO>(
+    pub async fn connect<D, F, T, IO>(
         &self,
         key: PoolKey,
         dial: D,
@@ -258,7 +260,8 @@ impl Pool {
     ) -> Result<HboneStream, HboneError>
     where
         D: FnOnce() -> F,
-        F: Future<Output = io::Result<IO>>,
+        F: Future<Output = io::Result<T>>,
+        T: IntoDialled<Io = IO>,
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         self.connect_with_data(key, dial, req, Bytes::new()).await
@@ -271,7 +274,7 @@ impl Pool {
     /// connection. The peer holds the bytes in the stream's window until it
     /// has connected to the app; a refused stream drops them (the caller
     /// resets its client, as without them), a retried one sends them again.
-    pub async fn connect_with_data<D, F, IO>(
+    pub async fn connect_with_data<D, F, T, IO>(
         &self,
         key: PoolKey,
         dial: D,
@@ -280,7 +283,8 @@ impl Pool {
     ) -> Result<HboneStream, HboneError>
     where
         D: FnOnce() -> F,
-        F: Future<Output = io::Result<IO>>,
+        F: Future<Output = io::Result<T>>,
+        T: IntoDialled<Io = IO>,
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         // One trace id per connection, kept across retries.
@@ -348,7 +352,7 @@ impl Pool {
         let max = self.shared.config.max_streams_per_conn;
         for conn in conns.iter() {
             let mut st = conn.state.lock().unwrap_or_else(|p| p.into_inner());
-            if !st.dead && st.active < max {
+            if !st.dead && st.active < max && conn.timely() {
                 st.active += 1;
                 st.idle_since = None;
                 self.shared.counters.streams.fetch_add(1, Ordering::Relaxed);
@@ -358,7 +362,7 @@ impl Pool {
         None
     }
 
-    async fn dial_new<D, F, IO>(
+    async fn dial_new<D, F, T, IO>(
         &self,
         key: &PoolKey,
         slot: &Arc<Slot>,
@@ -366,10 +370,11 @@ impl Pool {
     ) -> Result<StreamGuard, HboneError>
     where
         D: FnOnce() -> F,
-        F: Future<Output = io::Result<IO>>,
+        F: Future<Output = io::Result<T>>,
+        T: IntoDialled<Io = IO>,
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let io = dial().await.map_err(HboneError::Dial)?;
+        let Dialled { io, move_on } = dial().await.map_err(HboneError::Dial)?.into_dialled();
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(crate::STREAM_WINDOW)
             .initial_connection_window_size(crate::CONNECTION_WINDOW)
@@ -385,6 +390,7 @@ impl Pool {
         let conn = Arc::new(Conn {
             id,
             send,
+            move_on,
             state: Mutex::new(ConnState {
                 active: 1,
                 dead: false,
@@ -412,8 +418,10 @@ impl Pool {
             async move {
                 let keepalive = crate::keepalive(ping, config.ping_interval, config.ping_timeout);
                 let idle = idle_watch(&conn, &task_slot, &config);
+                let expiry = move_on_when_due(&conn, &task_slot);
                 tokio::select! {
                     r = &mut connection => debug!(result = ?r.err(), "hbone connection closed"),
+                    never = expiry => match never {},
                     e = keepalive => debug!(error = %e, "hbone connection failed"),
                     _ = idle => debug!("idle hbone connection released"),
                     _ = conn.close.notified() => debug!("hbone connection evicted"),
@@ -438,6 +446,20 @@ fn retire(slot: &Slot, conn: &Arc<Conn>) {
         .retain(|c| !Arc::ptr_eq(c, conn));
 }
 
+/// At the connection's [`Conn::move_on`], retires it (its open streams go
+/// on; the next stream of its key dials a new connection, authenticated
+/// with the certificates in force then) and wakes its idle watch, which
+/// closes it once its streams are done. Never resolves.
+async fn move_on_when_due(conn: &Arc<Conn>, slot: &Slot) -> std::convert::Infallible {
+    if let Some(at) = conn.move_on {
+        tokio::time::sleep_until(at).await;
+        debug!("certificate expiring: hbone connection takes no new stream");
+        retire(slot, conn);
+        conn.idle.notify_one();
+    }
+    std::future::pending().await
+}
+
 /// Drops the key's slot from the map when it holds no connection and nobody else uses it.
 fn forget_slot(shared: Weak<Shared>, key: &PoolKey, slot: Arc<Slot>) {
     let Some(shared) = shared.upgrade() else {
@@ -457,7 +479,8 @@ fn forget_slot(shared: Weak<Shared>, key: &PoolKey, slot: Arc<Slot>) {
 
 /// Resolves once the connection has had no stream for its idle timeout: the
 /// pool's [`PoolConfig::idle_timeout`], or [`PoolConfig::surplus_idle_timeout`]
-/// while another live connection of its key stays. It is then marked dead
+/// while another live connection of its key stays or once it takes no new
+/// stream itself (retired). It is then marked dead
 /// under the slot's and its state's locks (the order [`Pool::reserve`] takes
 /// them), so no stream can be reserved on it afterwards, and of two idle
 /// connections of a key deciding at once one sees the other dead and stays.
@@ -469,10 +492,11 @@ async fn idle_watch(conn: &Conn, slot: &Slot, config: &PoolConfig) {
         let deadline = {
             let conns = slot.conns.lock().unwrap_or_else(|p| p.into_inner());
             let mut st = conn.state.lock().unwrap_or_else(|p| p.into_inner());
-            let surplus = conns.iter().any(|c| {
-                !std::ptr::eq(Arc::as_ptr(c), conn)
-                    && !c.state.lock().unwrap_or_else(|p| p.into_inner()).dead
-            });
+            let surplus = st.dead
+                || conns.iter().any(|c| {
+                    !std::ptr::eq(Arc::as_ptr(c), conn)
+                        && !c.state.lock().unwrap_or_else(|p| p.into_inner()).dead
+                });
             let timeout = if surplus {
                 config.surplus_idle_timeout.min(config.idle_timeout)
             } else {

@@ -121,11 +121,6 @@ struct PeerProof {
     checked: std::sync::atomic::AtomicU64,
 }
 
-/// How long before the peer's certificate expires its connection gets a
-/// graceful GOAWAY (at most; a tenth of what is left at the handshake if
-/// that is less).
-const EXPIRY_GOAWAY_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
-
 impl PeerProof {
     fn still_valid(&self) -> Result<(), ringway_hbone::PeerRevoked> {
         use std::sync::atomic::Ordering;
@@ -168,11 +163,7 @@ impl PeerProof {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b)?,
         };
-        let left = first
-            .duration_since(std::time::SystemTime::now())
-            .unwrap_or_default();
-        let margin = EXPIRY_GOAWAY_MARGIN.min(left / 10);
-        Some(tokio::time::Instant::now() + (left - margin))
+        Some(ringway_hbone::move_on_at(first))
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringway_config::authz::Identity;
-use ringway_hbone::{Baggage, ConnectHeaders, Pool, PoolKey};
+use ringway_hbone::{Baggage, ConnectHeaders, Dialled, Pool, PoolKey};
 use ringway_identity::IdentityManager;
 use tokio::net::TcpStream;
 
@@ -187,14 +187,25 @@ pub async fn open_outbound(
 /// The dial of a new pooled connection for `plan`: TCP from `pod`'s netns
 /// to `tunnel`, then mutual TLS, bounded by the connect timeout, counted
 /// in the TLS handshake metrics. Only a new connection needs the TLS
-/// config (a pooled one is reused).
+/// config (a pooled one is reused). The pool takes no new stream on it
+/// shortly before the first of the two certificates it was authenticated
+/// with expires, the server's or the one this end presented: a server
+/// that sends no GOAWAY ahead of an expiry (ringway's does) gets no new
+/// tunnel on a connection whose proof has run out.
 async fn dial_tunnel(
     cx: &ConnCtx<'_>,
     pod: &PodShared,
     plan: &OutboundPlan,
     tunnel: SocketAddr,
-) -> io::Result<tokio_rustls::client::TlsStream<LazyBufIo<TcpStream>>> {
+) -> io::Result<Dialled<tokio_rustls::client::TlsStream<LazyBufIo<TcpStream>>>> {
     let (mark, timeout) = (cx.mark, cx.connect_timeout);
+    // Read before the config: a certificate renewed in between only makes
+    // the connection move on earlier than it needs to.
+    let own_expires = plan
+        .ids
+        .cached(&plan.src_identity)
+        .ok()
+        .map(|c| c.not_after());
     let tls = plan
         .ids
         .client_config(&plan.src_identity, &plan.dst_identity)
@@ -239,7 +250,19 @@ async fn dial_tunnel(
             outcome,
         })
         .inc();
-    r
+    r.map(|tls| {
+        let server_expires = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(ringway_identity::cert_expiry);
+        let first = match (server_expires, own_expires) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Dialled::expiring(tls, first)
+    })
 }
 
 /// The pool key of a tunnel from `pod` for `plan` (its source address of
@@ -280,7 +303,7 @@ pub async fn warm_outbound(
     let local = std::cell::Cell::new(None);
     let dial = || async {
         let tls = dial_tunnel(cx, pod, plan, tunnel).await?;
-        local.set(tls.get_ref().0.tcp.local_addr().ok());
+        local.set(tls.get_ref().get_ref().0.tcp.local_addr().ok());
         Ok(tls)
     };
     let dialled = pool.warm(key, dial, extra).await?;

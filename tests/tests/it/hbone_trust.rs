@@ -1564,3 +1564,190 @@ fn adversarial_hbone_a_removed_root_gets_its_peers_a_goaway_at_once() {
         },
     );
 }
+
+/// Node 2's server pod served by a bare HBONE server in its netns instead
+/// of a ringway proxy: TLS as `web` with `server_ids`' certificates, each
+/// CONNECT joined to the app it names, and never a GOAWAY ahead of an
+/// expiry (as a server that does not plan one, unlike ringway's). Counts
+/// the TLS connections it accepted; stops when dropped.
+struct BareServer {
+    accepted: Arc<AtomicUsize>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BareServer {
+    fn start(t: &TwoNodes, server_ids: Arc<ringway_identity::IdentityManager>) -> BareServer {
+        // Node 2's proxy lets the pod go, and its capture rules go too.
+        assert!(t.p2.remove_pod(&t.server().name).is_some());
+        let spec = ringway_proxy::capture_spec(&ringway_config::ProxySettings {
+            capture_mode: ringway_config::CaptureMode::Tproxy,
+            ..ringway_config::ProxySettings::default()
+        });
+        ringway_redirect::remove(t.server().netns.fd(), &spec).unwrap();
+        let at = SocketAddr::new(t.server().ip(false), ringway_hbone::HBONE_PORT);
+        let l = t
+            .server()
+            .netns
+            .run(|| ringway_testbed::traffic::listen(at))
+            .expect("listen on 15008");
+        l.set_nonblocking(true).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let count = accepted.clone();
+        let join = t.server().netns.spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(l).unwrap();
+                loop {
+                    let (tcp, peer) = tokio::select! {
+                        _ = &mut stopped => return,
+                        r = l.accept() => match r { Ok(a) => a, Err(_) => continue },
+                    };
+                    let cfg = server_ids.server_config(&web()).unwrap();
+                    let count = count.clone();
+                    tokio::spawn(async move {
+                        let Ok(tls) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await else {
+                            return;
+                        };
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let peer = ringway_hbone::PeerInfo {
+                            identity: frontend().to_string(),
+                            addr: peer,
+                        };
+                        let _ = ringway_hbone::serve_connection(
+                            tls,
+                            peer,
+                            &ringway_hbone::ServerConfig::default(),
+                            ringway_hbone::DrainSignal::never(),
+                            |req: ringway_hbone::ConnectRequest| async move {
+                                match tokio::net::TcpStream::connect(req.authority).await {
+                                    Ok(app) => ringway_hbone::Decision::Accept(
+                                        ringway_hbone::Upstream::new(app),
+                                    ),
+                                    Err(e) => {
+                                        ringway_hbone::Decision::Unavailable503(e.to_string())
+                                    }
+                                }
+                            },
+                        )
+                        .await;
+                    });
+                }
+            })
+        });
+        BareServer {
+            accepted,
+            stop: Some(stop),
+            join: Some(join),
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for BareServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+/// Node 1's proxy carries an app connection to a bare server whose tunnel
+/// connection is authenticated with `server_lifetime` certificates (the
+/// proxy's own from `o`), past the first of the two expiries, then another
+/// one: returns the TLS connections the bare server accepted. The first
+/// app connection echoes on after the expiry.
+fn proxied_across_an_expiry(o: Opts, server_lifetime: Duration) -> usize {
+    let mut o = o;
+    // One pool: both app connections are the same worker's.
+    o.workers = 1;
+    let t = two_nodes(o);
+    let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+    let app = App::start(&t.server().netns, addr);
+    let server_ids = common::hbone::manager_with(t.dir.path(), &[], server_lifetime);
+    let server = BareServer::start(&t, server_ids.clone());
+    let client = &t.client().netns;
+    let echoes = |s: &mut std::net::TcpStream| {
+        use std::io::{Read, Write};
+        let mut b = [0u8; 4];
+        s.write_all(b"ping").is_ok() && s.read_exact(&mut b).is_ok() && &b == b"ping"
+    };
+    let open = || {
+        let s = client
+            .run(|| ringway_testbed::traffic::connect(addr, TIMEOUT))
+            .unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        s
+    };
+    let mut first = open();
+    assert!(echoes(&mut first));
+    assert_eq!(server.accepted(), 1);
+    let ids1 = t.ids1.clone().unwrap();
+    let server_expires = server_ids.certificates()[0].1;
+    let own_expires = ids1.certificates()[0].1;
+    let due = ringway_hbone::move_on_at(server_expires.min(own_expires));
+    std::thread::sleep(due.saturating_duration_since(tokio::time::Instant::now()));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut second = open();
+    assert!(echoes(&mut second), "served past the expiry");
+    assert!(echoes(&mut first), "the connection opened before goes on");
+    assert_eq!(app.connections(), 2);
+    server.accepted()
+}
+
+/// Node 1's proxy toward a server that sends no GOAWAY ahead of its
+/// certificate's expiry: the proxy itself opens no new tunnel on the
+/// connection shortly before the server certificate it checked expires,
+/// and dials a new connection (whose handshake checks the server's
+/// current certificate) while the tunnel already open goes on. Without
+/// the proxy's own check, the second app connection would ride a
+/// connection whose server proof had run out.
+#[test]
+fn adversarial_hbone_the_proxy_moves_on_before_a_servers_certificate_expires_without_its_goaway() {
+    run_isolated(
+        "adversarial_hbone_the_proxy_moves_on_before_a_servers_certificate_expires_without_its_goaway",
+        || {
+            let accepted =
+                proxied_across_an_expiry(Opts::new("hbone_bare_server_expiry"), Duration::from_secs(3));
+            assert_eq!(
+                accepted, 2,
+                "a new tunnel rode a connection whose server certificate was about to expire"
+            );
+        },
+    );
+}
+
+/// The same with the proxy's own certificate the one that expires first:
+/// a server that does not check a client certificate's expiry after the
+/// handshake (nor GOAWAYs ahead of it) gets no new tunnel on a connection
+/// authenticated with a client certificate that is about to expire; the
+/// proxy dials again with its renewed one.
+#[test]
+fn hbone_the_proxy_moves_on_before_its_own_certificate_expires_without_the_servers_goaway() {
+    run_isolated(
+        "hbone_the_proxy_moves_on_before_its_own_certificate_expires_without_the_servers_goaway",
+        || {
+            let accepted = proxied_across_an_expiry(
+                Opts {
+                    cert_lifetime: Duration::from_secs(3),
+                    ..Opts::new("hbone_bare_server_own_expiry")
+                },
+                Duration::from_secs(3600),
+            );
+            assert_eq!(
+                accepted, 2,
+                "a new tunnel rode a connection whose client certificate was about to expire"
+            );
+        },
+    );
+}

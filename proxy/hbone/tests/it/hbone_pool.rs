@@ -361,3 +361,124 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
         "early_data per request, in order"
     );
 }
+
+/// A connection dialled with certificates that expire soon (the server's
+/// or the client's own) takes no new stream shortly before the expiry,
+/// though its server never sends a GOAWAY (this test's server does not):
+/// the next stream dials a new connection, the stream already open on the
+/// old one goes on to its end, and the old connection is closed once its
+/// last stream is done. Without the pool's own check, a server that keeps
+/// its connections open would carry new tunnels on a proof that had run
+/// out.
+#[tokio::test]
+async fn a_connection_takes_no_new_stream_once_its_certificates_are_about_to_expire() {
+    let server = Server::start(echo_handler()).await;
+    let pool = Pool::new(PoolConfig {
+        idle_timeout: Duration::from_secs(600),
+        surplus_idle_timeout: Duration::from_millis(150),
+        ..PoolConfig::default()
+    });
+    let addr = server.addr;
+    let expiry = std::time::SystemTime::now() + Duration::from_secs(2);
+    let dial_expiring = || async move {
+        Ok(ringway_hbone::Dialled::expiring(
+            dial(addr).await?,
+            Some(expiry),
+        ))
+    };
+    let mut first = pool
+        .connect(server.key(), dial_expiring, ConnectHeaders::new(dst()))
+        .await
+        .unwrap();
+    echo_once(&mut first).await;
+    // Before the expiry's margin (a tenth of the 2 s): still pooled.
+    let second = pool
+        .connect(server.key(), dial_expiring, ConnectHeaders::new(dst()))
+        .await
+        .unwrap();
+    assert_eq!(
+        pool.connections_opened(),
+        1,
+        "a timely connection is reused"
+    );
+    drop(second);
+    assert_eq!(pool.accepting_connections(&server.key()), 1);
+    // Past it: the connection takes no new stream.
+    let due = ringway_hbone::move_on_at(expiry);
+    tokio::time::sleep_until(due + Duration::from_millis(50)).await;
+    assert_eq!(
+        pool.accepting_connections(&server.key()),
+        0,
+        "a connection whose certificates are about to expire still takes streams"
+    );
+    let mut third = server.open(&pool, dst()).await.unwrap();
+    assert_eq!(
+        pool.connections_opened(),
+        2,
+        "the stream rode a connection whose certificates were about to expire"
+    );
+    assert_eq!(server.accepted(), 2);
+    echo_once(&mut third).await;
+    // The stream opened before goes on.
+    echo_once(&mut first).await;
+    assert_eq!(pool.connections(), 2);
+    first.shutdown().await.unwrap();
+    read_all(&mut first).await.unwrap();
+    drop(first);
+    // Its last stream done, the old connection is closed (the surplus
+    // timeout); the new one stays.
+    ringway_testbed::wait_for_async("expired connection closed", WAIT, || {
+        pool.connections() == 1
+    })
+    .await;
+    assert_eq!(pool.accepting_connections(&server.key()), 1);
+    drop(third);
+}
+
+/// A connection past its certificates' move-on time is closed once its
+/// last stream is done, after the short surplus timeout, even when no
+/// other connection of its key took over: it can carry nothing new, so
+/// keeping it for the idle timeout would only hold both ends' memory and
+/// ping a proof that has run out.
+#[tokio::test]
+async fn a_connection_whose_certificates_are_about_to_expire_is_closed_when_its_streams_end() {
+    let server = Server::start(echo_handler()).await;
+    let pool = Pool::new(PoolConfig {
+        idle_timeout: Duration::from_secs(600),
+        surplus_idle_timeout: Duration::from_millis(150),
+        ..PoolConfig::default()
+    });
+    let addr = server.addr;
+    let expiry = std::time::SystemTime::now() + Duration::from_secs(1);
+    let dial_expiring = || async move {
+        Ok(ringway_hbone::Dialled::expiring(
+            dial(addr).await?,
+            Some(expiry),
+        ))
+    };
+    let mut s = pool
+        .connect(server.key(), dial_expiring, ConnectHeaders::new(dst()))
+        .await
+        .unwrap();
+    tokio::time::sleep_until(ringway_hbone::move_on_at(expiry) + Duration::from_millis(50)).await;
+    // Its open stream goes on past the move-on time.
+    echo_once(&mut s).await;
+    assert_eq!(pool.connections(), 1);
+    s.shutdown().await.unwrap();
+    read_all(&mut s).await.unwrap();
+    drop(s);
+    ringway_testbed::wait_for_async("the expiring connection closed", WAIT, || {
+        pool.connections() == 0
+    })
+    .await;
+}
+
+async fn echo_once(s: &mut ringway_hbone::HboneStream) {
+    s.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(WAIT, s.read_exact(&mut back))
+        .await
+        .expect("echo timed out")
+        .unwrap();
+    assert_eq!(&back, b"ping");
+}
