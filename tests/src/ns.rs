@@ -269,6 +269,35 @@ fn tmpfs(dir: &std::path::Path, mode: &str) -> Result<(), Error> {
     .map_err(|e| Error::Sys("mounting a tmpfs", e))
 }
 
+/// Makes `/etc/hosts` read `hosts` for the calling thread's mount
+/// namespace (and the threads it starts): a bind mount of a file in
+/// `scratch` over it, so a test can give a name several addresses of its
+/// own namespaces. Refused outside a namespace of the test's own (the
+/// host's file is never touched).
+pub fn override_etc_hosts(scratch: &std::path::Path, hosts: &str) -> Result<(), Error> {
+    let ns = |p: &str| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let ours = ns("/proc/thread-self/ns/mnt").map_err(|e| Error::Io("reading the mount ns", e))?;
+    // The process's main thread stays in the namespace the tests started in.
+    let process =
+        ns("/proc/self/ns/mnt").map_err(|e| Error::Io("reading the process's mount ns", e))?;
+    if ours == process {
+        return Err(Error::Io(
+            "overriding /etc/hosts",
+            std::io::Error::other("not in a mount namespace of the test's own"),
+        ));
+    }
+    let file = scratch.join("hosts");
+    std::fs::write(&file, hosts).map_err(|e| Error::Io("writing the hosts file", e))?;
+    mount(
+        Some(&file),
+        "/etc/hosts",
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| Error::Sys("bind-mounting /etc/hosts", e))
+}
+
 /// The inode of the calling thread's current network namespace.
 pub fn current_netns_inode() -> u64 {
     std::fs::metadata("/proc/thread-self/ns/net")

@@ -655,7 +655,7 @@ impl AdsClient {
     }
 
     /// Resolves the address and connects to the first address that
-    /// answers, then TLS.
+    /// answers and completes TLS; the error is the last address's.
     async fn connect(
         &self,
     ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, SocketAddr), XdsError> {
@@ -691,15 +691,23 @@ impl AdsClient {
                 }
             };
             let _ = tcp.set_nodelay(true);
-            let tls = tokio::time::timeout(
+            // A handshake that fails or stalls at one address (a replica
+            // not yet serving the current certificate, a stale endpoint)
+            // moves on to the next, as a refused connect does.
+            match tokio::time::timeout(
                 limit,
                 tokio_rustls::TlsConnector::from(self.config.tls.current())
                     .connect(self.config.server_name.clone(), tcp),
             )
             .await
-            .map_err(|_| timeout("the TLS handshake"))?
-            .map_err(|source| XdsError::Tls { addr, source })?;
-            return Ok((tls, addr));
+            {
+                Ok(Ok(tls)) => return Ok((tls, addr)),
+                Ok(Err(source)) => {
+                    tracing::debug!(xds.addr = %addr, error = %source, "xDS TLS handshake failed");
+                    last = XdsError::Tls { addr, source };
+                }
+                Err(_) => last = timeout("the TLS handshake"),
+            }
         }
         Err(last)
     }

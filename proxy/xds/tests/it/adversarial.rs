@@ -3,7 +3,8 @@
 //! (never the handler's state) and the client comes back; responses of
 //! types it did not ask for are NACKed unseen by the handler; a server
 //! whose certificate is not from the mesh root, or not for the configured
-//! name, gets no request; without a token the client never connects.
+//! name, gets no request (and the next address of the name is tried);
+//! without a token the client never connects.
 
 use std::time::Duration;
 
@@ -262,6 +263,61 @@ fn adversarial_server_certificate_not_from_the_mesh_root_is_refused() {
             0,
             "no request to an untrusted server"
         );
+    });
+}
+
+/// The control plane's name resolves to two addresses and the first one
+/// completes no handshake the client accepts (a replica still serving a
+/// certificate of another root, a stale endpoint): the client goes on to
+/// the next address in the same attempt and connects there. Without that,
+/// each attempt would stop at the first address and the proxy would never
+/// reach the control plane while one replica is bad.
+#[test]
+fn adversarial_a_tls_failure_at_the_first_address_moves_on_to_the_next() {
+    isolated("xds_next_address", || {
+        let hosts = ringway_testbed::TempDir::new("xds_next_address_hosts");
+        ringway_testbed::ns::override_etc_hosts(
+            &hosts,
+            "127.0.0.2 istiod.test\n127.0.0.3 istiod.test\n",
+        )
+        .unwrap();
+        // In the order the resolver gives them.
+        let order: Vec<std::net::IpAddr> =
+            std::net::ToSocketAddrs::to_socket_addrs("istiod.test:1")
+                .unwrap()
+                .map(|a| a.ip())
+                .collect();
+        assert_eq!(order.len(), 2, "{order:?}");
+        let mesh = CaSigner::generate_for_tests("cluster.local");
+        let leaf = mesh.issue_dns_for_tests(SERVER_NAME);
+        let good = ringway_xds::testing::XdsServer::start(
+            std::net::SocketAddr::new(order[1], 0),
+            ringway_xds::testing::server_tls(leaf.chain, leaf.key).unwrap(),
+        )
+        .unwrap();
+        let port = good.addr().port();
+        let other = CaSigner::generate_for_tests("cluster.local");
+        let leaf = other.issue_dns_for_tests(SERVER_NAME);
+        let bad = ringway_xds::testing::XdsServer::start(
+            std::net::SocketAddr::new(order[0], port),
+            ringway_xds::testing::server_tls(leaf.chain, leaf.key).unwrap(),
+        )
+        .unwrap();
+        let bed = Bed {
+            ca: mesh,
+            server: good,
+            dir: ringway_testbed::TempDir::new("xds_next_address"),
+        };
+        std::fs::write(bed.token_file(), format!("{TOKEN}\n")).unwrap();
+        let mut config = bed.config();
+        config.address = format!("istiod.test:{port}");
+        let client = RunningClient::start(config);
+        client.wait("connected through the second address", |s| {
+            s.connects() >= 1
+        });
+        assert!(bad.connections() >= 1, "the first address was not tried");
+        assert_eq!(bad.request_count(), 0, "a request to the untrusted replica");
+        assert!(bed.server.request_count() >= 1);
     });
 }
 
