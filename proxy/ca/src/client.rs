@@ -21,11 +21,12 @@ use crate::proto::{IstioCertificateRequest, IstioCertificateResponse, CREATE_CER
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// Connecting, TLS or HTTP/2 failed.
+    /// Resolving, connecting, TLS or HTTP/2 failed.
     #[error("cannot reach the CA at {addr}: {detail}")]
     Transport {
-        /// The CA's address.
-        addr: SocketAddr,
+        /// The CA's address (the name and the address tried last, for a
+        /// name).
+        addr: String,
         /// What failed.
         detail: String,
     },
@@ -88,10 +89,32 @@ pub enum RemoteIssueError {
     Call(#[from] ClientError),
 }
 
-/// A client of one CA address.
+/// Where the CA is.
+#[derive(Debug, Clone)]
+enum Target {
+    /// One address.
+    Addr(SocketAddr),
+    /// `host:port`, resolved at every call.
+    Name(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Addr(a) => a.fmt(f),
+            Target::Name(n) => n.fmt(f),
+        }
+    }
+}
+
+/// How long one address of the CA's name may take to complete TCP and TLS
+/// before the next is tried (the call as a whole has its own bound).
+const ADDRESS_ATTEMPT: Duration = Duration::from_secs(5);
+
+/// A client of a CA: one address, or every address a name resolves to.
 #[derive(Debug, Clone)]
 pub struct CaClient {
-    addr: SocketAddr,
+    target: Target,
     server_name: ServerName<'static>,
     tls: ringway_grpc::ClientTls,
     timeout: Duration,
@@ -107,7 +130,25 @@ impl CaClient {
         tls: impl Into<ringway_grpc::ClientTls>,
     ) -> Self {
         CaClient {
-            addr,
+            target: Target::Addr(addr),
+            server_name,
+            tls: tls.into(),
+            timeout: Duration::from_secs(15),
+        }
+    }
+
+    /// A client of the CA at `address` (`host:port`), resolved at every
+    /// call: each address it gives is tried in turn until one completes
+    /// TCP and TLS, so a Service re-created at a new address, or one
+    /// replica that refuses or stalls, does not cut the proxy off its
+    /// certificates until it restarts. Otherwise as [`CaClient::new`].
+    pub fn resolving(
+        address: impl Into<String>,
+        server_name: ServerName<'static>,
+        tls: impl Into<ringway_grpc::ClientTls>,
+    ) -> Self {
+        CaClient {
+            target: Target::Name(address.into()),
             server_name,
             tls: tls.into(),
             timeout: Duration::from_secs(15),
@@ -180,10 +221,58 @@ impl CaClient {
             .await
             .unwrap_or_else(|_| {
                 Err(ClientError::Transport {
-                    addr: self.addr,
+                    addr: self.target.to_string(),
                     detail: format!("no answer within {:?}", self.timeout),
                 })
             })
+    }
+
+    /// TCP and TLS to the CA: its one address, or the first of its name's
+    /// addresses that completes both (each within [`ADDRESS_ATTEMPT`]).
+    async fn connect(
+        &self,
+    ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, String), ClientError> {
+        let addrs: Vec<SocketAddr> = match &self.target {
+            Target::Addr(a) => vec![*a],
+            Target::Name(name) => tokio::net::lookup_host(name.as_str())
+                .await
+                .map_err(|e| ClientError::Transport {
+                    addr: name.clone(),
+                    detail: format!("resolving: {e}"),
+                })?
+                .collect(),
+        };
+        let named = |addr: SocketAddr| match &self.target {
+            Target::Addr(a) => a.to_string(),
+            Target::Name(name) => format!("{name} ({addr})"),
+        };
+        let mut last = ClientError::Transport {
+            addr: self.target.to_string(),
+            detail: "the name has no address".into(),
+        };
+        for addr in addrs {
+            let attempt = async {
+                let tcp = TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+                let _ = tcp.set_nodelay(true);
+                tokio_rustls::TlsConnector::from(self.tls.current())
+                    .connect(self.server_name.clone(), tcp)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))
+            };
+            let detail = match tokio::time::timeout(ADDRESS_ATTEMPT, attempt).await {
+                Ok(Ok(tls)) => return Ok((tls, named(addr))),
+                Ok(Err(detail)) => detail,
+                Err(_) => format!("no TCP and TLS within {ADDRESS_ATTEMPT:?}"),
+            };
+            tracing::debug!(ca.addr = %addr, error = %detail, "certificate service address failed");
+            last = ClientError::Transport {
+                addr: named(addr),
+                detail,
+            };
+        }
+        Err(last)
     }
 
     async fn call_inner(
@@ -191,18 +280,11 @@ impl CaClient {
         token: &str,
         req: &IstioCertificateRequest,
     ) -> Result<IstioCertificateResponse, ClientError> {
+        let (tls, addr) = self.connect().await?;
         let transport = |detail: String| ClientError::Transport {
-            addr: self.addr,
+            addr: addr.clone(),
             detail,
         };
-        let tcp = TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| transport(format!("connect: {e}")))?;
-        let _ = tcp.set_nodelay(true);
-        let tls = tokio_rustls::TlsConnector::from(self.tls.current())
-            .connect(self.server_name.clone(), tcp)
-            .await
-            .map_err(|e| transport(format!("TLS: {e}")))?;
         let (mut h2, conn) = h2::client::handshake(tls)
             .await
             .map_err(|e| transport(format!("HTTP/2: {e}")))?;
@@ -295,7 +377,7 @@ impl Drop for RemoteSource {
 impl std::fmt::Debug for RemoteSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteSource")
-            .field("ca", &self.client.addr)
+            .field("ca", &self.client.target)
             .field("token_file", &self.token_file)
             .finish_non_exhaustive()
     }
@@ -418,7 +500,7 @@ mod tests {
             CaClient::tls_config(&[ca.cert().clone()]).unwrap(),
         );
         let source = RemoteSource::new(client, "/nonexistent/token").unwrap();
-        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let addr = "127.0.0.1:9".to_string();
         let call = |e: ClientError| IssueError::remote(RemoteIssueError::Call(e));
         let status = |code| call(ClientError::Refused(Status::new(code, "test", "test")));
         let cases = [

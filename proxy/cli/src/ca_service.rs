@@ -23,18 +23,11 @@ pub(crate) fn enable_hbone_with_ca_service(
     svc: &ringway_config::CaService,
     trust_domain: &str,
 ) -> anyhow::Result<CaServiceHbone> {
-    use std::net::ToSocketAddrs;
     use std::sync::Arc;
     let mut files = vec![svc.root_cert_file.clone()];
     files.extend(svc.bundle_files.iter().cloned());
     let bundle = ringway_identity::TrustBundle::from_pem_files(&files)
         .context("loading the mesh root for the certificate service")?;
-    let addr = svc
-        .address
-        .to_socket_addrs()
-        .with_context(|| format!("resolving the certificate service {}", svc.address))?
-        .next()
-        .with_context(|| format!("the certificate service {} has no address", svc.address))?;
     let name = rustls_pki_types::ServerName::try_from(svc.server_name.clone())
         .with_context(|| format!("ca.serverName {:?}", svc.server_name))?;
     let tls = ringway_grpc::ClientTls::new(
@@ -42,7 +35,10 @@ pub(crate) fn enable_hbone_with_ca_service(
             .map_err(|e| anyhow::anyhow!("the certificate service's TLS: {e}"))?,
     );
     let source = ringway_ca::client::RemoteSource::new(
-        ringway_ca::CaClient::new(addr, name, tls.clone()),
+        // Resolved at each request (the configuration checked `host:port`):
+        // a Service re-created at another address, or DNS not answering
+        // at start, is not a restart's worth.
+        ringway_ca::CaClient::resolving(svc.address.clone(), name, tls.clone()),
         &svc.token_file,
     )
     .context("starting the certificate service client")?;

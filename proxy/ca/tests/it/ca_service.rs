@@ -965,6 +965,15 @@ async fn serve(bed: Bed) -> Served {
 
 /// [`serve`] with these transport limits.
 async fn serve_limited(bed: Bed, limits: ringway_ca::server::ServerLimits) -> Served {
+    serve_at(bed, limits, "127.0.0.1:0".parse().unwrap()).await
+}
+
+/// [`serve_limited`] on `at`.
+async fn serve_at(
+    bed: Bed,
+    limits: ringway_ca::server::ServerLimits,
+    at: std::net::SocketAddr,
+) -> Served {
     let key = KeyPair::generate().unwrap();
     let cert = CertificateParams::new(vec!["ca.test".to_owned()])
         .unwrap()
@@ -980,7 +989,7 @@ async fn serve_limited(bed: Bed, limits: ringway_ca::server::ServerLimits) -> Se
         )
         .unwrap();
     tls.alpn_protocols = vec![b"h2".to_vec()];
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(at).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(ringway_ca::server::serve(
@@ -1015,6 +1024,89 @@ fn isolated<F: std::future::Future<Output = ()>>(name: &str, f: impl FnOnce() ->
             .build()
             .unwrap()
             .block_on(f())
+    });
+}
+
+/// A certificate service named `host:port` (as `ca.address` is): the name
+/// is resolved at every request and each of its addresses tried until one
+/// completes TCP and TLS. The first address of the name drops every
+/// connection (a replica going away), the second serves: a certificate
+/// comes from the second. Then the name moves to another address (the
+/// Service re-created) and the first server stops: the next request
+/// follows the name there, with no restart of the client.
+#[test]
+fn csr_the_certificate_service_name_is_resolved_at_every_request_and_each_address_tried() {
+    isolated("ca_resolving", || async {
+        let hosts = TempDir::new("ca_resolving_hosts");
+        ringway_testbed::ns::override_etc_hosts(&hosts, "127.0.0.2 ca.test\n127.0.0.3 ca.test\n")
+            .unwrap();
+        let order: Vec<std::net::IpAddr> = tokio::net::lookup_host("ca.test:1")
+            .await
+            .unwrap()
+            .map(|a| a.ip())
+            .collect();
+        assert_eq!(order.len(), 2, "{order:?}");
+        let limits = ringway_ca::server::ServerLimits::default();
+        let first = serve_at(
+            bed(),
+            limits.clone(),
+            std::net::SocketAddr::new(order[1], 0),
+        )
+        .await;
+        let port = first.addr.port();
+        // The name's first address takes connections and drops them.
+        let dropping = tokio::net::TcpListener::bind((order[0], port))
+            .await
+            .unwrap();
+        let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let d = dropped.clone();
+        let dropper = tokio::spawn(async move {
+            while let Ok((tcp, _)) = dropping.accept().await {
+                d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(tcp);
+            }
+        });
+        let tls = ringway_grpc::ClientTls::new(first.tls.clone());
+        let client = CaClient::resolving(
+            format!("ca.test:{port}"),
+            rustls_pki_types::ServerName::try_from("ca.test").unwrap(),
+            tls.clone(),
+        );
+        let csr = CertificateParams::default()
+            .serialize_request(&KeyPair::generate().unwrap())
+            .unwrap()
+            .pem()
+            .unwrap();
+        let cart = Identity::new(TD, "shop", "cart");
+        let hour = Duration::from_secs(3600);
+        client
+            .create_certificate("proxy-a", &csr, &cart, true, hour)
+            .await
+            .expect("a certificate through the name's second address");
+        assert!(
+            dropped.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+            "the first address was not tried"
+        );
+        assert_eq!(issued(&first.bed), 1);
+        dropper.abort();
+
+        // The name moves and the first server stops: the service answers
+        // only at the new address now (with a serving certificate of its
+        // own, which the same client is told to trust).
+        ringway_testbed::ns::override_etc_hosts(&hosts, "127.0.0.4 ca.test\n").unwrap();
+        drop(first);
+        let second = serve_at(
+            bed(),
+            limits,
+            std::net::SocketAddr::new([127, 0, 0, 4].into(), port),
+        )
+        .await;
+        tls.replace(second.tls.clone());
+        client
+            .create_certificate("proxy-a", &csr, &cart, true, hour)
+            .await
+            .expect("a certificate from the name's new address");
+        assert_eq!(issued(&second.bed), 1);
     });
 }
 
