@@ -266,7 +266,33 @@ impl Proxy {
                 "policy change: open connections re-checked"
             );
         }
+        // A pod the mesh now gives another identity leaves the former's
+        // certificate unused.
+        self.forget_unused_certificates();
         reset
+    }
+
+    /// Forgets the certificate of every identity no pod served here has
+    /// under the mesh in force (its pod gone, or given another identity by
+    /// the agent or the mesh), so the refresher stops renewing it and
+    /// readiness never waits for it. Holds the pods' lock while it decides:
+    /// a pod being added is in the map before its certificate is fetched,
+    /// so its own is kept. Open connections keep the certificate they
+    /// were made with.
+    fn forget_unused_certificates(&self) {
+        let Some((ids, mesh)) = self.in_force.enabled() else {
+            return;
+        };
+        let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let in_use: std::collections::HashSet<ringway_identity::Identity> = pods
+            .values()
+            .filter_map(|rec| policy::pod_identity(&mesh, &rec.shared))
+            .collect();
+        let gone = ids.retain(|id| in_use.contains(id));
+        drop(pods);
+        for id in gone {
+            tracing::info!(identity = %id, "certificate forgotten: no pod served here has the identity");
+        }
     }
 
     /// The certificates of the pods served that the certificate service
@@ -476,8 +502,10 @@ impl Proxy {
                     "identity change: open connections re-checked"
                 );
             }
-            // Its certificate under the new identity, as for a new pod.
+            // Its certificate under the new identity, as for a new pod;
+            // the former one's goes unless another pod here has it.
             self.prefetch_certificate(uid, &pod);
+            self.forget_unused_certificates();
         }
         Ok(())
     }
@@ -747,20 +775,9 @@ impl Proxy {
         // under the same workload and namespace.
         let series = self.forget_series_of(&rec.shared);
         // Its certificate goes too, unless another pod here has the same
-        // identity (open connections keep theirs).
-        if let Some((ids, mesh)) = self.in_force.enabled() {
-            if let Some(id) = policy::pod_identity(&mesh, &rec.shared) {
-                let shared_by_another = self
-                    .pods
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .values()
-                    .any(|other| policy::pod_identity(&mesh, &other.shared).as_ref() == Some(&id));
-                if !shared_by_another {
-                    ids.forget(&id);
-                }
-            }
-        }
+        // identity (open connections keep theirs), and so does any it had
+        // before its identity changed.
+        self.forget_unused_certificates();
         tracing::info!(pod.uid = %rec.info.uid, connections_reset = total, metrics.series_dropped = series, "pod removed");
         Some(total)
     }

@@ -929,6 +929,21 @@ impl IdentityManager {
         write(&self.client_configs).retain(|(local, _), _| local != identity);
     }
 
+    /// Forgets ([`Self::forget`]) every identity `keep` refuses, and
+    /// returns them: the refresher stops renewing a certificate no pod here
+    /// needs any more (its pod gone, or given another identity).
+    pub fn retain(&self, keep: impl Fn(&Identity) -> bool) -> Vec<Identity> {
+        let gone: Vec<Identity> = read(&self.certs)
+            .keys()
+            .filter(|id| !keep(id))
+            .cloned()
+            .collect();
+        for id in &gone {
+            self.forget(id);
+        }
+        gone
+    }
+
     /// Starts a thread (`ringway-identity-refresh`) that calls
     /// [`Self::refresh_due`] every `interval`, so the datapath seldom
     /// issues. It stops when the returned handle is dropped or the manager

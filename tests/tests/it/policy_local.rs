@@ -296,3 +296,80 @@ fn the_awaited_certificates_are_the_served_pods_only() {
         assert_eq!(awaited, ["spiffe://cluster.local/ns/shop/sa/web"]);
     });
 }
+
+/// A certificate no pod served here needs any more is forgotten, so the
+/// refresher stops renewing it (one certificate service request per
+/// half-life each, for as long as the proxy runs) and it is never
+/// presented again: the former identity of a pod the agent names anew,
+/// then the pod's own once it is removed. Before, only the identity a pod
+/// had when it was removed was forgotten.
+#[test]
+fn a_pods_former_identity_and_a_removed_pods_certificates_are_forgotten() {
+    run_isolated(
+        "a_pods_former_identity_and_a_removed_pods_certificates_are_forgotten",
+        || {
+            let node = MeshNode::new(2, CaptureMode::Tproxy, Datapath::Uring);
+            let ids = std::sync::Arc::new(
+                ringway_identity::IdentityManager::new(
+                    ringway_identity::CaSigner::generate_for_tests("cluster.local"),
+                    ringway_identity::TrustBundle::new(),
+                    "cluster.local",
+                    std::time::Duration::from_secs(3600),
+                )
+                .unwrap(),
+            );
+            node.proxy.set_identity(Some(ids.clone()));
+            node.proxy.set_mesh(mesh(""));
+            let server = node.pod(1);
+            let name = |sa: &str| ringway_proxy::PodIdentity {
+                name: "server-0".into(),
+                namespace: "shop".into(),
+                service_account: sa.into(),
+            };
+            let held = || -> Vec<String> {
+                ids.certificates()
+                    .iter()
+                    .map(|(id, _)| id.to_string())
+                    .collect()
+            };
+            for sa in ["web", "cart"] {
+                node.proxy
+                    .add_pod_with_addresses(
+                        &server.name,
+                        server.netns.dup_fd().unwrap(),
+                        name(sa),
+                        &[],
+                    )
+                    .unwrap();
+            }
+            assert_eq!(
+                held(),
+                ["spiffe://cluster.local/ns/shop/sa/cart"],
+                "the pod's former identity's certificate is still held"
+            );
+            node.proxy.remove_pod(&server.name).unwrap();
+            assert_eq!(
+                held(),
+                Vec::<String>::new(),
+                "the removed pod's certificate is still held"
+            );
+            // The client pod, named by the mesh only: its certificate in
+            // hand (as after its first connection), then the mesh gives
+            // the workload another service account.
+            let frontend = ringway_identity::Identity::new("cluster.local", "front", "frontend");
+            ids.fetch(&frontend).unwrap();
+            // The same mesh again keeps it: the pod still has it.
+            node.proxy.set_mesh(mesh(""));
+            assert_eq!(held(), [frontend.to_string()]);
+            let renamed = "workloads:\n  - {uid: c, name: client-0, namespace: front, serviceAccount: frontend-v2, ips: [10.244.1.2], node: n}\n";
+            node.proxy.set_mesh(Arc::new(
+                MeshConfig::load_str(renamed, "policy_local", &NoEnv).unwrap(),
+            ));
+            assert_eq!(
+                held(),
+                Vec::<String>::new(),
+                "the identity the mesh no longer gives the pod is still held"
+            );
+        },
+    );
+}
