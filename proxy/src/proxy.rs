@@ -53,6 +53,10 @@ pub fn choose_backend(want: Datapath) -> Result<Backend, ProxyError> {
 struct PodRecord {
     info: PodInfo,
     shared: Arc<PodShared>,
+    /// The last mesh identity the pod was found to have: its certificate
+    /// is kept while the pod has none for a moment (its workload missing
+    /// from one publish), and let go once it has another.
+    last_identity: Option<ringway_identity::Identity>,
 }
 
 struct WorkerHandle {
@@ -278,27 +282,41 @@ impl Proxy {
         }
         // A pod the mesh now gives another identity leaves the former's
         // certificate unused.
-        self.forget_unused_certificates();
+        self.reconcile_certificates();
         reset
     }
 
     /// Forgets the certificate of every identity no pod served here has
-    /// under the mesh in force (its pod gone, or given another identity by
-    /// the agent or the mesh), so the refresher stops renewing it and
-    /// readiness never waits for it. Holds the pods' lock while it decides:
-    /// a pod being added is in the map before its certificate is fetched,
-    /// so its own is kept. Open connections keep the certificate they
-    /// were made with.
-    fn forget_unused_certificates(&self) {
+    /// (its pod gone, or given another identity by the agent or the mesh),
+    /// so the refresher stops renewing it and readiness never waits for
+    /// it; a pod that has no identity for a moment (its workload missing
+    /// from one publish) keeps its last one's. And wants the certificate
+    /// of every identity a pod has that is not held yet (the mesh gave a
+    /// pod a new one): with a certificate service the refresher gets it
+    /// now, not after a connection failed for want of it. Decides under
+    /// the pods' lock with the mesh in force read under it, so of two
+    /// threads deciding at once (a publish, a removal) the last decides
+    /// with the newest mesh; a pod being added is in the map before its
+    /// certificate is fetched, so its own is kept. Open connections keep
+    /// the certificate they were made with.
+    fn reconcile_certificates(&self) {
+        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         let Some((ids, mesh)) = self.in_force.enabled() else {
             return;
         };
-        let pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
-        let in_use: std::collections::HashSet<ringway_identity::Identity> = pods
-            .values()
-            .filter_map(|rec| policy::pod_identity(&mesh, &rec.shared))
-            .collect();
+        let mut in_use = std::collections::HashSet::new();
+        for rec in pods.values_mut() {
+            if let Some(id) = policy::pod_identity(&mesh, &rec.shared) {
+                rec.last_identity = Some(id);
+            }
+            if let Some(id) = &rec.last_identity {
+                in_use.insert(id.clone());
+            }
+        }
         let gone = ids.retain(|id| in_use.contains(id));
+        for id in &in_use {
+            ids.want(id);
+        }
         drop(pods);
         for id in gone {
             tracing::info!(identity = %id, "certificate forgotten: no pod served here has the identity");
@@ -515,7 +533,7 @@ impl Proxy {
             // Its certificate under the new identity, as for a new pod;
             // the former one's goes unless another pod here has it.
             self.prefetch_certificate(uid, &pod);
-            self.forget_unused_certificates();
+            self.reconcile_certificates();
         }
         Ok(())
     }
@@ -658,6 +676,7 @@ impl Proxy {
                     authorized_flows: 0,
                 },
                 shared: shared.clone(),
+                last_identity: None,
             },
         );
         drop(pods);
@@ -787,7 +806,7 @@ impl Proxy {
         // Its certificate goes too, unless another pod here has the same
         // identity (open connections keep theirs), and so does any it had
         // before its identity changed.
-        self.forget_unused_certificates();
+        self.reconcile_certificates();
         tracing::info!(pod.uid = %rec.info.uid, connections_reset = total, metrics.series_dropped = series, "pod removed");
         Some(total)
     }

@@ -286,6 +286,15 @@ pub fn override_etc_hosts(scratch: &std::path::Path, hosts: &str) -> Result<(), 
             std::io::Error::other("not in a mount namespace of the test's own"),
         ));
     }
+    // Whoever isolated the thread, nothing mounted here propagates out.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| Error::Sys("make mounts private", e))?;
     let file = scratch.join("hosts");
     std::fs::write(&file, hosts).map_err(|e| Error::Io("writing the hosts file", e))?;
     mount(

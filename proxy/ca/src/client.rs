@@ -108,7 +108,8 @@ impl std::fmt::Display for Target {
 }
 
 /// How long one address of the CA's name may take to complete TCP and TLS
-/// before the next is tried (the call as a whole has its own bound).
+/// while another is left to try; the last one tried has what is left of
+/// the call's own bound.
 const ADDRESS_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// A client of a CA: one address, or every address a name resolves to.
@@ -138,8 +139,10 @@ impl CaClient {
     }
 
     /// A client of the CA at `address` (`host:port`), resolved at every
-    /// call: each address it gives is tried in turn until one completes
-    /// TCP and TLS, so a Service re-created at a new address, or one
+    /// call (a name that does not resolve, misspelt or not yet in DNS,
+    /// fails each call as a transport error that may pass): each address
+    /// it gives is tried in turn until one completes TCP and TLS, so a
+    /// Service re-created at a new address, or one
     /// replica that refuses or stalls, does not cut the proxy off its
     /// certificates until it restarts. Otherwise as [`CaClient::new`].
     pub fn resolving(
@@ -228,7 +231,8 @@ impl CaClient {
     }
 
     /// TCP and TLS to the CA: its one address, or the first of its name's
-    /// addresses that completes both (each within [`ADDRESS_ATTEMPT`]).
+    /// addresses that completes both (each within [`ADDRESS_ATTEMPT`]
+    /// while another is left; the last within the call's bound).
     async fn connect(
         &self,
     ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, String), ClientError> {
@@ -250,7 +254,8 @@ impl CaClient {
             addr: self.target.to_string(),
             detail: "the name has no address".into(),
         };
-        for addr in addrs {
+        let count = addrs.len();
+        for (i, addr) in addrs.into_iter().enumerate() {
             let attempt = async {
                 let tcp = TcpStream::connect(addr)
                     .await
@@ -261,7 +266,12 @@ impl CaClient {
                     .await
                     .map_err(|e| format!("TLS: {e}"))
             };
-            let detail = match tokio::time::timeout(ADDRESS_ATTEMPT, attempt).await {
+            let bounded = if i + 1 < count {
+                tokio::time::timeout(ADDRESS_ATTEMPT, attempt).await
+            } else {
+                Ok(attempt.await)
+            };
+            let detail = match bounded {
                 Ok(Ok(tls)) => return Ok((tls, named(addr))),
                 Ok(Err(detail)) => detail,
                 Err(_) => format!("no TCP and TLS within {ADDRESS_ATTEMPT:?}"),

@@ -10,9 +10,10 @@
 //! - [`Pool::connect`] opens a tunnel as an [`HboneStream`] (`AsyncRead + AsyncWrite`),
 //!   sharing HTTP/2 connections per [`PoolKey`] (source identity, expected destination
 //!   identity, source IP, destination `ip:15008`): at most
-//!   [`PoolConfig::max_streams_per_conn`] streams each, a new connection when all are full or
-//!   got GOAWAY, a per-key lock so a burst of first flows dials once, idle connections
-//!   closed, HTTP/2 PING keepalive.
+//!   [`PoolConfig::max_streams_per_conn`] streams each, a new connection when all are full,
+//!   got GOAWAY or are about to outlive the certificates they were authenticated with
+//!   ([`Dialled`], [`move_on_at`]), a per-key lock so a burst of first flows dials once, idle
+//!   connections closed, HTTP/2 PING keepalive.
 //!
 //! TLS is not this crate's concern: both sides take any `AsyncRead + AsyncWrite + Unpin +
 //! Send` stream; the caller wraps TCP in tokio-rustls (ALPN `h2`, mutual TLS) with the
@@ -25,8 +26,8 @@
 //! GOAWAY), the wait for the preface and the time without streams ([`ServerConfig`]).
 //!
 //! Modules name only modules below them (the workspace's module-graph test): the
-//! crate root's constants, `error`, `upstream`, `conn` and `spawn` (leaves), then `headers`, then
-//! `stream`, and `pool` and `server` on top.
+//! crate root's constants, `error`, `upstream`, `conn`, `dialled` and `spawn` (leaves), then
+//! `headers`, then `stream`, and `pool` and `server` on top.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;

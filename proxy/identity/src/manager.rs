@@ -944,6 +944,14 @@ impl IdentityManager {
         gone
     }
 
+    /// Makes sure `identity` has a slot: with a remote source the
+    /// refresher gets its certificate (and [`Self::awaited`] lists it until
+    /// then); with a local CA the first use issues it. An identity outside
+    /// the trust domain is ignored (never issued).
+    pub fn want(&self, identity: &Identity) {
+        let _ = self.slot(identity);
+    }
+
     /// Starts a thread (`ringway-identity-refresh`) that calls
     /// [`Self::refresh_due`] every `interval`, so the datapath seldom
     /// issues. It stops when the returned handle is dropped or the manager

@@ -199,17 +199,25 @@ async fn dial_tunnel(
     tunnel: SocketAddr,
 ) -> io::Result<Dialled<tokio_rustls::client::TlsStream<LazyBufIo<TcpStream>>>> {
     let (mark, timeout) = (cx.mark, cx.connect_timeout);
-    // Read before the config: a certificate renewed in between only makes
-    // the connection move on earlier than it needs to.
-    let own_expires = plan
-        .ids
-        .cached(&plan.src_identity)
-        .ok()
-        .map(|c| c.not_after());
+    // Read before and after the config (which, with a local CA, may issue
+    // or renew the one it presents): the earlier of the two, so a
+    // certificate renewed in between only makes the connection move on
+    // sooner than it needs to, never later.
+    let own = || {
+        plan.ids
+            .cached(&plan.src_identity)
+            .ok()
+            .map(|c| c.not_after())
+    };
+    let before = own();
     let tls = plan
         .ids
         .client_config(&plan.src_identity, &plan.dst_identity)
         .map_err(io::Error::other)?;
+    let own_expires = match (before, own()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     // A TLS client speaks first: the ClientHello carries the last ACK.
     let tcp = connect_in_pod(pod, mark, tunnel, None, timeout, true).await?;
     // Registered before the first byte of TLS: if this proxy serves the

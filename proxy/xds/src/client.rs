@@ -680,13 +680,19 @@ impl AdsClient {
         for addr in addrs {
             let tcp = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
                 Ok(Ok(tcp)) => tcp,
+                // A TLS failure at an earlier address (an untrusted root,
+                // a wrong name) says more than a later refusal: kept.
                 Ok(Err(source)) => {
                     tracing::debug!(xds.addr = %addr, error = %source, "xDS connect failed");
-                    last = XdsError::Connect { addr, source };
+                    if !matches!(last, XdsError::Tls { .. }) {
+                        last = XdsError::Connect { addr, source };
+                    }
                     continue;
                 }
                 Err(_) => {
-                    last = timeout("TCP connect");
+                    if !matches!(last, XdsError::Tls { .. }) {
+                        last = timeout("TCP connect");
+                    }
                     continue;
                 }
             };
@@ -706,7 +712,10 @@ impl AdsClient {
                     tracing::debug!(xds.addr = %addr, error = %source, "xDS TLS handshake failed");
                     last = XdsError::Tls { addr, source };
                 }
-                Err(_) => last = timeout("the TLS handshake"),
+                Err(_) if !matches!(last, XdsError::Tls { .. }) => {
+                    last = timeout("the TLS handshake")
+                }
+                Err(_) => {}
             }
         }
         Err(last)

@@ -1665,8 +1665,9 @@ impl Drop for BareServer {
 /// Node 1's proxy carries an app connection to a bare server whose tunnel
 /// connection is authenticated with `server_lifetime` certificates (the
 /// proxy's own from `o`), past the first of the two expiries, then another
-/// one: returns the TLS connections the bare server accepted. The first
-/// app connection echoes on after the expiry.
+/// one: returns the TLS connections the bare server accepted. A second app
+/// connection before the move-on time rides the first's tunnel connection,
+/// and the first app connection echoes on after the expiry.
 fn proxied_across_an_expiry(o: Opts, server_lifetime: Duration) -> usize {
     let mut o = o;
     // One pool: both app connections are the same worker's.
@@ -1696,12 +1697,21 @@ fn proxied_across_an_expiry(o: Opts, server_lifetime: Duration) -> usize {
     let server_expires = server_ids.certificates()[0].1;
     let own_expires = ids1.certificates()[0].1;
     let due = ringway_hbone::move_on_at(server_expires.min(own_expires));
+    // Before then the connection is reused.
+    let mut timely = open();
+    assert!(echoes(&mut timely));
+    assert!(
+        tokio::time::Instant::now() < due,
+        "the set-up outlived the certificates' move-on time: lengthen them"
+    );
+    assert_eq!(server.accepted(), 1, "a timely connection was not reused");
+    drop(timely);
     std::thread::sleep(due.saturating_duration_since(tokio::time::Instant::now()));
     std::thread::sleep(Duration::from_millis(200));
     let mut second = open();
     assert!(echoes(&mut second), "served past the expiry");
     assert!(echoes(&mut first), "the connection opened before goes on");
-    assert_eq!(app.connections(), 2);
+    assert_eq!(app.connections(), 3);
     server.accepted()
 }
 
@@ -1739,7 +1749,9 @@ fn hbone_the_proxy_moves_on_before_its_own_certificate_expires_without_the_serve
         || {
             let accepted = proxied_across_an_expiry(
                 Opts {
-                    cert_lifetime: Duration::from_secs(3),
+                    // Issued when node 1's pod is added, before the rest of
+                    // the set-up: long enough to outlive it.
+                    cert_lifetime: Duration::from_secs(8),
                     ..Opts::new("hbone_bare_server_own_expiry")
                 },
                 Duration::from_secs(3600),

@@ -257,8 +257,9 @@ impl ringway_identity::CertSource for Unreachable {
 }
 
 /// Readiness waits for the certificates of the pods served only: one the
-/// service cannot issue now for a pod served is awaited, one held for an
-/// identity no pod served has (a pod gone, a former identity) is not.
+/// service cannot issue now for a pod served is awaited (a pod's identity
+/// is wanted as soon as a publish gives it one), one held for an identity
+/// no pod served has (a pod gone, a former identity) is not.
 #[test]
 fn the_awaited_certificates_are_the_served_pods_only() {
     run_isolated("the_awaited_certificates_are_the_served_pods_only", || {
@@ -286,23 +287,32 @@ fn the_awaited_certificates_are_the_served_pods_only() {
             ids.prefetch(id, std::time::Duration::from_secs(2))
                 .unwrap_err();
         }
-        assert_eq!(ids.awaited().len(), 2, "{:?}", ids.awaited());
+        // The client pod's identity too: the publish wanted it.
+        assert_eq!(ids.awaited().len(), 3, "{:?}", ids.awaited());
         let awaited: Vec<String> = node
             .proxy
             .awaited_certificates()
             .iter()
             .map(|(id, _)| id.to_string())
             .collect();
-        assert_eq!(awaited, ["spiffe://cluster.local/ns/shop/sa/web"]);
+        assert_eq!(
+            awaited,
+            [
+                "spiffe://cluster.local/ns/front/sa/frontend",
+                "spiffe://cluster.local/ns/shop/sa/web"
+            ]
+        );
     });
 }
 
 /// A certificate no pod served here needs any more is forgotten, so the
 /// refresher stops renewing it (one certificate service request per
 /// half-life each, for as long as the proxy runs) and it is never
-/// presented again: the former identity of a pod the agent names anew,
-/// then the pod's own once it is removed. Before, only the identity a pod
-/// had when it was removed was forgotten.
+/// presented again: the former identity of a pod the agent or the mesh
+/// names anew, and the pod's own once it is removed. Before, only the
+/// identity a pod had when it was removed was forgotten. A pod missing
+/// from one publish keeps its certificate, and a new identity is wanted
+/// at once.
 #[test]
 fn a_pods_former_identity_and_a_removed_pods_certificates_are_forgotten() {
     run_isolated(
@@ -361,6 +371,19 @@ fn a_pods_former_identity_and_a_removed_pods_certificates_are_forgotten() {
             // The same mesh again keeps it: the pod still has it.
             node.proxy.set_mesh(mesh(""));
             assert_eq!(held(), [frontend.to_string()]);
+            // A publish that leaves the workload out for a moment keeps it
+            // too: the pod has no other identity, and would otherwise come
+            // back to no certificate.
+            let without = "workloads:\n  - {uid: s, name: server-0, namespace: shop, serviceAccount: web, ips: [10.244.1.3], node: n}\n";
+            node.proxy.set_mesh(Arc::new(
+                MeshConfig::load_str(without, "policy_local", &NoEnv).unwrap(),
+            ));
+            assert_eq!(
+                held(),
+                [frontend.to_string()],
+                "a pod missing from one publish lost its certificate"
+            );
+            node.proxy.set_mesh(mesh(""));
             let renamed = "workloads:\n  - {uid: c, name: client-0, namespace: front, serviceAccount: frontend-v2, ips: [10.244.1.2], node: n}\n";
             node.proxy.set_mesh(Arc::new(
                 MeshConfig::load_str(renamed, "policy_local", &NoEnv).unwrap(),
@@ -370,6 +393,14 @@ fn a_pods_former_identity_and_a_removed_pods_certificates_are_forgotten() {
                 Vec::<String>::new(),
                 "the identity the mesh no longer gives the pod is still held"
             );
+            // Its new identity is wanted at once (a certificate service's
+            // refresher gets it; a local CA issues it at first use).
+            let wanted: Vec<String> = ids
+                .certificate_states()
+                .iter()
+                .map(|(id, _)| id.to_string())
+                .collect();
+            assert_eq!(wanted, ["spiffe://cluster.local/ns/front/sa/frontend-v2"]);
         },
     );
 }
