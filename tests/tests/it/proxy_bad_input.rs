@@ -245,7 +245,8 @@ fn pending(listener: &std::net::TcpListener, timeout: Duration) -> bool {
 /// 2. **One fd free**: the proxy accepts the waiting connection, cannot
 ///    create the upstream socket (entering the pod's netns needs a second
 ///    fd), and resets the client: `ECONNRESET`, promptly; a new connection
-///    gets the same. The proxy keeps running.
+///    gets the same (with io_uring it may get as far as the server pod's
+///    inbound hop first, see below). The proxy keeps running.
 /// 3. **Fds freed**: new connections go through again, byte-exact, with the
 ///    client's real address.
 fn out_of_fds(mode: CaptureMode, datapath: Datapath) {
@@ -338,7 +339,20 @@ fn out_of_fds(mode: CaptureMode, datapath: Datapath) {
         "nothing may reach the server"
     );
     let starved = mn.proxy.stats();
-    assert_eq!(starved.accepted - mid.accepted, 2, "{starved:?}");
+    // Each of c1 and c2 is accepted and fails one connect. With io_uring a
+    // worker whose accept submitted before the limit dropped was not used
+    // in step 1 (no client landed on it) may take c2 with it: c2 then gets
+    // a spare upstream socket, reaches the server pod, and its inbound hop
+    // is accepted too (also by an accept submitted before the limit) and
+    // fails the connect to the app there instead: one more accept, the
+    // same failures. Which worker c2 lands on is the kernel's hash.
+    let extra = (starved.accepted - mid.accepted)
+        .checked_sub(2)
+        .unwrap_or_else(|| panic!("c1 and c2 were not both accepted: {starved:?}"));
+    match datapath {
+        Datapath::Epoll => assert_eq!(extra, 0, "{starved:?}"),
+        _ => assert!(extra <= workers - resets, "{starved:?}"),
+    }
     assert_eq!(
         starved.connect_failed - mid.connect_failed,
         2,
