@@ -78,6 +78,8 @@ impl Node {
 
 /// The cluster: the fake API server, the CA's files, two virtual nodes.
 struct Bed {
+    /// `ca.address` in the proxies' configuration.
+    ca_address: String,
     dir: TempDir,
     _rt: tokio::runtime::Runtime,
     api: FakeApiServer,
@@ -161,6 +163,7 @@ impl Bed {
         let n2 = VirtualNode::build(2, 1).unwrap();
         let link = ringway_testbed::link_nodes(&n1, &n2).unwrap();
         let bed = Bed {
+            ca_address: CA_ADDR.into(),
             dir,
             _rt: rt,
             api,
@@ -332,8 +335,9 @@ impl Bed {
             .map(|p| format!("\"{}\"", p.display()))
             .collect();
         format!(
-            "trustDomain: {TD}\n{}ca:\n  address: \"{CA_ADDR}\"\n  serverName: {CA_NAME}\n  rootCertFile: \"{}\"\n  bundleFiles: [{}]\n  tokenFile: \"{}\"\n",
+            "trustDomain: {TD}\n{}ca:\n  address: \"{}\"\n  serverName: {CA_NAME}\n  rootCertFile: \"{}\"\n  bundleFiles: [{}]\n  tokenFile: \"{}\"\n",
             ringway_testbed::mesh::workloads_yaml(&ws),
+            self.ca_address,
             self.root_cert.display(),
             bundle.join(", "),
             self.token_file(n).display()
@@ -853,6 +857,64 @@ fn kill(mut ca: Proc) {
 /// either way, and has no certificate (never another identity). Once the
 /// service is back, renewal recovers (the expiry moves forward) and the new
 /// pod is served with its own identity.
+/// `ca.address` names the service by a name that does not resolve yet (the
+/// Service or cluster DNS not there when the node starts): the proxies
+/// start anyway, enrol their pods, and are not ready while the pods'
+/// certificates are awaited; once the name resolves, the certificates come
+/// and the pods talk over HBONE, with no proxy restarted. Before, a name
+/// that did not resolve at start stopped the proxy, and one that moved
+/// later was never followed.
+#[test]
+fn csr_a_certificate_service_name_that_resolves_only_later_needs_no_proxy_restart() {
+    run_isolated(
+        "csr_a_certificate_service_name_that_resolves_only_later_needs_no_proxy_restart",
+        || {
+            let mut bed = Bed::new("csr-late-dns", 1);
+            // The proxies (started from this thread) read this hosts file.
+            ringway_testbed::ns::override_etc_hosts(&bed.dir, "# the CA's name not yet\n").unwrap();
+            let port = CA_ADDR.rsplit_once(':').unwrap().1;
+            bed.ca_address = format!("ringway-ca.test:{port}");
+            let _ca = bed.start_ca(&[0], 3600);
+            let (node1, node2) = (bed.start_node(1), bed.start_node(2));
+            let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
+            bed.cni_add(&node1, client);
+            bed.cni_add(&node2, server);
+            let ready_at = |n: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)), 15021);
+            let r = ringway_testbed::http::get(ready_at(1), "/healthz/ready").unwrap();
+            assert_eq!(
+                r.status, 503,
+                "ready without the pod's certificate: {}",
+                r.body
+            );
+            assert!(
+                r.body.contains("resolving"),
+                "the wait does not name the name that does not resolve: {}",
+                r.body
+            );
+            assert_eq!(expiry(&node1, DEFAULT_ID), 0.0);
+            // The name resolves now (the file is the mount's source: the
+            // proxies read the new text).
+            std::fs::write(bed.dir.join("hosts"), "127.0.0.1 ringway-ca.test\n").unwrap();
+            for n in [1, 2] {
+                assert!(
+                    wait_until(RENEWAL_PATIENCE, || ready(ready_at(n))),
+                    "node{n} never got its pod's certificate once the name resolved"
+                );
+            }
+            assert!(expiry(&node1, DEFAULT_ID) > 0.0 && expiry(&node2, DEFAULT_ID) > 0.0);
+            let seen = exchange(
+                client,
+                server,
+                SocketAddr::new(server.ip(false), 8080),
+                64 << 10,
+            )
+            .unwrap();
+            assert_eq!(seen, client.ip(false));
+            drop((node1, node2));
+        },
+    );
+}
+
 #[test]
 fn csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails_closed() {
     run_isolated(
