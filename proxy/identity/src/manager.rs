@@ -944,12 +944,14 @@ impl IdentityManager {
         gone
     }
 
-    /// Makes sure `identity` has a slot: with a remote source the
+    /// With a remote source, makes sure `identity` has a slot: the
     /// refresher gets its certificate (and [`Self::awaited`] lists it until
-    /// then); with a local CA the first use issues it. An identity outside
-    /// the trust domain is ignored (never issued).
+    /// then). Nothing with a local CA, which issues at first use. An
+    /// identity outside the trust domain is ignored (never issued).
     pub fn want(&self, identity: &Identity) {
-        let _ = self.slot(identity);
+        if self.ca.remote() {
+            let _ = self.slot(identity);
+        }
     }
 
     /// Starts a thread (`ringway-identity-refresh`) that calls
