@@ -236,6 +236,15 @@ pub(crate) fn run_cmd_stdin(program: &str, args: &[&str], stdin: &str) -> Result
 pub(crate) fn isolate_current_thread() -> Result<(), Error> {
     unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)
         .map_err(|e| Error::Sys("unshare(CLONE_NEWNET|CLONE_NEWNS)", e))?;
+    make_mounts_private()?;
+    tmpfs(std::path::Path::new(NETNS_RUN_DIR), "mode=0755")?;
+    run_cmd("ip", &["link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+/// Makes every mount of the calling thread's mount namespace private: what
+/// is mounted from then on never propagates to the namespace it came from.
+fn make_mounts_private() -> Result<(), Error> {
     mount(
         None::<&str>,
         "/",
@@ -243,10 +252,7 @@ pub(crate) fn isolate_current_thread() -> Result<(), Error> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| Error::Sys("make mounts private", e))?;
-    tmpfs(std::path::Path::new(NETNS_RUN_DIR), "mode=0755")?;
-    run_cmd("ip", &["link", "set", "lo", "up"])?;
-    Ok(())
+    .map_err(|e| Error::Sys("make mounts private", e))
 }
 
 /// Mounts a tmpfs only the owner can enter (mode 0700) on `dir`, creating
@@ -287,14 +293,7 @@ pub fn override_etc_hosts(scratch: &std::path::Path, hosts: &str) -> Result<(), 
         ));
     }
     // Whoever isolated the thread, nothing mounted here propagates out.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| Error::Sys("make mounts private", e))?;
+    make_mounts_private()?;
     let file = scratch.join("hosts");
     std::fs::write(&file, hosts).map_err(|e| Error::Io("writing the hosts file", e))?;
     mount(

@@ -18,26 +18,22 @@ use ringway_testbed::run_isolated;
 use ringway_testbed::Netns;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A counting app: accepts on `addr` in `ns` until dropped, echoes, and
-/// counts accepted connections and remembers their peers.
-struct App {
-    count: Arc<AtomicUsize>,
-    peers: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+/// A thread in `ns` accepting on `l` until dropped (or for 300 s), each
+/// connection served by a task of `serve`.
+struct Acceptor {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     join: Option<std::thread::JoinHandle<()>>,
 }
 
-impl App {
-    fn start(ns: &Netns, addr: SocketAddr) -> App {
-        let l = ns
-            .run(|| ringway_testbed::traffic::listen(addr))
-            .expect("listen");
+impl Acceptor {
+    fn start<F, Fut>(ns: &Netns, l: std::net::TcpListener, serve: F) -> Acceptor
+    where
+        F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         l.set_nonblocking(true).unwrap();
-        let count = Arc::new(AtomicUsize::new(0));
-        let peers = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let (c, p) = (count.clone(), peers.clone());
-        let join = std::thread::spawn(move || {
+        let join = ns.spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -51,33 +47,21 @@ impl App {
                         _ = &mut stopped => break,
                         _ = &mut deadline => break,
                         r = l.accept() => {
-                            let Ok((mut s, peer)) = r else { continue };
-                            c.fetch_add(1, Ordering::SeqCst);
-                            p.lock().unwrap().push(peer);
-                            tokio::spawn(async move {
-                                let (mut r, mut w) = s.split();
-                                let _ = tokio::io::copy(&mut r, &mut w).await;
-                                let _ = w.shutdown().await;
-                            });
+                            let Ok((s, peer)) = r else { continue };
+                            tokio::spawn(serve(s, peer));
                         }
                     }
                 }
             });
         });
-        App {
-            count,
-            peers,
+        Acceptor {
             stop: Some(stop),
             join: Some(join),
         }
     }
-
-    fn connections(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
 }
 
-impl Drop for App {
+impl Drop for Acceptor {
     fn drop(&mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -85,6 +69,43 @@ impl Drop for App {
         if let Some(j) = self.join.take() {
             let _ = j.join();
         }
+    }
+}
+
+/// A counting app: accepts on `addr` in `ns` until dropped, echoes, and
+/// counts accepted connections and remembers their peers.
+struct App {
+    count: Arc<AtomicUsize>,
+    peers: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+    _acceptor: Acceptor,
+}
+
+impl App {
+    fn start(ns: &Netns, addr: SocketAddr) -> App {
+        let l = ns
+            .run(|| ringway_testbed::traffic::listen(addr))
+            .expect("listen");
+        let count = Arc::new(AtomicUsize::new(0));
+        let peers = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, p) = (count.clone(), peers.clone());
+        let acceptor = Acceptor::start(ns, l, move |mut s, peer| {
+            c.fetch_add(1, Ordering::SeqCst);
+            p.lock().unwrap().push(peer);
+            async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            }
+        });
+        App {
+            count,
+            peers,
+            _acceptor: acceptor,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
     }
 }
 
@@ -1572,8 +1593,7 @@ fn adversarial_hbone_a_removed_root_gets_its_peers_a_goaway_at_once() {
 /// the TLS connections it accepted; stops when dropped.
 struct BareServer {
     accepted: Arc<AtomicUsize>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: Option<std::thread::JoinHandle<()>>,
+    _acceptor: Acceptor,
 }
 
 impl BareServer {
@@ -1591,74 +1611,45 @@ impl BareServer {
             .netns
             .run(|| ringway_testbed::traffic::listen(at))
             .expect("listen on 15008");
-        l.set_nonblocking(true).unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let count = accepted.clone();
-        let join = t.server().netns.spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::from_std(l).unwrap();
-                loop {
-                    let (tcp, peer) = tokio::select! {
-                        _ = &mut stopped => return,
-                        r = l.accept() => match r { Ok(a) => a, Err(_) => continue },
-                    };
-                    let cfg = server_ids.server_config(&web()).unwrap();
-                    let count = count.clone();
-                    tokio::spawn(async move {
-                        let Ok(tls) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await else {
-                            return;
-                        };
-                        count.fetch_add(1, Ordering::SeqCst);
-                        let peer = ringway_hbone::PeerInfo {
-                            identity: frontend().to_string(),
-                            addr: peer,
-                        };
-                        let _ = ringway_hbone::serve_connection(
-                            tls,
-                            peer,
-                            &ringway_hbone::ServerConfig::default(),
-                            ringway_hbone::DrainSignal::never(),
-                            |req: ringway_hbone::ConnectRequest| async move {
-                                match tokio::net::TcpStream::connect(req.authority).await {
-                                    Ok(app) => ringway_hbone::Decision::Accept(
-                                        ringway_hbone::Upstream::new(app),
-                                    ),
-                                    Err(e) => {
-                                        ringway_hbone::Decision::Unavailable503(e.to_string())
-                                    }
-                                }
-                            },
-                        )
-                        .await;
-                    });
-                }
-            })
+        let acceptor = Acceptor::start(&t.server().netns, l, move |tcp, peer| {
+            let cfg = server_ids.server_config(&web()).unwrap();
+            let count = count.clone();
+            async move {
+                let Ok(tls) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await else {
+                    return;
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                let peer = ringway_hbone::PeerInfo {
+                    identity: frontend().to_string(),
+                    addr: peer,
+                };
+                let _ = ringway_hbone::serve_connection(
+                    tls,
+                    peer,
+                    &ringway_hbone::ServerConfig::default(),
+                    ringway_hbone::DrainSignal::never(),
+                    |req: ringway_hbone::ConnectRequest| async move {
+                        match tokio::net::TcpStream::connect(req.authority).await {
+                            Ok(app) => {
+                                ringway_hbone::Decision::Accept(ringway_hbone::Upstream::new(app))
+                            }
+                            Err(e) => ringway_hbone::Decision::Unavailable503(e.to_string()),
+                        }
+                    },
+                )
+                .await;
+            }
         });
         BareServer {
             accepted,
-            stop: Some(stop),
-            join: Some(join),
+            _acceptor: acceptor,
         }
     }
 
     fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for BareServer {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(j) = self.join.take() {
-            let _ = j.join();
-        }
     }
 }
 

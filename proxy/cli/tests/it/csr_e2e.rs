@@ -274,7 +274,6 @@ impl Bed {
     /// Node `n`'s agent and proxy; the proxy's config names the service,
     /// the public root(s) and the node's token file.
     fn start_node(&self, n: u8) -> Node {
-        let ip = format!("127.0.0.{n}");
         let zds = self.dir.join(format!("node{n}-zds.sock"));
         let cni_socket = self.dir.join(format!("node{n}-cni.sock"));
         let agent_log = self.dir.join(format!("agent{n}.log"));
@@ -294,7 +293,7 @@ impl Bed {
             .spawn()
             .unwrap();
         let proxy = Proc(proxy);
-        let addr: SocketAddr = format!("{ip}:15021").parse().unwrap();
+        let addr = ready_at(n);
         assert!(
             wait_until(PATIENCE, || ready(addr)),
             "node{n}'s proxy never became ready:\n{}",
@@ -360,6 +359,11 @@ impl Bed {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// Node `n`'s proxy's readiness address.
+fn ready_at(n: u8) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)), 15021)
 }
 
 fn now_ms() -> u128 {
@@ -879,7 +883,6 @@ fn csr_a_certificate_service_name_that_resolves_only_later_needs_no_proxy_restar
             let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
             bed.cni_add(&node1, client);
             bed.cni_add(&node2, server);
-            let ready_at = |n: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)), 15021);
             let r = ringway_testbed::http::get(ready_at(1), "/healthz/ready").unwrap();
             assert_eq!(
                 r.status, 503,
@@ -989,7 +992,6 @@ fn csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails
             // Node1 awaits a certificate the service cannot give now: not
             // ready, so a rollout does not stop its old proxy for one
             // that would refuse this pod's HBONE. Node2 has all it needs.
-            let ready_at = |n: u8| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)), 15021);
             let r = ringway_testbed::http::get(ready_at(1), "/healthz/ready").unwrap();
             assert_eq!(
                 r.status, 503,

@@ -372,30 +372,12 @@ async fn first_bytes_reach_the_app_through_the_server_in_order() {
 /// out.
 #[tokio::test]
 async fn a_connection_takes_no_new_stream_once_its_certificates_are_about_to_expire() {
-    let server = Server::start(echo_handler()).await;
-    let pool = Pool::new(PoolConfig {
-        idle_timeout: Duration::from_secs(600),
-        surplus_idle_timeout: Duration::from_millis(150),
-        ..PoolConfig::default()
-    });
-    let addr = server.addr;
     let expiry = std::time::SystemTime::now() + Duration::from_secs(2);
-    let dial_expiring = || async move {
-        Ok(ringway_hbone::Dialled::expiring(
-            dial(addr).await?,
-            Some(expiry),
-        ))
-    };
-    let mut first = pool
-        .connect(server.key(), dial_expiring, ConnectHeaders::new(dst()))
-        .await
-        .unwrap();
+    let (server, pool) = expiring_bed().await;
+    let mut first = open_expiring(&server, &pool, expiry).await;
     echo_once(&mut first).await;
     // Before the expiry's margin (a tenth of the 2 s): still pooled.
-    let second = pool
-        .connect(server.key(), dial_expiring, ConnectHeaders::new(dst()))
-        .await
-        .unwrap();
+    let second = open_expiring(&server, &pool, expiry).await;
     assert_eq!(
         pool.connections_opened(),
         1,
@@ -442,24 +424,9 @@ async fn a_connection_takes_no_new_stream_once_its_certificates_are_about_to_exp
 /// ping a proof that has run out.
 #[tokio::test]
 async fn a_connection_whose_certificates_are_about_to_expire_is_closed_when_its_streams_end() {
-    let server = Server::start(echo_handler()).await;
-    let pool = Pool::new(PoolConfig {
-        idle_timeout: Duration::from_secs(600),
-        surplus_idle_timeout: Duration::from_millis(150),
-        ..PoolConfig::default()
-    });
-    let addr = server.addr;
     let expiry = std::time::SystemTime::now() + Duration::from_secs(1);
-    let dial_expiring = || async move {
-        Ok(ringway_hbone::Dialled::expiring(
-            dial(addr).await?,
-            Some(expiry),
-        ))
-    };
-    let mut s = pool
-        .connect(server.key(), dial_expiring, ConnectHeaders::new(dst()))
-        .await
-        .unwrap();
+    let (server, pool) = expiring_bed().await;
+    let mut s = open_expiring(&server, &pool, expiry).await;
     tokio::time::sleep_until(ringway_hbone::move_on_at(expiry) + Duration::from_millis(50)).await;
     // Its open stream goes on past the move-on time.
     echo_once(&mut s).await;
@@ -471,6 +438,37 @@ async fn a_connection_whose_certificates_are_about_to_expire_is_closed_when_its_
         pool.connections() == 0
     })
     .await;
+}
+
+/// An echoing server that never sends a GOAWAY, and a pool that keeps an
+/// idle connection for 10 min (150 ms when surplus or retired).
+async fn expiring_bed() -> (Server, Pool) {
+    let server = Server::start(echo_handler()).await;
+    let pool = Pool::new(PoolConfig {
+        idle_timeout: Duration::from_secs(600),
+        surplus_idle_timeout: Duration::from_millis(150),
+        ..PoolConfig::default()
+    });
+    (server, pool)
+}
+
+/// A tunnel through `server`, on a connection (pooled, or dialled now)
+/// authenticated with certificates the first of which expires at `expiry`.
+async fn open_expiring(
+    server: &Server,
+    pool: &Pool,
+    expiry: std::time::SystemTime,
+) -> ringway_hbone::HboneStream {
+    let addr = server.addr;
+    let dial = || async move {
+        Ok(ringway_hbone::Dialled::expiring(
+            dial(addr).await?,
+            Some(expiry),
+        ))
+    };
+    pool.connect(server.key(), dial, ConnectHeaders::new(dst()))
+        .await
+        .unwrap()
 }
 
 async fn echo_once(s: &mut ringway_hbone::HboneStream) {
