@@ -676,7 +676,12 @@ impl Proxy {
                     authorized_flows: 0,
                 },
                 shared: shared.clone(),
-                last_identity: None,
+                // Its identity now: kept through a publish that leaves its
+                // workload out before the next reconcile.
+                last_identity: self
+                    .in_force
+                    .mesh()
+                    .and_then(|mesh| policy::pod_identity(&mesh, &shared)),
             },
         );
         drop(pods);

@@ -655,7 +655,8 @@ impl AdsClient {
     }
 
     /// Resolves the address and connects to the first address that
-    /// answers and completes TLS; the error is the last address's.
+    /// answers and completes TLS; the error is the first TLS failure met,
+    /// else the last address's.
     async fn connect(
         &self,
     ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, SocketAddr), XdsError> {

@@ -395,6 +395,25 @@ fn a_pods_former_identity_and_a_removed_pods_certificates_are_forgotten() {
             // (Its new identity is issued at first use by this local CA; a
             // certificate service's is wanted at once, see
             // `the_awaited_certificates_are_the_served_pods_only`.)
+
+            // A pod added after the last publish, named by the mesh only,
+            // whose workload the very next publish leaves out: it keeps
+            // the identity it was added with.
+            node.proxy.set_mesh(mesh(""));
+            let client = node.pod(0);
+            node.proxy.remove_pod(&client.name).unwrap();
+            node.proxy
+                .add_pod(&client.name, client.netns.dup_fd().unwrap())
+                .unwrap();
+            ids.fetch(&frontend).unwrap();
+            node.proxy.set_mesh(Arc::new(
+                MeshConfig::load_str(without, "policy_local", &NoEnv).unwrap(),
+            ));
+            assert_eq!(
+                held(),
+                [frontend.to_string()],
+                "a pod added since the last publish lost its certificate to the next"
+            );
         },
     );
 }

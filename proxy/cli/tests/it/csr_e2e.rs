@@ -852,15 +852,6 @@ fn kill(mut ca: Proc) {
     ca.0.wait().unwrap();
 }
 
-/// The certificate service dies in the middle of a long HBONE transfer and
-/// stays down over the certificates' renewal ([`LEAF_SECS`] leaves: the
-/// renewal falls due in the outage, whenever the kill came; the test waits
-/// for it). The transfer completes with every byte; the renewal fails and is
-/// counted; new connections of the pods in hand still work on the valid
-/// certificates (half their lifetime left when the renewal falls due); a pod enrolled during the outage is not served over HBONE,
-/// either way, and has no certificate (never another identity). Once the
-/// service is back, renewal recovers (the expiry moves forward) and the new
-/// pod is served with its own identity.
 /// `ca.address` names the service by a name that does not resolve yet (the
 /// Service or cluster DNS not there when the node starts): the proxies
 /// start anyway, enrol their pods, and are not ready while the pods'
@@ -883,16 +874,16 @@ fn csr_a_certificate_service_name_that_resolves_only_later_needs_no_proxy_restar
             let (client, server) = (bed.n1.pod(0), bed.n2.pod(0));
             bed.cni_add(&node1, client);
             bed.cni_add(&node2, server);
-            let r = ringway_testbed::http::get(ready_at(1), "/healthz/ready").unwrap();
-            assert_eq!(
-                r.status, 503,
-                "ready without the pod's certificate: {}",
-                r.body
-            );
+            // Not ready, naming the name that does not resolve (once the
+            // first request for the certificate has failed).
+            let body = || ringway_testbed::http::get(ready_at(1), "/healthz/ready").unwrap();
             assert!(
-                r.body.contains("resolving"),
-                "the wait does not name the name that does not resolve: {}",
-                r.body
+                wait_until(PATIENCE, || {
+                    let r = body();
+                    r.status == 503 && r.body.contains("resolving")
+                }),
+                "not a wait naming the name that does not resolve: {:?}",
+                body()
             );
             assert_eq!(expiry(&node1, DEFAULT_ID), 0.0);
             // The name resolves now (the file is the mount's source: the
@@ -918,6 +909,15 @@ fn csr_a_certificate_service_name_that_resolves_only_later_needs_no_proxy_restar
     );
 }
 
+/// The certificate service dies in the middle of a long HBONE transfer and
+/// stays down over the certificates' renewal ([`LEAF_SECS`] leaves: the
+/// renewal falls due in the outage, whenever the kill came; the test waits
+/// for it). The transfer completes with every byte; the renewal fails and is
+/// counted; new connections of the pods in hand still work on the valid
+/// certificates (half their lifetime left when the renewal falls due); a pod enrolled during the outage is not served over HBONE,
+/// either way, and has no certificate (never another identity). Once the
+/// service is back, renewal recovers (the expiry moves forward) and the new
+/// pod is served with its own identity.
 #[test]
 fn csr_ca_down_mid_transfer_and_over_a_renewal_then_recovers_and_a_new_pod_fails_closed() {
     run_isolated(
