@@ -28,22 +28,12 @@ pub(crate) struct Conn {
     pub(crate) id: u64,
     /// Opens streams on it.
     pub(crate) send: SendRequest<Bytes>,
-    /// From when it takes no new stream: shortly before the first of the
-    /// certificates it was authenticated with expires (`None`: unknown).
-    pub(crate) move_on: Option<Instant>,
     /// Its streams and whether it takes more.
     pub(crate) state: Mutex<ConnState>,
     /// Wakes the connection task when its last stream ends.
     pub(crate) idle: Notify,
     /// Closes the connection now (its streams are reset).
     pub(crate) close: Notify,
-}
-
-impl Conn {
-    /// Whether its certificates leave it time for a new stream now.
-    pub(crate) fn timely(&self) -> bool {
-        self.move_on.is_none_or(|at| Instant::now() < at)
-    }
 }
 
 /// What a connection carries, under its lock.

@@ -167,7 +167,7 @@ impl Pool {
         conns
             .iter()
             .filter(|conn| {
-                if conn.state.lock().unwrap_or_else(|p| p.into_inner()).dead || !conn.timely() {
+                if conn.state.lock().unwrap_or_else(|p| p.into_inner()).dead {
                     return false;
                 }
                 // A clone has no pending stream: polling it only checks the
@@ -352,7 +352,7 @@ impl Pool {
         let max = self.shared.config.max_streams_per_conn;
         for conn in conns.iter() {
             let mut st = conn.state.lock().unwrap_or_else(|p| p.into_inner());
-            if !st.dead && st.active < max && conn.timely() {
+            if !st.dead && st.active < max {
                 st.active += 1;
                 st.idle_since = None;
                 self.shared.counters.streams.fetch_add(1, Ordering::Relaxed);
@@ -390,7 +390,6 @@ impl Pool {
         let conn = Arc::new(Conn {
             id,
             send,
-            move_on,
             state: Mutex::new(ConnState {
                 active: 1,
                 dead: false,
@@ -418,7 +417,7 @@ impl Pool {
             async move {
                 let keepalive = crate::keepalive(ping, config.ping_interval, config.ping_timeout);
                 let idle = idle_watch(&conn, &task_slot, &config);
-                let expiry = move_on_when_due(&conn, &task_slot);
+                let expiry = move_on_when_due(move_on, &conn, &task_slot);
                 tokio::select! {
                     r = &mut connection => debug!(result = ?r.err(), "hbone connection closed"),
                     never = expiry => match never {},
@@ -446,12 +445,17 @@ fn retire(slot: &Slot, conn: &Arc<Conn>) {
         .retain(|c| !Arc::ptr_eq(c, conn));
 }
 
-/// At the connection's [`Conn::move_on`], retires it (its open streams go
+/// At `move_on` (shortly before the first of the connection's
+/// certificates expires, see [`crate::move_on_at`]), retires it (its open streams go
 /// on; the next stream of its key dials a new connection, authenticated
 /// with the certificates in force then) and wakes its idle watch, which
 /// closes it once its streams are done. Never resolves.
-async fn move_on_when_due(conn: &Arc<Conn>, slot: &Slot) -> std::convert::Infallible {
-    if let Some(at) = conn.move_on {
+async fn move_on_when_due(
+    move_on: Option<tokio::time::Instant>,
+    conn: &Arc<Conn>,
+    slot: &Slot,
+) -> std::convert::Infallible {
+    if let Some(at) = move_on {
         tokio::time::sleep_until(at).await;
         debug!("certificate expiring: hbone connection takes no new stream");
         retire(slot, conn);
