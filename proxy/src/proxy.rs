@@ -54,8 +54,8 @@ struct PodRecord {
     info: PodInfo,
     shared: Arc<PodShared>,
     /// The last mesh identity the pod was found to have: its certificate
-    /// is kept while the pod has none for a moment (its workload missing
-    /// from one publish), and let go once it has another.
+    /// is kept while the pod has none (its workload missing from a
+    /// publish), and let go once it has another or is removed.
     last_identity: Option<ringway_identity::Identity>,
 }
 
@@ -289,8 +289,8 @@ impl Proxy {
     /// Forgets the certificate of every identity no pod served here has
     /// (its pod gone, or given another identity by the agent or the mesh),
     /// so the refresher stops renewing it and readiness never waits for
-    /// it; a pod that has no identity for a moment (its workload missing
-    /// from one publish) keeps its last one's. And wants the certificate
+    /// it; a pod that has no identity (its workload missing from a
+    /// publish) keeps its last one's. And wants the certificate
     /// of every identity a pod has that is not held yet (the mesh gave a
     /// pod a new one): with a certificate service the refresher gets it
     /// now, not after a connection failed for want of it. Decides under

@@ -159,10 +159,10 @@ impl PeerProof {
     /// When the connection gets its graceful GOAWAY ahead of the first
     /// expiry, the peer's certificate's or this end's.
     fn goaway_at(&self) -> Option<tokio::time::Instant> {
-        let first = match (self.expires, self.own_expires) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
+        let first = [self.expires, self.own_expires]
+            .into_iter()
+            .flatten()
+            .min()?;
         Some(ringway_hbone::move_on_at(first))
     }
 }

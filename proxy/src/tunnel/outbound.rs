@@ -214,10 +214,7 @@ async fn dial_tunnel(
         .ids
         .client_config(&plan.src_identity, &plan.dst_identity)
         .map_err(io::Error::other)?;
-    let own_expires = match (before, own()) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let own_expires = [before, own()].into_iter().flatten().min();
     // A TLS client speaks first: the ClientHello carries the last ACK.
     let tcp = connect_in_pod(pod, mark, tunnel, None, timeout, true).await?;
     // Registered before the first byte of TLS: if this proxy serves the
@@ -265,10 +262,7 @@ async fn dial_tunnel(
             .peer_certificates()
             .and_then(|chain| chain.first())
             .and_then(ringway_identity::cert_expiry);
-        let first = match (server_expires, own_expires) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let first = [server_expires, own_expires].into_iter().flatten().min();
         Dialled::expiring(tls, first)
     })
 }
