@@ -89,24 +89,6 @@ pub enum RemoteIssueError {
     Call(#[from] ClientError),
 }
 
-/// Where the CA is.
-#[derive(Debug, Clone)]
-enum Target {
-    /// One address.
-    Addr(SocketAddr),
-    /// `host:port`, resolved at every call.
-    Name(String),
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Target::Addr(a) => a.fmt(f),
-            Target::Name(n) => n.fmt(f),
-        }
-    }
-}
-
 /// How long one address of the CA's name may take to complete TCP and TLS
 /// while another is left to try; the last one tried has what is left of
 /// the call's own bound.
@@ -115,7 +97,8 @@ const ADDRESS_ATTEMPT: Duration = Duration::from_secs(5);
 /// A client of a CA: one address, or every address a name resolves to.
 #[derive(Debug, Clone)]
 pub struct CaClient {
-    target: Target,
+    /// `host:port` or `ip:port`, resolved at every call.
+    address: String,
     server_name: ServerName<'static>,
     tls: ringway_grpc::ClientTls,
     timeout: Duration,
@@ -130,12 +113,7 @@ impl CaClient {
         server_name: ServerName<'static>,
         tls: impl Into<ringway_grpc::ClientTls>,
     ) -> Self {
-        CaClient {
-            target: Target::Addr(addr),
-            server_name,
-            tls: tls.into(),
-            timeout: Duration::from_secs(15),
-        }
+        CaClient::resolving(addr.to_string(), server_name, tls)
     }
 
     /// A client of the CA at `address` (`host:port`), resolved at every
@@ -151,7 +129,7 @@ impl CaClient {
         tls: impl Into<ringway_grpc::ClientTls>,
     ) -> Self {
         CaClient {
-            target: Target::Name(address.into()),
+            address: address.into(),
             server_name,
             tls: tls.into(),
             timeout: Duration::from_secs(15),
@@ -224,34 +202,33 @@ impl CaClient {
             .await
             .unwrap_or_else(|_| {
                 Err(ClientError::Transport {
-                    addr: self.target.to_string(),
+                    addr: self.address.clone(),
                     detail: format!("no answer within {:?}", self.timeout),
                 })
             })
     }
 
-    /// TCP and TLS to the CA: its one address, or the first of its name's
+    /// TCP and TLS to the CA: the first of its address's (or name's)
     /// addresses that completes both (each within [`ADDRESS_ATTEMPT`]
     /// while another is left; the last within the call's bound).
     async fn connect(
         &self,
     ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, String), ClientError> {
-        let addrs: Vec<SocketAddr> = match &self.target {
-            Target::Addr(a) => vec![*a],
-            Target::Name(name) => tokio::net::lookup_host(name.as_str())
-                .await
-                .map_err(|e| ClientError::Transport {
-                    addr: name.clone(),
-                    detail: format!("resolving: {e}"),
-                })?
-                .collect(),
-        };
-        let named = |addr: SocketAddr| match &self.target {
-            Target::Addr(a) => a.to_string(),
-            Target::Name(name) => format!("{name} ({addr})"),
+        let name = &self.address;
+        // An `ip:port` is parsed, never looked up.
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(name.as_str())
+            .await
+            .map_err(|e| ClientError::Transport {
+                addr: name.clone(),
+                detail: format!("resolving: {e}"),
+            })?
+            .collect();
+        let named = |addr: SocketAddr| match addr.to_string() {
+            a if &a == name => a,
+            a => format!("{name} ({a})"),
         };
         let mut last = ClientError::Transport {
-            addr: self.target.to_string(),
+            addr: name.clone(),
             detail: "the name has no address".into(),
         };
         let count = addrs.len();
@@ -387,7 +364,7 @@ impl Drop for RemoteSource {
 impl std::fmt::Debug for RemoteSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteSource")
-            .field("ca", &self.client.target)
+            .field("ca", &self.client.address)
             .field("token_file", &self.token_file)
             .finish_non_exhaustive()
     }
