@@ -173,16 +173,6 @@ impl Proxy {
                 .map_err(|e| tracing::warn!(error = %e, "cannot start the idle trim: memory freed after a load stays resident"))
                 .ok();
         tracing::info!(workers = n, datapath = %backend, mode = %settings.capture_mode, "datapath started");
-        if n > settings.hbone.max_preauth_per_source as usize {
-            // Each worker dials its own tunnel: a burst from one pod to one
-            // pod elsewhere can open one per worker at once, and a peer with
-            // the same settings resets those beyond its cap.
-            tracing::warn!(
-                workers = n,
-                hbone.max_preauth_per_source = settings.hbone.max_preauth_per_source,
-                "more workers than proxy.hbone.maxPreauthPerSource: a burst of tunnel dials from one pod can pass a peer's cap and be reset; raise it to at least the largest node's workers"
-            );
-        }
         Ok(Proxy {
             settings,
             backend,

@@ -164,7 +164,8 @@ pub async fn open_outbound(
     first: bytes::Bytes,
 ) -> Result<ringway_hbone::HboneStream, TunnelError> {
     let (key, tunnel) = tunnel_key(pod, plan, client_addr.ip());
-    let dial = || dial_tunnel(cx, pod, plan, tunnel);
+    let src = key.src_ip;
+    let dial = || dial_tunnel(cx, pod, plan, src, tunnel);
     let some = |s: &String| Some(s.clone()).filter(|s| !s.is_empty());
     let baggage = Baggage {
         cluster: some(&src_peer.cluster),
@@ -191,14 +192,26 @@ pub async fn open_outbound(
 /// shortly before the first of the two certificates it was authenticated
 /// with expires, the server's or the one this end presented: a server
 /// that sends no GOAWAY ahead of an expiry (ringway's does) gets no new
-/// tunnel on a connection whose proof has run out.
+/// tunnel on a connection whose proof has run out. The dials in flight
+/// from `src` to `tunnel` are bounded across the workers
+/// ([`TunnelState::dial_slot`]); the wait for a place is bounded by the
+/// connect timeout too.
 async fn dial_tunnel(
     cx: &ConnCtx<'_>,
     pod: &PodShared,
     plan: &OutboundPlan,
+    src: IpAddr,
     tunnel: SocketAddr,
 ) -> io::Result<Dialled<tokio_rustls::client::TlsStream<LazyBufIo<TcpStream>>>> {
     let (mark, timeout) = (cx.mark, cx.connect_timeout);
+    let _slot = tokio::time::timeout(timeout, cx.tunnel.dial_slot(src, tunnel))
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no place among the tunnel dials in flight to {tunnel} within {timeout:?}"),
+            )
+        })?;
     // Read before and after the config (which, with a local CA, may issue
     // or renew the one it presents): the earlier of the two, so a
     // certificate renewed in between only makes the connection move on
@@ -302,9 +315,10 @@ pub async fn warm_outbound(
         return Ok(None);
     };
     let (key, tunnel) = tunnel_key(pod, plan, fallback);
+    let src = key.src_ip;
     let local = std::cell::Cell::new(None);
     let dial = || async {
-        let tls = dial_tunnel(cx, pod, plan, tunnel).await?;
+        let tls = dial_tunnel(cx, pod, plan, src, tunnel).await?;
         local.set(tls.get_ref().get_ref().0.tcp.local_addr().ok());
         Ok(tls)
     };

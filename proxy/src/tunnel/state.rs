@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,6 +48,26 @@ pub struct TunnelState {
     served: Mutex<std::collections::HashSet<SocketAddr>>,
     /// Each worker's queue of tunnel servers to drive ([`TunnelState::hand_to`]).
     workers: Mutex<HashMap<usize, tokio::sync::mpsc::UnboundedSender<ServeJob>>>,
+    /// The tunnel dials in flight per source address and destination
+    /// (every worker's together; [`TunnelState::dial_slot`]).
+    dialling: Mutex<HashMap<(IpAddr, SocketAddr), Arc<tokio::sync::Semaphore>>>,
+}
+
+/// A place among the tunnel dials in flight from one source address to one
+/// destination ([`TunnelState::dial_slot`]); given back on drop, once the
+/// dial's TLS handshake is done or failed.
+#[derive(Debug)]
+pub struct DialSlot {
+    _place: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Tunnel dials in flight from one source to one destination, at most:
+/// half the per-source cap a peer with this proxy's settings puts on
+/// connections before authentication (`proxy.hbone.maxPreauthPerSource`;
+/// half, as the peer counts a connection until its HTTP/2 preface arrives,
+/// a moment after the dial is done), at least one.
+fn dials_per_source(limits: &HboneSettings) -> usize {
+    (limits.max_preauth_per_source as usize / 2).max(1)
 }
 
 /// An authenticated tunnel server to drive on another worker: it attaches
@@ -102,6 +122,38 @@ impl TunnelState {
             dials: Mutex::new(HashMap::new()),
             served: Mutex::new(std::collections::HashSet::new()),
             workers: Mutex::new(HashMap::new()),
+            dialling: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits for a place among the tunnel dials in flight from `src` to
+    /// `dst` (every worker's together): each worker dials its own tunnels,
+    /// so a burst from one pod to one pod elsewhere would otherwise open
+    /// one dial per worker at once, and a peer resets those beyond its
+    /// per-source cap before authentication (see [`dials_per_source`]).
+    /// Those beyond wait for a dial to finish; the caller bounds the wait.
+    pub async fn dial_slot(&self, src: IpAddr, dst: SocketAddr) -> DialSlot {
+        let key = (src.to_canonical(), canonical(dst));
+        let places = {
+            let mut dialling = self.dialling.lock().unwrap_or_else(|p| p.into_inner());
+            if dialling.len() >= 1024 {
+                // Destinations no dial is using now (the map's the only
+                // reference left) go.
+                dialling.retain(|_, s| Arc::strong_count(s) > 1);
+            }
+            dialling
+                .entry(key)
+                .or_insert_with(|| {
+                    Arc::new(tokio::sync::Semaphore::new(dials_per_source(&self.limits)))
+                })
+                .clone()
+        };
+        // Never closed: a place always comes.
+        DialSlot {
+            _place: places
+                .acquire_owned()
+                .await
+                .expect("the dial places are never closed"),
         }
     }
 
@@ -239,6 +291,44 @@ mod tests {
         assert!(st.served_here(v4));
         drop(mark);
         assert!(!st.served_here(v4));
+    }
+
+    /// The dials in flight from one source to one destination are half the
+    /// per-source cap (64 by default: 32), whichever worker asks; the next
+    /// waits until one is done; another destination, or the same one from
+    /// another source (v4-mapped or not, the same source), has its own.
+    #[test]
+    fn dials_from_one_source_to_one_destination_wait_beyond_half_the_per_source_cap() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let st = state();
+            let src: IpAddr = "10.0.0.4".parse().unwrap();
+            let mapped: IpAddr = "::ffff:10.0.0.4".parse().unwrap();
+            let dst: SocketAddr = "10.0.1.7:15008".parse().unwrap();
+            let mut held = Vec::new();
+            for _ in 0..32 {
+                held.push(st.dial_slot(src, dst).await);
+            }
+            let next = st.dial_slot(mapped, dst);
+            tokio::pin!(next);
+            let wait = Duration::from_millis(50);
+            assert!(
+                tokio::time::timeout(wait, next.as_mut()).await.is_err(),
+                "a 33rd dial went out at once"
+            );
+            let other_dst = st.dial_slot(src, "10.0.1.8:15008".parse().unwrap());
+            let other_src = st.dial_slot("10.0.0.5".parse().unwrap(), dst);
+            assert!(tokio::time::timeout(wait, other_dst).await.is_ok());
+            assert!(tokio::time::timeout(wait, other_src).await.is_ok());
+            held.pop();
+            assert!(
+                tokio::time::timeout(wait, next).await.is_ok(),
+                "a place given back went to no waiting dial"
+            );
+        });
     }
 
     /// A server handed to a worker without a queue (gone, or never

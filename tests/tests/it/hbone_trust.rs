@@ -1754,3 +1754,61 @@ fn hbone_the_proxy_moves_on_before_its_own_certificate_expires_without_the_serve
         },
     );
 }
+
+/// A burst of new connections from one pod to one pod on another node,
+/// through a proxy with more workers than the peer's per-source cap on
+/// connections before authentication: each worker dials its own tunnel,
+/// but the proxy keeps the dials in flight from one source to one pod
+/// below the cap, so none is reset by the peer and every connection is
+/// served.
+#[test]
+fn hbone_a_burst_through_more_workers_than_the_peers_per_source_cap_is_served() {
+    run_isolated(
+        "hbone_a_burst_through_more_workers_than_the_peers_per_source_cap_is_served",
+        || {
+            let t = two_nodes(Opts {
+                workers: 8,
+                limits: ringway_config::HboneSettings {
+                    max_preauth_per_source: 2,
+                    ..Default::default()
+                },
+                ..Opts::new("hbone_burst_cap")
+            });
+            let addr = SocketAddr::new(t.server().ip(false), APP_PORT);
+            let app = App::start(&t.server().netns, addr);
+            let client = t.client().netns.clone();
+            let burst = 48;
+            let barrier = Arc::new(std::sync::Barrier::new(burst));
+            let served: Vec<bool> = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..burst)
+                    .map(|_| {
+                        let (client, barrier) = (&client, barrier.clone());
+                        s.spawn(move || {
+                            use std::io::{Read, Write};
+                            client.run(|| {
+                                barrier.wait();
+                                let Ok(mut c) = ringway_testbed::traffic::connect(addr, TIMEOUT)
+                                else {
+                                    return false;
+                                };
+                                let _ = c.set_read_timeout(Some(TIMEOUT));
+                                let mut b = [0u8; 4];
+                                c.write_all(b"ping").is_ok()
+                                    && c.read_exact(&mut b).is_ok()
+                                    && &b == b"ping"
+                            })
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let failed = served.iter().filter(|ok| !**ok).count();
+            assert_eq!(
+                (failed, refused(&t, "per_source")),
+                (0, 0.0),
+                "connections of the burst were reset by the peer's per-source cap"
+            );
+            assert_eq!(app.connections(), burst);
+        },
+    );
+}
