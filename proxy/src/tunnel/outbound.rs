@@ -194,8 +194,8 @@ pub async fn open_outbound(
 /// that sends no GOAWAY ahead of an expiry (ringway's does) gets no new
 /// tunnel on a connection whose proof has run out. The dials in flight
 /// from `src` to `tunnel` are bounded across the workers
-/// ([`TunnelState::dial_slot`]); the wait for a place is bounded by the
-/// connect timeout too.
+/// ([`TunnelState::dial_slot`]); the wait for a place and the TCP connect
+/// share the connect timeout, and the TLS handshake has its own, as before.
 async fn dial_tunnel(
     cx: &ConnCtx<'_>,
     pod: &PodShared,
@@ -204,6 +204,7 @@ async fn dial_tunnel(
     tunnel: SocketAddr,
 ) -> io::Result<Dialled<tokio_rustls::client::TlsStream<LazyBufIo<TcpStream>>>> {
     let (mark, timeout) = (cx.mark, cx.connect_timeout);
+    let waiting = Instant::now();
     let _slot = tokio::time::timeout(timeout, cx.tunnel.dial_slot(src, tunnel))
         .await
         .map_err(|_| {
@@ -229,7 +230,12 @@ async fn dial_tunnel(
         .map_err(io::Error::other)?;
     let own_expires = [before, own()].into_iter().flatten().min();
     // A TLS client speaks first: the ClientHello carries the last ACK.
-    let tcp = connect_in_pod(pod, mark, tunnel, None, timeout, true).await?;
+    // What the wait for a place left of the connect's bound (never
+    // nothing: a place that came at the bound still gets a try).
+    let left = timeout
+        .saturating_sub(waiting.elapsed())
+        .max(Duration::from_millis(100));
+    let tcp = connect_in_pod(pod, mark, tunnel, None, left, true).await?;
     // Registered before the first byte of TLS: if this proxy serves the
     // other end, its server finds the mark once the handshake is done.
     let dial_mark = tcp

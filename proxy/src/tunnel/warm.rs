@@ -312,8 +312,9 @@ impl std::ops::AddAssign for WarmReport {
     }
 }
 
-/// Dials every target into `pool` (a worker's), one after another, until
-/// `deadline`; a failure is a debug line and the next target is tried.
+/// Dials every target into `pool` (a worker's), one after another (from
+/// the worker's own starting point), until `deadline`; a failure is a
+/// debug line and the next target is tried.
 ///
 /// A same-node target's dial may reach the proxy being replaced (both
 /// listen on the peer pod's tunnel port until it drains, and then sends
@@ -328,7 +329,11 @@ pub async fn dial_all(
     deadline: Instant,
 ) -> WarmReport {
     let mut r = WarmReport::default();
-    for t in targets {
+    // Each worker starts at another target: the workers' dials to one
+    // target do not all wait for the same places at once
+    // (`TunnelState::dial_slot`).
+    let start = cx.worker % targets.len().max(1);
+    for t in targets[start..].iter().chain(&targets[..start]) {
         for attempt in 0..SAME_NODE_DIALS {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 r.failed += 1;
