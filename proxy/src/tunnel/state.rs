@@ -294,9 +294,9 @@ mod tests {
     }
 
     /// The dials in flight from one source to one destination are half the
-    /// per-source cap (64 by default: 32), whichever worker asks; the next
-    /// waits until one is done; another destination, or the same one from
-    /// another source (v4-mapped or not, the same source), has its own.
+    /// per-source cap (64 by default: 32), whichever worker asks (a
+    /// v4-mapped source is the same source); the next waits until one is
+    /// done; another destination, or another source, has places of its own.
     #[test]
     fn dials_from_one_source_to_one_destination_wait_beyond_half_the_per_source_cap() {
         let rt = tokio::runtime::Builder::new_current_thread()
